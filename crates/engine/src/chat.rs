@@ -1,0 +1,1 @@
+//! chat (in progress).

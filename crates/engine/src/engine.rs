@@ -1,0 +1,1 @@
+//! engine (in progress).

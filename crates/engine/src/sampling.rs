@@ -1,0 +1,1 @@
+//! sampling (in progress).

@@ -1,0 +1,11 @@
+//! bonsai CPU kernels. Free functions over slices with explicit dimensions; no model types.
+//!
+//! - [`quant`]: block formats and the reference dequantization (bit-level oracle).
+//! - [`reference`]: scalar reference ops, never optimized: the oracle for every backend.
+//! - [`ops`]: rayon-parallel, SIMD-dispatched ops used by the CPU backend.
+
+pub mod ops;
+pub mod quant;
+pub mod reference;
+
+pub use quant::QuantType;

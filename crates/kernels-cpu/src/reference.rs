@@ -1,0 +1,1 @@
+//! Scalar reference ops (filled in by the kernels work).
