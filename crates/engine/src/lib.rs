@@ -14,6 +14,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod inspect;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

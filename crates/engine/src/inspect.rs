@@ -1,0 +1,1 @@
+//! inspect (in progress).
