@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything bonsai needs on a fresh Debian/Ubuntu machine with Rust and Python ≥3.10,
+# builds the wheel and installs it. `--test` adds the test and oracle dependencies
+# (llama-cpp-python is built from its sdist: ~10 minutes on 2 cores the first time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PROFILE=${BONSAI_PROFILE:-fastrel}
+
+command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (https://rustup.rs) first" >&2; exit 1; }
+"$PY" -m pip install -q --upgrade "maturin>=1.9.4,<2" "numpy>=1.24" "aiohttp>=3.9" tqdm
+if [[ "${1:-}" == "--test" ]]; then
+    "$PY" -m pip install -q "pytest>=8" ruff
+    if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+        echo "setup: building llama-cpp-python 0.3.36 from source (the independent oracle; ~10 min on 2 cores)" >&2
+        CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip install -q llama-cpp-python==0.3.36
+    fi
+fi
+rm -rf target/wheels
+"$PY" -m maturin build --profile "$PROFILE" --interpreter "$PY" -o target/wheels >/dev/null
+"$PY" -m pip install -q --force-reinstall --no-deps target/wheels/bonsai-*.whl
+"$PY" -c "import bonsai, bonsai._bonsai as b; print('setup: bonsai', b.__version__, 'installed')"
