@@ -38,6 +38,11 @@ class Chunk:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
 
+    @property
+    def token_id(self) -> int | None:
+        """The chunk's token id (``None`` for the final chunk and released text)."""
+        return self.token_ids[0] if self.token_ids else None
+
 
 @dataclass
 class Completion:
