@@ -4,6 +4,8 @@
 //! - [`reference`]: scalar reference ops, never optimized: the oracle for every backend.
 //! - [`ops`]: rayon-parallel, SIMD-dispatched ops used by the CPU backend.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod ops;
 pub mod quant;
 pub mod reference;

@@ -1,1 +1,869 @@
-//! Optimized CPU ops (filled in by the kernels work).
+//! Optimized CPU ops: rayon-parallel over output rows / heads, runtime SIMD dispatch.
+//!
+//! ## Low-bit matmul numerics (Q1_0, Q2_0 g128/g64, PQ2_0)
+//! Activations are quantized like llama.cpp's Q8_0 activations ([`quantize_acts`]): per 32-element
+//! block `d = amax/127` kept as **f32** (not f16-rounded), `q = round_half_away(x · (1/d))` clamped to
+//! ±127. For weight row `o` and activation row `t` the result is defined exactly as
+//!
+//! ```text
+//! acc[0..8] = 0
+//! for each 256-element chunk c, lane l in 0..8, block b = 8c + l  (b past the row: isum = 0, sc = 0)
+//!     isum = Σ_{j in block b} wcode_j · q_j          (exact i32; wcode = ±1 for Q1_0, c−1 for Q2)
+//!     sc   = d_w(block of b) · d_a[b]                (f32 multiply)
+//!     acc[l] = fma(isum as f32, sc, acc[l])
+//! y = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
+//! ```
+//!
+//! Every SIMD path computes exactly this (integers are exact; the float ops are the same ops in the
+//! same order), so results are bit-identical across ISAs, batch sizes `n` and thread counts.
+//!
+//! ## Other weight types (F32, F16, BF16, Q4_0, Q4_1, Q8_0)
+//! f32 activations: each weight row is dequantized once and dotted with each activation row by
+//! [`dot_f32`] (fixed 4×8-lane order), again independent of `n` and of the thread count.
+
+use crate::quant::{dequantize_row, QuantType};
+use half::f16;
+use rayon::prelude::*;
+use std::sync::OnceLock;
+
+/// Instruction set used by an op. `Scalar` is the portable fallback that computes the same
+/// algorithm (and the same bits) as the SIMD paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+/// True when this CPU can run `isa`.
+pub fn isa_supported(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        }
+    }
+}
+
+/// The ISA the un-suffixed ops use: the best supported one, unless the environment variable
+/// `BONSAI_CPU_ISA=scalar` forces the fallback. Read once per process.
+pub fn active_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let forced = std::env::var("BONSAI_CPU_ISA").unwrap_or_default();
+        if forced.eq_ignore_ascii_case("scalar") {
+            Isa::Scalar
+        } else if isa_supported(Isa::Avx2) {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    })
+}
+
+fn check_isa(isa: Isa) {
+    assert!(
+        isa_supported(isa),
+        "ISA {isa:?} is not supported on this CPU"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization
+// ---------------------------------------------------------------------------------------------
+
+/// Activations quantized to int8 in 32-element blocks (llama.cpp Q8_0 scheme, f32 scales), for `n`
+/// rows of `n_in`. Rows are zero-padded to a multiple of 256 elements. Also keeps the f32 originals
+/// so [`matmul_q`] on a non-low-bit weight equals [`matmul`] exactly.
+pub struct QuantActs {
+    pub(crate) n: usize,
+    pub(crate) n_in: usize,
+    /// `n_in` rounded up to 256.
+    pub(crate) n_pad: usize,
+    /// qs: [n, n_pad] int8 codes, natural order.
+    pub(crate) qs: Vec<i8>,
+    /// qp: [n, n_pad] the same codes permuted per 128-element chunk for the Q2 kernels:
+    /// `qp[128p + 32s + i] = qs[128p + 4i + s]` (the order 2-bit codes unpack in).
+    pub(crate) qp: Vec<i8>,
+    /// q1p: [n, n_pad] the codes permuted per 256-element chunk for the Q1_0 kernel:
+    /// `q1p[256c + 32k + 4l + m] = qs[256c + 32l + 4k + m]` (so i32 lane l of every vector is block l).
+    pub(crate) q1p: Vec<i8>,
+    /// d: [n, n_pad/32] per-block scale (f32), 0 for padding blocks.
+    pub(crate) d: Vec<f32>,
+    /// sums: [n, n_pad/32] Σ q per block.
+    pub(crate) sums: Vec<i32>,
+    /// x: [n, n_in] the original f32 activations.
+    pub(crate) x: Vec<f32>,
+}
+
+impl QuantActs {
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+    /// Dequantized value `q·d` of element `i` of row `t` (for tests and diagnostics).
+    pub fn dequant(&self, t: usize, i: usize) -> f32 {
+        self.qs[t * self.n_pad + i] as f32 * self.d[t * self.n_pad / 32 + i / 32]
+    }
+}
+
+/// Quantize `n` rows of `n_in` f32 activations (`n_in % 32 == 0`) to [`QuantActs`]:
+/// `d = amax/127` (f32), `q = round_half_away(x · (1/d))` clamped to ±127; `d = 0, q = 0` for an
+/// all-zero block.
+pub fn quantize_acts(x: &[f32] /* [n, n_in] */, n: usize, n_in: usize) -> QuantActs {
+    assert_eq!(n_in % 32, 0, "quantize_acts: n_in must be a multiple of 32");
+    assert_eq!(x.len(), n * n_in, "quantize_acts: x length");
+    let n_pad = n_in.div_ceil(256) * 256;
+    let nbp = n_pad / 32;
+    let mut qs = vec![0i8; n * n_pad];
+    let mut qp = vec![0i8; n * n_pad];
+    let mut q1p = vec![0i8; n * n_pad];
+    let mut d = vec![0f32; n * nbp];
+    let mut sums = vec![0i32; n * nbp];
+    let rows = qs
+        .par_chunks_mut(n_pad.max(1))
+        .zip(qp.par_chunks_mut(n_pad.max(1)))
+        .zip(q1p.par_chunks_mut(n_pad.max(1)))
+        .zip(d.par_chunks_mut(nbp.max(1)))
+        .zip(sums.par_chunks_mut(nbp.max(1)))
+        .enumerate();
+    rows.for_each(|(t, ((((qrow, prow), p1row), drow), srow))| {
+        let xr = &x[t * n_in..(t + 1) * n_in];
+        for b in 0..n_in / 32 {
+            let xb = &xr[32 * b..32 * b + 32];
+            let amax = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
+            let db = amax / 127.0;
+            let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+            let mut s = 0i32;
+            for j in 0..32 {
+                let q = (xb[j] * id).round().clamp(-127.0, 127.0) as i8;
+                qrow[32 * b + j] = q;
+                s += q as i32;
+            }
+            drow[b] = db;
+            srow[b] = s;
+        }
+        for p in 0..n_pad / 128 {
+            for s in 0..4 {
+                for i in 0..32 {
+                    prow[128 * p + 32 * s + i] = qrow[128 * p + 4 * i + s];
+                }
+            }
+        }
+        for c in 0..n_pad / 256 {
+            for k in 0..8 {
+                for l in 0..8 {
+                    for m in 0..4 {
+                        p1row[256 * c + 32 * k + 4 * l + m] = qrow[256 * c + 32 * l + 4 * k + m];
+                    }
+                }
+            }
+        }
+    });
+    QuantActs {
+        n,
+        n_in,
+        n_pad,
+        qs,
+        qp,
+        q1p,
+        d,
+        sums,
+        x: x.to_vec(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul
+// ---------------------------------------------------------------------------------------------
+
+/// Weight rows per parallel task (does not affect results).
+const ROWS_PER_TASK: usize = 16;
+
+/// `y[t, o] = Σ_i W[o, i] · x[t, i]` for `n` activation rows. Low-bit weights use int8 activations
+/// (see the module doc); other types use f32 activations.
+pub fn matmul(
+    w: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    matmul_isa(active_isa(), w, qt, n_in, n_out, x, n, y)
+}
+
+/// [`matmul`] with an explicit ISA (tests compare ISAs for exact equality).
+pub fn matmul_isa(
+    isa: Isa,
+    w: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(x.len(), n * n_in, "matmul: x length");
+    if qt.is_lowbit() {
+        let xq = quantize_acts(x, n, n_in);
+        matmul_q_isa(isa, w, qt, n_in, n_out, &xq, y);
+    } else {
+        matmul_f32acts(isa, w, qt, n_in, n_out, x, n, y);
+    }
+}
+
+/// Matmul with pre-quantized activations, so one quantization serves several matrices.
+pub fn matmul_q(w: &[u8], qt: QuantType, n_in: usize, n_out: usize, xq: &QuantActs, y: &mut [f32]) {
+    matmul_q_isa(active_isa(), w, qt, n_in, n_out, xq, y)
+}
+
+/// [`matmul_q`] with an explicit ISA.
+pub fn matmul_q_isa(
+    isa: Isa,
+    w: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    check_isa(isa);
+    assert_eq!(xq.n_in, n_in, "matmul_q: activation width");
+    if !qt.is_lowbit() {
+        return matmul_f32acts(isa, w, qt, n_in, n_out, &xq.x, xq.n, y);
+    }
+    let rb = qt
+        .row_bytes(n_in)
+        .expect("matmul: n_in is not a whole number of blocks");
+    assert_eq!(w.len(), rb * n_out, "matmul: weight bytes");
+    let n = xq.n;
+    assert_eq!(y.len(), n * n_out, "matmul: y length");
+    if n == 0 || n_out == 0 {
+        return;
+    }
+    let row_task = |o0: usize, yt: &mut [f32]| {
+        // yt: [rows, n] transposed outputs of weight rows o0..
+        for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
+            let o = o0 + r;
+            lowbit_row(isa, qt, &w[o * rb..(o + 1) * rb], xq, yo);
+        }
+    };
+    if n == 1 {
+        y.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(ci, yc)| row_task(ci * ROWS_PER_TASK, yc));
+    } else {
+        let mut yt = vec![0f32; n_out * n]; // yt: [n_out, n]
+        yt.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(ci, yc)| row_task(ci * ROWS_PER_TASK, yc));
+        transpose_into(&yt, n_out, n, y);
+    }
+}
+
+/// `dst[t, o] = src[o, t]`.
+fn transpose_into(
+    src: &[f32], /* [n_out, n] */
+    n_out: usize,
+    n: usize,
+    dst: &mut [f32], /* [n, n_out] */
+) {
+    for t in 0..n {
+        let row = &mut dst[t * n_out..(t + 1) * n_out];
+        for (o, v) in row.iter_mut().enumerate() {
+            *v = src[o * n + t];
+        }
+    }
+}
+
+/// One weight row against every activation row of `xq`: `out[t]` for t in 0..n.
+fn lowbit_row(isa: Isa, qt: QuantType, wrow: &[u8], xq: &QuantActs, out: &mut [f32]) {
+    match isa {
+        Isa::Scalar => {
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = lowbit_dot_scalar(qt, wrow, xq, t);
+            }
+        }
+        Isa::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `check_isa` verified AVX2+FMA+F16C; `wrow` is one whole row of `qt` for
+            // `xq.n_in` elements (asserted by the caller) and `out.len() == xq.n`.
+            unsafe {
+                crate::avx2::lowbit_row(qt, wrow, xq, out)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Weight scale of the weight block holding 32-element activation block `b`.
+#[inline]
+pub(crate) fn wscale(qt: QuantType, wrow: &[u8], b: usize) -> f32 {
+    let wb = b * 32 / qt.block_elems();
+    f16_at(wrow, wb * qt.block_bytes())
+}
+
+/// Exact integer dot of activation block `b` of row `t` with the matching 32 weight codes.
+pub(crate) fn lowbit_isum(qt: QuantType, wrow: &[u8], xq: &QuantActs, t: usize, b: usize) -> i32 {
+    let be = qt.block_elems();
+    let bb = qt.block_bytes();
+    let e0 = b * 32;
+    let blk = &wrow[(e0 / be) * bb..(e0 / be + 1) * bb];
+    let off = e0 % be; // element offset of this 32-run inside the weight block
+    let q = &xq.qs[t * xq.n_pad + e0..t * xq.n_pad + e0 + 32];
+    let mut s = 0i32;
+    match qt {
+        QuantType::Q1_0 => {
+            for j in 0..32 {
+                let e = off + j;
+                let bit = (blk[2 + (e >> 3)] >> (e & 7)) & 1;
+                s += if bit != 0 {
+                    q[j] as i32
+                } else {
+                    -(q[j] as i32)
+                };
+            }
+        }
+        _ => {
+            debug_assert!(qt.is_q2());
+            for j in 0..32 {
+                let e = off + j;
+                let c = (blk[2 + (e >> 2)] >> (2 * (e & 3))) & 3;
+                s += (c as i32 - 1) * q[j] as i32;
+            }
+        }
+    }
+    s
+}
+
+/// Fixed 8-lane reduction shared by every path: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+#[inline]
+pub(crate) fn hsum8(a: &[f32; 8]) -> f32 {
+    let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The scalar definition of the low-bit dot (module doc).
+fn lowbit_dot_scalar(qt: QuantType, wrow: &[u8], xq: &QuantActs, t: usize) -> f32 {
+    let nb = xq.n_in / 32;
+    let nbp = xq.n_pad / 32;
+    let da = &xq.d[t * nbp..(t + 1) * nbp];
+    let mut acc = [0f32; 8];
+    for c in 0..nbp / 8 {
+        for l in 0..8 {
+            let b = 8 * c + l;
+            let (is, sc) = if b < nb {
+                (lowbit_isum(qt, wrow, xq, t, b), wscale(qt, wrow, b) * da[b])
+            } else {
+                (0, 0.0)
+            };
+            acc[l] = (is as f32).mul_add(sc, acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
+fn matmul_f32acts(
+    isa: Isa,
+    w: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    check_isa(isa);
+    let rb = qt
+        .row_bytes(n_in)
+        .expect("matmul: n_in is not a whole number of blocks");
+    assert_eq!(w.len(), rb * n_out, "matmul: weight bytes");
+    assert_eq!(x.len(), n * n_in);
+    assert_eq!(y.len(), n * n_out, "matmul: y length");
+    if n == 0 || n_out == 0 {
+        return;
+    }
+    let task = |o0: usize, buf: &mut Vec<f32>, yt: &mut [f32]| {
+        // buf: [n_in] one dequantized weight row; yt: [rows, n]
+        for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
+            let o = o0 + r;
+            dequantize_row(qt, &w[o * rb..(o + 1) * rb], buf);
+            for (t, v) in yo.iter_mut().enumerate() {
+                *v = dot_f32_isa(isa, buf, &x[t * n_in..(t + 1) * n_in]);
+            }
+        }
+    };
+    let init = || vec![0f32; n_in];
+    if n == 1 {
+        y.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each_init(init, |buf, (ci, yc)| task(ci * ROWS_PER_TASK, buf, yc));
+    } else {
+        let mut yt = vec![0f32; n_out * n]; // yt: [n_out, n]
+        yt.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each_init(init, |buf, (ci, yc)| task(ci * ROWS_PER_TASK, buf, yc));
+        transpose_into(&yt, n_out, n, y);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vector primitives (exact across ISAs)
+// ---------------------------------------------------------------------------------------------
+
+/// `Σ a[i]·b[i]` with a fixed order: 4 accumulators × 8 lanes over 32-element steps (FMA), then
+/// 8-element steps into accumulator 0, combined `(acc0+acc1)+(acc2+acc3)`, reduced by the fixed
+/// 8-lane tree, then the < 8 tail elements by sequential FMA.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_isa(active_isa(), a, b)
+}
+
+/// [`dot_f32`] with an explicit ISA.
+pub fn dot_f32_isa(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: lengths");
+    match isa {
+        Isa::Scalar => dot_scalar(a, b),
+        Isa::Avx2 => {
+            check_isa(isa);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2+FMA verified by `check_isa`; lengths are equal.
+            unsafe {
+                crate::avx2::dot(a, b)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let mut acc = [[0f32; 8]; 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for k in 0..4 {
+            for l in 0..8 {
+                acc[k][l] = a[i + 8 * k + l].mul_add(b[i + 8 * k + l], acc[k][l]);
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        for l in 0..8 {
+            acc[0][l] = a[i + l].mul_add(b[i + l], acc[0][l]);
+        }
+        i += 8;
+    }
+    let mut v = [0f32; 8];
+    for l in 0..8 {
+        v[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    }
+    let mut r = hsum8(&v);
+    while i < n {
+        r = a[i].mul_add(b[i], r);
+        i += 1;
+    }
+    r
+}
+
+/// `y[j] = fma(alpha, x[j], y[j])`.
+fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: callers only pass `Isa::Avx2` after `check_isa`; lengths are equal.
+        Isa::Avx2 => unsafe { crate::avx2::axpy(alpha, x, y) },
+        _ => {
+            for (yv, &xv) in y.iter_mut().zip(x) {
+                *yv = alpha.mul_add(xv, *yv);
+            }
+        }
+    }
+}
+
+/// `y[j] = fma(alpha, x[j], y[j] · s)`.
+fn scale_axpy(isa: Isa, s: f32, alpha: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: callers only pass `Isa::Avx2` after `check_isa`; lengths are equal.
+        Isa::Avx2 => unsafe { crate::avx2::scale_axpy(s, alpha, x, y) },
+        _ => {
+            for (yv, &xv) in y.iter_mut().zip(x) {
+                *yv = alpha.mul_add(xv, *yv * s);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet
+// ---------------------------------------------------------------------------------------------
+
+/// Same contract as [`crate::reference::gdn_step`], parallel over v-heads. Per head:
+/// `u = exp(g)·(S_oldᵀk)`, `δ = β(v − u)`, then one fused pass `S[i,:] = exp(g)·S[i,:] + k[i]·δ`,
+/// `o += q[i]·S[i,:]`, finally `o *= 1/√d_k`.
+pub fn gdn_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    h_k: usize,
+    d_k: usize,
+    d_v: usize,
+    out: &mut [f32],
+) {
+    gdn_step_isa(active_isa(), s, q, k, v, g, beta, h_k, d_k, d_v, out)
+}
+
+/// [`gdn_step`] with an explicit ISA.
+pub fn gdn_step_isa(
+    isa: Isa,
+    s: &mut [f32], // [h_v, d_k, d_v]
+    q: &[f32],     // [h_k, d_k]
+    k: &[f32],     // [h_k, d_k]
+    v: &[f32],     // [h_v, d_v]
+    g: &[f32],     // [h_v]
+    beta: &[f32],  // [h_v]
+    h_k: usize,
+    d_k: usize,
+    d_v: usize,
+    out: &mut [f32], // [h_v, d_v]
+) {
+    check_isa(isa);
+    let h_v = g.len();
+    assert_eq!(s.len(), h_v * d_k * d_v);
+    assert_eq!(q.len(), h_k * d_k);
+    assert_eq!(k.len(), h_k * d_k);
+    assert_eq!(v.len(), h_v * d_v);
+    assert_eq!(beta.len(), h_v);
+    assert_eq!(out.len(), h_v * d_v);
+    if h_v == 0 || d_v == 0 || d_k == 0 {
+        return;
+    }
+    let scale = 1.0 / (d_k as f32).sqrt();
+    s.par_chunks_mut(d_k * d_v)
+        .zip(out.par_chunks_mut(d_v))
+        .enumerate()
+        .for_each(|(h, (sh, oh))| {
+            let kap = h % h_k;
+            let kh = &k[kap * d_k..(kap + 1) * d_k];
+            let qh = &q[kap * d_k..(kap + 1) * d_k];
+            let vh = &v[h * d_v..(h + 1) * d_v];
+            head_step(isa, sh, qh, kh, vh, g[h], beta[h], d_k, d_v, scale, oh);
+        });
+}
+
+/// One head of the delta rule. sh: [d_k, d_v]; oh: [d_v].
+fn head_step(
+    isa: Isa,
+    sh: &mut [f32],
+    qh: &[f32],
+    kh: &[f32],
+    vh: &[f32],
+    g: f32,
+    beta: f32,
+    d_k: usize,
+    d_v: usize,
+    scale: f32,
+    oh: &mut [f32],
+) {
+    let decay = g.exp();
+    let mut delta = vec![0f32; d_v]; // delta: [d_v], first holds S_oldᵀk
+    for i in 0..d_k {
+        axpy(isa, kh[i], &sh[i * d_v..(i + 1) * d_v], &mut delta);
+    }
+    for j in 0..d_v {
+        delta[j] = beta * (vh[j] - decay * delta[j]);
+    }
+    oh.fill(0.0);
+    for i in 0..d_k {
+        let row = &mut sh[i * d_v..(i + 1) * d_v];
+        scale_axpy(isa, decay, kh[i], &delta, row);
+        axpy(isa, qh[i], row, oh);
+    }
+    for o in oh.iter_mut() {
+        *o *= scale;
+    }
+}
+
+/// Same contract as [`crate::reference::gdn_chunked`] (MODEL.md §3.3), parallel over v-heads.
+pub fn gdn_chunked(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    t: usize,
+    h_k: usize,
+    d_k: usize,
+    d_v: usize,
+    chunk: usize,
+    out: &mut [f32],
+) {
+    gdn_chunked_isa(
+        active_isa(),
+        s,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        t,
+        h_k,
+        d_k,
+        d_v,
+        chunk,
+        out,
+    )
+}
+
+/// [`gdn_chunked`] with an explicit ISA.
+pub fn gdn_chunked_isa(
+    isa: Isa,
+    s: &mut [f32], // [h_v, d_k, d_v]
+    q: &[f32],     // [T, h_k, d_k] l2-normed (unscaled)
+    k: &[f32],     // [T, h_k, d_k]
+    v: &[f32],     // [T, h_v, d_v]
+    g: &[f32],     // [T, h_v]
+    beta: &[f32],  // [T, h_v]
+    t: usize,
+    h_k: usize,
+    d_k: usize,
+    d_v: usize,
+    chunk: usize,
+    out: &mut [f32], // [T, h_v, d_v]
+) {
+    check_isa(isa);
+    assert!(chunk >= 1);
+    if t == 0 || d_k == 0 || d_v == 0 {
+        return;
+    }
+    let h_v = g.len() / t;
+    assert_eq!(s.len(), h_v * d_k * d_v);
+    assert_eq!(q.len(), t * h_k * d_k);
+    assert_eq!(k.len(), t * h_k * d_k);
+    assert_eq!(v.len(), t * h_v * d_v);
+    assert_eq!(g.len(), t * h_v);
+    assert_eq!(beta.len(), t * h_v);
+    assert_eq!(out.len(), t * h_v * d_v);
+    let scale = 1.0 / (d_k as f32).sqrt();
+    // per-head outputs oh: [h_v][T, d_v], scattered into out afterwards
+    let mut oh_all = vec![0f32; h_v * t * d_v];
+    s.par_chunks_mut(d_k * d_v)
+        .zip(oh_all.par_chunks_mut(t * d_v))
+        .enumerate()
+        .for_each(|(h, (sh, oh))| {
+            let kap = h % h_k;
+            let mut c0 = 0;
+            while c0 < t {
+                let l = chunk.min(t - c0);
+                chunk_head(
+                    isa, sh, oh, q, k, v, g, beta, c0, l, h, kap, h_v, h_k, d_k, d_v, scale,
+                );
+                c0 += l;
+            }
+        });
+    for h in 0..h_v {
+        for r in 0..t {
+            out[(r * h_v + h) * d_v..(r * h_v + h + 1) * d_v]
+                .copy_from_slice(&oh_all[(h * t + r) * d_v..(h * t + r + 1) * d_v]);
+        }
+    }
+}
+
+/// One chunk of `l` rows starting at `c0` for v-head `h` (k-head `kap`). sh: [d_k, d_v]; oh: [T, d_v].
+fn chunk_head(
+    isa: Isa,
+    sh: &mut [f32],
+    oh: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    c0: usize,
+    l: usize,
+    h: usize,
+    kap: usize,
+    h_v: usize,
+    h_k: usize,
+    d_k: usize,
+    d_v: usize,
+    scale: f32,
+) {
+    let krow = |r: usize| &k[((c0 + r) * h_k + kap) * d_k..((c0 + r) * h_k + kap + 1) * d_k];
+    let vrow = |r: usize| &v[((c0 + r) * h_v + h) * d_v..((c0 + r) * h_v + h + 1) * d_v];
+    // qs: [l, d_k] scaled queries
+    let mut qs = vec![0f32; l * d_k];
+    for r in 0..l {
+        let src = &q[((c0 + r) * h_k + kap) * d_k..((c0 + r) * h_k + kap + 1) * d_k];
+        for i in 0..d_k {
+            qs[r * d_k + i] = src[i] * scale;
+        }
+    }
+    let bt: Vec<f32> = (0..l).map(|r| beta[(c0 + r) * h_v + h]).collect(); // [l]
+    let mut gamma = vec![0f32; l]; // [l] cumulative log decay
+    let mut cum = 0f32;
+    for r in 0..l {
+        cum += g[(c0 + r) * h_v + h];
+        gamma[r] = cum;
+    }
+    // a: [l, l] strictly lower β_r (k_r·k_c) e^{γ_r−γ_c};  qk: [l, l] lower incl. diag (q_r·k_c) e^{γ_r−γ_c}
+    let mut a = vec![0f32; l * l];
+    let mut qk = vec![0f32; l * l];
+    for r in 0..l {
+        for c in 0..=r {
+            let dec = (gamma[r] - gamma[c]).exp();
+            if c < r {
+                a[r * l + c] = bt[r] * dot_f32_isa(isa, krow(r), krow(c)) * dec;
+            }
+            qk[r * l + c] = dot_f32_isa(isa, &qs[r * d_k..(r + 1) * d_k], krow(c)) * dec;
+        }
+    }
+    // vp: [l, d_v] = T·βv − (T·(βk e^γ))·S, built row by row: vp_r = βv_r − (βk_r e^{γ_r})·S − Σ_{c<r} a[r,c] vp_c
+    // (forward substitution on (I+A)·V' = βv − (βk e^γ)·S, identical to U − W·S)
+    let mut vp = vec![0f32; l * d_v];
+    for r in 0..l {
+        let (done, rest) = vp.split_at_mut(r * d_v);
+        let row = &mut rest[..d_v];
+        let kr = krow(r);
+        let vr = vrow(r);
+        let eg = gamma[r].exp();
+        for j in 0..d_v {
+            row[j] = bt[r] * vr[j];
+        }
+        for i in 0..d_k {
+            axpy(isa, -bt[r] * kr[i] * eg, &sh[i * d_v..(i + 1) * d_v], row);
+        }
+        for c in 0..r {
+            axpy(isa, -a[r * l + c], &done[c * d_v..(c + 1) * d_v], row);
+        }
+    }
+    // O_r = e^{γ_r}·(q_r·S) + Σ_{c≤r} qk[r,c]·vp_c
+    for r in 0..l {
+        let orow = &mut oh[(c0 + r) * d_v..(c0 + r + 1) * d_v];
+        orow.fill(0.0);
+        let eg = gamma[r].exp();
+        for i in 0..d_k {
+            axpy(isa, qs[r * d_k + i] * eg, &sh[i * d_v..(i + 1) * d_v], orow);
+        }
+        for c in 0..=r {
+            axpy(isa, qk[r * l + c], &vp[c * d_v..(c + 1) * d_v], orow);
+        }
+    }
+    // S ← e^{γ_last}·S + Σ_r (k_r e^{γ_last−γ_r}) vp_rᵀ
+    let gl = gamma[l - 1];
+    let egl = gl.exp();
+    let wr: Vec<f32> = (0..l).map(|r| (gl - gamma[r]).exp()).collect(); // [l]
+    for i in 0..d_k {
+        let row = &mut sh[i * d_v..(i + 1) * d_v];
+        for x in row.iter_mut() {
+            *x *= egl;
+        }
+        for r in 0..l {
+            axpy(isa, krow(r)[i] * wr[r], &vp[r * d_v..(r + 1) * d_v], row);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+/// Same contract as [`crate::reference::attention`], parallel over q heads.
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    t: usize,
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attention_isa(
+        active_isa(),
+        q,
+        k_cache,
+        v_cache,
+        t,
+        n_head,
+        n_kv,
+        hd,
+        scale,
+        out,
+    )
+}
+
+/// [`attention`] with an explicit ISA.
+pub fn attention_isa(
+    isa: Isa,
+    q: &[f32],       // [n_head, hd]
+    k_cache: &[f32], // [T, n_kv, hd]
+    v_cache: &[f32], // [T, n_kv, hd]
+    t: usize,
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    scale: f32,
+    out: &mut [f32], // [n_head, hd]
+) {
+    check_isa(isa);
+    assert!(t >= 1 && n_kv >= 1 && n_head % n_kv == 0);
+    assert_eq!(q.len(), n_head * hd);
+    assert!(k_cache.len() >= t * n_kv * hd && v_cache.len() >= t * n_kv * hd);
+    assert_eq!(out.len(), n_head * hd);
+    if hd == 0 {
+        return;
+    }
+    let group = n_head / n_kv;
+    out.par_chunks_mut(hd).enumerate().for_each(|(h, oh)| {
+        let kv = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let mut p = vec![0f32; t]; // p: [T]
+        let mut m = f32::NEG_INFINITY;
+        for (pos, pv) in p.iter_mut().enumerate() {
+            let kr = &k_cache[(pos * n_kv + kv) * hd..(pos * n_kv + kv + 1) * hd];
+            *pv = dot_f32_isa(isa, qh, kr) * scale;
+            m = m.max(*pv);
+        }
+        let mut sum = 0f32;
+        for pv in p.iter_mut() {
+            *pv = (*pv - m).exp();
+            sum += *pv;
+        }
+        oh.fill(0.0);
+        for (pos, &pv) in p.iter().enumerate() {
+            let vr = &v_cache[(pos * n_kv + kv) * hd..(pos * n_kv + kv + 1) * hd];
+            axpy(isa, pv, vr, oh);
+        }
+        let inv = 1.0 / sum;
+        for o in oh.iter_mut() {
+            *o *= inv;
+        }
+    });
+}

@@ -1,0 +1,365 @@
+//! AVX2 + FMA + F16C kernels. Each function computes bit-for-bit the same result as its scalar
+//! definition in `ops` (see the `ops` module doc); only the integer parts are reorganized.
+
+use crate::ops::{lowbit_isum, wscale, QuantActs};
+use crate::quant::QuantType;
+use core::arch::x86_64::*;
+
+/// The fixed 8-lane reduction `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))` of `ops::hsum8`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_ps(a: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(a);
+    let hi = _mm256_extractf128_ps(a, 1);
+    let s = _mm_add_ps(lo, hi); // [t0, t1, t2, t3]
+    let s2 = _mm_add_ps(s, _mm_movehl_ps(s, s)); // [t0+t2, t1+t3, ..]
+    let s3 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    _mm_cvtss_f32(s3)
+}
+
+/// f16 bits `h[0..4]` → f32 lanes `[h[idx[0]], ..., h[idx[7]]]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
+    let v = _mm_set_epi16(
+        0,
+        0,
+        0,
+        0,
+        h[3] as i16,
+        h[2] as i16,
+        h[1] as i16,
+        h[0] as i16,
+    );
+    let f = _mm_cvtph_ps(v); // [dw0, dw1, dw2, dw3]
+    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), idx)
+}
+
+#[inline]
+fn f16_bits(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+/// One low-bit weight row against every activation row of `xq`: `out[t]`, t in 0..xq.n.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `wrow` must be one whole row of `qt` for `xq.n_in`
+/// elements and `out.len() == xq.n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lowbit_row(qt: QuantType, wrow: &[u8], xq: &QuantActs, out: &mut [f32]) {
+    let n = xq.n;
+    assert_eq!(out.len(), n);
+    assert_eq!(Some(wrow.len()), qt.row_bytes(xq.n_in));
+    let nb = xq.n_in / 32;
+    let nbp = xq.n_pad / 32;
+    let nfull = nb / 8;
+    let mut t0 = 0;
+    while t0 < n {
+        let nt = (n - t0).min(4);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        match (qt, nt) {
+            (QuantType::Q1_0, 1) => q1_chunks::<1>(wrow, xq, t0, nfull, &mut acc),
+            (QuantType::Q1_0, 2) => q1_chunks::<2>(wrow, xq, t0, nfull, &mut acc),
+            (QuantType::Q1_0, 3) => q1_chunks::<3>(wrow, xq, t0, nfull, &mut acc),
+            (QuantType::Q1_0, _) => q1_chunks::<4>(wrow, xq, t0, nfull, &mut acc),
+            (_, 1) => q2_chunks::<1>(qt, wrow, xq, t0, nfull, &mut acc),
+            (_, 2) => q2_chunks::<2>(qt, wrow, xq, t0, nfull, &mut acc),
+            (_, 3) => q2_chunks::<3>(qt, wrow, xq, t0, nfull, &mut acc),
+            (_, _) => q2_chunks::<4>(qt, wrow, xq, t0, nfull, &mut acc),
+        }
+        if nfull * 8 < nb {
+            // tail chunk: exact integer sums from the scalar helper, same float ops
+            let c = nfull;
+            for ti in 0..nt {
+                let t = t0 + ti;
+                let mut is = [0f32; 8];
+                let mut sc = [0f32; 8];
+                for l in 0..8 {
+                    let b = 8 * c + l;
+                    if b < nb {
+                        is[l] = lowbit_isum(qt, wrow, xq, t, b) as f32;
+                        sc[l] = wscale(qt, wrow, b) * xq.d[t * nbp + b];
+                    }
+                }
+                // SAFETY: `is` and `sc` are 8-element arrays.
+                let (iv, sv) =
+                    unsafe { (_mm256_loadu_ps(is.as_ptr()), _mm256_loadu_ps(sc.as_ptr())) };
+                acc[ti] = _mm256_fmadd_ps(iv, sv, acc[ti]);
+            }
+        }
+        for ti in 0..nt {
+            out[t0 + ti] = hsum_ps(acc[ti]);
+        }
+        t0 += nt;
+    }
+}
+
+/// Q1_0 over the full 256-element chunks for activation rows `t0..t0+NT`, using the Q1-permuted
+/// activations: vector k of a chunk holds elements `32l + 4k + m` at byte `4l + m`, so after
+/// `maddubs`/`madd` the i32 lane l is a partial sum of block l alone. Computes `Σ b·q` with b ∈ {0,1}
+/// and uses `Σ (2b−1)·q = 2·Σ b·q − Σ q`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q1_chunks<const NT: usize>(
+    wrow: &[u8],
+    xq: &QuantActs,
+    t0: usize,
+    nfull: usize,
+    acc: &mut [__m256; 4],
+) {
+    let nbp = xq.n_pad / 32;
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let zero = _mm256_setzero_si256();
+    let dw_idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    // shuffle k: byte 4l+m (in each 128-bit lane) ← weight byte 4l + k/2 of that lane's block
+    let mut shuf = [zero; 4];
+    for (h, sv) in shuf.iter_mut().enumerate() {
+        let h = h as i8;
+        #[rustfmt::skip]
+        let v = _mm256_setr_epi8(
+            h, h, h, h, 4 + h, 4 + h, 4 + h, 4 + h, 8 + h, 8 + h, 8 + h, 8 + h, 12 + h, 12 + h, 12 + h, 12 + h,
+            h, h, h, h, 4 + h, 4 + h, 4 + h, 4 + h, 8 + h, 8 + h, 8 + h, 8 + h, 12 + h, 12 + h, 12 + h, 12 + h,
+        );
+        *sv = v;
+    }
+    // bit select for even k: bits 0..3 by m; odd k: bits 4..7
+    let bsel_lo = _mm256_set1_epi32(0x0804_0201);
+    let bsel_hi = _mm256_set1_epi32(0x8040_2010u32 as i32);
+    let mut accv = [_mm256_setzero_ps(); NT];
+    accv.copy_from_slice(&acc[..NT]);
+    for c in 0..nfull {
+        let off0 = 2 * c * 18;
+        let off1 = off0 + 18;
+        // SAFETY: each 16-byte load reads one block's bits qs[0..16], inside wrow (checked by slicing).
+        let bits = unsafe {
+            _mm256_set_m128i(
+                _mm_loadu_si128(wrow[off1 + 2..off1 + 18].as_ptr() as *const __m128i),
+                _mm_loadu_si128(wrow[off0 + 2..off0 + 18].as_ptr() as *const __m128i),
+            )
+        };
+        let mut b01 = [zero; 8]; // b01[k]: 0/1 bytes in the permuted order of vector k
+        for (k, bv) in b01.iter_mut().enumerate() {
+            let sel = if k % 2 == 0 { bsel_lo } else { bsel_hi };
+            let v = _mm256_and_si256(_mm256_shuffle_epi8(bits, shuf[k / 2]), sel);
+            *bv = _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), ones8);
+        }
+        let dwv = dw_lanes([f16_bits(wrow, off0), f16_bits(wrow, off1), 0, 0], dw_idx);
+        for ti in 0..NT {
+            let t = t0 + ti;
+            let a = &xq.q1p[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
+            let mut s16 = zero;
+            for k in 0..8 {
+                // SAFETY: a has 256 elements; the load reads a[32k..32k+32].
+                let av = unsafe { _mm256_loadu_si256(a.as_ptr().add(32 * k) as *const __m256i) };
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(b01[k], av));
+            }
+            let bq = _mm256_madd_epi16(s16, ones16); // lane l: Σ b·q over block 8c+l
+            let sums = &xq.sums[t * nbp + 8 * c..t * nbp + 8 * c + 8];
+            // SAFETY: sums has 8 i32 elements.
+            let isum = _mm256_sub_epi32(_mm256_slli_epi32(bq, 1), unsafe {
+                _mm256_loadu_si256(sums.as_ptr() as *const __m256i)
+            });
+            let da = &xq.d[t * nbp + 8 * c..t * nbp + 8 * c + 8];
+            // SAFETY: da has 8 elements.
+            let sc = _mm256_mul_ps(dwv, unsafe { _mm256_loadu_ps(da.as_ptr()) });
+            accv[ti] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, accv[ti]);
+        }
+    }
+    acc[..NT].copy_from_slice(&accv);
+}
+
+/// Q2 (g128, PQ2_0 and g64) over the full 256-element chunks, using the permuted activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2_chunks<const NT: usize>(
+    qt: QuantType,
+    wrow: &[u8],
+    xq: &QuantActs,
+    t0: usize,
+    nfull: usize,
+    acc: &mut [__m256; 4],
+) {
+    let mut accv = [_mm256_setzero_ps(); NT];
+    accv.copy_from_slice(&acc[..NT]);
+    let nbp = xq.n_pad / 32;
+    let m3 = _mm256_set1_epi8(3);
+    let ones16 = _mm256_set1_epi16(1);
+    let zero = _mm256_setzero_si256();
+    let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let g64 = qt == QuantType::Q2_0G64;
+    let dw_idx = if g64 {
+        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
+    } else {
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)
+    };
+    for c in 0..nfull {
+        let mut codes = [zero; 8]; // codes[4*half + s]: byte i = code of chunk element 128*half + 4i + s
+        let dh: [u16; 4];
+        if g64 {
+            let o = 4 * c * 18;
+            for hf in 0..2 {
+                let a = o + 2 * hf * 18 + 2;
+                let b = a + 18;
+                // SAFETY: each 16-byte load reads one block's qs[0..16], inside wrow (checked by slicing).
+                let qs = unsafe {
+                    _mm256_set_m128i(
+                        _mm_loadu_si128(wrow[b..b + 16].as_ptr() as *const __m128i),
+                        _mm_loadu_si128(wrow[a..a + 16].as_ptr() as *const __m128i),
+                    )
+                };
+                for s in 0..4 {
+                    codes[4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
+                }
+            }
+            dh = [
+                f16_bits(wrow, o),
+                f16_bits(wrow, o + 18),
+                f16_bits(wrow, o + 36),
+                f16_bits(wrow, o + 54),
+            ];
+        } else {
+            let o = 2 * c * 34;
+            for hf in 0..2 {
+                let a = o + hf * 34 + 2;
+                // SAFETY: reads one block's qs[0..32], inside wrow (checked by slicing).
+                let qs = unsafe { _mm256_loadu_si256(wrow[a..a + 32].as_ptr() as *const __m256i) };
+                for s in 0..4 {
+                    codes[4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
+                }
+            }
+            dh = [f16_bits(wrow, o), f16_bits(wrow, o + 34), 0, 0];
+        }
+        let dwv = dw_lanes(dh, dw_idx);
+        for ti in 0..NT {
+            let t = t0 + ti;
+            let p = &xq.qp[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
+            let mut yh = [zero; 2];
+            for hf in 0..2 {
+                let mut s16 = zero;
+                for s in 0..4 {
+                    // SAFETY: p has 256 elements; reads p[128hf+32s .. +32].
+                    let av = unsafe {
+                        _mm256_loadu_si256(p.as_ptr().add(128 * hf + 32 * s) as *const __m256i)
+                    };
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[4 * hf + s], av));
+                }
+                yh[hf] = _mm256_madd_epi16(s16, ones16); // lanes (2b, 2b+1): halves of block 4hf+b
+            }
+            let h = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(yh[0], yh[1]), perm);
+            let sums = &xq.sums[t * nbp + 8 * c..t * nbp + 8 * c + 8];
+            // SAFETY: sums has 8 i32 elements.
+            let isum = _mm256_sub_epi32(h, unsafe {
+                _mm256_loadu_si256(sums.as_ptr() as *const __m256i)
+            });
+            let da = &xq.d[t * nbp + 8 * c..t * nbp + 8 * c + 8];
+            // SAFETY: da has 8 elements.
+            let sc = _mm256_mul_ps(dwv, unsafe { _mm256_loadu_ps(da.as_ptr()) });
+            accv[ti] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, accv[ti]);
+        }
+    }
+    acc[..NT].copy_from_slice(&accv);
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn srli16(v: __m256i, s: usize) -> __m256i {
+    match s {
+        0 => v,
+        1 => _mm256_srli_epi16(v, 2),
+        2 => _mm256_srli_epi16(v, 4),
+        _ => _mm256_srli_epi16(v, 6),
+    }
+}
+
+/// See `ops::dot_f32`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a.len() == b.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let pa = a.as_ptr();
+    let pb = b.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (all loads below): every load reads 8 elements at i + 8k with i + 8k + 8 <= n.
+    while i + 32 <= n {
+        for (k, ak) in acc.iter_mut().enumerate() {
+            *ak = unsafe {
+                _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(i + 8 * k)),
+                    _mm256_loadu_ps(pb.add(i + 8 * k)),
+                    *ak,
+                )
+            };
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = unsafe {
+            _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i)),
+                _mm256_loadu_ps(pb.add(i)),
+                acc[0],
+            )
+        };
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut r = hsum_ps(v);
+    while i < n {
+        r = a[i].mul_add(b[i], r);
+        i += 1;
+    }
+    r
+}
+
+/// `y = fma(alpha, x, y)`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n for both slices.
+        unsafe {
+            let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), yv);
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+        }
+        i += 8;
+    }
+    while i < n {
+        y[i] = alpha.mul_add(x[i], y[i]);
+        i += 1;
+    }
+}
+
+/// `y = fma(alpha, x, y·s)`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn scale_axpy(s: f32, alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(alpha);
+    let sv = _mm256_set1_ps(s);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n for both slices.
+        unsafe {
+            let yv = _mm256_mul_ps(_mm256_loadu_ps(y.as_ptr().add(i)), sv);
+            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(i)), yv);
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+        }
+        i += 8;
+    }
+    while i < n {
+        y[i] = alpha.mul_add(x[i], y[i] * s);
+        i += 1;
+    }
+}

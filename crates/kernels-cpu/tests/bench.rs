@@ -1,0 +1,68 @@
+//! Micro-benchmark (ignored by default): GB/s of weight streamed by the low-bit matmul.
+//!
+//! `cargo test --release -p bonsai-kernels-cpu --test bench -- --ignored --nocapture`
+//! Env: `BENCH_THREADS` (default: rayon's default), `BENCH_ITERS` (default 30), `BENCH_SCALAR=0` to
+//! skip the (slow) scalar-fallback rows.
+
+mod common;
+
+use bonsai_kernels_cpu::ops::{self, active_isa, Isa};
+use bonsai_kernels_cpu::quant::QuantType;
+use common::*;
+use std::time::Instant;
+
+fn env_usize(k: &str) -> Option<usize> {
+    std::env::var(k).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+#[ignore]
+fn bench_lowbit_matmul() {
+    let (n_in, n_out) = (5120usize, 17408usize);
+    let iters = env_usize("BENCH_ITERS").unwrap_or(30);
+    let mut builder = rayon::ThreadPoolBuilder::new();
+    if let Some(t) = env_usize("BENCH_THREADS") {
+        builder = builder.num_threads(t);
+    }
+    let pool = builder.build().unwrap();
+    let mut rng = Rng::new(99);
+    println!(
+        "isa {:?}, threads {}, W [{n_in} -> {n_out}], {iters} iters",
+        active_isa(),
+        pool.current_num_threads()
+    );
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        let w = random_weights(&mut rng, qt, n_in, n_out, false);
+        for n in [1usize, 5] {
+            let x = rng.vec(n * n_in, 1.0);
+            let xq = ops::quantize_acts(&x, n, n_in);
+            let mut y = vec![0f32; n * n_out];
+            for isa in [active_isa(), Isa::Scalar] {
+                let want_scalar = std::env::var("BENCH_SCALAR")
+                    .map(|v| v != "0")
+                    .unwrap_or(true);
+                if isa == Isa::Scalar && (active_isa() == Isa::Scalar || !want_scalar) {
+                    continue;
+                }
+                let its = if isa == Isa::Scalar { 2 } else { iters };
+                pool.install(|| {
+                    ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y); // warm-up
+                    let t0 = Instant::now();
+                    for _ in 0..its {
+                        ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
+                    }
+                    let dt = t0.elapsed().as_secs_f64() / its as f64;
+                    println!(
+                        "{:>10} n={n} {:?}: {:8.3} ms/call, {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
+                        qt.name(),
+                        isa,
+                        dt * 1e3,
+                        w.len() as f64 / dt / 1e9,
+                        (n_in * n_out * n) as f64 / dt / 1e9
+                    );
+                });
+            }
+            std::hint::black_box(&y);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Optimized matmul vs the reference oracle, ISA exactness and batch/thread invariance.
+
+mod common;
+
+use bonsai_kernels_cpu::ops::{self, isa_supported, Isa};
+use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
+use bonsai_kernels_cpu::reference;
+use common::*;
+
+/// Shapes: n_in chosen to hit full 256-chunks, tail chunks (n_in % 256 != 0) and g64-only widths;
+/// n_out not a multiple of the 16-row task.
+fn shapes(qt: QuantType) -> Vec<(usize, usize)> {
+    let be = qt.block_elems().max(32);
+    let mut v = vec![
+        (256usize.max(be), 1usize),
+        (512, 33),
+        (640, 17),
+        (128.max(be), 3),
+        (1024, 50),
+    ];
+    if qt == QuantType::Q2_0G64 {
+        v.push((64, 5));
+        v.push((192, 7));
+        v.push((320, 9));
+    }
+    if !qt.is_lowbit() {
+        v.push((96, 5));
+    }
+    if matches!(qt, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
+        v.push((37, 4)); // width with a < 8 tail in dot_f32
+    }
+    v.into_iter()
+        .filter(|&(n_in, _)| n_in % qt.block_elems() == 0 && (n_in % 32 == 0 || !qt.is_lowbit()))
+        .collect()
+}
+
+fn dequant_matrix(w: &[u8], qt: QuantType, n_in: usize, n_out: usize) -> Vec<f32> {
+    let rb = qt.row_bytes(n_in).unwrap();
+    let mut m = vec![0f32; n_in * n_out]; // m: [n_out, n_in]
+    for o in 0..n_out {
+        dequantize_row(
+            qt,
+            &w[o * rb..(o + 1) * rb],
+            &mut m[o * n_in..(o + 1) * n_in],
+        );
+    }
+    m
+}
+
+/// Low-bit: the int8 activation error per element is at most d/2 = amax_b/254, so
+/// |y − y_ref| ≤ Σ_b (amax_b/254)·Σ_{i∈b}|w_i| (+ f32 accumulation rounding). That bound is checked
+/// against the f32-activation oracle; and against an f64 dot with the *dequantized* activations the
+/// only error left is f32 rounding (relative 1e-5 of Σ|w·x̂|).
+#[test]
+fn matmul_matches_reference_all_types() {
+    let mut rng = Rng::new(1);
+    for qt in ALL_TYPES {
+        for (n_in, n_out) in shapes(qt) {
+            for n in [1usize, 3] {
+                let w = random_weights(&mut rng, qt, n_in, n_out, true);
+                let x = rng.vec(n * n_in, 2.0);
+                let mut y = vec![0f32; n * n_out];
+                ops::matmul(&w, qt, n_in, n_out, &x, n, &mut y);
+                let wm = dequant_matrix(&w, qt, n_in, n_out);
+                for t in 0..n {
+                    let xt = &x[t * n_in..(t + 1) * n_in];
+                    let mut yr = vec![0f32; n_out];
+                    reference::matvec(&w, qt, n_in, n_out, xt, &mut yr);
+                    for o in 0..n_out {
+                        let wr = &wm[o * n_in..(o + 1) * n_in];
+                        let got = y[t * n_out + o];
+                        let sum_abs: f64 =
+                            wr.iter().zip(xt).map(|(a, b)| (a * b).abs() as f64).sum();
+                        if qt.is_lowbit() {
+                            let mut bound = 0f64;
+                            for b in 0..n_in / 32 {
+                                let amax = xt[32 * b..32 * b + 32]
+                                    .iter()
+                                    .fold(0f32, |m, v| m.max(v.abs()))
+                                    as f64;
+                                let wsum: f64 =
+                                    wr[32 * b..32 * b + 32].iter().map(|v| v.abs() as f64).sum();
+                                bound += amax / 254.0 * wsum;
+                            }
+                            let tol = bound * 1.001 + 1e-5 * sum_abs + 1e-6;
+                            let err = (got as f64 - yr[o] as f64).abs();
+                            assert!(
+                                err <= tol,
+                                "{} n_in={n_in} o={o}: {got} vs {} (err {err}, tol {tol})",
+                                qt.name(),
+                                yr[o]
+                            );
+                            // against the dequantized activations: only rounding remains
+                            let xq = ops::quantize_acts(xt, 1, n_in);
+                            let exact: f64 = (0..n_in)
+                                .map(|i| wr[i] as f64 * xq.dequant(0, i) as f64)
+                                .sum();
+                            let sum_abs_q: f64 = (0..n_in)
+                                .map(|i| (wr[i] as f64 * xq.dequant(0, i) as f64).abs())
+                                .sum();
+                            let err = (got as f64 - exact).abs();
+                            assert!(
+                                err <= 1e-5 * sum_abs_q + 1e-6,
+                                "{} n_in={n_in} o={o}: {got} vs {exact}",
+                                qt.name()
+                            );
+                        } else {
+                            let err = (got as f64 - yr[o] as f64).abs();
+                            assert!(
+                                err <= 1e-5 * sum_abs + 1e-6,
+                                "{} n_in={n_in} o={o}: {got} vs {}",
+                                qt.name(),
+                                yr[o]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_and_avx2_are_bit_identical() {
+    if !isa_supported(Isa::Avx2) {
+        eprintln!("AVX2 not available: scalar-only machine, nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(2);
+    for qt in ALL_TYPES {
+        for (n_in, n_out) in shapes(qt) {
+            for n in [1usize, 5] {
+                let w = random_weights(&mut rng, qt, n_in, n_out, true);
+                let x = rng.vec(n * n_in, 3.0);
+                let mut ys = vec![0f32; n * n_out];
+                let mut ya = vec![0f32; n * n_out];
+                ops::matmul_isa(Isa::Scalar, &w, qt, n_in, n_out, &x, n, &mut ys);
+                ops::matmul_isa(Isa::Avx2, &w, qt, n_in, n_out, &x, n, &mut ya);
+                for i in 0..ys.len() {
+                    assert_eq!(
+                        ys[i].to_bits(),
+                        ya[i].to_bits(),
+                        "{} n_in={n_in} idx {i}: {} vs {}",
+                        qt.name(),
+                        ys[i],
+                        ya[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// y[t, o] must not depend on n (1, 5, 37) nor on the thread count (1 vs 2 vs default).
+#[test]
+fn batch_and_thread_invariance() {
+    let mut rng = Rng::new(3);
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2]
+        .into_iter()
+        .filter(|&i| isa_supported(i))
+        .collect();
+    for qt in ALL_TYPES {
+        let (n_in, n_out) = if qt.block_elems() == 1 {
+            (160, 37)
+        } else {
+            (640, 37)
+        };
+        let w = random_weights(&mut rng, qt, n_in, n_out, false);
+        let x = rng.vec(37 * n_in, 1.0);
+        for &isa in &isas {
+            let mut y37 = vec![0f32; 37 * n_out];
+            ops::matmul_isa(isa, &w, qt, n_in, n_out, &x, 37, &mut y37);
+            for threads in [1usize, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    for (t0, n) in [(0usize, 1usize), (5, 1), (36, 1), (0, 5), (10, 5), (0, 37)] {
+                        let mut y = vec![0f32; n * n_out];
+                        ops::matmul_isa(
+                            isa,
+                            &w,
+                            qt,
+                            n_in,
+                            n_out,
+                            &x[t0 * n_in..(t0 + n) * n_in],
+                            n,
+                            &mut y,
+                        );
+                        for t in 0..n {
+                            for o in 0..n_out {
+                                assert_eq!(
+                                    y[t * n_out + o].to_bits(),
+                                    y37[(t0 + t) * n_out + o].to_bits(),
+                                    "{} {isa:?} threads={threads} n={n} row {} out {o}",
+                                    qt.name(),
+                                    t0 + t
+                                );
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// matmul_q with shared activations equals matmul, for every type.
+#[test]
+fn matmul_q_reuse_equals_matmul() {
+    let mut rng = Rng::new(4);
+    let n_in = 512;
+    let n = 3;
+    let x = rng.vec(n * n_in, 1.0);
+    let xq = ops::quantize_acts(&x, n, n_in);
+    for qt in ALL_TYPES {
+        let n_out = 21;
+        let w = random_weights(&mut rng, qt, n_in, n_out, false);
+        let mut a = vec![0f32; n * n_out];
+        let mut b = vec![0f32; n * n_out];
+        ops::matmul(&w, qt, n_in, n_out, &x, n, &mut a);
+        ops::matmul_q(&w, qt, n_in, n_out, &xq, &mut b);
+        assert_eq!(a, b, "{}", qt.name());
+    }
+}
+
+#[test]
+fn quantize_acts_scheme() {
+    let mut x = vec![0f32; 64];
+    for (i, v) in x.iter_mut().enumerate().take(32) {
+        *v = (i as f32 - 16.0) * 0.25; // amax = 4.0 (at i=0) -> d = 4/127
+    }
+    // block 1 stays all zero
+    let xq = ops::quantize_acts(&x, 1, 64);
+    let d = 4.0f32 / 127.0;
+    assert_eq!(xq.dequant(0, 0), -127.0 * d);
+    for i in 0..32 {
+        let q = (x[i] * (1.0 / d)).round();
+        assert_eq!(xq.dequant(0, i), q * d, "elem {i}");
+        assert!((xq.dequant(0, i) - x[i]).abs() <= d / 2.0 * 1.0001);
+    }
+    for i in 32..64 {
+        assert_eq!(xq.dequant(0, i), 0.0);
+    }
+    // round half away from zero: x = 0.5 d exactly → 1, −0.5 d → −1
+    let mut y = vec![0f32; 32];
+    y[0] = 127.0;
+    y[1] = 0.5;
+    y[2] = -0.5;
+    let yq = ops::quantize_acts(&y, 1, 32);
+    assert_eq!(yq.dequant(0, 1), 1.0);
+    assert_eq!(yq.dequant(0, 2), -1.0);
+}
+
+/// Q2 weights with code 3 (+2d) are handled exactly (no ternary specialization).
+#[test]
+fn q2_code3_hand_check() {
+    for qt in [QuantType::Q2_0G128, QuantType::Q2_0G64, QuantType::PQ2_0] {
+        let n_in = 256;
+        let rb = qt.row_bytes(n_in).unwrap();
+        let mut w = vec![0xFFu8; rb]; // every code 3
+        for b in 0..n_in / qt.block_elems() {
+            w[b * qt.block_bytes()..b * qt.block_bytes() + 2]
+                .copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+        }
+        let x = vec![1.0f32; n_in];
+        let mut y = [0f32];
+        ops::matmul(&w, qt, n_in, 1, &x, 1, &mut y);
+        assert_eq!(y[0], 256.0, "{}", qt.name()); // 256 · (+2·0.5) · 1
+    }
+}
+
+#[test]
+fn dot_f32_exact_across_isa_and_close_to_f64() {
+    let mut rng = Rng::new(5);
+    for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 100, 257, 5120] {
+        let a = rng.vec(n, 1.0);
+        let b = rng.vec(n, 1.0);
+        let s = ops::dot_f32_isa(Isa::Scalar, &a, &b);
+        if isa_supported(Isa::Avx2) {
+            assert_eq!(
+                s.to_bits(),
+                ops::dot_f32_isa(Isa::Avx2, &a, &b).to_bits(),
+                "n={n}"
+            );
+        }
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let sa: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64 * *y as f64).abs())
+            .sum();
+        assert!((s as f64 - exact).abs() <= 1e-6 * sa + 1e-7, "n={n}");
+    }
+}
