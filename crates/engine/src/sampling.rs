@@ -1,1 +1,442 @@
-//! sampling (in progress).
+//! The host sampler: the reference chain every device sampler must match, and the speculative
+//! sample-and-accept-n rule (MODEL.md §4.8).
+//!
+//! Chain, in order, on one row of logits:
+//! 1. **logit bias**: `l[id] += bias` for each `(id, bias)` in `logit_bias`.
+//! 2. **penalties** over the last `penalty_last_n` accepted tokens (llama.cpp semantics): for a token
+//!    seen `c > 0` times, repetition (`l > 0 ? l / r : l * r`), then `l -= c * frequency + presence`.
+//! 3. **greedy** if `temperature == 0`: argmax, ties → lowest id. Steps 4–9 are skipped.
+//! 4. **top-k** (`top_k > 0`): keep the k largest (ties → lower id).
+//! 5. **temperature**: `l / T`.
+//! 6. **softmax** over the kept candidates.
+//! 7. **top-p** (`top_p < 1`): keep the smallest prefix of the descending list whose mass is ≥ `top_p`.
+//! 8. **min-p** (`min_p > 0`): keep candidates with `p ≥ min_p · p_max`.
+//! 9. **renormalize** and **draw** by inverse CDF with one uniform from the seeded RNG.
+//!
+//! The RNG advances exactly once per [`Sampler::sample`] (also at temperature 0), so a sequence of draws
+//! depends only on the seed and the number of samples taken, never on the parameters.
+//!
+//! **Reported log-probabilities** (the chosen token's and the top-N alternatives) are the log-softmax of
+//! the logits after bias and penalties, *before* temperature and truncation: the model's own
+//! distribution as the request shaped it, comparable across temperatures and finite for every token
+//! (the OpenAI and vLLM "raw logprobs" convention).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::error::{Error, Result};
+
+/// Largest `n_logprobs` accepted (OpenAI's `top_logprobs` limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 1 = off.
+    pub repetition_penalty: f32,
+    /// How many of the most recent accepted tokens the penalties look at; 0 disables penalties.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+    /// Top-N alternatives to report, 0..=20.
+    pub n_logprobs: usize,
+    /// Added to the logits before anything else. `-inf` bans a token.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplerParams {
+    /// Bonsai's recommended defaults (MODEL.md §5.4): temperature 0.7, top-p 0.95, top-k 20, min-p 0.
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            penalty_last_n: 64,
+            seed: 0x5EED_B0A5_A127_0001,
+            n_logprobs: 0,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+fn bad(field: &str, msg: impl std::fmt::Display) -> Error {
+    Error::InvalidRequest(format!("{field}: {msg}"))
+}
+
+impl SamplerParams {
+    /// Plain argmax decoding, no truncation, no penalties.
+    pub fn greedy() -> Self {
+        SamplerParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        }
+    }
+
+    /// Checks every field; `Error::InvalidRequest` names the field and the allowed range. NaN is
+    /// rejected everywhere.
+    pub fn validate(&self, n_vocab: usize) -> Result<()> {
+        let t = self.temperature;
+        if !t.is_finite() || t < 0.0 {
+            return Err(bad(
+                "temperature",
+                format!("{t} is outside [0, inf) (0 = greedy)"),
+            ));
+        }
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return Err(bad(
+                "top_p",
+                format!("{} is outside (0, 1] (1 = off)", self.top_p),
+            ));
+        }
+        if self.min_p.is_nan() || !(0.0..=1.0).contains(&self.min_p) {
+            return Err(bad(
+                "min_p",
+                format!("{} is outside [0, 1] (0 = off)", self.min_p),
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if v.is_nan() || !(-2.0..=2.0).contains(&v) {
+                return Err(bad(name, format!("{v} is outside [-2, 2] (0 = off)")));
+            }
+        }
+        let r = self.repetition_penalty;
+        if !r.is_finite() || r <= 0.0 {
+            return Err(bad(
+                "repetition_penalty",
+                format!("{r} is outside (0, inf) (1 = off)"),
+            ));
+        }
+        if self.n_logprobs > MAX_LOGPROBS {
+            return Err(bad(
+                "n_logprobs",
+                format!("{} is outside [0, {MAX_LOGPROBS}]", self.n_logprobs),
+            ));
+        }
+        for &(id, b) in &self.logit_bias {
+            if id as usize >= n_vocab {
+                return Err(bad(
+                    "logit_bias",
+                    format!("token id {id} is outside [0, {n_vocab})"),
+                ));
+            }
+            if b.is_nan() || b == f32::INFINITY {
+                return Err(bad(
+                    "logit_bias",
+                    format!("bias {b} for token {id} must be a number or -inf"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    /// Log-probability of `id` (see the module doc for which distribution).
+    pub logprob: f32,
+    /// Top-N `(id, logprob)`, descending, ties → lower id first; empty when `n_logprobs == 0`.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// xoshiro256** seeded by splitmix64: small, fast, identical on every platform.
+#[derive(Clone, Debug)]
+struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Descending by value, ties → lower id first. NaN sorts last.
+fn desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or_else(|| a.1.is_nan().cmp(&b.1.is_nan()))
+        .then(a.0.cmp(&b.0))
+}
+
+pub struct Sampler {
+    p: SamplerParams,
+    rng: Rng,
+    /// Last `penalty_last_n` accepted tokens, oldest first, and their counts.
+    history: VecDeque<u32>,
+    counts: HashMap<u32, u32>,
+    // Scratch, reused across calls.
+    work: Vec<f32>,        // [n_vocab] biased + penalized logits
+    cand: Vec<(u32, f32)>, // candidates (id, logit → prob)
+}
+
+impl Sampler {
+    pub fn new(p: SamplerParams) -> Sampler {
+        let rng = Rng::new(p.seed);
+        Sampler {
+            p,
+            rng,
+            history: VecDeque::new(),
+            counts: HashMap::new(),
+            work: Vec::new(),
+            cand: Vec::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplerParams {
+        &self.p
+    }
+
+    /// Clears the penalty history and re-seeds the RNG (a fresh request with the same params).
+    pub fn reset(&mut self) {
+        self.rng = Rng::new(self.p.seed);
+        self.history.clear();
+        self.counts.clear();
+    }
+
+    /// Samples one token from `logits` (`[n_vocab]` f32) with the chain in the module doc. Does not
+    /// record the token: call [`Sampler::accept`] for the one that is emitted. Advances the RNG once.
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        let u = self.rng.next_f64();
+        let n_vocab = logits.len();
+        assert!(n_vocab > 0, "sample: empty logits");
+
+        // 1–2. bias and penalties. NaN logits are treated as -inf.
+        self.work.clear();
+        self.work.extend(
+            logits
+                .iter()
+                .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }),
+        );
+        for &(id, b) in &self.p.logit_bias {
+            if let Some(l) = self.work.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        let (rep, freq, pres) = (
+            self.p.repetition_penalty,
+            self.p.frequency_penalty,
+            self.p.presence_penalty,
+        );
+        if rep != 1.0 || freq != 0.0 || pres != 0.0 {
+            for (&id, &c) in &self.counts {
+                let Some(l) = self.work.get_mut(id as usize) else {
+                    continue;
+                };
+                if c == 0 {
+                    continue;
+                }
+                *l = if *l > 0.0 { *l / rep } else { *l * rep };
+                *l -= c as f32 * freq + pres;
+            }
+        }
+        // Log-softmax normalizer of the penalized, unscaled logits (for reported logprobs).
+        let lse = {
+            let work = &self.work;
+            let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                f64::NEG_INFINITY
+            } else {
+                let sum: f64 = work.iter().map(|&l| ((l - max) as f64).exp()).sum();
+                max as f64 + sum.ln()
+            }
+        };
+
+        let id = if self.p.temperature == 0.0 {
+            // 3. greedy: first maximum.
+            let work = &self.work;
+            let mut best = 0u32;
+            for (i, &l) in work.iter().enumerate() {
+                if l > work[best as usize] {
+                    best = i as u32;
+                }
+            }
+            best
+        } else {
+            self.draw(u)
+        };
+
+        let work = &self.work;
+        let logprob = |id: u32| -> f32 {
+            if lse == f64::NEG_INFINITY {
+                // Every token banned: report a uniform distribution.
+                -(n_vocab as f32).ln()
+            } else {
+                (work[id as usize] as f64 - lse) as f32
+            }
+        };
+        let top = if self.p.n_logprobs > 0 {
+            let n = self.p.n_logprobs.min(n_vocab);
+            let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+            for (i, &l) in work.iter().enumerate() {
+                let e = (i as u32, l);
+                if top.len() < n || desc(&e, &top[top.len() - 1]).is_lt() {
+                    let pos = top.partition_point(|x| desc(x, &e).is_lt());
+                    top.insert(pos, e);
+                    top.truncate(n);
+                }
+            }
+            top.into_iter().map(|(i, _)| (i, logprob(i))).collect()
+        } else {
+            Vec::new()
+        };
+        Sampled {
+            id,
+            logprob: logprob(id),
+            top,
+        }
+    }
+
+    /// Steps 4–9 on `self.work`, with the uniform `u` in [0, 1).
+    fn draw(&mut self, u: f64) -> u32 {
+        let work = &self.work;
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        // 4. top-k, then sort the survivors descending.
+        let k = self.p.top_k;
+        if k > 0 && k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, desc);
+            cand.truncate(k);
+        }
+        cand.sort_unstable_by(desc);
+        // Drop banned tokens, unless every one is banned (then keep the first: lowest id).
+        let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+        cand.truncate(finite.max(1));
+        if finite == 0 {
+            return cand[0].0;
+        }
+
+        // 5–6. temperature and softmax (f64 accumulation).
+        let inv_t = 1.0 / self.p.temperature as f64;
+        let l0 = cand[0].1 as f64 * inv_t;
+        let mut probs: Vec<f64> = cand
+            .iter()
+            .map(|c| (c.1 as f64 * inv_t - l0).exp())
+            .collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+
+        // 7. top-p: smallest prefix with mass ≥ top_p.
+        let mut n = probs.len();
+        if self.p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &p) in probs.iter().enumerate() {
+                acc += p;
+                if acc >= self.p.top_p as f64 {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        // 8. min-p relative to the most likely candidate (probs[0] is the maximum).
+        if self.p.min_p > 0.0 {
+            let floor = self.p.min_p as f64 * probs[0];
+            n = probs[..n]
+                .iter()
+                .take_while(|&&p| p >= floor)
+                .count()
+                .max(1);
+        }
+        // 9. renormalize and draw by inverse CDF.
+        let total: f64 = probs[..n].iter().sum();
+        let target = u * total;
+        let mut acc = 0.0;
+        for i in 0..n {
+            acc += probs[i];
+            if target < acc {
+                return cand[i].0;
+            }
+        }
+        cand[n - 1].0
+    }
+
+    /// Records an emitted token into the penalty history.
+    pub fn accept(&mut self, id: u32) {
+        let last_n = self.p.penalty_last_n;
+        if last_n == 0 {
+            return;
+        }
+        self.history.push_back(id);
+        *self.counts.entry(id).or_insert(0) += 1;
+        while self.history.len() > last_n {
+            if let Some(old) = self.history.pop_front() {
+                if let Some(c) = self.counts.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sample-and-accept-n (MODEL.md §4.8). requires: `rows.len() == draft.len() + 1`, row `i` being
+    /// the target's logits after the prefix extended by `draft[..i]`. Samples row `i`, accepts it, and
+    /// continues while the sample equals `draft[i]`. Returns the emitted tokens (`n_accepted + 1` of
+    /// them, at most `rows.len()`); the RNG and penalty history advance once per emitted token, exactly
+    /// as plain decoding would.
+    pub fn sample_and_accept_n(&mut self, rows: &[&[f32]], draft: &[u32]) -> Vec<Sampled> {
+        debug_assert_eq!(
+            rows.len(),
+            draft.len() + 1,
+            "sample_and_accept_n: rows must be draft + 1"
+        );
+        let mut out = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let s = self.sample(row);
+            self.accept(s.id);
+            let matched = draft.get(i) == Some(&s.id);
+            out.push(s);
+            if !matched {
+                break;
+            }
+        }
+        out
+    }
+}
