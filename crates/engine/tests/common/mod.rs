@@ -1,0 +1,499 @@
+//! Test-only GGUF byte builder and tiny synthetic `qwen35` / `dspark` models in the real on-disk
+//! layout (names, types, metadata). Data bytes are deterministic pseudo-random blocks with a sane
+//! f16 scale; F32 tensors hold values near 1.
+#![allow(dead_code)]
+
+use bonsai_engine::gguf::Value;
+use bonsai_engine::QuantType;
+
+/// One metadata entry: a typed value, or raw bytes after an arbitrary value-type id (corruption).
+#[derive(Clone, Debug)]
+pub enum Kv {
+    V(Value),
+    Raw { type_id: u32, bytes: Vec<u8> },
+}
+
+#[derive(Clone, Debug)]
+pub struct TensorDef {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub data: Vec<u8>,
+    /// Force this offset (relative to the data section) instead of the packed one.
+    pub offset: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Builder {
+    pub magic: [u8; 4],
+    pub version: u32,
+    pub alignment: u64,
+    pub kvs: Vec<(String, Kv)>,
+    pub tensors: Vec<TensorDef>,
+}
+
+fn wstr(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Encode a value's payload (without its type id).
+pub fn encode_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => wstr(out, s),
+        Value::Array(a) => {
+            // Element type of an empty array: u8.
+            let et = a.first().map_or(0, |e| e.type_id());
+            out.extend_from_slice(&et.to_le_bytes());
+            out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            for e in a {
+                encode_value(out, e);
+            }
+        }
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            magic: *b"GGUF",
+            version: 3,
+            alignment: 32,
+            kvs: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+}
+
+impl Builder {
+    pub fn set(&mut self, key: &str, v: Value) -> &mut Self {
+        match self.kvs.iter_mut().find(|(k, _)| k == key) {
+            Some(e) => e.1 = Kv::V(v),
+            None => self.kvs.push((key.to_string(), Kv::V(v))),
+        }
+        self
+    }
+    pub fn set_raw(&mut self, key: &str, type_id: u32, bytes: Vec<u8>) -> &mut Self {
+        self.kvs.retain(|(k, _)| k != key);
+        self.kvs.push((key.to_string(), Kv::Raw { type_id, bytes }));
+        self
+    }
+    pub fn remove_key(&mut self, key: &str) -> &mut Self {
+        self.kvs.retain(|(k, _)| k != key);
+        self
+    }
+    pub fn tensor_mut(&mut self, name: &str) -> &mut TensorDef {
+        self.tensors
+            .iter_mut()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        let n = self.tensors.len();
+        self.tensors.retain(|t| t.name != name);
+        assert_eq!(self.tensors.len() + 1, n, "no tensor {name}");
+        self
+    }
+    /// Add a tensor of a known type with generated data.
+    pub fn add(&mut self, name: &str, dims: &[u64], qt: QuantType) -> &mut Self {
+        let data = gen_data(qt, dims, name);
+        self.tensors.push(TensorDef {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ggml_type: qt.ggml_id(),
+            data,
+            offset: None,
+        });
+        self
+    }
+
+    /// Header and metadata bytes.
+    fn build_head(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&self.magic);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
+        for (k, v) in &self.kvs {
+            wstr(&mut out, k);
+            match v {
+                Kv::V(v) => {
+                    out.extend_from_slice(&v.type_id().to_le_bytes());
+                    encode_value(&mut out, v);
+                }
+                Kv::Raw { type_id, bytes } => {
+                    out.extend_from_slice(&type_id.to_le_bytes());
+                    out.extend_from_slice(bytes);
+                }
+            }
+        }
+        out
+    }
+
+    /// Byte offset where the tensor-info table starts.
+    pub fn infos_start(&self) -> usize {
+        self.build_head().len()
+    }
+
+    /// Serialize. Tensors are packed in order at aligned offsets unless `offset` is forced; forced
+    /// offsets outside the packed data region get no data written.
+    pub fn build(&self) -> Vec<u8> {
+        let mut out = self.build_head();
+        let a = self.alignment;
+        let mut offsets = Vec::new();
+        let mut running = 0u64;
+        for t in &self.tensors {
+            let off = match t.offset {
+                Some(o) => o,
+                None => {
+                    let o = running;
+                    running = round_up(o + t.data.len() as u64, a);
+                    o
+                }
+            };
+            offsets.push(off);
+        }
+        for (t, off) in self.tensors.iter().zip(&offsets) {
+            wstr(&mut out, &t.name);
+            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ggml_type.to_le_bytes());
+            out.extend_from_slice(&off.to_le_bytes());
+        }
+        let data_start = round_up(out.len() as u64, a) as usize;
+        out.resize(data_start + running as usize, 0);
+        for (t, &off) in self.tensors.iter().zip(&offsets) {
+            let start = data_start + off as usize;
+            if off >= running {
+                continue;
+            }
+            let end = (start + t.data.len()).min(out.len());
+            let n = end - start;
+            out[start..end].copy_from_slice(&t.data[..n]);
+        }
+        out
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), seeded by the name.
+pub fn prng_bytes(seed: &str, n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for b in seed.bytes() {
+        x = (x ^ b as u64).wrapping_mul(0x100_0000_01B3);
+    }
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// Data for a tensor: F32 near 1.0, F16/BF16 small values, blocked types random codes with a
+/// sane f16 scale at the start of every block.
+pub fn gen_data(qt: QuantType, dims: &[u64], seed: &str) -> Vec<u8> {
+    let n: u64 = dims.iter().product();
+    let rows: u64 = dims[1..].iter().product();
+    let len = qt
+        .row_bytes(dims[0] as usize)
+        .expect("ne0 multiple of block")
+        * rows as usize;
+    let mut b = prng_bytes(seed, len);
+    match qt {
+        QuantType::F32 => {
+            for (i, c) in b.chunks_exact_mut(4).enumerate() {
+                c.copy_from_slice(&(1.0 + (i % 7) as f32 * 0.01).to_le_bytes());
+            }
+        }
+        QuantType::F16 | QuantType::BF16 => {
+            for c in b.chunks_exact_mut(2) {
+                c.copy_from_slice(&0x3C00u16.to_le_bytes());
+            }
+        }
+        _ => {
+            let scale = half::f16::from_f32(0.02).to_bits().to_le_bytes();
+            let bb = qt.block_bytes();
+            for blk in b.chunks_exact_mut(bb) {
+                blk[0..2].copy_from_slice(&scale);
+                if qt == QuantType::Q4_1 {
+                    blk[2..4].copy_from_slice(&scale);
+                }
+            }
+        }
+    }
+    assert_eq!(n as usize % qt.block_elems(), 0);
+    b
+}
+
+/// Hyperparameters of the tiny target.
+#[derive(Clone, Debug)]
+pub struct Tiny {
+    pub n_embd: u64,
+    pub n_layer: u64,
+    pub interval: u64,
+    pub n_ff: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim: u64,
+    pub n_rot: u64,
+    pub h_k: u64,
+    pub h_v: u64,
+    pub d_state: u64,
+    pub inner: u64,
+    pub n_vocab: u64,
+    pub conv_kernel: u64,
+    pub fused_qkv: bool,
+    pub output: bool,
+}
+
+pub const TINY: Tiny = Tiny {
+    n_embd: 256,
+    n_layer: 8,
+    interval: 4,
+    n_ff: 512,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 64,
+    n_rot: 16,
+    h_k: 2,
+    h_v: 4,
+    d_state: 64,
+    inner: 256,
+    n_vocab: 384,
+    conv_kernel: 4,
+    fused_qkv: false,
+    output: true,
+};
+
+fn s(x: &str) -> Value {
+    Value::String(x.into())
+}
+
+/// A complete, valid tiny `qwen35` model with low-bit type `wt`.
+pub fn tiny_target_with(p: &Tiny, wt: QuantType) -> Builder {
+    let mut b = Builder::default();
+    let a = "qwen35";
+    b.set("general.architecture", s(a));
+    b.set("general.name", s("tiny-bonsai"));
+    b.set(&format!("{a}.block_count"), Value::U32(p.n_layer as u32));
+    b.set(&format!("{a}.context_length"), Value::U32(8192));
+    b.set(
+        &format!("{a}.embedding_length"),
+        Value::U32(p.n_embd as u32),
+    );
+    b.set(
+        &format!("{a}.feed_forward_length"),
+        Value::U32(p.n_ff as u32),
+    );
+    b.set(
+        &format!("{a}.attention.head_count"),
+        Value::U32(p.n_head as u32),
+    );
+    b.set(
+        &format!("{a}.attention.head_count_kv"),
+        Value::U32(p.n_head_kv as u32),
+    );
+    b.set(
+        &format!("{a}.attention.key_length"),
+        Value::U32(p.head_dim as u32),
+    );
+    b.set(
+        &format!("{a}.attention.value_length"),
+        Value::U32(p.head_dim as u32),
+    );
+    b.set(
+        &format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-6),
+    );
+    b.set(&format!("{a}.rope.freq_base"), Value::F32(1e7));
+    b.set(
+        &format!("{a}.rope.dimension_count"),
+        Value::U32(p.n_rot as u32),
+    );
+    b.set(
+        &format!("{a}.rope.dimension_sections"),
+        Value::Array(vec![
+            Value::I32(3),
+            Value::I32(3),
+            Value::I32(2),
+            Value::I32(0),
+        ]),
+    );
+    b.set(
+        &format!("{a}.full_attention_interval"),
+        Value::U32(p.interval as u32),
+    );
+    b.set(
+        &format!("{a}.ssm.conv_kernel"),
+        Value::U32(p.conv_kernel as u32),
+    );
+    b.set(&format!("{a}.ssm.state_size"), Value::U32(p.d_state as u32));
+    b.set(&format!("{a}.ssm.group_count"), Value::U32(p.h_k as u32));
+    b.set(&format!("{a}.ssm.time_step_rank"), Value::U32(p.h_v as u32));
+    b.set(&format!("{a}.ssm.inner_size"), Value::U32(p.inner as u32));
+    b.set("tokenizer.ggml.model", s("gpt2"));
+    b.set("tokenizer.ggml.pre", s("qwen35"));
+    let n_tok = p.n_vocab - 4; // a few padding rows, as in the real file
+    b.set(
+        "tokenizer.ggml.tokens",
+        Value::Array((0..n_tok).map(|i| s(&format!("t{i}"))).collect()),
+    );
+    b.set(
+        "tokenizer.ggml.token_type",
+        Value::Array((0..n_tok).map(|_| Value::I32(1)).collect()),
+    );
+    b.set("tokenizer.ggml.eos_token_id", Value::U32(n_tok as u32 - 2));
+    b.set("tokenizer.ggml.eot_token_id", Value::U32(n_tok as u32 - 1));
+
+    let (e, v, hd) = (p.n_embd, p.n_vocab, p.head_dim);
+    let conv_dim = 2 * p.h_k * p.d_state + p.inner;
+    let f = QuantType::F32;
+    b.add("token_embd.weight", &[e, v], wt);
+    b.add("output_norm.weight", &[e], f);
+    if p.output {
+        b.add("output.weight", &[e, v], wt);
+    }
+    for il in 0..p.n_layer {
+        let n = |x: &str| format!("blk.{il}.{x}");
+        b.add(&n("attn_norm.weight"), &[e], f);
+        if (il + 1) % p.interval == 0 {
+            if p.fused_qkv {
+                let rows = p.n_head * 2 * hd + 2 * p.n_head_kv * hd;
+                b.add(&n("attn_qkv.weight"), &[e, rows], wt);
+            } else {
+                b.add(&n("attn_q.weight"), &[e, p.n_head * 2 * hd], wt);
+                b.add(&n("attn_k.weight"), &[e, p.n_head_kv * hd], wt);
+                b.add(&n("attn_v.weight"), &[e, p.n_head_kv * hd], wt);
+            }
+            b.add(&n("attn_q_norm.weight"), &[hd], f);
+            b.add(&n("attn_k_norm.weight"), &[hd], f);
+            b.add(&n("attn_output.weight"), &[p.n_head * hd, e], wt);
+        } else {
+            b.add(&n("attn_qkv.weight"), &[e, conv_dim], wt);
+            b.add(&n("attn_gate.weight"), &[e, p.inner], wt);
+            b.add(&n("ssm_beta.weight"), &[e, p.h_v], wt);
+            b.add(&n("ssm_alpha.weight"), &[e, p.h_v], wt);
+            b.add(&n("ssm_conv1d.weight"), &[p.conv_kernel, conv_dim], f);
+            b.add(&n("ssm_dt.bias"), &[p.h_v], f);
+            b.add(&n("ssm_a"), &[p.h_v], f);
+            b.add(&n("ssm_norm.weight"), &[p.d_state], f);
+            b.add(&n("ssm_out.weight"), &[p.inner, e], wt);
+        }
+        b.add(&n("post_attention_norm.weight"), &[e], f);
+        b.add(&n("ffn_gate.weight"), &[e, p.n_ff], wt);
+        b.add(&n("ffn_up.weight"), &[e, p.n_ff], wt);
+        b.add(&n("ffn_down.weight"), &[p.n_ff, e], wt);
+    }
+    b
+}
+
+pub fn tiny_target(wt: QuantType) -> Builder {
+    tiny_target_with(&TINY, wt)
+}
+
+/// Tiny drafter geometry.
+pub const D_LAYERS: u64 = 2;
+pub const D_TAPS: [u32; 3] = [1, 3, 5];
+pub const D_RANK: u64 = 32;
+
+/// A complete, valid tiny `dspark` drafter for [`TINY`], with `token_embd` of type `embd`.
+pub fn tiny_drafter(embd: QuantType) -> Builder {
+    let mut b = Builder::default();
+    let a = "dspark";
+    let (e, v, hd, nh, nkv, ff) = (TINY.n_embd, TINY.n_vocab, 64u64, 4u64, 2u64, 256u64);
+    b.set("general.architecture", s(a));
+    b.set(&format!("{a}.block_count"), Value::U32(D_LAYERS as u32));
+    b.set(&format!("{a}.embedding_length"), Value::U32(e as u32));
+    b.set(&format!("{a}.attention.head_count"), Value::U32(nh as u32));
+    b.set(
+        &format!("{a}.attention.head_count_kv"),
+        Value::U32(nkv as u32),
+    );
+    b.set(&format!("{a}.attention.key_length"), Value::U32(hd as u32));
+    b.set(
+        &format!("{a}.attention.value_length"),
+        Value::U32(hd as u32),
+    );
+    b.set(&format!("{a}.feed_forward_length"), Value::U32(ff as u32));
+    b.set(&format!("{a}.rope.freq_base"), Value::F32(1e7));
+    b.set(
+        &format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-6),
+    );
+    b.set(&format!("{a}.context_length"), Value::U32(4096));
+    b.set(&format!("{a}.vocab_size"), Value::U32(v as u32));
+    b.set(&format!("{a}.{a}.block_size"), Value::U32(4));
+    b.set(&format!("{a}.{a}.mask_token_id"), Value::U32(v as u32 - 1));
+    b.set(
+        &format!("{a}.{a}.target_layers"),
+        Value::Array(D_TAPS.iter().map(|&x| Value::U32(x)).collect()),
+    );
+    b.set(&format!("{a}.{a}.markov_rank"), Value::U32(D_RANK as u32));
+    b.set(&format!("{a}.{a}.confidence_head"), Value::Bool(true));
+    b.set(
+        &format!("{a}.{a}.confidence_head_with_markov"),
+        Value::Bool(true),
+    );
+    b.set(&format!("{a}.{a}.log_snr_conditioning"), Value::Bool(true));
+    b.set(&format!("{a}.{a}.min_log_snr"), Value::F32(-9.0));
+    b.set(&format!("{a}.{a}.max_log_snr"), Value::F32(9.0));
+    b.set("tokenizer.ggml.model", s("none"));
+
+    let (f, q41, bf) = (QuantType::F32, QuantType::Q4_1, QuantType::BF16);
+    b.add("token_embd.weight", &[e, v], embd);
+    b.add("output.weight", &[e, v], q41);
+    b.add("output_norm.weight", &[e], f);
+    b.add("dspark.fc.weight", &[D_TAPS.len() as u64 * e, e], q41);
+    b.add("dspark.hidden_norm.weight", &[e], f);
+    b.add("dspark.log_snr_fc1.weight", &[128, e], bf);
+    b.add("dspark.log_snr_fc1.bias", &[e], f);
+    b.add("dspark.log_snr_fc2.weight", &[e, e], bf);
+    b.add("dspark.log_snr_fc2.bias", &[e], f);
+    b.add("dspark.markov_head_a.weight", &[D_RANK, v], bf);
+    b.add("dspark.markov_head_b.weight", &[D_RANK, v], bf);
+    b.add("dspark.confidence_head.weight", &[e + D_RANK, 1], bf);
+    b.add("dspark.confidence_head.bias", &[1], f);
+    for il in 0..D_LAYERS {
+        let n = |x: &str| format!("blk.{il}.{x}");
+        b.add(&n("attn_norm.weight"), &[e], f);
+        b.add(&n("ffn_norm.weight"), &[e], f);
+        b.add(&n("attn_q.weight"), &[e, nh * hd], q41);
+        b.add(&n("attn_k.weight"), &[e, nkv * hd], q41);
+        b.add(&n("attn_v.weight"), &[e, nkv * hd], q41);
+        b.add(&n("attn_output.weight"), &[nh * hd, e], q41);
+        b.add(&n("attn_q_norm.weight"), &[hd], f);
+        b.add(&n("attn_k_norm.weight"), &[hd], f);
+        b.add(&n("ffn_gate.weight"), &[e, ff], q41);
+        b.add(&n("ffn_up.weight"), &[e, ff], q41);
+        b.add(&n("ffn_down.weight"), &[ff, e], q41);
+    }
+    b
+}
+
+/// The four target weight formats.
+pub const WEIGHT_TYPES: [QuantType; 4] = [
+    QuantType::Q1_0,
+    QuantType::Q2_0G128,
+    QuantType::Q2_0G64,
+    QuantType::PQ2_0,
+];
