@@ -201,7 +201,16 @@ def test_engine_chunked_equals_token_by_token(variant, request):
     assert a.shape == b.shape == (len(ids), n_vocab)
     X, Q = ref.logits(ids), ref_q8.logits(ids)
     nmse_sim = R.nmse(Q, X)
-    assert R.nmse(a, b) <= 0.1 * nmse_sim + 1e-10, (R.nmse(a, b), nmse_sim)
+    # The chunked and recurrent GDN forms agree to f32 rounding (kernels-cpu tests: ~1e-6), but the
+    # engine re-quantizes activations to int8 before every matmul: a 1e-7 difference that moves one
+    # value across a rounding boundary changes that activation by a whole quantization step, and on a
+    # random (chaotic) model these flips compound over layers and rows. So the two forms cannot be
+    # closer than a fraction of the quantization noise itself (measured on tiny_q2g64: chunk-vs-step
+    # NMSE 3-5e-4 against a simulated Q8_0 noise of 6e-4-1.8e-3, from row 0 on). What must hold: each
+    # form is as close to the exact reference as the simulated Q8_0 noise allows, and their mutual
+    # distance stays below that noise.
+    assert R.nmse(a, b) <= 1.0 * nmse_sim + 1e-10, (R.nmse(a, b), nmse_sim)
+    assert R.nmse(a, X) <= 4.0 * nmse_sim and R.nmse(b, X) <= 4.0 * nmse_sim, (R.nmse(a, X), R.nmse(b, X))
     tau = R.tie_threshold(R.q8_logit_sigma(X, Q))
     assert not R.choice_violations(a.argmax(1), b, tau)
     # a fresh call gives the same answer (no state leaks between sequences)

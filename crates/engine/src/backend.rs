@@ -1,1 +1,108 @@
-//! backend (in progress).
+//! The backend contract: the model's fused, model-shaped ops (DESIGN.md §4), not a tensor algebra.
+//!
+//! The qwen35 forward (`model.rs`) is written once against this trait. Every method is required.
+//! Buffers are opaque per backend; shapes come from [`TargetConfig`]. A step processes `n` rows at
+//! consecutive positions: `n = 1` for decode, `n = 5` for a speculative verify, a chunk for prefill.
+//! Per-sequence state (attention KV, GDN conv + recurrent state) lives in backend buffers with explicit
+//! reset / copy (snapshot, restore) / truncate operations.
+//!
+//! Backends are listed in one place only: [`AnyBackend`]-style matches live in `engine.rs`.
+
+pub mod cpu;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::config::TargetConfig;
+use crate::error::Result;
+use crate::gguf::Gguf;
+use crate::model::{AttnWeights, GdnWeights, MlpWeights};
+
+/// How the GDN recurrence runs over the rows of one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnMode {
+    /// One recurrent delta-rule step per row, in order. Decode and verify use this, so every row is
+    /// computed exactly as a single-token step computes it (batch invariance).
+    Recurrent,
+    /// The chunked (WY / UT-transform) form of MODEL.md §3.3, chunk 64. Prefill only.
+    Chunked,
+}
+
+/// One forward step: `n` rows at positions `pos .. pos + n`.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    pub pos: usize,
+    pub n: usize,
+    pub gdn_mode: GdnMode,
+}
+
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A weight matrix `[n_in, n_out]`, packed however the backend likes.
+    type Mat: Send + Sync;
+    /// A small f32 weight vector (norms, gates, conv taps).
+    type Vector: Send + Sync;
+    /// Activation rows: `[n, width]` f32.
+    type Act: Send;
+    /// One attention layer's KV cache.
+    type Kv: Send;
+    /// One GDN layer's conv window and recurrent state.
+    type Gdn: Send;
+
+    fn name(&self) -> String;
+
+    // ---- loading -------------------------------------------------------------------------------
+    /// Load the matrix `name` (ggml `[n_in, n_out]`), checking its shape.
+    fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<Self::Mat>;
+    /// Load the f32 tensor `name` of `n` elements.
+    fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<Self::Vector>;
+
+    // ---- buffers and per-sequence state ---------------------------------------------------------
+    fn new_act(&self, n: usize, width: usize) -> Self::Act;
+    fn new_kv(&self, cfg: &TargetConfig, n_ctx: usize) -> Result<Self::Kv>;
+    fn new_gdn(&self, cfg: &TargetConfig) -> Result<Self::Gdn>;
+    /// Zero the conv window and the recurrent state (sequence start).
+    fn reset_gdn(&self, st: &mut Self::Gdn);
+    /// `dst ← src` (snapshot / restore).
+    fn copy_gdn(&self, src: &Self::Gdn, dst: &mut Self::Gdn);
+    /// Forget KV rows at positions `>= len`.
+    fn truncate_kv(&self, kv: &mut Self::Kv, len: usize);
+    fn copy_kv(&self, src: &Self::Kv, dst: &mut Self::Kv);
+
+    // ---- the model's fused ops --------------------------------------------------------------------
+    /// `x[t] = token_embd[ids[t]]` (dequantized rows). x: `[n, n_embd]`.
+    fn embed(&self, table: &Self::Mat, ids: &[u32], x: &mut Self::Act) -> Result<()>;
+    /// `x += ssm_out(gated_norm(delta_rule(conv_silu(in_proj(rmsnorm(x) ⊙ attn_norm)))))`,
+    /// advancing the layer's conv + recurrent state over the step's rows.
+    fn gdn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut Self::Gdn,
+        x: &mut Self::Act,
+        s: &Step,
+    ) -> Result<()>;
+    /// `x += W_o(σ(gate) ⊙ attn(rope(qnorm(q)), rope(knorm(k)), v))`, appending K/V at the step's
+    /// positions (causal within the step).
+    fn attn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &AttnWeights<Self>,
+        kv: &mut Self::Kv,
+        x: &mut Self::Act,
+        s: &Step,
+    ) -> Result<()>;
+    /// `x += W_down(SiLU(W_gate u) ⊙ W_up u)` with `u = rmsnorm(x) ⊙ post_attention_norm`.
+    fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut Self::Act) -> Result<()>;
+    /// Logits of `rows` of x: `W_out(rmsnorm(x) ⊙ output_norm)`. logits: `[rows.len(), n_vocab]` (host).
+    fn head(
+        &self,
+        cfg: &TargetConfig,
+        norm: &Self::Vector,
+        out: &Self::Mat,
+        x: &Self::Act,
+        rows: Range<usize>,
+        logits: &mut [f32],
+    ) -> Result<()>;
+    /// Copy row `row` of x to the host (`[width]`): drafter taps, probes, tests.
+    fn read_row(&self, x: &Self::Act, row: usize, out: &mut [f32]);
+}

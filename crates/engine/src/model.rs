@@ -1,1 +1,245 @@
-//! model (in progress).
+//! The qwen35 target: weights, per-sequence state, and THE forward, written once over [`Backend`].
+//!
+//! Storage conventions (MODEL.md §2.4) the backend relies on: every `*_norm.weight` except `ssm_norm`
+//! is stored as `1 + w` and multiplied as is; `ssm_a = −exp(A_log)`; v-heads are in tiled order (GGUF
+//! v-head `h` uses k-head `h mod H_k`); attention `attn_q` rows are per head `[q(hd) ‖ gate(hd)]`; GQA is
+//! grouped (q head `h` uses kv head `h / (n_head / n_head_kv)`).
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, GdnMode, Step};
+use crate::config::TargetConfig;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+
+/// Weights of one Gated DeltaNet mixer.
+pub struct GdnWeights<B: Backend> {
+    pub attn_norm: B::Vector,   // [n_embd]
+    pub qkv: B::Mat,            // [n_embd, 2·H_k·d_k + H_v·d_v]  (q ‖ k ‖ v tiled)
+    pub gate: B::Mat,           // [n_embd, H_v·d_v]             (z, tiled)
+    pub beta: B::Mat,           // [n_embd, H_v]
+    pub alpha: B::Mat,          // [n_embd, H_v]
+    pub conv1d: B::Vector,      // [conv_dim, conv_kernel]   (per-channel taps, last = current)
+    pub dt_bias: B::Vector,     // [H_v]
+    pub ssm_a: B::Vector,       // [H_v] = −exp(A_log)
+    pub ssm_norm: B::Vector,    // [d_v] raw w (not 1+w), shared by all heads
+    pub ssm_out: B::Mat,        // [H_v·d_v, n_embd]
+}
+
+/// Weights of one gated full-attention mixer.
+pub struct AttnWeights<B: Backend> {
+    pub attn_norm: B::Vector, // [n_embd]
+    pub q: B::Mat,            // [n_embd, n_head·2·hd]  per head q ‖ gate
+    pub k: B::Mat,            // [n_embd, n_kv·hd]
+    pub v: B::Mat,            // [n_embd, n_kv·hd]
+    pub q_norm: B::Vector,    // [hd]
+    pub k_norm: B::Vector,    // [hd]
+    pub out: B::Mat,          // [n_head·hd, n_embd]
+}
+
+pub struct MlpWeights<B: Backend> {
+    pub post_norm: B::Vector, // [n_embd]
+    pub gate: B::Mat,         // [n_embd, n_ff]
+    pub up: B::Mat,           // [n_embd, n_ff]
+    pub down: B::Mat,         // [n_ff, n_embd]
+}
+
+pub enum Mixer<B: Backend> {
+    Gdn(GdnWeights<B>),
+    Attn(AttnWeights<B>),
+}
+
+pub struct Layer<B: Backend> {
+    pub mixer: Mixer<B>,
+    pub mlp: MlpWeights<B>,
+}
+
+pub struct Weights<B: Backend> {
+    pub tok_embd: B::Mat,        // [n_embd, n_vocab]
+    pub output_norm: B::Vector,  // [n_embd]
+    /// `None` when the file has no `output.weight`: the head is tied to `tok_embd`.
+    pub output: Option<B::Mat>,  // [n_embd, n_vocab]
+    pub layers: Vec<Layer<B>>,
+}
+
+impl<B: Backend> Weights<B> {
+    pub fn load(b: &B, g: &Arc<Gguf>, cfg: &TargetConfig) -> Result<Weights<B>> {
+        if cfg.fused_attn_qkv {
+            return Err(Error::Unsupported(
+                "attention layers with a fused attn_qkv tensor are not supported yet (the Bonsai files \
+                 use separate attn_q/attn_k/attn_v)"
+                    .into(),
+            ));
+        }
+        let e = cfg.n_embd;
+        let hk = cfg.ssm_n_group * cfg.ssm_d_state;
+        let inner = cfg.ssm_inner;
+        let conv_dim = 2 * hk + inner;
+        let hd = cfg.head_dim;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let mixer = if cfg.is_attn_layer(il) {
+                Mixer::Attn(AttnWeights {
+                    attn_norm: b.load_vector(g, &n("attn_norm.weight"), e)?,
+                    q: b.load_mat(g, &n("attn_q.weight"), e, cfg.n_head * 2 * hd)?,
+                    k: b.load_mat(g, &n("attn_k.weight"), e, cfg.n_head_kv * hd)?,
+                    v: b.load_mat(g, &n("attn_v.weight"), e, cfg.n_head_kv * hd)?,
+                    q_norm: b.load_vector(g, &n("attn_q_norm.weight"), hd)?,
+                    k_norm: b.load_vector(g, &n("attn_k_norm.weight"), hd)?,
+                    out: b.load_mat(g, &n("attn_output.weight"), cfg.n_head * hd, e)?,
+                })
+            } else {
+                Mixer::Gdn(GdnWeights {
+                    attn_norm: b.load_vector(g, &n("attn_norm.weight"), e)?,
+                    qkv: b.load_mat(g, &n("attn_qkv.weight"), e, conv_dim)?,
+                    gate: b.load_mat(g, &n("attn_gate.weight"), e, inner)?,
+                    beta: b.load_mat(g, &n("ssm_beta.weight"), e, cfg.ssm_dt_rank)?,
+                    alpha: b.load_mat(g, &n("ssm_alpha.weight"), e, cfg.ssm_dt_rank)?,
+                    conv1d: b.load_vector(g, &n("ssm_conv1d.weight"), conv_dim * cfg.ssm_conv_kernel)?,
+                    dt_bias: b.load_vector(g, &n("ssm_dt.bias"), cfg.ssm_dt_rank)?,
+                    ssm_a: b.load_vector(g, &n("ssm_a"), cfg.ssm_dt_rank)?,
+                    ssm_norm: b.load_vector(g, &n("ssm_norm.weight"), cfg.ssm_d_state)?,
+                    ssm_out: b.load_mat(g, &n("ssm_out.weight"), inner, e)?,
+                })
+            };
+            let mlp = MlpWeights {
+                post_norm: b.load_vector(g, &n("post_attention_norm.weight"), e)?,
+                gate: b.load_mat(g, &n("ffn_gate.weight"), e, cfg.n_ff)?,
+                up: b.load_mat(g, &n("ffn_up.weight"), e, cfg.n_ff)?,
+                down: b.load_mat(g, &n("ffn_down.weight"), cfg.n_ff, e)?,
+            };
+            layers.push(Layer { mixer, mlp });
+        }
+        Ok(Weights {
+            tok_embd: b.load_mat(g, "token_embd.weight", e, cfg.n_vocab)?,
+            output_norm: b.load_vector(g, "output_norm.weight", e)?,
+            output: if cfg.has_output {
+                Some(b.load_mat(g, "output.weight", e, cfg.n_vocab)?)
+            } else {
+                None
+            },
+            layers,
+        })
+    }
+
+    pub fn head_mat(&self) -> &B::Mat {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}
+
+/// Per-sequence state: a value with explicit snapshot / restore / truncate.
+pub struct SeqState<B: Backend> {
+    /// Number of committed positions.
+    pub pos: usize,
+    pub n_ctx: usize,
+    /// One per attention layer, in layer order.
+    pub kv: Vec<B::Kv>,
+    /// One per GDN layer, in layer order.
+    pub gdn: Vec<B::Gdn>,
+}
+
+impl<B: Backend> SeqState<B> {
+    pub fn new(b: &B, cfg: &TargetConfig, n_ctx: usize) -> Result<SeqState<B>> {
+        let n_attn = (0..cfg.n_layer).filter(|&il| cfg.is_attn_layer(il)).count();
+        let n_gdn = cfg.n_layer - n_attn;
+        Ok(SeqState {
+            pos: 0,
+            n_ctx,
+            kv: (0..n_attn).map(|_| b.new_kv(cfg, n_ctx)).collect::<Result<_>>()?,
+            gdn: (0..n_gdn).map(|_| b.new_gdn(cfg)).collect::<Result<_>>()?,
+        })
+    }
+
+    /// Back to an empty sequence.
+    pub fn reset(&mut self, b: &B) {
+        self.pos = 0;
+        for kv in &mut self.kv {
+            b.truncate_kv(kv, 0);
+        }
+        for g in &mut self.gdn {
+            b.reset_gdn(g);
+        }
+    }
+
+    /// `self ← other` (same shapes).
+    pub fn copy_from(&mut self, b: &B, other: &SeqState<B>) {
+        self.pos = other.pos;
+        for (d, s) in self.kv.iter_mut().zip(&other.kv) {
+            b.copy_kv(s, d);
+        }
+        for (d, s) in self.gdn.iter_mut().zip(&other.gdn) {
+            b.copy_gdn(s, d);
+        }
+    }
+}
+
+/// Which rows of a step produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    /// Only the last row (prefill).
+    Last,
+    /// Every row (verify, oracle dumps).
+    All,
+}
+
+/// Run the target over `ids` at positions `st.pos ..`, advancing the state. Writes logits of the
+/// requested rows into `logits` (`[rows, n_vocab]`, resized). Returns the number of logit rows.
+pub fn forward<B: Backend>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    st: &mut SeqState<B>,
+    ids: &[u32],
+    gdn_mode: GdnMode,
+    rows: LogitRows,
+    logits: &mut Vec<f32>,
+) -> Result<usize> {
+    let n = ids.len();
+    if n == 0 {
+        return Err(Error::InvalidRequest("forward over zero tokens".into()));
+    }
+    if st.pos + n > st.n_ctx {
+        return Err(Error::ContextOverflow(format!(
+            "{} positions requested, context is {}",
+            st.pos + n,
+            st.n_ctx
+        )));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= cfg.n_vocab) {
+        return Err(Error::InvalidRequest(format!("token id {bad} out of range (n_vocab {})", cfg.n_vocab)));
+    }
+    let s = Step { pos: st.pos, n, gdn_mode };
+
+    // 1. embed: x [n, n_embd] f32 (the residual stream)
+    let mut x = b.new_act(n, cfg.n_embd);
+    b.embed(&w.tok_embd, ids, &mut x)?;
+
+    // 2. 64 layers: token mixer (GDN or gated attention), then the SwiGLU MLP, each with its residual.
+    let (mut i_attn, mut i_gdn) = (0, 0);
+    for layer in &w.layers {
+        match &layer.mixer {
+            Mixer::Gdn(gw) => {
+                b.gdn_block(cfg, gw, &mut st.gdn[i_gdn], &mut x, &s)?;
+                i_gdn += 1;
+            }
+            Mixer::Attn(aw) => {
+                b.attn_block(cfg, aw, &mut st.kv[i_attn], &mut x, &s)?;
+                i_attn += 1;
+            }
+        }
+        b.mlp_block(cfg, &layer.mlp, &mut x)?;
+    }
+    st.pos += n;
+
+    // 3. head: logits [rows, n_vocab] for the rows that need them.
+    let range = match rows {
+        LogitRows::None => return Ok(0),
+        LogitRows::Last => n - 1..n,
+        LogitRows::All => 0..n,
+    };
+    logits.resize(range.len() * cfg.n_vocab, 0.0);
+    b.head(cfg, &w.output_norm, w.head_mat(), &x, range.clone(), logits)?;
+    Ok(range.len())
+}

@@ -1,0 +1,429 @@
+//! The CPU backend: runs straight from the mmap (no re-packing), int8-activation low-bit matmuls
+//! from `bonsai_kernels_cpu::ops`, f32 residual and GDN state, f16 KV cache.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bonsai_kernels_cpu::{ops, reference as r, QuantType};
+use half::f16;
+use rayon::prelude::*;
+
+use super::{Backend, GdnMode, Step};
+use crate::config::TargetConfig;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::{AttnWeights, GdnWeights, MlpWeights};
+
+pub struct CpuBackend;
+
+/// A weight matrix `[n_in, n_out]` read in place from the mapped file.
+pub struct CpuMat {
+    g: Arc<Gguf>,
+    idx: usize,
+    pub qt: QuantType,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl CpuMat {
+    /// The matrix bytes: `n_out` rows of `row_bytes(n_in)`. Checked at load.
+    fn data(&self) -> &[u8] {
+        let t = &self.g.tensors()[self.idx];
+        self.g.tensor_data(t).expect("tensor extent validated at load")
+    }
+}
+
+/// Activation rows: `data` is `[n, width]` f32.
+pub struct CpuAct {
+    pub n: usize,
+    pub width: usize,
+    pub data: Vec<f32>,
+}
+
+/// One attention layer's cache: K and V `[len, n_kv·hd]` f16.
+pub struct CpuKv {
+    width: usize,
+    len: usize,
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+/// One GDN layer's state: conv window `[k−1, conv_dim]` (oldest first) and S `[H_v, d_k, d_v]`.
+#[derive(Clone)]
+pub struct CpuGdn {
+    conv: Vec<f32>,
+    s: Vec<f32>,
+}
+
+struct GdnDims {
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    conv_dim: usize,
+    kconv: usize,
+}
+
+fn gdn_dims(cfg: &TargetConfig) -> GdnDims {
+    let dk = cfg.ssm_d_state;
+    let hv = cfg.ssm_dt_rank;
+    let dv = cfg.ssm_inner / hv;
+    GdnDims {
+        hk: cfg.ssm_n_group,
+        hv,
+        dk,
+        dv,
+        conv_dim: 2 * cfg.ssm_n_group * dk + cfg.ssm_inner,
+        kconv: cfg.ssm_conv_kernel,
+    }
+}
+
+/// `out[t] = rmsnorm(x[t]) ⊙ w` for every row. x, out: `[n, width]`.
+fn rmsnorm_rows(x: &CpuAct, w: &[f32], eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.data.chunks_exact(x.width).zip(out.chunks_exact_mut(x.width)) {
+        r::rmsnorm(xr, w, eps, or);
+    }
+}
+
+/// y: `[n, n_out]` = x `[n, n_in]` · Wᵀ for several matrices sharing one input (activations quantized once).
+fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>)]) {
+    let any_lowbit = outs.iter().any(|(m, _)| m.qt.is_lowbit());
+    let xq = if any_lowbit { Some(ops::quantize_acts(x, n, n_in)) } else { None };
+    for (m, y) in outs.iter_mut() {
+        debug_assert_eq!(m.n_in, n_in);
+        y.resize(n * m.n_out, 0.0);
+        match (&xq, m.qt.is_lowbit()) {
+            (Some(q), true) => ops::matmul_q(m.data(), m.qt, m.n_in, m.n_out, q, y),
+            _ => ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y),
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Mat = CpuMat;
+    type Vector = Vec<f32>;
+    type Act = CpuAct;
+    type Kv = CpuKv;
+    type Gdn = CpuGdn;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads, {})", rayon::current_num_threads(), format!("{:?}", ops::active_isa()))
+    }
+
+    fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {
+        let idx = g
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| Error::tensor(name, "missing"))?;
+        let t = &g.tensors()[idx];
+        if t.ne0() != n_in || t.n_rows() != n_out {
+            return Err(Error::tensor(
+                name,
+                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
+            ));
+        }
+        let qt = t.qtype.ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
+        let data = g.tensor_data(t)?;
+        let need = qt
+            .row_bytes(n_in)
+            .ok_or_else(|| Error::tensor(name, format!("ne0 {n_in} is not a multiple of {}", qt.block_elems())))?
+            * n_out;
+        if data.len() != need {
+            return Err(Error::tensor(name, format!("expected {need} bytes, found {}", data.len())));
+        }
+        Ok(CpuMat { g: g.clone(), idx, qt, n_in, n_out })
+    }
+
+    fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<Vec<f32>> {
+        let v = g.tensor_f32(name)?;
+        if v.len() != n {
+            return Err(Error::tensor(name, format!("expected {n} elements, found {}", v.len())));
+        }
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::tensor(name, format!("non-finite value at element {i}")));
+        }
+        Ok(v)
+    }
+
+    fn new_act(&self, n: usize, width: usize) -> CpuAct {
+        CpuAct { n, width, data: vec![0.0; n * width] }
+    }
+
+    fn new_kv(&self, cfg: &TargetConfig, _n_ctx: usize) -> Result<CpuKv> {
+        // Grows on demand up to n_ctx; memory is paid only for positions in use.
+        Ok(CpuKv { width: cfg.n_head_kv * cfg.head_dim, len: 0, k: Vec::new(), v: Vec::new() })
+    }
+
+    fn new_gdn(&self, cfg: &TargetConfig) -> Result<CpuGdn> {
+        let d = gdn_dims(cfg);
+        Ok(CpuGdn { conv: vec![0.0; (d.kconv - 1) * d.conv_dim], s: vec![0.0; d.hv * d.dk * d.dv] })
+    }
+
+    fn reset_gdn(&self, st: &mut CpuGdn) {
+        st.conv.fill(0.0);
+        st.s.fill(0.0);
+    }
+
+    fn copy_gdn(&self, src: &CpuGdn, dst: &mut CpuGdn) {
+        dst.conv.copy_from_slice(&src.conv);
+        dst.s.copy_from_slice(&src.s);
+    }
+
+    fn truncate_kv(&self, kv: &mut CpuKv, len: usize) {
+        kv.len = kv.len.min(len);
+        kv.k.truncate(kv.len * kv.width);
+        kv.v.truncate(kv.len * kv.width);
+    }
+
+    fn copy_kv(&self, src: &CpuKv, dst: &mut CpuKv) {
+        dst.len = src.len;
+        dst.k.clear();
+        dst.k.extend_from_slice(&src.k);
+        dst.v.clear();
+        dst.v.extend_from_slice(&src.v);
+    }
+
+    fn embed(&self, table: &CpuMat, ids: &[u32], x: &mut CpuAct) -> Result<()> {
+        let rb = table.qt.row_bytes(table.n_in).expect("validated");
+        let data = table.data();
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= table.n_out {
+                return Err(Error::InvalidRequest(format!("token id {id} out of range ({})", table.n_out)));
+            }
+            bonsai_kernels_cpu::quant::dequantize_row(
+                table.qt,
+                &data[id * rb..(id + 1) * rb],
+                &mut x.data[t * x.width..(t + 1) * x.width],
+            );
+        }
+        Ok(())
+    }
+
+    fn gdn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CpuGdn,
+        x: &mut CpuAct,
+        s: &Step,
+    ) -> Result<()> {
+        let d = gdn_dims(cfg);
+        let (n, e) = (x.n, x.width);
+        let eps = cfg.rms_eps;
+        // 1. projections of the normed input.
+        let mut xn = vec![0f32; n * e]; // [n, n_embd]
+        rmsnorm_rows(x, &w.attn_norm, eps, &mut xn);
+        let (mut mixed, mut z, mut bb, mut aa) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        project(
+            &xn,
+            n,
+            e,
+            &mut [(&w.qkv, &mut mixed), (&w.gate, &mut z), (&w.beta, &mut bb), (&w.alpha, &mut aa)],
+        );
+        // mixed: [n, conv_dim], z: [n, H_v·d_v], bb/aa: [n, H_v]
+
+        // 2. causal conv + SiLU per row; 3. split and L2-normalize q, k; 4. gates.
+        let qk = d.hk * d.dk;
+        let vd = d.hv * d.dv;
+        let mut q = vec![0f32; n * qk]; // [n, H_k, d_k]
+        let mut k = vec![0f32; n * qk]; // [n, H_k, d_k]
+        let mut v = vec![0f32; n * vd]; // [n, H_v, d_v]
+        let mut beta = vec![0f32; n * d.hv]; // [n, H_v]
+        let mut g = vec![0f32; n * d.hv]; // [n, H_v]
+        let mut c = vec![0f32; d.conv_dim];
+        for t in 0..n {
+            r::conv1d_silu_step(
+                &mut st.conv,
+                &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
+                &w.conv1d,
+                d.kconv,
+                &mut c,
+            );
+            let qt = &mut q[t * qk..(t + 1) * qk];
+            qt.copy_from_slice(&c[..qk]);
+            r::l2norm_heads(qt, d.dk, eps);
+            let kt = &mut k[t * qk..(t + 1) * qk];
+            kt.copy_from_slice(&c[qk..2 * qk]);
+            r::l2norm_heads(kt, d.dk, eps);
+            v[t * vd..(t + 1) * vd].copy_from_slice(&c[2 * qk..]);
+            for h in 0..d.hv {
+                let i = t * d.hv + h;
+                beta[i] = r::sigmoid(bb[i]);
+                g[i] = w.ssm_a[h] * r::softplus(aa[i] + w.dt_bias[h]);
+            }
+        }
+        // 5. delta rule over the rows: o [n, H_v, d_v]
+        let mut o = vec![0f32; n * vd];
+        match s.gdn_mode {
+            GdnMode::Recurrent => {
+                for t in 0..n {
+                    ops::gdn_step(
+                        &mut st.s,
+                        &q[t * qk..(t + 1) * qk],
+                        &k[t * qk..(t + 1) * qk],
+                        &v[t * vd..(t + 1) * vd],
+                        &g[t * d.hv..(t + 1) * d.hv],
+                        &beta[t * d.hv..(t + 1) * d.hv],
+                        d.hk,
+                        d.dk,
+                        d.dv,
+                        &mut o[t * vd..(t + 1) * vd],
+                    );
+                }
+            }
+            GdnMode::Chunked => {
+                ops::gdn_chunked(&mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o);
+            }
+        }
+        // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
+        r::rmsnorm_heads(&mut o, d.dv, &w.ssm_norm, eps);
+        for (oi, zi) in o.iter_mut().zip(&z) {
+            *oi *= r::silu(*zi);
+        }
+        // 7. out projection + residual
+        let mut y = Vec::new();
+        project(&o, n, vd, &mut [(&w.ssm_out, &mut y)]);
+        for (xi, yi) in x.data.iter_mut().zip(&y) {
+            *xi += *yi;
+        }
+        Ok(())
+    }
+
+    fn attn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &AttnWeights<Self>,
+        kv: &mut CpuKv,
+        x: &mut CpuAct,
+        s: &Step,
+    ) -> Result<()> {
+        let (n, e) = (x.n, x.width);
+        let eps = cfg.rms_eps;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        if kv.len != s.pos {
+            return Err(Error::Backend(format!("KV cache holds {} rows, step starts at {}", kv.len, s.pos)));
+        }
+        // 1. projections
+        let mut xn = vec![0f32; n * e]; // [n, n_embd]
+        rmsnorm_rows(x, &w.attn_norm, eps, &mut xn);
+        let (mut qf, mut kf, mut vf) = (Vec::new(), Vec::new(), Vec::new());
+        project(&xn, n, e, &mut [(&w.q, &mut qf), (&w.k, &mut kf), (&w.v, &mut vf)]);
+        // qf: [n, n_head, 2, hd] (q ‖ gate per head), kf/vf: [n, n_kv·hd]
+
+        // 2. split q / gate, per-head RMSNorm, partial NEOX RoPE; append K/V (f16).
+        let mut q = vec![0f32; n * nh * hd]; // [n, n_head, hd]
+        let mut gate = vec![0f32; n * nh * hd]; // [n, n_head, hd]
+        let kvw = nkv * hd;
+        kv.k.resize((s.pos + n) * kvw, f16::ZERO);
+        kv.v.resize((s.pos + n) * kvw, f16::ZERO);
+        for t in 0..n {
+            let pos = s.pos + t;
+            for h in 0..nh {
+                let src = &qf[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
+                q[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&src[..hd]);
+                gate[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&src[hd..]);
+            }
+            let qt = &mut q[t * nh * hd..(t + 1) * nh * hd];
+            r::rmsnorm_heads(qt, hd, &w.q_norm, eps);
+            r::rope_neox(qt, hd, cfg.n_rot, pos, cfg.rope_base);
+            let kt = &mut kf[t * kvw..(t + 1) * kvw];
+            r::rmsnorm_heads(kt, hd, &w.k_norm, eps);
+            r::rope_neox(kt, hd, cfg.n_rot, pos, cfg.rope_base);
+            for i in 0..kvw {
+                kv.k[pos * kvw + i] = f16::from_f32(kt[i]);
+                kv.v[pos * kvw + i] = f16::from_f32(vf[t * kvw + i]);
+            }
+        }
+        kv.len = s.pos + n;
+
+        // 3. causal attention per (row, head) over positions ≤ pos, grouped GQA, then the σ(gate).
+        let group = nh / nkv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
+        let (kc, vc) = (&kv.k, &kv.v);
+        att.par_chunks_mut(hd).enumerate().for_each(|(th, out)| {
+            let (t, h) = (th / nh, th % nh);
+            let g = h / group;
+            let qh = &q[th * hd..(th + 1) * hd];
+            let len = s.pos + t + 1;
+            let mut sc = vec![0f32; len];
+            let mut mx = f32::NEG_INFINITY;
+            for (j, scj) in sc.iter_mut().enumerate() {
+                let kr = &kc[j * kvw + g * hd..j * kvw + (g + 1) * hd];
+                let mut acc = 0f32;
+                for i in 0..hd {
+                    acc += qh[i] * kr[i].to_f32();
+                }
+                *scj = acc * scale;
+                mx = mx.max(*scj);
+            }
+            let mut sum = 0f32;
+            for scj in sc.iter_mut() {
+                *scj = (*scj - mx).exp();
+                sum += *scj;
+            }
+            out.fill(0.0);
+            for (j, &p) in sc.iter().enumerate() {
+                let vr = &vc[j * kvw + g * hd..j * kvw + (g + 1) * hd];
+                for i in 0..hd {
+                    out[i] += p * vr[i].to_f32();
+                }
+            }
+            let gt = &gate[th * hd..(th + 1) * hd];
+            for i in 0..hd {
+                out[i] = out[i] / sum * r::sigmoid(gt[i]);
+            }
+        });
+        // 4. out projection + residual
+        let mut y = Vec::new();
+        project(&att, n, nh * hd, &mut [(&w.out, &mut y)]);
+        for (xi, yi) in x.data.iter_mut().zip(&y) {
+            *xi += *yi;
+        }
+        Ok(())
+    }
+
+    fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut CpuAct) -> Result<()> {
+        let (n, e) = (x.n, x.width);
+        let mut u = vec![0f32; n * e]; // [n, n_embd]
+        rmsnorm_rows(x, &w.post_norm, cfg.rms_eps, &mut u);
+        let (mut gt, mut up) = (Vec::new(), Vec::new()); // [n, n_ff] each
+        project(&u, n, e, &mut [(&w.gate, &mut gt), (&w.up, &mut up)]);
+        for (gi, ui) in gt.iter_mut().zip(&up) {
+            *gi = r::silu(*gi) * *ui;
+        }
+        let mut y = Vec::new(); // [n, n_embd]
+        project(&gt, n, cfg.n_ff, &mut [(&w.down, &mut y)]);
+        for (xi, yi) in x.data.iter_mut().zip(&y) {
+            *xi += *yi;
+        }
+        Ok(())
+    }
+
+    fn head(
+        &self,
+        cfg: &TargetConfig,
+        norm: &Vec<f32>,
+        out: &CpuMat,
+        x: &CpuAct,
+        rows: Range<usize>,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let e = x.width;
+        let nr = rows.len();
+        let mut xn = vec![0f32; nr * e]; // [rows, n_embd]
+        for (i, row) in rows.enumerate() {
+            r::rmsnorm(&x.data[row * e..(row + 1) * e], norm, cfg.rms_eps, &mut xn[i * e..(i + 1) * e]);
+        }
+        let mut y = Vec::new();
+        project(&xn, nr, e, &mut [(out, &mut y)]);
+        logits.copy_from_slice(&y);
+        Ok(())
+    }
+
+    fn read_row(&self, x: &CpuAct, row: usize, out: &mut [f32]) {
+        out.copy_from_slice(&x.data[row * x.width..(row + 1) * x.width]);
+    }
+}
