@@ -16,12 +16,42 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-pyo3::create_exception!(_bonsai, BonsaiError, PyException, "Base class of every bonsai error.");
-pyo3::create_exception!(_bonsai, ModelError, BonsaiError, "The model file is unreadable, corrupt or unsupported.");
-pyo3::create_exception!(_bonsai, InvalidRequestError, BonsaiError, "A request or argument is invalid.");
-pyo3::create_exception!(_bonsai, ContextOverflowError, InvalidRequestError, "The prompt does not fit the context.");
-pyo3::create_exception!(_bonsai, BackendUnavailableError, BonsaiError, "The requested device is not available.");
-pyo3::create_exception!(_bonsai, EngineError, BonsaiError, "The engine failed while running a request.");
+pyo3::create_exception!(
+    _bonsai,
+    BonsaiError,
+    PyException,
+    "Base class of every bonsai error."
+);
+pyo3::create_exception!(
+    _bonsai,
+    ModelError,
+    BonsaiError,
+    "The model file is unreadable, corrupt or unsupported."
+);
+pyo3::create_exception!(
+    _bonsai,
+    InvalidRequestError,
+    BonsaiError,
+    "A request or argument is invalid."
+);
+pyo3::create_exception!(
+    _bonsai,
+    ContextOverflowError,
+    InvalidRequestError,
+    "The prompt does not fit the context."
+);
+pyo3::create_exception!(
+    _bonsai,
+    BackendUnavailableError,
+    BonsaiError,
+    "The requested device is not available."
+);
+pyo3::create_exception!(
+    _bonsai,
+    EngineError,
+    BonsaiError,
+    "The engine failed while running a request."
+);
 
 fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -50,8 +80,18 @@ struct RawEngine {
 impl RawEngine {
     #[new]
     #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None))]
-    fn new(py: Python<'_>, model: PathBuf, device: &str, n_ctx: Option<usize>, threads: Option<usize>) -> PyResult<Self> {
-        let opts = EngineOptions { n_ctx, threads, device: device.to_string() };
+    fn new(
+        py: Python<'_>,
+        model: PathBuf,
+        device: &str,
+        n_ctx: Option<usize>,
+        threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let opts = EngineOptions {
+            n_ctx,
+            threads,
+            device: device.to_string(),
+        };
         let e = py.detach(|| Engine::load(&model, &opts)).map_err(to_py)?;
         Ok(RawEngine { inner: Arc::new(e) })
     }
@@ -78,7 +118,8 @@ impl RawEngine {
     #[pyo3(signature = (text, special=true))]
     fn tokenize(&self, py: Python<'_>, text: &str, special: bool) -> PyResult<Vec<u32>> {
         let text = text.to_string();
-        py.detach(|| self.inner.tokenize(&text, special)).map_err(to_py)
+        py.detach(|| self.inner.tokenize(&text, special))
+            .map_err(to_py)
     }
 
     fn detokenize(&self, ids: Vec<u32>) -> String {
@@ -99,12 +140,16 @@ impl RawEngine {
         tools_json: Option<&str>,
         extra_json: Option<&str>,
     ) -> PyResult<String> {
-        let bad = |what: &str, e: serde_json::Error| InvalidRequestError::new_err(format!("{what}: {e}"));
-        let raw: Vec<serde_json::Value> = serde_json::from_str(messages_json).map_err(|e| bad("messages", e))?;
+        let bad =
+            |what: &str, e: serde_json::Error| InvalidRequestError::new_err(format!("{what}: {e}"));
+        let raw: Vec<serde_json::Value> =
+            serde_json::from_str(messages_json).map_err(|e| bad("messages", e))?;
         let mut msgs = Vec::with_capacity(raw.len());
         for (i, m) in raw.iter().enumerate() {
             let get = |k: &str| m.get(k).and_then(|v| v.as_str()).map(String::from);
-            let role = get("role").ok_or_else(|| InvalidRequestError::new_err(format!("messages[{i}] has no string 'role'")))?;
+            let role = get("role").ok_or_else(|| {
+                InvalidRequestError::new_err(format!("messages[{i}] has no string 'role'"))
+            })?;
             let content = match m.get("content") {
                 None | Some(serde_json::Value::Null) => String::new(),
                 Some(serde_json::Value::String(s)) => s.clone(),
@@ -113,11 +158,9 @@ impl RawEngine {
                     .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
                     .collect::<Vec<_>>()
                     .join(""),
-                Some(other) => {
-                    return Err(InvalidRequestError::new_err(format!(
-                        "messages[{i}].content must be a string or a list of text parts, found {other}"
-                    )))
-                }
+                Some(other) => return Err(InvalidRequestError::new_err(format!(
+                    "messages[{i}].content must be a string or a list of text parts, found {other}"
+                ))),
             };
             msgs.push(ChatMessage {
                 role,
@@ -127,12 +170,22 @@ impl RawEngine {
                 name: get("name"),
             });
         }
-        let tools: Option<serde_json::Value> =
-            tools_json.map(serde_json::from_str).transpose().map_err(|e| bad("tools", e))?;
-        let extra: Option<serde_json::Value> =
-            extra_json.map(serde_json::from_str).transpose().map_err(|e| bad("chat_template_kwargs", e))?;
+        let tools: Option<serde_json::Value> = tools_json
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| bad("tools", e))?;
+        let extra: Option<serde_json::Value> = extra_json
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| bad("chat_template_kwargs", e))?;
         self.inner
-            .render_chat(&msgs, add_generation_prompt, enable_thinking, tools.as_ref(), extra.as_ref())
+            .render_chat(
+                &msgs,
+                add_generation_prompt,
+                enable_thinking,
+                tools.as_ref(),
+                extra.as_ref(),
+            )
             .map_err(to_py)
     }
 
@@ -172,15 +225,33 @@ impl RawEngine {
             n_logprobs,
             logit_bias,
         };
-        let req = GenRequest { prompt, params, max_tokens, stop, stop_ids, ignore_eos };
+        let req = GenRequest {
+            prompt,
+            params,
+            max_tokens,
+            stop,
+            stop_ids,
+            ignore_eos,
+        };
         let (rx, cancel) = self.inner.submit(req).map_err(to_py)?;
-        Ok(Stream { rx, cancel, done: AtomicBool::new(false) })
+        Ok(Stream {
+            rx,
+            cancel,
+            done: AtomicBool::new(false),
+        })
     }
 
     /// Logits of every row of a fresh sequence, as little-endian f32 bytes `[len(ids), n_vocab]`.
     #[pyo3(signature = (ids, chunked=true))]
-    fn logits<'py>(&self, py: Python<'py>, ids: Vec<u32>, chunked: bool) -> PyResult<Bound<'py, PyBytes>> {
-        let v = py.detach(|| self.inner.logits(&ids, chunked)).map_err(to_py)?;
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+        chunked: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let v = py
+            .detach(|| self.inner.logits(&ids, chunked))
+            .map_err(to_py)?;
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         Ok(PyBytes::new(py, &bytes))
     }
@@ -200,15 +271,24 @@ fn event_to_py<'py>(py: Python<'py>, ev: Event) -> PyResult<Bound<'py, PyTuple>>
     match ev {
         Event::Token(t) => {
             let top = PyList::new(py, t.top.iter().map(|&(i, l)| (i, l)))?;
-            PyTuple::new(py, [
-                "token".into_pyobject(py)?.into_any(),
-                t.id.into_pyobject(py)?.into_any(),
-                t.text.into_pyobject(py)?.into_any(),
-                t.logprob.into_pyobject(py)?.into_any(),
-                top.into_any(),
-            ])
+            PyTuple::new(
+                py,
+                [
+                    "token".into_pyobject(py)?.into_any(),
+                    t.id.into_pyobject(py)?.into_any(),
+                    t.text.into_pyobject(py)?.into_any(),
+                    t.logprob.into_pyobject(py)?.into_any(),
+                    top.into_any(),
+                ],
+            )
         }
-        Event::Text(s) => PyTuple::new(py, ["text".into_pyobject(py)?.into_any(), s.into_pyobject(py)?.into_any()]),
+        Event::Text(s) => PyTuple::new(
+            py,
+            [
+                "text".into_pyobject(py)?.into_any(),
+                s.into_pyobject(py)?.into_any(),
+            ],
+        ),
         Event::Done { reason, usage } => {
             let d = PyDict::new(py);
             d.set_item("prompt_tokens", usage.prompt_tokens)?;
@@ -216,11 +296,14 @@ fn event_to_py<'py>(py: Python<'py>, ev: Event) -> PyResult<Bound<'py, PyTuple>>
             d.set_item("prefill_seconds", usage.prefill_seconds)?;
             d.set_item("decode_seconds", usage.decode_seconds)?;
             d.set_item("ttft_seconds", usage.ttft_seconds)?;
-            PyTuple::new(py, [
-                "done".into_pyobject(py)?.into_any(),
-                reason.as_str().into_pyobject(py)?.into_any(),
-                d.into_any(),
-            ])
+            PyTuple::new(
+                py,
+                [
+                    "done".into_pyobject(py)?.into_any(),
+                    reason.as_str().into_pyobject(py)?.into_any(),
+                    d.into_any(),
+                ],
+            )
         }
         Event::Error(e) => Err(to_py(e)),
     }
@@ -262,7 +345,10 @@ impl Stream {
         if self.done.load(Ordering::Relaxed) {
             return Ok(out);
         }
-        let first = py.detach(|| self.rx.recv_timeout(Duration::from_secs_f64(timeout.max(0.0))));
+        let first = py.detach(|| {
+            self.rx
+                .recv_timeout(Duration::from_secs_f64(timeout.max(0.0)))
+        });
         match first {
             Ok(ev) => out.push(self.convert(py, ev)?),
             Err(RecvTimeoutError::Timeout) => return Ok(out),
@@ -309,7 +395,8 @@ impl Drop for Stream {
 /// the validation result. Raises only when the container itself cannot be read.
 #[pyfunction]
 fn inspect(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    py.detach(|| bonsai_engine::inspect::inspect(&path)).map_err(to_py)
+    py.detach(|| bonsai_engine::inspect::inspect(&path))
+        .map_err(to_py)
 }
 
 #[pymodule]
@@ -321,8 +408,14 @@ fn _bonsai(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BonsaiError", py.get_type::<BonsaiError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;
     m.add("InvalidRequestError", py.get_type::<InvalidRequestError>())?;
-    m.add("ContextOverflowError", py.get_type::<ContextOverflowError>())?;
-    m.add("BackendUnavailableError", py.get_type::<BackendUnavailableError>())?;
+    m.add(
+        "ContextOverflowError",
+        py.get_type::<ContextOverflowError>(),
+    )?;
+    m.add(
+        "BackendUnavailableError",
+        py.get_type::<BackendUnavailableError>(),
+    )?;
     m.add("EngineError", py.get_type::<EngineError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -35,7 +35,11 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: None, threads: None, device: "auto".into() }
+        EngineOptions {
+            n_ctx: None,
+            threads: None,
+            device: "auto".into(),
+        }
     }
 }
 
@@ -110,13 +114,24 @@ pub enum Event {
     Token(TokenEvent),
     /// Text released at the end without a token of its own (held-back bytes, stop-string prefix).
     Text(String),
-    Done { reason: FinishReason, usage: Usage },
+    Done {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Error(Error),
 }
 
 enum Cmd {
-    Generate { req: GenRequest, events: Sender<Event>, cancel: Arc<AtomicBool> },
-    Logits { ids: Vec<u32>, chunked: bool, reply: Sender<Result<Vec<f32>>> },
+    Generate {
+        req: GenRequest,
+        events: Sender<Event>,
+        cancel: Arc<AtomicBool>,
+    },
+    Logits {
+        ids: Vec<u32>,
+        chunked: bool,
+        reply: Sender<Result<Vec<f32>>>,
+    },
     Shutdown,
 }
 
@@ -134,20 +149,34 @@ pub struct Engine {
 /// The tokenizer described by a GGUF's `tokenizer.ggml.*` arrays.
 pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
     let model = g.get_str("tokenizer.ggml.model")?.to_string();
-    let tokens: Vec<String> = g.get_str_array("tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
+    let tokens: Vec<String> = g
+        .get_str_array("tokenizer.ggml.tokens")?
+        .into_iter()
+        .map(String::from)
+        .collect();
     let token_types = match g.get("tokenizer.ggml.token_type") {
         Some(_) => g.get_i32_array("tokenizer.ggml.token_type")?,
         None => vec![1; tokens.len()],
     };
     let merges = match g.get("tokenizer.ggml.merges") {
-        Some(_) => g.get_str_array("tokenizer.ggml.merges")?.into_iter().map(String::from).collect(),
+        Some(_) => g
+            .get_str_array("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(String::from)
+            .collect(),
         None => Vec::new(),
     };
     let pre = match g.get("tokenizer.ggml.pre") {
         Some(_) => g.get_str("tokenizer.ggml.pre")?.to_string(),
         None => "qwen35".to_string(),
     };
-    Tokenizer::new(TokenizerSpec { tokens, token_types, merges, pre, model })
+    Tokenizer::new(TokenizerSpec {
+        tokens,
+        token_types,
+        merges,
+        pre,
+        model,
+    })
 }
 
 fn resolve_device(device: &str) -> Result<&'static str> {
@@ -192,7 +221,9 @@ impl Engine {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
-        let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads == 0 {
             return Err(Error::InvalidRequest("threads must be ≥ 1".into()));
         }
@@ -207,7 +238,11 @@ impl Engine {
         let info = ModelInfo {
             path: path.to_path_buf(),
             architecture: arch,
-            name: g.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string(),
+            name: g
+                .get("general.name")
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string(),
             weight_type: cfg.weight_type.name().to_string(),
             n_layer: cfg.n_layer,
             n_embd: cfg.n_embd,
@@ -231,7 +266,15 @@ impl Engine {
             .name("bonsai-engine".into())
             .spawn(move || pool.install(|| worker.run(rx)))
             .map_err(|e| Error::Backend(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { tx, worker: Some(handle), info, cfg, tokenizer, template, stop_ids })
+        Ok(Engine {
+            tx,
+            worker: Some(handle),
+            info,
+            cfg,
+            tokenizer,
+            template,
+            stop_ids,
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -263,7 +306,13 @@ impl Engine {
         tools: Option<&serde_json::Value>,
         extra: Option<&serde_json::Value>,
     ) -> Result<String> {
-        self.template.render(messages, add_generation_prompt, enable_thinking, tools, extra)
+        self.template.render(
+            messages,
+            add_generation_prompt,
+            enable_thinking,
+            tools,
+            extra,
+        )
     }
 
     /// Validate a request and queue it. Events arrive on the returned receiver; setting the returned
@@ -273,7 +322,11 @@ impl Engine {
         let (etx, erx) = unbounded();
         let cancel = Arc::new(AtomicBool::new(false));
         self.tx
-            .send(Cmd::Generate { req, events: etx, cancel: cancel.clone() })
+            .send(Cmd::Generate {
+                req,
+                events: etx,
+                cancel: cancel.clone(),
+            })
             .map_err(|_| Error::EngineStopped("the engine thread has exited".into()))?;
         Ok((erx, cancel))
     }
@@ -300,7 +353,9 @@ impl Engine {
             )));
         }
         if req.stop.iter().any(|s| s.is_empty()) {
-            return Err(Error::InvalidRequest("stop strings must not be empty".into()));
+            return Err(Error::InvalidRequest(
+                "stop strings must not be empty".into(),
+            ));
         }
         Ok(())
     }
@@ -313,13 +368,22 @@ impl Engine {
             return Err(Error::InvalidRequest("logits of an empty sequence".into()));
         }
         if ids.len() > self.info.n_ctx {
-            return Err(Error::ContextOverflow(format!("{} tokens, context is {}", ids.len(), self.info.n_ctx)));
+            return Err(Error::ContextOverflow(format!(
+                "{} tokens, context is {}",
+                ids.len(),
+                self.info.n_ctx
+            )));
         }
         let (tx, rx) = bounded(1);
         self.tx
-            .send(Cmd::Logits { ids: ids.to_vec(), chunked, reply: tx })
+            .send(Cmd::Logits {
+                ids: ids.to_vec(),
+                chunked,
+                reply: tx,
+            })
             .map_err(|_| Error::EngineStopped("the engine thread has exited".into()))?;
-        rx.recv().map_err(|_| Error::EngineStopped("the engine thread has exited".into()))?
+        rx.recv()
+            .map_err(|_| Error::EngineStopped("the engine thread has exited".into()))?
     }
 }
 
@@ -354,7 +418,12 @@ impl StopFilter {
         if self.stops.is_empty() {
             return (std::mem::take(&mut self.pending), false);
         }
-        if let Some(i) = self.stops.iter().filter_map(|st| self.pending.find(st.as_str())).min() {
+        if let Some(i) = self
+            .stops
+            .iter()
+            .filter_map(|st| self.pending.find(st.as_str()))
+            .min()
+        {
             let out = self.pending[..i].to_string();
             self.pending.clear();
             return (out, true);
@@ -380,11 +449,19 @@ impl<B: Backend> Worker<B> {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Cmd::Shutdown => break,
-                Cmd::Logits { ids, chunked, reply } => {
+                Cmd::Logits {
+                    ids,
+                    chunked,
+                    reply,
+                } => {
                     let r = self.all_logits(&ids, chunked);
                     let _ = reply.send(r);
                 }
-                Cmd::Generate { req, events, cancel } => {
+                Cmd::Generate {
+                    req,
+                    events,
+                    cancel,
+                } => {
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         self.generate(&req, &events, &cancel)
                     }));
@@ -399,7 +476,9 @@ impl<B: Backend> Worker<B> {
                                 .cloned()
                                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                                 .unwrap_or_else(|| "unknown panic".into());
-                            let _ = events.send(Event::Error(Error::Backend(format!("internal error: {msg}"))));
+                            let _ = events.send(Event::Error(Error::Backend(format!(
+                                "internal error: {msg}"
+                            ))));
                             // the sequence state may be half-updated: start clean
                             self.state.reset(&self.backend);
                         }
@@ -446,7 +525,12 @@ impl<B: Backend> Worker<B> {
         Ok(out)
     }
 
-    fn generate(&mut self, req: &GenRequest, events: &Sender<Event>, cancel: &AtomicBool) -> Result<()> {
+    fn generate(
+        &mut self,
+        req: &GenRequest,
+        events: &Sender<Event>,
+        cancel: &AtomicBool,
+    ) -> Result<()> {
         let t0 = Instant::now();
         let n_ctx = self.state.n_ctx;
         self.state.reset(&self.backend);
@@ -457,7 +541,11 @@ impl<B: Backend> Worker<B> {
             if cancel.load(Ordering::Relaxed) {
                 return self.finish(events, FinishReason::Cancelled, req, 0, t0, t0, None);
             }
-            let rows = if i + 1 == n_chunks { LogitRows::Last } else { LogitRows::None };
+            let rows = if i + 1 == n_chunks {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            };
             forward(
                 &self.backend,
                 &self.cfg,
@@ -473,11 +561,22 @@ impl<B: Backend> Worker<B> {
         let mut ttft = None;
         let mut sampler = Sampler::new(req.params.clone());
         let mut dec = StreamDecoder::new();
-        let mut stops = StopFilter { stops: req.stop.clone(), pending: String::new() };
+        let mut stops = StopFilter {
+            stops: req.stop.clone(),
+            pending: String::new(),
+        };
         let mut n_gen = 0usize;
         loop {
             if cancel.load(Ordering::Relaxed) {
-                return self.finish(events, FinishReason::Cancelled, req, n_gen, t0, t_prefill, ttft);
+                return self.finish(
+                    events,
+                    FinishReason::Cancelled,
+                    req,
+                    n_gen,
+                    t0,
+                    t_prefill,
+                    ttft,
+                );
             }
             let s = sampler.sample(&logits);
             sampler.accept(s.id);
@@ -485,7 +584,8 @@ impl<B: Backend> Worker<B> {
             if ttft.is_none() {
                 ttft = Some(t0.elapsed().as_secs_f64());
             }
-            let is_stop_id = req.stop_ids.contains(&s.id) || (!req.ignore_eos && self.stop_ids.contains(&s.id));
+            let is_stop_id =
+                req.stop_ids.contains(&s.id) || (!req.ignore_eos && self.stop_ids.contains(&s.id));
             if is_stop_id {
                 let rest = dec.flush();
                 let (text, _) = stops.push(&rest);
@@ -496,7 +596,12 @@ impl<B: Backend> Worker<B> {
             }
             let piece = dec.push(&self.tokenizer, s.id);
             let (text, hit) = stops.push(&piece);
-            let ev = Event::Token(TokenEvent { id: s.id, text, logprob: s.logprob, top: s.top });
+            let ev = Event::Token(TokenEvent {
+                id: s.id,
+                text,
+                logprob: s.logprob,
+                top: s.top,
+            });
             if events.send(ev).is_err() {
                 // receiver gone: the caller dropped the stream
                 return Ok(());
@@ -511,7 +616,15 @@ impl<B: Backend> Worker<B> {
                 if !text.is_empty() {
                     let _ = events.send(Event::Text(text));
                 }
-                return self.finish(events, FinishReason::Length, req, n_gen, t0, t_prefill, ttft);
+                return self.finish(
+                    events,
+                    FinishReason::Length,
+                    req,
+                    n_gen,
+                    t0,
+                    t_prefill,
+                    ttft,
+                );
             }
             forward(
                 &self.backend,

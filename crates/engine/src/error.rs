@@ -69,10 +69,16 @@ impl Error {
         Error::Format(msg.into())
     }
     pub fn tensor(name: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error::Tensor { name: name.into(), msg: msg.into() }
+        Error::Tensor {
+            name: name.into(),
+            msg: msg.into(),
+        }
     }
     pub fn metadata(key: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error::Metadata { key: key.into(), msg: msg.into() }
+        Error::Metadata {
+            key: key.into(),
+            msg: msg.into(),
+        }
     }
     /// A short, stable kind name (used for Python exception classes and OpenAI error types).
     pub fn kind(&self) -> &'static str {

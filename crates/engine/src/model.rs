@@ -14,16 +14,16 @@ use crate::gguf::Gguf;
 
 /// Weights of one Gated DeltaNet mixer.
 pub struct GdnWeights<B: Backend> {
-    pub attn_norm: B::Vector,   // [n_embd]
-    pub qkv: B::Mat,            // [n_embd, 2·H_k·d_k + H_v·d_v]  (q ‖ k ‖ v tiled)
-    pub gate: B::Mat,           // [n_embd, H_v·d_v]             (z, tiled)
-    pub beta: B::Mat,           // [n_embd, H_v]
-    pub alpha: B::Mat,          // [n_embd, H_v]
-    pub conv1d: B::Vector,      // [conv_dim, conv_kernel]   (per-channel taps, last = current)
-    pub dt_bias: B::Vector,     // [H_v]
-    pub ssm_a: B::Vector,       // [H_v] = −exp(A_log)
-    pub ssm_norm: B::Vector,    // [d_v] raw w (not 1+w), shared by all heads
-    pub ssm_out: B::Mat,        // [H_v·d_v, n_embd]
+    pub attn_norm: B::Vector, // [n_embd]
+    pub qkv: B::Mat,          // [n_embd, 2·H_k·d_k + H_v·d_v]  (q ‖ k ‖ v tiled)
+    pub gate: B::Mat,         // [n_embd, H_v·d_v]             (z, tiled)
+    pub beta: B::Mat,         // [n_embd, H_v]
+    pub alpha: B::Mat,        // [n_embd, H_v]
+    pub conv1d: B::Vector,    // [conv_dim, conv_kernel]   (per-channel taps, last = current)
+    pub dt_bias: B::Vector,   // [H_v]
+    pub ssm_a: B::Vector,     // [H_v] = −exp(A_log)
+    pub ssm_norm: B::Vector,  // [d_v] raw w (not 1+w), shared by all heads
+    pub ssm_out: B::Mat,      // [H_v·d_v, n_embd]
 }
 
 /// Weights of one gated full-attention mixer.
@@ -55,10 +55,10 @@ pub struct Layer<B: Backend> {
 }
 
 pub struct Weights<B: Backend> {
-    pub tok_embd: B::Mat,        // [n_embd, n_vocab]
-    pub output_norm: B::Vector,  // [n_embd]
+    pub tok_embd: B::Mat,       // [n_embd, n_vocab]
+    pub output_norm: B::Vector, // [n_embd]
     /// `None` when the file has no `output.weight`: the head is tied to `tok_embd`.
-    pub output: Option<B::Mat>,  // [n_embd, n_vocab]
+    pub output: Option<B::Mat>, // [n_embd, n_vocab]
     pub layers: Vec<Layer<B>>,
 }
 
@@ -96,7 +96,11 @@ impl<B: Backend> Weights<B> {
                     gate: b.load_mat(g, &n("attn_gate.weight"), e, inner)?,
                     beta: b.load_mat(g, &n("ssm_beta.weight"), e, cfg.ssm_dt_rank)?,
                     alpha: b.load_mat(g, &n("ssm_alpha.weight"), e, cfg.ssm_dt_rank)?,
-                    conv1d: b.load_vector(g, &n("ssm_conv1d.weight"), conv_dim * cfg.ssm_conv_kernel)?,
+                    conv1d: b.load_vector(
+                        g,
+                        &n("ssm_conv1d.weight"),
+                        conv_dim * cfg.ssm_conv_kernel,
+                    )?,
                     dt_bias: b.load_vector(g, &n("ssm_dt.bias"), cfg.ssm_dt_rank)?,
                     ssm_a: b.load_vector(g, &n("ssm_a"), cfg.ssm_dt_rank)?,
                     ssm_norm: b.load_vector(g, &n("ssm_norm.weight"), cfg.ssm_d_state)?,
@@ -146,7 +150,9 @@ impl<B: Backend> SeqState<B> {
         Ok(SeqState {
             pos: 0,
             n_ctx,
-            kv: (0..n_attn).map(|_| b.new_kv(cfg, n_ctx)).collect::<Result<_>>()?,
+            kv: (0..n_attn)
+                .map(|_| b.new_kv(cfg, n_ctx))
+                .collect::<Result<_>>()?,
             gdn: (0..n_gdn).map(|_| b.new_gdn(cfg)).collect::<Result<_>>()?,
         })
     }
@@ -208,9 +214,16 @@ pub fn forward<B: Backend>(
         )));
     }
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= cfg.n_vocab) {
-        return Err(Error::InvalidRequest(format!("token id {bad} out of range (n_vocab {})", cfg.n_vocab)));
+        return Err(Error::InvalidRequest(format!(
+            "token id {bad} out of range (n_vocab {})",
+            cfg.n_vocab
+        )));
     }
-    let s = Step { pos: st.pos, n, gdn_mode };
+    let s = Step {
+        pos: st.pos,
+        n,
+        gdn_mode,
+    };
 
     // 1. embed: x [n, n_embd] f32 (the residual stream)
     let mut x = b.new_act(n, cfg.n_embd);

@@ -113,7 +113,10 @@ impl QuantType {
 
     /// True for the 2-bit ternary code formats (all three Q2 variants).
     pub fn is_q2(self) -> bool {
-        matches!(self, QuantType::Q2_0G128 | QuantType::Q2_0G64 | QuantType::PQ2_0)
+        matches!(
+            self,
+            QuantType::Q2_0G128 | QuantType::Q2_0G64 | QuantType::PQ2_0
+        )
     }
 
     /// True for the low-bit weight formats the target's matrices may use.
@@ -139,14 +142,28 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// `row_bytes(out.len())` bytes). Panics on a length mismatch: callers pass validated extents.
 pub fn dequantize_row(qt: QuantType, src: &[u8], out: &mut [f32]) {
     let n = out.len();
-    let need = qt.row_bytes(n).expect("dequantize_row: length is not a whole number of blocks");
-    assert_eq!(src.len(), need, "dequantize_row: {} bytes for {} {} elements", src.len(), n, qt.name());
+    let need = qt
+        .row_bytes(n)
+        .expect("dequantize_row: length is not a whole number of blocks");
+    assert_eq!(
+        src.len(),
+        need,
+        "dequantize_row: {} bytes for {} {} elements",
+        src.len(),
+        n,
+        qt.name()
+    );
     let be = qt.block_elems();
     let bb = qt.block_bytes();
     match qt {
         QuantType::F32 => {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = f32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]);
+                *o = f32::from_le_bytes([
+                    src[4 * i],
+                    src[4 * i + 1],
+                    src[4 * i + 2],
+                    src[4 * i + 3],
+                ]);
             }
         }
         QuantType::F16 => {
@@ -305,14 +322,20 @@ mod tests {
 
     #[test]
     fn float_types() {
-        let src: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let src: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let mut o = vec![0f32; 2];
         dequantize_row(QuantType::F32, &src, &mut o);
         assert_eq!(o, vec![1.5, -2.0]);
         let src: Vec<u8> = [f16b(1.5), f16b(-2.0)].concat();
         dequantize_row(QuantType::F16, &src, &mut o);
         assert_eq!(o, vec![1.5, -2.0]);
-        let src: Vec<u8> = [0x3FC0u16, 0xC000].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let src: Vec<u8> = [0x3FC0u16, 0xC000]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         dequantize_row(QuantType::BF16, &src, &mut o);
         assert_eq!(o, vec![1.5, -2.0]);
     }

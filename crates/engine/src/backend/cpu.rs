@@ -29,7 +29,9 @@ impl CpuMat {
     /// The matrix bytes: `n_out` rows of `row_bytes(n_in)`. Checked at load.
     fn data(&self) -> &[u8] {
         let t = &self.g.tensors()[self.idx];
-        self.g.tensor_data(t).expect("tensor extent validated at load")
+        self.g
+            .tensor_data(t)
+            .expect("tensor extent validated at load")
     }
 }
 
@@ -80,7 +82,11 @@ fn gdn_dims(cfg: &TargetConfig) -> GdnDims {
 
 /// `out[t] = rmsnorm(x[t]) ⊙ w` for every row. x, out: `[n, width]`.
 fn rmsnorm_rows(x: &CpuAct, w: &[f32], eps: f32, out: &mut [f32]) {
-    for (xr, or) in x.data.chunks_exact(x.width).zip(out.chunks_exact_mut(x.width)) {
+    for (xr, or) in x
+        .data
+        .chunks_exact(x.width)
+        .zip(out.chunks_exact_mut(x.width))
+    {
         r::rmsnorm(xr, w, eps, or);
     }
 }
@@ -88,7 +94,11 @@ fn rmsnorm_rows(x: &CpuAct, w: &[f32], eps: f32, out: &mut [f32]) {
 /// y: `[n, n_out]` = x `[n, n_in]` · Wᵀ for several matrices sharing one input (activations quantized once).
 fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>)]) {
     let any_lowbit = outs.iter().any(|(m, _)| m.qt.is_lowbit());
-    let xq = if any_lowbit { Some(ops::quantize_acts(x, n, n_in)) } else { None };
+    let xq = if any_lowbit {
+        Some(ops::quantize_acts(x, n, n_in))
+    } else {
+        None
+    };
     for (m, y) in outs.iter_mut() {
         debug_assert_eq!(m.n_in, n_in);
         y.resize(n * m.n_out, 0.0);
@@ -107,7 +117,7 @@ impl Backend for CpuBackend {
     type Gdn = CpuGdn;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {})", rayon::current_num_threads(), format!("{:?}", ops::active_isa()))
+        format!("cpu ({} threads, {:?})", rayon::current_num_threads(), ops::active_isa())
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {
@@ -123,41 +133,72 @@ impl Backend for CpuBackend {
                 format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
             ));
         }
-        let qt = t.qtype.ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
+        let qt = t
+            .qtype
+            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
         let data = g.tensor_data(t)?;
-        let need = qt
-            .row_bytes(n_in)
-            .ok_or_else(|| Error::tensor(name, format!("ne0 {n_in} is not a multiple of {}", qt.block_elems())))?
-            * n_out;
+        let need = qt.row_bytes(n_in).ok_or_else(|| {
+            Error::tensor(
+                name,
+                format!("ne0 {n_in} is not a multiple of {}", qt.block_elems()),
+            )
+        })? * n_out;
         if data.len() != need {
-            return Err(Error::tensor(name, format!("expected {need} bytes, found {}", data.len())));
+            return Err(Error::tensor(
+                name,
+                format!("expected {need} bytes, found {}", data.len()),
+            ));
         }
-        Ok(CpuMat { g: g.clone(), idx, qt, n_in, n_out })
+        Ok(CpuMat {
+            g: g.clone(),
+            idx,
+            qt,
+            n_in,
+            n_out,
+        })
     }
 
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<Vec<f32>> {
         let v = g.tensor_f32(name)?;
         if v.len() != n {
-            return Err(Error::tensor(name, format!("expected {n} elements, found {}", v.len())));
+            return Err(Error::tensor(
+                name,
+                format!("expected {n} elements, found {}", v.len()),
+            ));
         }
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(Error::tensor(name, format!("non-finite value at element {i}")));
+            return Err(Error::tensor(
+                name,
+                format!("non-finite value at element {i}"),
+            ));
         }
         Ok(v)
     }
 
     fn new_act(&self, n: usize, width: usize) -> CpuAct {
-        CpuAct { n, width, data: vec![0.0; n * width] }
+        CpuAct {
+            n,
+            width,
+            data: vec![0.0; n * width],
+        }
     }
 
     fn new_kv(&self, cfg: &TargetConfig, _n_ctx: usize) -> Result<CpuKv> {
         // Grows on demand up to n_ctx; memory is paid only for positions in use.
-        Ok(CpuKv { width: cfg.n_head_kv * cfg.head_dim, len: 0, k: Vec::new(), v: Vec::new() })
+        Ok(CpuKv {
+            width: cfg.n_head_kv * cfg.head_dim,
+            len: 0,
+            k: Vec::new(),
+            v: Vec::new(),
+        })
     }
 
     fn new_gdn(&self, cfg: &TargetConfig) -> Result<CpuGdn> {
         let d = gdn_dims(cfg);
-        Ok(CpuGdn { conv: vec![0.0; (d.kconv - 1) * d.conv_dim], s: vec![0.0; d.hv * d.dk * d.dv] })
+        Ok(CpuGdn {
+            conv: vec![0.0; (d.kconv - 1) * d.conv_dim],
+            s: vec![0.0; d.hv * d.dk * d.dv],
+        })
     }
 
     fn reset_gdn(&self, st: &mut CpuGdn) {
@@ -190,7 +231,10 @@ impl Backend for CpuBackend {
         for (t, &id) in ids.iter().enumerate() {
             let id = id as usize;
             if id >= table.n_out {
-                return Err(Error::InvalidRequest(format!("token id {id} out of range ({})", table.n_out)));
+                return Err(Error::InvalidRequest(format!(
+                    "token id {id} out of range ({})",
+                    table.n_out
+                )));
             }
             bonsai_kernels_cpu::quant::dequantize_row(
                 table.qt,
@@ -220,7 +264,12 @@ impl Backend for CpuBackend {
             &xn,
             n,
             e,
-            &mut [(&w.qkv, &mut mixed), (&w.gate, &mut z), (&w.beta, &mut bb), (&w.alpha, &mut aa)],
+            &mut [
+                (&w.qkv, &mut mixed),
+                (&w.gate, &mut z),
+                (&w.beta, &mut bb),
+                (&w.alpha, &mut aa),
+            ],
         );
         // mixed: [n, conv_dim], z: [n, H_v·d_v], bb/aa: [n, H_v]
 
@@ -274,7 +323,9 @@ impl Backend for CpuBackend {
                 }
             }
             GdnMode::Chunked => {
-                ops::gdn_chunked(&mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o);
+                ops::gdn_chunked(
+                    &mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o,
+                );
             }
         }
         // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
@@ -303,13 +354,21 @@ impl Backend for CpuBackend {
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         if kv.len != s.pos {
-            return Err(Error::Backend(format!("KV cache holds {} rows, step starts at {}", kv.len, s.pos)));
+            return Err(Error::Backend(format!(
+                "KV cache holds {} rows, step starts at {}",
+                kv.len, s.pos
+            )));
         }
         // 1. projections
         let mut xn = vec![0f32; n * e]; // [n, n_embd]
         rmsnorm_rows(x, &w.attn_norm, eps, &mut xn);
         let (mut qf, mut kf, mut vf) = (Vec::new(), Vec::new(), Vec::new());
-        project(&xn, n, e, &mut [(&w.q, &mut qf), (&w.k, &mut kf), (&w.v, &mut vf)]);
+        project(
+            &xn,
+            n,
+            e,
+            &mut [(&w.q, &mut qf), (&w.k, &mut kf), (&w.v, &mut vf)],
+        );
         // qf: [n, n_head, 2, hd] (q ‖ gate per head), kf/vf: [n, n_kv·hd]
 
         // 2. split q / gate, per-head RMSNorm, partial NEOX RoPE; append K/V (f16).
@@ -415,7 +474,12 @@ impl Backend for CpuBackend {
         let nr = rows.len();
         let mut xn = vec![0f32; nr * e]; // [rows, n_embd]
         for (i, row) in rows.enumerate() {
-            r::rmsnorm(&x.data[row * e..(row + 1) * e], norm, cfg.rms_eps, &mut xn[i * e..(i + 1) * e]);
+            r::rmsnorm(
+                &x.data[row * e..(row + 1) * e],
+                norm,
+                cfg.rms_eps,
+                &mut xn[i * e..(i + 1) * e],
+            );
         }
         let mut y = Vec::new();
         project(&xn, nr, e, &mut [(out, &mut y)]);
