@@ -17,7 +17,7 @@ if [[ "${1:-}" == "--test" ]]; then
         CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip install -q llama-cpp-python==0.3.36
     fi
 fi
-rm -rf target/wheels
-"$PY" -m maturin build --profile "$PROFILE" --interpreter "$PY" -o target/wheels >/dev/null
-"$PY" -m pip install -q --force-reinstall --no-deps target/wheels/bonsai-*.whl
+# Editable install: the compiled module lands in python/bonsai/, so the source tree (tests, CLI) and
+# the installed package are the same code. `make wheel` builds a release wheel for distribution.
+MATURIN_PEP517_ARGS="--profile $PROFILE" "$PY" -m pip install -q --no-deps --no-build-isolation -e .
 "$PY" -c "import bonsai, bonsai._bonsai as b; print('setup: bonsai', b.__version__, 'installed')"
