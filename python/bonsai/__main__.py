@@ -113,11 +113,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from . import _bonsai
 
     try:
-        print(_bonsai.inspect(args.file))
+        report = _bonsai.inspect(args.file)
     except _bonsai.BonsaiError as e:
         print(f"bonsai inspect: {e}", file=sys.stderr)
         return 1
-    return 0
+    print(report)
+    # a readable container holding an invalid model: the report says why; the exit status says so too
+    return 1 if "\nvalidation:   FAILED" in report else 0
 
 
 def main(argv: list[str] | None = None) -> int:
