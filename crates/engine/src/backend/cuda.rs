@@ -1,0 +1,910 @@
+//! The CUDA backend: weights re-tiled at load into code + scale planes (see
+//! `bonsai_kernels_cuda::retile`), f32 residual stream and GDN state, f16 KV cache, int8
+//! activations for the low-bit mat-vecs (per-32 blocks, f32 scales), every op a kernel from
+//! `bonsai_kernels_cuda`. Rows are processed in groups of at most 8 per mat-vec launch; each row is
+//! computed exactly as in a 1-row launch (batch invariance), so verify equals decode bit for bit.
+//!
+//! Decode can also run as one captured CUDA graph per token ([`CudaBackend::capture_decode`]):
+//! the token id and position live in device memory, and the graph ends with the head, a device
+//! argmax that feeds the next step's embedding, and a position increment.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
+
+use super::{Backend, Step};
+use crate::config::TargetConfig;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::{AttnWeights, GdnWeights, Mixer, MlpWeights, SeqState, Weights};
+
+fn be(e: kc::CudaError) -> Error {
+    Error::Backend(format!("cuda: {e}"))
+}
+
+/// A weight matrix `[n_in, n_out]` on the device.
+pub struct CudaMat {
+    pub kind: WKind,
+    pub n_in: usize,
+    pub n_out: usize,
+    /// codes: [n_out, nblk, CB] (low-bit) or f32 [n_out, n_in] (WKind::F32)
+    codes: DevBuf,
+    /// scales: [n_out, nblk] f16 (low-bit only)
+    scales: Option<DevBuf>,
+}
+
+/// An f32 vector on the device.
+pub struct CudaVec {
+    pub n: usize,
+    buf: DevBuf,
+}
+
+/// Activation rows `[n, width]` f32 on the device.
+pub struct CudaAct {
+    pub n: usize,
+    pub width: usize,
+    buf: DevBuf,
+}
+
+/// One attention layer's cache: K and V `[n_ctx, n_kv·hd]` f16.
+pub struct CudaKv {
+    width: usize,
+    n_ctx: usize,
+    len: usize,
+    k: DevBuf,
+    v: DevBuf,
+}
+
+/// One GDN layer's state: conv window `[k−1, conv_dim]` f32 and S `[H_v, d_k, d_v]` f32.
+pub struct CudaGdn {
+    conv: DevBuf,
+    s: DevBuf,
+}
+
+/// Per-call temporaries, sized for `cap` rows; the decode graph captures their addresses, so they
+/// are only ever grown (reallocated) by a larger step, never shrunk.
+struct Scratch {
+    cap: usize,
+    kmax: usize,
+    // input of a projection: xf f32 [cap, kmax], xq i8 [cap, kmax], xd f32 / xs i32 [cap, kmax/32]
+    xf: DevBuf,
+    xq: DevBuf,
+    xd: DevBuf,
+    xs: DevBuf,
+    // projection outputs, each f32 [cap, pmax]
+    p: [DevBuf; 4],
+    // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
+    gq: DevBuf,
+    gk: DevBuf,
+    gv: DevBuf,
+    go: DevBuf,
+    gbeta: DevBuf,
+    gg: DevBuf,
+    // attention: qo, att [cap, nh·hd]; scores [8, nh, n_ctx]
+    qo: DevBuf,
+    att: DevBuf,
+    scores: DevBuf,
+    scores_ctx: usize,
+    // positions pos0 + t [cap] i32 and what was last uploaded; token ids [cap] i32
+    pos: DevBuf,
+    pos_host: Option<(usize, usize)>,
+    ids: DevBuf,
+    // head: logits [8, n_vocab] f32; argmax ids [8] i32; token history for graph runs
+    logits: DevBuf,
+    amax: DevBuf,
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    scratch: Mutex<Option<Scratch>>,
+    max_ctx: Mutex<usize>,
+}
+
+/// Rows per mat-vec launch.
+const MV_ROWS: usize = kc::MAX_ROWS;
+
+/// A decode step captured as one CUDA graph (n = 1, greedy): embed(ids[0]) → 64 layers → head →
+/// argmax → ids[0]; hist[pos] = token; pos += 1.
+pub struct DecodeGraph {
+    graph: kc::Graph,
+    hist: DevBuf,
+    hist_len: usize,
+    /// The residual stream the graph works in (its address is baked into the graph).
+    _x: CudaAct,
+}
+
+impl CudaBackend {
+    /// Open CUDA device `ordinal` and compile (or load cached) kernels.
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        if !kc::cuda_available() {
+            return Err(Error::BackendUnavailable(
+                "CUDA: no driver library (libcuda.so.1) or no device".into(),
+            ));
+        }
+        let gpu = Gpu::new(ordinal).map_err(|e| Error::BackendUnavailable(format!("CUDA: {e}")))?;
+        Ok(CudaBackend {
+            gpu: Arc::new(gpu),
+            scratch: Mutex::new(None),
+            max_ctx: Mutex::new(1),
+        })
+    }
+
+    /// True when a CUDA device can be opened here (never panics).
+    pub fn available() -> bool {
+        kc::cuda_available()
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn with_scratch<T>(
+        &self,
+        cfg: &TargetConfig,
+        n: usize,
+        f: impl FnOnce(&mut Scratch) -> Result<T>,
+    ) -> Result<T> {
+        let mut g = self.scratch.lock().expect("scratch lock");
+        let max_ctx = *self.max_ctx.lock().expect("ctx lock");
+        let need_new = match g.as_ref() {
+            None => true,
+            Some(s) => s.cap < n || s.scores_ctx < max_ctx,
+        };
+        if need_new {
+            let cap = n.max(g.as_ref().map_or(1, |s| s.cap)).max(MV_ROWS);
+            *g = Some(self.alloc_scratch(cfg, cap, max_ctx)?);
+        }
+        f(g.as_mut().expect("scratch"))
+    }
+
+    fn alloc_scratch(&self, cfg: &TargetConfig, cap: usize, n_ctx: usize) -> Result<Scratch> {
+        let gpu = &self.gpu;
+        let hd = cfg.head_dim;
+        let kmax = cfg
+            .n_embd
+            .max(cfg.n_ff)
+            .max(cfg.ssm_inner)
+            .max(cfg.n_head * hd);
+        let pmax = cfg
+            .conv_dim()
+            .max(cfg.n_ff)
+            .max(cfg.n_head * 2 * hd)
+            .max(cfg.ssm_inner);
+        let f = 4usize;
+        let a = |bytes: usize| gpu.alloc(bytes).map_err(be);
+        let hkdk = cfg.ssm_key_dim();
+        let hvdv = cfg.ssm_inner;
+        Ok(Scratch {
+            cap,
+            kmax,
+            xf: a(cap * kmax * f)?,
+            xq: a(cap * kmax)?,
+            xd: a(cap * kmax / 32 * f)?,
+            xs: a(cap * kmax / 32 * f)?,
+            p: [
+                a(cap * pmax * f)?,
+                a(cap * pmax * f)?,
+                a(cap * pmax * f)?,
+                a(cap * pmax * f)?,
+            ],
+            gq: a(cap * hkdk * f)?,
+            gk: a(cap * hkdk * f)?,
+            gv: a(cap * hvdv * f)?,
+            go: a(cap * hvdv * f)?,
+            gbeta: a(cap * cfg.ssm_dt_rank * f)?,
+            gg: a(cap * cfg.ssm_dt_rank * f)?,
+            qo: a(cap * cfg.n_head * hd * f)?,
+            att: a(cap * cfg.n_head * hd * f)?,
+            scores: a(MV_ROWS * cfg.n_head * n_ctx * f)?,
+            scores_ctx: n_ctx,
+            pos: a(cap * 4)?,
+            pos_host: None,
+            ids: a(cap * 4)?,
+            logits: a(MV_ROWS * cfg.n_vocab * f)?,
+            amax: a(MV_ROWS * 4)?,
+        })
+    }
+
+    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`), in groups of
+    /// at most 8 rows.
+    fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
+        let k = m.n_in;
+        debug_assert!(k <= sc.kmax);
+        let mut t0 = 0;
+        while t0 < n {
+            let nr = (n - t0).min(MV_ROWS);
+            let yo = y + (t0 * m.n_out * 4) as u64;
+            match m.kind {
+                WKind::F32 => self.gpu.mv_f32(
+                    m.codes.ptr(),
+                    sc.xf.at(t0 * k * 4),
+                    yo,
+                    k,
+                    m.n_out,
+                    nr,
+                    accumulate,
+                ),
+                kind => self.gpu.mv_lowbit(
+                    kind,
+                    m.codes.ptr(),
+                    m.scales.as_ref().expect("scales").ptr(),
+                    sc.xq.at(t0 * k),
+                    sc.xd.at(t0 * k / 32 * 4),
+                    sc.xs.at(t0 * k / 32 * 4),
+                    yo,
+                    k,
+                    m.n_out,
+                    nr,
+                    accumulate,
+                ),
+            }
+            .map_err(be)?;
+            t0 += nr;
+        }
+        Ok(())
+    }
+
+    fn norm_in(
+        &self,
+        sc: &Scratch,
+        x: u64,
+        w: &CudaVec,
+        eps: f32,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        self.gpu
+            .rmsnorm_quant(
+                x,
+                w.buf.ptr(),
+                eps,
+                n,
+                k,
+                sc.xf.ptr(),
+                sc.xq.ptr(),
+                sc.xd.ptr(),
+                sc.xs.ptr(),
+            )
+            .map_err(be)
+    }
+
+    fn set_pos(&self, sc: &mut Scratch, pos: usize, n: usize) -> Result<()> {
+        if sc.pos_host != Some((pos, n)) {
+            let p: Vec<i32> = (0..n).map(|t| (pos + t) as i32).collect();
+            self.gpu.htod(&sc.pos, 0, &p).map_err(be)?;
+            sc.pos_host = Some((pos, n));
+        }
+        Ok(())
+    }
+
+    fn gdn_impl(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CudaGdn,
+        x: u64,
+        n: usize,
+    ) -> Result<()> {
+        let e = cfg.n_embd;
+        let eps = cfg.rms_eps;
+        let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
+        let dv = cfg.ssm_head_v_dim();
+        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
+        self.proj(sc, &w.qkv, n, mixed, false)?;
+        self.proj(sc, &w.gate, n, z, false)?;
+        self.proj(sc, &w.beta, n, bb, false)?;
+        self.proj(sc, &w.alpha, n, aa, false)?;
+        let g = &self.gpu;
+        g.gdn_conv(
+            mixed,
+            st.conv.ptr(),
+            w.conv1d.buf.ptr(),
+            cfg.ssm_conv_kernel,
+            hk,
+            hv,
+            dk,
+            n,
+            eps,
+            sc.gq.ptr(),
+            sc.gk.ptr(),
+            sc.gv.ptr(),
+            bb,
+            aa,
+            w.dt_bias.buf.ptr(),
+            w.ssm_a.buf.ptr(),
+            sc.gbeta.ptr(),
+            sc.gg.ptr(),
+        )
+        .map_err(be)?;
+        // Chunked mode (prefill) also runs the recurrence: equal to the chunked form within f32
+        // rounding, and batch-invariant.
+        g.gdn_step(
+            st.s.ptr(),
+            sc.gq.ptr(),
+            sc.gk.ptr(),
+            sc.gv.ptr(),
+            sc.gg.ptr(),
+            sc.gbeta.ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            n,
+            sc.go.ptr(),
+        )
+        .map_err(be)?;
+        g.gated_norm_quant(
+            sc.go.ptr(),
+            z,
+            w.ssm_norm.buf.ptr(),
+            eps,
+            n,
+            hv,
+            dv,
+            sc.xf.ptr(),
+            sc.xq.ptr(),
+            sc.xd.ptr(),
+            sc.xs.ptr(),
+        )
+        .map_err(be)?;
+        self.proj(sc, &w.ssm_out, n, x, true)
+    }
+
+    fn attn_impl(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &AttnWeights<Self>,
+        kv: &CudaKv,
+        x: u64,
+        n: usize,
+    ) -> Result<()> {
+        let e = cfg.n_embd;
+        let eps = cfg.rms_eps;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
+        self.proj(sc, &w.q, n, qf, false)?;
+        self.proj(sc, &w.k, n, kf, false)?;
+        self.proj(sc, &w.v, n, vf, false)?;
+        let g = &self.gpu;
+        g.attn_prep(
+            qf,
+            kf,
+            vf,
+            w.q_norm.buf.ptr(),
+            w.k_norm.buf.ptr(),
+            eps,
+            n,
+            nh,
+            nkv,
+            hd,
+            cfg.n_rot,
+            cfg.rope_base,
+            sc.pos.ptr(),
+            sc.qo.ptr(),
+            kv.k.ptr(),
+            kv.v.ptr(),
+        )
+        .map_err(be)?;
+        let mut t0 = 0;
+        while t0 < n {
+            let nr = (n - t0).min(MV_ROWS);
+            g.attn_decode(
+                sc.qo.at(t0 * nh * hd * 4),
+                qf + (t0 * nh * 2 * hd * 4) as u64,
+                kv.k.ptr(),
+                kv.v.ptr(),
+                nr,
+                nh,
+                nkv,
+                hd,
+                sc.pos.at(t0 * 4),
+                sc.scores_ctx,
+                sc.scores.ptr(),
+                sc.att.at(t0 * nh * hd * 4),
+            )
+            .map_err(be)?;
+            t0 += nr;
+        }
+        g.quant_rows(
+            sc.att.ptr(),
+            n,
+            nh * hd,
+            sc.xq.ptr(),
+            sc.xd.ptr(),
+            sc.xs.ptr(),
+        )
+        .map_err(be)?;
+        // f32 copy of the attention output for non-low-bit out-projections
+        if w.out.kind == WKind::F32 {
+            g.dtod(sc.xf.ptr(), sc.att.ptr(), n * nh * hd * 4)
+                .map_err(be)?;
+        }
+        self.proj(sc, &w.out, n, x, true)
+    }
+
+    fn mlp_impl(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &MlpWeights<Self>,
+        x: u64,
+        n: usize,
+    ) -> Result<()> {
+        self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
+        let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
+        self.proj(sc, &w.gate, n, gt, false)?;
+        self.proj(sc, &w.up, n, up, false)?;
+        self.gpu
+            .swiglu_quant(
+                gt,
+                up,
+                n,
+                cfg.n_ff,
+                sc.xf.ptr(),
+                sc.xq.ptr(),
+                sc.xd.ptr(),
+                sc.xs.ptr(),
+            )
+            .map_err(be)?;
+        self.proj(sc, &w.down, n, x, true)
+    }
+
+    fn embed_impl(&self, table: &CudaMat, ids: u64, n: usize, x: u64) -> Result<()> {
+        let (codes, scales, f32tab) = match table.kind {
+            WKind::F32 => (0, 0, table.codes.ptr()),
+            _ => (
+                table.codes.ptr(),
+                table.scales.as_ref().expect("scales").ptr(),
+                0,
+            ),
+        };
+        self.gpu
+            .embed_rows(table.kind, codes, scales, f32tab, ids, n, table.n_in, x)
+            .map_err(be)
+    }
+
+    /// Norm + head for `nr ≤ 8` rows of x starting at `x`, logits into scratch `logits`.
+    fn head_impl(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        norm: &CudaVec,
+        out: &CudaMat,
+        x: u64,
+        nr: usize,
+    ) -> Result<()> {
+        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd)?;
+        self.proj(sc, out, nr, sc.logits.ptr(), false)
+    }
+
+    /// Greedy decode of `steps` tokens after the committed state, eagerly (no graph), with the
+    /// argmax on the device. Returns the tokens. `first` is the token at position `st.pos`.
+    pub fn greedy_eager(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        first: u32,
+        steps: usize,
+    ) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(steps);
+        let mut tok = first;
+        let x = self.new_act(1, cfg.n_embd);
+        for _ in 0..steps {
+            if st.pos + 1 > st.n_ctx {
+                return Err(Error::ContextOverflow("greedy_eager".into()));
+            }
+            self.with_scratch(cfg, 1, |sc| {
+                self.gpu.htod(&sc.ids, 0, &[tok as i32]).map_err(be)?;
+                self.set_pos(sc, st.pos, 1)?;
+                self.step_body(sc, cfg, w, st, x.buf.ptr())?;
+                let mut id = [0i32];
+                self.gpu.dtoh(&sc.amax, 0, &mut id).map_err(be)?;
+                tok = id[0] as u32;
+                Ok(())
+            })?;
+            st.pos += 1;
+            for kv in &mut st.kv {
+                kv.len = st.pos;
+            }
+            out.push(tok);
+        }
+        Ok(out)
+    }
+
+    /// The device work of one n = 1 decode step reading the token from `sc.ids[0]` and the
+    /// position from `sc.pos[0]`; ends with argmax into `sc.amax[0]`. No host synchronization, so
+    /// it can be captured. Does not touch host-side bookkeeping.
+    fn step_body(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        x: u64,
+    ) -> Result<()> {
+        self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
+        let (mut ia, mut ig) = (0, 0);
+        for layer in &w.layers {
+            match &layer.mixer {
+                Mixer::Gdn(gw) => {
+                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1)?;
+                    ig += 1;
+                }
+                Mixer::Attn(aw) => {
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1)?;
+                    ia += 1;
+                }
+            }
+            self.mlp_impl(sc, cfg, &layer.mlp, x, 1)?;
+        }
+        self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)?;
+        self.gpu
+            .argmax_rows(sc.logits.ptr(), 1, cfg.n_vocab, sc.amax.ptr())
+            .map_err(be)?;
+        // next step's input token = this step's argmax
+        self.gpu.dtod(sc.ids.ptr(), sc.amax.ptr(), 4).map_err(be)
+    }
+
+    /// Capture one greedy decode step as a CUDA graph. The graph reads the token from the device
+    /// id slot and the position from the device position slot, and advances both itself, so
+    /// [`CudaBackend::run_graph`] can replay it back to back with no host round trip.
+    pub fn capture_decode(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+    ) -> Result<DecodeGraph> {
+        let x = self.new_act(1, cfg.n_embd);
+        let hist_len = st.n_ctx + 1;
+        let hist = self.gpu.alloc(hist_len * 4).map_err(be)?;
+        let graph = self.with_scratch(cfg, 1, |sc| {
+            // make sure nothing else is pending, then capture
+            self.gpu.sync().map_err(be)?;
+            self.gpu.begin_capture().map_err(be)?;
+            let r = self.step_body(sc, cfg, w, st, x.buf.ptr());
+            let r2 = r.and_then(|_| {
+                self.gpu
+                    .step_advance(sc.pos.ptr(), sc.amax.ptr(), hist.ptr(), hist_len)
+                    .map_err(be)
+            });
+            let g = self.gpu.end_capture().map_err(be);
+            r2?;
+            sc.pos_host = None;
+            g
+        })?;
+        Ok(DecodeGraph {
+            graph,
+            hist,
+            hist_len,
+            _x: x,
+        })
+    }
+
+    /// Replay a captured decode graph `steps` times starting from token `first` at `st.pos`.
+    /// Returns the generated tokens; advances `st`.
+    pub fn run_graph(
+        &self,
+        cfg: &TargetConfig,
+        dg: &DecodeGraph,
+        st: &mut SeqState<Self>,
+        first: u32,
+        steps: usize,
+    ) -> Result<Vec<u32>> {
+        if st.pos + steps > st.n_ctx || st.pos + steps >= dg.hist_len {
+            return Err(Error::ContextOverflow("run_graph".into()));
+        }
+        self.with_scratch(cfg, 1, |sc| {
+            self.gpu.htod(&sc.ids, 0, &[first as i32]).map_err(be)?;
+            self.gpu.htod(&sc.pos, 0, &[st.pos as i32]).map_err(be)?;
+            sc.pos_host = None;
+            for _ in 0..steps {
+                self.gpu.launch_graph(&dg.graph).map_err(be)?;
+            }
+            self.gpu.sync().map_err(be)
+        })?;
+        let mut h = vec![0i32; steps];
+        self.gpu.dtoh(&dg.hist, st.pos * 4, &mut h).map_err(be)?;
+        st.pos += steps;
+        for kv in &mut st.kv {
+            kv.len = st.pos;
+        }
+        Ok(h.into_iter().map(|t| t as u32).collect())
+    }
+
+    /// Time `steps` graph replays (GPU time, ms), no host round trip inside.
+    pub fn time_graph(
+        &self,
+        cfg: &TargetConfig,
+        dg: &DecodeGraph,
+        st: &mut SeqState<Self>,
+        first: u32,
+        steps: usize,
+    ) -> Result<(f32, Vec<u32>)> {
+        if st.pos + steps > st.n_ctx || st.pos + steps >= dg.hist_len {
+            return Err(Error::ContextOverflow("time_graph".into()));
+        }
+        let ms = self.with_scratch(cfg, 1, |sc| {
+            self.gpu.htod(&sc.ids, 0, &[first as i32]).map_err(be)?;
+            self.gpu.htod(&sc.pos, 0, &[st.pos as i32]).map_err(be)?;
+            sc.pos_host = None;
+            self.gpu
+                .time_ms(|| {
+                    for _ in 0..steps {
+                        self.gpu.launch_graph(&dg.graph)?;
+                    }
+                    Ok(())
+                })
+                .map_err(be)
+        })?;
+        let mut h = vec![0i32; steps];
+        self.gpu.dtoh(&dg.hist, st.pos * 4, &mut h).map_err(be)?;
+        st.pos += steps;
+        for kv in &mut st.kv {
+            kv.len = st.pos;
+        }
+        Ok((ms, h.into_iter().map(|t| t as u32).collect()))
+    }
+
+    /// Bytes of device memory held by a matrix.
+    pub fn mat_bytes(m: &CudaMat) -> usize {
+        m.codes.bytes() + m.scales.as_ref().map_or(0, |s| s.bytes())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Mat = CudaMat;
+    type Vector = CudaVec;
+    type Act = CudaAct;
+    type Kv = CudaKv;
+    type Gdn = CudaGdn;
+
+    fn name(&self) -> String {
+        format!(
+            "cuda ({}, sm_{}{})",
+            self.gpu.device_name, self.gpu.arch.0, self.gpu.arch.1
+        )
+    }
+
+    fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
+        let t = g
+            .tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::tensor(name, "missing"))?;
+        if t.ne0() != n_in || t.n_rows() != n_out {
+            return Err(Error::tensor(
+                name,
+                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
+            ));
+        }
+        let qt = t
+            .qtype
+            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
+        let data = g.tensor_data(t)?;
+        let need = qt.row_bytes(n_in).ok_or_else(|| {
+            Error::tensor(
+                name,
+                format!("ne0 {n_in} is not a multiple of {}", qt.block_elems()),
+            )
+        })? * n_out;
+        if data.len() != need {
+            return Err(Error::tensor(
+                name,
+                format!("expected {need} bytes, found {}", data.len()),
+            ));
+        }
+        if qt.is_lowbit() && n_in % 64 != 0 {
+            return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
+        }
+        let r = kc::retile(qt, data, n_in, n_out);
+        let (codes, scales) = if r.kind == WKind::F32 {
+            (self.gpu.upload(&r.f32data).map_err(be)?, None)
+        } else {
+            (
+                self.gpu.upload(&r.codes).map_err(be)?,
+                Some(self.gpu.upload(&r.scales).map_err(be)?),
+            )
+        };
+        Ok(CudaMat {
+            kind: r.kind,
+            n_in,
+            n_out,
+            codes,
+            scales,
+        })
+    }
+
+    fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<CudaVec> {
+        let v = g.tensor_f32(name)?;
+        if v.len() != n {
+            return Err(Error::tensor(
+                name,
+                format!("expected {n} elements, found {}", v.len()),
+            ));
+        }
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::tensor(
+                name,
+                format!("non-finite value at element {i}"),
+            ));
+        }
+        Ok(CudaVec {
+            n,
+            buf: self.gpu.upload(&v).map_err(be)?,
+        })
+    }
+
+    fn new_act(&self, n: usize, width: usize) -> CudaAct {
+        CudaAct {
+            n,
+            width,
+            buf: self
+                .gpu
+                .alloc(n * width * 4)
+                .expect("cuda: activation allocation failed"),
+        }
+    }
+
+    fn new_kv(&self, cfg: &TargetConfig, n_ctx: usize) -> Result<CudaKv> {
+        let width = cfg.n_head_kv * cfg.head_dim;
+        {
+            let mut m = self.max_ctx.lock().expect("ctx lock");
+            *m = (*m).max(n_ctx);
+        }
+        Ok(CudaKv {
+            width,
+            n_ctx,
+            len: 0,
+            k: self.gpu.alloc(n_ctx * width * 2).map_err(be)?,
+            v: self.gpu.alloc(n_ctx * width * 2).map_err(be)?,
+        })
+    }
+
+    fn new_gdn(&self, cfg: &TargetConfig) -> Result<CudaGdn> {
+        let dv = cfg.ssm_head_v_dim();
+        if cfg.ssm_d_state != dv || cfg.ssm_d_state > 128 || dv % 32 != 0 {
+            return Err(Error::Unsupported(format!(
+                "CUDA GDN kernels need d_k == d_v <= 128 and a multiple of 32 (d_k {}, d_v {dv})",
+                cfg.ssm_d_state
+            )));
+        }
+        Ok(CudaGdn {
+            conv: self
+                .gpu
+                .alloc((cfg.ssm_conv_kernel - 1) * cfg.conv_dim() * 4)
+                .map_err(be)?,
+            s: self
+                .gpu
+                .alloc(cfg.ssm_dt_rank * cfg.ssm_d_state * dv * 4)
+                .map_err(be)?,
+        })
+    }
+
+    fn reset_gdn(&self, st: &mut CudaGdn) {
+        self.gpu
+            .zero(st.conv.ptr(), st.conv.bytes())
+            .and_then(|_| self.gpu.zero(st.s.ptr(), st.s.bytes()))
+            .expect("cuda: reset_gdn");
+    }
+
+    fn copy_gdn(&self, src: &CudaGdn, dst: &mut CudaGdn) {
+        self.gpu
+            .dtod(dst.conv.ptr(), src.conv.ptr(), src.conv.bytes())
+            .and_then(|_| self.gpu.dtod(dst.s.ptr(), src.s.ptr(), src.s.bytes()))
+            .expect("cuda: copy_gdn");
+    }
+
+    fn truncate_kv(&self, kv: &mut CudaKv, len: usize) {
+        kv.len = kv.len.min(len);
+    }
+
+    fn copy_kv(&self, src: &CudaKv, dst: &mut CudaKv) {
+        assert!(src.len <= dst.n_ctx, "copy_kv: destination too short");
+        let bytes = src.len * src.width * 2;
+        self.gpu
+            .dtod(dst.k.ptr(), src.k.ptr(), bytes)
+            .and_then(|_| self.gpu.dtod(dst.v.ptr(), src.v.ptr(), bytes))
+            .expect("cuda: copy_kv");
+        dst.len = src.len;
+    }
+
+    fn embed(&self, table: &CudaMat, ids: &[u32], x: &mut CudaAct) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.n_out) {
+            return Err(Error::InvalidRequest(format!(
+                "token id {bad} out of range ({})",
+                table.n_out
+            )));
+        }
+        let n = ids.len();
+        let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let ib = self.gpu.upload(&ids32).map_err(be)?;
+        self.embed_impl(table, ib.ptr(), n, x.buf.ptr())?;
+        // ib is freed on drop; make sure the kernel has read it first
+        self.gpu.sync().map_err(be)
+    }
+
+    fn gdn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CudaGdn,
+        x: &mut CudaAct,
+        s: &Step,
+    ) -> Result<()> {
+        let n = x.n;
+        self.with_scratch(cfg, n, |sc| self.gdn_impl(sc, cfg, w, st, x.buf.ptr(), s.n))
+    }
+
+    fn attn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &AttnWeights<Self>,
+        kv: &mut CudaKv,
+        x: &mut CudaAct,
+        s: &Step,
+    ) -> Result<()> {
+        if kv.len != s.pos {
+            return Err(Error::Backend(format!(
+                "KV cache holds {} rows, step starts at {}",
+                kv.len, s.pos
+            )));
+        }
+        if s.pos + s.n > kv.n_ctx {
+            return Err(Error::ContextOverflow(format!(
+                "{} positions, KV cache holds {}",
+                s.pos + s.n,
+                kv.n_ctx
+            )));
+        }
+        self.with_scratch(cfg, s.n, |sc| {
+            self.set_pos(sc, s.pos, s.n)?;
+            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n)
+        })?;
+        kv.len = s.pos + s.n;
+        Ok(())
+    }
+
+    fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut CudaAct) -> Result<()> {
+        let n = x.n;
+        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n))
+    }
+
+    fn head(
+        &self,
+        cfg: &TargetConfig,
+        norm: &CudaVec,
+        out: &CudaMat,
+        x: &CudaAct,
+        rows: Range<usize>,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let e = x.width;
+        let nv = out.n_out;
+        assert_eq!(logits.len(), rows.len() * nv);
+        self.with_scratch(cfg, MV_ROWS, |sc| {
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let nr = (rows.end - r0).min(MV_ROWS);
+                self.head_impl(sc, cfg, norm, out, x.buf.at(r0 * e * 4), nr)?;
+                let o = (r0 - rows.start) * nv;
+                self.gpu
+                    .dtoh(&sc.logits, 0, &mut logits[o..o + nr * nv])
+                    .map_err(be)?;
+                r0 += nr;
+            }
+            Ok(())
+        })
+    }
+
+    fn read_row(&self, x: &CudaAct, row: usize, out: &mut [f32]) {
+        self.gpu
+            .dtoh(&x.buf, row * x.width * 4, out)
+            .expect("cuda: read_row");
+    }
+}

@@ -1,0 +1,150 @@
+//! GPU decode benchmark (batch 1, greedy, CUDA graph per token). Runs only when
+//! `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise prints SKIPPED.
+//! Writes a JSON record to `$BONSAI_BENCH_OUT` (default: stdout only). Driven by
+//! scripts/gpu_check.sh; results are committed under bench/results/.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bonsai_engine::backend::cuda::CudaBackend;
+use bonsai_engine::backend::{Backend, GdnMode};
+use bonsai_engine::config::TargetConfig;
+use bonsai_engine::gguf::Gguf;
+use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
+
+#[test]
+fn cuda_decode_bench() {
+    let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
+        eprintln!("SKIPPED cuda_decode_bench: BONSAI_BENCH_MODEL not set (not counted as run)");
+        return;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED cuda_decode_bench: no CUDA device (not counted as run)");
+        return;
+    }
+    let steps: usize = std::env::var("BONSAI_BENCH_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(128);
+    let t0 = Instant::now();
+    let cuda = CudaBackend::new(0).unwrap();
+    let t_ctx = t0.elapsed().as_secs_f64();
+    let (free0, total) = cuda.gpu().mem_info().unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let t1 = Instant::now();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let t_load = t1.elapsed().as_secs_f64();
+    let n_ctx = 1024;
+    let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+
+    // bytes streamed per decoded token: every matrix except the embedding table, one embedding
+    // row, the f32 side vectors (approx.), GDN state read + write.
+    let mut mat_bytes = 0usize;
+    for l in &w.layers {
+        match &l.mixer {
+            Mixer::Gdn(x) => {
+                for m in [&x.qkv, &x.gate, &x.beta, &x.alpha, &x.ssm_out] {
+                    mat_bytes += CudaBackend::mat_bytes(m);
+                }
+            }
+            Mixer::Attn(x) => {
+                for m in [&x.q, &x.k, &x.v, &x.out] {
+                    mat_bytes += CudaBackend::mat_bytes(m);
+                }
+            }
+        }
+        for m in [&l.mlp.gate, &l.mlp.up, &l.mlp.down] {
+            mat_bytes += CudaBackend::mat_bytes(m);
+        }
+    }
+    mat_bytes += CudaBackend::mat_bytes(w.head_mat());
+    let n_gdn = cfg.n_gdn_layers();
+    let state_rw = 2 * n_gdn * cfg.ssm_dt_rank * cfg.ssm_d_state * cfg.ssm_head_v_dim() * 4
+        + 2 * n_gdn * (cfg.ssm_conv_kernel - 1) * cfg.conv_dim() * 4;
+    let bytes_per_token = mat_bytes + state_rw;
+
+    // prompt (8 tokens), then capture the decode graph
+    let prompt: Vec<u32> = (0..8u32)
+        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
+        .collect();
+    let mut logits = Vec::new();
+    let t2 = Instant::now();
+    forward(
+        &cuda,
+        &cfg,
+        &w,
+        &mut st,
+        &prompt,
+        GdnMode::Recurrent,
+        LogitRows::Last,
+        &mut logits,
+        Capture::none(),
+    )
+    .unwrap();
+    let t_prefill = t2.elapsed().as_secs_f64();
+    let first = logits
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32;
+    let (free1, _) = cuda.gpu().mem_info().unwrap();
+
+    // eager decode (one launch per kernel) for comparison
+    let mut se = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    se.copy_from(&cuda, &st);
+    let te = Instant::now();
+    let eager_steps = 16;
+    let eager = cuda
+        .greedy_eager(&cfg, &w, &mut se, first, eager_steps)
+        .unwrap();
+    let eager_tps = eager_steps as f64 / te.elapsed().as_secs_f64();
+
+    let mut sgr = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    sgr.copy_from(&cuda, &st);
+    let t3 = Instant::now();
+    let dg = cuda.capture_decode(&cfg, &w, &mut sgr).unwrap();
+    let t_capture = t3.elapsed().as_secs_f64();
+    // correctness before timing: graph tokens == eager tokens
+    let check = cuda
+        .run_graph(&cfg, &dg, &mut sgr, first, eager_steps)
+        .unwrap();
+    assert_eq!(check, eager, "graph and eager greedy differ");
+    // warm-up, then timed runs from the same start state, median of 3
+    let mut times = Vec::new();
+    let mut toks = Vec::new();
+    for rep in 0..4 {
+        let mut s = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+        s.copy_from(&cuda, &st);
+        let (ms, t) = cuda.time_graph(&cfg, &dg, &mut s, first, steps).unwrap();
+        if rep > 0 {
+            times.push(ms as f64);
+        }
+        toks = t;
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let med_ms = times[times.len() / 2];
+    let tps = steps as f64 / (med_ms / 1e3);
+    let bw = bytes_per_token as f64 * tps;
+    let frac = bw / 4.49e12;
+    let resident = free0 - free1;
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
+         \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"bytes_per_token\": {bytes_per_token}, \
+         \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
+         \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
+         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"first_tokens\": {:?}}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        bw / 1e9,
+        &toks[..toks.len().min(8)]
+    );
+    println!("BENCH {json}");
+    if let Ok(out) = std::env::var("BONSAI_BENCH_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}

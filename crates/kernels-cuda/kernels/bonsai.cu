@@ -1,0 +1,508 @@
+// bonsai CUDA kernels. Compiled by NVRTC with no headers at all: no cuda_fp16.h, no <cstdint>.
+// f16 <-> f32 conversion is inline PTX. Every reduction has a fixed order (warp xor-tree, then a
+// fixed loop over warps), so results are deterministic and independent of the launch's batch n.
+//
+// Layout conventions (all row-major, ggml order: a weight [n_in, n_out] is n_out rows of n_in):
+//   activations f32 [n, k]; int8 activations q [n, k] with per-32 block scale d [n, k/32] (f32)
+//   and per-32 block code sum s [n, k/32] (i32), the llama.cpp Q8_0 scheme with f32 scales.
+//   low-bit weights re-tiled at load into a code plane [n_out, nblk, CB bytes] (16-byte aligned)
+//   and a scale plane [n_out, nblk] f16. Q1_0 codes keep the GGUF bit order (bit j = element j);
+//   Q2 codes are re-ordered inside each 16-element word so that 2-bit field s of byte i holds
+//   element 4s + i (then (w >> 2s) & 0x03030303 is four consecutive codes, one per byte).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef signed char i8;
+typedef unsigned char u8;
+
+#define MAXN 8
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+
+// Block-wide sum with a fixed order; `red` holds >= 32 floats. All threads get the result.
+__device__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    return t;
+}
+__device__ float block_max(float v, float* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = NEG_INF;
+    for (int i = 0; i < nw; ++i) t = fmaxf(t, red[i]);
+    return t;
+}
+
+// One 32-element block quantized by one full warp: lane j holds element j.
+__device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    float r = fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
+    int qi = (int)r;
+    q[lane] = (i8)qi;
+    int sum = warp_sum_i(qi);
+    if (lane == 0) {
+        *d = db;
+        *s = sum;
+    }
+}
+
+// ---- activation quantization --------------------------------------------------------------------
+
+// x [n, k] f32 -> q, d, s. grid (ceil(k/32/8), n), block 256: warp w quantizes block 8·bx + w.
+extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, int* s) {
+    int t = blockIdx.y, b = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    int nb = k >> 5;
+    if (b >= nb) return;
+    float v = x[(size_t)t * k + b * 32 + lane];
+    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+}
+
+// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid n, block 256.
+extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
+                                         i8* q, float* d, int* s) {
+    __shared__ float red[32];
+    int t = blockIdx.x;
+    const float* xr = x + (size_t)t * k;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = block_sum(ss, red);
+    float inv = 1.0f / sqrtf(ss / (float)k + eps);
+    int nb = k >> 5, lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        int i = b * 32 + lane;
+        float v = xr[i] * inv * w[i];
+        if (xf) xf[(size_t)t * k + i] = v;
+        quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+    }
+}
+
+// ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
+
+// KIND 1: Q1_0 (128 elems, 16 B codes); 2: Q2_0 g128 / PQ2_0 (128, 32 B); 3: Q2_0 g64 (64, 16 B).
+// One warp per weight row; lane l handles blocks l, l+32, ...; per activation row t the float ops
+// are identical whatever n is, so row t of an n-row launch equals the 1-row launch bit for bit.
+template <int KIND>
+__device__ __forceinline__ void mv_lowbit(const uint4* __restrict__ codes, const u16* __restrict__ scales,
+                                          const i8* __restrict__ q, const float* __restrict__ da,
+                                          const int* __restrict__ sa, float* y, int n_in, int n_out,
+                                          int n, int accumulate) {
+    const int BE = KIND == 3 ? 64 : 128;     // elements per block
+    const int NW = KIND == 2 ? 2 : 1;        // uint4 per block
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    int nblk = n_in / BE;
+    int nsb = n_in >> 5;
+    float acc[MAXN];
+#pragma unroll
+    for (int t = 0; t < MAXN; ++t) acc[t] = 0.f;
+    for (int b = lane; b < nblk; b += 32) {
+        uint4 c[NW];
+#pragma unroll
+        for (int u = 0; u < NW; ++u) c[u] = __ldg(codes + ((size_t)o * nblk + b) * NW + u);
+        float dw = h2f(__ldg(scales + (size_t)o * nblk + b));
+        u32 wd[4 * NW];
+#pragma unroll
+        for (int u = 0; u < NW; ++u) {
+            wd[4 * u + 0] = c[u].x; wd[4 * u + 1] = c[u].y; wd[4 * u + 2] = c[u].z; wd[4 * u + 3] = c[u].w;
+        }
+#pragma unroll
+        for (int t = 0; t < MAXN; ++t) {
+            if (t < n) {
+                const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)b * BE);
+                const float* dt = da + (size_t)t * nsb + b * (BE / 32);
+                const int* st = sa + (size_t)t * nsb + b * (BE / 32);
+                float sblk = 0.f;
+#pragma unroll
+                for (int sb = 0; sb < BE / 32; ++sb) {
+                    int4 qa0 = __ldg(qa4 + 2 * sb), qa1 = __ldg(qa4 + 2 * sb + 1);
+                    int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+                    int isum = 0;
+                    if (KIND == 1) {
+                        u32 word = wd[sb];
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) {
+                            u32 nib = (word >> (4 * k)) & 0xFu;
+                            u32 m = ((nib * 0x00204081u) & 0x01010101u) * 0xFFu;
+                            isum = __dp4a((int)(m & (u32)qa[k]), 0x01010101, isum);
+                        }
+                        isum = 2 * isum - st[sb];
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            u32 word = wd[2 * sb + h];
+#pragma unroll
+                            for (int s2 = 0; s2 < 4; ++s2) {
+                                int cw = (int)((word >> (2 * s2)) & 0x03030303u);
+                                isum = __dp4a(cw, qa[4 * h + s2], isum);
+                            }
+                        }
+                        isum = isum - st[sb];
+                    }
+                    sblk = fmaf(dt[sb], (float)isum, sblk);
+                }
+                acc[t] = fmaf(dw, sblk, acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXN; ++t) {
+        if (t < n) {
+            float r = warp_sum(acc[t]);
+            if (lane == 0) {
+                float* yp = y + (size_t)t * n_out + o;
+                *yp = accumulate ? *yp + r : r;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void mv_q1(const uint4* codes, const u16* scales, const i8* q, const float* da,
+                                 const int* sa, float* y, int n_in, int n_out, int n, int accumulate) {
+    mv_lowbit<1>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
+}
+extern "C" __global__ void mv_q2(const uint4* codes, const u16* scales, const i8* q, const float* da,
+                                 const int* sa, float* y, int n_in, int n_out, int n, int accumulate) {
+    mv_lowbit<2>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
+}
+extern "C" __global__ void mv_q2g64(const uint4* codes, const u16* scales, const i8* q, const float* da,
+                                    const int* sa, float* y, int n_in, int n_out, int n,
+                                    int accumulate) {
+    mv_lowbit<3>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
+}
+
+// f32 weights (other types, dequantized at load), f32 activations. One warp per row.
+extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __restrict__ x, float* y,
+                                  int n_in, int n_out, int n, int accumulate) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    for (int t = 0; t < n; ++t) {
+        float a = 0.f;
+        for (int i = lane; i < n_in; i += 32) a = fmaf(w[(size_t)o * n_in + i], x[(size_t)t * n_in + i], a);
+        a = warp_sum(a);
+        if (lane == 0) {
+            float* yp = y + (size_t)t * n_out + o;
+            *yp = accumulate ? *yp + a : a;
+        }
+    }
+}
+
+// ---- embedding gather --------------------------------------------------------------------------
+
+// x[t] = dequant(row ids[t]) from a re-tiled table. kind as above, 0 = f32 table. grid n, block 256.
+extern "C" __global__ void embed_rows(int kind, const u8* codes, const u16* scales, const float* f32tab,
+                                      const int* ids, int n_in, float* x) {
+    int t = blockIdx.x;
+    size_t row = (size_t)ids[t];
+    for (int e = threadIdx.x; e < n_in; e += blockDim.x) {
+        float v;
+        if (kind == 0) {
+            v = f32tab[row * n_in + e];
+        } else if (kind == 1) {
+            int nblk = n_in / 128, b = e / 128, j = e % 128;
+            const u8* cb = codes + (row * nblk + b) * 16;
+            float d = h2f(scales[row * nblk + b]);
+            v = ((cb[j >> 3] >> (j & 7)) & 1) ? d : -d;
+        } else {
+            int be = kind == 3 ? 64 : 128, cbytes = kind == 3 ? 16 : 32;
+            int nblk = n_in / be, b = e / be, j = e % be;
+            const u8* cb = codes + (row * nblk + b) * cbytes;
+            float d = h2f(scales[row * nblk + b]);
+            int w = j / 16, r = j % 16, s2 = r / 4, i = r % 4;
+            int c = (cb[w * 4 + i] >> (2 * s2)) & 3;
+            v = (float)(c - 1) * d;
+        }
+        x[(size_t)t * n_in + e] = v;
+    }
+}
+
+// ---- Gated DeltaNet -----------------------------------------------------------------------------
+
+// Causal depthwise conv (k taps) + SiLU over the step's n rows, then per-head L2 norm of q and k,
+// and the gates. grid (2·hk + hv + 1), block = head dim (dk == dv).
+//   mixed [n, conv_dim]; conv_state [k-1, conv_dim] oldest first; convw [conv_dim, k]
+//   out q/k [n, hk·dk], v [n, hv·dv]; bb/aa [n, hv] raw beta/alpha projections;
+//   beta_out = σ(bb), g_out = ssm_a·softplus(aa + dt_bias), [n, hv]. The last block does the gates.
+extern "C" __global__ void gdn_conv(const float* mixed, float* conv_state, const float* convw, int kconv,
+                                    int hk, int hv, int dk, int n, float eps, float* qo, float* ko,
+                                    float* vo, const float* bb, const float* aa, const float* dt_bias,
+                                    const float* ssm_a, float* beta_out, float* g_out) {
+    __shared__ float red[32];
+    int head = blockIdx.x;
+    int conv_dim = 2 * hk * dk + hv * dk;
+    if (head == 2 * hk + hv) {
+        for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+            int h = i % hv;
+            beta_out[i] = sigmoidf_(bb[i]);
+            float a = aa[i] + dt_bias[h];
+            float sp = a > 20.f ? a : log1pf(expf(a));
+            g_out[i] = ssm_a[h] * sp;
+        }
+        return;
+    }
+    int ch = head * dk + threadIdx.x;
+    bool active = threadIdx.x < dk;
+    for (int t = 0; t < n; ++t) {
+        float y = 0.f;
+        if (active) {
+            float xv = mixed[(size_t)t * conv_dim + ch];
+            float acc = convw[ch * kconv + kconv - 1] * xv;
+            for (int j = 0; j < kconv - 1; ++j) acc = fmaf(convw[ch * kconv + j], conv_state[j * conv_dim + ch], acc);
+            for (int j = 0; j + 1 < kconv - 1; ++j) conv_state[j * conv_dim + ch] = conv_state[(j + 1) * conv_dim + ch];
+            if (kconv > 1) conv_state[(kconv - 2) * conv_dim + ch] = xv;
+            y = siluf_(acc);
+        }
+        if (head < 2 * hk) {
+            float ss = block_sum(y * y, red);
+            float inv = 1.0f / fmaxf(sqrtf(ss), eps);
+            if (active) {
+                float* dst = head < hk ? qo : ko;
+                int hh = head < hk ? head : head - hk;
+                dst[(size_t)t * hk * dk + hh * dk + threadIdx.x] = y * inv;
+            }
+        } else if (active) {
+            vo[(size_t)t * hv * dk + (head - 2 * hk) * dk + threadIdx.x] = y;
+        }
+    }
+}
+
+// Gated delta rule, n recurrent steps. grid (hv, dv/32), block 256 (8 warps). Warp w owns key rows
+// [w·R, (w+1)·R) (R = dk/8 <= 16), lane = value column. S stays in registers across the n rows.
+//   S [hv, dk, dv]; q/k [n, hk, dk]; v [n, hv, dv]; g/beta [n, hv]; out [n, hv, dv].
+extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, const float* v,
+                                    const float* g, const float* beta, int hk, int hv, int dk, int dv,
+                                    int n, float* out) {
+    __shared__ float ks[128], qs[128], red[8][32];
+    int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.y * 32 + lane;
+    int R = dk / 8;
+    int kap = h % hk;
+    float* Sh = S + (size_t)h * dk * dv;
+    float s[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
+    float scale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < n; ++t) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            ks[i] = k[((size_t)t * hk + kap) * dk + i];
+            qs[i] = q[((size_t)t * hk + kap) * dk + i];
+        }
+        __syncthreads();
+        float decay = expf(g[t * hv + h]);
+        float u = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) {
+                s[r] *= decay;
+                u = fmaf(s[r], ks[w * R + r], u);
+            }
+        red[w][lane] = u;
+        __syncthreads();
+        float ut = 0.f;
+        for (int i = 0; i < 8; ++i) ut += red[i][lane];
+        float delta = beta[t * hv + h] * (v[((size_t)t * hv + h) * dv + j] - ut);
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) {
+                s[r] = fmaf(ks[w * R + r], delta, s[r]);
+                o = fmaf(s[r], qs[w * R + r], o);
+            }
+        __syncthreads();
+        red[w][lane] = o;
+        __syncthreads();
+        if (w == 0) {
+            float ot = 0.f;
+            for (int i = 0; i < 8; ++i) ot += red[i][lane];
+            out[((size_t)t * hv + h) * dv + j] = ot * scale;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+        if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
+}
+
+// y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.
+// grid (hv, n), block dv (a multiple of 32).
+extern "C" __global__ void gated_norm_quant(const float* o, const float* z, const float* w, float eps,
+                                            int hv, int dv, float* yf, i8* q, float* d, int* s) {
+    __shared__ float red[32];
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    size_t k = (size_t)hv * dv;
+    size_t idx = t * k + (size_t)h * dv + j;
+    float x = o[idx];
+    float ss = block_sum(x * x, red);
+    float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+    float y = x * inv * w[j] * siluf_(z[idx]);
+    if (yf) yf[idx] = y;
+    size_t b = idx >> 5;
+    quant32(y, q + (b << 5), d + b, s + b);
+}
+
+// ---- gated attention ----------------------------------------------------------------------------
+
+// Split q ‖ gate, per-head RMSNorm (q_norm / k_norm), partial NEOX RoPE, K/V append (f16).
+// grid (nh + nkv, n), block hd. qf [n, nh, 2, hd]; kf/vf [n, nkv·hd]; qo [n, nh, hd] f32;
+// kc/vc [n_ctx, nkv·hd] f16. The step's first position is read from device memory (*pos0).
+extern "C" __global__ void attn_prep(const float* qf, const float* kf, const float* vf, const float* qn,
+                                     const float* kn, float eps, int nh, int nkv, int hd, int n_rot,
+                                     float rope_base, const int* pos0, float* qo, u16* kc, u16* vc) {
+    __shared__ float red[32], buf[1024];
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    int pos = *pos0 + t;
+    bool isq = h < nh;
+    int kvw = nkv * hd;
+    float x = isq ? qf[((size_t)t * nh + h) * 2 * hd + j] : kf[(size_t)t * kvw + (h - nh) * hd + j];
+    float ss = block_sum(x * x, red);
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    float y = x * inv * (isq ? qn[j] : kn[j]);
+    buf[j] = y;
+    __syncthreads();
+    int half = n_rot / 2;
+    if (j < n_rot) {
+        int dd = j < half ? j : j - half;
+        double theta = (double)pos * pow((double)rope_base, -2.0 * dd / (double)n_rot);
+        double sn, cs;
+        sincos(theta, &sn, &cs);
+        double a = buf[dd], b = buf[dd + half];
+        y = j < half ? (float)(a * cs - b * sn) : (float)(a * sn + b * cs);
+    }
+    if (isq) {
+        qo[((size_t)t * nh + h) * hd + j] = y;
+    } else {
+        int g = h - nh;
+        kc[(size_t)pos * kvw + g * hd + j] = f2h(y);
+        vc[(size_t)pos * kvw + g * hd + j] = f2h(vf[(size_t)t * kvw + g * hd + j]);
+    }
+}
+
+// Causal softmax attention for n rows, grouped GQA, then ⊙ σ(gate). grid (nh, n), block 256.
+// scores: scratch [n, nh, n_ctx] f32. out [n, nh·hd] f32.
+extern "C" __global__ void attn_decode(const float* qo, const float* qf, const u16* kc, const u16* vc,
+                                       int nh, int nkv, int hd, const int* pos0, int n_ctx,
+                                       float* scores, float* out) {
+    __shared__ float red[32], qsh[1024];
+    int h = blockIdx.x, t = blockIdx.y;
+    int L = *pos0 + t + 1;
+    int g = h / (nh / nkv);
+    int kvw = nkv * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qsh[i] = qo[((size_t)t * nh + h) * hd + i];
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)hd);
+    float* sc = scores + ((size_t)t * nh + h) * n_ctx;
+    float mx = NEG_INF;
+    for (int p = threadIdx.x; p < L; p += blockDim.x) {
+        const u16* kr = kc + (size_t)p * kvw + g * hd;
+        float a = 0.f;
+        for (int i = 0; i < hd; ++i) a = fmaf(qsh[i], h2f(kr[i]), a);
+        a *= scale;
+        sc[p] = a;
+        mx = fmaxf(mx, a);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.f;
+    for (int p = threadIdx.x; p < L; p += blockDim.x) {
+        float e = expf(sc[p] - mx);
+        sc[p] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0.f;
+        for (int p = 0; p < L; ++p) a = fmaf(sc[p], h2f(vc[(size_t)p * kvw + g * hd + i]), a);
+        float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + i];
+        out[((size_t)t * nh + h) * hd + i] = a / sum * sigmoidf_(gate);
+    }
+}
+
+// ---- MLP and head -------------------------------------------------------------------------------
+
+// h = SiLU(g) ⊙ u, written f32 (hf, may be null) and quantized. grid (ceil(k/256), n), block 256.
+extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k, float* hf, i8* q, float* d,
+                                        int* s) {
+    int t = blockIdx.y, b = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    int nb = k >> 5;
+    if (b >= nb) return;
+    size_t i = (size_t)t * k + b * 32 + lane;
+    float v = siluf_(gt[i]) * up[i];
+    if (hf) hf[i] = v;
+    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+}
+
+// ids[t] = argmax logits[t] (lowest index on ties). grid rows, block 1024.
+extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    int t = blockIdx.x;
+    const float* l = logits + (size_t)t * nv;
+    float best = NEG_INF;
+    int bidx = 0x7fffffff;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v = l[i];
+        if (v > best) { best = v; bidx = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
+        if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) { bv[w] = best; bi[w] = bidx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float b = bv[0];
+        int bj = bi[0];
+        for (int i = 1; i < (int)(blockDim.x >> 5); ++i)
+            if (bv[i] > b || (bv[i] == b && bi[i] < bj)) { b = bv[i]; bj = bi[i]; }
+        ids[t] = bj;
+    }
+}
+
+// End of a captured greedy decode step: hist[pos] = token; pos += 1. grid 1, block 1.
+extern "C" __global__ void step_advance(int* pos, const int* tok, int* hist, int hist_len) {
+    int p = *pos;
+    if (p >= 0 && p < hist_len) hist[p] = *tok;
+    *pos = p + 1;
+}

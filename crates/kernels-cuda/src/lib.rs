@@ -1,0 +1,1000 @@
+//! bonsai CUDA kernels: a cudarc context, the embedded `.cu` kernels compiled by NVRTC at first use
+//! (disk cache keyed by source hash, GPU arch and NVRTC version), device buffers and typed launchers.
+//! No model types: launchers take device buffers and dimensions.
+//!
+//! Everything is loaded at run time (`dynamic-loading`): this crate builds and its host-side tests
+//! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
+
+pub mod retile;
+
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
+use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
+
+pub use retile::{detile_row, retile, Retiled, WKind};
+
+/// The kernel source, embedded in the crate.
+pub const SOURCE: &str = include_str!("../kernels/bonsai.cu");
+
+/// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
+pub const MAX_ROWS: usize = 8;
+
+/// A CUDA-side failure, with context.
+#[derive(Debug)]
+pub struct CudaError(pub String);
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CudaError {}
+
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> CudaError + '_ {
+    move |e| CudaError(format!("{what}: {e:?}"))
+}
+
+/// True when the CUDA driver library loads and reports at least one device. Never panics.
+pub fn cuda_available() -> bool {
+    // SAFETY: only tries to dlopen libcuda; no CUDA call is made when it is absent.
+    if !unsafe { sys::is_culib_present() } {
+        return false;
+    }
+    cu::init().is_ok() && cu::device::get_count().map(|n| n > 0).unwrap_or(false)
+}
+
+/// True when libnvrtc loads (needed only when no cached cubin exists).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen libnvrtc.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// FNV-1a 64-bit (cache key; stable across builds and platforms).
+fn fnv64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// The cubin cache folder: `$BONSAI_CUDA_CACHE`, else `$XDG_CACHE_HOME/bonsai/cuda`, else
+/// `~/.cache/bonsai/cuda`, else the temp dir.
+pub fn cache_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("BONSAI_CUDA_CACHE") {
+        return PathBuf::from(p);
+    }
+    if let Ok(p) = std::env::var("XDG_CACHE_HOME") {
+        return PathBuf::from(p).join("bonsai").join("cuda");
+    }
+    if let Ok(p) = std::env::var("HOME") {
+        return PathBuf::from(p).join(".cache").join("bonsai").join("cuda");
+    }
+    std::env::temp_dir().join("bonsai-cuda")
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut a, mut b) = (0i32, 0i32);
+    // SAFETY: out-pointers to two live ints.
+    let r = unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError(format!("nvrtcVersion: {r:?}")));
+    }
+    Ok((a, b))
+}
+
+/// Compile `src` to a cubin for `sm_{major}{minor}` with NVRTC. Returns the cubin bytes.
+pub fn compile_cubin(src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
+    let csrc = CString::new(src).map_err(err("kernel source"))?;
+    let prog =
+        nvrtc_r::create_program(&csrc, Some(c"bonsai.cu")).map_err(err("nvrtcCreateProgram"))?;
+    let opts = [
+        format!("--gpu-architecture=sm_{major}{minor}"),
+        "--std=c++17".to_string(),
+        "--fmad=true".to_string(),
+    ];
+    // SAFETY: prog is a live program; options are valid strings.
+    let res = unsafe { nvrtc_r::compile_program(prog, &opts) };
+    if res.is_err() {
+        // SAFETY: prog is live.
+        let log = unsafe { nvrtc_r::get_program_log(prog) }
+            .map(|l| {
+                let bytes: Vec<u8> = l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        // SAFETY: prog is live and destroyed once.
+        let _ = unsafe { nvrtc_r::destroy_program(prog) };
+        return Err(CudaError(format!("NVRTC compile failed:\n{log}")));
+    }
+    let mut size = 0usize;
+    // SAFETY: prog compiled; size is a live out-pointer.
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        // SAFETY: prog is live and destroyed once.
+        let _ = unsafe { nvrtc_r::destroy_program(prog) };
+        return Err(CudaError(format!("nvrtcGetCUBINSize: {r:?}")));
+    }
+    let mut cubin = vec![0u8; size];
+    // SAFETY: cubin has exactly `size` bytes as NVRTC reported.
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) };
+    // SAFETY: prog is live and destroyed once.
+    let _ = unsafe { nvrtc_r::destroy_program(prog) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError(format!("nvrtcGetCUBIN: {r:?}")));
+    }
+    Ok(cubin)
+}
+
+/// The cubin for this GPU: from the disk cache when present, else compiled and cached.
+/// Returns the bytes and whether they came from the cache.
+pub fn cubin_for(major: i32, minor: i32) -> Result<(Vec<u8>, bool)> {
+    let dir = cache_dir();
+    let src_hash = fnv64(&[SOURCE.as_bytes()]);
+    // The NVRTC version is part of the key, but asking for it needs libnvrtc; a cache hit must work
+    // without it, so the file name carries the version and any matching file is accepted when
+    // NVRTC is absent.
+    let prefix = format!("bonsai-{src_hash:016x}-sm{major}{minor}-nvrtc");
+    if nvrtc_available() {
+        let (va, vb) = nvrtc_version()?;
+        let path = dir.join(format!("{prefix}{va}.{vb}.cubin"));
+        if let Ok(b) = std::fs::read(&path) {
+            if !b.is_empty() {
+                return Ok((b, true));
+            }
+        }
+        let cubin = compile_cubin(SOURCE, major, minor)?;
+        if std::fs::create_dir_all(&dir).is_ok() {
+            let tmp = dir.join(format!("{prefix}{va}.{vb}.{}.tmp", std::process::id()));
+            if std::fs::write(&tmp, &cubin).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+        Ok((cubin, false))
+    } else {
+        let rd = std::fs::read_dir(&dir).map_err(|_| {
+            CudaError(format!(
+                "libnvrtc not found and no cached kernels in {}: install NVRTC (pip install \
+                 nvidia-cuda-nvrtc) or put it on LD_LIBRARY_PATH",
+                dir.display()
+            ))
+        })?;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && name.ends_with(".cubin") {
+                if let Ok(b) = std::fs::read(e.path()) {
+                    return Ok((b, true));
+                }
+            }
+        }
+        Err(CudaError(format!(
+            "libnvrtc not found and no cached kernels for sm_{major}{minor} in {}",
+            dir.display()
+        )))
+    }
+}
+
+/// A device allocation, freed on drop.
+pub struct DevBuf {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device pointer is a plain address valid in its context from any thread; frees bind the
+// context first.
+unsafe impl Send for DevBuf {}
+// SAFETY: see Send; &DevBuf exposes only the address.
+unsafe impl Sync for DevBuf {}
+
+impl DevBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Address of byte `off`.
+    pub fn at(&self, off: usize) -> u64 {
+        debug_assert!(off <= self.bytes);
+        self.ptr + off as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: ptr came from malloc_sync in this context and is freed once.
+            let _ = unsafe { cu::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A kernel argument: a device pointer, an i32 or an f32.
+#[derive(Clone, Copy)]
+pub enum Arg {
+    P(u64),
+    I(i32),
+    F(f32),
+}
+
+impl Arg {
+    /// The 8-byte slot the launch reads from (little-endian: a 4-byte param reads the low half).
+    fn slot(self) -> u64 {
+        match self {
+            Arg::P(p) => p,
+            Arg::I(i) => i as u32 as u64,
+            Arg::F(f) => f.to_bits() as u64,
+        }
+    }
+}
+
+macro_rules! kernels {
+    ($($name:ident),* $(,)?) => {
+        /// Function handles of every kernel in the module.
+        #[allow(non_snake_case)]
+        struct Funcs { $($name: sys::CUfunction,)* }
+        impl Funcs {
+            fn load(module: sys::CUmodule) -> Result<Funcs> {
+                Ok(Funcs { $($name: {
+                    let n = CString::new(stringify!($name)).expect("kernel name");
+                    // SAFETY: module is a live module loaded from our cubin.
+                    unsafe { cu::module::get_function(module, n) }.map_err(err(stringify!($name)))?
+                },)* })
+            }
+        }
+    };
+}
+
+kernels!(
+    quant_rows,
+    rmsnorm_quant,
+    mv_q1,
+    mv_q2,
+    mv_q2g64,
+    mv_f32,
+    embed_rows,
+    gdn_conv,
+    gdn_step,
+    gated_norm_quant,
+    attn_prep,
+    attn_decode,
+    swiglu_quant,
+    argmax_rows,
+    step_advance,
+);
+
+/// A captured and instantiated CUDA graph.
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    graph: sys::CUgraph,
+    ctx: Arc<CudaContext>,
+}
+// SAFETY: graph handles are used under the owner's &mut / single-stream discipline.
+unsafe impl Send for Graph {}
+// SAFETY: launching is done through &Gpu on its one stream.
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: handles created by end_capture/instantiate, destroyed once.
+            unsafe {
+                let _ = cu::graph::exec_destroy(self.exec);
+                let _ = cu::graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
+/// One GPU: context, one stream, the kernel module.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    f: Funcs,
+    _module: sys::CUmodule,
+    pub arch: (i32, i32),
+    pub device_name: String,
+    /// Whether the cubin came from the disk cache.
+    pub cubin_cached: bool,
+}
+
+// SAFETY: CUfunction/CUmodule handles are immutable after load and valid from any thread once the
+// context is bound (every method binds it first); the stream is used by one caller at a time.
+unsafe impl Send for Gpu {}
+// SAFETY: see Send.
+unsafe impl Sync for Gpu {}
+
+fn cdiv(a: usize, b: usize) -> u32 {
+    a.div_ceil(b) as u32
+}
+
+impl Gpu {
+    /// Open device `ordinal`, compile (or load cached) kernels. Fails cleanly when CUDA is absent.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        if !cuda_available() {
+            return Err(CudaError("no CUDA driver or no CUDA device".into()));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(err("cuda context"))?;
+        // SAFETY: one stream, synchronized by hand; no CudaSlice is used by this crate.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(err("cuda stream"))?;
+        let arch = ctx
+            .compute_capability()
+            .map_err(err("compute capability"))?;
+        let device_name = ctx.name().unwrap_or_default();
+        let (cubin, cubin_cached) = cubin_for(arch.0, arch.1)?;
+        ctx.bind_to_thread().map_err(err("bind"))?;
+        // SAFETY: cubin is a complete ELF image produced by NVRTC for this arch.
+        let module = unsafe { cu::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(err("cuModuleLoadData"))?;
+        let f = Funcs::load(module)?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            f,
+            _module: module,
+            arch,
+            device_name,
+            cubin_cached,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(err("bind context"))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        cu::mem_get_info().map_err(err("mem_get_info"))
+    }
+
+    /// A zeroed device buffer of `bytes` (at least 1).
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.bind()?;
+        let bytes = bytes.max(1);
+        // SAFETY: plain allocation in the bound context.
+        let ptr = unsafe { cu::malloc_sync(bytes) }.map_err(err("cuMemAlloc"))?;
+        let b = DevBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        };
+        self.zero(ptr, bytes)?;
+        Ok(b)
+    }
+
+    /// Upload a host slice into a new buffer.
+    pub fn upload<T: Copy>(&self, src: &[T]) -> Result<DevBuf> {
+        let b = self.alloc(std::mem::size_of_val(src))?;
+        self.htod(&b, 0, src)?;
+        Ok(b)
+    }
+
+    /// Copy `src` into `dst` at byte offset `off` (ordered on the stream, returns when done).
+    pub fn htod<T: Copy>(&self, dst: &DevBuf, off: usize, src: &[T]) -> Result<()> {
+        let n = std::mem::size_of_val(src);
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(off + n <= dst.bytes, "htod out of bounds");
+        self.bind()?;
+        // SAFETY: bounds checked above; the host slice outlives the synchronous copy below.
+        unsafe {
+            cu::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream())
+                .map_err(err("htod"))?;
+        }
+        self.sync()
+    }
+
+    /// Copy `dst.len()` elements from `src` at byte offset `off` to the host (waits for the stream).
+    pub fn dtoh<T: Copy>(&self, src: &DevBuf, off: usize, dst: &mut [T]) -> Result<()> {
+        let n = std::mem::size_of_val(dst);
+        if n == 0 {
+            return Ok(());
+        }
+        assert!(off + n <= src.bytes, "dtoh out of bounds");
+        self.bind()?;
+        // SAFETY: bounds checked; we synchronize before returning so dst is written.
+        unsafe {
+            cu::memcpy_dtoh_async(dst, src.ptr + off as u64, self.stream.cu_stream())
+                .map_err(err("dtoh"))?;
+        }
+        self.sync()
+    }
+
+    /// Device-to-device copy of `bytes` (stream-ordered).
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes addresses inside live buffers of at least `bytes`.
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(err("dtod"))
+    }
+
+    /// Zero `bytes` at `dst` (stream-ordered).
+    pub fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes an address inside a live buffer of at least `bytes`.
+        unsafe { cu::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
+            .map_err(err("memset"))
+    }
+
+    /// Wait for all queued work.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(err("stream sync"))
+    }
+
+    fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &[Arg],
+    ) -> Result<()> {
+        let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        self.bind()?;
+        // SAFETY: f is a kernel of our module; params point at one 8-byte slot per declared kernel
+        // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes); every
+        // pointer argument comes from a live DevBuf sized by the caller for the given dims.
+        unsafe {
+            cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
+                .map_err(err("launch"))
+        }
+    }
+
+    // ---- typed launchers ------------------------------------------------------------------------
+
+    /// Quantize `n` rows of `k` f32 (k % 32 == 0) to int8 codes + per-32 scales and sums.
+    pub fn quant_rows(&self, x: u64, n: usize, k: usize, q: u64, d: u64, s: u64) -> Result<()> {
+        assert_eq!(k % 32, 0);
+        self.launch(
+            self.f.quant_rows,
+            (cdiv(k / 32, 8), n as u32, 1),
+            (256, 1, 1),
+            &[Arg::P(x), Arg::I(k as i32), Arg::P(q), Arg::P(d), Arg::P(s)],
+        )
+    }
+
+    /// `xn = rmsnorm(x) ⊙ w` per row (also written as f32 to `xf` unless 0) and quantized.
+    pub fn rmsnorm_quant(
+        &self,
+        x: u64,
+        w: u64,
+        eps: f32,
+        n: usize,
+        k: usize,
+        xf: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+    ) -> Result<()> {
+        assert_eq!(k % 32, 0);
+        self.launch(
+            self.f.rmsnorm_quant,
+            (n as u32, 1, 1),
+            (1024, 1, 1),
+            &[
+                Arg::P(x),
+                Arg::P(w),
+                Arg::F(eps),
+                Arg::I(k as i32),
+                Arg::P(xf),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
+    /// `y[t, o] (+)= Σ_i W[o, i] x[t, i]` for a low-bit re-tiled matrix and int8 activations
+    /// (`n <= MAX_ROWS`). Rows are batch-invariant: row t equals the n = 1 launch bit for bit.
+    pub fn mv_lowbit(
+        &self,
+        kind: WKind,
+        codes: u64,
+        scales: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        assert!((1..=MAX_ROWS).contains(&n), "mv_lowbit: n = {n}");
+        let f = match kind {
+            WKind::Q1 => self.f.mv_q1,
+            WKind::Q2 => self.f.mv_q2,
+            WKind::Q2G64 => self.f.mv_q2g64,
+            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+        };
+        self.launch(
+            f,
+            (cdiv(n_out, 8), 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(codes),
+                Arg::P(scales),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+                Arg::P(y),
+                Arg::I(n_in as i32),
+                Arg::I(n_out as i32),
+                Arg::I(n as i32),
+                Arg::I(accumulate as i32),
+            ],
+        )
+    }
+
+    /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.
+    pub fn mv_f32(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.launch(
+            self.f.mv_f32,
+            (cdiv(n_out, 8), 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(w),
+                Arg::P(x),
+                Arg::P(y),
+                Arg::I(n_in as i32),
+                Arg::I(n_out as i32),
+                Arg::I(n as i32),
+                Arg::I(accumulate as i32),
+            ],
+        )
+    }
+
+    /// `x[t] = table[ids[t]]` dequantized (ids: device i32 [n]).
+    pub fn embed_rows(
+        &self,
+        kind: WKind,
+        codes: u64,
+        scales: u64,
+        f32tab: u64,
+        ids: u64,
+        n: usize,
+        n_in: usize,
+        x: u64,
+    ) -> Result<()> {
+        self.launch(
+            self.f.embed_rows,
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::I(kind as i32),
+                Arg::P(codes),
+                Arg::P(scales),
+                Arg::P(f32tab),
+                Arg::P(ids),
+                Arg::I(n_in as i32),
+                Arg::P(x),
+            ],
+        )
+    }
+
+    /// GDN conv + SiLU + q/k L2 norm + gates over `n` rows (see the kernel for layouts).
+    pub fn gdn_conv(
+        &self,
+        mixed: u64,
+        conv_state: u64,
+        convw: u64,
+        kconv: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        n: usize,
+        eps: f32,
+        qo: u64,
+        ko: u64,
+        vo: u64,
+        bb: u64,
+        aa: u64,
+        dt_bias: u64,
+        ssm_a: u64,
+        beta: u64,
+        g: u64,
+    ) -> Result<()> {
+        assert!(dk <= 1024 && dk % 32 == 0);
+        self.launch(
+            self.f.gdn_conv,
+            ((2 * hk + hv + 1) as u32, 1, 1),
+            (dk as u32, 1, 1),
+            &[
+                Arg::P(mixed),
+                Arg::P(conv_state),
+                Arg::P(convw),
+                Arg::I(kconv as i32),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(n as i32),
+                Arg::F(eps),
+                Arg::P(qo),
+                Arg::P(ko),
+                Arg::P(vo),
+                Arg::P(bb),
+                Arg::P(aa),
+                Arg::P(dt_bias),
+                Arg::P(ssm_a),
+                Arg::P(beta),
+                Arg::P(g),
+            ],
+        )
+    }
+
+    /// `n` recurrent gated delta-rule steps (dk ≤ 128, dk % 8 == 0, dv % 32 == 0).
+    pub fn gdn_step(
+        &self,
+        s: u64,
+        q: u64,
+        k: u64,
+        v: u64,
+        g: u64,
+        beta: u64,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        n: usize,
+        out: u64,
+    ) -> Result<()> {
+        assert!(dk <= 128 && dk % 8 == 0 && dv % 32 == 0);
+        self.launch(
+            self.f.gdn_step,
+            (hv as u32, (dv / 32) as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(s),
+                Arg::P(q),
+                Arg::P(k),
+                Arg::P(v),
+                Arg::P(g),
+                Arg::P(beta),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(dv as i32),
+                Arg::I(n as i32),
+                Arg::P(out),
+            ],
+        )
+    }
+
+    /// Per-head `rmsnorm(o) ⊙ w ⊙ SiLU(z)`, f32 to `yf` (unless 0) and quantized.
+    pub fn gated_norm_quant(
+        &self,
+        o: u64,
+        z: u64,
+        w: u64,
+        eps: f32,
+        n: usize,
+        hv: usize,
+        dv: usize,
+        yf: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+    ) -> Result<()> {
+        assert!(dv % 32 == 0 && dv <= 1024);
+        self.launch(
+            self.f.gated_norm_quant,
+            (hv as u32, n as u32, 1),
+            (dv as u32, 1, 1),
+            &[
+                Arg::P(o),
+                Arg::P(z),
+                Arg::P(w),
+                Arg::F(eps),
+                Arg::I(hv as i32),
+                Arg::I(dv as i32),
+                Arg::P(yf),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
+    /// q/k norm + partial NEOX RoPE + K/V append. `pos0`: device i32 holding the first position.
+    pub fn attn_prep(
+        &self,
+        qf: u64,
+        kf: u64,
+        vf: u64,
+        qn: u64,
+        kn: u64,
+        eps: f32,
+        n: usize,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        n_rot: usize,
+        rope_base: f32,
+        pos0: u64,
+        qo: u64,
+        kc: u64,
+        vc: u64,
+    ) -> Result<()> {
+        assert!(hd <= 1024 && hd % 32 == 0 && n_rot <= hd);
+        self.launch(
+            self.f.attn_prep,
+            ((nh + nkv) as u32, n as u32, 1),
+            (hd as u32, 1, 1),
+            &[
+                Arg::P(qf),
+                Arg::P(kf),
+                Arg::P(vf),
+                Arg::P(qn),
+                Arg::P(kn),
+                Arg::F(eps),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::I(n_rot as i32),
+                Arg::F(rope_base),
+                Arg::P(pos0),
+                Arg::P(qo),
+                Arg::P(kc),
+                Arg::P(vc),
+            ],
+        )
+    }
+
+    /// Causal attention of `n` rows over the cache + sigmoid gate. scores: scratch [n, nh, n_ctx].
+    pub fn attn_decode(
+        &self,
+        qo: u64,
+        qf: u64,
+        kc: u64,
+        vc: u64,
+        n: usize,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        pos0: u64,
+        n_ctx: usize,
+        scores: u64,
+        out: u64,
+    ) -> Result<()> {
+        assert!(hd <= 1024);
+        self.launch(
+            self.f.attn_decode,
+            (nh as u32, n as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(qo),
+                Arg::P(qf),
+                Arg::P(kc),
+                Arg::P(vc),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::P(pos0),
+                Arg::I(n_ctx as i32),
+                Arg::P(scores),
+                Arg::P(out),
+            ],
+        )
+    }
+
+    /// `h = SiLU(g) ⊙ u`, f32 to `hf` (unless 0) and quantized.
+    pub fn swiglu_quant(
+        &self,
+        g: u64,
+        u: u64,
+        n: usize,
+        k: usize,
+        hf: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+    ) -> Result<()> {
+        assert_eq!(k % 32, 0);
+        self.launch(
+            self.f.swiglu_quant,
+            (cdiv(k / 32, 8), n as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(g),
+                Arg::P(u),
+                Arg::I(k as i32),
+                Arg::P(hf),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
+    /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.
+    pub fn argmax_rows(&self, logits: u64, rows: usize, nv: usize, ids: u64) -> Result<()> {
+        self.launch(
+            self.f.argmax_rows,
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            &[Arg::P(logits), Arg::I(nv as i32), Arg::P(ids)],
+        )
+    }
+
+    /// `hist[*pos] = *tok; *pos += 1` (the tail of a captured decode step).
+    pub fn step_advance(&self, pos: u64, tok: u64, hist: u64, hist_len: usize) -> Result<()> {
+        self.launch(
+            self.f.step_advance,
+            (1, 1, 1),
+            (1, 1, 1),
+            &[
+                Arg::P(pos),
+                Arg::P(tok),
+                Arg::P(hist),
+                Arg::I(hist_len as i32),
+            ],
+        )
+    }
+
+    // ---- graphs and timing ----------------------------------------------------------------------
+
+    /// Start capturing this GPU's stream into a graph.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: our own non-default stream; ended by end_capture.
+        unsafe {
+            cu::stream::begin_capture(
+                self.stream.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(err("begin capture"))
+    }
+
+    /// End the capture and instantiate the graph.
+    pub fn end_capture(&self) -> Result<Graph> {
+        self.bind()?;
+        // SAFETY: the stream is capturing (begin_capture succeeded).
+        let graph = unsafe { cu::stream::end_capture(self.stream.cu_stream()) }
+            .map_err(err("end capture"))?;
+        // SAFETY: graph is a valid captured graph.
+        let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(err("graph instantiate"))?;
+        Ok(Graph {
+            exec,
+            graph,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Launch a graph on this GPU's stream (asynchronous).
+    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
+        self.bind()?;
+        // SAFETY: exec is a live instantiated graph of this context.
+        unsafe { cu::graph::launch(g.exec, self.stream.cu_stream()) }.map_err(err("graph launch"))
+    }
+
+    /// Run `f` (which queues work on this GPU) and return the GPU time in ms between two events.
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        self.bind()?;
+        let a = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err("event"))?;
+        let b = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err("event"))?;
+        // SAFETY: events are live; recorded on our stream; destroyed below.
+        let r = unsafe {
+            cu::event::record(a, self.stream.cu_stream()).map_err(err("record"))?;
+            f()?;
+            cu::event::record(b, self.stream.cu_stream()).map_err(err("record"))?;
+            cu::event::synchronize(b).map_err(err("event sync"))?;
+            cu::event::elapsed(a, b).map_err(err("elapsed"))
+        };
+        // SAFETY: live events, destroyed once.
+        unsafe {
+            let _ = cu::event::destroy(a);
+            let _ = cu::event::destroy(b);
+        }
+        r
+    }
+}
+
+/// Quantize activations on the host exactly as the kernels do (per 32: `d = amax/127` f32,
+/// `q = round_half_away(x·(1/d))` clamped to ±127). Returns (q [n·k], d [n·k/32], s [n·k/32]).
+/// For tests and host-side emulation.
+pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
+    assert_eq!(k % 32, 0);
+    let nb = x.len() / 32;
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; nb];
+    let mut s = vec![0i32; nb];
+    for b in 0..nb {
+        let xb = &x[32 * b..32 * b + 32];
+        let amax = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+        let mut sum = 0;
+        for j in 0..32 {
+            let v = (xb[j] * id).round().clamp(-127.0, 127.0) as i32;
+            q[32 * b + j] = v as i8;
+            sum += v;
+        }
+        d[b] = db;
+        s[b] = sum;
+    }
+    (q, d, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_changes_with_source() {
+        assert_ne!(fnv64(&[b"a"]), fnv64(&[b"b"]));
+        assert_ne!(fnv64(&[b"ab", b"c"]), fnv64(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn source_needs_no_headers() {
+        assert!(
+            !SOURCE.contains("#include"),
+            "kernels must compile without headers"
+        );
+    }
+
+    #[test]
+    fn arg_slots_little_endian() {
+        assert_eq!(Arg::I(-1).slot(), 0xffff_ffff);
+        assert_eq!(Arg::F(1.0).slot(), 0x3f80_0000);
+        assert_eq!(Arg::P(0x1234_5678_9abc).slot(), 0x1234_5678_9abc);
+    }
+
+    #[test]
+    fn availability_probe_never_panics() {
+        // On a machine without CUDA this is false; with CUDA it may be true. Either way no panic.
+        let a = cuda_available();
+        if !a {
+            eprintln!("cuda_available() = false on this machine (no libcuda / no device)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod nvrtc_tests {
+    /// Compiles the embedded source for sm_90 when libnvrtc is present (no GPU needed); reports a
+    /// skip otherwise.
+    #[test]
+    fn kernels_compile_for_sm90_when_nvrtc_present() {
+        if !super::nvrtc_available() {
+            eprintln!("SKIPPED kernels_compile_for_sm90: libnvrtc not found (not counted as run)");
+            return;
+        }
+        let cubin = super::compile_cubin(super::SOURCE, 9, 0).expect("NVRTC compile");
+        assert_eq!(&cubin[..4], b"\x7fELF");
+    }
+}

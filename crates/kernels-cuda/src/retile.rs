@@ -1,0 +1,284 @@
+//! Load-time re-tiling of GGUF weight matrices into the planes the CUDA kernels read.
+//!
+//! A low-bit matrix `[n_in, n_out]` becomes a **code plane** `[n_out, nblk, CB]` bytes (CB = 16 for
+//! Q1_0 and Q2_0 g64, 32 for Q2_0 g128 / PQ2_0; every block starts on a 16-byte boundary so a lane
+//! reads it with one or two `uint4` loads) and a **scale plane** `[n_out, nblk]` f16 bits.
+//!
+//! - Q1_0 codes keep the GGUF order: bit `j` of the block's 128 bits is element `j`.
+//! - Q2 codes are re-ordered inside every 16-element (4-byte) word: 2-bit field `s` of byte `i`
+//!   holds element `4s + i` of the word (GGUF: field `j & 3` of byte `j >> 2`). Then
+//!   `(word >> 2s) & 0x03030303` is four consecutive codes, one per byte, ready for `dp4a`.
+//!
+//! Other types (F32, F16, BF16, Q4_x, Q8_0) are dequantized to an f32 plane `[n_out, n_in]`.
+//! [`detile_row`] inverts the tiling on the host; tests check it bit-exactly against
+//! `bonsai_kernels_cpu::quant::dequantize_row`.
+
+use bonsai_kernels_cpu::quant::dequantize_row;
+use bonsai_kernels_cpu::QuantType;
+use half::f16;
+use rayon::prelude::*;
+
+/// How the kernels see a matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WKind {
+    /// Dequantized f32 plane.
+    F32 = 0,
+    Q1 = 1,
+    /// Q2_0 group 128 (legacy id 42) and PQ2_0 (id 142).
+    Q2 = 2,
+    /// Q2_0 group 64 (upstream id 42).
+    Q2G64 = 3,
+}
+
+impl WKind {
+    pub fn from_qt(qt: QuantType) -> WKind {
+        match qt {
+            QuantType::Q1_0 => WKind::Q1,
+            QuantType::Q2_0G128 | QuantType::PQ2_0 => WKind::Q2,
+            QuantType::Q2_0G64 => WKind::Q2G64,
+            _ => WKind::F32,
+        }
+    }
+    /// Elements per block (1 for f32).
+    pub fn block_elems(self) -> usize {
+        match self {
+            WKind::F32 => 1,
+            WKind::Q1 | WKind::Q2 => 128,
+            WKind::Q2G64 => 64,
+        }
+    }
+    /// Code bytes per block in the code plane.
+    pub fn code_bytes(self) -> usize {
+        match self {
+            WKind::F32 => 4,
+            WKind::Q1 | WKind::Q2G64 => 16,
+            WKind::Q2 => 32,
+        }
+    }
+}
+
+/// A re-tiled matrix on the host, ready for upload.
+pub struct Retiled {
+    pub kind: WKind,
+    pub n_in: usize,
+    pub n_out: usize,
+    /// codes: [n_out, nblk, code_bytes] (low-bit kinds; empty for F32)
+    pub codes: Vec<u8>,
+    /// scales: [n_out, nblk] f16 bits (low-bit kinds; empty for F32)
+    pub scales: Vec<u16>,
+    /// f32: [n_out, n_in] (F32 kind; empty otherwise)
+    pub f32data: Vec<f32>,
+}
+
+/// Q2 word re-order: 4 GGUF bytes (16 codes, element j at field j&3 of byte j>>2) to the kernel order
+/// (element 4s+i at field s of byte i).
+fn q2_word(src: &[u8], dst: &mut [u8]) {
+    let mut out = [0u8; 4];
+    for j in 0..16 {
+        let c = (src[j >> 2] >> (2 * (j & 3))) & 3;
+        let (s, i) = (j / 4, j % 4);
+        out[i] |= c << (2 * s);
+    }
+    dst[..4].copy_from_slice(&out);
+}
+
+/// Re-tile `raw` (`n_out` GGUF rows of `n_in` elements of type `qt`). Panics if `raw` has the wrong
+/// length (the loader validates extents first).
+pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
+    let rb = qt
+        .row_bytes(n_in)
+        .expect("n_in is a whole number of blocks");
+    assert_eq!(raw.len(), rb * n_out, "retile: raw length");
+    let kind = WKind::from_qt(qt);
+    if kind == WKind::F32 {
+        let mut f = vec![0f32; n_in * n_out]; // [n_out, n_in]
+        f.par_chunks_mut(n_in.max(1))
+            .enumerate()
+            .for_each(|(o, row)| dequantize_row(qt, &raw[o * rb..(o + 1) * rb], row));
+        return Retiled {
+            kind,
+            n_in,
+            n_out,
+            codes: Vec::new(),
+            scales: Vec::new(),
+            f32data: f,
+        };
+    }
+    let be = kind.block_elems();
+    let cb = kind.code_bytes();
+    let bb = qt.block_bytes();
+    let nblk = n_in / be;
+    let mut codes = vec![0u8; n_out * nblk * cb];
+    let mut scales = vec![0u16; n_out * nblk];
+    codes
+        .par_chunks_mut((nblk * cb).max(1))
+        .zip(scales.par_chunks_mut(nblk.max(1)))
+        .enumerate()
+        .for_each(|(o, (crow, srow))| {
+            let row = &raw[o * rb..(o + 1) * rb];
+            for b in 0..nblk {
+                let blk = &row[b * bb..(b + 1) * bb];
+                srow[b] = u16::from_le_bytes([blk[0], blk[1]]);
+                let qs = &blk[2..];
+                let dst = &mut crow[b * cb..(b + 1) * cb];
+                match kind {
+                    WKind::Q1 => dst.copy_from_slice(&qs[..16]),
+                    _ => {
+                        for w in 0..cb / 4 {
+                            q2_word(&qs[4 * w..4 * w + 4], &mut dst[4 * w..4 * w + 4]);
+                        }
+                    }
+                }
+            }
+        });
+    Retiled {
+        kind,
+        n_in,
+        n_out,
+        codes,
+        scales,
+        f32data: Vec::new(),
+    }
+}
+
+/// Dequantize row `o` of a re-tiled matrix on the host (the inverse of [`retile`]). out: `[n_in]`.
+pub fn detile_row(r: &Retiled, o: usize, out: &mut [f32]) {
+    assert_eq!(out.len(), r.n_in);
+    if r.kind == WKind::F32 {
+        out.copy_from_slice(&r.f32data[o * r.n_in..(o + 1) * r.n_in]);
+        return;
+    }
+    let be = r.kind.block_elems();
+    let cb = r.kind.code_bytes();
+    let nblk = r.n_in / be;
+    for b in 0..nblk {
+        let d = f16::from_bits(r.scales[o * nblk + b]).to_f32();
+        let c = &r.codes[(o * nblk + b) * cb..(o * nblk + b + 1) * cb];
+        for j in 0..be {
+            out[b * be + j] = match r.kind {
+                WKind::Q1 => {
+                    if (c[j >> 3] >> (j & 7)) & 1 == 1 {
+                        d
+                    } else {
+                        -d
+                    }
+                }
+                _ => {
+                    let (w, rr) = (j / 16, j % 16);
+                    let (s, i) = (rr / 4, rr % 4);
+                    let code = (c[4 * w + i] >> (2 * s)) & 3;
+                    (code as f32 - 1.0) * d
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random bytes (splitmix64).
+    pub(crate) fn rand_bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_add(0x9E3779B97F4A7C15);
+                let mut z = s;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect()
+    }
+
+    /// Random GGUF rows of `qt` with finite f16 scales.
+    fn rand_matrix(qt: QuantType, n_in: usize, n_out: usize, seed: u64) -> Vec<u8> {
+        let mut raw = rand_bytes(seed, qt.row_bytes(n_in).unwrap() * n_out);
+        if qt.is_lowbit() {
+            for blk in raw.chunks_exact_mut(qt.block_bytes()) {
+                let d = f16::from_f32(0.001 + (blk[2] as f32) / 1000.0).to_bits();
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        raw
+    }
+
+    fn check_exact(qt: QuantType, n_in: usize, n_out: usize) {
+        let raw = rand_matrix(qt, n_in, n_out, n_in as u64 * 31 + n_out as u64);
+        let r = retile(qt, &raw, n_in, n_out);
+        let rb = qt.row_bytes(n_in).unwrap();
+        let (mut a, mut b) = (vec![0f32; n_in], vec![0f32; n_in]);
+        for o in 0..n_out {
+            dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut a);
+            detile_row(&r, o, &mut b);
+            for i in 0..n_in {
+                assert_eq!(
+                    a[i].to_bits(),
+                    b[i].to_bits(),
+                    "{qt:?} row {o} elem {i}: {} vs {}",
+                    a[i],
+                    b[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn retile_is_bit_exact_real_shapes() {
+        // The real row lengths (5120, 6144, 17408) on a slice of rows each.
+        for qt in [
+            QuantType::Q1_0,
+            QuantType::Q2_0G128,
+            QuantType::PQ2_0,
+            QuantType::Q2_0G64,
+        ] {
+            for (n_in, n_out) in [(5120, 48), (6144, 40), (17408, 24)] {
+                check_exact(qt, n_in, n_out);
+            }
+        }
+    }
+
+    #[test]
+    fn retile_other_types_to_f32() {
+        for qt in [
+            QuantType::F32,
+            QuantType::F16,
+            QuantType::Q8_0,
+            QuantType::Q4_1,
+        ] {
+            let (n_in, n_out) = (256, 7);
+            let raw = rand_bytes(7, qt.row_bytes(n_in).unwrap() * n_out);
+            // keep values finite: only compare bit patterns of what dequantize_row produces
+            let r = retile(qt, &raw, n_in, n_out);
+            assert_eq!(r.kind, WKind::F32);
+            let rb = qt.row_bytes(n_in).unwrap();
+            let (mut a, mut b) = (vec![0f32; n_in], vec![0f32; n_in]);
+            for o in 0..n_out {
+                dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut a);
+                detile_row(&r, o, &mut b);
+                for i in 0..n_in {
+                    assert_eq!(a[i].to_bits(), b[i].to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q2_word_layout_is_consecutive_per_field() {
+        // Elements 0..16 with codes j % 4: field s of byte i must be element 4s + i.
+        let mut src = [0u8; 4];
+        for j in 0..16 {
+            src[j >> 2] |= ((j % 4) as u8) << (2 * (j & 3));
+        }
+        let mut dst = [0u8; 4];
+        q2_word(&src, &mut dst);
+        let w = u32::from_le_bytes(dst);
+        for s in 0..4 {
+            let f = (w >> (2 * s)) & 0x0303_0303;
+            for i in 0..4 {
+                assert_eq!((f >> (8 * i)) & 3, ((4 * s + i) % 4) as u32);
+            }
+        }
+    }
+}

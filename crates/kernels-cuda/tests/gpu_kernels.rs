@@ -1,0 +1,737 @@
+//! Every CUDA kernel against the scalar CPU reference (`bonsai_kernels_cpu::reference` / `quant`),
+//! on random inputs of the real Bonsai-27B shapes. Skips (and says so) when no CUDA device exists;
+//! a skipped test here proves nothing and is reported as SKIPPED on stderr.
+
+use bonsai_kernels_cpu::quant::dequantize_row;
+use bonsai_kernels_cpu::reference as r;
+use bonsai_kernels_cpu::QuantType;
+use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, WKind};
+use half::f16;
+use std::sync::OnceLock;
+
+fn gpu() -> Option<&'static Gpu> {
+    static G: OnceLock<Option<Gpu>> = OnceLock::new();
+    G.get_or_init(|| {
+        if !bonsai_kernels_cuda::cuda_available() {
+            return None;
+        }
+        Some(Gpu::new(0).expect("CUDA present but Gpu::new failed"))
+    })
+    .as_ref()
+}
+
+macro_rules! need_gpu {
+    ($name:expr) => {
+        match gpu() {
+            Some(g) => g,
+            None => {
+                eprintln!("SKIPPED {}: no CUDA device (not counted as run)", $name);
+                return;
+            }
+        }
+    };
+}
+
+struct Rng(u64);
+impl Rng {
+    fn u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// uniform in [-1, 1)
+    fn f(&mut self) -> f32 {
+        ((self.u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.u64() as u8).collect()
+    }
+}
+
+/// Random GGUF rows of a low-bit type with sane f16 scales; Q2 codes restricted to {0,1,2}.
+fn rand_lowbit(rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize) -> Vec<u8> {
+    let mut raw = rng.bytes(qt.row_bytes(n_in).unwrap() * n_out);
+    for blk in raw.chunks_exact_mut(qt.block_bytes()) {
+        let d = f16::from_f32(0.01 + 0.02 * ((blk[2] & 63) as f32 / 63.0)).to_bits();
+        blk[..2].copy_from_slice(&d.to_le_bytes());
+        if qt.is_q2() {
+            for b in blk[2..].iter_mut() {
+                // map code 3 to 2 (ternary)
+                let mut v = *b;
+                for s in 0..4 {
+                    if (v >> (2 * s)) & 3 == 3 {
+                        v &= !(1 << (2 * s));
+                    }
+                }
+                *b = v;
+            }
+        }
+    }
+    raw
+}
+
+fn down<T: Copy + Default>(g: &Gpu, b: &DevBuf, n: usize) -> Vec<T> {
+    let mut v = vec![T::default(); n];
+    g.dtoh(b, 0, &mut v).unwrap();
+    v
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, &v| m.max(v.abs())).max(1e-12);
+    a.iter()
+        .zip(b)
+        .fold(0f32, |m, (&x, &y)| m.max((x - y).abs()))
+        / scale
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+/// Host emulation (f64) of the exact integer-activation product the kernel computes.
+fn emulate_q(
+    raw: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let rb = qt.row_bytes(n_in).unwrap();
+    let (q, d, _) = host_quant(x, n_in);
+    let mut y = vec![0f32; n * n_out];
+    let mut row = vec![0f32; n_in];
+    for o in 0..n_out {
+        dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
+        for t in 0..n {
+            let mut acc = 0f64;
+            for i in 0..n_in {
+                acc += row[i] as f64 * q[t * n_in + i] as f64 * d[(t * n_in + i) / 32] as f64;
+            }
+            y[t * n_out + o] = acc as f32;
+        }
+    }
+    y
+}
+
+fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+    let x = rng.vec(n * n_in, 1.0); // [n, n_in]
+    let rt = retile(qt, &raw, n_in, n_out);
+    assert_ne!(rt.kind, WKind::F32);
+    let codes = g.upload(&rt.codes).unwrap();
+    let scales = g.upload(&rt.scales).unwrap();
+    let xb = g.upload(&x).unwrap();
+    let q = g.alloc(n * n_in).unwrap();
+    let d = g.alloc(n * n_in / 32 * 4).unwrap();
+    let s = g.alloc(n * n_in / 32 * 4).unwrap();
+    g.quant_rows(xb.ptr(), n, n_in, q.ptr(), d.ptr(), s.ptr())
+        .unwrap();
+    // device quantization equals the host one exactly
+    let (hq, hd, hs) = host_quant(&x, n_in);
+    assert_eq!(down::<i8>(g, &q, n * n_in), hq, "int8 codes");
+    assert_eq!(down::<f32>(g, &d, n * n_in / 32), hd, "scales");
+    assert_eq!(down::<i32>(g, &s, n * n_in / 32), hs, "sums");
+    // n-row launch
+    let y = g.alloc(n * n_out * 4).unwrap();
+    g.mv_lowbit(
+        rt.kind,
+        codes.ptr(),
+        scales.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+        y.ptr(),
+        n_in,
+        n_out,
+        n,
+        false,
+    )
+    .unwrap();
+    let yn: Vec<f32> = down(g, &y, n * n_out);
+    // 1-row launches: batch invariance, bit for bit
+    let y1 = g.alloc(n_out * 4).unwrap();
+    for t in 0..n {
+        g.mv_lowbit(
+            rt.kind,
+            codes.ptr(),
+            scales.ptr(),
+            q.at(t * n_in),
+            d.at(t * n_in / 32 * 4),
+            s.at(t * n_in / 32 * 4),
+            y1.ptr(),
+            n_in,
+            n_out,
+            1,
+            false,
+        )
+        .unwrap();
+        let row: Vec<f32> = down(g, &y1, n_out);
+        for o in 0..n_out {
+            assert_eq!(
+                row[o].to_bits(),
+                yn[t * n_out + o].to_bits(),
+                "{qt:?} [{n_in}x{n_out}] row {t} out {o}: n=1 {} vs n={n} {}",
+                row[o],
+                yn[t * n_out + o]
+            );
+        }
+    }
+    // vs exact emulation of the integer product (only float order differs)
+    let em = emulate_q(&raw, qt, n_in, n_out, &x, n);
+    let e1 = max_rel(&yn, &em);
+    assert!(
+        e1 < 1e-5,
+        "{qt:?} [{n_in}x{n_out}] vs emulation: max rel {e1}"
+    );
+    // vs the f32-activation reference matvec (int8 activation error only)
+    let mut refy = vec![0f32; n * n_out];
+    for t in 0..n {
+        r::matvec(
+            &raw,
+            qt,
+            n_in,
+            n_out,
+            &x[t * n_in..(t + 1) * n_in],
+            &mut refy[t * n_out..(t + 1) * n_out],
+        );
+    }
+    let e2 = nmse(&yn, &refy);
+    assert!(e2 < 1e-3, "{qt:?} [{n_in}x{n_out}] vs reference: nmse {e2}");
+    eprintln!("mv {qt:?} [{n_in}x{n_out}] n={n}: emu max-rel {e1:.2e}, ref nmse {e2:.2e}, batch-invariant");
+}
+
+#[test]
+fn matvec_lowbit_real_shapes_vs_reference() {
+    let g = need_gpu!("matvec_lowbit_real_shapes_vs_reference");
+    for qt in [
+        QuantType::Q1_0,
+        QuantType::Q2_0G128,
+        QuantType::PQ2_0,
+        QuantType::Q2_0G64,
+    ] {
+        run_mv(g, qt, 5120, 17408, 3, 1);
+        run_mv(g, qt, 17408, 5120, 1, 2);
+        run_mv(g, qt, 6144, 5120, 8, 3);
+        run_mv(g, qt, 5120, 48, 5, 4);
+    }
+}
+
+#[test]
+fn mv_f32_vs_reference() {
+    let g = need_gpu!("mv_f32_vs_reference");
+    let mut rng = Rng(9);
+    let (n_in, n_out, n) = (512, 300, 2);
+    let w = rng.vec(n_in * n_out, 1.0);
+    let x = rng.vec(n * n_in, 1.0);
+    let wb = g.upload(&w).unwrap();
+    let xb = g.upload(&x).unwrap();
+    let y = g.alloc(n * n_out * 4).unwrap();
+    g.mv_f32(wb.ptr(), xb.ptr(), y.ptr(), n_in, n_out, n, false)
+        .unwrap();
+    let got: Vec<f32> = down(g, &y, n * n_out);
+    let raw: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut want = vec![0f32; n * n_out];
+    for t in 0..n {
+        r::matvec(
+            &raw,
+            QuantType::F32,
+            n_in,
+            n_out,
+            &x[t * n_in..(t + 1) * n_in],
+            &mut want[t * n_out..(t + 1) * n_out],
+        );
+    }
+    assert!(max_rel(&got, &want) < 1e-5);
+}
+
+#[test]
+fn embed_rows_bit_exact() {
+    let g = need_gpu!("embed_rows_bit_exact");
+    let mut rng = Rng(5);
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        let (n_in, n_out) = (5120, 64);
+        let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+        let rt = retile(qt, &raw, n_in, n_out);
+        let codes = g.upload(&rt.codes).unwrap();
+        let scales = g.upload(&rt.scales).unwrap();
+        let ids = [3i32, 63, 0];
+        let ib = g.upload(&ids).unwrap();
+        let x = g.alloc(3 * n_in * 4).unwrap();
+        g.embed_rows(
+            rt.kind,
+            codes.ptr(),
+            scales.ptr(),
+            0,
+            ib.ptr(),
+            3,
+            n_in,
+            x.ptr(),
+        )
+        .unwrap();
+        let got: Vec<f32> = down(g, &x, 3 * n_in);
+        let rb = qt.row_bytes(n_in).unwrap();
+        let mut want = vec![0f32; n_in];
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            dequantize_row(qt, &raw[id * rb..(id + 1) * rb], &mut want);
+            for i in 0..n_in {
+                assert_eq!(
+                    got[t * n_in + i].to_bits(),
+                    want[i].to_bits(),
+                    "{qt:?} row {id} elem {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_quant_vs_reference() {
+    let g = need_gpu!("rmsnorm_quant_vs_reference");
+    let mut rng = Rng(11);
+    let (n, k) = (3, 5120);
+    let x = rng.vec(n * k, 3.0);
+    let w = rng
+        .vec(k, 1.0)
+        .iter()
+        .map(|v| 1.0 + v * 0.5)
+        .collect::<Vec<_>>();
+    let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+    let xf = g.alloc(n * k * 4).unwrap();
+    let q = g.alloc(n * k).unwrap();
+    let d = g.alloc(n * k / 32 * 4).unwrap();
+    let s = g.alloc(n * k / 32 * 4).unwrap();
+    g.rmsnorm_quant(
+        xb.ptr(),
+        wb.ptr(),
+        1e-6,
+        n,
+        k,
+        xf.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+    )
+    .unwrap();
+    let got: Vec<f32> = down(g, &xf, n * k);
+    let mut want = vec![0f32; n * k];
+    for t in 0..n {
+        r::rmsnorm(
+            &x[t * k..(t + 1) * k],
+            &w,
+            1e-6,
+            &mut want[t * k..(t + 1) * k],
+        );
+    }
+    let e = max_rel(&got, &want);
+    assert!(e < 1e-5, "rmsnorm max rel {e}");
+    // the quantized codes are the host quantization of the device's own f32 output
+    let (hq, _, hs) = host_quant(&got, k);
+    assert_eq!(down::<i8>(g, &q, n * k), hq);
+    assert_eq!(down::<i32>(g, &s, n * k / 32), hs);
+}
+
+#[test]
+fn gdn_conv_and_step_vs_reference_real_shapes() {
+    let g = need_gpu!("gdn_conv_and_step_vs_reference_real_shapes");
+    let mut rng = Rng(21);
+    let (hk, hv, dk, kconv, n) = (16usize, 48usize, 128usize, 4usize, 3usize);
+    let dv = dk;
+    let conv_dim = 2 * hk * dk + hv * dv;
+    let eps = 1e-6f32;
+    let mixed = rng.vec(n * conv_dim, 1.0);
+    let mut conv_state = rng.vec((kconv - 1) * conv_dim, 1.0);
+    let convw = rng.vec(conv_dim * kconv, 0.5);
+    let bb = rng.vec(n * hv, 2.0);
+    let aa = rng.vec(n * hv, 2.0);
+    let dt_bias = rng.vec(hv, 1.0);
+    let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+    let mut s0 = rng.vec(hv * dk * dv, 0.1);
+
+    let b = |v: &[f32]| g.upload(v).unwrap();
+    let (mb, cb, wb, bbb, aab, dtb, ab) = (
+        b(&mixed),
+        b(&conv_state),
+        b(&convw),
+        b(&bb),
+        b(&aa),
+        b(&dt_bias),
+        b(&ssm_a),
+    );
+    let z = |k: usize| g.alloc(k * 4).unwrap();
+    let (qo, ko, vo, beta, gg) = (
+        z(n * hk * dk),
+        z(n * hk * dk),
+        z(n * hv * dv),
+        z(n * hv),
+        z(n * hv),
+    );
+    g.gdn_conv(
+        mb.ptr(),
+        cb.ptr(),
+        wb.ptr(),
+        kconv,
+        hk,
+        hv,
+        dk,
+        n,
+        eps,
+        qo.ptr(),
+        ko.ptr(),
+        vo.ptr(),
+        bbb.ptr(),
+        aab.ptr(),
+        dtb.ptr(),
+        ab.ptr(),
+        beta.ptr(),
+        gg.ptr(),
+    )
+    .unwrap();
+    let sb = b(&s0);
+    let out = z(n * hv * dv);
+    g.gdn_step(
+        sb.ptr(),
+        qo.ptr(),
+        ko.ptr(),
+        vo.ptr(),
+        gg.ptr(),
+        beta.ptr(),
+        hk,
+        hv,
+        dk,
+        dv,
+        n,
+        out.ptr(),
+    )
+    .unwrap();
+
+    // reference
+    let qk = hk * dk;
+    let (mut rq, mut rk, mut rv) = (
+        vec![0f32; n * qk],
+        vec![0f32; n * qk],
+        vec![0f32; n * hv * dv],
+    );
+    let (mut rbeta, mut rg) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+    let mut c = vec![0f32; conv_dim];
+    for t in 0..n {
+        r::conv1d_silu_step(
+            &mut conv_state,
+            &mixed[t * conv_dim..(t + 1) * conv_dim],
+            &convw,
+            kconv,
+            &mut c,
+        );
+        rq[t * qk..(t + 1) * qk].copy_from_slice(&c[..qk]);
+        r::l2norm_heads(&mut rq[t * qk..(t + 1) * qk], dk, eps);
+        rk[t * qk..(t + 1) * qk].copy_from_slice(&c[qk..2 * qk]);
+        r::l2norm_heads(&mut rk[t * qk..(t + 1) * qk], dk, eps);
+        rv[t * hv * dv..(t + 1) * hv * dv].copy_from_slice(&c[2 * qk..]);
+        for h in 0..hv {
+            rbeta[t * hv + h] = r::sigmoid(bb[t * hv + h]);
+            rg[t * hv + h] = ssm_a[h] * r::softplus(aa[t * hv + h] + dt_bias[h]);
+        }
+    }
+    let chk = |name: &str, got: Vec<f32>, want: &[f32], tol: f32| {
+        let e = max_rel(&got, want);
+        assert!(e < tol, "{name}: max rel {e}");
+        eprintln!("gdn {name}: max rel {e:.2e}");
+    };
+    chk(
+        "conv state",
+        down(g, &cb, (kconv - 1) * conv_dim),
+        &conv_state,
+        1e-6,
+    );
+    chk("q", down(g, &qo, n * qk), &rq, 1e-5);
+    chk("k", down(g, &ko, n * qk), &rk, 1e-5);
+    chk("v", down(g, &vo, n * hv * dv), &rv, 1e-5);
+    chk("beta", down(g, &beta, n * hv), &rbeta, 1e-5);
+    chk("g", down(g, &gg, n * hv), &rg, 1e-5);
+    let mut ro = vec![0f32; n * hv * dv];
+    for t in 0..n {
+        r::gdn_step(
+            &mut s0,
+            &rq[t * qk..(t + 1) * qk],
+            &rk[t * qk..(t + 1) * qk],
+            &rv[t * hv * dv..(t + 1) * hv * dv],
+            &rg[t * hv..(t + 1) * hv],
+            &rbeta[t * hv..(t + 1) * hv],
+            hk,
+            dk,
+            dv,
+            &mut ro[t * hv * dv..(t + 1) * hv * dv],
+        );
+    }
+    chk("o", down(g, &out, n * hv * dv), &ro, 1e-4);
+    chk("S", down(g, &sb, hv * dk * dv), &s0, 1e-4);
+
+    // batch invariance of the recurrence: n steps in one launch == n launches of one step
+    let s1 = g.upload(&down::<f32>(g, &sb, hv * dk * dv)).unwrap();
+    let s2 = g.upload(&down::<f32>(g, &sb, hv * dk * dv)).unwrap();
+    let (o1, o2) = (z(n * hv * dv), z(hv * dv));
+    g.gdn_step(
+        s1.ptr(),
+        qo.ptr(),
+        ko.ptr(),
+        vo.ptr(),
+        gg.ptr(),
+        beta.ptr(),
+        hk,
+        hv,
+        dk,
+        dv,
+        n,
+        o1.ptr(),
+    )
+    .unwrap();
+    let all: Vec<f32> = down(g, &o1, n * hv * dv);
+    for t in 0..n {
+        g.gdn_step(
+            s2.ptr(),
+            qo.at(t * qk * 4),
+            ko.at(t * qk * 4),
+            vo.at(t * hv * dv * 4),
+            gg.at(t * hv * 4),
+            beta.at(t * hv * 4),
+            hk,
+            hv,
+            dk,
+            dv,
+            1,
+            o2.ptr(),
+        )
+        .unwrap();
+        let one: Vec<f32> = down(g, &o2, hv * dv);
+        assert!(
+            one.iter()
+                .zip(&all[t * hv * dv..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {t}"
+        );
+    }
+    let (sa, sb2): (Vec<f32>, Vec<f32>) = (down(g, &s1, hv * dk * dv), down(g, &s2, hv * dk * dv));
+    assert!(sa.iter().zip(&sb2).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn gated_norm_and_swiglu_vs_reference() {
+    let g = need_gpu!("gated_norm_and_swiglu_vs_reference");
+    let mut rng = Rng(31);
+    let (n, hv, dv) = (2, 48, 128);
+    let o = rng.vec(n * hv * dv, 1.0);
+    let zz = rng.vec(n * hv * dv, 2.0);
+    let w = rng.vec(dv, 1.0);
+    let (ob, zb, wb) = (
+        g.upload(&o).unwrap(),
+        g.upload(&zz).unwrap(),
+        g.upload(&w).unwrap(),
+    );
+    let k = hv * dv;
+    let yf = g.alloc(n * k * 4).unwrap();
+    let q = g.alloc(n * k).unwrap();
+    let d = g.alloc(n * k / 32 * 4).unwrap();
+    let s = g.alloc(n * k / 32 * 4).unwrap();
+    g.gated_norm_quant(
+        ob.ptr(),
+        zb.ptr(),
+        wb.ptr(),
+        1e-6,
+        n,
+        hv,
+        dv,
+        yf.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+    )
+    .unwrap();
+    let mut want = o.clone();
+    r::rmsnorm_heads(&mut want, dv, &w, 1e-6);
+    for (a, zi) in want.iter_mut().zip(&zz) {
+        *a *= r::silu(*zi);
+    }
+    let got: Vec<f32> = down(g, &yf, n * k);
+    assert!(
+        max_rel(&got, &want) < 1e-5,
+        "gated norm {}",
+        max_rel(&got, &want)
+    );
+    assert_eq!(down::<i8>(g, &q, n * k), host_quant(&got, k).0);
+
+    let ff = 17408;
+    let gt = rng.vec(n * ff, 3.0);
+    let up = rng.vec(n * ff, 3.0);
+    let (gb, ub) = (g.upload(&gt).unwrap(), g.upload(&up).unwrap());
+    let hf = g.alloc(n * ff * 4).unwrap();
+    let q2 = g.alloc(n * ff).unwrap();
+    let d2 = g.alloc(n * ff / 32 * 4).unwrap();
+    let s2 = g.alloc(n * ff / 32 * 4).unwrap();
+    g.swiglu_quant(
+        gb.ptr(),
+        ub.ptr(),
+        n,
+        ff,
+        hf.ptr(),
+        q2.ptr(),
+        d2.ptr(),
+        s2.ptr(),
+    )
+    .unwrap();
+    let want: Vec<f32> = gt.iter().zip(&up).map(|(a, b)| r::silu(*a) * b).collect();
+    let got: Vec<f32> = down(g, &hf, n * ff);
+    assert!(max_rel(&got, &want) < 1e-5);
+}
+
+#[test]
+fn attention_decode_vs_reference_real_shapes() {
+    let g = need_gpu!("attention_decode_vs_reference_real_shapes");
+    let mut rng = Rng(41);
+    let (nh, nkv, hd, n_rot, base, eps) = (24usize, 4usize, 256usize, 64usize, 1.0e7f32, 1e-6f32);
+    let (pos0, n, n_ctx) = (37usize, 3usize, 64usize);
+    let kvw = nkv * hd;
+    // earlier cache rows (already f16)
+    let kc_host: Vec<u16> = (0..n_ctx * kvw)
+        .map(|_| f16::from_f32(rng.f()).to_bits())
+        .collect();
+    let vc_host: Vec<u16> = (0..n_ctx * kvw)
+        .map(|_| f16::from_f32(rng.f()).to_bits())
+        .collect();
+    let qf = rng.vec(n * nh * 2 * hd, 1.0);
+    let kf = rng.vec(n * kvw, 1.0);
+    let vf = rng.vec(n * kvw, 1.0);
+    let qn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+    let kn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+    let b = |v: &[f32]| g.upload(v).unwrap();
+    let (qfb, kfb, vfb, qnb, knb) = (b(&qf), b(&kf), b(&vf), b(&qn), b(&kn));
+    let kc = g.upload(&kc_host).unwrap();
+    let vc = g.upload(&vc_host).unwrap();
+    let pos: Vec<i32> = (0..n).map(|t| (pos0 + t) as i32).collect();
+    let pb = g.upload(&pos).unwrap();
+    let qo = g.alloc(n * nh * hd * 4).unwrap();
+    g.attn_prep(
+        qfb.ptr(),
+        kfb.ptr(),
+        vfb.ptr(),
+        qnb.ptr(),
+        knb.ptr(),
+        eps,
+        n,
+        nh,
+        nkv,
+        hd,
+        n_rot,
+        base,
+        pb.ptr(),
+        qo.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+    )
+    .unwrap();
+    let scores = g.alloc(n * nh * n_ctx * 4).unwrap();
+    let out = g.alloc(n * nh * hd * 4).unwrap();
+    g.attn_decode(
+        qo.ptr(),
+        qfb.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+        n,
+        nh,
+        nkv,
+        hd,
+        pb.ptr(),
+        n_ctx,
+        scores.ptr(),
+        out.ptr(),
+    )
+    .unwrap();
+    let got: Vec<f32> = down(g, &out, n * nh * hd);
+
+    // reference: norm + rope, f16 cache rows, attention, gate
+    let mut kcache: Vec<f32> = kc_host
+        .iter()
+        .map(|&h| f16::from_bits(h).to_f32())
+        .collect();
+    let mut vcache: Vec<f32> = vc_host
+        .iter()
+        .map(|&h| f16::from_bits(h).to_f32())
+        .collect();
+    let mut want = vec![0f32; n * nh * hd];
+    let mut qs = vec![vec![0f32; nh * hd]; n];
+    for t in 0..n {
+        let p = pos0 + t;
+        for h in 0..nh {
+            qs[t][h * hd..(h + 1) * hd]
+                .copy_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
+        }
+        r::rmsnorm_heads(&mut qs[t], hd, &qn, eps);
+        r::rope_neox(&mut qs[t], hd, n_rot, p, base);
+        let mut kt = kf[t * kvw..(t + 1) * kvw].to_vec();
+        r::rmsnorm_heads(&mut kt, hd, &kn, eps);
+        r::rope_neox(&mut kt, hd, n_rot, p, base);
+        for i in 0..kvw {
+            kcache[p * kvw + i] = f16::from_f32(kt[i]).to_f32();
+            vcache[p * kvw + i] = f16::from_f32(vf[t * kvw + i]).to_f32();
+        }
+    }
+    // the cache rows written by the kernel match the reference's f16 rows (rounding may differ by 1 ulp)
+    let kgot: Vec<u16> = down(g, &kc, n_ctx * kvw);
+    let kg: Vec<f32> = kgot.iter().map(|&h| f16::from_bits(h).to_f32()).collect();
+    assert!(
+        max_rel(&kg, &kcache) < 2e-3,
+        "K cache {}",
+        max_rel(&kg, &kcache)
+    );
+    for t in 0..n {
+        let p = pos0 + t;
+        let mut o = vec![0f32; nh * hd];
+        r::attention(
+            &qs[t],
+            &kcache,
+            &vcache,
+            p + 1,
+            nh,
+            nkv,
+            hd,
+            1.0 / (hd as f32).sqrt(),
+            &mut o,
+        );
+        for h in 0..nh {
+            for j in 0..hd {
+                let gate = qf[(t * nh + h) * 2 * hd + hd + j];
+                want[(t * nh + h) * hd + j] = o[h * hd + j] * r::sigmoid(gate);
+            }
+        }
+    }
+    let e = max_rel(&got, &want);
+    eprintln!("attention max rel {e:.2e}");
+    assert!(e < 2e-3, "attention max rel {e}");
+}
+
+#[test]
+fn argmax_lowest_index_on_ties() {
+    let g = need_gpu!("argmax_lowest_index_on_ties");
+    let nv = 248320;
+    let mut rng = Rng(51);
+    let mut l = rng.vec(2 * nv, 1.0);
+    l[1000] = 5.0;
+    l[200000] = 5.0; // tie: lowest index wins
+    l[nv + 248319] = 9.0;
+    let lb = g.upload(&l).unwrap();
+    let ids = g.alloc(8).unwrap();
+    g.argmax_rows(lb.ptr(), 2, nv, ids.ptr()).unwrap();
+    assert_eq!(down::<i32>(g, &ids, 2), vec![1000, 248319]);
+}

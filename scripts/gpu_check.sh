@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One device call: CUDA kernel tests, full-model CUDA-vs-CPU tests on tiny/small synthetic models,
+# then the batch-1 decode benchmark on full-size synthetic 27B files generated on the GPU machine.
+#
+# Build HERE first (no CUDA needed), then carry .device/:
+#   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
+# and run THERE (device tool, repo root, carry [".device"]):
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"]
+# Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--stage" ]]; then
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
+  out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
+        --test gpu_kernels --test cuda_forward --test cuda_bench --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import sys,json
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
+        print(m["executable"])')
+  mkdir -p .device/bin
+  for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
+  ls -la .device/bin; du -sh .device; exit 0
+fi
+
+BENCH=1; VARIANTS="q1 q2"
+while [[ $# -gt 0 ]]; do case "$1" in
+  --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;; *) echo "unknown arg $1"; exit 2;; esac; done
+
+OUT=${OUT:-bench/out}; mkdir -p "$OUT"
+export PYTHONPATH=python PYTHONUNBUFFERED=1 BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+M=/tmp/bonsai-models; mkdir -p $M
+t0=$(date +%s)
+for p in tiny small; do for v in q1 q2; do
+  [[ -f $M/$p-$v.gguf ]] || python3 -m bonsai.synth --preset $p --variant $v --out $M/$p-$v.gguf >/dev/null
+done; done
+echo "small models: $(( $(date +%s) - t0 ))s"
+
+rc=0
+echo "== kernels vs reference =="
+.device/bin/gpu_kernels --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+echo "== full model: CUDA vs CPU =="
+BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+
+if [[ $BENCH == 1 ]]; then
+  for v in $VARIANTS; do
+    f=/tmp/27b-$v.gguf
+    t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null
+    echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
+    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
+  done
+fi
+echo "gpu_check rc=$rc"
+exit $rc
