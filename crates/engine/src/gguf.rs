@@ -310,7 +310,14 @@ impl Gguf {
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(Error::Format(format!(
+                "{}: not a regular file (a directory or a device); expected a .gguf file",
+                path.display()
+            )));
+        }
+        let len = meta.len();
         let backing = if len == 0 {
             Backing::Owned(Vec::new())
         } else {

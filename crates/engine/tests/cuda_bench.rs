@@ -127,6 +127,72 @@ fn cuda_decode_bench() {
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let med_ms = times[times.len() / 2];
+
+    // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
+    // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
+    let med = |mut v: Vec<f32>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2] as f64
+    };
+    let mut cats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
+        ("gdn_in(qkv|z|b|a)", vec![]),
+        ("gdn_qkv_alone", vec![]),
+        ("ssm_out", vec![]),
+        ("attn_in(q|k|v)", vec![]),
+        ("attn_out", vec![]),
+        ("ffn_gate|up", vec![]),
+        ("ffn_gate_alone", vec![]),
+        ("ffn_down", vec![]),
+        ("head", vec![vec![w.head_mat()]]),
+    ];
+    for l in &w.layers {
+        match &l.mixer {
+            Mixer::Gdn(x) => {
+                cats[0].1.push(vec![&x.qkv, &x.gate, &x.beta, &x.alpha]);
+                cats[1].1.push(vec![&x.qkv]);
+                cats[2].1.push(vec![&x.ssm_out]);
+            }
+            Mixer::Attn(x) => {
+                cats[3].1.push(vec![&x.q, &x.k, &x.v]);
+                cats[4].1.push(vec![&x.out]);
+            }
+        }
+        cats[5].1.push(vec![&l.mlp.gate, &l.mlp.up]);
+        cats[6].1.push(vec![&l.mlp.gate]);
+        cats[7].1.push(vec![&l.mlp.down]);
+    }
+    let mut prof = Vec::new();
+    let mut mv_total_ms = 0.0;
+    for (name, groups) in &cats {
+        let bytes: usize = groups
+            .iter()
+            .flatten()
+            .map(|m| CudaBackend::mat_bytes(m))
+            .sum();
+        let ms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
+        if !name.ends_with("_alone") {
+            mv_total_ms += ms;
+        }
+        let us = ms * 1e3 / groups.len() as f64;
+        let gbps = bytes as f64 / (ms / 1e3) / 1e9;
+        println!(
+            "PROFILE {name:<20} {:>3} launches  {us:8.2} us/launch  {:8.2} MB/launch  {gbps:7.1} GB/s",
+            groups.len(),
+            bytes as f64 / groups.len() as f64 / 1e6
+        );
+        prof.push(format!(
+            "{{\"kernel\": \"{name}\", \"launches\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
+            groups.len()
+        ));
+    }
+    let mut sp = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    sp.copy_from(&cuda, &st);
+    let step_ms = med(cuda.time_step_eager(&cfg, &w, &mut sp, 5).unwrap());
+    println!(
+        "PROFILE eager step {step_ms:.3} ms, of which mat-vec (grouped) {mv_total_ms:.3} ms, rest {:.3} ms; graph step {:.3} ms",
+        step_ms - mv_total_ms,
+        med_ms / steps as f64
+    );
     let tps = steps as f64 / (med_ms / 1e3);
     let bw = bytes_per_token as f64 * tps;
     let frac = bw / 4.49e12;
@@ -137,10 +203,11 @@ fn cuda_decode_bench() {
          \"eager_tok_s\": {eager_tps:.1}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
-         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"first_tokens\": {:?}}}",
+         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"first_tokens\": {:?}}}",
         cfg.weight_type.name(),
         cuda.name(),
         bw / 1e9,
+        prof.join(", "),
         &toks[..toks.len().min(8)]
     );
     println!("BENCH {json}");

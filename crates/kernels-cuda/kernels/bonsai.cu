@@ -6,7 +6,8 @@
 //   activations f32 [n, k]; int8 activations q [n, k] with per-32 block scale d [n, k/32] (f32)
 //   and per-32 block code sum s [n, k/32] (i32), the llama.cpp Q8_0 scheme with f32 scales.
 //   low-bit weights re-tiled at load into a code plane [n_out, nblk, CB bytes] (16-byte aligned)
-//   and a scale plane [n_out, nblk] f16. Q1_0 codes keep the GGUF bit order (bit j = element j);
+//   and a scale plane [n_out, nblk] f16. Q1_0 codes are re-ordered inside each 32-element word so
+//   that bit i of byte b holds element 4i + b (then (w >> i) & 0x01010101 is four consecutive bits);
 //   Q2 codes are re-ordered inside each 16-element word so that 2-bit field s of byte i holds
 //   element 4s + i (then (w >> 2s) & 0x03030303 is four consecutive codes, one per byte).
 
@@ -116,98 +117,169 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
 
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
 
-// KIND 1: Q1_0 (128 elems, 16 B codes); 2: Q2_0 g128 / PQ2_0 (128, 32 B); 3: Q2_0 g64 (64, 16 B).
-// One warp per weight row; lane l handles blocks l, l+32, ...; per activation row t the float ops
-// are identical whatever n is, so row t of an n-row launch equals the 1-row launch bit for bit.
+// KIND 1: Q1_0 (128 elems, 4 B codes per 32); 2: Q2_0 g128 / PQ2_0 (8 B per 32); 3: Q2_0 g64 (8 B
+// per 32). Every kind reads its codes per 32-element sub-block j at [o·nsb + j] (u32 or uint2) and
+// the f16 scale of block j / (BE/32).
+//
+// Work split: block = MV_WARPS warps, each warp owns R consecutive weight rows of one segment
+// (a launch covers up to 4 matrices with the same n_in, e.g. gate ‖ up). Lane l handles
+// sub-blocks l, l+32, ... of all its rows, so every activation load feeds R rows, and U sub-block
+// iterations are loaded before use (several 128-byte warp loads per row in flight).
+// NT is the most activation rows the variant takes (1 for decode: fewer registers, more warps).
+// Per (row, activation row t) the float ops are identical whatever n, NT, R and U are (lane l
+// always sums its sub-blocks in increasing order, then a fixed xor-tree), so row t of an n-row
+// launch equals the 1-row launch bit for bit. No atomics.
+#define MV_WARPS 4
+
+struct MvSeg {
+    const void* codes;
+    const u16* scales;
+    float* y;
+    int n_out;
+};
+
+// Sum over one 32-element sub-block of (code_j · q_j) for Q1 (returns Σ sign·q) or Q2 (Σ code·q).
 template <int KIND>
-__device__ __forceinline__ void mv_lowbit(const uint4* __restrict__ codes, const u16* __restrict__ scales,
-                                          const i8* __restrict__ q, const float* __restrict__ da,
-                                          const int* __restrict__ sa, float* y, int n_in, int n_out,
-                                          int n, int accumulate) {
-    const int BE = KIND == 3 ? 64 : 128;     // elements per block
-    const int NW = KIND == 2 ? 2 : 1;        // uint4 per block
+__device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
+    int isum = 0;
+    if (KIND == 1) {
+        // Q1 re-tiled word: bit i of byte b is element 4i + b, so (w >> i) & 0x01010101 is the
+        // 0/1 pattern of elements 4i..4i+3, one per byte.
+        u32 w = c.x;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) isum = __dp4a((int)((w >> i) & 0x01010101u), qa[i], isum);
+        return 2 * isum - sa;
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            u32 w = h == 0 ? c.x : c.y;
+#pragma unroll
+            for (int s2 = 0; s2 < 4; ++s2) isum = __dp4a((int)((w >> (2 * s2)) & 0x03030303u), qa[4 * h + s2], isum);
+        }
+        return isum - sa;
+    }
+}
+
+template <int KIND, int NT, int MV_R, int MV_U>
+__device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
+                                          const float* __restrict__ da, const int* __restrict__ sa,
+                                          int n_in, int n, int accumulate) {
+    const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
+    const int SPB = BE / 32;              // sub-blocks per scale block
     int lane = threadIdx.x & 31;
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= n_out) return;
-    int nblk = n_in / BE;
-    int nsb = n_in >> 5;
-    float acc[MAXN];
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);  // row group of this warp
+    // find the segment (groups of MV_R rows never straddle two matrices)
+    int g0 = (s0.n_out + MV_R - 1) / MV_R, g1 = (s1.n_out + MV_R - 1) / MV_R,
+        g2 = (s2.n_out + MV_R - 1) / MV_R, g3 = (s3.n_out + MV_R - 1) / MV_R;
+    MvSeg sg;
+    if (gw < g0) {
+        sg = s0;
+    } else if ((gw -= g0) < g1) {
+        sg = s1;
+    } else if ((gw -= g1) < g2) {
+        sg = s2;
+    } else if ((gw -= g2) < g3) {
+        sg = s3;
+    } else {
+        return;
+    }
+    int o0 = gw * MV_R;
+    int nsb = n_in >> 5, nblk = n_in / BE;
+    // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
+    const u32* cp1[MV_R];
+    const uint2* cp2[MV_R];
+    const u16* sp[MV_R];
 #pragma unroll
-    for (int t = 0; t < MAXN; ++t) acc[t] = 0.f;
-    for (int b = lane; b < nblk; b += 32) {
-        uint4 c[NW];
+    for (int r = 0; r < MV_R; ++r) {
+        size_t ro = (size_t)min(o0 + r, sg.n_out - 1);
+        cp1[r] = (const u32*)sg.codes + ro * nsb;
+        cp2[r] = (const uint2*)sg.codes + ro * nsb;
+        sp[r] = sg.scales + ro * nblk;
+    }
+    float acc[MV_R][NT];
 #pragma unroll
-        for (int u = 0; u < NW; ++u) c[u] = __ldg(codes + ((size_t)o * nblk + b) * NW + u);
-        float dw = h2f(__ldg(scales + (size_t)o * nblk + b));
-        u32 wd[4 * NW];
+    for (int r = 0; r < MV_R; ++r)
 #pragma unroll
-        for (int u = 0; u < NW; ++u) {
-            wd[4 * u + 0] = c[u].x; wd[4 * u + 1] = c[u].y; wd[4 * u + 2] = c[u].z; wd[4 * u + 3] = c[u].w;
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    for (int j0 = lane; j0 < nsb; j0 += 32 * MV_U) {
+        uint2 c[MV_U][MV_R];
+        float dw[MV_U][MV_R];
+#pragma unroll
+        for (int u = 0; u < MV_U; ++u) {
+            int j = j0 + 32 * u;
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) {
+                c[u][r].x = 0u;
+                c[u][r].y = 0u;
+                dw[u][r] = 0.f;
+                if (j < nsb) {
+                    if (KIND == 1) {
+                        c[u][r].x = __ldg(cp1[r] + j);
+                    } else {
+                        c[u][r] = __ldg(cp2[r] + j);
+                    }
+                    dw[u][r] = h2f(__ldg(sp[r] + j / SPB));
+                }
+            }
         }
 #pragma unroll
-        for (int t = 0; t < MAXN; ++t) {
-            if (t < n) {
-                const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)b * BE);
-                const float* dt = da + (size_t)t * nsb + b * (BE / 32);
-                const int* st = sa + (size_t)t * nsb + b * (BE / 32);
-                float sblk = 0.f;
+        for (int u = 0; u < MV_U; ++u) {
+            int j = j0 + 32 * u;
+            if (j < nsb) {
 #pragma unroll
-                for (int sb = 0; sb < BE / 32; ++sb) {
-                    int4 qa0 = __ldg(qa4 + 2 * sb), qa1 = __ldg(qa4 + 2 * sb + 1);
-                    int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-                    int isum = 0;
-                    if (KIND == 1) {
-                        u32 word = wd[sb];
+                for (int t = 0; t < NT; ++t) {
+                    if (t < n) {
+                        const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                        int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
+                        int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+                        float dt = __ldg(da + (size_t)t * nsb + j);
+                        int st = __ldg(sa + (size_t)t * nsb + j);
 #pragma unroll
-                        for (int k = 0; k < 8; ++k) {
-                            u32 nib = (word >> (4 * k)) & 0xFu;
-                            u32 m = ((nib * 0x00204081u) & 0x01010101u) * 0xFFu;
-                            isum = __dp4a((int)(m & (u32)qa[k]), 0x01010101, isum);
+                        for (int r = 0; r < MV_R; ++r) {
+                            int isum = sub_dot<KIND>(c[u][r], qa, st);
+                            acc[r][t] = fmaf(dw[u][r] * dt, (float)isum, acc[r][t]);
                         }
-                        isum = 2 * isum - st[sb];
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            u32 word = wd[2 * sb + h];
-#pragma unroll
-                            for (int s2 = 0; s2 < 4; ++s2) {
-                                int cw = (int)((word >> (2 * s2)) & 0x03030303u);
-                                isum = __dp4a(cw, qa[4 * h + s2], isum);
-                            }
-                        }
-                        isum = isum - st[sb];
                     }
-                    sblk = fmaf(dt[sb], (float)isum, sblk);
                 }
-                acc[t] = fmaf(dw, sblk, acc[t]);
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < MAXN; ++t) {
+    for (int t = 0; t < NT; ++t) {
         if (t < n) {
-            float r = warp_sum(acc[t]);
-            if (lane == 0) {
-                float* yp = y + (size_t)t * n_out + o;
-                *yp = accumulate ? *yp + r : r;
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) {
+                float v = warp_sum(acc[r][t]);
+                if (lane == r && o0 + r < sg.n_out) {
+                    float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
+                    *yp = accumulate ? *yp + v : v;
+                }
             }
         }
     }
 }
 
-extern "C" __global__ void mv_q1(const uint4* codes, const u16* scales, const i8* q, const float* da,
-                                 const int* sa, float* y, int n_in, int n_out, int n, int accumulate) {
-    mv_lowbit<1>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
-}
-extern "C" __global__ void mv_q2(const uint4* codes, const u16* scales, const i8* q, const float* da,
-                                 const int* sa, float* y, int n_in, int n_out, int n, int accumulate) {
-    mv_lowbit<2>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
-}
-extern "C" __global__ void mv_q2g64(const uint4* codes, const u16* scales, const i8* q, const float* da,
-                                    const int* sa, float* y, int n_in, int n_out, int n,
-                                    int accumulate) {
-    mv_lowbit<3>(codes, scales, q, da, sa, y, n_in, n_out, n, accumulate);
-}
+// Flat parameters (the launcher passes 8-byte slots): per segment codes, scales, y, n_out; unused
+// segments have n_out = 0.
+#define MV_ENTRY(NAME, KIND, NT, R, U, MINB)                                                         \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(                           \
+        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
+        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
+        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
+        int accumulate) {                                                                             \
+        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
+              s3 = {c3, sc3, y3, n3};                                                                 \
+        mv_lowbit<KIND, NT, R, U>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate);                    \
+    }
+// n <= 8 (verify, prefill): 2 rows per warp, 4 sub-blocks in flight. n = 1 (decode): Q1 4 rows,
+// Q2 2 rows, x 4 sub-blocks, register caps chosen so nothing spills (ptxas -v). The rows per warp must match
+// `mv_rows_per_warp` in lib.rs.
+MV_ENTRY(mv_q1, 1, MAXN, 2, 4, 1)
+MV_ENTRY(mv_q2, 2, MAXN, 2, 4, 1)
+MV_ENTRY(mv_q2g64, 3, MAXN, 2, 4, 1)
+MV_ENTRY(mv_q1_n1, 1, 1, 4, 4, 6)
+MV_ENTRY(mv_q2_n1, 2, 1, 2, 4, 8)
+MV_ENTRY(mv_q2g64_n1, 3, 1, 2, 4, 8)
 
 // f32 weights (other types, dequantized at load), f32 activations. One warp per row.
 extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __restrict__ x, float* y,
@@ -238,10 +310,12 @@ extern "C" __global__ void embed_rows(int kind, const u8* codes, const u16* scal
         if (kind == 0) {
             v = f32tab[row * n_in + e];
         } else if (kind == 1) {
+            // re-tiled Q1 word: element 4i + b of a 32-element word is bit i of byte b
             int nblk = n_in / 128, b = e / 128, j = e % 128;
             const u8* cb = codes + (row * nblk + b) * 16;
             float d = h2f(scales[row * nblk + b]);
-            v = ((cb[j >> 3] >> (j & 7)) & 1) ? d : -d;
+            int w = j >> 5, r = j & 31;
+            v = ((cb[4 * w + (r & 3)] >> (r >> 2)) & 1) ? d : -d;
         } else {
             int be = kind == 3 ? 64 : 128, cbytes = kind == 3 ? 16 : 32;
             int nblk = n_in / be, b = e / be, j = e % be;

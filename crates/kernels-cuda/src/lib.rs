@@ -22,6 +22,30 @@ pub const SOURCE: &str = include_str!("../kernels/bonsai.cu");
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
 pub const MAX_ROWS: usize = 8;
 
+/// Most matrices one grouped mat-vec launch covers (`mv_lowbit_multi`).
+pub const MAX_SEGS: usize = 4;
+/// Warps per mat-vec block (`MV_WARPS` in the source).
+const MV_WARPS: usize = 4;
+
+/// Weight rows per warp of the mat-vec variant for `kind` and `n` activation rows (the `R` of each
+/// `MV_ENTRY` in the source): the n = 1 Q1 variant takes 4, every other one 2.
+fn mv_rows_per_warp(kind: WKind, n: usize) -> usize {
+    if n == 1 && kind == WKind::Q1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// One matrix of a grouped mat-vec launch: re-tiled codes and scales, output `y [n, n_out]` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct MvSeg {
+    pub codes: u64,
+    pub scales: u64,
+    pub y: u64,
+    pub n_out: usize,
+}
+
 /// A CUDA-side failure, with context.
 #[derive(Debug)]
 pub struct CudaError(pub String);
@@ -262,6 +286,9 @@ kernels!(
     mv_q1,
     mv_q2,
     mv_q2g64,
+    mv_q1_n1,
+    mv_q2_n1,
+    mv_q2g64_n1,
     mv_f32,
     embed_rows,
     gdn_conv,
@@ -523,29 +550,87 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
+        self.mv_lowbit_multi(
+            kind,
+            &[MvSeg {
+                codes,
+                scales,
+                y,
+                n_out,
+            }],
+            q,
+            d,
+            s,
+            n_in,
+            n,
+            accumulate,
+        )
+    }
+
+    /// One launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` that share
+    /// the input activations (e.g. gate ‖ up): segment `i` writes `y_i[t, o]` (`[n, n_out_i]`).
+    /// Each output equals the single-matrix launch bit for bit.
+    pub fn mv_lowbit_multi(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
         assert!((1..=MAX_ROWS).contains(&n), "mv_lowbit: n = {n}");
-        let f = match kind {
-            WKind::Q1 => self.f.mv_q1,
-            WKind::Q2 => self.f.mv_q2,
-            WKind::Q2G64 => self.f.mv_q2g64,
-            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+        assert!(
+            (1..=MAX_SEGS).contains(&segs.len()),
+            "mv_lowbit: {} segments",
+            segs.len()
+        );
+        assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
+        let f = match (kind, n == 1) {
+            (WKind::Q1, false) => self.f.mv_q1,
+            (WKind::Q2, false) => self.f.mv_q2,
+            (WKind::Q2G64, false) => self.f.mv_q2g64,
+            (WKind::Q1, true) => self.f.mv_q1_n1,
+            (WKind::Q2, true) => self.f.mv_q2_n1,
+            (WKind::Q2G64, true) => self.f.mv_q2g64_n1,
+            (WKind::F32, _) => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
         };
+        let rpw = mv_rows_per_warp(kind, n);
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
+        let mut groups = 0usize;
+        for i in 0..MAX_SEGS {
+            let sg = segs.get(i).copied().unwrap_or(MvSeg {
+                codes: 0,
+                scales: 0,
+                y: 0,
+                n_out: 0,
+            });
+            groups += sg.n_out.div_ceil(rpw);
+            args.extend([
+                Arg::P(sg.codes),
+                Arg::P(sg.scales),
+                Arg::P(sg.y),
+                Arg::I(sg.n_out as i32),
+            ]);
+        }
+        args.extend([
+            Arg::P(q),
+            Arg::P(d),
+            Arg::P(s),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+        ]);
+        if groups == 0 {
+            return Ok(());
+        }
         self.launch(
             f,
-            (cdiv(n_out, 8), 1, 1),
-            (256, 1, 1),
-            &[
-                Arg::P(codes),
-                Arg::P(scales),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
-                Arg::P(y),
-                Arg::I(n_in as i32),
-                Arg::I(n_out as i32),
-                Arg::I(n as i32),
-                Arg::I(accumulate as i32),
-            ],
+            (cdiv(groups, MV_WARPS), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &args,
         )
     }
 

@@ -4,7 +4,9 @@
 //! Q1_0 and Q2_0 g64, 32 for Q2_0 g128 / PQ2_0; every block starts on a 16-byte boundary so a lane
 //! reads it with one or two `uint4` loads) and a **scale plane** `[n_out, nblk]` f16 bits.
 //!
-//! - Q1_0 codes keep the GGUF order: bit `j` of the block's 128 bits is element `j`.
+//! - Q1_0 codes are re-ordered inside every 32-element (4-byte) word: bit `i` of byte `b` holds
+//!   element `4i + b` (GGUF: bit `j & 7` of byte `j >> 3`). Then `(word >> i) & 0x01010101` is the
+//!   0/1 pattern of four consecutive elements, one per byte, ready for `dp4a`.
 //! - Q2 codes are re-ordered inside every 16-element (4-byte) word: 2-bit field `s` of byte `i`
 //!   holds element `4s + i` of the word (GGUF: field `j & 3` of byte `j >> 2`). Then
 //!   `(word >> 2s) & 0x03030303` is four consecutive codes, one per byte, ready for `dp4a`.
@@ -82,6 +84,18 @@ fn q2_word(src: &[u8], dst: &mut [u8]) {
     dst[..4].copy_from_slice(&out);
 }
 
+/// Q1 word re-order: 4 GGUF bytes (32 signs, element j at bit j & 7 of byte j >> 3) to the kernel
+/// order (element 4i + b at bit i of byte b).
+fn q1_word(src: &[u8], dst: &mut [u8]) {
+    let mut out = [0u8; 4];
+    for j in 0..32 {
+        let bit = (src[j >> 3] >> (j & 7)) & 1;
+        let (i, b) = (j / 4, j % 4);
+        out[b] |= bit << i;
+    }
+    dst[..4].copy_from_slice(&out);
+}
+
 /// Re-tile `raw` (`n_out` GGUF rows of `n_in` elements of type `qt`). Panics if `raw` has the wrong
 /// length (the loader validates extents first).
 pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
@@ -122,7 +136,11 @@ pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
                 let qs = &blk[2..];
                 let dst = &mut crow[b * cb..(b + 1) * cb];
                 match kind {
-                    WKind::Q1 => dst.copy_from_slice(&qs[..16]),
+                    WKind::Q1 => {
+                        for w in 0..4 {
+                            q1_word(&qs[4 * w..4 * w + 4], &mut dst[4 * w..4 * w + 4]);
+                        }
+                    }
                     _ => {
                         for w in 0..cb / 4 {
                             q2_word(&qs[4 * w..4 * w + 4], &mut dst[4 * w..4 * w + 4]);
@@ -157,7 +175,8 @@ pub fn detile_row(r: &Retiled, o: usize, out: &mut [f32]) {
         for j in 0..be {
             out[b * be + j] = match r.kind {
                 WKind::Q1 => {
-                    if (c[j >> 3] >> (j & 7)) & 1 == 1 {
+                    let (w, rr) = (j / 32, j % 32);
+                    if (c[4 * w + (rr & 3)] >> (rr >> 2)) & 1 == 1 {
                         d
                     } else {
                         -d
@@ -260,6 +279,26 @@ mod tests {
                 for i in 0..n_in {
                     assert_eq!(a[i].to_bits(), b[i].to_bits());
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q1_word_layout_is_consecutive_per_bit() {
+        // element j set iff j % 3 == 0: bit i of byte b must be element 4i + b
+        let mut src = [0u8; 4];
+        for j in 0..32 {
+            if j % 3 == 0 {
+                src[j >> 3] |= 1 << (j & 7);
+            }
+        }
+        let mut dst = [0u8; 4];
+        q1_word(&src, &mut dst);
+        let w = u32::from_le_bytes(dst);
+        for i in 0..8 {
+            let f = (w >> i) & 0x0101_0101;
+            for b in 0..4 {
+                assert_eq!((f >> (8 * b)) & 1 == 1, (4 * i + b) % 3 == 0);
             }
         }
     }

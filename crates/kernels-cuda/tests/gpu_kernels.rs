@@ -5,7 +5,7 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, WKind};
+use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvSeg, WKind};
 use half::f16;
 use std::sync::OnceLock;
 
@@ -189,6 +189,59 @@ fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64
             );
         }
     }
+    // grouped launch: the same matrix as segments 0 and 2 (and a 1-row slice as segment 1) gives
+    // exactly the single-matrix outputs
+    let ya = g.alloc(n * n_out * 4).unwrap();
+    let yb = g.alloc(n * 4).unwrap();
+    let yc = g.alloc(n * n_out * 4).unwrap();
+    let nb = rt.codes.len() / n_out;
+    let segs = [
+        MvSeg {
+            codes: codes.ptr(),
+            scales: scales.ptr(),
+            y: ya.ptr(),
+            n_out,
+        },
+        MvSeg {
+            codes: codes.at((n_out - 1) * nb),
+            scales: scales.at((n_out - 1) * (rt.scales.len() / n_out) * 2),
+            y: yb.ptr(),
+            n_out: 1,
+        },
+        MvSeg {
+            codes: codes.ptr(),
+            scales: scales.ptr(),
+            y: yc.ptr(),
+            n_out,
+        },
+    ];
+    g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, n, false)
+        .unwrap();
+    let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+        down(g, &ya, n * n_out),
+        down(g, &yb, n),
+        down(g, &yc, n * n_out),
+    );
+    for t in 0..n {
+        assert_eq!(
+            gb[t].to_bits(),
+            yn[t * n_out + n_out - 1].to_bits(),
+            "grouped seg 1 row {t}"
+        );
+        for o in 0..n_out {
+            let w = yn[t * n_out + o].to_bits();
+            assert_eq!(
+                ga[t * n_out + o].to_bits(),
+                w,
+                "grouped seg 0 row {t} out {o}"
+            );
+            assert_eq!(
+                gc[t * n_out + o].to_bits(),
+                w,
+                "grouped seg 2 row {t} out {o}"
+            );
+        }
+    }
     // vs exact emulation of the integer product (only float order differs)
     let em = emulate_q(&raw, qt, n_in, n_out, &x, n);
     let e1 = max_rel(&yn, &em);
@@ -226,6 +279,8 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         run_mv(g, qt, 17408, 5120, 1, 2);
         run_mv(g, qt, 6144, 5120, 8, 3);
         run_mv(g, qt, 5120, 48, 5, 4);
+        // ragged: n_out not a multiple of the rows per warp, n_in not a multiple of 32 sub-blocks
+        run_mv(g, qt, 384, 50, 2, 5);
     }
 }
 

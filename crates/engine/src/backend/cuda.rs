@@ -245,6 +245,58 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Several projections of the same input (`(matrix, y)` pairs): one grouped mat-vec launch per
+    /// 8-row chunk when all are low-bit of one kind and width (up to `kc::MAX_SEGS`), else one
+    /// [`Self::proj`] each. Outputs are bit-identical either way.
+    fn proj_multi(
+        &self,
+        sc: &Scratch,
+        mats: &[(&CudaMat, u64)],
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (m0, _) = mats[0];
+        let groupable = mats.len() <= kc::MAX_SEGS
+            && m0.kind != WKind::F32
+            && mats
+                .iter()
+                .all(|(m, _)| m.kind == m0.kind && m.n_in == m0.n_in);
+        if !groupable {
+            for &(m, y) in mats {
+                self.proj(sc, m, n, y, accumulate)?;
+            }
+            return Ok(());
+        }
+        let k = m0.n_in;
+        let mut t0 = 0;
+        while t0 < n {
+            let nr = (n - t0).min(MV_ROWS);
+            let segs: Vec<kc::MvSeg> = mats
+                .iter()
+                .map(|&(m, y)| kc::MvSeg {
+                    codes: m.codes.ptr(),
+                    scales: m.scales.as_ref().expect("scales").ptr(),
+                    y: y + (t0 * m.n_out * 4) as u64,
+                    n_out: m.n_out,
+                })
+                .collect();
+            self.gpu
+                .mv_lowbit_multi(
+                    m0.kind,
+                    &segs,
+                    sc.xq.at(t0 * k),
+                    sc.xd.at(t0 * k / 32 * 4),
+                    sc.xs.at(t0 * k / 32 * 4),
+                    k,
+                    nr,
+                    accumulate,
+                )
+                .map_err(be)?;
+            t0 += nr;
+        }
+        Ok(())
+    }
+
     fn norm_in(
         &self,
         sc: &Scratch,
@@ -293,10 +345,12 @@ impl CudaBackend {
         let dv = cfg.ssm_head_v_dim();
         self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
         let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
-        self.proj(sc, &w.qkv, n, mixed, false)?;
-        self.proj(sc, &w.gate, n, z, false)?;
-        self.proj(sc, &w.beta, n, bb, false)?;
-        self.proj(sc, &w.alpha, n, aa, false)?;
+        self.proj_multi(
+            sc,
+            &[(&w.qkv, mixed), (&w.gate, z), (&w.beta, bb), (&w.alpha, aa)],
+            n,
+            false,
+        )?;
         let g = &self.gpu;
         g.gdn_conv(
             mixed,
@@ -367,9 +421,7 @@ impl CudaBackend {
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
-        self.proj(sc, &w.q, n, qf, false)?;
-        self.proj(sc, &w.k, n, kf, false)?;
-        self.proj(sc, &w.v, n, vf, false)?;
+        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
         let g = &self.gpu;
         g.attn_prep(
             qf,
@@ -437,8 +489,7 @@ impl CudaBackend {
     ) -> Result<()> {
         self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
-        self.proj(sc, &w.gate, n, gt, false)?;
-        self.proj(sc, &w.up, n, up, false)?;
+        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
         self.gpu
             .swiglu_quant(
                 gt,
@@ -649,6 +700,72 @@ impl CudaBackend {
             kv.len = st.pos;
         }
         Ok((ms, h.into_iter().map(|t| t as u32).collect()))
+    }
+
+    /// GPU time (ms) of one pass that launches, back to back, one mat-vec (n = 1) per entry of
+    /// `groups` (each entry one grouped launch over its matrices, outputs into scratch). Matrices
+    /// are taken in order, so a pass over all layers reads more than the L2 holds. For profiling.
+    pub fn time_mv_pass(
+        &self,
+        cfg: &TargetConfig,
+        groups: &[Vec<&CudaMat>],
+        reps: usize,
+    ) -> Result<Vec<f32>> {
+        self.with_scratch(cfg, MV_ROWS, |sc| {
+            let outs = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
+            let mut times = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let ms = self
+                    .gpu
+                    .time_ms(|| {
+                        for g in groups {
+                            let mats: Vec<(&CudaMat, u64)> = g
+                                .iter()
+                                .zip(outs)
+                                .map(|(&m, y)| {
+                                    if m.n_out > sc.kmax.max(sc.p[0].bytes() / 4) {
+                                        (m, sc.logits.ptr())
+                                    } else {
+                                        (m, y)
+                                    }
+                                })
+                                .collect();
+                            self.proj_multi(sc, &mats, 1, false)
+                                .map_err(|e| kc::CudaError(e.to_string()))?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(be)?;
+                times.push(ms);
+            }
+            Ok(times)
+        })
+    }
+
+    /// GPU time (ms) of `reps` passes of one eager n = 1 decode step body (no graph), each timed.
+    pub fn time_step_eager(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        reps: usize,
+    ) -> Result<Vec<f32>> {
+        let x = self.new_act(1, cfg.n_embd);
+        self.with_scratch(cfg, 1, |sc| {
+            self.set_pos(sc, st.pos, 1)?;
+            let mut v = Vec::new();
+            for _ in 0..reps {
+                let ms = self
+                    .gpu
+                    .time_ms(|| {
+                        self.step_body(sc, cfg, w, st, x.buf.ptr())
+                            .map_err(|e| kc::CudaError(e.to_string()))
+                    })
+                    .map_err(be)?;
+                v.push(ms);
+            }
+            Ok(v)
+        })
     }
 
     /// Bytes of device memory held by a matrix.
