@@ -10,7 +10,7 @@ PROFILE=${BONSAI_PROFILE:-fastrel}
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (https://rustup.rs) first" >&2; exit 1; }
 "$PY" -m pip install -q --upgrade "maturin>=1.9.4,<2" "numpy>=1.24" "aiohttp>=3.9" tqdm
 if [[ "${1:-}" == "--test" ]]; then
-    "$PY" -m pip install -q "pytest>=8" ruff
+    "$PY" -m pip install -q "pytest>=8" ruff "openai>=1.40"
     if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
         echo "setup: building llama-cpp-python 0.3.36 from source (the independent oracle; ~10 min on 2 cores)" >&2
         CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
