@@ -1,4 +1,4 @@
-"""Command line: ``python -m bonsai {generate,chat,inspect,synth,bench}``."""
+"""Command line: ``python -m bonsai {generate,chat,serve,inspect,synth,bench}``."""
 
 from __future__ import annotations
 
@@ -122,6 +122,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if "\nvalidation:   FAILED" in report else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from . import Engine, demo_model_path
+    from .server import serve
+
+    model = args.model
+    if model is None:
+        model = demo_model_path(args.demo_preset)
+        print(
+            f"bonsai: no --model given; serving a generated demo model ({args.demo_preset}, Q1_0) whose "
+            f"weights are RANDOM, so its text is gibberish: {model}",
+            file=sys.stderr,
+        )
+    kw: dict[str, Any] = {"device": args.device, "n_ctx": args.n_ctx, "threads": args.threads}
+    if args.draft is not None:
+        kw.update(draft=args.draft, speculative=args.speculative)
+    eng = Engine(model, **kw)
+    serve(eng, host=args.host, port=args.port, model_name=args.name, default_max_tokens=args.max_tokens)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "synth":
@@ -149,6 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="architecture, sizes, types, memory estimate, validation")
     i.add_argument("file")
     i.set_defaults(fn=cmd_inspect)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (+ a chat page at /)")
+    s.add_argument("--model", "-m", help="path to a qwen35 GGUF (default: a generated demo model)")
+    s.add_argument("--demo-preset", default="tiny", choices=["tiny", "small"], help=argparse.SUPPRESS)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--name", default=None, help="model id in the API (default: the file name)")
+    s.add_argument("--device", default="auto", help="auto | cpu | cuda | vulkan (default auto)")
+    s.add_argument("--n-ctx", type=int, default=None, help="context length (default min(trained, 4096))")
+    s.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+    s.add_argument("--draft", default=None, help='speculative decoding: a DSpark drafter GGUF or "ngram"')
+    s.add_argument("--speculative", default="auto", choices=["auto", "always", "never"])
+    s.add_argument("--max-tokens", type=int, default=None, help="default limit per request (default: n_ctx)")
+    s.set_defaults(fn=cmd_serve)
     sub.add_parser("synth", help="generate synthetic models (python -m bonsai synth --help)")
     sub.add_parser("bench", help="benchmarks (python -m bonsai bench --help)")
     args = ap.parse_args(argv)

@@ -70,6 +70,13 @@ def demo_model_path(preset: str = "tiny", variant: str = "q1", seed: int = 0) ->
     return path
 
 
+_U32_MAX = (1 << 32) - 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _sampling_args(
     temperature: float | None,
     top_k: int | None,
@@ -93,11 +100,16 @@ def _sampling_args(
         seed = int.from_bytes(os.urandom(8), "little")
     if not isinstance(seed, int) or seed < 0:
         raise _bonsai.InvalidRequestError(f"seed must be a non-negative integer, got {seed!r}")
-    if not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0:
+    if not _is_int(logprobs) or not 0 <= logprobs <= _U32_MAX:
         raise _bonsai.InvalidRequestError(f"logprobs must be an integer in 0..=20, got {logprobs!r}")
     for name, v in (("top_k", top_k), ("penalty_last_n", penalty_last_n)):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        if v is not None and (not _is_int(v) or not 0 <= v <= _U32_MAX):
             raise _bonsai.InvalidRequestError(f"{name} must be a non-negative integer, got {v!r}")
+    if not isinstance(logit_bias, (dict, type(None))):
+        raise _bonsai.InvalidRequestError("logit_bias must be a dict {token_id: bias}")
+    for k in logit_bias or {}:
+        if not _is_int(k) or not 0 <= k <= _U32_MAX:
+            raise _bonsai.InvalidRequestError(f"logit_bias: token id {k!r} is not a valid token id")
     return {
         "temperature": float(num("temperature", temperature, DEFAULT_SAMPLING["temperature"])),
         "top_k": int(num("top_k", top_k, DEFAULT_SAMPLING["top_k"])),
@@ -123,6 +135,11 @@ class Engine:
             ``"vulkan"``.
         n_ctx: context length (default min(trained context, 4096)).
         threads: CPU worker threads (default: all cores).
+        draft: speculative decoding: a DSpark drafter GGUF (arch ``dspark``) made for this model, or
+            ``"ngram"`` for n-gram self-speculation (no weights). ``None``: plain decoding.
+        speculative: with ``draft``: ``"auto"`` (draft only while it measurably pays; see
+            :attr:`policy`), ``"always"`` or ``"never"``. Output is identical either way.
+        rollback: GDN rollback after a partial accept: ``"replay"`` (default) or ``"reforward"``.
     """
 
     def __init__(
@@ -132,6 +149,9 @@ class Engine:
         device: str = "auto",
         n_ctx: int | None = None,
         threads: int | None = None,
+        draft: str | os.PathLike[str] | None = None,
+        speculative: str = "auto",
+        rollback: str = "replay",
     ) -> None:
         if model is None:
             model = demo_model_path()
@@ -144,8 +164,36 @@ class Engine:
         for name, v in (("n_ctx", n_ctx), ("threads", threads)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise _bonsai.InvalidRequestError(f"{name} must be a positive integer, got {v!r}")
-        self._raw = _bonsai.RawEngine(os.fspath(model), device, n_ctx, threads)
+        if draft is not None and not isinstance(draft, (str, os.PathLike)):
+            raise _bonsai.InvalidRequestError(f'draft must be a path or "ngram", got {type(draft).__name__}')
+        for name, v in (("speculative", speculative), ("rollback", rollback)):
+            if not isinstance(v, str):
+                raise _bonsai.InvalidRequestError(f"{name} must be a string, got {type(v).__name__}")
+        self._raw = _bonsai.RawEngine(
+            os.fspath(model),
+            device,
+            n_ctx,
+            threads,
+            None if draft is None else os.fspath(draft),
+            speculative,
+            rollback,
+        )
         self.info: dict[str, Any] = dict(self._raw.info())
+
+    @property
+    def policy(self) -> dict[str, Any] | None:
+        """The speculative-decoding policy (``None`` without ``draft``): ``mode``, ``enabled``,
+        ``R`` (round cost in plain decode steps), ``tok_per_s_spec`` / ``tok_per_s_plain``,
+        ``acceptance``, and ``decisions`` (each with the numbers behind it)."""
+        p = self._raw.policy()
+        return None if p is None else dict(p)
+
+    @property
+    def stats(self) -> dict[str, Any] | None:
+        """Engine-wide speculative counters (``None`` without ``draft``): rounds, drafted and
+        accepted tokens, acceptance rate, tokens per round, time in rounds and plain steps."""
+        st = self._raw.stats()
+        return None if st is None else dict(st)
 
     def __repr__(self) -> str:
         i = self.info
@@ -160,7 +208,10 @@ class Engine:
         return list(self._raw.tokenize(text, special))
 
     def detokenize(self, ids: Iterable[int]) -> str:
-        return self._raw.detokenize(list(ids))
+        ids = list(ids)
+        if not all(_is_int(t) and 0 <= t <= _U32_MAX for t in ids):
+            raise _bonsai.InvalidRequestError("detokenize: ids must be non-negative integer token ids")
+        return self._raw.detokenize(ids)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._raw.token_bytes(token_id)
@@ -206,25 +257,39 @@ class Engine:
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        speculative: bool | None = None,
     ) -> Any:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, special=True)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
             ids = list(prompt)
         else:
             raise _bonsai.InvalidRequestError("prompt must be a string or a list of token ids")
-        if any(t < 0 for t in ids):
-            raise _bonsai.InvalidRequestError("token ids must be non-negative")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+        n_vocab = self.info["n_vocab"]
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise _bonsai.InvalidRequestError(
+                    f"prompt token id {t} is out of range (vocabulary has {n_vocab} rows)"
+                )
+        if not _is_int(max_tokens) or not 0 < max_tokens <= _U32_MAX:
             raise _bonsai.InvalidRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if stop is None:
             stops: list[str] = []
         elif isinstance(stop, str):
             stops = [stop]
-        else:
+        elif isinstance(stop, (list, tuple)):
             stops = list(stop)
+        else:
+            stops = [stop]
         if not all(isinstance(s, str) for s in stops):
             raise _bonsai.InvalidRequestError("stop must be a string or a list of strings")
+        if not isinstance(stop_token_ids, (list, tuple, type(None))):
+            raise _bonsai.InvalidRequestError("stop_token_ids must be a list of token ids")
+        for t in stop_token_ids or []:
+            if not _is_int(t) or not 0 <= t < n_vocab:
+                raise _bonsai.InvalidRequestError(
+                    f"stop_token_ids: {t!r} is not a token id of this model (vocabulary has {n_vocab} rows)"
+                )
         s = _sampling_args(
             temperature,
             top_k,
@@ -255,6 +320,7 @@ class Engine:
             stops,
             list(stop_token_ids or []),
             bool(ignore_eos),
+            None if speculative is None else bool(speculative),
         )
 
     @staticmethod
@@ -274,7 +340,8 @@ class Engine:
         Keyword arguments: ``max_tokens`` (256), ``temperature`` (0.7; 0 = greedy), ``top_k`` (20),
         ``top_p`` (0.95), ``min_p`` (0), ``presence_penalty``, ``frequency_penalty``,
         ``repetition_penalty``, ``penalty_last_n``, ``seed``, ``logprobs`` (top-N alternatives,
-        0–20), ``logit_bias``, ``stop`` (strings), ``stop_token_ids``, ``ignore_eos``.
+        0–20), ``logit_bias``, ``stop`` (strings), ``stop_token_ids``, ``ignore_eos``, ``speculative`` (``None``: the
+        engine's policy; ``False``: plain decoding; ``True``: draft every step; output is the same).
 
         Invalid arguments raise :class:`InvalidRequestError` here, before any generation.
         """

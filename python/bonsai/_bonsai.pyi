@@ -74,6 +74,9 @@ class RawEngine:
         device: str = "auto",
         n_ctx: int | None = None,
         threads: int | None = None,
+        draft: str | None = None,
+        speculative: str = "auto",
+        rollback: str = "replay",
     ) -> RawEngine: ...
     def info(self) -> dict[str, Any]:
         """``path``, ``architecture``, ``name``, ``weight_type`` (str); ``n_layer``, ``n_embd``,
@@ -110,8 +113,14 @@ class RawEngine:
         stop: list[str],
         stop_ids: list[int],
         ignore_eos: bool,
+        speculative: bool | None = None,
     ) -> Stream:
         """Validate and queue a generation (requests run one after another on the engine thread)."""
+    def policy(self) -> dict[str, Any] | None:
+        """The speculative-decoding policy (``None`` without a drafter): mode, R, tok/s each way,
+        decisions with the numbers behind them."""
+    def stats(self) -> dict[str, Any] | None:
+        """Engine-wide speculative-decoding counters (``None`` without a drafter)."""
     def logits(self, ids: list[int], chunked: bool = True) -> bytes:
         """Logits of every row of a fresh sequence: little-endian f32 ``[len(ids), n_vocab]``."""
 

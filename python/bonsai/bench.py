@@ -123,6 +123,8 @@ def _summ(res: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and "--spec" in argv:
+        return spec_main([x for x in argv if x != "--spec"])
     ap = argparse.ArgumentParser(prog="python -m bonsai bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--variants", default="q1,q2g64", help="comma list (llama.cpp runs q1 and q2g64)")
@@ -209,3 +211,175 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------
+# Speculative decoding (``python -m bonsai bench --spec``)
+# ------------------------------------------------------------------------------------------------
+
+_MEM_CHILD = r"""
+import json, resource, sys
+import numpy as np
+from bonsai import Engine
+target, draft, n_prompt, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+eng = Engine(target, device="cpu", threads=threads, n_ctx=n_prompt + 64,
+             draft=None if draft == "none" else draft, speculative="always")
+ids = np.random.default_rng(0).integers(0, 8000, size=n_prompt).tolist()
+c = eng.complete(ids, max_tokens=16, temperature=0, ignore_eos=True)
+print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "completion_tokens": c.usage["completion_tokens"]}))
+"""
+
+
+def spec_main(argv: list[str] | None = None) -> int:
+    """R, acceptance and speedup vs plain decoding for the random and the agreeing drafter (and the
+    n-gram fallback) on the ``small`` model, both rollback options, and peak memory vs context."""
+    import numpy as np
+
+    from . import Engine, synth
+
+    ap = argparse.ArgumentParser(prog="python -m bonsai bench --spec")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--variant", default="q1")
+    ap.add_argument("--mixer-gain", type=float, default=0.05, help="synth target residual gain (see synth)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--mem-lengths", default="512,2048,4096,6144")
+    ap.add_argument("--models", default=os.environ.get("BONSAI_BENCH_MODELS", "models"))
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default=None)
+    a = ap.parse_args(argv)
+    models = Path(a.models)
+    models.mkdir(parents=True, exist_ok=True)
+    tag = f"{a.preset}-{a.variant}-g{a.mixer_gain}"
+    target = models / f"spec-{tag}.gguf"
+    if not target.exists():
+        synth.make_target(target, a.preset, a.variant, progress=False, mixer_gain=a.mixer_gain)
+    rng = np.random.default_rng(0)
+    n_text = synth.PRESETS[a.preset].n_bpe
+    prompts = [rng.integers(0, n_text, size=int(rng.integers(16, 64))).tolist() for _ in range(a.prompts)]
+    train = [rng.integers(0, n_text, size=32).tolist() for _ in range(8)]
+
+    plain = Engine(target, device="cpu", threads=a.threads)
+    plain.complete(prompts[0], max_tokens=8, temperature=0, ignore_eos=True)  # warm-up
+
+    def run(eng: Engine, **kw: Any) -> dict[str, Any]:
+        toks, secs, outs, spec = 0, 0.0, [], []
+        for p in prompts:
+            c = eng.complete(p, max_tokens=a.gen, temperature=0, ignore_eos=True, **kw)
+            toks += c.usage["completion_tokens"] - 1  # the first token comes from prefill
+            secs += c.usage["decode_seconds"]
+            outs.append(c.token_ids)
+            if "speculative" in c.usage:
+                spec.append(c.usage["speculative"])
+        return {"tok_per_s": toks / secs, "outputs": outs, "spec": spec}
+
+    base = run(plain)
+    step_s = 1.0 / base["tok_per_s"]
+    seqs = [p[-1:] + plain.complete(p, max_tokens=256, temperature=0, ignore_eos=True).token_ids for p in train]
+    drafters = {
+        "random": synth.make_drafter(models / f"spec-{tag}-rnd.gguf", a.preset, a.variant, progress=False),
+        "agreeing": synth.make_drafter(
+            models / f"spec-{tag}-agr.gguf",
+            a.preset,
+            a.variant,
+            progress=False,
+            next_token=synth.next_token_map(seqs),
+        ),
+        "ngram": "ngram",
+    }
+    rows = []
+    for name, d in drafters.items():
+        for rollback in ("replay", "reforward") if name == "agreeing" else ("replay",):
+            eng = Engine(target, device="cpu", threads=a.threads, draft=d, speculative="always", rollback=rollback)
+            eng.complete(prompts[0], max_tokens=8, temperature=0, ignore_eos=True)
+            r = run(eng)
+            st = eng.stats or {}
+            rounds = max(1, st.get("rounds", 0))
+            rows.append(
+                {
+                    "drafter": name,
+                    "rollback": rollback,
+                    "lossless": r["outputs"] == base["outputs"],
+                    "R": (st["round_seconds"] / rounds) / step_s,
+                    "draft_ms_per_round": 1e3 * st["draft_seconds"] / rounds,
+                    "acceptance": st["acceptance_rate"],
+                    "tokens_per_round": st["tokens_per_round"],
+                    "tok_per_s": r["tok_per_s"],
+                    "speedup": r["tok_per_s"] / base["tok_per_s"],
+                }
+            )
+            print(rows[-1], file=sys.stderr)
+    # policy in auto mode with each drafter: what it decides, with its numbers
+    policy = {}
+    for name, d in drafters.items():
+        eng = Engine(target, device="cpu", threads=a.threads, draft=d, speculative="auto")
+        r = run(eng)
+        pol = eng.policy or {}
+        policy[name] = {
+            "tok_per_s": r["tok_per_s"],
+            "speedup": r["tok_per_s"] / base["tok_per_s"],
+            "enabled_at_end": pol.get("enabled"),
+            "decisions": pol.get("decisions", [])[:6],
+        }
+    # peak memory vs context, each in a fresh process
+    mem = []
+    drafter_path = str(drafters["random"])
+    for n in [int(x) for x in a.mem_lengths.split(",")]:
+        for d in ("none", drafter_path):
+            out = subprocess.run(
+                [sys.executable, "-c", _MEM_CHILD, str(target), d, str(n), str(a.threads)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr)
+            m = json.loads(out.stdout.strip().splitlines()[-1])
+            mem.append({"context": n, "drafter": d != "none", "peak_rss_mb": m["peak_rss_mb"]})
+            print(mem[-1], file=sys.stderr)
+    result = {
+        "command": "python -m bonsai bench --spec " + " ".join(argv or []),
+        "commit": _commit(),
+        "cpu": _cpu_name(),
+        "threads": a.threads,
+        "model": f"synth {a.preset} {a.variant}, mixer_gain {a.mixer_gain}",
+        "gen": a.gen,
+        "prompts": a.prompts,
+        "plain_tok_per_s": base["tok_per_s"],
+        "rounds": rows,
+        "policy_auto": policy,
+        "memory": mem,
+    }
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = a.name or f"spec-cpu-{a.preset}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        f"# Speculative decoding on CPU ({result['model']}, {a.threads} threads, {result['cpu']})",
+        "",
+        f'Plain greedy decode: {base["tok_per_s"]:.1f} tok/s. `speculative="always"`, {a.prompts} prompts x '
+        f"{a.gen} tokens. R = round cost in plain decode steps.",
+        "",
+        "| drafter | rollback | lossless | R | draft ms/round | acceptance | tokens/round | tok/s | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['drafter']} | {r['rollback']} | {r['lossless']} | {r['R']:.2f} | {r['draft_ms_per_round']:.2f} | "
+            f"{r['acceptance']:.3f} | {r['tokens_per_round']:.2f} | {r['tok_per_s']:.1f} | {r['speedup']:.2f} |"
+        )
+    lines += ["", "Policy `auto`:", "", "| drafter | tok/s | speedup | drafting on at end | first decisions |"]
+    lines += ["|---|---|---|---|---|"]
+    for name, p in policy.items():
+        ds = "; ".join(f"{d['action']}@{d['at_token']} (R {d['R']:.2f})" for d in p["decisions"])
+        lines.append(f"| {name} | {p['tok_per_s']:.1f} | {p['speedup']:.2f} | {p['enabled_at_end']} | {ds} |")
+    lines += ["", "Peak RSS (MB) vs context (16 generated tokens, fresh process):", ""]
+    lines += ["| context | without drafter | with drafter | difference |", "|---|---|---|---|"]
+    by = {(m["context"], m["drafter"]): m["peak_rss_mb"] for m in mem}
+    for n in sorted({m["context"] for m in mem}):
+        lines.append(f"| {n} | {by[(n, False)]:.0f} | {by[(n, True)]:.0f} | {by[(n, True)] - by[(n, False)]:.0f} |")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0

@@ -544,8 +544,13 @@ def is_attention_layer(il: int, interval: int = 4) -> bool:
     return (il + 1) % interval == 0
 
 
-def plan_tensors(p: Preset, fmt: str) -> list:
-    """All target tensors in file order with shapes, formats and init kinds (MODEL.md §2.3)."""
+def plan_tensors(p: Preset, fmt: str, mixer_gain: float = 1.0) -> list:
+    """All target tensors in file order with shapes, formats and init kinds (MODEL.md §2.3).
+
+    ``mixer_gain`` scales the matrices that write into the residual stream (``attn_output``,
+    ``ssm_out``, ``ffn_down``). Below 1 the residual stays close to the current token's embedding, so
+    the greedy next token is mostly a function of the previous token (while every layer still runs):
+    the target an agreeing drafter (:func:`make_drafter` with ``next_token``) can predict."""
     E, V = p.n_embd, p.n_vocab_rows
     key_dim = p.ssm_state * p.ssm_groups
     value_dim = p.ssm_state * p.ssm_rank
@@ -573,7 +578,7 @@ def plan_tensors(p: Preset, fmt: str) -> list:
                 lin(b + "attn_v.weight", E, kvdim),
                 TensorSpec(b + "attn_q_norm.weight", (p.head_dim,), "F32", "norm1p"),
                 TensorSpec(b + "attn_k_norm.weight", (p.head_dim,), "F32", "norm1p"),
-                lin(b + "attn_output.weight", qdim, E),
+                lin(b + "attn_output.weight", qdim, E, mixer_gain),
             ]
         else:
             ts += [
@@ -585,13 +590,13 @@ def plan_tensors(p: Preset, fmt: str) -> list:
                 TensorSpec(b + "ssm_dt.bias", (p.ssm_rank,), "F32", "dt_bias"),
                 TensorSpec(b + "ssm_a", (p.ssm_rank,), "F32", "ssm_a"),
                 TensorSpec(b + "ssm_norm.weight", (p.ssm_state,), "F32", "norm1p"),
-                lin(b + "ssm_out.weight", value_dim, E),
+                lin(b + "ssm_out.weight", value_dim, E, mixer_gain),
             ]
         ts += [
             TensorSpec(b + "post_attention_norm.weight", (E,), "F32", "norm1p"),
             lin(b + "ffn_gate.weight", E, p.n_ff),
             lin(b + "ffn_up.weight", E, p.n_ff),
-            lin(b + "ffn_down.weight", p.n_ff, E),
+            lin(b + "ffn_down.weight", p.n_ff, E, mixer_gain),
         ]
     for t in ts:
         if t.fmt != "F32" and t.shape[0] % q.BLOCK[t.fmt][0]:
@@ -704,11 +709,11 @@ def _add_tokenizer(w: gio.GGUFWriter, v: Vocab) -> None:
     w.add("tokenizer.chat_template", chat_template())
 
 
-def target_writer(path, preset: str, variant: str) -> tuple:
+def target_writer(path, preset: str, variant: str, mixer_gain: float = 1.0) -> tuple:
     """A GGUFWriter with all target metadata and tensor infos added (header not yet written)."""
     p = PRESETS[preset]
     fmt, gid, ftype = VARIANTS[variant]
-    specs = plan_tensors(p, fmt)
+    specs = plan_tensors(p, fmt, mixer_gain)
     v = build_vocab(p.n_bpe, p.n_vocab_rows)
     w = gio.GGUFWriter(path, alignment=32)
     A = "qwen35"
@@ -831,13 +836,15 @@ def make_target(
     sparse: bool = False,
     progress: bool = True,
     max_bytes: int | None = None,
+    mixer_gain: float = 1.0,
 ) -> Path:
     """Write a synthetic qwen35 target GGUF and return its path.
 
     ``path`` may be a directory (the file is then named ``bonsai-{preset}-{variant}-s{seed}.gguf``).
     ``sparse=True`` writes only the header and leaves the data section as a hole.
     ``max_bytes`` (for throughput measurements) stops generating data after that many bytes and leaves
-    the rest as a hole."""
+    the rest as a hole. ``mixer_gain`` < 1 makes a target whose greedy continuation is dominated by the
+    previous token (see :func:`plan_tensors`); the file name is the caller's choice."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; one of {sorted(PRESETS)}")
     if variant not in VARIANTS:
@@ -845,7 +852,7 @@ def make_target(
     path = Path(path)
     if path.is_dir():
         path = path / f"bonsai-{preset}-{variant}-s{seed}.gguf"
-    w, specs = target_writer(path, preset, variant)
+    w, specs = target_writer(path, preset, variant, mixer_gain)
     w.write_header()
     if not sparse:
         total = sum(s.nbytes for s in specs)
@@ -934,7 +941,42 @@ def plan_drafter(preset: str, variant: str) -> list:
     return ts
 
 
-def drafter_chunks(spec: TensorSpec, seed: int, idx: int, preset: str, variant: str):
+#: Markov-table gain of the agreeing drafter: the chosen token's score is ``AGREE_GAIN`` and any
+#: other token's at most ``AGREE_GAIN`` times the largest overlap of two random unit vectors.
+AGREE_GAIN = 200.0
+
+
+def next_token_map(sequences) -> dict:
+    """The majority next token after each token in ``sequences`` (lists of token ids): the greedy
+    next-token map an agreeing drafter encodes."""
+    counts: dict = {}
+    for seq in sequences:
+        for a, b in zip(seq[:-1], seq[1:], strict=True):
+            c = counts.setdefault(int(a), {})
+            c[int(b)] = c.get(int(b), 0) + 1
+    return {a: max(c.items(), key=lambda kv: (kv[1], -kv[0]))[0] for a, c in counts.items()}
+
+
+def _agree_tables(spec: TensorSpec, seed: int, next_token: dict):
+    """Markov tables with ``argmax_v b[v]·a[prev] = next_token[prev]``: ``b[v] = u_v`` (random unit
+    vectors in R^rank) and ``a[p] = AGREE_GAIN·u_{next(p)}`` (0 for tokens without an entry)."""
+    rank, n_vocab = spec.shape
+    rng = np.random.default_rng([int(seed), 0xA62EE])
+    u = rng.standard_normal((n_vocab, rank))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    if spec.name.endswith("markov_head_b.weight"):
+        return u.astype(np.float32)
+    a = np.zeros((n_vocab, rank), dtype=np.float32)
+    for p_, n_ in next_token.items():
+        if 0 <= p_ < n_vocab and 0 <= n_ < n_vocab:
+            a[p_] = AGREE_GAIN * u[n_]
+    return a
+
+
+def drafter_chunks(spec: TensorSpec, seed: int, idx: int, preset: str, variant: str, next_token: dict | None = None):
+    if next_token is not None and spec.name.startswith("dspark.markov_head_"):
+        yield q.quantize(spec.fmt, _agree_tables(spec, seed, next_token)).reshape(-1)
+        return
     if spec.init == "lowbit":  # same generator stream as the target's token_embd (tensor 0): same bytes
         yield from tensor_chunks(spec, seed, 0)
         return
@@ -961,12 +1003,28 @@ def drafter_chunks(spec: TensorSpec, seed: int, idx: int, preset: str, variant: 
 
 
 def make_drafter(
-    path, preset: str = "tiny", variant: str = "q1", seed: int = 0, sparse: bool = False, progress: bool = True
+    path,
+    preset: str = "tiny",
+    variant: str = "q1",
+    seed: int = 0,
+    sparse: bool = False,
+    progress: bool = True,
+    next_token: dict | None = None,
 ) -> Path:
     """Write a synthetic DSpark drafter (arch ``dspark``, 79 tensors) matching ``make_target(preset,
     variant, seed)``: its ``token_embd`` has the target's bytes (Q1_0, or Q2_0 g128 for ternary targets;
     for a ``q2g64`` target it is the g128 re-encoding, so the bytes differ) and its ``output`` is the
-    target head dequantized and re-quantized to Q4_1."""
+    target head dequantized and re-quantized to Q4_1.
+
+    Without ``next_token`` every weight is random: drafts almost never match (acceptance ≈ 0).
+
+    With ``next_token`` (a dict prev id → next id, e.g. :func:`next_token_map` of the target's own greedy
+    outputs) the drafter AGREES with the target: the sequential Markov head is built so that
+    ``argmax_v (b[v]·a[prev]) = next_token[prev]`` with a margin (``b[v]`` random unit vectors in
+    R^rank, ``a[prev] = AGREE_GAIN·b[next_token[prev]]``) that dominates the random transformer logits.
+    Each draft then follows the map from the token just chosen, so where the target's greedy
+    continuation is a function of the previous token (random synthetic targets settle into such
+    cycles) the drafts match and acceptance is high."""
     p = PRESETS[preset]
     nh, nkv, hd, rank = DRAFTER_GEOM[preset]
     path = Path(path)
@@ -1011,7 +1069,7 @@ def make_drafter(
         bar = _Progress(sum(s.nbytes for s in specs), progress, f"{preset}-{variant}-dspark")
         try:
             for idx, s in enumerate(specs):
-                for chunk in drafter_chunks(s, seed, idx, preset, variant):
+                for chunk in drafter_chunks(s, seed, idx, preset, variant, next_token):
                     w.write_tensor_data(s.name, chunk)
                     bar.update(chunk.nbytes)
         finally:

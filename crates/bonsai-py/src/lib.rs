@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bonsai_engine::chat::ChatMessage;
-use bonsai_engine::engine::{Engine, EngineOptions, Event, GenRequest};
+use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest};
 use bonsai_engine::sampling::SamplerParams;
+use bonsai_engine::spec::{PolicyMode, Rollback, SpecStats};
 use bonsai_engine::Error;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use pyo3::exceptions::PyException;
@@ -79,18 +80,46 @@ struct RawEngine {
 #[pymethods]
 impl RawEngine {
     #[new]
-    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None))]
+    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: PathBuf,
         device: &str,
         n_ctx: Option<usize>,
         threads: Option<usize>,
+        draft: Option<String>,
+        speculative: &str,
+        rollback: &str,
     ) -> PyResult<Self> {
+        let speculative = PolicyMode::parse(speculative).ok_or_else(|| {
+            InvalidRequestError::new_err(format!(
+                "speculative must be \"auto\", \"always\" or \"never\", got {speculative:?}"
+            ))
+        })?;
+        let rollback = match rollback {
+            "replay" => Rollback::Replay,
+            "reforward" => Rollback::Reforward,
+            other => {
+                return Err(InvalidRequestError::new_err(format!(
+                    "rollback must be \"replay\" or \"reforward\", got {other:?}"
+                )))
+            }
+        };
+        let draft = draft.map(|d| {
+            if d == "ngram" {
+                DraftSource::Ngram
+            } else {
+                DraftSource::Dspark(PathBuf::from(d))
+            }
+        });
         let opts = EngineOptions {
             n_ctx,
             threads,
             device: device.to_string(),
+            draft,
+            speculative,
+            rollback,
         };
         let e = py.detach(|| Engine::load(&model, &opts)).map_err(to_py)?;
         Ok(RawEngine { inner: Arc::new(e) })
@@ -158,9 +187,11 @@ impl RawEngine {
                     .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
                     .collect::<Vec<_>>()
                     .join(""),
-                Some(other) => return Err(InvalidRequestError::new_err(format!(
+                Some(other) => {
+                    return Err(InvalidRequestError::new_err(format!(
                     "messages[{i}].content must be a string or a list of text parts, found {other}"
-                ))),
+                )))
+                }
             };
             msgs.push(ChatMessage {
                 role,
@@ -189,10 +220,62 @@ impl RawEngine {
             .map_err(to_py)
     }
 
+    /// The speculative-decoding policy: mode, R, tok/s each way, decisions (`None` without a drafter).
+    fn policy<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(r) = self.inner.spec_report() else {
+            return Ok(None);
+        };
+        let p = &r.policy;
+        let d = PyDict::new(py);
+        d.set_item("kind", r.kind)?;
+        d.set_item("mode", p.mode.as_str())?;
+        d.set_item("enabled", p.enabled)?;
+        d.set_item("R", p.r())?;
+        d.set_item("tok_per_s_spec", p.tps_spec())?;
+        d.set_item("tok_per_s_plain", p.tps_plain())?;
+        d.set_item("round_seconds", p.t_round.value)?;
+        d.set_item("plain_step_seconds", p.t_plain.value)?;
+        d.set_item("tokens_per_round", p.tok_round.value)?;
+        d.set_item("acceptance", p.accept.value)?;
+        d.set_item("rounds_measured", p.t_round.n)?;
+        d.set_item("plain_steps_measured", p.t_plain.n)?;
+        d.set_item("embd_shared", r.embd_shared)?;
+        d.set_item("window", r.window)?;
+        d.set_item(
+            "rollback",
+            match r.rollback {
+                Rollback::Replay => "replay",
+                Rollback::Reforward => "reforward",
+            },
+        )?;
+        let decisions = PyList::empty(py);
+        for x in &p.decisions {
+            let e = PyDict::new(py);
+            e.set_item("at_token", x.at_token)?;
+            e.set_item("action", x.action)?;
+            e.set_item("R", x.r)?;
+            e.set_item("tok_per_s_spec", x.tps_spec)?;
+            e.set_item("tok_per_s_plain", x.tps_plain)?;
+            e.set_item("acceptance", x.acceptance)?;
+            e.set_item("reason", &x.reason)?;
+            decisions.append(e)?;
+        }
+        d.set_item("decisions", decisions)?;
+        Ok(Some(d))
+    }
+
+    /// Engine-wide speculative-decoding counters (`None` without a drafter).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.inner.spec_report() {
+            None => Ok(None),
+            Some(r) => spec_dict(py, &r.totals).map(Some),
+        }
+    }
+
     /// Queue a generation; returns a stream of events.
     #[pyo3(signature = (prompt, max_tokens, temperature, top_k, top_p, min_p, presence_penalty,
                         frequency_penalty, repetition_penalty, penalty_last_n, seed, n_logprobs,
-                        logit_bias, stop, stop_ids, ignore_eos))]
+                        logit_bias, stop, stop_ids, ignore_eos, speculative=None))]
     fn submit(
         &self,
         prompt: Vec<u32>,
@@ -211,6 +294,7 @@ impl RawEngine {
         stop: Vec<String>,
         stop_ids: Vec<u32>,
         ignore_eos: bool,
+        speculative: Option<bool>,
     ) -> PyResult<Stream> {
         let params = SamplerParams {
             temperature,
@@ -232,6 +316,7 @@ impl RawEngine {
             stop,
             stop_ids,
             ignore_eos,
+            speculative,
         };
         let (rx, cancel) = self.inner.submit(req).map_err(to_py)?;
         Ok(Stream {
@@ -267,6 +352,22 @@ struct Stream {
     done: AtomicBool,
 }
 
+/// Speculation counters as a dict: drafts, accepted tokens, acceptance rate, tokens per round.
+fn spec_dict<'py>(py: Python<'py>, s: &SpecStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("rounds", s.rounds)?;
+    d.set_item("drafted_tokens", s.drafted)?;
+    d.set_item("accepted_tokens", s.accepted)?;
+    d.set_item("acceptance_rate", s.acceptance_rate())?;
+    d.set_item("tokens_per_round", s.tokens_per_round())?;
+    d.set_item("round_tokens", s.round_tokens)?;
+    d.set_item("plain_tokens", s.plain_tokens)?;
+    d.set_item("round_seconds", s.round_seconds)?;
+    d.set_item("plain_seconds", s.plain_seconds)?;
+    d.set_item("draft_seconds", s.draft_seconds)?;
+    Ok(d)
+}
+
 fn event_to_py<'py>(py: Python<'py>, ev: Event) -> PyResult<Bound<'py, PyTuple>> {
     match ev {
         Event::Token(t) => {
@@ -296,6 +397,9 @@ fn event_to_py<'py>(py: Python<'py>, ev: Event) -> PyResult<Bound<'py, PyTuple>>
             d.set_item("prefill_seconds", usage.prefill_seconds)?;
             d.set_item("decode_seconds", usage.decode_seconds)?;
             d.set_item("ttft_seconds", usage.ttft_seconds)?;
+            if usage.spec.rounds > 0 || usage.spec.plain_tokens > 0 {
+                d.set_item("speculative", spec_dict(py, &usage.spec)?)?;
+            }
             PyTuple::new(
                 py,
                 [

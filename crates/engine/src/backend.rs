@@ -9,12 +9,13 @@
 //! Backends are listed in one place only: [`AnyBackend`]-style matches live in `engine.rs`.
 
 pub mod cpu;
+pub mod cuda;
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::config::TargetConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{AttnWeights, GdnWeights, MlpWeights};
 
@@ -67,6 +68,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Forget KV rows at positions `>= len`.
     fn truncate_kv(&self, kv: &mut Self::Kv, len: usize);
     fn copy_kv(&self, src: &Self::Kv, dst: &mut Self::Kv);
+    /// Test / debug export: the conv window then the recurrent state, host f32, in the backend's
+    /// layout (equal states give equal vectors).
+    fn gdn_to_host(&self, _st: &Self::Gdn) -> Result<Vec<f32>> {
+        Err(Error::Unsupported(format!("{}: gdn_to_host", self.name())))
+    }
+    /// Test / debug export: `(len, K rows ‖ V rows)` as host f32.
+    fn kv_to_host(&self, _kv: &Self::Kv) -> Result<(usize, Vec<f32>)> {
+        Err(Error::Unsupported(format!("{}: kv_to_host", self.name())))
+    }
 
     // ---- the model's fused ops --------------------------------------------------------------------
     /// `x[t] = token_embd[ids[t]]` (dequantized rows). x: `[n, n_embd]`.
@@ -81,6 +91,39 @@ pub trait Backend: Send + Sync + Sized + 'static {
         x: &mut Self::Act,
         s: &Step,
     ) -> Result<()>;
+    /// [`Backend::gdn_block`] in [`GdnMode::Recurrent`] that also writes each row's replay inputs
+    /// (MODEL.md §4.9 option C) into the verify record `rec`, an activation buffer of at least `s.n`
+    /// rows of [`gdn_rec_width`] (per row: the pre-conv `mixed` row, the L2-normed `k`, `v`, `g`,
+    /// `β`). The outputs and the state are exactly those of `gdn_block`.
+    fn gdn_block_rec(
+        &self,
+        _cfg: &TargetConfig,
+        _w: &GdnWeights<Self>,
+        _st: &mut Self::Gdn,
+        _x: &mut Self::Act,
+        _s: &Step,
+        _rec: &mut Self::Act,
+    ) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "{}: speculative verify (gdn_block_rec) is not implemented",
+            self.name()
+        )))
+    }
+    /// Advance `st` (conv window + recurrent state) over the first `n` rows of the verify record
+    /// `rec`, with no outputs: the rollback of MODEL.md §4.9 option C. The result equals the state
+    /// `gdn_block` left after those rows.
+    fn gdn_replay(
+        &self,
+        _cfg: &TargetConfig,
+        _st: &mut Self::Gdn,
+        _rec: &Self::Act,
+        _n: usize,
+    ) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "{}: speculative rollback (gdn_replay) is not implemented",
+            self.name()
+        )))
+    }
     /// `x += W_o(σ(gate) ⊙ attn(rope(qnorm(q)), rope(knorm(k)), v))`, appending K/V at the step's
     /// positions (causal within the step).
     fn attn_block(
@@ -105,4 +148,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<()>;
     /// Copy row `row` of x to the host (`[width]`): drafter taps, probes, tests.
     fn read_row(&self, x: &Self::Act, row: usize, out: &mut [f32]);
+}
+
+/// Width of one verify-record row of a GDN layer: `mixed` (conv_dim) ‖ `k` (H_k·d_k) ‖ `v` (H_v·d_v)
+/// ‖ `g` (H_v) ‖ `β` (H_v).
+pub fn gdn_rec_width(cfg: &TargetConfig) -> usize {
+    let qk = cfg.ssm_n_group * cfg.ssm_d_state;
+    let conv_dim = 2 * qk + cfg.ssm_inner;
+    conv_dim + qk + cfg.ssm_inner + 2 * cfg.ssm_dt_rank
 }

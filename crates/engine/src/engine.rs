@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -14,10 +14,14 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, GdnMode};
 use crate::chat::{ChatMessage, ChatTemplate, QWEN35_TEMPLATE};
 use crate::config::{architecture, TargetConfig};
+use crate::drafter::{DraftState, Drafter};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::{forward, LogitRows, SeqState, Weights};
-use crate::sampling::{Sampler, SamplerParams};
+use crate::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
+use crate::sampling::{Sampled, Sampler, SamplerParams};
+use crate::spec::{
+    ngram_draft, verify_round, Policy, PolicyMode, Rollback, RoundBufs, SpecStats, Timer,
+};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 
 /// Rows per prefill chunk.
@@ -31,6 +35,21 @@ pub struct EngineOptions {
     pub threads: Option<usize>,
     /// "cpu", "auto", "cuda", "vulkan".
     pub device: String,
+    /// Speculative decoding: a DSpark drafter file, or n-gram self-speculation.
+    pub draft: Option<DraftSource>,
+    /// When to draft (only with `draft`).
+    pub speculative: PolicyMode,
+    /// GDN rollback after a partial accept.
+    pub rollback: Rollback,
+}
+
+/// Where drafts come from.
+#[derive(Clone, Debug)]
+pub enum DraftSource {
+    /// A `dspark` GGUF.
+    Dspark(PathBuf),
+    /// N-gram self-speculation over the sequence (no weights).
+    Ngram,
 }
 
 impl Default for EngineOptions {
@@ -39,8 +58,30 @@ impl Default for EngineOptions {
             n_ctx: None,
             threads: None,
             device: "auto".into(),
+            draft: None,
+            speculative: PolicyMode::Auto,
+            rollback: Rollback::Replay,
         }
     }
+}
+
+/// Drafts per round (the drafter's block size; n-gram drafts use the same bound).
+const NGRAM_K: usize = 4;
+/// Longest suffix the n-gram proposer matches.
+const NGRAM_MAX_N: usize = 3;
+
+/// The engine's speculative-decoding state visible to callers.
+#[derive(Clone, Debug)]
+pub struct SpecReport {
+    /// "dspark" or "ngram".
+    pub kind: &'static str,
+    pub policy: Policy,
+    pub totals: SpecStats,
+    /// DSpark only: the target's embedding is shared (bytes equal).
+    pub embd_shared: bool,
+    /// DSpark only: drafter context window (rows).
+    pub window: usize,
+    pub rollback: Rollback,
 }
 
 /// What a caller may know about the loaded model.
@@ -87,6 +128,8 @@ pub struct GenRequest {
     /// Extra stop token ids on top of the model's end-of-turn / end-of-text ids.
     pub stop_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// `None`: the engine's policy; `Some(false)`: plain decoding; `Some(true)`: draft every step.
+    pub speculative: Option<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -107,6 +150,8 @@ pub struct Usage {
     pub decode_seconds: f64,
     /// Time from request start to the first token.
     pub ttft_seconds: f64,
+    /// Speculative decoding counters of this request (zero without a drafter).
+    pub spec: SpecStats,
 }
 
 #[derive(Debug)]
@@ -144,6 +189,7 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     template: ChatTemplate,
     stop_ids: Vec<u32>,
+    spec: Option<Arc<Mutex<SpecReport>>>,
 }
 
 /// The tokenizer described by a GGUF's `tokenizer.ggml.*` arrays.
@@ -235,6 +281,33 @@ impl Engine {
         let backend = CpuBackend;
         let weights = pool.install(|| Weights::load(&backend, &g, &cfg))?;
         let state = SeqState::new(&backend, &cfg, n_ctx)?;
+        let mut spec_ctx = None;
+        if let Some(src) = &opts.draft {
+            let (proposer, kind, embd_shared, window) = match src {
+                DraftSource::Dspark(p) => {
+                    let d = pool.install(|| Drafter::load(p, &g, &cfg))?;
+                    let (shared, window) = (d.embd_shared, d.window());
+                    let st = d.new_state();
+                    (Proposer::Dspark(Box::new(d), st), "dspark", shared, window)
+                }
+                DraftSource::Ngram => (Proposer::Ngram, "ngram", false, 0),
+            };
+            let report = Arc::new(Mutex::new(SpecReport {
+                kind,
+                policy: Policy::new(opts.speculative),
+                totals: SpecStats::default(),
+                embd_shared,
+                window,
+                rollback: opts.rollback,
+            }));
+            spec_ctx = Some(SpecCtx {
+                proposer,
+                bufs: RoundBufs::new(&backend, &cfg, NGRAM_K + 1)?,
+                rollback: opts.rollback,
+                report,
+            });
+        }
+        let spec_report = spec_ctx.as_ref().map(|c| c.report.clone());
         let info = ModelInfo {
             path: path.to_path_buf(),
             architecture: arch,
@@ -261,6 +334,7 @@ impl Engine {
             state,
             tokenizer: tokenizer.clone(),
             stop_ids: stop_ids.clone(),
+            spec: spec_ctx,
         };
         let handle = std::thread::Builder::new()
             .name("bonsai-engine".into())
@@ -274,7 +348,16 @@ impl Engine {
             tokenizer,
             template,
             stop_ids,
+            spec: spec_report,
         })
+    }
+
+    /// Speculative decoding: the policy with its decisions and the engine-wide counters
+    /// (`None` without a drafter).
+    pub fn spec_report(&self) -> Option<SpecReport> {
+        self.spec
+            .as_ref()
+            .map(|r| r.lock().expect("spec report lock").clone())
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -403,6 +486,28 @@ struct Worker<B: Backend> {
     state: SeqState<B>,
     tokenizer: Arc<Tokenizer>,
     stop_ids: Vec<u32>,
+    spec: Option<SpecCtx<B>>,
+}
+
+enum Proposer {
+    Dspark(Box<Drafter>, DraftState),
+    Ngram,
+}
+
+/// The worker's speculative-decoding context.
+struct SpecCtx<B: Backend> {
+    proposer: Proposer,
+    bufs: RoundBufs<B>,
+    rollback: Rollback,
+    report: Arc<Mutex<SpecReport>>,
+}
+
+/// Per-request output bookkeeping: streaming detokenization, stop strings, counts.
+struct Emitter {
+    dec: StreamDecoder,
+    stops: StopFilter,
+    n_gen: usize,
+    ttft: Option<f64>,
 }
 
 /// Holds back text that could still become a stop string.
@@ -504,6 +609,7 @@ impl<B: Backend> Worker<B> {
                     GdnMode::Chunked,
                     LogitRows::All,
                     &mut buf,
+                    Capture::none(),
                 )?;
                 out.extend_from_slice(&buf);
             }
@@ -518,6 +624,7 @@ impl<B: Backend> Worker<B> {
                     GdnMode::Recurrent,
                     LogitRows::All,
                     &mut buf,
+                    Capture::none(),
                 )?;
                 out.extend_from_slice(&buf);
             }
@@ -534,18 +641,43 @@ impl<B: Backend> Worker<B> {
         let t0 = Instant::now();
         let n_ctx = self.state.n_ctx;
         self.state.reset(&self.backend);
+        let use_spec = self.spec.is_some() && req.speculative != Some(false);
+        let force = req.speculative == Some(true);
+        let mut stats = SpecStats::default();
+        // DSpark: the tap layers and window; the context restarts with the sequence.
+        let (tap_layers, window) = match self.spec.as_mut().map(|c| &mut c.proposer) {
+            Some(Proposer::Dspark(d, st)) if use_spec => {
+                st.reset();
+                (Some(d.cfg.target_layers.clone()), d.window())
+            }
+            _ => (None, 0),
+        };
         let mut logits = Vec::new();
-        // Prefill in chunks; logits only for the last row of the last chunk.
-        let n_chunks = req.prompt.len().div_ceil(PREFILL_CHUNK);
+        let mut taps = Vec::new();
+        // Prefill in chunks; logits only for the last row of the last chunk. With a drafter, the taps
+        // of the last `window` prompt positions are captured per chunk and staged right away.
+        let p_len = req.prompt.len();
+        let n_chunks = p_len.div_ceil(PREFILL_CHUNK);
         for (i, chunk) in req.prompt.chunks(PREFILL_CHUNK).enumerate() {
             if cancel.load(Ordering::Relaxed) {
-                return self.finish(events, FinishReason::Cancelled, req, 0, t0, t0, None);
+                return self.finish(events, FinishReason::Cancelled, req, 0, t0, t0, None, stats);
             }
             let rows = if i + 1 == n_chunks {
                 LogitRows::Last
             } else {
                 LogitRows::None
             };
+            let pos0 = i * PREFILL_CHUNK;
+            let first = p_len.saturating_sub(window).max(pos0) - pos0;
+            let tap_req = match &tap_layers {
+                Some(l) if first < chunk.len() => Some(TapRequest {
+                    layers: l,
+                    rows: first..chunk.len(),
+                    out: &mut taps,
+                }),
+                _ => None,
+            };
+            let tapped = tap_req.as_ref().map_or(0, |t| t.rows.len());
             forward(
                 &self.backend,
                 &self.cfg,
@@ -555,88 +687,233 @@ impl<B: Backend> Worker<B> {
                 GdnMode::Chunked,
                 rows,
                 &mut logits,
+                Capture {
+                    taps: tap_req,
+                    gdn_rec: None,
+                },
             )?;
+            if tapped > 0 {
+                self.stage(&taps, pos0 + first, tapped)?;
+            }
         }
         let t_prefill = Instant::now();
-        let mut ttft = None;
         let mut sampler = Sampler::new(req.params.clone());
-        let mut dec = StreamDecoder::new();
-        let mut stops = StopFilter {
-            stops: req.stop.clone(),
-            pending: String::new(),
+        let mut em = Emitter {
+            dec: StreamDecoder::new(),
+            stops: StopFilter {
+                stops: req.stop.clone(),
+                pending: String::new(),
+            },
+            n_gen: 0,
+            ttft: None,
         };
-        let mut n_gen = 0usize;
+        let mut history: Vec<u32> = if use_spec {
+            req.prompt.clone()
+        } else {
+            Vec::new()
+        };
+        // The first token comes from the prefill logits.
+        let s = sampler.sample(&logits);
+        sampler.accept(s.id);
+        let mut pending: Vec<Sampled> = vec![s];
+        // `fed`: positions fed when the first pending token was sampled (the plain loop's `pos`).
+        let mut fed = self.state.pos;
         loop {
+            let mut id_last = 0;
+            for (j, s) in pending.drain(..).enumerate() {
+                id_last = s.id;
+                if use_spec {
+                    history.push(s.id);
+                }
+                if let Some(reason) = self.emit(req, events, &mut em, s, fed + j, t0)? {
+                    return self
+                        .finish(events, reason, req, em.n_gen, t0, t_prefill, em.ttft, stats);
+                }
+            }
             if cancel.load(Ordering::Relaxed) {
                 return self.finish(
                     events,
                     FinishReason::Cancelled,
                     req,
-                    n_gen,
+                    em.n_gen,
                     t0,
                     t_prefill,
-                    ttft,
+                    em.ttft,
+                    stats,
                 );
             }
-            let s = sampler.sample(&logits);
-            sampler.accept(s.id);
-            n_gen += 1;
-            if ttft.is_none() {
-                ttft = Some(t0.elapsed().as_secs_f64());
-            }
-            let is_stop_id =
-                req.stop_ids.contains(&s.id) || (!req.ignore_eos && self.stop_ids.contains(&s.id));
-            if is_stop_id {
-                let rest = dec.flush();
-                let (text, _) = stops.push(&rest);
-                if !text.is_empty() {
-                    let _ = events.send(Event::Text(text));
+            let start = self.state.pos;
+            let room = start + NGRAM_K < n_ctx;
+            let want = use_spec && room && (force || self.want_round());
+            if want {
+                let timer = Timer::start();
+                let draft = self.propose(id_last, start, &history)?;
+                stats.draft_seconds += timer.secs();
+                if !draft.is_empty() {
+                    let ctx = self.spec.as_mut().expect("use_spec");
+                    let out = verify_round(
+                        &self.backend,
+                        &self.cfg,
+                        &self.weights,
+                        &mut self.state,
+                        &mut ctx.bufs,
+                        &mut sampler,
+                        id_last,
+                        &draft,
+                        tap_layers.as_deref(),
+                        ctx.rollback,
+                    )?;
+                    let keep = out.n_acc + 1;
+                    if tap_layers.is_some() {
+                        let ctx = self.spec.as_mut().expect("use_spec");
+                        let w = ctx.bufs.taps.len() / (draft.len() + 1);
+                        let t = std::mem::take(&mut ctx.bufs.taps);
+                        let r = self.stage(&t[..keep * w], start, keep);
+                        self.spec.as_mut().expect("use_spec").bufs.taps = t;
+                        r?;
+                    }
+                    let secs = timer.secs();
+                    stats.rounds += 1;
+                    stats.drafted += draft.len() as u64;
+                    stats.accepted += out.n_acc as u64;
+                    stats.round_tokens += keep as u64;
+                    stats.round_seconds += secs;
+                    if let Some(c) = &self.spec {
+                        c.report
+                            .lock()
+                            .expect("spec report lock")
+                            .policy
+                            .record_round(secs, keep, draft.len(), out.n_acc);
+                    }
+                    fed = start + 1;
+                    pending = out.tokens;
+                    continue;
                 }
-                return self.finish(events, FinishReason::Stop, req, n_gen, t0, t_prefill, ttft);
             }
-            let piece = dec.push(&self.tokenizer, s.id);
-            let (text, hit) = stops.push(&piece);
-            let ev = Event::Token(TokenEvent {
-                id: s.id,
-                text,
-                logprob: s.logprob,
-                top: s.top,
+            // a plain decode step (with the drafter's context row when drafting is possible)
+            let timer = Timer::start();
+            let tap_req = tap_layers.as_ref().map(|l| TapRequest {
+                layers: l,
+                rows: 0..1,
+                out: &mut taps,
             });
-            if events.send(ev).is_err() {
-                // receiver gone: the caller dropped the stream
-                return Ok(());
-            }
-            if hit {
-                return self.finish(events, FinishReason::Stop, req, n_gen, t0, t_prefill, ttft);
-            }
-            if n_gen >= req.max_tokens || self.state.pos >= n_ctx {
-                let rest = dec.flush();
-                let (mut text, _) = stops.push(&rest);
-                text.push_str(&std::mem::take(&mut stops.pending));
-                if !text.is_empty() {
-                    let _ = events.send(Event::Text(text));
-                }
-                return self.finish(
-                    events,
-                    FinishReason::Length,
-                    req,
-                    n_gen,
-                    t0,
-                    t_prefill,
-                    ttft,
-                );
-            }
             forward(
                 &self.backend,
                 &self.cfg,
                 &self.weights,
                 &mut self.state,
-                &[s.id],
+                &[id_last],
                 GdnMode::Recurrent,
                 LogitRows::Last,
                 &mut logits,
+                Capture {
+                    taps: tap_req,
+                    gdn_rec: None,
+                },
             )?;
+            if tap_layers.is_some() {
+                self.stage(&taps, start, 1)?;
+            }
+            let s = sampler.sample(&logits);
+            sampler.accept(s.id);
+            if use_spec {
+                let secs = timer.secs();
+                stats.plain_tokens += 1;
+                stats.plain_seconds += secs;
+                if let Some(c) = &self.spec {
+                    c.report
+                        .lock()
+                        .expect("spec report lock")
+                        .policy
+                        .record_plain(secs);
+                }
+            }
+            fed = self.state.pos;
+            pending = vec![s];
         }
+    }
+
+    fn want_round(&self) -> bool {
+        self.spec.as_ref().is_some_and(|c| {
+            c.report
+                .lock()
+                .expect("spec report lock")
+                .policy
+                .want_round()
+        })
+    }
+
+    /// Stage committed positions into the drafter's context (DSpark only).
+    fn stage(&mut self, taps: &[f32], pos0: usize, n: usize) -> Result<()> {
+        if let Some(SpecCtx {
+            proposer: Proposer::Dspark(d, st),
+            ..
+        }) = self.spec.as_mut()
+        {
+            d.stage(st, taps, pos0, n)?;
+        }
+        Ok(())
+    }
+
+    /// Drafts for the next round (empty: no proposal, decode plainly).
+    fn propose(&mut self, id_last: u32, start: usize, history: &[u32]) -> Result<Vec<u32>> {
+        match self.spec.as_mut().map(|c| &mut c.proposer) {
+            Some(Proposer::Dspark(d, st)) => d.draft(st, id_last, start),
+            Some(Proposer::Ngram) => Ok(ngram_draft(history, NGRAM_MAX_N, NGRAM_K)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Stream one sampled token. `fed`: positions fed when it was sampled. Returns the finish reason
+    /// when the request ends with it.
+    fn emit(
+        &self,
+        req: &GenRequest,
+        events: &Sender<Event>,
+        em: &mut Emitter,
+        s: Sampled,
+        fed: usize,
+        t0: Instant,
+    ) -> Result<Option<FinishReason>> {
+        em.n_gen += 1;
+        if em.ttft.is_none() {
+            em.ttft = Some(t0.elapsed().as_secs_f64());
+        }
+        let is_stop_id =
+            req.stop_ids.contains(&s.id) || (!req.ignore_eos && self.stop_ids.contains(&s.id));
+        if is_stop_id {
+            let rest = em.dec.flush();
+            let (text, _) = em.stops.push(&rest);
+            if !text.is_empty() {
+                let _ = events.send(Event::Text(text));
+            }
+            return Ok(Some(FinishReason::Stop));
+        }
+        let piece = em.dec.push(&self.tokenizer, s.id);
+        let (text, hit) = em.stops.push(&piece);
+        let ev = Event::Token(TokenEvent {
+            id: s.id,
+            text,
+            logprob: s.logprob,
+            top: s.top,
+        });
+        if events.send(ev).is_err() {
+            // receiver gone: the caller dropped the stream
+            return Ok(Some(FinishReason::Cancelled));
+        }
+        if hit {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if em.n_gen >= req.max_tokens || fed >= self.state.n_ctx {
+            let rest = em.dec.flush();
+            let (mut text, _) = em.stops.push(&rest);
+            text.push_str(&std::mem::take(&mut em.stops.pending));
+            if !text.is_empty() {
+                let _ = events.send(Event::Text(text));
+            }
+            return Ok(Some(FinishReason::Length));
+        }
+        Ok(None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -649,8 +926,13 @@ impl<B: Backend> Worker<B> {
         t0: Instant,
         t_prefill: Instant,
         ttft: Option<f64>,
+        spec: SpecStats,
     ) -> Result<()> {
+        if let Some(c) = &self.spec {
+            c.report.lock().expect("spec report lock").totals.add(&spec);
+        }
         let usage = Usage {
+            spec,
             prompt_tokens: req.prompt.len(),
             completion_tokens: n_gen,
             prefill_seconds: (t_prefill - t0).as_secs_f64(),

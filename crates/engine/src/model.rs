@@ -5,6 +5,7 @@
 //! v-head `h` uses k-head `h mod H_k`); attention `attn_q` rows are per head `[q(hd) ‖ gate(hd)]`; GQA is
 //! grouped (q head `h` uses kv head `h / (n_head / n_head_kv)`).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::{Backend, GdnMode, Step};
@@ -190,8 +191,39 @@ pub enum LogitRows {
     All,
 }
 
+/// Rows of the target residual stream to copy out after selected layers (DSpark taps, MODEL.md §4.4).
+pub struct TapRequest<'a> {
+    /// Target layers (0-based) whose output is tapped, in tap order.
+    pub layers: &'a [usize],
+    /// Rows of the step to tap.
+    pub rows: Range<usize>,
+    /// Destination `[rows.len(), layers.len() · n_embd]` host f32 (resized): row `r` is
+    /// `[h_{layers[0]}(r) ‖ h_{layers[1]}(r) ‖ …]`.
+    pub out: &'a mut Vec<f32>,
+}
+
+/// Optional side outputs of one forward step (speculative decoding).
+pub struct Capture<'a, B: Backend> {
+    pub taps: Option<TapRequest<'a>>,
+    /// One verify record per GDN layer, in layer order ([`GdnMode::Recurrent`] only); each is an
+    /// activation buffer of at least `n` rows of [`crate::backend::gdn_rec_width`].
+    pub gdn_rec: Option<&'a mut [B::Act]>,
+}
+
+impl<B: Backend> Capture<'_, B> {
+    /// No side outputs (plain prefill and decode).
+    pub fn none() -> Self {
+        Capture {
+            taps: None,
+            gdn_rec: None,
+        }
+    }
+}
+
 /// Run the target over `ids` at positions `st.pos ..`, advancing the state. Writes logits of the
-/// requested rows into `logits` (`[rows, n_vocab]`, resized). Returns the number of logit rows.
+/// requested rows into `logits` (`[rows, n_vocab]`, resized) and the side outputs `cap` asks for.
+/// Returns the number of logit rows.
+#[allow(clippy::too_many_arguments)]
 pub fn forward<B: Backend>(
     b: &B,
     cfg: &TargetConfig,
@@ -201,7 +233,12 @@ pub fn forward<B: Backend>(
     gdn_mode: GdnMode,
     rows: LogitRows,
     logits: &mut Vec<f32>,
+    cap: Capture<'_, B>,
 ) -> Result<usize> {
+    let Capture {
+        mut taps,
+        mut gdn_rec,
+    } = cap;
     let n = ids.len();
     if n == 0 {
         return Err(Error::InvalidRequest("forward over zero tokens".into()));
@@ -224,17 +261,38 @@ pub fn forward<B: Backend>(
         n,
         gdn_mode,
     };
+    if let Some(t) = taps.as_mut() {
+        if t.rows.end > n {
+            return Err(Error::InvalidRequest(format!(
+                "tap rows {:?} outside the step's {n} rows",
+                t.rows
+            )));
+        }
+        t.out
+            .resize(t.rows.len() * t.layers.len() * cfg.n_embd, 0.0);
+    }
+    if gdn_rec.is_some() && gdn_mode != GdnMode::Recurrent {
+        return Err(Error::InvalidRequest(
+            "GDN verify records need GdnMode::Recurrent".into(),
+        ));
+    }
 
     // 1. embed: x [n, n_embd] f32 (the residual stream)
     let mut x = b.new_act(n, cfg.n_embd);
     b.embed(&w.tok_embd, ids, &mut x)?;
 
     // 2. 64 layers: token mixer (GDN or gated attention), then the SwiGLU MLP, each with its residual.
+    //    Taps copy x at the end of the selected layers.
     let (mut i_attn, mut i_gdn) = (0, 0);
-    for layer in &w.layers {
+    for (il, layer) in w.layers.iter().enumerate() {
         match &layer.mixer {
             Mixer::Gdn(gw) => {
-                b.gdn_block(cfg, gw, &mut st.gdn[i_gdn], &mut x, &s)?;
+                match gdn_rec.as_deref_mut() {
+                    Some(recs) => {
+                        b.gdn_block_rec(cfg, gw, &mut st.gdn[i_gdn], &mut x, &s, &mut recs[i_gdn])?
+                    }
+                    None => b.gdn_block(cfg, gw, &mut st.gdn[i_gdn], &mut x, &s)?,
+                }
                 i_gdn += 1;
             }
             Mixer::Attn(aw) => {
@@ -243,6 +301,19 @@ pub fn forward<B: Backend>(
             }
         }
         b.mlp_block(cfg, &layer.mlp, &mut x)?;
+        if let Some(t) = taps.as_mut() {
+            let e = cfg.n_embd;
+            let width = t.layers.len() * e;
+            for (j, _) in t.layers.iter().enumerate().filter(|(_, &l)| l == il) {
+                for (i, r) in t.rows.clone().enumerate() {
+                    b.read_row(
+                        &x,
+                        r,
+                        &mut t.out[i * width + j * e..i * width + (j + 1) * e],
+                    );
+                }
+            }
+        }
     }
     st.pos += n;
 

@@ -193,6 +193,41 @@ fn cuda_decode_bench() {
         step_ms - mv_total_ms,
         med_ms / steps as f64
     );
+    // per-kernel profile of one eager step: every launch timed alone (a spin kernel queued in
+    // front so launch gaps are not counted), grouped by kernel name and grid
+    let mut sk = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    sk.copy_from(&cuda, &st);
+    cuda.gpu().profile_begin();
+    let _ = cuda.time_step_eager(&cfg, &w, &mut sk, 1).unwrap();
+    let launches = cuda.gpu().profile_end();
+    let mut agg: Vec<(String, usize, f64)> = Vec::new();
+    for (name, us) in &launches {
+        match agg.iter_mut().find(|a| &a.0 == name) {
+            Some(a) => {
+                a.1 += 1;
+                a.2 += *us as f64;
+            }
+            None => agg.push((name.clone(), 1, *us as f64)),
+        }
+    }
+    agg.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap());
+    let ktotal: f64 = agg.iter().map(|a| a.2).sum();
+    let mut kprof = Vec::new();
+    for (name, cnt, tot) in &agg {
+        println!(
+            "KPROF {name:<36} {cnt:>4} launches {:8.2} us/launch {:9.1} us/step",
+            tot / *cnt as f64,
+            tot
+        );
+        kprof.push(format!(
+            "{{\"kernel\": \"{name}\", \"launches\": {cnt}, \"us_per_launch\": {:.2}, \"us_per_step\": {tot:.1}}}",
+            tot / *cnt as f64
+        ));
+    }
+    println!(
+        "KPROF total {ktotal:.1} us over {} launches",
+        launches.len()
+    );
     let tps = steps as f64 / (med_ms / 1e3);
     let bw = bytes_per_token as f64 * tps;
     let frac = bw / 4.49e12;
@@ -203,11 +238,12 @@ fn cuda_decode_bench() {
          \"eager_tok_s\": {eager_tps:.1}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
-         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"first_tokens\": {:?}}}",
+         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}}}",
         cfg.weight_type.name(),
         cuda.name(),
         bw / 1e9,
         prof.join(", "),
+        kprof.join(", "),
         &toks[..toks.len().min(8)]
     );
     println!("BENCH {json}");

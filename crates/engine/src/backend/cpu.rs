@@ -8,7 +8,7 @@ use bonsai_kernels_cpu::{ops, reference as r, QuantType};
 use half::f16;
 use rayon::prelude::*;
 
-use super::{Backend, GdnMode, Step};
+use super::{gdn_rec_width, Backend, GdnMode, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -109,6 +109,118 @@ fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>
     }
 }
 
+/// The GDN mixer over the step's rows; with `rec`, also records each row's replay inputs.
+fn gdn_impl(
+    cfg: &TargetConfig,
+    w: &GdnWeights<CpuBackend>,
+    st: &mut CpuGdn,
+    x: &mut CpuAct,
+    s: &Step,
+    rec: Option<&mut CpuAct>,
+) -> Result<()> {
+    let d = gdn_dims(cfg);
+    let (n, e) = (x.n, x.width);
+    let eps = cfg.rms_eps;
+    // 1. projections of the normed input.
+    let mut xn = vec![0f32; n * e]; // [n, n_embd]
+    rmsnorm_rows(x, &w.attn_norm, eps, &mut xn);
+    let (mut mixed, mut z, mut bb, mut aa) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    project(
+        &xn,
+        n,
+        e,
+        &mut [
+            (&w.qkv, &mut mixed),
+            (&w.gate, &mut z),
+            (&w.beta, &mut bb),
+            (&w.alpha, &mut aa),
+        ],
+    );
+    // mixed: [n, conv_dim], z: [n, H_v·d_v], bb/aa: [n, H_v]
+
+    // 2. causal conv + SiLU per row; 3. split and L2-normalize q, k; 4. gates.
+    let qk = d.hk * d.dk;
+    let vd = d.hv * d.dv;
+    let mut q = vec![0f32; n * qk]; // [n, H_k, d_k]
+    let mut k = vec![0f32; n * qk]; // [n, H_k, d_k]
+    let mut v = vec![0f32; n * vd]; // [n, H_v, d_v]
+    let mut beta = vec![0f32; n * d.hv]; // [n, H_v]
+    let mut g = vec![0f32; n * d.hv]; // [n, H_v]
+    let mut c = vec![0f32; d.conv_dim];
+    for t in 0..n {
+        r::conv1d_silu_step(
+            &mut st.conv,
+            &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
+            &w.conv1d,
+            d.kconv,
+            &mut c,
+        );
+        let qt = &mut q[t * qk..(t + 1) * qk];
+        qt.copy_from_slice(&c[..qk]);
+        r::l2norm_heads(qt, d.dk, eps);
+        let kt = &mut k[t * qk..(t + 1) * qk];
+        kt.copy_from_slice(&c[qk..2 * qk]);
+        r::l2norm_heads(kt, d.dk, eps);
+        v[t * vd..(t + 1) * vd].copy_from_slice(&c[2 * qk..]);
+        for h in 0..d.hv {
+            let i = t * d.hv + h;
+            beta[i] = r::sigmoid(bb[i]);
+            g[i] = w.ssm_a[h] * r::softplus(aa[i] + w.dt_bias[h]);
+        }
+    }
+    if let Some(rec) = rec {
+        // rec: [n, gdn_rec_width] rows of mixed ‖ k ‖ v ‖ g ‖ β
+        rec.n = n;
+        rec.width = gdn_rec_width(cfg);
+        rec.data.clear();
+        for t in 0..n {
+            rec.data
+                .extend_from_slice(&mixed[t * d.conv_dim..(t + 1) * d.conv_dim]);
+            rec.data.extend_from_slice(&k[t * qk..(t + 1) * qk]);
+            rec.data.extend_from_slice(&v[t * vd..(t + 1) * vd]);
+            rec.data.extend_from_slice(&g[t * d.hv..(t + 1) * d.hv]);
+            rec.data.extend_from_slice(&beta[t * d.hv..(t + 1) * d.hv]);
+        }
+    }
+    // 5. delta rule over the rows: o [n, H_v, d_v]
+    let mut o = vec![0f32; n * vd];
+    match s.gdn_mode {
+        GdnMode::Recurrent => {
+            for t in 0..n {
+                ops::gdn_step(
+                    &mut st.s,
+                    &q[t * qk..(t + 1) * qk],
+                    &k[t * qk..(t + 1) * qk],
+                    &v[t * vd..(t + 1) * vd],
+                    &g[t * d.hv..(t + 1) * d.hv],
+                    &beta[t * d.hv..(t + 1) * d.hv],
+                    d.hk,
+                    d.dk,
+                    d.dv,
+                    &mut o[t * vd..(t + 1) * vd],
+                );
+            }
+        }
+        GdnMode::Chunked => {
+            ops::gdn_chunked(
+                &mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o,
+            );
+        }
+    }
+    // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
+    r::rmsnorm_heads(&mut o, d.dv, &w.ssm_norm, eps);
+    for (oi, zi) in o.iter_mut().zip(&z) {
+        *oi *= r::silu(*zi);
+    }
+    // 7. out projection + residual
+    let mut y = Vec::new();
+    project(&o, n, vd, &mut [(&w.ssm_out, &mut y)]);
+    for (xi, yi) in x.data.iter_mut().zip(&y) {
+        *xi += *yi;
+    }
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     type Mat = CpuMat;
     type Vector = Vec<f32>;
@@ -117,7 +229,11 @@ impl Backend for CpuBackend {
     type Gdn = CpuGdn;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {:?})", rayon::current_num_threads(), ops::active_isa())
+        format!(
+            "cpu ({} threads, {:?})",
+            rayon::current_num_threads(),
+            ops::active_isa()
+        )
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {
@@ -225,6 +341,71 @@ impl Backend for CpuBackend {
         dst.v.extend_from_slice(&src.v);
     }
 
+    fn gdn_to_host(&self, st: &CpuGdn) -> Result<Vec<f32>> {
+        let mut out = st.conv.clone();
+        out.extend_from_slice(&st.s);
+        Ok(out)
+    }
+
+    fn kv_to_host(&self, kv: &CpuKv) -> Result<(usize, Vec<f32>)> {
+        let n = kv.len * kv.width;
+        let out = kv.k[..n]
+            .iter()
+            .chain(&kv.v[..n])
+            .map(|x| x.to_f32())
+            .collect();
+        Ok((kv.len, out))
+    }
+
+    fn gdn_block_rec(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CpuGdn,
+        x: &mut CpuAct,
+        s: &Step,
+        rec: &mut CpuAct,
+    ) -> Result<()> {
+        if s.gdn_mode != GdnMode::Recurrent {
+            return Err(Error::Backend(
+                "gdn_block_rec records recurrent steps only".into(),
+            ));
+        }
+        gdn_impl(cfg, w, st, x, s, Some(rec))
+    }
+
+    fn gdn_replay(
+        &self,
+        cfg: &TargetConfig,
+        st: &mut CpuGdn,
+        rec: &CpuAct,
+        n: usize,
+    ) -> Result<()> {
+        let d = gdn_dims(cfg);
+        if n > rec.n || rec.width != gdn_rec_width(cfg) {
+            return Err(Error::Backend(format!(
+                "gdn_replay: {n} rows requested, the record holds {} rows of width {}",
+                rec.n, rec.width
+            )));
+        }
+        let (qk, vd, cd) = (d.hk * d.dk, d.hv * d.dv, d.conv_dim);
+        let mut dummy = vec![0f32; vd]; // [H_v, d_v] output, discarded
+        for row in rec.data.chunks_exact(rec.width).take(n) {
+            let (mixed, rest) = row.split_at(cd);
+            let (k, rest) = rest.split_at(qk);
+            let (v, rest) = rest.split_at(vd);
+            let (g, beta) = rest.split_at(d.hv);
+            // the conv window after a row: drop the oldest row, append this row's pre-conv input
+            if d.kconv > 1 {
+                st.conv.copy_within(cd.., 0);
+                st.conv[(d.kconv - 2) * cd..].copy_from_slice(mixed);
+            }
+            // the state update does not read q: pass k in its place
+            ops::gdn_step(&mut st.s, k, k, v, g, beta, d.hk, d.dk, d.dv, &mut dummy);
+        }
+        Ok(())
+    }
+
     fn embed(&self, table: &CpuMat, ids: &[u32], x: &mut CpuAct) -> Result<()> {
         let rb = table.qt.row_bytes(table.n_in).expect("validated");
         let data = table.data();
@@ -253,93 +434,7 @@ impl Backend for CpuBackend {
         x: &mut CpuAct,
         s: &Step,
     ) -> Result<()> {
-        let d = gdn_dims(cfg);
-        let (n, e) = (x.n, x.width);
-        let eps = cfg.rms_eps;
-        // 1. projections of the normed input.
-        let mut xn = vec![0f32; n * e]; // [n, n_embd]
-        rmsnorm_rows(x, &w.attn_norm, eps, &mut xn);
-        let (mut mixed, mut z, mut bb, mut aa) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        project(
-            &xn,
-            n,
-            e,
-            &mut [
-                (&w.qkv, &mut mixed),
-                (&w.gate, &mut z),
-                (&w.beta, &mut bb),
-                (&w.alpha, &mut aa),
-            ],
-        );
-        // mixed: [n, conv_dim], z: [n, H_v·d_v], bb/aa: [n, H_v]
-
-        // 2. causal conv + SiLU per row; 3. split and L2-normalize q, k; 4. gates.
-        let qk = d.hk * d.dk;
-        let vd = d.hv * d.dv;
-        let mut q = vec![0f32; n * qk]; // [n, H_k, d_k]
-        let mut k = vec![0f32; n * qk]; // [n, H_k, d_k]
-        let mut v = vec![0f32; n * vd]; // [n, H_v, d_v]
-        let mut beta = vec![0f32; n * d.hv]; // [n, H_v]
-        let mut g = vec![0f32; n * d.hv]; // [n, H_v]
-        let mut c = vec![0f32; d.conv_dim];
-        for t in 0..n {
-            r::conv1d_silu_step(
-                &mut st.conv,
-                &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
-                &w.conv1d,
-                d.kconv,
-                &mut c,
-            );
-            let qt = &mut q[t * qk..(t + 1) * qk];
-            qt.copy_from_slice(&c[..qk]);
-            r::l2norm_heads(qt, d.dk, eps);
-            let kt = &mut k[t * qk..(t + 1) * qk];
-            kt.copy_from_slice(&c[qk..2 * qk]);
-            r::l2norm_heads(kt, d.dk, eps);
-            v[t * vd..(t + 1) * vd].copy_from_slice(&c[2 * qk..]);
-            for h in 0..d.hv {
-                let i = t * d.hv + h;
-                beta[i] = r::sigmoid(bb[i]);
-                g[i] = w.ssm_a[h] * r::softplus(aa[i] + w.dt_bias[h]);
-            }
-        }
-        // 5. delta rule over the rows: o [n, H_v, d_v]
-        let mut o = vec![0f32; n * vd];
-        match s.gdn_mode {
-            GdnMode::Recurrent => {
-                for t in 0..n {
-                    ops::gdn_step(
-                        &mut st.s,
-                        &q[t * qk..(t + 1) * qk],
-                        &k[t * qk..(t + 1) * qk],
-                        &v[t * vd..(t + 1) * vd],
-                        &g[t * d.hv..(t + 1) * d.hv],
-                        &beta[t * d.hv..(t + 1) * d.hv],
-                        d.hk,
-                        d.dk,
-                        d.dv,
-                        &mut o[t * vd..(t + 1) * vd],
-                    );
-                }
-            }
-            GdnMode::Chunked => {
-                ops::gdn_chunked(
-                    &mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o,
-                );
-            }
-        }
-        // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
-        r::rmsnorm_heads(&mut o, d.dv, &w.ssm_norm, eps);
-        for (oi, zi) in o.iter_mut().zip(&z) {
-            *oi *= r::silu(*zi);
-        }
-        // 7. out projection + residual
-        let mut y = Vec::new();
-        project(&o, n, vd, &mut [(&w.ssm_out, &mut y)]);
-        for (xi, yi) in x.data.iter_mut().zip(&y) {
-            *xi += *yi;
-        }
-        Ok(())
+        gdn_impl(cfg, w, st, x, s, None)
     }
 
     fn attn_block(

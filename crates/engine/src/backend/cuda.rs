@@ -81,7 +81,8 @@ struct Scratch {
     go: DevBuf,
     gbeta: DevBuf,
     gg: DevBuf,
-    // attention: qo, att [cap, nh·hd]; scores [8, nh, n_ctx]
+    // attention: qo, att [cap, nh·hd]; scores: flash-decode chunk partials
+    // [8, nh, ceil(n_ctx/32), hd + 2] f32
     qo: DevBuf,
     att: DevBuf,
     scores: DevBuf,
@@ -196,7 +197,7 @@ impl CudaBackend {
             gg: a(cap * cfg.ssm_dt_rank * f)?,
             qo: a(cap * cfg.n_head * hd * f)?,
             att: a(cap * cfg.n_head * hd * f)?,
-            scores: a(MV_ROWS * cfg.n_head * n_ctx * f)?,
+            scores: a(kc::attn_part_floats(MV_ROWS, cfg.n_head, hd, n_ctx) * f)?,
             scores_ctx: n_ctx,
             pos: a(cap * 4)?,
             pos_host: None,
@@ -442,11 +443,13 @@ impl CudaBackend {
             kv.v.ptr(),
         )
         .map_err(be)?;
+        let k = nh * hd;
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
+            // attention ⊙ gate, f32 into att and int8-quantized into the projection input
             g.attn_decode(
-                sc.qo.at(t0 * nh * hd * 4),
+                sc.qo.at(t0 * k * 4),
                 qf + (t0 * nh * 2 * hd * 4) as u64,
                 kv.k.ptr(),
                 kv.v.ptr(),
@@ -457,20 +460,14 @@ impl CudaBackend {
                 sc.pos.at(t0 * 4),
                 sc.scores_ctx,
                 sc.scores.ptr(),
-                sc.att.at(t0 * nh * hd * 4),
+                sc.att.at(t0 * k * 4),
+                sc.xq.at(t0 * k),
+                sc.xd.at(t0 * k / 32 * 4),
+                sc.xs.at(t0 * k / 32 * 4),
             )
             .map_err(be)?;
             t0 += nr;
         }
-        g.quant_rows(
-            sc.att.ptr(),
-            n,
-            nh * hd,
-            sc.xq.ptr(),
-            sc.xd.ptr(),
-            sc.xs.ptr(),
-        )
-        .map_err(be)?;
         // f32 copy of the attention output for non-low-bit out-projections
         if w.out.kind == WKind::F32 {
             g.dtod(sc.xf.ptr(), sc.att.ptr(), n * nh * hd * 4)

@@ -1,0 +1,465 @@
+//! The DSpark drafter (arch `dspark`, MODEL.md §4.2–§4.6), run on the host with the CPU kernels.
+//!
+//! - Context rows (one per committed target position) are staged incrementally from the target's
+//!   taps right after each target pass: `c = RMSNorm(W_fc·f) ⊙ hidden_norm`, then per layer the roped,
+//!   normed K and the V of `c`. They never enter the residual stream, so a row's K/V depends on that
+//!   row only and is computed once. The cache is a sliding window of `context_length − block_size`
+//!   rows at absolute positions (RoPE scores depend only on distances, so this equals rebasing).
+//! - A draft runs the `block_size` block rows `[id_last, M, M, M]` (embedding + one of two precomputed
+//!   log-SNR vectors) through the layers with non-causal attention over `[context ; block]`, then the
+//!   head and the SEQUENTIAL Markov correction with the mask id excluded.
+//!
+//! Drafter norms are plain `w` (no `+1`). The token embedding is shared with the target when the
+//! bytes are equal.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bonsai_kernels_cpu::{ops, reference as r, QuantType};
+
+use crate::config::{DrafterConfig, TargetConfig};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+
+/// A weight matrix `[n_in, n_out]` read in place from a mapped file.
+pub struct HostMat {
+    g: Arc<Gguf>,
+    idx: usize,
+    pub qt: QuantType,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl HostMat {
+    pub fn load(g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<HostMat> {
+        let idx = g
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| Error::tensor(name, "missing"))?;
+        let t = &g.tensors()[idx];
+        if t.ne0() != n_in || t.n_rows() != n_out {
+            return Err(Error::tensor(
+                name,
+                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
+            ));
+        }
+        let qt = t
+            .qtype
+            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
+        let need = qt
+            .row_bytes(n_in)
+            .ok_or_else(|| Error::tensor(name, "ne0 is not a whole number of blocks"))?
+            * n_out;
+        if g.tensor_data(t)?.len() != need {
+            return Err(Error::tensor(name, format!("expected {need} bytes")));
+        }
+        Ok(HostMat {
+            g: g.clone(),
+            idx,
+            qt,
+            n_in,
+            n_out,
+        })
+    }
+
+    /// The matrix bytes: `n_out` rows of `row_bytes(n_in)`. Checked at load.
+    pub fn data(&self) -> &[u8] {
+        let t = &self.g.tensors()[self.idx];
+        self.g
+            .tensor_data(t)
+            .expect("tensor extent validated at load")
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.qt.row_bytes(self.n_in).expect("validated")
+    }
+
+    /// y: `[n, n_out]` = x `[n, n_in]` · Wᵀ (batch-invariant kernels).
+    pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; n * self.n_out];
+        ops::matmul(self.data(), self.qt, self.n_in, self.n_out, x, n, &mut y);
+        y
+    }
+
+    /// Dequantized row `i` (`[n_in]`).
+    pub fn row(&self, i: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        bonsai_kernels_cpu::quant::dequantize_row(self.qt, &self.data()[i * rb..(i + 1) * rb], out);
+    }
+}
+
+fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
+    let v = g.tensor_f32(name)?;
+    if v.len() != n {
+        return Err(Error::tensor(
+            name,
+            format!("expected {n} elements, found {}", v.len()),
+        ));
+    }
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(Error::tensor(name, "non-finite value"));
+    }
+    Ok(v)
+}
+
+struct DLayer {
+    attn_norm: Vec<f32>, // [E]
+    q: HostMat,          // [E, n_head·hd]
+    k: HostMat,          // [E, n_kv·hd]
+    v: HostMat,          // [E, n_kv·hd]
+    q_norm: Vec<f32>,    // [hd]
+    k_norm: Vec<f32>,    // [hd]
+    out: HostMat,        // [n_head·hd, E]
+    ffn_norm: Vec<f32>,  // [E]
+    gate: HostMat,       // [E, n_ff]
+    up: HostMat,         // [E, n_ff]
+    down: HostMat,       // [n_ff, E]
+}
+
+/// A loaded drafter (weights only; per-sequence state is [`DraftState`]).
+pub struct Drafter {
+    pub cfg: DrafterConfig,
+    /// True when `token_embd` has the target's bytes and the target's copy is used.
+    pub embd_shared: bool,
+    embd: HostMat,         // [E, V]
+    output: HostMat,       // [E, V]
+    output_norm: Vec<f32>, // [E]
+    fc: HostMat,           // [n_taps·E, E]
+    hidden_norm: Vec<f32>, // [E]
+    markov_a: HostMat,     // [rank, V]: one rank-row per previous token
+    markov_b: HostMat,     // [rank, V]: one rank-row per vocab entry
+    /// The two log-SNR conditioning vectors `[E]`: anchor (k = 0) and mask rows.
+    snr: [Vec<f32>; 2],
+    layers: Vec<DLayer>,
+}
+
+impl Drafter {
+    /// Load a `dspark` file for the target `tcfg` (whose file is `target`), refusing a drafter that
+    /// does not fit it.
+    pub fn load(path: &Path, target: &Arc<Gguf>, tcfg: &TargetConfig) -> Result<Drafter> {
+        let g = Arc::new(Gguf::open(path)?);
+        let cfg = DrafterConfig::from_gguf(&g)?;
+        cfg.check_against(tcfg)?;
+        if cfg.block_size < 1 || cfg.n_ctx_train <= cfg.block_size {
+            return Err(Error::DrafterMismatch(format!(
+                "block_size {} does not fit context_length {}",
+                cfg.block_size, cfg.n_ctx_train
+            )));
+        }
+        let (e, v) = (cfg.n_embd, cfg.n_vocab);
+        let (hd, q, kv) = (
+            cfg.head_dim,
+            cfg.n_head * cfg.head_dim,
+            cfg.n_head_kv * cfg.head_dim,
+        );
+        // Share the target's embedding when the bytes are equal.
+        let own = HostMat::load(&g, "token_embd.weight", e, v)?;
+        let shared = HostMat::load(target, "token_embd.weight", e, v)
+            .ok()
+            .filter(|t| t.qt == own.qt && t.data() == own.data());
+        let embd_shared = shared.is_some();
+        let embd = shared.unwrap_or(own);
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            layers.push(DLayer {
+                attn_norm: vector(&g, &n("attn_norm.weight"), e)?,
+                q: HostMat::load(&g, &n("attn_q.weight"), e, q)?,
+                k: HostMat::load(&g, &n("attn_k.weight"), e, kv)?,
+                v: HostMat::load(&g, &n("attn_v.weight"), e, kv)?,
+                q_norm: vector(&g, &n("attn_q_norm.weight"), hd)?,
+                k_norm: vector(&g, &n("attn_k_norm.weight"), hd)?,
+                out: HostMat::load(&g, &n("attn_output.weight"), q, e)?,
+                ffn_norm: vector(&g, &n("ffn_norm.weight"), e)?,
+                gate: HostMat::load(&g, &n("ffn_gate.weight"), e, cfg.n_ff)?,
+                up: HostMat::load(&g, &n("ffn_up.weight"), e, cfg.n_ff)?,
+                down: HostMat::load(&g, &n("ffn_down.weight"), cfg.n_ff, e)?,
+            });
+        }
+        let snr = if cfg.log_snr_conditioning {
+            let fc1 = HostMat::load(&g, "dspark.log_snr_fc1.weight", cfg.log_snr_dim, e)?;
+            let b1 = vector(&g, "dspark.log_snr_fc1.bias", e)?;
+            let fc2 = HostMat::load(&g, "dspark.log_snr_fc2.weight", e, e)?;
+            let b2 = vector(&g, "dspark.log_snr_fc2.bias", e)?;
+            let one = |lambda: f32| -> Vec<f32> {
+                // t = 1000·(λ − λ_min)/(λ_max − λ_min); φ = [sin(t·ω) ‖ cos(t·ω)], ω_i = 10000^(−i/half)
+                let t = 1000.0 * (lambda - cfg.min_log_snr) as f64
+                    / (cfg.max_log_snr - cfg.min_log_snr) as f64;
+                let half = cfg.log_snr_dim / 2;
+                let mut phi = vec![0f32; cfg.log_snr_dim]; // [log_snr_dim]
+                for i in 0..half {
+                    let w = (-(10000f64.ln()) * i as f64 / half as f64).exp();
+                    phi[i] = (t * w).sin() as f32;
+                    phi[half + i] = (t * w).cos() as f32;
+                }
+                let mut h = fc1.matmul(&phi, 1); // [E]
+                for (hi, bi) in h.iter_mut().zip(&b1) {
+                    *hi = r::silu(*hi + bi);
+                }
+                let mut o = fc2.matmul(&h, 1); // [E]
+                for (oi, bi) in o.iter_mut().zip(&b2) {
+                    *oi += bi;
+                }
+                o
+            };
+            [one(cfg.max_log_snr), one(cfg.min_log_snr)]
+        } else {
+            [vec![0.0; e], vec![0.0; e]]
+        };
+        Ok(Drafter {
+            embd_shared,
+            embd,
+            output: HostMat::load(&g, "output.weight", e, v)?,
+            output_norm: vector(&g, "output_norm.weight", e)?,
+            fc: HostMat::load(&g, "dspark.fc.weight", cfg.target_layers.len() * e, e)?,
+            hidden_norm: vector(&g, "dspark.hidden_norm.weight", e)?,
+            markov_a: HostMat::load(&g, "dspark.markov_head_a.weight", cfg.markov_rank, v)?,
+            markov_b: HostMat::load(&g, "dspark.markov_head_b.weight", cfg.markov_rank, v)?,
+            snr,
+            layers,
+            cfg,
+        })
+    }
+
+    /// Context rows kept: the trained positions minus one block (MODEL.md §4.10).
+    pub fn window(&self) -> usize {
+        self.cfg.n_ctx_train - self.cfg.block_size
+    }
+
+    /// Width of one tap row: `n_taps · n_embd`.
+    pub fn tap_width(&self) -> usize {
+        self.cfg.target_layers.len() * self.cfg.n_embd
+    }
+
+    pub fn new_state(&self) -> DraftState {
+        DraftState {
+            k: vec![Vec::new(); self.cfg.n_layer],
+            v: vec![Vec::new(); self.cfg.n_layer],
+            kvw: self.cfg.n_head_kv * self.cfg.head_dim,
+            off: 0,
+            len: 0,
+            next_pos: 0,
+            window: self.window(),
+        }
+    }
+
+    /// Per-head RMSNorm ⊙ w, then NEOX RoPE over all head dims at `pos`. x: `[heads·hd]`.
+    fn norm_rope(&self, x: &mut [f32], w: &[f32], pos: usize) {
+        let hd = self.cfg.head_dim;
+        r::rmsnorm_heads(x, hd, w, self.cfg.rms_eps);
+        r::rope_neox(x, hd, hd, pos, self.cfg.rope_base);
+    }
+
+    /// Stage `n` committed positions `pos0 .. pos0 + n` from their tap rows (taps: `[n, tap_width]`).
+    /// Positions must continue the staged ones (a fresh state accepts any start).
+    pub fn stage(&self, st: &mut DraftState, taps: &[f32], pos0: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if st.len > 0 && pos0 != st.next_pos {
+            return Err(Error::Backend(format!(
+                "drafter context is staged up to position {}, got rows from {pos0}",
+                st.next_pos
+            )));
+        }
+        let e = self.cfg.n_embd;
+        debug_assert_eq!(taps.len(), n * self.tap_width());
+        let h = self.fc.matmul(taps, n); // [n, E]
+        let mut c = vec![0f32; n * e]; // [n, E]
+        for (hr, cr) in h.chunks_exact(e).zip(c.chunks_exact_mut(e)) {
+            r::rmsnorm(hr, &self.hidden_norm, self.cfg.rms_eps, cr);
+        }
+        let kvw = st.kvw;
+        for (il, l) in self.layers.iter().enumerate() {
+            let mut k = l.k.matmul(&c, n); // [n, kvw]
+            let v = l.v.matmul(&c, n); // [n, kvw]
+            for (t, kr) in k.chunks_exact_mut(kvw).enumerate() {
+                self.norm_rope(kr, &l.k_norm, pos0 + t);
+            }
+            st.k[il].extend_from_slice(&k);
+            st.v[il].extend_from_slice(&v);
+        }
+        st.len += n;
+        st.next_pos = pos0 + n;
+        st.evict();
+        Ok(())
+    }
+
+    /// Draft `block_size` tokens following `id_last` at position `start` (MODEL.md §4.5–§4.6).
+    pub fn draft(&self, st: &mut DraftState, id_last: u32, start: usize) -> Result<Vec<u32>> {
+        if st.len > 0 && st.next_pos != start {
+            return Err(Error::Backend(format!(
+                "drafter context ends at {}, the block starts at {start}",
+                st.next_pos
+            )));
+        }
+        let c = &self.cfg;
+        let (e, bs, hd) = (c.n_embd, c.block_size, c.head_dim);
+        let (nh, nkv, kvw) = (c.n_head, c.n_head_kv, st.kvw);
+        let eps = c.rms_eps;
+        // x: [bs, E] block rows [id_last, M, M, M] + log-SNR conditioning
+        let mut x = vec![0f32; bs * e];
+        for k in 0..bs {
+            let tok = if k == 0 { id_last } else { c.mask_token_id };
+            let xr = &mut x[k * e..(k + 1) * e];
+            self.embd.row(tok as usize, xr);
+            let snr = &self.snr[usize::from(k % bs != 0)];
+            for (xi, si) in xr.iter_mut().zip(snr) {
+                *xi += si;
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut u = vec![0f32; bs * e]; // [bs, E]
+        for (il, l) in self.layers.iter().enumerate() {
+            for (xr, ur) in x.chunks_exact(e).zip(u.chunks_exact_mut(e)) {
+                r::rmsnorm(xr, &l.attn_norm, eps, ur);
+            }
+            let mut q = l.q.matmul(&u, bs); // [bs, nh·hd]
+            let mut kb = l.k.matmul(&u, bs); // [bs, kvw]
+            let vb = l.v.matmul(&u, bs); // [bs, kvw]
+            for t in 0..bs {
+                self.norm_rope(&mut q[t * nh * hd..(t + 1) * nh * hd], &l.q_norm, start + t);
+                self.norm_rope(&mut kb[t * kvw..(t + 1) * kvw], &l.k_norm, start + t);
+            }
+            // non-causal attention over [context ; block]: append the block K/V, attend, drop them
+            let (kc, vc) = (&mut st.k[il], &mut st.v[il]);
+            let keep = kc.len();
+            kc.extend_from_slice(&kb);
+            vc.extend_from_slice(&vb);
+            let t_all = st.len + bs;
+            let mut att = vec![0f32; bs * nh * hd]; // [bs, nh·hd]
+            for (t, ar) in att.chunks_exact_mut(nh * hd).enumerate() {
+                ops::attention(
+                    &q[t * nh * hd..(t + 1) * nh * hd],
+                    &kc[st.off * kvw..],
+                    &vc[st.off * kvw..],
+                    t_all,
+                    nh,
+                    nkv,
+                    hd,
+                    scale,
+                    ar,
+                );
+            }
+            kc.truncate(keep);
+            vc.truncate(keep);
+            let y = l.out.matmul(&att, bs); // [bs, E]
+            for (xi, yi) in x.iter_mut().zip(&y) {
+                *xi += yi;
+            }
+            for (xr, ur) in x.chunks_exact(e).zip(u.chunks_exact_mut(e)) {
+                r::rmsnorm(xr, &l.ffn_norm, eps, ur);
+            }
+            let mut gt = l.gate.matmul(&u, bs); // [bs, n_ff]
+            let up = l.up.matmul(&u, bs); // [bs, n_ff]
+            for (gi, ui) in gt.iter_mut().zip(&up) {
+                *gi = r::silu(*gi) * ui;
+            }
+            let y = l.down.matmul(&gt, bs); // [bs, E]
+            for (xi, yi) in x.iter_mut().zip(&y) {
+                *xi += yi;
+            }
+        }
+        for (xr, ur) in x.chunks_exact(e).zip(u.chunks_exact_mut(e)) {
+            r::rmsnorm(xr, &self.output_norm, eps, ur);
+        }
+        let logits = self.output.matmul(&u, bs); // [bs, V]
+        Ok(self.markov(&logits, id_last))
+    }
+
+    /// The sequential Markov correction: each step conditions on the token just chosen; the mask id
+    /// is never drafted. logits: `[bs, V]`.
+    pub fn markov(&self, logits: &[f32], id_last: u32) -> Vec<u32> {
+        let (v, rank) = (self.cfg.n_vocab, self.cfg.markov_rank);
+        let mut e = vec![0f32; rank]; // [rank]
+        let mut prev = id_last;
+        let mut out = Vec::with_capacity(self.cfg.block_size);
+        for row in logits.chunks_exact(v) {
+            self.markov_a.row(prev as usize, &mut e);
+            let corr = self.markov_b.matmul(&e, 1); // [V]
+            let mut best = (f32::NEG_INFINITY, 0u32);
+            for (i, (&l, &cr)) in row.iter().zip(&corr).enumerate() {
+                if i as u32 == self.cfg.mask_token_id {
+                    continue;
+                }
+                let s = l + cr;
+                if s > best.0 {
+                    best = (s, i as u32);
+                }
+            }
+            prev = best.1;
+            out.push(prev);
+        }
+        out
+    }
+}
+
+/// The drafter's per-sequence state: the context K/V window. k, v per layer: `[off + len, kvw]` f32;
+/// the live rows are `off .. off + len` at positions `next_pos − len .. next_pos`.
+#[derive(Clone)]
+pub struct DraftState {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    kvw: usize,
+    off: usize,
+    len: usize,
+    next_pos: usize,
+    window: usize,
+}
+
+impl DraftState {
+    pub fn reset(&mut self) {
+        for b in self.k.iter_mut().chain(self.v.iter_mut()) {
+            b.clear();
+        }
+        self.off = 0;
+        self.len = 0;
+        self.next_pos = 0;
+    }
+
+    /// Number of context rows held (≤ the window).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The position after the last staged row.
+    pub fn next_pos(&self) -> usize {
+        self.next_pos
+    }
+
+    /// Bytes held by the context buffers (capacity).
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|b| b.capacity() * 4).sum()
+    }
+
+    /// Drop the oldest rows beyond the window; compact the buffers once a quarter window is dead.
+    fn evict(&mut self) {
+        if self.len > self.window {
+            self.off += self.len - self.window;
+            self.len = self.window;
+        }
+        if self.off > 0 && self.off >= self.window / 4 {
+            let cut = self.off * self.kvw;
+            for b in self.k.iter_mut().chain(self.v.iter_mut()) {
+                b.drain(..cut);
+            }
+            self.off = 0;
+        }
+    }
+
+    /// Test / debug export: `(first position, per layer K rows ‖ V rows)` of the live window.
+    pub fn export(&self) -> (usize, Vec<f32>) {
+        let (a, b) = (self.off * self.kvw, (self.off + self.len) * self.kvw);
+        let mut out = Vec::new();
+        for (k, v) in self.k.iter().zip(&self.v) {
+            out.extend_from_slice(&k[a..b]);
+            out.extend_from_slice(&v[a..b]);
+        }
+        (self.next_pos - self.len, out)
+    }
+}
