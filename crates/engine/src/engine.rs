@@ -11,6 +11,7 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, GdnMode};
 use crate::chat::{ChatMessage, ChatTemplate, QWEN35_TEMPLATE};
 use crate::config::{architecture, TargetConfig};
@@ -225,12 +226,27 @@ pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
     })
 }
 
-fn resolve_device(device: &str) -> Result<&'static str> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// `auto` picks CUDA when a driver and a device are present (and no draft is requested, which
+/// runs on CPU only for now), else the CPU.
+fn resolve_device(device: &str, has_draft: bool) -> Result<Device> {
     match device {
-        "cpu" | "auto" => Ok("cpu"),
-        "cuda" => Err(Error::BackendUnavailable(
-            "device=\"cuda\": the CUDA backend is not part of this build yet; use device=\"cpu\" or \"auto\"".into(),
-        )),
+        "cpu" => Ok(Device::Cpu),
+        "auto" => Ok(if !has_draft && CudaBackend::available() { Device::Cuda } else { Device::Cpu }),
+        "cuda" => {
+            if CudaBackend::available() {
+                Ok(Device::Cuda)
+            } else {
+                Err(Error::BackendUnavailable(
+                    "device=\"cuda\": no CUDA driver (libcuda) or no CUDA device found; use device=\"cpu\" or \"auto\"".into(),
+                ))
+            }
+        }
         "vulkan" => Err(Error::BackendUnavailable(
             "device=\"vulkan\": the Vulkan backend is not part of this build yet; use device=\"cpu\" or \"auto\"".into(),
         )),
@@ -240,9 +256,73 @@ fn resolve_device(device: &str) -> Result<&'static str> {
     }
 }
 
+type Started = (Sender<Cmd>, JoinHandle<()>, Option<Arc<Mutex<SpecReport>>>, String);
+
+/// Load weights on `backend`, build the per-sequence state (and the speculative context when a
+/// draft source is given), and start the worker thread inside `pool`. The only place that is
+/// generic over the backend at start-up; `Engine::load` matches on the device once.
+#[allow(clippy::too_many_arguments)]
+fn start_worker<B: Backend>(
+    backend: B,
+    device: &str,
+    pool: rayon::ThreadPool,
+    g: &Arc<Gguf>,
+    cfg: &TargetConfig,
+    n_ctx: usize,
+    opts: &EngineOptions,
+    tokenizer: &Arc<Tokenizer>,
+    stop_ids: &[u32],
+) -> Result<Started> {
+    let weights = pool.install(|| Weights::load(&backend, g, cfg))?;
+    let state = SeqState::new(&backend, cfg, n_ctx)?;
+    let mut spec_ctx = None;
+    if let Some(src) = &opts.draft {
+        let (proposer, kind, embd_shared, window) = match src {
+            DraftSource::Dspark(p) => {
+                let d = pool.install(|| Drafter::load(p, g, cfg))?;
+                let (shared, window) = (d.embd_shared, d.window());
+                let st = d.new_state();
+                (Proposer::Dspark(Box::new(d), st), "dspark", shared, window)
+            }
+            DraftSource::Ngram => (Proposer::Ngram, "ngram", false, 0),
+        };
+        let report = Arc::new(Mutex::new(SpecReport {
+            kind,
+            policy: Policy::new(opts.speculative),
+            totals: SpecStats::default(),
+            embd_shared,
+            window,
+            rollback: opts.rollback,
+        }));
+        spec_ctx = Some(SpecCtx {
+            proposer,
+            bufs: RoundBufs::new(&backend, cfg, NGRAM_K + 1)?,
+            rollback: opts.rollback,
+            report,
+        });
+    }
+    let spec_report = spec_ctx.as_ref().map(|c| c.report.clone());
+    let device_name = format!("{device}: {}", pool.install(|| backend.name()));
+    let (tx, rx) = unbounded::<Cmd>();
+    let worker = Worker {
+        backend,
+        cfg: cfg.clone(),
+        weights,
+        state,
+        tokenizer: tokenizer.clone(),
+        stop_ids: stop_ids.to_vec(),
+        spec: spec_ctx,
+    };
+    let handle = std::thread::Builder::new()
+        .name("bonsai-engine".into())
+        .spawn(move || pool.install(|| worker.run(rx)))
+        .map_err(|e| Error::Backend(format!("cannot start the engine thread: {e}")))?;
+    Ok((tx, handle, spec_report, device_name))
+}
+
 impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
-        let device = resolve_device(&opts.device)?;
+        let device = resolve_device(&opts.device, opts.draft.is_some())?;
         let g = Arc::new(Gguf::open(path)?);
         let arch = architecture(&g)?.to_string();
         let cfg = TargetConfig::from_gguf(&g)?;
@@ -278,36 +358,21 @@ impl Engine {
             .thread_name(|i| format!("bonsai-cpu-{i}"))
             .build()
             .map_err(|e| Error::Backend(format!("cannot start {threads} threads: {e}")))?;
-        let backend = CpuBackend;
-        let weights = pool.install(|| Weights::load(&backend, &g, &cfg))?;
-        let state = SeqState::new(&backend, &cfg, n_ctx)?;
-        let mut spec_ctx = None;
-        if let Some(src) = &opts.draft {
-            let (proposer, kind, embd_shared, window) = match src {
-                DraftSource::Dspark(p) => {
-                    let d = pool.install(|| Drafter::load(p, &g, &cfg))?;
-                    let (shared, window) = (d.embd_shared, d.window());
-                    let st = d.new_state();
-                    (Proposer::Dspark(Box::new(d), st), "dspark", shared, window)
+        let started = match device {
+            Device::Cpu => start_worker(CpuBackend, "cpu", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids)?,
+            Device::Cuda => {
+                if opts.draft.is_some() {
+                    return Err(Error::BackendUnavailable(
+                        "speculative decoding (draft=...) runs on the CPU backend only in this version; \
+                         use device=\"cpu\", or no draft on CUDA"
+                            .into(),
+                    ));
                 }
-                DraftSource::Ngram => (Proposer::Ngram, "ngram", false, 0),
-            };
-            let report = Arc::new(Mutex::new(SpecReport {
-                kind,
-                policy: Policy::new(opts.speculative),
-                totals: SpecStats::default(),
-                embd_shared,
-                window,
-                rollback: opts.rollback,
-            }));
-            spec_ctx = Some(SpecCtx {
-                proposer,
-                bufs: RoundBufs::new(&backend, &cfg, NGRAM_K + 1)?,
-                rollback: opts.rollback,
-                report,
-            });
-        }
-        let spec_report = spec_ctx.as_ref().map(|c| c.report.clone());
+                let b = CudaBackend::new(0)?;
+                start_worker(b, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids)?
+            }
+        };
+        let (tx, handle, spec_report, device_name) = started;
         let info = ModelInfo {
             path: path.to_path_buf(),
             architecture: arch,
@@ -322,24 +387,10 @@ impl Engine {
             n_vocab: cfg.n_vocab,
             n_ctx,
             n_ctx_train: cfg.n_ctx_train,
-            device: format!("{device}: {}", pool.install(|| backend.name())),
+            device: device_name,
             threads,
             file_bytes: g.file_len(),
         };
-        let (tx, rx) = unbounded::<Cmd>();
-        let worker = Worker {
-            backend,
-            cfg: cfg.clone(),
-            weights,
-            state,
-            tokenizer: tokenizer.clone(),
-            stop_ids: stop_ids.clone(),
-            spec: spec_ctx,
-        };
-        let handle = std::thread::Builder::new()
-            .name("bonsai-engine".into())
-            .spawn(move || pool.install(|| worker.run(rx)))
-            .map_err(|e| Error::Backend(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine {
             tx,
             worker: Some(handle),
