@@ -256,7 +256,12 @@ fn resolve_device(device: &str, has_draft: bool) -> Result<Device> {
     }
 }
 
-type Started = (Sender<Cmd>, JoinHandle<()>, Option<Arc<Mutex<SpecReport>>>, String);
+type Started = (
+    Sender<Cmd>,
+    JoinHandle<()>,
+    Option<Arc<Mutex<SpecReport>>>,
+    String,
+);
 
 /// Load weights on `backend`, build the per-sequence state (and the speculative context when a
 /// draft source is given), and start the worker thread inside `pool`. The only place that is
@@ -359,7 +364,9 @@ impl Engine {
             .build()
             .map_err(|e| Error::Backend(format!("cannot start {threads} threads: {e}")))?;
         let started = match device {
-            Device::Cpu => start_worker(CpuBackend, "cpu", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids)?,
+            Device::Cpu => start_worker(
+                CpuBackend, "cpu", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+            )?,
             Device::Cuda => {
                 if opts.draft.is_some() {
                     return Err(Error::BackendUnavailable(
@@ -369,7 +376,9 @@ impl Engine {
                     ));
                 }
                 let b = CudaBackend::new(0)?;
-                start_worker(b, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids)?
+                start_worker(
+                    b, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                )?
             }
         };
         let (tx, handle, spec_report, device_name) = started;

@@ -251,6 +251,10 @@ pub struct Policy {
     plain_left: u64,
     /// Rounds still to run before the next decision (first measurement or a re-probe).
     probe_left: u32,
+    /// Plain tokens before the next re-probe while off: starts at `REPROBE_EVERY` and doubles
+    /// after every probe that confirms "off" (up to `REPROBE_MAX`), so a drafter that keeps
+    /// losing costs less and less; reset when drafting wins.
+    reprobe_every: u64,
     pub tokens: u64,
     pub decisions: VecDeque<Decision>,
 }
@@ -259,6 +263,8 @@ pub struct Policy {
 const PROBE_ROUNDS: u32 = 6;
 /// Plain tokens between re-probes while drafting is off.
 const REPROBE_EVERY: u64 = 96;
+/// Longest interval between re-probes.
+const REPROBE_MAX: u64 = 96 * 64;
 /// Tokens between plain re-measurements (and a fresh decision) while drafting is on.
 const REMEASURE_EVERY: u64 = 192;
 /// Plain steps per measurement.
@@ -278,6 +284,7 @@ impl Policy {
             since: 0,
             plain_left: if auto { PLAIN_SAMPLES } else { 0 },
             probe_left: if auto { PROBE_ROUNDS } else { 0 },
+            reprobe_every: REPROBE_EVERY,
             tokens: 0,
             decisions: VecDeque::new(),
         }
@@ -328,13 +335,14 @@ impl Policy {
         }
         if !self.enabled {
             self.since += 1;
-            if self.since >= REPROBE_EVERY {
+            if self.since >= self.reprobe_every {
                 self.since = 0;
                 self.enabled = true;
                 self.probe_left = PROBE_ROUNDS;
+                let every = self.reprobe_every;
                 self.log(
                     "probe",
-                    format!("re-probing drafting after {REPROBE_EVERY} plain tokens"),
+                    format!("re-probing drafting after {every} plain tokens"),
                 );
             }
         }
@@ -373,11 +381,16 @@ impl Policy {
             self.tok_round.value
         );
         self.since = 0;
+        let was_probe = self.decisions.back().is_some_and(|d| d.action == "probe");
         if spec > plain {
             self.enabled = true;
+            self.reprobe_every = REPROBE_EVERY;
             self.log("on", reason);
         } else {
             self.enabled = false;
+            if was_probe {
+                self.reprobe_every = (self.reprobe_every * 2).min(REPROBE_MAX);
+            }
             self.log("off", reason);
         }
     }
@@ -498,6 +511,40 @@ mod tests {
         }
         assert!(p.enabled, "{:?}", p.decisions);
         assert_eq!(p.decisions.back().unwrap().action, "on");
+    }
+
+    #[test]
+    fn policy_reprobe_interval_backs_off_while_drafting_keeps_losing() {
+        let mut p = Policy::new(PolicyMode::Auto);
+        for _ in 0..PLAIN_SAMPLES {
+            p.record_plain(0.010);
+        }
+        let mut interval = REPROBE_EVERY;
+        for probe in 0..4 {
+            for _ in 0..PROBE_ROUNDS {
+                p.record_round(0.050, 1, 4, 0);
+            }
+            if probe > 0 {
+                interval *= 2; // every losing re-probe doubles the wait
+            }
+            assert!(
+                !p.enabled,
+                "probe {probe}: a losing drafter is switched off"
+            );
+            for _ in 0..interval - 1 {
+                p.record_plain(0.010);
+            }
+            assert!(
+                !p.want_round(),
+                "probe {probe}: no re-probe before {interval} plain tokens"
+            );
+            p.record_plain(0.010);
+            assert!(
+                p.want_round(),
+                "probe {probe}: re-probe after {interval} plain tokens"
+            );
+        }
+        assert!(interval > REPROBE_EVERY);
     }
 
     #[test]
