@@ -438,6 +438,36 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// [`dot_f32`] with an explicit ISA.
+/// `dst[i] = src[i] as f32` (exact). SIMD where available; the KV cache's f16 rows go through this.
+pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+    f16_to_f32_isa(active_isa(), src, dst)
+}
+
+pub fn f16_to_f32_isa(isa: Isa, src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths");
+    match isa {
+        Isa::Scalar => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.to_f32();
+            }
+        }
+        Isa::Avx2 => {
+            check_isa(isa);
+            #[cfg(target_arch = "x86_64")]
+            {
+                // SAFETY: f16 is a transparent u16 (half's documented repr), so the slice cast
+                // keeps length and alignment.
+                let bits: &[u16] =
+                    unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u16, src.len()) };
+                // SAFETY: AVX2+F16C verified by `check_isa`; lengths are equal.
+                unsafe { crate::avx2::f16_to_f32(bits, dst) }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
 pub fn dot_f32_isa(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: lengths");
     match isa {

@@ -294,3 +294,23 @@ fn dot_f32_exact_across_isa_and_close_to_f64() {
         assert!((s as f64 - exact).abs() <= 1e-6 * sa + 1e-7, "n={n}");
     }
 }
+
+#[test]
+fn f16_to_f32_simd_equals_scalar_exactly() {
+    use bonsai_kernels_cpu::ops::{f16_to_f32_isa, isa_supported, Isa};
+    use half::f16;
+    // every finite and special f16 pattern, at a length with a tail
+    let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).chain((0..5).map(|i| f16::from_f32(i as f32))).collect();
+    let mut a = vec![0f32; src.len()];
+    f16_to_f32_isa(Isa::Scalar, &src, &mut a);
+    for (x, y) in src.iter().zip(&a) {
+        assert!(x.to_f32().to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+    }
+    if isa_supported(Isa::Avx2) {
+        let mut b = vec![0f32; src.len()];
+        f16_to_f32_isa(Isa::Avx2, &src, &mut b);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        }
+    }
+}

@@ -96,23 +96,43 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid n, block 256.
+// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid (ceil(k/256), n),
+// block 256: every block computes the row's sum of squares itself (same fixed order in every
+// block, so all agree bit for bit), then normalizes and quantizes its own 256 elements (one
+// 32-block per warp). Many short blocks instead of one long one.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
     __shared__ float red[32];
-    int t = blockIdx.x;
+    int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
+    int nb = k >> 5, lane = threadIdx.x & 31;
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool act = b < nb;
+    int i = b * 32 + lane;
+    // this thread's own element, loaded together with the sum-of-squares stream
+    float xv = act ? xr[i] : 0.f, wv = act ? w[i] : 0.f;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    if ((((size_t)xr) & 15) == 0) {
+        const float4* x4 = (const float4*)xr;
+#pragma unroll 8
+        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x) {
+            float4 v = x4[c];
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+        }
+    } else {
+        // same order as the vector path
+        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x)
+            for (int e = 0; e < 4; ++e) ss = fmaf(xr[4 * c + e], xr[4 * c + e], ss);
+    }
     ss = block_sum(ss, red);
     float inv = 1.0f / sqrtf(ss / (float)k + eps);
-    int nb = k >> 5, lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
-        int i = b * 32 + lane;
-        float v = xr[i] * inv * w[i];
-        if (xf) xf[(size_t)t * k + i] = v;
-        quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
-    }
+    if (!act) return;
+    float v = xv * inv * wv;
+    if (xf) xf[(size_t)t * k + i] = v;
+    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
@@ -271,13 +291,15 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
               s3 = {c3, sc3, y3, n3};                                                                 \
         mv_lowbit<KIND, NT, R, U>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate);                    \
     }
-// n <= 8 (verify, prefill): 2 rows per warp, 4 sub-blocks in flight. n = 1 (decode): Q1 4 rows,
+// n <= 8 (verify, prefill): 2 rows per warp, 4 sub-blocks in flight. n = 1 (decode): Q1 4 rows
+// (2 rows for launches of at most 8192 rows, e.g. the 5120-row outputs: twice the warps),
 // Q2 2 rows, x 4 sub-blocks, register caps chosen so nothing spills (ptxas -v). The rows per warp must match
 // `mv_rows_per_warp` in lib.rs.
 MV_ENTRY(mv_q1, 1, MAXN, 2, 4, 1)
 MV_ENTRY(mv_q2, 2, MAXN, 2, 4, 1)
 MV_ENTRY(mv_q2g64, 3, MAXN, 2, 4, 1)
 MV_ENTRY(mv_q1_n1, 1, 1, 4, 4, 6)
+MV_ENTRY(mv_q1_n1r2, 1, 1, 2, 4, 8)
 MV_ENTRY(mv_q2_n1, 2, 1, 2, 4, 8)
 MV_ENTRY(mv_q2g64_n1, 3, 1, 2, 4, 8)
 
@@ -490,43 +512,155 @@ extern "C" __global__ void attn_prep(const float* qf, const float* kf, const flo
     }
 }
 
-// Causal softmax attention for n rows, grouped GQA, then ⊙ σ(gate). grid (nh, n), block 256.
-// scores: scratch [n, nh, n_ctx] f32. out [n, nh·hd] f32.
-extern "C" __global__ void attn_decode(const float* qo, const float* qf, const u16* kc, const u16* vc,
-                                       int nh, int nkv, int hd, const int* pos0, int n_ctx,
-                                       float* scores, float* out) {
-    __shared__ float red[32], qsh[1024];
-    int h = blockIdx.x, t = blockIdx.y;
+// Flash-decode, phase 1. Positions are cut into fixed chunks of AT_CHUNK (independent of the
+// launch), so results do not depend on the grid or on n. grid (nh, gy, n), block AT_WARPS warps;
+// block (h, y, t) handles chunks c = y, y + gy, ... below ceil(L_t / AT_CHUNK), L_t = *pos0 + t + 1.
+// Warp w of a chunk takes its AT_PW positions one at a time: lanes split the head dim (EPL
+// consecutive elements each, vector loads of f16 K/V), the score is a warp xor-tree sum, and the
+// warp keeps an online softmax (m, l, acc). The block merges its warps in a fixed order and writes
+// part[t, h, c] = (acc[0..hd), m, l). No atomics.
+#define AT_WARPS 4
+#define AT_PW 8
+#define AT_CHUNK (AT_WARPS * AT_PW)
+
+template <int EPL>
+__device__ __forceinline__ void ld_h(const u16* p, u32* w) {
+    if (EPL == 8) {
+        uint4 v = *(const uint4*)p;
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if (EPL == 4) {
+        uint2 v = *(const uint2*)p;
+        w[0] = v.x; w[1] = v.y;
+    } else {
+        w[0] = *(const u32*)p;
+    }
+}
+__device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xffffu)); }
+__device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
+
+template <int EPL>
+__device__ __forceinline__ void attn_chunks(const float* qo, const u16* kc, const u16* vc, int nh, int nkv,
+                                            const int* pos0, int nchunk, float* part) {
+    const int HD = EPL * 32, NW = EPL / 2;
+    __shared__ float sm[AT_WARPS][HD + 2];
+    int h = blockIdx.x, t = blockIdx.z, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int L = *pos0 + t + 1;
-    int g = h / (nh / nkv);
-    int kvw = nkv * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) qsh[i] = qo[((size_t)t * nh + h) * hd + i];
-    __syncthreads();
-    float scale = 1.0f / sqrtf((float)hd);
-    float* sc = scores + ((size_t)t * nh + h) * n_ctx;
-    float mx = NEG_INF;
-    for (int p = threadIdx.x; p < L; p += blockDim.x) {
-        const u16* kr = kc + (size_t)p * kvw + g * hd;
-        float a = 0.f;
-        for (int i = 0; i < hd; ++i) a = fmaf(qsh[i], h2f(kr[i]), a);
-        a *= scale;
-        sc[p] = a;
-        mx = fmaxf(mx, a);
+    int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
+    int g = h / (nh / nkv), kvw = nkv * HD;
+    float scale = 1.0f / sqrtf((float)HD);
+    float qv[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) qv[e] = qo[((size_t)t * nh + h) * HD + lane * EPL + e];
+    for (int c = blockIdx.y; c < nc; c += gridDim.y) {
+        float m = NEG_INF, l = 0.f, acc[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] = 0.f;
+        int pb = c * AT_CHUNK + w * AT_PW;
+        int pe = min(pb + AT_PW, L);
+        for (int p = pb; p < pe; p += 4) {
+            u32 kw[4][NW], vw[4][NW];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (p + u < pe) {
+                    size_t off = (size_t)(p + u) * kvw + g * HD + lane * EPL;
+                    ld_h<EPL>(kc + off, kw[u]);
+                    ld_h<EPL>(vc + off, vw[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (p + u < pe) {
+                    float a = 0.f;
+#pragma unroll
+                    for (int e = 0; e < NW; ++e) {
+                        a = fmaf(qv[2 * e], lo_h(kw[u][e]), a);
+                        a = fmaf(qv[2 * e + 1], hi_h(kw[u][e]), a);
+                    }
+                    float sc = warp_sum(a) * scale;
+                    float mn = fmaxf(m, sc);
+                    float corr = expf(m - mn), pe_ = expf(sc - mn);
+                    l = fmaf(l, corr, pe_);
+#pragma unroll
+                    for (int e = 0; e < NW; ++e) {
+                        acc[2 * e] = fmaf(acc[2 * e], corr, pe_ * lo_h(vw[u][e]));
+                        acc[2 * e + 1] = fmaf(acc[2 * e + 1], corr, pe_ * hi_h(vw[u][e]));
+                    }
+                    m = mn;
+                }
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) sm[w][lane * EPL + e] = acc[e];
+        if (lane == 0) {
+            sm[w][HD] = m;
+            sm[w][HD + 1] = l;
+        }
+        __syncthreads();
+        // warp 0 always has a position (c·AT_CHUNK < L), so M is finite
+        float M = sm[0][HD];
+#pragma unroll
+        for (int i = 1; i < AT_WARPS; ++i) M = fmaxf(M, sm[i][HD]);
+        float* pp = part + (((size_t)t * nh + h) * nchunk + c) * (HD + 2);
+        for (int i = threadIdx.x; i < HD + 2; i += blockDim.x) {
+            float o = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < AT_WARPS; ++ww) {
+                float f = expf(sm[ww][HD] - M);
+                float v = i < HD ? sm[ww][i] : sm[ww][HD + 1];
+                o = fmaf(v, f, o);
+            }
+            if (i == HD) o = M;
+            pp[i] = o;
+        }
     }
-    mx = block_max(mx, red);
-    float sum = 0.f;
-    for (int p = threadIdx.x; p < L; p += blockDim.x) {
-        float e = expf(sc[p] - mx);
-        sc[p] = e;
-        sum += e;
+}
+
+#define ATTN_CHUNKS_ENTRY(NAME, EPL)                                                                  \
+    extern "C" __global__ void __launch_bounds__(AT_WARPS * 32) NAME(                                 \
+        const float* qo, const u16* kc, const u16* vc, int nh, int nkv, const int* pos0, int nchunk,  \
+        float* part) {                                                                                \
+        attn_chunks<EPL>(qo, kc, vc, nh, nkv, pos0, nchunk, part);                                    \
     }
-    sum = block_sum(sum, red);
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float a = 0.f;
-        for (int p = 0; p < L; ++p) a = fmaf(sc[p], h2f(vc[(size_t)p * kvw + g * hd + i]), a);
-        float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + i];
-        out[((size_t)t * nh + h) * hd + i] = a / sum * sigmoidf_(gate);
+ATTN_CHUNKS_ENTRY(attn_chunks_hd64, 2)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd128, 4)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd256, 8)
+
+// Flash-decode, phase 2: merge the chunk partials of (h, t) in chunk order, ⊙ σ(gate), write f32
+// (out, may be null) and quantize (head dims are multiples of 32, so quant blocks never straddle
+// heads). grid (nh, n), block hd. part as above; out/q [n, nh·hd]; d/s [n, nh·hd/32].
+extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, int nh, int hd,
+                                            const int* pos0, int nchunk, float* out, i8* q, float* d,
+                                            int* s) {
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    int L = *pos0 + t + 1;
+    int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
+    const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
+    float M = NEG_INF;
+    for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
+    float ls = 0.f, o = 0.f;
+    for (int c = 0; c < nc; ++c) {
+        const float* pc = pp + (size_t)c * (hd + 2);
+        float f = expf(pc[hd] - M);
+        ls = fmaf(pc[hd + 1], f, ls);
+        o = fmaf(pc[j], f, o);
+    }
+    float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + j];
+    float y = o / ls * sigmoidf_(gate);
+    size_t idx = ((size_t)t * nh + h) * hd + j;
+    if (out) out[idx] = y;
+    size_t b = idx >> 5;
+    quant32(y, q + (b << 5), d + b, s + b);
+}
+
+// Busy-wait about `ns` nanoseconds (profiling: lets the host queue the next launches first).
+extern "C" __global__ void spin_ns(long long ns) {
+    long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        long long t1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        if (t1 - t0 >= ns) break;
     }
 }
 
@@ -552,7 +686,18 @@ extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
     const float* l = logits + (size_t)t * nv;
     float best = NEG_INF;
     int bidx = 0x7fffffff;
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+    // each thread visits its indices in increasing order (strict > keeps the first of equals)
+    int nv4 = (((size_t)l) & 15) == 0 ? (nv >> 2) : 0;
+    const float4* l4 = (const float4*)l;
+#pragma unroll 8
+    for (int c = threadIdx.x; c < nv4; c += blockDim.x) {
+        float4 v = l4[c];
+        if (v.x > best) { best = v.x; bidx = 4 * c; }
+        if (v.y > best) { best = v.y; bidx = 4 * c + 1; }
+        if (v.z > best) { best = v.z; bidx = 4 * c + 2; }
+        if (v.w > best) { best = v.w; bidx = 4 * c + 3; }
+    }
+    for (int i = 4 * nv4 + threadIdx.x; i < nv; i += blockDim.x) {
         float v = l[i];
         if (v > best) { best = v; bidx = i; }
     }

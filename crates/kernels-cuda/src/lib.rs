@@ -9,7 +9,7 @@ pub mod retile;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
@@ -24,13 +24,27 @@ pub const MAX_ROWS: usize = 8;
 
 /// Most matrices one grouped mat-vec launch covers (`mv_lowbit_multi`).
 pub const MAX_SEGS: usize = 4;
+/// Positions per attention chunk (`AT_CHUNK` in the source).
+pub const ATTN_CHUNK: usize = 32;
+
+/// f32 elements of the attention partials scratch for `n` rows, `nh` heads of `hd`, `n_ctx` positions.
+pub fn attn_part_floats(n: usize, nh: usize, hd: usize, n_ctx: usize) -> usize {
+    n * nh * n_ctx.div_ceil(ATTN_CHUNK) * (hd + 2)
+}
+
 /// Warps per mat-vec block (`MV_WARPS` in the source).
 const MV_WARPS: usize = 4;
 
-/// Weight rows per warp of the mat-vec variant for `kind` and `n` activation rows (the `R` of each
-/// `MV_ENTRY` in the source): the n = 1 Q1 variant takes 4, every other one 2.
-fn mv_rows_per_warp(kind: WKind, n: usize) -> usize {
-    if n == 1 && kind == WKind::Q1 {
+/// Q1 n = 1 launches of at most this many rows in all use 2 rows per warp (more warps for the
+/// 5120-row outputs), larger ones 4.
+const MV_Q1_R2_ROWS: usize = 8192;
+
+/// Weight rows per warp of the mat-vec variant for `kind`, `n` activation rows and `rows` output
+/// rows in the launch (the `R` of each `MV_ENTRY` in the source): the n = 1 Q1 variant takes 4
+/// (2 for launches of at most [`MV_Q1_R2_ROWS`] rows), every other one 2. R never changes the
+/// float ops of a row, so all variants agree bit for bit.
+fn mv_rows_per_warp(kind: WKind, n: usize, rows: usize) -> usize {
+    if n == 1 && kind == WKind::Q1 && rows > MV_Q1_R2_ROWS {
         4
     } else {
         2
@@ -276,6 +290,11 @@ macro_rules! kernels {
                     unsafe { cu::module::get_function(module, n) }.map_err(err(stringify!($name)))?
                 },)* })
             }
+            /// The kernel name of a handle of this table (profiling).
+            fn name(&self, f: sys::CUfunction) -> &'static str {
+                $(if f == self.$name { return stringify!($name); })*
+                "?"
+            }
         }
     };
 }
@@ -287,6 +306,7 @@ kernels!(
     mv_q2,
     mv_q2g64,
     mv_q1_n1,
+    mv_q1_n1r2,
     mv_q2_n1,
     mv_q2g64_n1,
     mv_f32,
@@ -295,7 +315,11 @@ kernels!(
     gdn_step,
     gated_norm_quant,
     attn_prep,
-    attn_decode,
+    attn_chunks_hd64,
+    attn_chunks_hd128,
+    attn_chunks_hd256,
+    attn_merge_quant,
+    spin_ns,
     swiglu_quant,
     argmax_rows,
     step_advance,
@@ -334,6 +358,8 @@ pub struct Gpu {
     pub device_name: String,
     /// Whether the cubin came from the disk cache.
     pub cubin_cached: bool,
+    /// Per-launch timings while profiling ([`Gpu::profile_begin`]): (kernel grid, µs).
+    prof: Mutex<Option<Vec<(String, f32)>>>,
 }
 
 // SAFETY: CUfunction/CUmodule handles are immutable after load and valid from any thread once the
@@ -374,6 +400,7 @@ impl Gpu {
             arch,
             device_name,
             cubin_cached,
+            prof: Mutex::new(None),
         })
     }
 
@@ -481,6 +508,24 @@ impl Gpu {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         self.bind()?;
+        let profiling = self.prof.lock().expect("prof lock").is_some();
+        if profiling && f != self.f.spin_ns {
+            // spin first so that the events and the kernel are queued before the GPU reaches them:
+            // the measured time is the kernel alone, launch ramp included
+            self.launch(self.f.spin_ns, (1, 1, 1), (1, 1, 1), &[Arg::P(40_000)])?;
+            let name = format!("{} {}x{}x{}", self.f.name(f), grid.0, grid.1, grid.2);
+            let us = self.time_ms(|| {
+                // SAFETY: as below.
+                unsafe {
+                    cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
+                        .map_err(err("launch"))
+                }
+            })? * 1e3;
+            if let Some(v) = self.prof.lock().expect("prof lock").as_mut() {
+                v.push((name, us));
+            }
+            return Ok(());
+        }
         // SAFETY: f is a kernel of our module; params point at one 8-byte slot per declared kernel
         // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes); every
         // pointer argument comes from a live DevBuf sized by the caller for the given dims.
@@ -488,6 +533,21 @@ impl Gpu {
             cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
                 .map_err(err("launch"))
         }
+    }
+
+    /// Start profiling: from now on every launch is preceded by a short spin kernel and timed
+    /// alone with events (slow; never while capturing a graph).
+    pub fn profile_begin(&self) {
+        *self.prof.lock().expect("prof lock") = Some(Vec::new());
+    }
+
+    /// Stop profiling; returns (kernel name and grid, µs) per launch, in launch order.
+    pub fn profile_end(&self) -> Vec<(String, f32)> {
+        self.prof
+            .lock()
+            .expect("prof lock")
+            .take()
+            .unwrap_or_default()
     }
 
     // ---- typed launchers ------------------------------------------------------------------------
@@ -519,8 +579,8 @@ impl Gpu {
         assert_eq!(k % 32, 0);
         self.launch(
             self.f.rmsnorm_quant,
-            (n as u32, 1, 1),
-            (1024, 1, 1),
+            (cdiv(k, 256), n as u32, 1),
+            (256, 1, 1),
             &[
                 Arg::P(x),
                 Arg::P(w),
@@ -588,7 +648,10 @@ impl Gpu {
             segs.len()
         );
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
+        let rows: usize = segs.iter().map(|s| s.n_out).sum();
+        let rpw = mv_rows_per_warp(kind, n, rows);
         let f = match (kind, n == 1) {
+            (WKind::Q1, true) if rpw == 2 => self.f.mv_q1_n1r2,
             (WKind::Q1, false) => self.f.mv_q1,
             (WKind::Q2, false) => self.f.mv_q2,
             (WKind::Q2G64, false) => self.f.mv_q2g64,
@@ -597,7 +660,6 @@ impl Gpu {
             (WKind::Q2G64, true) => self.f.mv_q2g64_n1,
             (WKind::F32, _) => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
         };
-        let rpw = mv_rows_per_warp(kind, n);
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
         let mut groups = 0usize;
         for i in 0..MAX_SEGS {
@@ -857,7 +919,10 @@ impl Gpu {
         )
     }
 
-    /// Causal attention of `n` rows over the cache + sigmoid gate. scores: scratch [n, nh, n_ctx].
+    /// Causal attention of `n` rows over the f16 cache (flash-decode: fixed 32-position chunks,
+    /// fixed-order merge) ⊙ σ(gate), written f32 to `out` (unless 0) and int8-quantized into
+    /// `q`/`d`/`s` (`[n, nh·hd]`, per-32 blocks). `part`: scratch of
+    /// [`attn_part_floats`]`(n, nh, hd, n_ctx)` f32. Row t attends to positions `0..=*pos0 + t`.
     pub fn attn_decode(
         &self,
         qo: u64,
@@ -870,26 +935,56 @@ impl Gpu {
         hd: usize,
         pos0: u64,
         n_ctx: usize,
-        scores: u64,
+        part: u64,
         out: u64,
+        q: u64,
+        d: u64,
+        s: u64,
     ) -> Result<()> {
-        assert!(hd <= 1024);
+        let f = match hd {
+            64 => self.f.attn_chunks_hd64,
+            128 => self.f.attn_chunks_hd128,
+            256 => self.f.attn_chunks_hd256,
+            _ => {
+                return Err(CudaError(format!(
+                    "attention: head dim {hd} not in 64/128/256"
+                )))
+            }
+        };
+        assert!(nkv > 0 && nh % nkv == 0);
+        let nchunk = n_ctx.div_ceil(ATTN_CHUNK);
+        // grid.y only bounds the parallelism; chunks are fixed, so results do not depend on it
+        let gy = nchunk.clamp(1, 32) as u32;
         self.launch(
-            self.f.attn_decode,
-            (nh as u32, n as u32, 1),
-            (256, 1, 1),
+            f,
+            (nh as u32, gy, n as u32),
+            (128, 1, 1),
             &[
                 Arg::P(qo),
-                Arg::P(qf),
                 Arg::P(kc),
                 Arg::P(vc),
                 Arg::I(nh as i32),
                 Arg::I(nkv as i32),
+                Arg::P(pos0),
+                Arg::I(nchunk as i32),
+                Arg::P(part),
+            ],
+        )?;
+        self.launch(
+            self.f.attn_merge_quant,
+            (nh as u32, n as u32, 1),
+            (hd as u32, 1, 1),
+            &[
+                Arg::P(part),
+                Arg::P(qf),
+                Arg::I(nh as i32),
                 Arg::I(hd as i32),
                 Arg::P(pos0),
-                Arg::I(n_ctx as i32),
-                Arg::P(scores),
+                Arg::I(nchunk as i32),
                 Arg::P(out),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
             ],
         )
     }

@@ -654,9 +654,21 @@ fn gated_norm_and_swiglu_vs_reference() {
 #[test]
 fn attention_decode_vs_reference_real_shapes() {
     let g = need_gpu!("attention_decode_vs_reference_real_shapes");
-    let mut rng = Rng(41);
-    let (nh, nkv, hd, n_rot, base, eps) = (24usize, 4usize, 256usize, 64usize, 1.0e7f32, 1e-6f32);
-    let (pos0, n, n_ctx) = (37usize, 3usize, 64usize);
+    // short (one chunk per row), several chunks, and a context longer than 32 chunks per grid row
+    for (pos0, n_ctx, hd, nh, nkv) in [
+        (37usize, 64usize, 256usize, 24usize, 4usize),
+        (290, 320, 256, 24, 4),
+        (1500, 1536, 128, 8, 2),
+        (70, 96, 64, 4, 2),
+    ] {
+        attention_case(g, pos0, n_ctx, hd, nh, nkv);
+    }
+}
+
+fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv: usize) {
+    let mut rng = Rng(41 + pos0 as u64);
+    let (n_rot, base, eps) = (64usize.min(hd), 1.0e7f32, 1e-6f32);
+    let n = 3usize;
     let kvw = nkv * hd;
     // earlier cache rows (already f16)
     let kc_host: Vec<u16> = (0..n_ctx * kvw)
@@ -696,8 +708,16 @@ fn attention_decode_vs_reference_real_shapes() {
         vc.ptr(),
     )
     .unwrap();
-    let scores = g.alloc(n * nh * n_ctx * 4).unwrap();
-    let out = g.alloc(n * nh * hd * 4).unwrap();
+    let k = nh * hd;
+    let part = g
+        .alloc(bonsai_kernels_cuda::attn_part_floats(n, nh, hd, n_ctx) * 4)
+        .unwrap();
+    let out = g.alloc(n * k * 4).unwrap();
+    let (aq, ad, as_) = (
+        g.alloc(n * k).unwrap(),
+        g.alloc(n * k / 32 * 4).unwrap(),
+        g.alloc(n * k / 32 * 4).unwrap(),
+    );
     g.attn_decode(
         qo.ptr(),
         qfb.ptr(),
@@ -709,11 +729,52 @@ fn attention_decode_vs_reference_real_shapes() {
         hd,
         pb.ptr(),
         n_ctx,
-        scores.ptr(),
+        part.ptr(),
         out.ptr(),
+        aq.ptr(),
+        ad.ptr(),
+        as_.ptr(),
     )
     .unwrap();
-    let got: Vec<f32> = down(g, &out, n * nh * hd);
+    let got: Vec<f32> = down(g, &out, n * k);
+    // the fused quantization equals quantizing the f32 output
+    let (hq, hd_, hs) = bonsai_kernels_cuda::host_quant(&got, k);
+    assert_eq!(down::<i8>(g, &aq, n * k), hq, "attention int8 codes");
+    assert_eq!(down::<f32>(g, &ad, n * k / 32), hd_, "attention scales");
+    assert_eq!(down::<i32>(g, &as_, n * k / 32), hs, "attention sums");
+    // batch invariance: the last row alone (n = 1 at its own position) is bit-identical
+    let out1 = g.alloc(k * 4).unwrap();
+    let (q1, d1, s1) = (
+        g.alloc(k).unwrap(),
+        g.alloc(k / 32 * 4).unwrap(),
+        g.alloc(k / 32 * 4).unwrap(),
+    );
+    let t = n - 1;
+    g.attn_decode(
+        qo.at(t * k * 4),
+        qfb.at(t * nh * 2 * hd * 4),
+        kc.ptr(),
+        vc.ptr(),
+        1,
+        nh,
+        nkv,
+        hd,
+        pb.at(t * 4),
+        n_ctx,
+        part.ptr(),
+        out1.ptr(),
+        q1.ptr(),
+        d1.ptr(),
+        s1.ptr(),
+    )
+    .unwrap();
+    let one: Vec<f32> = down(g, &out1, k);
+    assert!(
+        one.iter()
+            .zip(&got[t * k..])
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "attention row {t} of an n-row launch differs from the 1-row launch"
+    );
 
     // reference: norm + rope, f16 cache rows, attention, gate
     let mut kcache: Vec<f32> = kc_host
@@ -772,7 +833,7 @@ fn attention_decode_vs_reference_real_shapes() {
         }
     }
     let e = max_rel(&got, &want);
-    eprintln!("attention max rel {e:.2e}");
+    eprintln!("attention pos0 {pos0} hd {hd} max rel {e:.2e}");
     assert!(e < 2e-3, "attention max rel {e}");
 }
 

@@ -492,42 +492,49 @@ impl Backend for CpuBackend {
         }
         kv.len = s.pos + n;
 
-        // 3. causal attention per (row, head) over positions ≤ pos, grouped GQA, then the σ(gate).
+        // 3. causal attention over positions ≤ pos, grouped GQA, then the σ(gate). One task per
+        //    (row, kv head): its K/V prefix is converted from f16 once (SIMD) and shared by the
+        //    `group` query heads that read it. Each (row, head) result is computed the same way
+        //    whatever n is (batch invariance: verify rows equal single-token steps).
         let group = nh / nkv;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let (kc, vc) = (&kv.k, &kv.v);
-        att.par_chunks_mut(hd).enumerate().for_each(|(th, out)| {
-            let (t, h) = (th / nh, th % nh);
-            let g = h / group;
-            let qh = &q[th * hd..(th + 1) * hd];
+        att.par_chunks_mut(group * hd).enumerate().for_each(|(tg, out)| {
+            let (t, g) = (tg / nkv, tg % nkv);
             let len = s.pos + t + 1;
+            let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
+            let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
+            for j in 0..len {
+                let src = j * kvw + g * hd..j * kvw + (g + 1) * hd;
+                ops::f16_to_f32(&kc[src.clone()], &mut kf[j * hd..(j + 1) * hd]);
+                ops::f16_to_f32(&vc[src], &mut vf[j * hd..(j + 1) * hd]);
+            }
             let mut sc = vec![0f32; len];
-            let mut mx = f32::NEG_INFINITY;
-            for (j, scj) in sc.iter_mut().enumerate() {
-                let kr = &kc[j * kvw + g * hd..j * kvw + (g + 1) * hd];
-                let mut acc = 0f32;
-                for i in 0..hd {
-                    acc += qh[i] * kr[i].to_f32();
+            for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
+                let h = g * group + jh;
+                let th = t * nh + h;
+                let qh = &q[th * hd..(th + 1) * hd];
+                let mut mx = f32::NEG_INFINITY;
+                for (j, scj) in sc.iter_mut().enumerate() {
+                    *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
+                    mx = mx.max(*scj);
                 }
-                *scj = acc * scale;
-                mx = mx.max(*scj);
-            }
-            let mut sum = 0f32;
-            for scj in sc.iter_mut() {
-                *scj = (*scj - mx).exp();
-                sum += *scj;
-            }
-            out.fill(0.0);
-            for (j, &p) in sc.iter().enumerate() {
-                let vr = &vc[j * kvw + g * hd..j * kvw + (g + 1) * hd];
-                for i in 0..hd {
-                    out[i] += p * vr[i].to_f32();
+                let mut sum = 0f32;
+                for scj in sc.iter_mut() {
+                    *scj = (*scj - mx).exp();
+                    sum += *scj;
                 }
-            }
-            let gt = &gate[th * hd..(th + 1) * hd];
-            for i in 0..hd {
-                out[i] = out[i] / sum * r::sigmoid(gt[i]);
+                oh.fill(0.0);
+                for (j, &p) in sc.iter().enumerate() {
+                    for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
+                        *o += p * v;
+                    }
+                }
+                let gt = &gate[th * hd..(th + 1) * hd];
+                for (o, gv) in oh.iter_mut().zip(gt) {
+                    *o = *o / sum * r::sigmoid(*gv);
+                }
             }
         });
         // 4. out projection + residual
