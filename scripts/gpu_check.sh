@@ -21,12 +21,15 @@ for l in sys.stdin:
         print(m["executable"])')
   mkdir -p .device/bin
   for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
-  ls -la .device/bin; du -sh .device; exit 0
+  rm -rf .device/wheels && mkdir -p .device/wheels
+  MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
+  ls -la .device/bin .device/wheels; du -sh .device; exit 0
 fi
 
-BENCH=1; VARIANTS="q1 q2"
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1
 while [[ $# -gt 0 ]]; do case "$1" in
-  --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;; *) echo "unknown arg $1"; exit 2;; esac; done
+  --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
+  --python) PYCHECK=1; shift;; --no-rust) RUST=0; shift;; *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONPATH=python PYTHONUNBUFFERED=1 BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
@@ -39,19 +42,28 @@ done; done
 echo "small models: $(( $(date +%s) - t0 ))s"
 
 rc=0
+if [[ $RUST == 1 ]]; then
 echo "== kernels vs reference =="
-.device/bin/gpu_kernels --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+.device/bin/gpu_kernels --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== full model: CUDA vs CPU =="
-BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+
+fi
 
 if [[ $BENCH == 1 ]]; then
   for v in $VARIANTS; do
     f=/tmp/27b-$v.gguf
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null
     echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
-    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
+fi
+if [[ $PYCHECK == 1 ]]; then
+  echo "== Python API on CUDA =="
+  for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null; done
+  rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
+  PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
 echo "gpu_check rc=$rc"
 exit $rc

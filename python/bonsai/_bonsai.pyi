@@ -77,6 +77,7 @@ class RawEngine:
         draft: str | None = None,
         speculative: str = "auto",
         rollback: str = "replay",
+        kv_cache: str = "f16",
     ) -> RawEngine: ...
     def info(self) -> dict[str, Any]:
         """``path``, ``architecture``, ``name``, ``weight_type`` (str); ``n_layer``, ``n_embd``,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bonsai_engine::backend::KvType;
 use bonsai_engine::chat::ChatMessage;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest};
 use bonsai_engine::sampling::SamplerParams;
@@ -80,7 +81,7 @@ struct RawEngine {
 #[pymethods]
 impl RawEngine {
     #[new]
-    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay"))]
+    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay", kv_cache="f16"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -91,7 +92,13 @@ impl RawEngine {
         draft: Option<String>,
         speculative: &str,
         rollback: &str,
+        kv_cache: &str,
     ) -> PyResult<Self> {
+        let kv_type = KvType::parse(kv_cache).ok_or_else(|| {
+            InvalidRequestError::new_err(format!(
+                "kv_cache must be \"f16\" or \"q8_0\", got {kv_cache:?}"
+            ))
+        })?;
         let speculative = PolicyMode::parse(speculative).ok_or_else(|| {
             InvalidRequestError::new_err(format!(
                 "speculative must be \"auto\", \"always\" or \"never\", got {speculative:?}"
@@ -120,6 +127,7 @@ impl RawEngine {
             draft,
             speculative,
             rollback,
+            kv_type,
         };
         let e = py.detach(|| Engine::load(&model, &opts)).map_err(to_py)?;
         Ok(RawEngine { inner: Arc::new(e) })

@@ -29,6 +29,32 @@ pub enum GdnMode {
     Chunked,
 }
 
+/// Storage of the attention KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// IEEE half per value (the default; llama.cpp's default too).
+    #[default]
+    F16,
+    /// ggml q8_0: 32 int8 codes + one f16 scale per block (≈ 8.5 bits per value, ~47% less memory).
+    Q8_0,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Option<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Some(KvType::F16),
+            "q8_0" | "q8" => Some(KvType::Q8_0),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
 /// One forward step: `n` rows at positions `pos .. pos + n`.
 #[derive(Clone, Copy, Debug)]
 pub struct Step {

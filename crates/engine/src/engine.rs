@@ -12,7 +12,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::{Backend, GdnMode};
+use crate::backend::{Backend, GdnMode, KvType};
 use crate::chat::{ChatMessage, ChatTemplate, QWEN35_TEMPLATE};
 use crate::config::{architecture, TargetConfig};
 use crate::drafter::{DraftState, Drafter};
@@ -42,6 +42,8 @@ pub struct EngineOptions {
     pub speculative: PolicyMode,
     /// GDN rollback after a partial accept.
     pub rollback: Rollback,
+    /// Attention KV cache storage (f16, or q8_0 on CPU).
+    pub kv_type: KvType,
 }
 
 /// Where drafts come from.
@@ -62,6 +64,7 @@ impl Default for EngineOptions {
             draft: None,
             speculative: PolicyMode::Auto,
             rollback: Rollback::Replay,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -365,9 +368,23 @@ impl Engine {
             .map_err(|e| Error::Backend(format!("cannot start {threads} threads: {e}")))?;
         let started = match device {
             Device::Cpu => start_worker(
-                CpuBackend, "cpu", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                CpuBackend::new(opts.kv_type),
+                "cpu",
+                pool,
+                &g,
+                &cfg,
+                n_ctx,
+                opts,
+                &tokenizer,
+                &stop_ids,
             )?,
             Device::Cuda => {
+                if opts.kv_type != KvType::F16 {
+                    return Err(Error::BackendUnavailable(format!(
+                        "kv_cache=\"{}\" is available on the CPU backend only in this version; the CUDA backend uses f16",
+                        opts.kv_type.name()
+                    )));
+                }
                 if opts.draft.is_some() {
                     return Err(Error::BackendUnavailable(
                         "speculative decoding (draft=...) runs on the CPU backend only in this version; \

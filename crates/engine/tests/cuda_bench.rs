@@ -13,6 +13,7 @@ use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_decode_bench() {
     let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
         eprintln!("SKIPPED cuda_decode_bench: BONSAI_BENCH_MODEL not set (not counted as run)");

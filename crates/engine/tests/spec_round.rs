@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bonsai_engine::backend::cpu::CpuBackend;
-use bonsai_engine::backend::{Backend, GdnMode};
+use bonsai_engine::backend::{Backend, GdnMode, KvType};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::{DraftState, Drafter};
 use bonsai_engine::gguf::Gguf;
@@ -39,11 +39,11 @@ fn target(wt: QuantType) -> Target {
     let p = write(&tiny_target(wt), &format!("target-{}.gguf", wt.name()));
     let g = Arc::new(Gguf::open(&p).unwrap());
     let cfg = TargetConfig::from_gguf(&g).unwrap();
-    let w = Weights::load(&CpuBackend, &g, &cfg).unwrap();
+    let w = Weights::load(&B, &g, &cfg).unwrap();
     Target { g, cfg, w }
 }
 
-const B: CpuBackend = CpuBackend;
+const B: CpuBackend = CpuBackend::new(KvType::F16);
 
 /// Plain step over `ids` (one token at a time when `one`), returning the last row's logits.
 fn step(t: &Target, st: &mut SeqState<CpuBackend>, ids: &[u32], mode: GdnMode) -> Vec<f32> {

@@ -300,7 +300,10 @@ fn f16_to_f32_simd_equals_scalar_exactly() {
     use bonsai_kernels_cpu::ops::{f16_to_f32_isa, isa_supported, Isa};
     use half::f16;
     // every finite and special f16 pattern, at a length with a tail
-    let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).chain((0..5).map(|i| f16::from_f32(i as f32))).collect();
+    let src: Vec<f16> = (0..=u16::MAX)
+        .map(f16::from_bits)
+        .chain((0..5).map(|i| f16::from_f32(i as f32)))
+        .collect();
     let mut a = vec![0f32; src.len()];
     f16_to_f32_isa(Isa::Scalar, &src, &mut a);
     for (x, y) in src.iter().zip(&a) {

@@ -267,6 +267,7 @@ fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_lowbit_real_shapes_vs_reference() {
     let g = need_gpu!("matvec_lowbit_real_shapes_vs_reference");
     for qt in [
@@ -285,6 +286,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_f32_vs_reference() {
     let g = need_gpu!("mv_f32_vs_reference");
     let mut rng = Rng(9);
@@ -313,6 +315,7 @@ fn mv_f32_vs_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn embed_rows_bit_exact() {
     let g = need_gpu!("embed_rows_bit_exact");
     let mut rng = Rng(5);
@@ -354,6 +357,7 @@ fn embed_rows_bit_exact() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn rmsnorm_quant_vs_reference() {
     let g = need_gpu!("rmsnorm_quant_vs_reference");
     let mut rng = Rng(11);
@@ -400,6 +404,7 @@ fn rmsnorm_quant_vs_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gdn_conv_and_step_vs_reference_real_shapes() {
     let g = need_gpu!("gdn_conv_and_step_vs_reference_real_shapes");
     let mut rng = Rng(21);
@@ -583,6 +588,7 @@ fn gdn_conv_and_step_vs_reference_real_shapes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gated_norm_and_swiglu_vs_reference() {
     let g = need_gpu!("gated_norm_and_swiglu_vs_reference");
     let mut rng = Rng(31);
@@ -652,6 +658,7 @@ fn gated_norm_and_swiglu_vs_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn attention_decode_vs_reference_real_shapes() {
     let g = need_gpu!("attention_decode_vs_reference_real_shapes");
     // short (one chunk per row), several chunks, and a context longer than 32 chunks per grid row
@@ -838,6 +845,7 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn argmax_lowest_index_on_ties() {
     let g = need_gpu!("argmax_lowest_index_on_ties");
     let nv = 248320;

@@ -8,13 +8,23 @@ use bonsai_kernels_cpu::{ops, reference as r, QuantType};
 use half::f16;
 use rayon::prelude::*;
 
-use super::{gdn_rec_width, Backend, GdnMode, Step};
+use super::{gdn_rec_width, Backend, GdnMode, KvType, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{AttnWeights, GdnWeights, MlpWeights};
 
-pub struct CpuBackend;
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend {
+    /// Storage of the attention KV cache.
+    pub kv: KvType,
+}
+
+impl CpuBackend {
+    pub const fn new(kv: KvType) -> CpuBackend {
+        CpuBackend { kv }
+    }
+}
 
 /// A weight matrix `[n_in, n_out]` read in place from the mapped file.
 pub struct CpuMat {
@@ -42,12 +52,91 @@ pub struct CpuAct {
     pub data: Vec<f32>,
 }
 
-/// One attention layer's cache: K and V `[len, n_kv·hd]` f16.
+/// One attention layer's cache: K and V rows `[len, n_kv·hd]`, f16 or q8_0.
 pub struct CpuKv {
     width: usize,
     len: usize,
-    k: Vec<f16>,
-    v: Vec<f16>,
+    k: KvRows,
+    v: KvRows,
+}
+
+/// K or V rows of one layer. q8_0 is ggml's block: 32 int8 codes with one f16 scale
+/// `d = amax/127`, kept here as two planes (codes, scales).
+#[derive(Clone)]
+enum KvRows {
+    F16(Vec<f16>), // [len, width]
+    Q8 {
+        q: Vec<i8>,  // [len, width]
+        d: Vec<f16>, // [len, width / 32]
+    },
+}
+
+impl KvRows {
+    fn new(t: KvType) -> KvRows {
+        match t {
+            KvType::F16 => KvRows::F16(Vec::new()),
+            KvType::Q8_0 => KvRows::Q8 {
+                q: Vec::new(),
+                d: Vec::new(),
+            },
+        }
+    }
+
+    /// Keep (or make room for) exactly `rows` rows.
+    fn set_rows(&mut self, rows: usize, width: usize) {
+        match self {
+            KvRows::F16(v) => v.resize(rows * width, f16::ZERO),
+            KvRows::Q8 { q, d } => {
+                q.resize(rows * width, 0);
+                d.resize(rows * width / 32, f16::ZERO);
+            }
+        }
+    }
+
+    fn write(&mut self, pos: usize, width: usize, src: &[f32]) {
+        match self {
+            KvRows::F16(v) => {
+                for (o, x) in v[pos * width..(pos + 1) * width].iter_mut().zip(src) {
+                    *o = f16::from_f32(*x);
+                }
+            }
+            KvRows::Q8 { q, d } => {
+                let nb = width / 32;
+                for (b, xb) in src.chunks_exact(32).enumerate() {
+                    let amax = xb.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let scale = f16::from_f32(amax / 127.0);
+                    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    d[pos * nb + b] = scale;
+                    for (o, x) in q[pos * width + 32 * b..pos * width + 32 * (b + 1)]
+                        .iter_mut()
+                        .zip(xb)
+                    {
+                        *o = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out = row[pos][cols]` as f32 (`cols` 32-aligned for q8_0).
+    fn read(&self, pos: usize, width: usize, cols: Range<usize>, out: &mut [f32]) {
+        match self {
+            KvRows::F16(v) => {
+                ops::f16_to_f32(&v[pos * width + cols.start..pos * width + cols.end], out)
+            }
+            KvRows::Q8 { q, d } => {
+                let nb = width / 32;
+                for (b, ob) in out.chunks_exact_mut(32).enumerate() {
+                    let blk = cols.start / 32 + b;
+                    let sc = d[pos * nb + blk].to_f32();
+                    let qs = &q[pos * width + 32 * blk..pos * width + 32 * (blk + 1)];
+                    for (o, &c) in ob.iter_mut().zip(qs) {
+                        *o = c as f32 * sc;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One GDN layer's state: conv window `[k−1, conv_dim]` (oldest first) and S `[H_v, d_k, d_v]`.
@@ -300,12 +389,18 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv(&self, cfg: &TargetConfig, _n_ctx: usize) -> Result<CpuKv> {
+        if self.kv == KvType::Q8_0 && cfg.head_dim % 32 != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "kv_cache=\"q8_0\" needs a head dim that is a multiple of 32, the model has {}",
+                cfg.head_dim
+            )));
+        }
         // Grows on demand up to n_ctx; memory is paid only for positions in use.
         Ok(CpuKv {
             width: cfg.n_head_kv * cfg.head_dim,
             len: 0,
-            k: Vec::new(),
-            v: Vec::new(),
+            k: KvRows::new(self.kv),
+            v: KvRows::new(self.kv),
         })
     }
 
@@ -329,16 +424,15 @@ impl Backend for CpuBackend {
 
     fn truncate_kv(&self, kv: &mut CpuKv, len: usize) {
         kv.len = kv.len.min(len);
-        kv.k.truncate(kv.len * kv.width);
-        kv.v.truncate(kv.len * kv.width);
+        kv.k.set_rows(kv.len, kv.width);
+        kv.v.set_rows(kv.len, kv.width);
     }
 
     fn copy_kv(&self, src: &CpuKv, dst: &mut CpuKv) {
         dst.len = src.len;
-        dst.k.clear();
-        dst.k.extend_from_slice(&src.k);
-        dst.v.clear();
-        dst.v.extend_from_slice(&src.v);
+        dst.width = src.width;
+        dst.k.clone_from(&src.k);
+        dst.v.clone_from(&src.v);
     }
 
     fn gdn_to_host(&self, st: &CpuGdn) -> Result<Vec<f32>> {
@@ -348,13 +442,14 @@ impl Backend for CpuBackend {
     }
 
     fn kv_to_host(&self, kv: &CpuKv) -> Result<(usize, Vec<f32>)> {
-        let n = kv.len * kv.width;
-        let out = kv.k[..n]
-            .iter()
-            .chain(&kv.v[..n])
-            .map(|x| x.to_f32())
-            .collect();
-        Ok((kv.len, out))
+        let (len, w) = (kv.len, kv.width);
+        let mut out = vec![0f32; 2 * len * w]; // [K rows ‖ V rows] f32
+        let (ko, vo) = out.split_at_mut(len * w);
+        for p in 0..len {
+            kv.k.read(p, w, 0..w, &mut ko[p * w..(p + 1) * w]);
+            kv.v.read(p, w, 0..w, &mut vo[p * w..(p + 1) * w]);
+        }
+        Ok((len, out))
     }
 
     fn gdn_block_rec(
@@ -470,8 +565,8 @@ impl Backend for CpuBackend {
         let mut q = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let mut gate = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let kvw = nkv * hd;
-        kv.k.resize((s.pos + n) * kvw, f16::ZERO);
-        kv.v.resize((s.pos + n) * kvw, f16::ZERO);
+        kv.k.set_rows(s.pos + n, kvw);
+        kv.v.set_rows(s.pos + n, kvw);
         for t in 0..n {
             let pos = s.pos + t;
             for h in 0..nh {
@@ -485,58 +580,57 @@ impl Backend for CpuBackend {
             let kt = &mut kf[t * kvw..(t + 1) * kvw];
             r::rmsnorm_heads(kt, hd, &w.k_norm, eps);
             r::rope_neox(kt, hd, cfg.n_rot, pos, cfg.rope_base);
-            for i in 0..kvw {
-                kv.k[pos * kvw + i] = f16::from_f32(kt[i]);
-                kv.v[pos * kvw + i] = f16::from_f32(vf[t * kvw + i]);
-            }
+            kv.k.write(pos, kvw, kt);
+            kv.v.write(pos, kvw, &vf[t * kvw..(t + 1) * kvw]);
         }
         kv.len = s.pos + n;
 
         // 3. causal attention over positions ≤ pos, grouped GQA, then the σ(gate). One task per
-        //    (row, kv head): its K/V prefix is converted from f16 once (SIMD) and shared by the
+        //    (row, kv head): its K/V prefix is converted to f32 once (f16: SIMD) and shared by the
         //    `group` query heads that read it. Each (row, head) result is computed the same way
         //    whatever n is (batch invariance: verify rows equal single-token steps).
         let group = nh / nkv;
         let scale = 1.0 / (hd as f32).sqrt();
         let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let (kc, vc) = (&kv.k, &kv.v);
-        att.par_chunks_mut(group * hd).enumerate().for_each(|(tg, out)| {
-            let (t, g) = (tg / nkv, tg % nkv);
-            let len = s.pos + t + 1;
-            let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
-            let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
-            for j in 0..len {
-                let src = j * kvw + g * hd..j * kvw + (g + 1) * hd;
-                ops::f16_to_f32(&kc[src.clone()], &mut kf[j * hd..(j + 1) * hd]);
-                ops::f16_to_f32(&vc[src], &mut vf[j * hd..(j + 1) * hd]);
-            }
-            let mut sc = vec![0f32; len];
-            for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
-                let h = g * group + jh;
-                let th = t * nh + h;
-                let qh = &q[th * hd..(th + 1) * hd];
-                let mut mx = f32::NEG_INFINITY;
-                for (j, scj) in sc.iter_mut().enumerate() {
-                    *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
-                    mx = mx.max(*scj);
+        att.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(tg, out)| {
+                let (t, g) = (tg / nkv, tg % nkv);
+                let len = s.pos + t + 1;
+                let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
+                let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
+                for j in 0..len {
+                    kc.read(j, kvw, g * hd..(g + 1) * hd, &mut kf[j * hd..(j + 1) * hd]);
+                    vc.read(j, kvw, g * hd..(g + 1) * hd, &mut vf[j * hd..(j + 1) * hd]);
                 }
-                let mut sum = 0f32;
-                for scj in sc.iter_mut() {
-                    *scj = (*scj - mx).exp();
-                    sum += *scj;
-                }
-                oh.fill(0.0);
-                for (j, &p) in sc.iter().enumerate() {
-                    for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
-                        *o += p * v;
+                let mut sc = vec![0f32; len];
+                for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
+                    let h = g * group + jh;
+                    let th = t * nh + h;
+                    let qh = &q[th * hd..(th + 1) * hd];
+                    let mut mx = f32::NEG_INFINITY;
+                    for (j, scj) in sc.iter_mut().enumerate() {
+                        *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
+                        mx = mx.max(*scj);
+                    }
+                    let mut sum = 0f32;
+                    for scj in sc.iter_mut() {
+                        *scj = (*scj - mx).exp();
+                        sum += *scj;
+                    }
+                    oh.fill(0.0);
+                    for (j, &p) in sc.iter().enumerate() {
+                        for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
+                            *o += p * v;
+                        }
+                    }
+                    let gt = &gate[th * hd..(th + 1) * hd];
+                    for (o, gv) in oh.iter_mut().zip(gt) {
+                        *o = *o / sum * r::sigmoid(*gv);
                     }
                 }
-                let gt = &gate[th * hd..(th + 1) * hd];
-                for (o, gv) in oh.iter_mut().zip(gt) {
-                    *o = *o / sum * r::sigmoid(*gv);
-                }
-            }
-        });
+            });
         // 4. out projection + residual
         let mut y = Vec::new();
         project(&att, n, nh * hd, &mut [(&w.out, &mut y)]);
