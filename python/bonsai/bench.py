@@ -54,17 +54,13 @@ def _prompts(n_vocab_text: int, lengths: list[int], seed: int) -> list[list[int]
     return [rng.integers(0, n_vocab_text, size=n).tolist() for n in lengths]
 
 
-def bench_bonsai(path: Path, threads: int, prompts: list[list[int]], gen: int, n_ctx: int) -> dict[str, Any]:
-    from . import Engine
-
-    eng = Engine(path, device="cpu", threads=threads, n_ctx=n_ctx)
+def _timed_runs(prompts: list[list[int]], stream: Any) -> list[dict[str, Any]]:
+    """Run ``stream(prompt)`` (an iterator with one item per generated token) for a discarded
+    warm-up and then every prompt; time the first token (TTFT, prefill) and the rest (decode)."""
     runs = []
-    for i, p in enumerate([prompts[0]] + prompts):  # first run is a discarded warm-up
+    for i, p in enumerate([prompts[0]] + prompts):
         t0 = time.perf_counter()
-        stamps = []
-        for c in eng.generate(p, max_tokens=gen, temperature=0.0, ignore_eos=True):
-            if c.token_ids:
-                stamps.append(time.perf_counter())
+        stamps = [time.perf_counter() for _ in stream(p)]
         if i == 0:
             continue
         n = len(stamps)
@@ -77,37 +73,34 @@ def bench_bonsai(path: Path, threads: int, prompts: list[list[int]], gen: int, n
                 "decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0,
             }
         )
-    return {"engine": "bonsai", "device": eng.info["device"], "runs": runs}
+    return runs
+
+
+def bench_bonsai(path: Path, threads: int, prompts: list[list[int]], gen: int, n_ctx: int) -> dict[str, Any]:
+    from . import Engine
+
+    eng = Engine(path, device="cpu", threads=threads, n_ctx=n_ctx)
+
+    def stream(p: list[int]) -> Any:
+        return (c for c in eng.generate(p, max_tokens=gen, temperature=0.0, ignore_eos=True) if c.token_ids)
+
+    return {"engine": "bonsai", "device": eng.info["device"], "runs": _timed_runs(prompts, stream)}
 
 
 def bench_llamacpp(path: Path, threads: int, prompts: list[list[int]], gen: int, n_ctx: int) -> dict[str, Any]:
+    import itertools
+
     import llama_cpp
 
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False
     )
-    runs = []
-    for i, p in enumerate([prompts[0]] + prompts):
+
+    def stream(p: list[int]) -> Any:
         llm.reset()
-        t0 = time.perf_counter()
-        stamps = []
-        for _tok in llm.generate(p, top_k=1, temp=0.0, reset=True):
-            stamps.append(time.perf_counter())
-            if len(stamps) >= gen:
-                break
-        if i == 0:
-            continue
-        n = len(stamps)
-        runs.append(
-            {
-                "prompt_tokens": len(p),
-                "generated": n,
-                "ttft_s": stamps[0] - t0,
-                "prefill_tok_s": len(p) / (stamps[0] - t0),
-                "decode_tok_s": (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0,
-            }
-        )
-    return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", "runs": runs}
+        return itertools.islice(llm.generate(p, top_k=1, temp=0.0, reset=True), gen)
+
+    return {"engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", "runs": _timed_runs(prompts, stream)}
 
 
 def _summ(res: dict[str, Any]) -> dict[str, float]:
