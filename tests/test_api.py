@@ -8,9 +8,10 @@ import math
 import threading
 import time
 
-import bonsai
 import numpy as np
 import pytest
+
+import bonsai
 
 PROMPT = "Hello world"
 # An uncancelled request of this length takes many seconds on the tiny model (~20 s on 2 cores), so

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import os
 
-import bonsai
 import pytest
+
+import bonsai
 from bonsai import (
     BackendUnavailableError,
     BonsaiError,

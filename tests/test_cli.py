@@ -9,8 +9,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import bonsai
 import pytest
+
+import bonsai
 from bonsai import gguf_io as G
 
 ROOT = Path(__file__).resolve().parent.parent

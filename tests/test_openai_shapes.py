@@ -8,6 +8,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+
 from bonsai import openai as oa
 
 MSG = [{"role": "user", "content": "hi"}]

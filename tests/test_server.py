@@ -7,10 +7,11 @@ import json
 import re
 import time
 
-import bonsai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
+import bonsai
 from bonsai import openai as oa
 from bonsai.server import make_app
 

@@ -31,15 +31,15 @@ def setup(request, tmp_path_factory):
     target = synth.make_target(d / "t.gguf", "tiny", variant, progress=False, mixer_gain=MIXER_GAIN)
     plain = bonsai.Engine(target, device="cpu", threads=2)
     outs = [plain.complete(p, max_tokens=N_GEN, temperature=0, ignore_eos=True).token_ids for p in _prompts()]
-    # the agreeing drafter encodes the target's greedy next-token map, learnt on OTHER prompts
+    # the agreeing drafter encodes the target's greedy next-token map, learnt from engine runs on OTHER
+    # inputs (every text token once in a random permutation, plus greedy outputs of other prompts)
     train = [
         p[-1:] + plain.complete(p, max_tokens=N_GEN, temperature=0, ignore_eos=True).token_ids for p in _prompts(1)
     ]
+    n_map = synth.learn_next_token_map(plain, synth.PRESETS["tiny"].n_bpe, train)
     drafters = {
         "random": synth.make_drafter(d / "rnd.gguf", "tiny", variant, progress=False),
-        "agreeing": synth.make_drafter(
-            d / "agr.gguf", "tiny", variant, progress=False, next_token=synth.next_token_map(train)
-        ),
+        "agreeing": synth.make_drafter(d / "agr.gguf", "tiny", variant, progress=False, next_token=n_map),
         "ngram": "ngram",
     }
     return variant, target, outs, drafters
@@ -65,8 +65,9 @@ def test_greedy_speculative_equals_plain(setup, drafter):
     if drafter == "random":
         assert rate < 0.05, rate
     if drafter == "agreeing":
-        assert rate > 0.4, rate
-        assert st["tokens_per_round"] > 2.0
+        # the accept path dominates: most rounds accept several drafts (0.79 measured on q1)
+        assert rate > 0.6, rate
+        assert st["tokens_per_round"] > 3.0
     pol = eng.policy
     assert pol["kind"] == ("ngram" if drafter == "ngram" else "dspark")
     if drafter != "ngram":

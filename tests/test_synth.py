@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+
 from bonsai import _quant as Q
 from bonsai import gguf_io as G
 

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from bonsai import gguf_io as G
 
 ROOT = Path(__file__).resolve().parent.parent

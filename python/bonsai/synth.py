@@ -957,6 +957,30 @@ def next_token_map(sequences) -> dict:
     return {a: max(c.items(), key=lambda kv: (kv[1], -kv[0]))[0] for a, c in counts.items()}
 
 
+def learn_next_token_map(engine, n_tokens: int, sequences=(), seed: int = 0, chunk: int = 512) -> dict:
+    """The target's next-token map learnt from engine runs, for EVERY token below ``n_tokens``:
+    each token is fed once inside a random permutation of ``range(n_tokens)`` (chunked prefill,
+    ``engine.logits``) and votes for the argmax of its row; the transitions of ``sequences`` (e.g.
+    greedy outputs on other prompts: the contexts decoding really visits) vote twice. The majority
+    wins. On ``small`` this predicts about 3 of 4 greedy steps on unseen prompts, where the map of
+    a few greedy outputs alone covers only the tokens it saw (about half)."""
+    votes: dict = {}
+
+    def vote(a: int, b: int, w: int) -> None:
+        c = votes.setdefault(int(a), {})
+        c[int(b)] = c.get(int(b), 0) + w
+
+    perm = np.random.default_rng([int(seed), 0x6E78]).permutation(n_tokens)
+    for c0 in range(0, n_tokens, chunk):
+        ids = perm[c0 : c0 + chunk].tolist()
+        for a, b in zip(ids, engine.logits(ids).argmax(axis=1).tolist(), strict=True):
+            vote(a, b, 1)
+    for seq in sequences:
+        for a, b in zip(seq[:-1], seq[1:], strict=True):
+            vote(a, b, 2)
+    return {a: max(c.items(), key=lambda kv: (kv[1], -kv[0]))[0] for a, c in votes.items()}
+
+
 def _agree_tables(spec: TensorSpec, seed: int, next_token: dict):
     """Markov tables with ``argmax_v b[v]·a[prev] = next_token[prev]``: ``b[v] = u_v`` (random unit
     vectors in R^rank) and ``a[p] = AGREE_GAIN·u_{next(p)}`` (0 for tokens without an entry)."""
