@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::{AttnWeights, GdnWeights, MlpWeights};
+use crate::model::{AttnWeights, GdnWeights, MlpWeights, SeqState, Weights};
 
 /// How the GDN recurrence runs over the rows of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +174,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<()>;
     /// Copy row `row` of x to the host (`[width]`): drafter taps, probes, tests.
     fn read_row(&self, x: &Self::Act, row: usize, out: &mut [f32]);
+
+    // ---- whole steps ------------------------------------------------------------------------------
+    /// One plain decode step: feed token `id` at position `st.pos`, advance the state by one, and
+    /// write that row's logits to the host (`logits`: `[n_vocab]`, resized). The result must equal
+    /// [`crate::model::decode_step_eager`] (the plain forward over one row) bit for bit; a backend
+    /// may run it differently (the CUDA backend replays a captured graph).
+    fn decode_step(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<()>;
 }
 
 /// Width of one verify-record row of a GDN layer: `mixed` (conv_dim) ‖ `k` (H_k·d_k) ‖ `v` (H_v·d_v)

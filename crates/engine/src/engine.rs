@@ -869,27 +869,36 @@ impl<B: Backend> Worker<B> {
             }
             // a plain decode step (with the drafter's context row when drafting is possible)
             let timer = Timer::start();
-            let tap_req = tap_layers.as_ref().map(|l| TapRequest {
-                layers: l,
-                rows: 0..1,
-                out: &mut taps,
-            });
-            forward(
-                &self.backend,
-                &self.cfg,
-                &self.weights,
-                &mut self.state,
-                &[id_last],
-                GdnMode::Recurrent,
-                LogitRows::Last,
-                &mut logits,
-                Capture {
-                    taps: tap_req,
-                    gdn_rec: None,
-                },
-            )?;
-            if tap_layers.is_some() {
-                self.stage(&taps, start, 1)?;
+            match &tap_layers {
+                Some(l) => {
+                    forward(
+                        &self.backend,
+                        &self.cfg,
+                        &self.weights,
+                        &mut self.state,
+                        &[id_last],
+                        GdnMode::Recurrent,
+                        LogitRows::Last,
+                        &mut logits,
+                        Capture {
+                            taps: Some(TapRequest {
+                                layers: l,
+                                rows: 0..1,
+                                out: &mut taps,
+                            }),
+                            gdn_rec: None,
+                        },
+                    )?;
+                    self.stage(&taps, start, 1)?;
+                }
+                // no side outputs: the backend's decode step (a graph replay on CUDA)
+                None => self.backend.decode_step(
+                    &self.cfg,
+                    &self.weights,
+                    &mut self.state,
+                    id_last,
+                    &mut logits,
+                )?,
             }
             let s = sampler.sample(&logits);
             sampler.accept(s.id);

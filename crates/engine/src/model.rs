@@ -327,3 +327,28 @@ pub fn forward<B: Backend>(
     b.head(cfg, &w.output_norm, w.head_mat(), &x, range.clone(), logits)?;
     Ok(range.len())
 }
+
+/// One plain decode step through [`forward`]: token `id` at `st.pos` with the recurrent GDN form, no
+/// side outputs, logits of the row into `logits` (`[n_vocab]`). The reference for
+/// [`Backend::decode_step`].
+pub fn decode_step_eager<B: Backend>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    st: &mut SeqState<B>,
+    id: u32,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    forward(
+        b,
+        cfg,
+        w,
+        st,
+        &[id],
+        GdnMode::Recurrent,
+        LogitRows::Last,
+        logits,
+        Capture::none(),
+    )
+    .map(|_| ())
+}

@@ -12,7 +12,7 @@ use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
-use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, Weights};
+use bonsai_engine::model::{decode_step_eager, forward, Capture, LogitRows, SeqState, Weights};
 
 fn models() -> Option<Vec<PathBuf>> {
     let dir = std::env::var("BONSAI_CUDA_MODELS").ok()?;
@@ -241,6 +241,69 @@ fn cuda_batch_invariance_and_graph() {
         assert_eq!(eager, host, "{}: device argmax vs host argmax", p.display());
         eprintln!(
             "{}: graph == eager == forward greedy: {graph:?}",
+            p.display()
+        );
+    }
+}
+
+/// `Backend::decode_step` on CUDA (a captured graph replayed per token) against the eager one-row
+/// forward (`decode_step_eager`): bit-identical logits over several steps, across a recapture
+/// (a longer prompt grows the scratch), and with eager steps interleaved on the graph's state.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_decode_step_graph_equals_eager() {
+    let Some((cuda, paths)) = setup("cuda_decode_step_graph_equals_eager") else {
+        return;
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for p in paths {
+        let g = Arc::new(Gguf::open(&p).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let w = Weights::load(&cuda, &g, &cfg).unwrap();
+        let nv = cfg.n_vocab as u32;
+        let mut se = SeqState::new(&cuda, &cfg, 256).unwrap();
+        let mut sg = SeqState::new(&cuda, &cfg, 256).unwrap();
+        let mut compared = 0;
+        for (round, plen) in [(0, 13u32), (1, 40)] {
+            se.reset(&cuda);
+            sg.reset(&cuda);
+            let prompt: Vec<u32> = (0..plen).map(|i| (i * 7919 + 11 + round) % nv).collect();
+            let le = run_forward(&cuda, &cfg, &w, &mut se, &prompt, LogitRows::Last);
+            let lg = run_forward(&cuda, &cfg, &w, &mut sg, &prompt, LogitRows::Last);
+            assert_eq!(bits(&le), bits(&lg), "prefill differs");
+            let mut tok = argmax(&le) as u32;
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for step in 0..8 {
+                decode_step_eager(&cuda, &cfg, &w, &mut se, tok, &mut a).unwrap();
+                if step == 5 {
+                    // an eager step on the graph's state in between: same result, and the graph
+                    // must still be right afterwards
+                    decode_step_eager(&cuda, &cfg, &w, &mut sg, tok, &mut b).unwrap();
+                } else {
+                    cuda.decode_step(&cfg, &w, &mut sg, tok, &mut b).unwrap();
+                }
+                assert_eq!(a.len(), cfg.n_vocab);
+                assert!(a.iter().all(|x| x.is_finite()));
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "{}: round {round} step {step}: graph logits differ from eager",
+                    p.display()
+                );
+                assert_eq!(se.pos, sg.pos);
+                compared += 1;
+                tok = argmax(&a) as u32;
+            }
+        }
+        // errors are checked before any replay
+        let mut full = SeqState::new(&cuda, &cfg, 2).unwrap();
+        let mut l = Vec::new();
+        cuda.decode_step(&cfg, &w, &mut full, 1, &mut l).unwrap();
+        cuda.decode_step(&cfg, &w, &mut full, 1, &mut l).unwrap();
+        assert!(cuda.decode_step(&cfg, &w, &mut full, 1, &mut l).is_err());
+        assert!(cuda.decode_step(&cfg, &w, &mut sg, nv, &mut l).is_err());
+        println!(
+            "{}: decode_step graph == eager, {compared} steps bit-identical",
             p.display()
         );
     }

@@ -249,6 +249,55 @@ impl DevBuf {
     }
 }
 
+/// Page-locked (pinned) host memory, freed on drop. Stream copies to and from it are truly
+/// asynchronous and can be captured into a graph (pageable copies cannot).
+pub struct PinnedBuf {
+    ptr: *mut c_void,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a host allocation usable from any thread; the owner orders host access against the
+// stream (write before launch, read after sync).
+unsafe impl Send for PinnedBuf {}
+// SAFETY: see Send; shared access only reads.
+unsafe impl Sync for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// The first `n` f32 values. The caller must have synchronized the stream after the last copy
+    /// into the buffer.
+    pub fn f32s(&self, n: usize) -> &[f32] {
+        assert!(n * 4 <= self.bytes, "pinned read out of bounds");
+        // SAFETY: ptr is a live host allocation of `bytes` (page aligned), n·4 ≤ bytes, and f32 has
+        // no invalid bit patterns.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const f32, n) }
+    }
+    /// Write `v` at element offset `i` (i32 slots). No copy may be in flight from this buffer.
+    pub fn set_i32(&mut self, i: usize, v: i32) {
+        assert!((i + 1) * 4 <= self.bytes, "pinned write out of bounds");
+        // SAFETY: in bounds of a live, page-aligned host allocation; &mut self gives exclusivity.
+        unsafe { (self.ptr as *mut i32).add(i).write(v) }
+    }
+    /// Address of byte `off`, as a host pointer.
+    fn at(&self, off: usize) -> *mut c_void {
+        debug_assert!(off <= self.bytes);
+        // SAFETY: off ≤ bytes, inside the allocation.
+        unsafe { (self.ptr as *mut u8).add(off) as *mut c_void }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() && self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: ptr came from malloc_host in this context and is freed once.
+            let _ = unsafe { cu::free_host(self.ptr) };
+        }
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
@@ -450,6 +499,59 @@ impl Gpu {
                 .map_err(err("htod"))?;
         }
         self.sync()
+    }
+
+    /// A zeroed pinned host buffer of `bytes` (at least 4).
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf> {
+        self.bind()?;
+        let bytes = bytes.max(4);
+        // SAFETY: plain host allocation in the bound context; zeroed right below.
+        let ptr = unsafe { cu::malloc_host(bytes, 0) }.map_err(err("cuMemHostAlloc"))?;
+        // SAFETY: ptr is a fresh allocation of `bytes`.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(PinnedBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Stream-ordered copy of `bytes` from pinned `src` at byte `src_off` to device `dst`. Does not
+    /// wait (capturable): the host must not change `src` until the stream has passed the copy.
+    pub fn htod_pinned_async(
+        &self,
+        dst: u64,
+        src: &PinnedBuf,
+        src_off: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        assert!(src_off + bytes <= src.bytes, "htod_pinned out of bounds");
+        self.bind()?;
+        // SAFETY: in bounds of a live pinned allocation; the device range is the caller's buffer.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.at(src_off), bytes, self.stream.cu_stream())
+                .result()
+                .map_err(err("htod pinned"))
+        }
+    }
+
+    /// Stream-ordered copy of `bytes` from device `src` into pinned `dst` at byte `dst_off`. Does not
+    /// wait (capturable): read `dst` only after [`Gpu::sync`].
+    pub fn dtoh_pinned_async(
+        &self,
+        dst: &PinnedBuf,
+        dst_off: usize,
+        src: u64,
+        bytes: usize,
+    ) -> Result<()> {
+        assert!(dst_off + bytes <= dst.bytes, "dtoh_pinned out of bounds");
+        self.bind()?;
+        // SAFETY: in bounds of a live pinned allocation; the device range is the caller's buffer.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.at(dst_off), src, bytes, self.stream.cu_stream())
+                .result()
+                .map_err(err("dtoh pinned"))
+        }
     }
 
     /// Copy `dst.len()` elements from `src` at byte offset `off` to the host (waits for the stream).

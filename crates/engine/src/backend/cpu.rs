@@ -12,7 +12,7 @@ use super::{gdn_rec_width, Backend, GdnMode, KvType, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::{AttnWeights, GdnWeights, MlpWeights};
+use crate::model::{decode_step_eager, AttnWeights, GdnWeights, MlpWeights, SeqState, Weights};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
@@ -685,5 +685,17 @@ impl Backend for CpuBackend {
 
     fn read_row(&self, x: &CpuAct, row: usize, out: &mut [f32]) {
         out.copy_from_slice(&x.data[row * x.width..(row + 1) * x.width]);
+    }
+
+    /// The plain forward over one row.
+    fn decode_step(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        decode_step_eager(self, cfg, w, st, id, logits)
     }
 }

@@ -7,6 +7,8 @@
 //! Decode can also run as one captured CUDA graph per token ([`CudaBackend::capture_decode`]):
 //! the token id and position live in device memory, and the graph ends with the head, a device
 //! argmax that feeds the next step's embedding, and a position increment.
+//! The engine's plain decode step ([`Backend::decode_step`]) replays a similar graph that ends with
+//! the logits row copied to pinned host memory instead (sampling stays on the host).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -94,12 +96,31 @@ struct Scratch {
     // head: logits [8, n_vocab] f32; argmax ids [8] i32; token history for graph runs
     logits: DevBuf,
     amax: DevBuf,
+    /// Bumped on every reallocation: a captured graph is valid only for the generation it saw.
+    gen: u64,
 }
 
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     scratch: Mutex<Option<Scratch>>,
     max_ctx: Mutex<usize>,
+    /// The captured plain decode step ([`Backend::decode_step`]), rebuilt when its key changes.
+    step_graph: Mutex<Option<StepGraph>>,
+}
+
+/// One plain decode step captured as a CUDA graph: pinned `[id, pos]` → device slots, embed, 64
+/// layers, head, logits row → pinned host buffer. Valid while every address it baked in is alive
+/// and unchanged, which `key` records.
+struct StepGraph {
+    /// Scratch generation, n_ctx, weight and state buffer addresses at capture.
+    key: Vec<u64>,
+    graph: kc::Graph,
+    /// The residual stream x: [1, n_embd] f32 (address baked into the graph).
+    _x: CudaAct,
+    /// [id, pos] i32, read by the graph's first two copies.
+    input: kc::PinnedBuf,
+    /// [n_vocab] f32, written by the graph's last copy.
+    logits: kc::PinnedBuf,
 }
 
 /// Rows per mat-vec launch.
@@ -128,6 +149,7 @@ impl CudaBackend {
             gpu: Arc::new(gpu),
             scratch: Mutex::new(None),
             max_ctx: Mutex::new(1),
+            step_graph: Mutex::new(None),
         })
     }
 
@@ -154,7 +176,11 @@ impl CudaBackend {
         };
         if need_new {
             let cap = n.max(g.as_ref().map_or(1, |s| s.cap)).max(MV_ROWS);
-            *g = Some(self.alloc_scratch(cfg, cap, max_ctx)?);
+            let gen = g.as_ref().map_or(0, |s| s.gen + 1);
+            *g = None;
+            let mut sc = self.alloc_scratch(cfg, cap, max_ctx)?;
+            sc.gen = gen;
+            *g = Some(sc);
         }
         f(g.as_mut().expect("scratch"))
     }
@@ -204,6 +230,7 @@ impl CudaBackend {
             ids: a(cap * 4)?,
             logits: a(MV_ROWS * cfg.n_vocab * f)?,
             amax: a(MV_ROWS * 4)?,
+            gen: 0,
         })
     }
 
@@ -576,6 +603,25 @@ impl CudaBackend {
         st: &mut SeqState<Self>,
         x: u64,
     ) -> Result<()> {
+        self.step_logits(sc, cfg, w, st, x)?;
+        self.gpu
+            .argmax_rows(sc.logits.ptr(), 1, cfg.n_vocab, sc.amax.ptr())
+            .map_err(be)?;
+        // next step's input token = this step's argmax
+        self.gpu.dtod(sc.ids.ptr(), sc.amax.ptr(), 4).map_err(be)
+    }
+
+    /// The device work of one n = 1 step up to the logits: token from `sc.ids[0]`, position from
+    /// `sc.pos[0]`, logits row into `sc.logits[0]`. The same launches, in the same order, as the
+    /// eager `forward` over one row. No host synchronization (capturable).
+    fn step_logits(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        x: u64,
+    ) -> Result<()> {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
         let (mut ia, mut ig) = (0, 0);
         for layer in &w.layers {
@@ -591,12 +637,69 @@ impl CudaBackend {
             }
             self.mlp_impl(sc, cfg, &layer.mlp, x, 1)?;
         }
-        self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)?;
-        self.gpu
-            .argmax_rows(sc.logits.ptr(), 1, cfg.n_vocab, sc.amax.ptr())
-            .map_err(be)?;
-        // next step's input token = this step's argmax
-        self.gpu.dtod(sc.ids.ptr(), sc.amax.ptr(), 4).map_err(be)
+        self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)
+    }
+
+    /// What a captured plain decode step depends on: the scratch generation, the context size,
+    /// and the addresses of the weights and the per-sequence state.
+    fn step_key(w: &Weights<Self>, st: &SeqState<Self>, gen: u64) -> Vec<u64> {
+        let mut k = vec![
+            gen,
+            st.n_ctx as u64,
+            w.tok_embd.codes.ptr(),
+            w.head_mat().codes.ptr(),
+        ];
+        for l in &w.layers {
+            k.push(l.mlp.down.codes.ptr());
+            match &l.mixer {
+                Mixer::Gdn(g) => k.push(g.qkv.codes.ptr()),
+                Mixer::Attn(a) => k.push(a.q.codes.ptr()),
+            }
+        }
+        for kv in &st.kv {
+            k.extend([kv.k.ptr(), kv.v.ptr()]);
+        }
+        for g in &st.gdn {
+            k.extend([g.conv.ptr(), g.s.ptr()]);
+        }
+        k
+    }
+
+    /// Capture [`Backend::decode_step`]'s device work as one graph (see [`StepGraph`]).
+    fn capture_step(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        key: Vec<u64>,
+    ) -> Result<StepGraph> {
+        let nv = cfg.n_vocab;
+        let x = self.new_act(1, cfg.n_embd);
+        let input = self.gpu.alloc_pinned(8).map_err(be)?;
+        let logits = self.gpu.alloc_pinned(nv * 4).map_err(be)?;
+        self.gpu.sync().map_err(be)?;
+        self.gpu.begin_capture().map_err(be)?;
+        let r = (|| {
+            let g = &self.gpu;
+            g.htod_pinned_async(sc.ids.ptr(), &input, 0, 4)
+                .map_err(be)?;
+            g.htod_pinned_async(sc.pos.ptr(), &input, 4, 4)
+                .map_err(be)?;
+            self.step_logits(sc, cfg, w, st, x.buf.ptr())?;
+            g.dtoh_pinned_async(&logits, 0, sc.logits.ptr(), nv * 4)
+                .map_err(be)
+        })();
+        let graph = self.gpu.end_capture().map_err(be);
+        sc.pos_host = None;
+        r?;
+        Ok(StepGraph {
+            key,
+            graph: graph?,
+            _x: x,
+            input,
+            logits,
+        })
     }
 
     /// Capture one greedy decode step as a CUDA graph. The graph reads the token from the device
@@ -1020,5 +1123,69 @@ impl Backend for CudaBackend {
         self.gpu
             .dtoh(&x.buf, row * x.width * 4, out)
             .expect("cuda: read_row");
+    }
+
+    /// Replays one captured graph per token (captured at the first step, and again whenever the
+    /// weights, the state buffers, the context size or the scratch change): the token and the
+    /// position go in through a pinned buffer, the logits row comes back through another. The
+    /// launches are those of the eager forward, so the logits are bit-identical.
+    fn decode_step(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        if st.pos + 1 > st.n_ctx {
+            return Err(Error::ContextOverflow(format!(
+                "{} positions requested, context is {}",
+                st.pos + 1,
+                st.n_ctx
+            )));
+        }
+        if id as usize >= cfg.n_vocab || id as usize >= w.tok_embd.n_out {
+            return Err(Error::InvalidRequest(format!(
+                "token id {id} out of range (n_vocab {})",
+                cfg.n_vocab
+            )));
+        }
+        if w.head_mat().n_out != cfg.n_vocab {
+            return Err(Error::Backend(format!(
+                "head has {} rows, n_vocab is {}",
+                w.head_mat().n_out,
+                cfg.n_vocab
+            )));
+        }
+        if let Some(kv) = st.kv.iter().find(|kv| kv.len != st.pos) {
+            return Err(Error::Backend(format!(
+                "KV cache holds {} rows, step starts at {}",
+                kv.len, st.pos
+            )));
+        }
+        let nv = cfg.n_vocab;
+        let mut slot = self.step_graph.lock().expect("step graph lock");
+        self.with_scratch(cfg, 1, |sc| {
+            let key = Self::step_key(w, st, sc.gen);
+            if slot.as_ref().is_none_or(|g| g.key != key) {
+                *slot = None;
+                *slot = Some(self.capture_step(sc, cfg, w, st, key)?);
+            }
+            let g = slot.as_mut().expect("step graph");
+            g.input.set_i32(0, id as i32);
+            g.input.set_i32(1, st.pos as i32);
+            // the graph overwrites the device position slot
+            sc.pos_host = None;
+            self.gpu.launch_graph(&g.graph).map_err(be)?;
+            self.gpu.sync().map_err(be)?;
+            logits.clear();
+            logits.extend_from_slice(g.logits.f32s(nv));
+            Ok(())
+        })?;
+        st.pos += 1;
+        for kv in &mut st.kv {
+            kv.len = st.pos;
+        }
+        Ok(())
     }
 }
