@@ -276,16 +276,7 @@ impl Sampler {
             }
         }
         // Log-softmax normalizer of the penalized, unscaled logits (for reported logprobs).
-        let lse = {
-            let work = &self.work;
-            let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if max == f32::NEG_INFINITY {
-                f64::NEG_INFINITY
-            } else {
-                let sum: f64 = work.iter().map(|&l| ((l - max) as f64).exp()).sum();
-                max as f64 + sum.ln()
-            }
-        };
+        let lse = bonsai_kernels_cpu::ops::log_sum_exp(&self.work);
 
         let id = if self.p.temperature == 0.0 {
             // 3. greedy: first maximum.

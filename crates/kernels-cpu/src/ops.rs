@@ -897,3 +897,61 @@ pub fn attention_isa(
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Softmax normalizer
+// ---------------------------------------------------------------------------------------------
+
+/// `ln Σ_i exp(x_i)` over a logit row, with a vectorizable `exp` (Cody–Waite range reduction and a
+/// degree-6 polynomial, relative error ≲ 2e-7 per term) and 8 f32 lane accumulators summed in a
+/// fixed order, so the result is deterministic. ~10× faster than an f64 `exp` loop over a 248k
+/// vocabulary, which matters once a decode step is a few milliseconds. `-inf` for an empty or
+/// all-`-inf` row.
+pub fn log_sum_exp(x: &[f32]) -> f64 {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    if max.is_nan() || max == f32::INFINITY {
+        return max as f64;
+    }
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            acc[l] += exp_nonpos(c[l] - max);
+        }
+    }
+    let mut tail = 0f64;
+    for &v in chunks.remainder() {
+        tail += exp_nonpos(v - max) as f64;
+    }
+    let sum = ((acc[0] as f64 + acc[4] as f64) + (acc[2] as f64 + acc[6] as f64))
+        + ((acc[1] as f64 + acc[5] as f64) + (acc[3] as f64 + acc[7] as f64))
+        + tail;
+    max as f64 + sum.ln()
+}
+
+/// `exp(x)` for `x ≤ 0` in branch-free arithmetic that LLVM vectorizes (no libm call).
+#[inline(always)]
+fn exp_nonpos(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding and subtracting rounds to nearest
+    let xc = x.max(-87.0);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = (xc - n * LN2_HI) - n * LN2_LO; // |r| ≤ ln2/2
+                                            // e^r ≈ 1 + r + r²/2 + … + r⁶/720 (Horner)
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    let y = p * scale;
+    if x < -87.0 {
+        0.0
+    } else {
+        y
+    }
+}

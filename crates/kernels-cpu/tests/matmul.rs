@@ -317,3 +317,38 @@ fn f16_to_f32_simd_equals_scalar_exactly() {
         }
     }
 }
+
+#[test]
+fn log_sum_exp_matches_f64_reference() {
+    use bonsai_kernels_cpu::ops::log_sum_exp;
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    for &(n, spread) in &[
+        (1usize, 1.0f64),
+        (7, 3.0),
+        (8, 5.0),
+        (1000, 10.0),
+        (248_320, 4.0),
+        (5000, 200.0),
+    ] {
+        let x: Vec<f32> = (0..n)
+            .map(|_| ((rnd() - 0.5) * 2.0 * spread) as f32)
+            .collect();
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let exact = m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        let fast = log_sum_exp(&x);
+        assert!(
+            (fast - exact).abs() < 1e-5 * exact.abs().max(1.0),
+            "n {n}: {fast} vs {exact}"
+        );
+    }
+    assert_eq!(log_sum_exp(&[]), f64::NEG_INFINITY);
+    assert_eq!(log_sum_exp(&[f32::NEG_INFINITY; 3]), f64::NEG_INFINITY);
+    let with_ban = [0.0f32, f32::NEG_INFINITY, 0.0];
+    assert!((log_sum_exp(&with_ban) - 2f64.ln()).abs() < 1e-6);
+}
