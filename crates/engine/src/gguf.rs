@@ -333,6 +333,46 @@ impl Gguf {
         })
     }
 
+    /// The matrix `name` (ggml `[n_in, n_out]`), checked: present, that shape, a known type whose
+    /// blocks tile `n_in`, and exactly the bytes that implies. Returns its index in
+    /// [`tensors`](Self::tensors), its type and its bytes. Every backend loads matrices through this.
+    pub fn matrix(
+        &self,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<(usize, QuantType, &[u8])> {
+        let idx = self
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| Error::tensor(name, "missing"))?;
+        let t = &self.tensors()[idx];
+        if t.ne0() != n_in || t.n_rows() != n_out {
+            return Err(Error::tensor(
+                name,
+                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
+            ));
+        }
+        let qt = t
+            .qtype
+            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
+        let data = self.tensor_data(t)?;
+        let need = qt.row_bytes(n_in).ok_or_else(|| {
+            Error::tensor(
+                name,
+                format!("ne0 {n_in} is not a multiple of {}", qt.block_elems()),
+            )
+        })? * n_out;
+        if data.len() != need {
+            return Err(Error::tensor(
+                name,
+                format!("expected {need} bytes, found {}", data.len()),
+            ));
+        }
+        Ok((idx, qt, data))
+    }
+
     /// Parse an owned buffer with the same parser (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf> {
         Gguf::parse(Arc::new(Backing::Owned(bytes)))

@@ -326,34 +326,7 @@ impl Backend for CpuBackend {
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {
-        let idx = g
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .ok_or_else(|| Error::tensor(name, "missing"))?;
-        let t = &g.tensors()[idx];
-        if t.ne0() != n_in || t.n_rows() != n_out {
-            return Err(Error::tensor(
-                name,
-                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
-            ));
-        }
-        let qt = t
-            .qtype
-            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
-        let data = g.tensor_data(t)?;
-        let need = qt.row_bytes(n_in).ok_or_else(|| {
-            Error::tensor(
-                name,
-                format!("ne0 {n_in} is not a multiple of {}", qt.block_elems()),
-            )
-        })? * n_out;
-        if data.len() != need {
-            return Err(Error::tensor(
-                name,
-                format!("expected {need} bytes, found {}", data.len()),
-            ));
-        }
+        let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
         Ok(CpuMat {
             g: g.clone(),
             idx,

@@ -889,33 +889,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
-        let t = g
-            .tensors()
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| Error::tensor(name, "missing"))?;
-        if t.ne0() != n_in || t.n_rows() != n_out {
-            return Err(Error::tensor(
-                name,
-                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
-            ));
-        }
-        let qt = t
-            .qtype
-            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
-        let data = g.tensor_data(t)?;
-        let need = qt.row_bytes(n_in).ok_or_else(|| {
-            Error::tensor(
-                name,
-                format!("ne0 {n_in} is not a multiple of {}", qt.block_elems()),
-            )
-        })? * n_out;
-        if data.len() != need {
-            return Err(Error::tensor(
-                name,
-                format!("expected {need} bytes, found {}", data.len()),
-            ));
-        }
+        let (_, qt, data) = g.matrix(name, n_in, n_out)?;
         if qt.is_lowbit() && n_in % 64 != 0 {
             return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
         }
