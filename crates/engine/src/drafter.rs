@@ -32,28 +32,7 @@ pub struct HostMat {
 
 impl HostMat {
     pub fn load(g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<HostMat> {
-        let idx = g
-            .tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .ok_or_else(|| Error::tensor(name, "missing"))?;
-        let t = &g.tensors()[idx];
-        if t.ne0() != n_in || t.n_rows() != n_out {
-            return Err(Error::tensor(
-                name,
-                format!("expected shape [{n_in}, {n_out}], found {:?}", t.dims),
-            ));
-        }
-        let qt = t
-            .qtype
-            .ok_or_else(|| Error::tensor(name, format!("unknown type id {}", t.ggml_type)))?;
-        let need = qt
-            .row_bytes(n_in)
-            .ok_or_else(|| Error::tensor(name, "ne0 is not a whole number of blocks"))?
-            * n_out;
-        if g.tensor_data(t)?.len() != need {
-            return Err(Error::tensor(name, format!("expected {need} bytes")));
-        }
+        let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
         Ok(HostMat {
             g: g.clone(),
             idx,
@@ -241,6 +220,8 @@ impl Drafter {
             len: 0,
             next_pos: 0,
             window: self.window(),
+            slack: (self.window() / 8).max(1),
+            block: self.cfg.block_size,
         }
     }
 
@@ -265,6 +246,10 @@ impl Drafter {
         }
         let e = self.cfg.n_embd;
         debug_assert_eq!(taps.len(), n * self.tap_width());
+        // Rows older than the window would be evicted right away: never compute them.
+        let skip = n.saturating_sub(st.window);
+        let (taps, pos0, n) = (&taps[skip * self.tap_width()..], pos0 + skip, n - skip);
+        st.make_room(n);
         let h = self.fc.matmul(taps, n); // [n, E]
         let mut c = vec![0f32; n * e]; // [n, E]
         for (hr, cr) in h.chunks_exact(e).zip(c.chunks_exact_mut(e)) {
@@ -282,7 +267,7 @@ impl Drafter {
         }
         st.len += n;
         st.next_pos = pos0 + n;
-        st.evict();
+        debug_assert!(st.len <= st.window && st.k[0].len() == (st.off + st.len) * kvw);
         Ok(())
     }
 
@@ -298,6 +283,8 @@ impl Drafter {
         let (e, bs, hd) = (c.n_embd, c.block_size, c.head_dim);
         let (nh, nkv, kvw) = (c.n_head, c.n_head_kv, st.kvw);
         let eps = c.rms_eps;
+        // room for the block rows appended (and dropped) per layer below: no reallocation
+        st.make_room(0);
         // x: [bs, E] block rows [id_last, M, M, M] + log-SNR conditioning
         let mut x = vec![0f32; bs * e];
         for k in 0..bs {
@@ -397,6 +384,10 @@ impl Drafter {
 
 /// The drafter's per-sequence state: the context K/V window. k, v per layer: `[off + len, kvw]` f32;
 /// the live rows are `off .. off + len` at positions `next_pos − len .. next_pos`.
+///
+/// Memory is bounded once the window is full: each buffer holds at most
+/// `window + slack + block` rows ([`DraftState::cap_rows`]); dead rows are dropped by compacting
+/// (moving the live rows to the front) when the next append would pass that, never by growing.
 #[derive(Clone)]
 pub struct DraftState {
     k: Vec<Vec<f32>>,
@@ -406,6 +397,10 @@ pub struct DraftState {
     len: usize,
     next_pos: usize,
     window: usize,
+    /// Dead rows tolerated before compaction (amortizes the move of the live window).
+    slack: usize,
+    /// Block rows the draft appends temporarily.
+    block: usize,
 }
 
 impl DraftState {
@@ -437,18 +432,40 @@ impl DraftState {
         self.k.iter().chain(&self.v).map(|b| b.capacity() * 4).sum()
     }
 
-    /// Drop the oldest rows beyond the window; compact the buffers once a quarter window is dead.
-    fn evict(&mut self) {
-        if self.len > self.window {
-            self.off += self.len - self.window;
-            self.len = self.window;
-        }
-        if self.off > 0 && self.off >= self.window / 4 {
-            let cut = self.off * self.kvw;
-            for b in self.k.iter_mut().chain(self.v.iter_mut()) {
-                b.drain(..cut);
+    /// Most rows a buffer ever holds: the window, the compaction slack and one draft block.
+    pub fn cap_rows(&self) -> usize {
+        self.window + self.slack + self.block
+    }
+
+    /// Bytes the buffers can ever hold ([`DraftState::cap_rows`] rows of K and V per layer).
+    pub fn max_bytes(&self) -> usize {
+        self.cap_rows() * self.kvw * 4 * (self.k.len() + self.v.len())
+    }
+
+    /// Make room to append `n ≤ window` rows plus a draft block: evict the oldest rows the window
+    /// will not hold after the append, compact when the buffer end would pass
+    /// [`DraftState::cap_rows`], and grow capacity (doubling, capped at `cap_rows`) only while the
+    /// window is filling.
+    fn make_room(&mut self, n: usize) {
+        debug_assert!(n <= self.window);
+        let over = (self.len + n).saturating_sub(self.window).min(self.len);
+        self.off += over;
+        self.len -= over;
+        let cap = self.cap_rows();
+        if self.off > 0 && self.off + self.len + n + self.block > cap {
+            let (a, b) = (self.off * self.kvw, (self.off + self.len) * self.kvw);
+            for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+                buf.copy_within(a..b, 0);
+                buf.truncate(b - a);
             }
             self.off = 0;
+        }
+        let need = (self.off + self.len + n + self.block) * self.kvw;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if buf.capacity() < need {
+                let target = need.max((2 * buf.capacity()).min(cap * self.kvw));
+                buf.reserve_exact(target - buf.len());
+            }
         }
     }
 

@@ -57,6 +57,19 @@ pub struct RoundOut {
     pub tokens: Vec<Sampled>,
     /// Drafts accepted (`tokens.len() − 1`).
     pub n_acc: usize,
+    /// Where the round's time went (wall clock, seconds).
+    pub timing: RoundTiming,
+}
+
+/// Wall-clock split of one verify round (the rollback benchmark reads it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundTiming {
+    /// Pre-verify GDN snapshot copy.
+    pub snapshot_s: f64,
+    /// Target pass over the verify rows plus sampling/accept.
+    pub verify_s: f64,
+    /// Rollback + commit of the accepted rows (0 after a full accept).
+    pub rollback_s: f64,
 }
 
 /// One speculative round after the drafts are known: verify `[id_last, draft…]` at `st.pos` in one
@@ -82,10 +95,14 @@ pub fn verify_round<B: Backend>(
     ids.push(id_last);
     ids.extend_from_slice(draft);
     let n = ids.len();
+    let mut timing = RoundTiming::default();
+    let t = Instant::now();
     // 1. snapshot the GDN state (the rollback point)
     for (s, d) in st.gdn.iter().zip(bufs.snap.iter_mut()) {
         b.copy_gdn(s, d);
     }
+    timing.snapshot_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     // 2. verify: n rows, each computed exactly as a single-token step
     let taps = tap_layers.map(|layers| TapRequest {
         layers,
@@ -111,6 +128,8 @@ pub fn verify_round<B: Backend>(
     let tokens = sampler.sample_and_accept_n(&rows, draft);
     let n_acc = tokens.len() - 1;
     let keep = n_acc + 1;
+    timing.verify_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     // 4. roll back the rejected suffix
     if keep < n {
         for kv in st.kv.iter_mut() {
@@ -145,8 +164,13 @@ pub fn verify_round<B: Backend>(
                 )?;
             }
         }
+        timing.rollback_s = t.elapsed().as_secs_f64();
     }
-    Ok(RoundOut { tokens, n_acc })
+    Ok(RoundOut {
+        tokens,
+        n_acc,
+        timing,
+    })
 }
 
 /// N-gram self-speculation: draft the tokens that followed the most recent earlier occurrence of the

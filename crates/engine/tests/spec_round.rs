@@ -416,15 +416,76 @@ fn drafter_window_is_bounded() {
     }
     assert_eq!(ds.len(), d.window());
     assert_eq!(ds.next_pos(), 40 * 256);
-    // bounded by 1.25 windows of K+V (f32) plus growth slack, independent of the 10240 positions
+    // bounded by the window plus compaction slack and one block of K+V (f32), independent of the
+    // 10240 positions
     let row = 2 * d.cfg.n_layer * d.cfg.n_head_kv * d.cfg.head_dim * 4;
-    assert!(peak <= 3 * d.window() * row, "peak {peak} B");
+    assert_eq!(ds.max_bytes(), ds.cap_rows() * row);
+    assert!(peak <= ds.max_bytes(), "peak {peak} B");
+    assert!(ds.cap_rows() <= d.window() + d.window() / 8 + d.cfg.block_size);
     let draft = d.draft(&mut ds, 1, 40 * 256).unwrap();
     assert_eq!(draft.len(), 4);
     assert!(
         d.draft(&mut ds, 1, 40 * 256 + 3).is_err(),
         "a gap in the context is refused"
     );
+}
+
+/// Once the window is full the drafter's buffers never grow again, whatever the mix of prefill
+/// chunks, decode rows, round commits and drafts; and what the window holds is unchanged by the
+/// compaction (same rows as a state that staged only the last `window` positions).
+#[test]
+fn drafter_buffers_stop_growing_past_the_window() {
+    let t = target(QuantType::Q1_0);
+    let d = Drafter::load(&drafter_file(QuantType::Q1_0), &t.g, &t.cfg).unwrap();
+    let (w, win) = (d.tap_width(), d.window());
+    // tap row of position p: a deterministic function of p, so any two states can be compared
+    let tap = |p0: usize, n: usize| -> Vec<f32> {
+        (0..n * w)
+            .map(|i| (((p0 + i / w) * 31 + i % w) % 97) as f32 * 1e-3 - 0.05)
+            .collect()
+    };
+    let mut ds = d.new_state();
+    let mut pos = 0;
+    // prefill-like chunks (the last one longer than the window: only its tail is staged)
+    for n in [512, 512, 1000, win + 300] {
+        d.stage(&mut ds, &tap(pos, n), pos, n).unwrap();
+        pos += n;
+    }
+    assert_eq!(ds.len(), win);
+    assert!(ds.bytes() <= ds.max_bytes());
+    // decode: single rows and round commits of 1..=5 rows (a draft now and then), 4 windows long;
+    // after one more window of rows (capacity may still double once) the bytes never change
+    let settle = pos + win;
+    let mut settled = None;
+    let mut k = 0;
+    while pos < settle + 3 * win {
+        let n = 1 + k % 5;
+        if k % 97 == 0 {
+            d.draft(&mut ds, 1, pos).unwrap();
+        }
+        d.stage(&mut ds, &tap(pos, n), pos, n).unwrap();
+        pos += n;
+        k += 1;
+        assert_eq!(ds.len(), win);
+        assert!(
+            ds.bytes() <= ds.max_bytes(),
+            "{} > {}",
+            ds.bytes(),
+            ds.max_bytes()
+        );
+        if pos >= settle {
+            let b = *settled.get_or_insert(ds.bytes());
+            assert_eq!(ds.bytes(), b, "buffers grew at position {pos}");
+        }
+    }
+    // the live window equals a fresh state fed only the last `win` positions
+    let mut fresh = d.new_state();
+    d.stage(&mut fresh, &tap(pos - win, win), pos - win, win)
+        .unwrap();
+    let (p_a, a) = ds.export();
+    let (p_b, b) = fresh.export();
+    assert_eq!((p_a, bits(&a)), (p_b, bits(&b)));
+    assert!(fresh.bytes() <= fresh.max_bytes());
 }
 
 #[test]
