@@ -255,6 +255,26 @@ fn check_arch(g: &Gguf, expected: &str) -> Result<()> {
     }))
 }
 
+/// `token_embd.weight`, present and of shape `[n_embd, n_vocab]` (target and drafter alike).
+fn token_embd(g: &Gguf, n_embd: usize) -> Result<&TensorInfo> {
+    let embd = g.tensor("token_embd.weight").ok_or_else(|| {
+        Error::tensor(
+            "token_embd.weight",
+            format!("missing (expected shape [{n_embd}, n_vocab])"),
+        )
+    })?;
+    if embd.dims.len() != 2 || embd.dims[0] != n_embd as u64 {
+        return Err(Error::tensor(
+            "token_embd.weight",
+            format!(
+                "expected shape [{n_embd}, n_vocab], found {}",
+                shape(&embd.dims)
+            ),
+        ));
+    }
+    Ok(embd)
+}
+
 fn shape(dims: &[u64]) -> String {
     format!("{dims:?}")
 }
@@ -464,21 +484,7 @@ impl TargetConfig {
         }
 
         // Facts taken from the tensor table.
-        let embd = g.tensor("token_embd.weight").ok_or_else(|| {
-            Error::tensor(
-                "token_embd.weight",
-                format!("missing (expected shape [{n_embd}, n_vocab])"),
-            )
-        })?;
-        if embd.dims.len() != 2 || embd.dims[0] != n_embd as u64 {
-            return Err(Error::tensor(
-                "token_embd.weight",
-                format!(
-                    "expected shape [{n_embd}, n_vocab], found {}",
-                    shape(&embd.dims)
-                ),
-            ));
-        }
+        let embd = token_embd(g, n_embd)?;
         let n_vocab = embd.dims[1] as usize;
         let weight_type = match embd.qtype {
             Some(q) if q.is_lowbit() => q,
@@ -849,21 +855,7 @@ impl DrafterConfig {
         }
 
         // Facts from the tensor table.
-        let embd = g.tensor("token_embd.weight").ok_or_else(|| {
-            Error::tensor(
-                "token_embd.weight",
-                format!("missing (expected shape [{n_embd}, n_vocab])"),
-            )
-        })?;
-        if embd.dims.len() != 2 || embd.dims[0] != n_embd as u64 {
-            return Err(Error::tensor(
-                "token_embd.weight",
-                format!(
-                    "expected shape [{n_embd}, n_vocab], found {}",
-                    shape(&embd.dims)
-                ),
-            ));
-        }
+        let embd = token_embd(g, n_embd)?;
         let n_vocab = embd.dims[1] as usize;
         if g.get(&k("vocab_size")).is_some() {
             let vs = g.get_u64(&k("vocab_size"))?;

@@ -373,6 +373,25 @@ impl Gguf {
         Ok((idx, qt, data))
     }
 
+    /// The small tensor `name` as f32, checked: exactly `n` elements, all finite. Every backend
+    /// loads its norm / gate / conv vectors through this.
+    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let v = self.tensor_f32(name)?;
+        if v.len() != n {
+            return Err(Error::tensor(
+                name,
+                format!("expected {n} elements, found {}", v.len()),
+            ));
+        }
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::tensor(
+                name,
+                format!("non-finite value at element {i}"),
+            ));
+        }
+        Ok(v)
+    }
+
     /// Parse an owned buffer with the same parser (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf> {
         Gguf::parse(Arc::new(Backing::Owned(bytes)))

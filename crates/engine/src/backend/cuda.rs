@@ -912,19 +912,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<CudaVec> {
-        let v = g.tensor_f32(name)?;
-        if v.len() != n {
-            return Err(Error::tensor(
-                name,
-                format!("expected {n} elements, found {}", v.len()),
-            ));
-        }
-        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(Error::tensor(
-                name,
-                format!("non-finite value at element {i}"),
-            ));
-        }
+        let v = g.vector(name, n)?;
         Ok(CudaVec {
             n,
             buf: self.gpu.upload(&v).map_err(be)?,
