@@ -16,8 +16,13 @@ use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use retile::{detile_row, retile, Retiled, WKind};
 
-/// The kernel source, embedded in the crate.
-pub const SOURCE: &str = include_str!("../kernels/bonsai.cu");
+/// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
+/// `kernels/` (the core decode kernels first; the others use its helpers).
+pub const SOURCE: &str = concat!(
+    include_str!("../kernels/bonsai.cu"),
+    include_str!("../kernels/gemm.cu"),
+    include_str!("../kernels/spec.cu"),
+);
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
 pub const MAX_ROWS: usize = 8;
@@ -372,6 +377,8 @@ kernels!(
     swiglu_quant,
     argmax_rows,
     step_advance,
+    // ---- gemm.cu (prefill) ----
+    // ---- spec.cu (DSpark round) ----
 );
 
 /// A captured and instantiated CUDA graph.
