@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
-        --test gpu_kernels --test cuda_forward --test cuda_bench --no-run --message-format=json 2>/dev/null |
+        --test gpu_kernels --test cuda_forward --test cuda_bench --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
         python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
@@ -26,10 +26,11 @@ for l in sys.stdin:
   ls -la .device/bin .device/wheels; du -sh .device; exit 0
 fi
 
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-rust) RUST=0; shift;; *) echo "unknown arg $1"; exit 2;; esac; done
+  --python) PYCHECK=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
+  *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONPATH=python PYTHONUNBUFFERED=1 BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
@@ -53,15 +54,23 @@ fi
 if [[ $BENCH == 1 ]]; then
   for v in $VARIANTS; do
     f=/tmp/27b-$v.gguf
-    t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null
+    t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
     BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
+if [[ $SWEEP == 1 ]]; then
+  echo "== mat-vec launch-plan sweep =="
+  for v in $VARIANTS; do
+    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP best|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
+  done
+fi
 if [[ $PYCHECK == 1 ]]; then
   echo "== Python API on CUDA =="
-  for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null; done
+  for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1; done
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi

@@ -118,9 +118,14 @@ fn cuda_decode_bench() {
     let mut times = Vec::new();
     let mut toks = Vec::new();
     for rep in 0..4 {
-        let mut s = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-        s.copy_from(&cuda, &st);
-        let (ms, t) = cuda.time_graph(&cfg, &dg, &mut s, first, steps).unwrap();
+        // the graph works in sgr's buffers (their addresses are baked in): reset them each time
+        sgr.copy_from(&cuda, &st);
+        let (ms, t) = cuda.time_graph(&cfg, &dg, &mut sgr, first, steps).unwrap();
+        assert_eq!(
+            &t[..eager_steps],
+            &eager[..],
+            "graph replay from the prompt state differs"
+        );
         if rep > 0 {
             times.push(ms as f64);
         }
@@ -128,6 +133,7 @@ fn cuda_decode_bench() {
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let med_ms = times[times.len() / 2];
+    let pdl_ms = pdl_ab(&cuda, &cfg, &w, &st, first, steps, med_ms, &toks);
 
     // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
     // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
@@ -236,7 +242,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"pdl\": {pdl_ms}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}}}",
@@ -251,4 +257,48 @@ fn cuda_decode_bench() {
     if let Ok(out) = std::env::var("BONSAI_BENCH_OUT") {
         std::fs::write(out, &json).unwrap();
     }
+}
+
+/// The same graph decode captured with programmatic dependent launch off, when it was on (A/B).
+/// Checks the tokens are the same, and returns a JSON object with both medians.
+#[allow(clippy::too_many_arguments)]
+fn pdl_ab(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    st: &SeqState<CudaBackend>,
+    first: u32,
+    steps: usize,
+    med_on: f64,
+    toks_on: &[u32],
+) -> String {
+    let on = cuda.gpu().pdl();
+    if !on {
+        return format!("{{\"on\": false, \"graph_ms_median\": {med_on:.3}}}");
+    }
+    cuda.gpu().set_pdl(false);
+    let mut s0 = SeqState::new(cuda, cfg, st.n_ctx).unwrap();
+    s0.copy_from(cuda, st);
+    let dg = cuda.capture_decode(cfg, w, &mut s0).unwrap();
+    let mut times = Vec::new();
+    for rep in 0..4 {
+        s0.copy_from(cuda, st);
+        let (ms, t) = cuda.time_graph(cfg, &dg, &mut s0, first, steps).unwrap();
+        assert_eq!(t, toks_on, "PDL on and off give different tokens");
+        if rep > 0 {
+            times.push(ms as f64);
+        }
+    }
+    cuda.gpu().set_pdl(true);
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let off = times[times.len() / 2];
+    println!(
+        "BENCH PDL: graph {:.3} ms/token with, {:.3} without ({:.1}% less)",
+        med_on / steps as f64,
+        off / steps as f64,
+        100.0 * (1.0 - med_on / off)
+    );
+    format!(
+        "{{\"on\": true, \"graph_ms_median\": {med_on:.3}, \"graph_ms_median_without\": {off:.3}}}"
+    )
 }

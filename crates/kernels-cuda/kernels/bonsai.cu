@@ -19,6 +19,22 @@ typedef unsigned char u8;
 #define MAXN 8
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90+). When the launcher sets the programmatic-serialization
+// attribute, a kernel may be scheduled while the previous kernel of the stream is still running:
+// PDL_WAIT blocks until that grid has completed and its memory is visible, PDL_TRIGGER lets the
+// next kernel be scheduled. Every kernel launched that way calls PDL_WAIT before it touches memory
+// an earlier kernel writes or reads (and before it exits, so completion stays transitive); only
+// reads of weights (never written on the device) may come before it. Without the attribute both
+// are no-ops.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BONSAI_NO_GRIDDEP)
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT() do {} while (0)
+#define PDL_TRIGGER() do {} while (0)
+#endif
+#define PDL_ENTRY() do { PDL_WAIT(); PDL_TRIGGER(); } while (0)
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -89,6 +105,7 @@ __device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s) {
 
 // x [n, k] f32 -> q, d, s. grid (ceil(k/32/8), n), block 256: warp w quantizes block 8·bx + w.
 extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, int* s) {
+    PDL_ENTRY();
     int t = blockIdx.y, b = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     int nb = k >> 5;
     if (b >= nb) return;
@@ -102,6 +119,7 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
 // 32-block per warp). Many short blocks instead of one long one.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
+    PDL_ENTRY();
     __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
@@ -180,18 +198,23 @@ __device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
     }
 }
 
-template <int KIND, int NT, int MV_R, int MV_U>
+template <int KIND, int NT, int MV_R, int MV_U, int KS>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
-                                          int n_in, int n, int accumulate) {
+                                          int n_in, int n, int accumulate, int pre) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
-    int lane = threadIdx.x & 31;
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);  // row group of this warp
+    const int G = MV_WARPS / KS;          // row groups per block
+    // per-warp partial sums of the K-split (KS > 1): [warp][row][activation row]
+    __shared__ float part[KS > 1 ? MV_WARPS : 1][MV_R][NT];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int kp = w % KS;                       // this warp's K part
+    int gw = blockIdx.x * G + w / KS;      // row group of this warp
     // find the segment (groups of MV_R rows never straddle two matrices)
     int g0 = (s0.n_out + MV_R - 1) / MV_R, g1 = (s1.n_out + MV_R - 1) / MV_R,
         g2 = (s2.n_out + MV_R - 1) / MV_R, g3 = (s3.n_out + MV_R - 1) / MV_R;
-    MvSeg sg;
+    MvSeg sg = s0;
+    bool valid = true;
     if (gw < g0) {
         sg = s0;
     } else if ((gw -= g0) < g1) {
@@ -201,8 +224,9 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     } else if ((gw -= g2) < g3) {
         sg = s3;
     } else {
-        return;
+        valid = false;
     }
+    if (!valid && KS == 1) return;  // no block barrier below when KS == 1
     int o0 = gw * MV_R;
     int nsb = n_in >> 5, nblk = n_in / BE;
     // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
@@ -211,7 +235,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     const u16* sp[MV_R];
 #pragma unroll
     for (int r = 0; r < MV_R; ++r) {
-        size_t ro = (size_t)min(o0 + r, sg.n_out - 1);
+        size_t ro = valid ? (size_t)min(o0 + r, sg.n_out - 1) : 0;
         cp1[r] = (const u32*)sg.codes + ro * nsb;
         cp2[r] = (const uint2*)sg.codes + ro * nsb;
         sp[r] = sg.scales + ro * nblk;
@@ -221,12 +245,15 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     for (int r = 0; r < MV_R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    for (int j0 = lane; j0 < nsb; j0 += 32 * MV_U) {
-        uint2 c[MV_U][MV_R];
-        float dw[MV_U][MV_R];
+    // Sub-blocks come in chunks of 32 (one per lane); chunk c belongs to K part c % KS, and a warp
+    // takes U of its chunks per iteration: sub-block j = (kp + KS·(U·i + u))·32 + lane.
+    const int STEP = 32 * KS;
+    uint2 c[MV_U][MV_R];
+    float dw[MV_U][MV_R];
+    auto load_w = [&](int j0) {
 #pragma unroll
         for (int u = 0; u < MV_U; ++u) {
-            int j = j0 + 32 * u;
+            int j = j0 + STEP * u;
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
                 c[u][r].x = 0u;
@@ -242,9 +269,22 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 }
             }
         }
+    };
+    int jfirst = kp * 32 + lane;
+    // weights are never written on the device: with `pre` the first batch is loaded before
+    // PDL_WAIT, overlapping the previous kernel's tail
+    if (pre) {
+        if (valid) load_w(jfirst);
+        PDL_ENTRY();
+    } else {
+        PDL_ENTRY();
+        if (valid) load_w(jfirst);
+    }
+    for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
+        if (j0 != jfirst) load_w(j0);
 #pragma unroll
         for (int u = 0; u < MV_U; ++u) {
-            int j = j0 + 32 * u;
+            int j = j0 + STEP * u;
             if (j < nsb) {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
@@ -264,16 +304,34 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             }
         }
     }
+    // lane sums → warp (fixed xor-tree) → K parts in order kp = 0, 1, .. (fixed)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         if (t < n) {
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
                 float v = warp_sum(acc[r][t]);
-                if (lane == r && o0 + r < sg.n_out) {
-                    float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
-                    *yp = accumulate ? *yp + v : v;
+                if (KS == 1) {
+                    if (lane == r && o0 + r < sg.n_out) {
+                        float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
+                        *yp = accumulate ? *yp + v : v;
+                    }
+                } else if (lane == 0) {
+                    part[w][r][t] = v;
                 }
+            }
+        }
+    }
+    if (KS > 1) {
+        __syncthreads();
+        if (valid && kp == 0 && lane < MV_R && o0 + lane < sg.n_out) {
+            int r = lane;
+            for (int t = 0; t < n; ++t) {
+                float v = part[w][r][t];
+#pragma unroll
+                for (int k2 = 1; k2 < KS; ++k2) v += part[w + k2][r][t];
+                float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
+                *yp = accumulate ? *yp + v : v;
             }
         }
     }
@@ -281,31 +339,39 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 
 // Flat parameters (the launcher passes 8-byte slots): per segment codes, scales, y, n_out; unused
 // segments have n_out = 0.
-#define MV_ENTRY(NAME, KIND, NT, R, U, MINB)                                                         \
+#define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(                           \
         const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
         int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
         float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
-        int accumulate) {                                                                             \
+        int accumulate, int pre) {                                                                    \
         MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
               s3 = {c3, sc3, y3, n3};                                                                 \
-        mv_lowbit<KIND, NT, R, U>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate);                    \
+        mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre);           \
     }
-// n <= 8 (verify, prefill): 2 rows per warp, 4 sub-blocks in flight. n = 1 (decode): Q1 4 rows
-// (2 rows for launches of at most 8192 rows, e.g. the 5120-row outputs: twice the warps),
-// Q2 2 rows, x 4 sub-blocks, register caps chosen so nothing spills (ptxas -v). The rows per warp must match
-// `mv_rows_per_warp` in lib.rs.
-MV_ENTRY(mv_q1, 1, MAXN, 2, 4, 1)
-MV_ENTRY(mv_q2, 2, MAXN, 2, 4, 1)
-MV_ENTRY(mv_q2g64, 3, MAXN, 2, 4, 1)
-MV_ENTRY(mv_q1_n1, 1, 1, 4, 4, 6)
-MV_ENTRY(mv_q1_n1r2, 1, 1, 2, 4, 8)
-MV_ENTRY(mv_q2_n1, 2, 1, 2, 4, 8)
-MV_ENTRY(mv_q2g64_n1, 3, 1, 2, 4, 8)
+// Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp; `_n1` (decode)
+// take one, with R = 2 or 4 weight rows per warp (register caps chosen so nothing spills). `_kKS`
+// splits each row's K range over KS warps of the block. R and U never change a row's float ops;
+// KS does, so the launcher picks KS from the matrix shape alone (never from n): row t of an n-row
+// launch equals the 1-row launch bit for bit.
+#define MV_KIND_ENTRIES(K, KIND, MB)                                \
+    MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 4, 1, 1)              \
+    MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 4, 2, 1)              \
+    MV_ENTRY(mv_##K##_n8_k4, KIND, MAXN, 2, 4, 4, 1)              \
+    MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 8)              \
+    MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 8)              \
+    MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \
+    MV_ENTRY(mv_##K##_n1_r4_k1, KIND, 1, 4, 4, 1, MB)              \
+    MV_ENTRY(mv_##K##_n1_r4_k2, KIND, 1, 4, 4, 2, 5)              \
+    MV_ENTRY(mv_##K##_n1_r4_k4, KIND, 1, 4, 4, 4, 5)
+MV_KIND_ENTRIES(q1, 1, 6)
+MV_KIND_ENTRIES(q2, 2, 5)
+MV_KIND_ENTRIES(q2g64, 3, 5)
 
 // f32 weights (other types, dequantized at load), f32 activations. One warp per row.
 extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __restrict__ x, float* y,
                                   int n_in, int n_out, int n, int accumulate) {
+    PDL_ENTRY();
     int lane = threadIdx.x & 31;
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (o >= n_out) return;
@@ -325,6 +391,7 @@ extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __re
 // x[t] = dequant(row ids[t]) from a re-tiled table. kind as above, 0 = f32 table. grid n, block 256.
 extern "C" __global__ void embed_rows(int kind, const u8* codes, const u16* scales, const float* f32tab,
                                       const int* ids, int n_in, float* x) {
+    PDL_ENTRY();
     int t = blockIdx.x;
     size_t row = (size_t)ids[t];
     for (int e = threadIdx.x; e < n_in; e += blockDim.x) {
@@ -362,6 +429,7 @@ extern "C" __global__ void gdn_conv(const float* mixed, float* conv_state, const
                                     int hk, int hv, int dk, int n, float eps, float* qo, float* ko,
                                     float* vo, const float* bb, const float* aa, const float* dt_bias,
                                     const float* ssm_a, float* beta_out, float* g_out) {
+    PDL_ENTRY();
     __shared__ float red[32];
     int head = blockIdx.x;
     int conv_dim = 2 * hk * dk + hv * dk;
@@ -407,6 +475,7 @@ extern "C" __global__ void gdn_conv(const float* mixed, float* conv_state, const
 extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, const float* v,
                                     const float* g, const float* beta, int hk, int hv, int dk, int dv,
                                     int n, float* out) {
+    PDL_ENTRY();
     __shared__ float ks[128], qs[128], red[8][32];
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int j = blockIdx.y * 32 + lane;
@@ -462,6 +531,7 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 // grid (hv, n), block dv (a multiple of 32).
 extern "C" __global__ void gated_norm_quant(const float* o, const float* z, const float* w, float eps,
                                             int hv, int dv, float* yf, i8* q, float* d, int* s) {
+    PDL_ENTRY();
     __shared__ float red[32];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     size_t k = (size_t)hv * dv;
@@ -483,6 +553,7 @@ extern "C" __global__ void gated_norm_quant(const float* o, const float* z, cons
 extern "C" __global__ void attn_prep(const float* qf, const float* kf, const float* vf, const float* qn,
                                      const float* kn, float eps, int nh, int nkv, int hd, int n_rot,
                                      float rope_base, const int* pos0, float* qo, u16* kc, u16* vc) {
+    PDL_ENTRY();
     __shared__ float red[32], buf[1024];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     int pos = *pos0 + t;
@@ -620,6 +691,7 @@ __device__ __forceinline__ void attn_chunks(const float* qo, const u16* kc, cons
     extern "C" __global__ void __launch_bounds__(AT_WARPS * 32) NAME(                                 \
         const float* qo, const u16* kc, const u16* vc, int nh, int nkv, const int* pos0, int nchunk,  \
         float* part) {                                                                                \
+        PDL_ENTRY();                                                                                  \
         attn_chunks<EPL>(qo, kc, vc, nh, nkv, pos0, nchunk, part);                                    \
     }
 ATTN_CHUNKS_ENTRY(attn_chunks_hd64, 2)
@@ -632,6 +704,7 @@ ATTN_CHUNKS_ENTRY(attn_chunks_hd256, 8)
 extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, int nh, int hd,
                                             const int* pos0, int nchunk, float* out, i8* q, float* d,
                                             int* s) {
+    PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     int L = *pos0 + t + 1;
     int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
@@ -669,6 +742,7 @@ extern "C" __global__ void spin_ns(long long ns) {
 // h = SiLU(g) ⊙ u, written f32 (hf, may be null) and quantized. grid (ceil(k/256), n), block 256.
 extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k, float* hf, i8* q, float* d,
                                         int* s) {
+    PDL_ENTRY();
     int t = blockIdx.y, b = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     int nb = k >> 5;
     if (b >= nb) return;
@@ -680,6 +754,7 @@ extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k,
 
 // ids[t] = argmax logits[t] (lowest index on ties). grid rows, block 1024.
 extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
+    PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int bi[32];
     int t = blockIdx.x;
@@ -721,6 +796,7 @@ extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
 
 // End of a captured greedy decode step: hist[pos] = token; pos += 1. grid 1, block 1.
 extern "C" __global__ void step_advance(int* pos, const int* tok, int* hist, int hist_len) {
+    PDL_ENTRY();
     int p = *pos;
     if (p >= 0 && p < hist_len) hist[p] = *tok;
     *pos = p + 1;

@@ -9,6 +9,7 @@ pub mod retile;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
@@ -40,19 +41,37 @@ pub fn attn_part_floats(n: usize, nh: usize, hd: usize, n_ctx: usize) -> usize {
 /// Warps per mat-vec block (`MV_WARPS` in the source).
 const MV_WARPS: usize = 4;
 
-/// Q1 n = 1 launches of at most this many rows in all use 2 rows per warp (more warps for the
-/// 5120-row outputs), larger ones 4.
-const MV_Q1_R2_ROWS: usize = 8192;
+/// How one low-bit mat-vec launch is cut: `r` weight rows per warp (n = 1 only; the n ≤ 8 variants
+/// take 2), `ks` warps of a block splitting each row's K range, and `pre`: load the first weights
+/// before waiting for the previous kernel (PDL). `r` and `pre` never change a row's float ops; `ks`
+/// does, so it is a function of the matrix shape alone, never of n (batch invariance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MvPlan {
+    pub r: usize,
+    pub ks: usize,
+    pub pre: bool,
+}
 
-/// Weight rows per warp of the mat-vec variant for `kind`, `n` activation rows and `rows` output
-/// rows in the launch (the `R` of each `MV_ENTRY` in the source): the n = 1 Q1 variant takes 4
-/// (2 for launches of at most [`MV_Q1_R2_ROWS`] rows), every other one 2. R never changes the
-/// float ops of a row, so all variants agree bit for bit.
-fn mv_rows_per_warp(kind: WKind, n: usize, rows: usize) -> usize {
-    if n == 1 && kind == WKind::Q1 && rows > MV_Q1_R2_ROWS {
-        4
-    } else {
+/// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
+/// fewer rows split each row over 2 warps so they still fill the GPU. Measured on the H200 at the
+/// 27B shapes (`tests/cuda_mv_sweep.rs`, bench/results/cuda-mv-sweep-*.json): K split 2 took the
+/// 5120-row outputs (ssm_out, attn_out, ffn_down) from 5.2 / 5.5 / 11.8 µs to 4.0 / 3.9 / 8.5 µs (Q1)
+/// and attn q‖k‖v (14,336 rows) from 9.7 to 8.5 µs; the larger launches gain nothing.
+fn mv_default_ks(_kind: WKind, rows: usize, _n_in: usize) -> usize {
+    if rows <= 15_000 {
         2
+    } else {
+        1
+    }
+}
+
+/// Weight rows per warp of an n = 1 launch (the n ≤ 8 variants always take 2): 4 everywhere but
+/// the large Q2 launches, where 2 measured the same or better.
+fn mv_default_r(kind: WKind, rows: usize) -> usize {
+    if kind != WKind::Q1 && rows > 15_000 {
+        2
+    } else {
+        4
     }
 }
 
@@ -95,6 +114,12 @@ pub fn cuda_available() -> bool {
 pub fn nvrtc_available() -> bool {
     // SAFETY: only tries to dlopen libnvrtc.
     unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// `BONSAI_CUDA_NO_GRIDDEP=1`: compile the kernels without the programmatic-dependent-launch
+/// instructions (and launch without PDL). A benchmark switch for A/B runs; part of the cache key.
+fn no_griddep() -> bool {
+    std::env::var("BONSAI_CUDA_NO_GRIDDEP").is_ok_and(|v| v == "1")
 }
 
 /// FNV-1a 64-bit (cache key; stable across builds and platforms).
@@ -141,11 +166,14 @@ pub fn compile_cubin(src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
     let csrc = CString::new(src).map_err(err("kernel source"))?;
     let prog =
         nvrtc_r::create_program(&csrc, Some(c"bonsai.cu")).map_err(err("nvrtcCreateProgram"))?;
-    let opts = [
+    let mut opts = vec![
         format!("--gpu-architecture=sm_{major}{minor}"),
         "--std=c++17".to_string(),
         "--fmad=true".to_string(),
     ];
+    if no_griddep() {
+        opts.push("-DBONSAI_NO_GRIDDEP".to_string());
+    }
     // SAFETY: prog is a live program; options are valid strings.
     let res = unsafe { nvrtc_r::compile_program(prog, &opts) };
     if res.is_err() {
@@ -183,7 +211,10 @@ pub fn compile_cubin(src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
 /// Returns the bytes and whether they came from the cache.
 pub fn cubin_for(major: i32, minor: i32) -> Result<(Vec<u8>, bool)> {
     let dir = cache_dir();
-    let src_hash = fnv64(&[SOURCE.as_bytes()]);
+    let src_hash = fnv64(&[
+        SOURCE.as_bytes(),
+        if no_griddep() { b"no-griddep" } else { b"" },
+    ]);
     // The NVRTC version is part of the key, but asking for it needs libnvrtc; a cache hit must work
     // without it, so the file name carries the version and any matching file is accepted when
     // NVRTC is absent.
@@ -332,53 +363,90 @@ impl Arg {
 }
 
 macro_rules! kernels {
-    ($($name:ident),* $(,)?) => {
+    (pdl: [$($p:ident),* $(,)?], plain: [$($q:ident),* $(,)?] $(,)?) => {
         /// Function handles of every kernel in the module.
         #[allow(non_snake_case)]
-        struct Funcs { $($name: sys::CUfunction,)* }
+        struct Funcs { $($p: sys::CUfunction,)* $($q: sys::CUfunction,)* }
         impl Funcs {
             fn load(module: sys::CUmodule) -> Result<Funcs> {
-                Ok(Funcs { $($name: {
-                    let n = CString::new(stringify!($name)).expect("kernel name");
-                    // SAFETY: module is a live module loaded from our cubin.
-                    unsafe { cu::module::get_function(module, n) }.map_err(err(stringify!($name)))?
-                },)* })
+                Ok(Funcs {
+                    $($p: Self::get(module, stringify!($p))?,)*
+                    $($q: Self::get(module, stringify!($q))?,)*
+                })
+            }
+            fn get(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+                let n = CString::new(name).expect("kernel name");
+                // SAFETY: module is a live module loaded from our cubin.
+                unsafe { cu::module::get_function(module, n) }.map_err(err(name))
             }
             /// The kernel name of a handle of this table (profiling).
             fn name(&self, f: sys::CUfunction) -> &'static str {
-                $(if f == self.$name { return stringify!($name); })*
+                $(if f == self.$p { return stringify!($p); })*
+                $(if f == self.$q { return stringify!($q); })*
                 "?"
+            }
+            /// Whether the kernel calls `PDL_WAIT` before any dependent memory access (and so may
+            /// be launched with programmatic stream serialization).
+            fn pdl_aware(&self, f: sys::CUfunction) -> bool {
+                $(if f == self.$p { return true; })*
+                false
             }
         }
     };
 }
 
+// `pdl`: kernels that start with `PDL_WAIT` (bonsai.cu); they are launched with programmatic
+// stream serialization when it is on. `plain`: every other kernel (always a full dependency).
 kernels!(
-    quant_rows,
-    rmsnorm_quant,
-    mv_q1,
-    mv_q2,
-    mv_q2g64,
-    mv_q1_n1,
-    mv_q1_n1r2,
-    mv_q2_n1,
-    mv_q2g64_n1,
-    mv_f32,
-    embed_rows,
-    gdn_conv,
-    gdn_step,
-    gated_norm_quant,
-    attn_prep,
-    attn_chunks_hd64,
-    attn_chunks_hd128,
-    attn_chunks_hd256,
-    attn_merge_quant,
-    spin_ns,
-    swiglu_quant,
-    argmax_rows,
-    step_advance,
-    // ---- gemm.cu (prefill) ----
-    // ---- spec.cu (DSpark round) ----
+    pdl: [
+        quant_rows,
+        rmsnorm_quant,
+        mv_q1_n8_k1,
+        mv_q1_n8_k2,
+        mv_q1_n8_k4,
+        mv_q1_n1_r2_k1,
+        mv_q1_n1_r2_k2,
+        mv_q1_n1_r2_k4,
+        mv_q1_n1_r4_k1,
+        mv_q1_n1_r4_k2,
+        mv_q1_n1_r4_k4,
+        mv_q2_n8_k1,
+        mv_q2_n8_k2,
+        mv_q2_n8_k4,
+        mv_q2_n1_r2_k1,
+        mv_q2_n1_r2_k2,
+        mv_q2_n1_r2_k4,
+        mv_q2_n1_r4_k1,
+        mv_q2_n1_r4_k2,
+        mv_q2_n1_r4_k4,
+        mv_q2g64_n8_k1,
+        mv_q2g64_n8_k2,
+        mv_q2g64_n8_k4,
+        mv_q2g64_n1_r2_k1,
+        mv_q2g64_n1_r2_k2,
+        mv_q2g64_n1_r2_k4,
+        mv_q2g64_n1_r4_k1,
+        mv_q2g64_n1_r4_k2,
+        mv_q2g64_n1_r4_k4,
+        mv_f32,
+        embed_rows,
+        gdn_conv,
+        gdn_step,
+        gated_norm_quant,
+        attn_prep,
+        attn_chunks_hd64,
+        attn_chunks_hd128,
+        attn_chunks_hd256,
+        attn_merge_quant,
+        swiglu_quant,
+        argmax_rows,
+        step_advance,
+    ],
+    plain: [
+        spin_ns,
+        // ---- gemm.cu (prefill) ----
+        // ---- spec.cu (DSpark round) ----
+    ],
 );
 
 /// A captured and instantiated CUDA graph.
@@ -416,6 +484,12 @@ pub struct Gpu {
     pub cubin_cached: bool,
     /// Per-launch timings while profiling ([`Gpu::profile_begin`]): (kernel grid, µs).
     prof: Mutex<Option<Vec<(String, f32)>>>,
+    /// Programmatic dependent launch for PDL-aware kernels ([`Gpu::set_pdl`]).
+    pdl: AtomicBool,
+    /// Whether the last operation queued on the stream was a kernel launch.
+    prev_kernel: AtomicBool,
+    /// A forced mat-vec plan ([`Gpu::set_mv_override`]).
+    mv_override: Mutex<Option<MvPlan>>,
 }
 
 // SAFETY: CUfunction/CUmodule handles are immutable after load and valid from any thread once the
@@ -457,6 +531,13 @@ impl Gpu {
             device_name,
             cubin_cached,
             prof: Mutex::new(None),
+            pdl: AtomicBool::new(
+                arch.0 >= 9
+                    && !no_griddep()
+                    && std::env::var("BONSAI_CUDA_PDL").map_or(true, |v| v != "0"),
+            ),
+            prev_kernel: AtomicBool::new(false),
+            mv_override: Mutex::new(None),
         })
     }
 
@@ -502,7 +583,7 @@ impl Gpu {
         self.bind()?;
         // SAFETY: bounds checked above; the host slice outlives the synchronous copy below.
         unsafe {
-            cu::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream())
+            cu::memcpy_htod_async(dst.ptr + off as u64, src, self.op_stream())
                 .map_err(err("htod"))?;
         }
         self.sync()
@@ -536,7 +617,7 @@ impl Gpu {
         self.bind()?;
         // SAFETY: in bounds of a live pinned allocation; the device range is the caller's buffer.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src.at(src_off), bytes, self.stream.cu_stream())
+            sys::cuMemcpyHtoDAsync_v2(dst, src.at(src_off), bytes, self.op_stream())
                 .result()
                 .map_err(err("htod pinned"))
         }
@@ -555,7 +636,7 @@ impl Gpu {
         self.bind()?;
         // SAFETY: in bounds of a live pinned allocation; the device range is the caller's buffer.
         unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.at(dst_off), src, bytes, self.stream.cu_stream())
+            sys::cuMemcpyDtoHAsync_v2(dst.at(dst_off), src, bytes, self.op_stream())
                 .result()
                 .map_err(err("dtoh pinned"))
         }
@@ -571,7 +652,7 @@ impl Gpu {
         self.bind()?;
         // SAFETY: bounds checked; we synchronize before returning so dst is written.
         unsafe {
-            cu::memcpy_dtoh_async(dst, src.ptr + off as u64, self.stream.cu_stream())
+            cu::memcpy_dtoh_async(dst, src.ptr + off as u64, self.op_stream())
                 .map_err(err("dtoh"))?;
         }
         self.sync()
@@ -584,8 +665,7 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: the caller passes addresses inside live buffers of at least `bytes`.
-        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(err("dtod"))
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.op_stream()) }.map_err(err("dtod"))
     }
 
     /// Zero `bytes` at `dst` (stream-ordered).
@@ -595,13 +675,19 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: the caller passes an address inside a live buffer of at least `bytes`.
-        unsafe { cu::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
-            .map_err(err("memset"))
+        unsafe { cu::memset_d8_async(dst, 0, bytes, self.op_stream()) }.map_err(err("memset"))
     }
 
     /// Wait for all queued work.
     pub fn sync(&self) -> Result<()> {
         self.stream.synchronize().map_err(err("stream sync"))
+    }
+
+    /// The stream, for a copy, memset, event or graph launch: the next kernel then takes a full
+    /// dependency (programmatic edges are only ever made from one kernel to the next).
+    fn op_stream(&self) -> sys::CUstream {
+        self.prev_kernel.store(false, Ordering::Relaxed);
+        self.stream.cu_stream()
     }
 
     fn launch(
@@ -635,6 +721,35 @@ impl Gpu {
             }
             return Ok(());
         }
+        let after_kernel = self.prev_kernel.swap(true, Ordering::Relaxed);
+        if after_kernel && self.pdl.load(Ordering::Relaxed) && self.f.pdl_aware(f) {
+            // SAFETY: the union member written is the one the attribute id selects.
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: unsafe { std::mem::zeroed() },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: 0,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for the plain launch below; cfg and attr outlive the call, and the kernel
+            // is PDL-aware (it waits for the previous grid before any dependent access).
+            return unsafe {
+                sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut())
+                    .result()
+                    .map_err(err("launch (PDL)"))
+            };
+        }
         // SAFETY: f is a kernel of our module; params point at one 8-byte slot per declared kernel
         // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes); every
         // pointer argument comes from a live DevBuf sized by the caller for the given dims.
@@ -642,6 +757,18 @@ impl Gpu {
             cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
                 .map_err(err("launch"))
         }
+    }
+
+    /// Whether PDL-aware kernels are launched with programmatic stream serialization (sm_90+;
+    /// on by default, `BONSAI_CUDA_PDL=0` turns it off). A graph captures the setting in force.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Turn programmatic dependent launch on or off (ignored below sm_90). Benchmarks compare both.
+    pub fn set_pdl(&self, on: bool) {
+        self.pdl
+            .store(on && self.arch.0 >= 9 && !no_griddep(), Ordering::Relaxed);
     }
 
     /// Start profiling: from now on every launch is preceded by a short spin kernel and timed
@@ -758,17 +885,9 @@ impl Gpu {
         );
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
-        let rpw = mv_rows_per_warp(kind, n, rows);
-        let f = match (kind, n == 1) {
-            (WKind::Q1, true) if rpw == 2 => self.f.mv_q1_n1r2,
-            (WKind::Q1, false) => self.f.mv_q1,
-            (WKind::Q2, false) => self.f.mv_q2,
-            (WKind::Q2G64, false) => self.f.mv_q2g64,
-            (WKind::Q1, true) => self.f.mv_q1_n1,
-            (WKind::Q2, true) => self.f.mv_q2_n1,
-            (WKind::Q2G64, true) => self.f.mv_q2g64_n1,
-            (WKind::F32, _) => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
-        };
+        let plan = self.mv_plan(kind, n, rows, n_in);
+        let rpw = if n == 1 { plan.r } else { 2 };
+        let f = self.mv_func(kind, n == 1, rpw, plan.ks)?;
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
         let mut groups = 0usize;
         for i in 0..MAX_SEGS {
@@ -793,16 +912,93 @@ impl Gpu {
             Arg::I(n_in as i32),
             Arg::I(n as i32),
             Arg::I(accumulate as i32),
+            Arg::I(plan.pre as i32),
         ]);
         if groups == 0 {
             return Ok(());
         }
         self.launch(
             f,
-            (cdiv(groups, MV_WARPS), 1, 1),
+            (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
             ((MV_WARPS * 32) as u32, 1, 1),
             &args,
         )
+    }
+
+    /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
+    /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults.
+    pub fn mv_plan(&self, kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
+        if let Some(p) = *self.mv_override.lock().expect("mv override lock") {
+            return p;
+        }
+        MvPlan {
+            r: if n == 1 { mv_default_r(kind, rows) } else { 2 },
+            ks: mv_default_ks(kind, rows, n_in),
+            pre: true,
+        }
+    }
+
+    /// Force one plan for every low-bit mat-vec (benchmark sweeps and tests); `None` restores the
+    /// shape-based defaults. `r` must be 2 or 4 and `ks` 1, 2 or 4.
+    pub fn set_mv_override(&self, plan: Option<MvPlan>) {
+        if let Some(p) = plan {
+            assert!(
+                matches!(p.r, 2 | 4) && matches!(p.ks, 1 | 2 | 4),
+                "bad plan {p:?}"
+            );
+        }
+        *self.mv_override.lock().expect("mv override lock") = plan;
+    }
+
+    fn mv_func(&self, kind: WKind, n1: bool, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mv_q1_n8_k1, f.mv_q1_n8_k2, f.mv_q1_n8_k4],
+                [f.mv_q1_n1_r2_k1, f.mv_q1_n1_r2_k2, f.mv_q1_n1_r2_k4],
+                [f.mv_q1_n1_r4_k1, f.mv_q1_n1_r4_k2, f.mv_q1_n1_r4_k4],
+            ],
+            WKind::Q2 => [
+                [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
+                [f.mv_q2_n1_r2_k1, f.mv_q2_n1_r2_k2, f.mv_q2_n1_r2_k4],
+                [f.mv_q2_n1_r4_k1, f.mv_q2_n1_r4_k2, f.mv_q2_n1_r4_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
+                [
+                    f.mv_q2g64_n1_r2_k1,
+                    f.mv_q2g64_n1_r2_k2,
+                    f.mv_q2g64_n1_r2_k4,
+                ],
+                [
+                    f.mv_q2g64_n1_r4_k1,
+                    f.mv_q2g64_n1_r4_k2,
+                    f.mv_q2g64_n1_r4_k4,
+                ],
+            ],
+            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+        };
+        let row = match (n1, r) {
+            (false, _) => 0,
+            (true, 2) => 1,
+            (true, 4) => 2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_lowbit: no variant with {r} rows per warp"
+                )))
+            }
+        };
+        let col = match ks {
+            1 => 0,
+            2 => 1,
+            4 => 2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_lowbit: no variant with K split {ks}"
+                )))
+            }
+        };
+        Ok(t[row][col])
     }
 
     /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.
@@ -1160,7 +1356,7 @@ impl Gpu {
         // SAFETY: our own non-default stream; ended by end_capture.
         unsafe {
             cu::stream::begin_capture(
-                self.stream.cu_stream(),
+                self.op_stream(),
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
@@ -1171,8 +1367,8 @@ impl Gpu {
     pub fn end_capture(&self) -> Result<Graph> {
         self.bind()?;
         // SAFETY: the stream is capturing (begin_capture succeeded).
-        let graph = unsafe { cu::stream::end_capture(self.stream.cu_stream()) }
-            .map_err(err("end capture"))?;
+        let graph =
+            unsafe { cu::stream::end_capture(self.op_stream()) }.map_err(err("end capture"))?;
         // SAFETY: graph is a valid captured graph.
         let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
             .map_err(err("graph instantiate"))?;
@@ -1187,7 +1383,7 @@ impl Gpu {
     pub fn launch_graph(&self, g: &Graph) -> Result<()> {
         self.bind()?;
         // SAFETY: exec is a live instantiated graph of this context.
-        unsafe { cu::graph::launch(g.exec, self.stream.cu_stream()) }.map_err(err("graph launch"))
+        unsafe { cu::graph::launch(g.exec, self.op_stream()) }.map_err(err("graph launch"))
     }
 
     /// Run `f` (which queues work on this GPU) and return the GPU time in ms between two events.
@@ -1197,9 +1393,9 @@ impl Gpu {
         let b = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err("event"))?;
         // SAFETY: events are live; recorded on our stream; destroyed below.
         let r = unsafe {
-            cu::event::record(a, self.stream.cu_stream()).map_err(err("record"))?;
+            cu::event::record(a, self.op_stream()).map_err(err("record"))?;
             f()?;
-            cu::event::record(b, self.stream.cu_stream()).map_err(err("record"))?;
+            cu::event::record(b, self.op_stream()).map_err(err("record"))?;
             cu::event::synchronize(b).map_err(err("event sync"))?;
             cu::event::elapsed(a, b).map_err(err("elapsed"))
         };

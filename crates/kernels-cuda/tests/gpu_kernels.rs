@@ -5,7 +5,7 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvSeg, WKind};
+use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvPlan, MvSeg, WKind};
 use half::f16;
 use std::sync::OnceLock;
 
@@ -126,6 +126,20 @@ fn emulate_q(
 }
 
 fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64) {
+    run_mv_plan(g, qt, n_in, n_out, n, seed, None);
+}
+
+/// [`run_mv`] under a forced launch plan (`None`: the shape-based default).
+fn run_mv_plan(
+    g: &Gpu,
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    n: usize,
+    seed: u64,
+    plan: Option<MvPlan>,
+) {
+    g.set_mv_override(plan);
     let mut rng = Rng(seed);
     let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
     let x = rng.vec(n * n_in, 1.0); // [n, n_in]
@@ -190,7 +204,9 @@ fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64
         }
     }
     // grouped launch: the same matrix as segments 0 and 2 (and a 1-row slice as segment 1) gives
-    // exactly the single-matrix outputs
+    // exactly the single-matrix outputs under the same plan (the default K split depends on the
+    // launch's total rows, so force the single launch's)
+    g.set_mv_override(Some(g.mv_plan(rt.kind, 1, n_out, n_in)));
     let ya = g.alloc(n * n_out * 4).unwrap();
     let yb = g.alloc(n * 4).unwrap();
     let yc = g.alloc(n * n_out * 4).unwrap();
@@ -263,7 +279,11 @@ fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64
     }
     let e2 = nmse(&yn, &refy);
     assert!(e2 < 1e-3, "{qt:?} [{n_in}x{n_out}] vs reference: nmse {e2}");
-    eprintln!("mv {qt:?} [{n_in}x{n_out}] n={n}: emu max-rel {e1:.2e}, ref nmse {e2:.2e}, batch-invariant");
+    eprintln!(
+        "mv {qt:?} [{n_in}x{n_out}] n={n} plan {:?}: emu max-rel {e1:.2e}, ref nmse {e2:.2e}, batch-invariant",
+        g.mv_plan(rt.kind, 1, n_out, n_in)
+    );
+    g.set_mv_override(None);
 }
 
 #[test]
@@ -282,6 +302,22 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         run_mv(g, qt, 5120, 48, 5, 4);
         // ragged: n_out not a multiple of the rows per warp, n_in not a multiple of 32 sub-blocks
         run_mv(g, qt, 384, 50, 2, 5);
+        // every variant: K split 1 / 2 / 4, 2 or 4 rows per warp, weights loaded before or after
+        // the PDL wait
+        for (i, (r, ks, pre)) in [
+            (2, 1, true),
+            (4, 2, false),
+            (2, 4, true),
+            (4, 4, true),
+            (4, 1, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let plan = Some(MvPlan { r, ks, pre });
+            run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
+            run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
+        }
     }
 }
 

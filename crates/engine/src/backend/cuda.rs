@@ -1128,7 +1128,9 @@ impl Backend for CudaBackend {
         let nv = cfg.n_vocab;
         let mut slot = self.step_graph.lock().expect("step graph lock");
         self.with_scratch(cfg, 1, |sc| {
-            let key = Self::step_key(w, st, sc.gen);
+            let mut key = Self::step_key(w, st, sc.gen);
+            // a graph bakes in the launch mode (PDL edges or full ones)
+            key.push(self.gpu.pdl() as u64);
             if slot.as_ref().is_none_or(|g| g.key != key) {
                 *slot = None;
                 *slot = Some(self.capture_step(sc, cfg, w, st, key)?);
