@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call: CUDA kernel tests, full-model CUDA-vs-CPU tests on tiny/small synthetic models,
-# then the batch-1 decode benchmark on full-size synthetic 27B files generated on the GPU machine.
+# One device call: CUDA kernel tests (mat-vec, prefill GEMM), full-model CUDA-vs-CPU tests on
+# tiny/small synthetic models, then the batch-1 decode and pp512 prefill benchmark on full-size
+# synthetic 27B files generated on the GPU machine.
 #
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
-        --test gpu_kernels --test cuda_forward --test cuda_bench --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
+        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_bench --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
         python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
@@ -46,6 +47,8 @@ rc=0
 if [[ $RUST == 1 ]]; then
 echo "== kernels vs reference =="
 .device/bin/gpu_kernels --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+echo "== prefill GEMM vs reference =="
+.device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== full model: CUDA vs CPU =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 
@@ -56,7 +59,7 @@ if [[ $BENCH == 1 ]]; then
     f=/tmp/27b-$v.gguf
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
-    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
@@ -74,5 +77,7 @@ if [[ $PYCHECK == 1 ]]; then
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
+# at most 8 files come back from the device: JSON at the top, logs in one archive
+(cd "$OUT" && ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log)
 echo "gpu_check rc=$rc"
 exit $rc

@@ -1,4 +1,5 @@
-//! GPU decode benchmark (batch 1, greedy, CUDA graph per token). Runs only when
+//! GPU decode benchmark (batch 1, greedy, CUDA graph per token) and prefill benchmark (pp512 in
+//! one chunk, the prefill GEMM per projection group, a per-kernel profile). Runs only when
 //! `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise prints SKIPPED.
 //! Writes a JSON record to `$BONSAI_BENCH_OUT` (default: stdout only). Driven by
 //! scripts/gpu_check.sh; results are committed under bench/results/.
@@ -235,6 +236,139 @@ fn cuda_decode_bench() {
         "KPROF total {ktotal:.1} us over {} launches",
         launches.len()
     );
+    // ---- prefill: pp512 in one forward chunk (the engine's PREFILL_CHUNK), fresh state each run,
+    // one warm-up then the median of 5; then the GEMM alone per projection group, and a per-kernel
+    // profile of one pp512 forward.
+    let pp = 512usize;
+    let prompt_pp: Vec<u32> = (0..pp as u32)
+        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
+        .collect();
+    let mut spp = SeqState::new(&cuda, &cfg, n_ctx.max(pp + 8)).unwrap();
+    let mut pp_ms = Vec::new();
+    let mut pp_logits = Vec::new();
+    for rep in 0..6 {
+        spp.reset(&cuda);
+        cuda.gpu().sync().unwrap();
+        let t = Instant::now();
+        forward(
+            &cuda,
+            &cfg,
+            &w,
+            &mut spp,
+            &prompt_pp,
+            GdnMode::Chunked,
+            LogitRows::Last,
+            &mut pp_logits,
+            Capture::none(),
+        )
+        .unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if rep > 0 {
+            pp_ms.push(ms);
+        }
+    }
+    assert!(
+        pp_logits.iter().all(|v| v.is_finite()),
+        "pp512 logits not finite"
+    );
+    pp_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pp_med = pp_ms[pp_ms.len() / 2];
+    let pp_tps = pp as f64 / (pp_med / 1e3);
+    println!("BENCH prefill pp{pp}: {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
+
+    // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
+    let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
+        ("gdn_in(qkv|z|b|a)", vec![]),
+        ("ssm_out", vec![]),
+        ("attn_in(q|k|v)", vec![]),
+        ("attn_out", vec![]),
+        ("ffn_gate|up", vec![]),
+        ("ffn_down", vec![]),
+    ];
+    for l in &w.layers {
+        match &l.mixer {
+            Mixer::Gdn(x) => {
+                gcats[0].1.push(vec![&x.qkv, &x.gate, &x.beta, &x.alpha]);
+                gcats[1].1.push(vec![&x.ssm_out]);
+            }
+            Mixer::Attn(x) => {
+                gcats[2].1.push(vec![&x.q, &x.k, &x.v]);
+                gcats[3].1.push(vec![&x.out]);
+            }
+        }
+        gcats[4].1.push(vec![&l.mlp.gate, &l.mlp.up]);
+        gcats[5].1.push(vec![&l.mlp.down]);
+    }
+    let mut gemm_json = Vec::new();
+    let mut gemm_total_ms = 0.0;
+    for (name, groups) in &gcats {
+        let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
+        let ms = med(cuda.time_proj_pass(&cfg, groups, pp, 5).unwrap());
+        gemm_total_ms += ms;
+        let tops = 2.0 * macs as f64 / (ms / 1e3) / 1e12;
+        let shape = groups[0]
+            .iter()
+            .map(|m| format!("{}x{}", m.n_in, m.n_out))
+            .collect::<Vec<_>>()
+            .join("|");
+        println!(
+            "GEMM n={pp} {name:<20} {shape:<32} {:>3} launches {:8.1} us/launch {tops:7.1} TOPS",
+            groups.len(),
+            ms * 1e3 / groups.len() as f64
+        );
+        gemm_json.push(format!(
+            "{{\"group\": \"{name}\", \"shape\": \"{shape}\", \"launches\": {}, \"us_per_launch\": {:.1}, \"TOPS\": {tops:.1}}}",
+            groups.len(),
+            ms * 1e3 / groups.len() as f64
+        ));
+    }
+    println!(
+        "GEMM n={pp} all projections {gemm_total_ms:.2} ms of the {pp_med:.2} ms pp{pp} forward"
+    );
+
+    // per-kernel profile of one pp512 forward (each launch timed alone)
+    spp.reset(&cuda);
+    cuda.gpu().profile_begin();
+    forward(
+        &cuda,
+        &cfg,
+        &w,
+        &mut spp,
+        &prompt_pp,
+        GdnMode::Chunked,
+        LogitRows::Last,
+        &mut pp_logits,
+        Capture::none(),
+    )
+    .unwrap();
+    let pl = cuda.gpu().profile_end();
+    let mut pagg: Vec<(String, usize, f64)> = Vec::new();
+    for (name, us) in &pl {
+        // group by kernel name only (grids differ by matrix)
+        let k = name.split_whitespace().next().unwrap_or("?").to_string();
+        match pagg.iter_mut().find(|a| a.0 == k) {
+            Some(a) => {
+                a.1 += 1;
+                a.2 += *us as f64;
+            }
+            None => pagg.push((k, 1, *us as f64)),
+        }
+    }
+    pagg.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap());
+    let ptotal: f64 = pagg.iter().map(|a| a.2).sum();
+    let mut pp_prof = Vec::new();
+    for (name, cnt, tot) in &pagg {
+        println!(
+            "PPPROF {name:<24} {cnt:>5} launches {:9.1} us total ({:4.1}%)",
+            tot,
+            100.0 * tot / ptotal.max(1e-9)
+        );
+        pp_prof.push(format!(
+            "{{\"kernel\": \"{name}\", \"launches\": {cnt}, \"us\": {tot:.1}}}"
+        ));
+    }
+    println!("PPPROF total {ptotal:.1} us over {} launches", pl.len());
+
     let tps = steps as f64 / (med_ms / 1e3);
     let bw = bytes_per_token as f64 * tps;
     let frac = bw / 4.49e12;
@@ -245,13 +379,19 @@ fn cuda_decode_bench() {
          \"eager_tok_s\": {eager_tps:.1}, \"pdl\": {pdl_ms}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
-         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}}}",
+         \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
+         \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \
+         \"prefill_pp512_tok_s\": {pp_tps:.1}, \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
+         \"gemm_n512\": [{}], \"prefill_kernel_profile_total_us\": {ptotal:.1}, \
+         \"prefill_kernel_profile\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         bw / 1e9,
         prof.join(", "),
         kprof.join(", "),
-        &toks[..toks.len().min(8)]
+        &toks[..toks.len().min(8)],
+        gemm_json.join(", "),
+        pp_prof.join(", ")
     );
     println!("BENCH {json}");
     if let Ok(out) = std::env::var("BONSAI_BENCH_OUT") {

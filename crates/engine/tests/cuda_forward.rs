@@ -185,6 +185,98 @@ fn cuda_matches_cpu_full_model() {
     }
 }
 
+/// Prefill through the tensor-core GEMM (steps of more than 8 rows): prompt logits of every row
+/// against the CPU engine for prompts of 9, 100 and 160 tokens in one step, and a 160-token prompt
+/// prefilled in steps of 100 + 60 against the one-step CUDA prefill. Same tolerance as
+/// `cuda_matches_cpu_full_model` (per-row NMSE < 5e-3, top-1 equal except at near-ties).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_prefill_gemm_matches_cpu() {
+    let Some((cuda, paths)) = setup("cuda_prefill_gemm_matches_cpu") else {
+        return;
+    };
+    let cpu = CpuBackend::default();
+    let row_stats = |a: &[f32], b: &[f32]| -> f64 {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+        num / den.max(1e-30)
+    };
+    for p in paths {
+        let g = Arc::new(Gguf::open(&p).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let wc = Weights::load(&cpu, &g, &cfg).unwrap();
+        let wg = Weights::load(&cuda, &g, &cfg).unwrap();
+        let nv = cfg.n_vocab;
+        for plen in [9u32, 100, 160] {
+            let prompt: Vec<u32> = (0..plen).map(|i| (i * 7919 + 29) % nv as u32).collect();
+            let mut sc = SeqState::new(&cpu, &cfg, 512).unwrap();
+            let mut sg = SeqState::new(&cuda, &cfg, 512).unwrap();
+            let lc = run_forward(&cpu, &cfg, &wc, &mut sc, &prompt, LogitRows::All);
+            let lg = run_forward(&cuda, &cfg, &wg, &mut sg, &prompt, LogitRows::All);
+            assert!(lg.iter().all(|v| v.is_finite()), "non-finite CUDA logits");
+            let (mut worst, mut violations, mut top_equal) = (0f64, 0, 0);
+            for t in 0..prompt.len() {
+                let (a, b) = (&lc[t * nv..(t + 1) * nv], &lg[t * nv..(t + 1) * nv]);
+                worst = worst.max(row_stats(a, b));
+                violations += choice_violation(a, b) as usize;
+                top_equal += (argmax(a) == argmax(b)) as usize;
+            }
+            eprintln!(
+                "{}: prefill {plen} rows (GEMM): worst-row NMSE {worst:.3e}, top-1 equal {top_equal}/{plen}",
+                p.display()
+            );
+            assert!(
+                worst < 5e-3,
+                "{}: prefill {plen}: NMSE {worst}",
+                p.display()
+            );
+            assert_eq!(
+                violations,
+                0,
+                "{}: prefill {plen}: top-1 differs beyond a near-tie",
+                p.display()
+            );
+            // the state after the GEMM prefill decodes like the CPU's
+            let tok = argmax(&lc[(prompt.len() - 1) * nv..]) as u32;
+            let a = run_forward(&cpu, &cfg, &wc, &mut sc, &[tok], LogitRows::Last);
+            let b = run_forward(&cuda, &cfg, &wg, &mut sg, &[tok], LogitRows::Last);
+            assert!(
+                row_stats(&a, &b) < 5e-3,
+                "{}: decode after prefill {plen}",
+                p.display()
+            );
+            assert!(
+                !choice_violation(&a, &b),
+                "{}: decode after prefill {plen}",
+                p.display()
+            );
+        }
+        // split prefill (100 + 60 rows) vs one step of 160 on CUDA: every kernel of a step > 8 rows
+        // computes a row independently of the step's size and of the row's place in it, so the
+        // logits are bit-identical
+        let prompt: Vec<u32> = (0..160u32).map(|i| (i * 104729 + 7) % nv as u32).collect();
+        let mut s1 = SeqState::new(&cuda, &cfg, 512).unwrap();
+        let mut s2 = SeqState::new(&cuda, &cfg, 512).unwrap();
+        let one = run_forward(&cuda, &cfg, &wg, &mut s1, &prompt, LogitRows::Last);
+        run_forward(&cuda, &cfg, &wg, &mut s2, &prompt[..100], LogitRows::None);
+        let two = run_forward(&cuda, &cfg, &wg, &mut s2, &prompt[100..], LogitRows::Last);
+        let e = row_stats(&one, &two);
+        let same = one
+            .iter()
+            .zip(&two)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        eprintln!(
+            "{}: prefill 160 in one step vs 100 + 60: NMSE {e:.3e}, bit-identical {same}",
+            p.display()
+        );
+        assert!(
+            same,
+            "{}: split prefill differs (NMSE {e:.3e})",
+            p.display()
+        );
+    }
+}
+
 /// Batch invariance on CUDA: a 5-row step (verify) gives bit-identical logits to 5 single steps,
 /// and the captured decode graph gives the same greedy tokens as the eager path.
 #[test]

@@ -1,2 +1,321 @@
 // Prefill: tensor-core (int8 mma) matrix products for n > MAXN rows. Appended to bonsai.cu by
 // lib.rs (same translation unit: its typedefs and helpers are in scope).
+
+// ---- low-bit GEMM: y[n, n_out] (+)= x · Wᵀ on int8 tensor cores ------------------------------
+//
+// W is a re-tiled low-bit matrix (code plane + f16 scale plane, see the header of bonsai.cu), x the
+// int8 activations (q [n, n_in], per-32 scales d [n, n_in/32]). For every 32-element sub-block j
+// the exact integer dot Σ w_code·q is one m16n8k32 MMA; it is then scaled as
+//   y[t, o] = Σ_blocks ws(o, b) · Σ_{j in b} xd(t, j) · isum(o, t, j)
+// in f32 with a fixed order (sub-blocks in increasing order inside a scale block, blocks in
+// increasing order), so results are deterministic and independent of the grid. They are not bit
+// identical to the mat-vec path (that one sums ws·xd·isum per sub-block), only equal within f32
+// rounding. Weight codes are expanded to signed int8 (Q1: ±1; Q2: code − 1 ∈ {−1, 0, 1, 2}), so the
+// activation sums (x_s) are not needed.
+//
+// Fragment layouts of mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (PTX ISA, "Matrix Fragments
+// for mma.m16n8k32", integer types), g = lane >> 2 (groupID), tg = lane & 3 (threadID_in_group):
+//   A 16x32 row-major: a0 = row g,   k 4tg..4tg+3    a1 = row g+8, k 4tg..4tg+3
+//                      a2 = row g,   k 16+4tg..+3    a3 = row g+8, k 16+4tg..+3
+//   B 32x8 col-major:  b0 = col g,   k 4tg..4tg+3    b1 = col g,   k 16+4tg..+3
+//   C/D 16x8 s32:      c0, c1 = row g, cols 2tg, 2tg+1;   c2, c3 = row g+8, cols 2tg, 2tg+1
+// (byte e of an A/B register is k = base + e). The sum runs over k, so any bijection between the
+// MMA's logical k and the physical element index p of the sub-block is fine as long as A and B use
+// the same one. We use: logical 4tg+e <-> p = 8tg+e, logical 16+4tg+e <-> p = 8tg+4+e. Then a
+// thread's B registers are the 8 consecutive activation bytes p = 8tg..8tg+7 (one 8-byte shared
+// load), and its A registers come straight out of the re-tiled code words:
+//   Q1 (bit i of byte b = element 4i+b):  p = 8tg+e   -> bits (2tg)   of the word's 4 bytes
+//                                         p = 8tg+4+e -> bits (2tg+1)
+//   Q2 (field s of byte i = element 4s+i of a 16-element word; a sub-block is words h = 0, 1):
+//      p = 8tg+e -> word tg>>1, field 2(tg&1);   p = 8tg+4+e -> word tg>>1, field 2(tg&1)+1.
+// M = weight rows, N = activation rows.
+//
+// Int to float: the MMA accumulates onto C = GM_MAGIC (0x4B400000 = bits of 1.5·2^23), so D read as
+// f32 is exactly 12582912 + isum (|isum| <= 32·2·127 < 2^22); one FADD recovers isum exactly.
+//
+// CTA tile: GM_BM = 128 weight rows (8 warps x 16 rows, one m16 tile per warp) x BN = 8·NT
+// activation rows (each warp covers all BN with NT n8 tiles), k in chunks of GM_KC = 128 (one
+// Q1/Q2 scale block, two Q2g64 blocks). Weight codes, activation codes and activation scales of a
+// chunk are staged in shared memory with cp.async, GM_STAGES deep (one barrier per chunk); weight
+// scales are read from global one chunk ahead into registers. Each weight byte is read from global
+// once per CTA (the NT-tiles of one weight tile are adjacent in blockIdx.x, so they run together
+// and share it through L2). Out-of-range weight rows / activation rows are clamped for loads
+// (always in bounds) and never stored. No atomics.
+
+#define GM_WARPS 8
+#define GM_THREADS (GM_WARPS * 32)
+#define GM_BM (GM_WARPS * 16)
+#define GM_KC 128
+#define GM_STAGES 3
+// activation row stride in shared memory: 128 code bytes + 32 pad, so the 8-byte B loads of a
+// half-warp (rows g..g+3, bytes 8tg..8tg+7) hit 32 distinct banks
+#define GM_AST 160
+#define GM_MAGIC 0x4B400000
+#define GM_MAGIC_F 12582912.0f
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// d = A·B + MAGIC (see above); a/b as described in the fragment table.
+__device__ __forceinline__ void mma_s8_magic(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    int c = GM_MAGIC;
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c), "r"(c), "r"(c), "r"(c));
+}
+
+// Q1 code word -> 4 signed bytes (+1 for a set bit, −1 for a clear one) of bit plane i:
+// m has bytes 0/1, m·0xFE has bytes 0x00/0xFE (no carries), ~ gives 0xFF/0x01.
+__device__ __forceinline__ u32 q1_plane(u32 w, int i) { return ~(((w >> i) & 0x01010101u) * 0xFEu); }
+// Q2 code word -> 4 signed bytes code − 1 of field s: bytes c + 0x7F never carry (c <= 3), and
+// ^ 0x80 maps 0x7F + c to c − 1 in two's complement.
+__device__ __forceinline__ u32 q2_plane(u32 w, int s) {
+    return (((w >> (2 * s)) & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u;
+}
+
+struct GmSeg {
+    const u8* codes;
+    const u16* scales;
+    float* y;
+    int n_out;
+};
+
+template <int KIND, int NT>
+__device__ __forceinline__ void gemm_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const i8* __restrict__ xq,
+                                            const float* __restrict__ xd, int n_in, int n, int accumulate) {
+    const int BN = NT * 8;
+    const int CB = KIND == 1 ? 16 : 32;   // code bytes per row per chunk
+    const int SPC = KIND == 3 ? 2 : 1;    // scale blocks per chunk
+    // shared: per stage activation codes [BN][GM_AST] (first 128 bytes used), activation scales
+    // [BN][4] f32, weight codes [GM_BM][CB]
+    __shared__ __align__(16) u8 s_x[GM_STAGES][BN * GM_AST];
+    __shared__ __align__(16) float s_d[GM_STAGES][BN * 4];
+    __shared__ __align__(16) u8 s_w[GM_STAGES][GM_BM * CB];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    // this CTA's weight tile: global m-tile blockIdx.y, segments in order (tiles never straddle)
+    int mt = blockIdx.y;
+    int t0 = (s0.n_out + GM_BM - 1) / GM_BM, t1 = (s1.n_out + GM_BM - 1) / GM_BM,
+        t2 = (s2.n_out + GM_BM - 1) / GM_BM, t3 = (s3.n_out + GM_BM - 1) / GM_BM;
+    GmSeg sg;
+    if (mt < t0) {
+        sg = s0;
+    } else if ((mt -= t0) < t1) {
+        sg = s1;
+    } else if ((mt -= t1) < t2) {
+        sg = s2;
+    } else if ((mt -= t2) < t3) {
+        sg = s3;
+    } else {
+        return;
+    }
+    const int m0 = mt * GM_BM;
+    const int n0 = blockIdx.x * BN;
+    const int n_out = sg.n_out;
+    const int nsb = n_in >> 5;          // 32-element sub-blocks per row (activation scales)
+    const int nc = n_in / GM_KC;        // chunks
+    const int nblk = nc * SPC;          // weight scale blocks per row
+    const size_t wrow = (size_t)nc * CB; // code bytes per weight row
+
+    // loader roles (one 16-byte cp.async each; tid-major so that a warp's copies are contiguous)
+    auto load_chunk = [&](int c, int st) {
+        // activation codes: BN rows x 8 pieces of 16 bytes
+#pragma unroll
+        for (int i = tid; i < BN * 8; i += GM_THREADS) {
+            int r = i >> 3, q = i & 7;
+            int t = min(n0 + r, n - 1);
+            cp_async16(&s_x[st][r * GM_AST + q * 16], xq + (size_t)t * n_in + (size_t)c * GM_KC + q * 16);
+        }
+        // activation scales: BN rows x 4 floats
+        if (tid < BN) {
+            int t = min(n0 + tid, n - 1);
+            cp_async16(&s_d[st][tid * 4], xd + (size_t)t * nsb + (size_t)c * 4);
+        }
+        // weight codes: GM_BM rows x CB/16 pieces
+#pragma unroll
+        for (int i = tid; i < GM_BM * (CB / 16); i += GM_THREADS) {
+            int r = i / (CB / 16), q = i % (CB / 16);
+            int o = min(m0 + r, n_out - 1);
+            cp_async16(&s_w[st][r * CB + q * 16], sg.codes + (size_t)o * wrow + (size_t)c * CB + q * 16);
+        }
+    };
+
+    // this thread's weight rows (C rows g and g+8 of the warp's m16 tile)
+    const int ra = m0 + warp * 16 + g, rb = ra + 8;
+    const u16* wsa = sg.scales + (size_t)min(ra, n_out - 1) * nblk;
+    const u16* wsb = sg.scales + (size_t)min(rb, n_out - 1) * nblk;
+    // raw f16 weight scales of the current chunk (g64: two per row, packed in one u32)
+    u32 swa, swb;
+    if (SPC == 1) {
+        swa = __ldg(wsa);
+        swb = __ldg(wsb);
+    } else {
+        swa = __ldg((const u32*)wsa);
+        swb = __ldg((const u32*)wsb);
+    }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+    // prologue: chunks 0 .. GM_STAGES-2
+#pragma unroll
+    for (int st = 0; st < GM_STAGES - 1; ++st) {
+        if (st < nc) load_chunk(st, st);
+        cp_async_commit();
+    }
+
+    for (int c = 0; c < nc; ++c) {
+        // chunk c has landed (only the newest GM_STAGES-2 groups may be pending), for everyone
+        cp_async_wait<GM_STAGES - 2>();
+        __syncthreads();
+        // refill the stage consumed in iteration c-1 (every thread passed the barrier above)
+        {
+            int cn = c + GM_STAGES - 1;
+            if (cn < nc) load_chunk(cn, cn % GM_STAGES);
+            cp_async_commit();
+        }
+        // next chunk's weight scales, used one iteration later
+        u32 nwa = 0, nwb = 0;
+        if (c + 1 < nc) {
+            if (SPC == 1) {
+                nwa = __ldg(wsa + c + 1);
+                nwb = __ldg(wsb + c + 1);
+            } else {
+                nwa = __ldg((const u32*)wsa + c + 1);
+                nwb = __ldg((const u32*)wsb + c + 1);
+            }
+        }
+        const int st = c % GM_STAGES;
+        // A fragments of the 4 sub-blocks of this chunk
+        u32 af[4][4];
+        {
+            const u8* wr = &s_w[st][(warp * 16 + g) * CB];
+            if (KIND == 1) {
+                uint4 va = *(const uint4*)wr;             // row g: words = sub-blocks 0..3
+                uint4 vb = *(const uint4*)(wr + 8 * CB);  // row g+8
+                u32 wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    af[s][0] = q1_plane(wa[s], 2 * tg);
+                    af[s][1] = q1_plane(wb[s], 2 * tg);
+                    af[s][2] = q1_plane(wa[s], 2 * tg + 1);
+                    af[s][3] = q1_plane(wb[s], 2 * tg + 1);
+                }
+            } else {
+                // sub-block s = words 2s, 2s+1; this thread uses word 2s + (tg >> 1)
+                uint4 va0 = *(const uint4*)wr, va1 = *(const uint4*)(wr + 16);
+                uint4 vb0 = *(const uint4*)(wr + 8 * CB), vb1 = *(const uint4*)(wr + 8 * CB + 16);
+                bool hi = (tg >> 1) != 0;
+                u32 wa[4] = {hi ? va0.y : va0.x, hi ? va0.w : va0.z, hi ? va1.y : va1.x, hi ? va1.w : va1.z};
+                u32 wb[4] = {hi ? vb0.y : vb0.x, hi ? vb0.w : vb0.z, hi ? vb1.y : vb1.x, hi ? vb1.w : vb1.z};
+                int f = 2 * (tg & 1);
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    af[s][0] = q2_plane(wa[s], f);
+                    af[s][1] = q2_plane(wb[s], f);
+                    af[s][2] = q2_plane(wa[s], f + 1);
+                    af[s][3] = q2_plane(wb[s], f + 1);
+                }
+            }
+        }
+        float wa0, wb0, wa1, wb1;  // weight scales of rows g / g+8 (g64: blocks 2c, 2c+1)
+        wa0 = h2f((u16)(swa & 0xffffu));
+        wb0 = h2f((u16)(swb & 0xffffu));
+        wa1 = h2f((u16)(swa >> 16));
+        wb1 = h2f((u16)(swb >> 16));
+
+        const u8* xs = s_x[st];
+        const float* ds = s_d[st];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            // activation scales of this thread's two columns (rows 8j + 2tg, +1), sub-blocks 0..3
+            float4 xa = *(const float4*)&ds[(8 * j + 2 * tg) * 4];
+            float4 xb = *(const float4*)&ds[(8 * j + 2 * tg + 1) * 4];
+            float da[4] = {xa.x, xa.y, xa.z, xa.w}, db[4] = {xb.x, xb.y, xb.z, xb.w};
+            const u8* brow = xs + (8 * j + g) * GM_AST + 8 * tg;
+            float p[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                uint2 b = *(const uint2*)(brow + 32 * s);
+                int d[4];
+                mma_s8_magic(d, af[s][0], af[s][1], af[s][2], af[s][3], b.x, b.y);
+                float f0 = __int_as_float(d[0]) - GM_MAGIC_F, f1 = __int_as_float(d[1]) - GM_MAGIC_F,
+                      f2 = __int_as_float(d[2]) - GM_MAGIC_F, f3 = __int_as_float(d[3]) - GM_MAGIC_F;
+                bool first = SPC == 1 ? s == 0 : (s & 1) == 0;
+                if (first) {
+                    p[0] = f0 * da[s];
+                    p[1] = f1 * db[s];
+                    p[2] = f2 * da[s];
+                    p[3] = f3 * db[s];
+                } else {
+                    p[0] = fmaf(f0, da[s], p[0]);
+                    p[1] = fmaf(f1, db[s], p[1]);
+                    p[2] = fmaf(f2, da[s], p[2]);
+                    p[3] = fmaf(f3, db[s], p[3]);
+                }
+                bool last = SPC == 1 ? s == 3 : (s & 1) == 1;
+                if (last) {
+                    float ua = (SPC == 1 || s == 1) ? wa0 : wa1;
+                    float ub = (SPC == 1 || s == 1) ? wb0 : wb1;
+                    acc[j][0] = fmaf(p[0], ua, acc[j][0]);
+                    acc[j][1] = fmaf(p[1], ua, acc[j][1]);
+                    acc[j][2] = fmaf(p[2], ub, acc[j][2]);
+                    acc[j][3] = fmaf(p[3], ub, acc[j][3]);
+                }
+            }
+        }
+        swa = nwa;
+        swb = nwb;
+    }
+    // drain the (empty) trailing groups before exit
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int o = e < 2 ? ra : rb;
+            int t = n0 + 8 * j + 2 * tg + (e & 1);
+            if (o < n_out && t < n) {
+                float* yp = sg.y + (size_t)t * n_out + o;
+                float v = acc[j][e];
+                *yp = accumulate ? *yp + v : v;
+            }
+        }
+    }
+}
+
+// Flat parameters like MV_ENTRY: per segment codes, scales, y, n_out (unused segments n_out = 0),
+// then q [n, n_in], d [n, n_in/32], n_in (a multiple of 128), n, accumulate.
+// grid (ceil(n / (8·NT)), Σ ceil(n_out_i / GM_BM)), block GM_THREADS.
+#define GM_ENTRY(NAME, KIND, NT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) NAME(                                   \
+        const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
+        int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
+        float* y3, int n3, const i8* q, const float* da, int n_in, int n, int accumulate) {              \
+        GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
+              s3 = {c3, sc3, y3, n3};                                                                   \
+        gemm_lowbit<KIND, NT>(s0, s1, s2, s3, q, da, n_in, n, accumulate);                              \
+    }
+// BN = 64 activation rows per CTA (large grids) and BN = 32 (more CTAs for small n_out or small n);
+// the launcher (gemm.rs) picks one from the wave count. Both give the same values bit for bit
+// (per output the float ops do not depend on NT).
+GM_ENTRY(gemm_q1, 1, 8)
+GM_ENTRY(gemm_q2, 2, 8)
+GM_ENTRY(gemm_q2g64, 3, 8)
+GM_ENTRY(gemm_q1_n32, 1, 4)
+GM_ENTRY(gemm_q2_n32, 2, 4)
+GM_ENTRY(gemm_q2g64_n32, 3, 4)

@@ -5,6 +5,7 @@
 //! Everything is loaded at run time (`dynamic-loading`): this crate builds and its host-side tests
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
+mod gemm;
 pub mod retile;
 
 use std::ffi::{c_void, CString};
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
+pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
 pub use retile::{detile_row, retile, Retiled, WKind};
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
@@ -445,6 +447,12 @@ kernels!(
     plain: [
         spin_ns,
         // ---- gemm.cu (prefill) ----
+        gemm_q1,
+        gemm_q2,
+        gemm_q2g64,
+        gemm_q1_n32,
+        gemm_q2_n32,
+        gemm_q2g64_n32,
         // ---- spec.cu (DSpark round) ----
     ],
 );
@@ -490,6 +498,8 @@ pub struct Gpu {
     prev_kernel: AtomicBool,
     /// A forced mat-vec plan ([`Gpu::set_mv_override`]).
     mv_override: Mutex<Option<MvPlan>>,
+    /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
+    gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
 }
 
 // SAFETY: CUfunction/CUmodule handles are immutable after load and valid from any thread once the
@@ -538,6 +548,7 @@ impl Gpu {
             ),
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
+            gemm_occ: std::sync::OnceLock::new(),
         })
     }
 

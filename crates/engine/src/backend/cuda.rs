@@ -1,8 +1,11 @@
 //! The CUDA backend: weights re-tiled at load into code + scale planes (see
 //! `bonsai_kernels_cuda::retile`), f32 residual stream and GDN state, f16 KV cache, int8
 //! activations for the low-bit mat-vecs (per-32 blocks, f32 scales), every op a kernel from
-//! `bonsai_kernels_cuda`. Rows are processed in groups of at most 8 per mat-vec launch; each row is
-//! computed exactly as in a 1-row launch (batch invariance), so verify equals decode bit for bit.
+//! `bonsai_kernels_cuda`. Steps of at most 8 rows (decode, speculative verify) run the projections
+//! as mat-vec launches in which each row is computed exactly as in a 1-row launch (batch
+//! invariance), so verify equals decode bit for bit. Longer steps (prefill chunks) run each
+//! projection as one int8 tensor-core GEMM launch over all rows: deterministic, equal to the
+//! mat-vec path within f32 rounding, not bit for bit. The head always uses the mat-vec path.
 //!
 //! Decode can also run as one captured CUDA graph per token ([`CudaBackend::capture_decode`]):
 //! the token id and position live in device memory, and the graph ends with the head, a device
@@ -234,11 +237,34 @@ impl CudaBackend {
         })
     }
 
-    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`), in groups of
-    /// at most 8 rows.
+    /// Whether an `n`-row projection of `m` runs on the tensor-core GEMM (prefill: more rows than
+    /// one mat-vec launch takes) instead of the batch-invariant mat-vec path (decode, verify).
+    fn use_gemm(m: &CudaMat, n: usize) -> bool {
+        n > MV_ROWS && kc::gemm_supported(m.kind, m.n_in)
+    }
+
+    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`): one GEMM
+    /// launch when [`Self::use_gemm`], else in groups of at most 8 rows.
     fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
+        if Self::use_gemm(m, n) {
+            return self
+                .gpu
+                .gemm_lowbit(
+                    m.kind,
+                    m.codes.ptr(),
+                    m.scales.as_ref().expect("scales").ptr(),
+                    sc.xq.ptr(),
+                    sc.xd.ptr(),
+                    y,
+                    k,
+                    m.n_out,
+                    n,
+                    accumulate,
+                )
+                .map_err(be);
+        }
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
@@ -273,9 +299,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Several projections of the same input (`(matrix, y)` pairs): one grouped mat-vec launch per
-    /// 8-row chunk when all are low-bit of one kind and width (up to `kc::MAX_SEGS`), else one
-    /// [`Self::proj`] each. Outputs are bit-identical either way.
+    /// Several projections of the same input (`(matrix, y)` pairs): one grouped launch (the GEMM
+    /// for more than 8 rows, else a mat-vec per 8-row chunk) when all are low-bit of one kind and
+    /// width (up to `kc::MAX_SEGS`), else one [`Self::proj`] each. Outputs are bit-identical
+    /// either way.
     fn proj_multi(
         &self,
         sc: &Scratch,
@@ -296,6 +323,21 @@ impl CudaBackend {
             return Ok(());
         }
         let k = m0.n_in;
+        if Self::use_gemm(m0, n) {
+            let segs: Vec<kc::MvSeg> = mats
+                .iter()
+                .map(|&(m, y)| kc::MvSeg {
+                    codes: m.codes.ptr(),
+                    scales: m.scales.as_ref().expect("scales").ptr(),
+                    y,
+                    n_out: m.n_out,
+                })
+                .collect();
+            return self
+                .gpu
+                .gemm_lowbit_multi(m0.kind, &segs, sc.xq.ptr(), sc.xd.ptr(), k, n, accumulate)
+                .map_err(be);
+        }
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
@@ -831,6 +873,46 @@ impl CudaBackend {
                                 })
                                 .collect();
                             self.proj_multi(sc, &mats, 1, false)
+                                .map_err(|e| kc::CudaError(e.to_string()))?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(be)?;
+                times.push(ms);
+            }
+            Ok(times)
+        })
+    }
+
+    /// GPU time (ms) of one pass of `n`-row projections (prefill: the GEMM when `n` > 8), one
+    /// grouped launch per entry of `groups` as [`Self::proj_multi`] runs them, back to back, on
+    /// whatever the scratch input holds; `reps` passes, each timed. Every matrix must fit the
+    /// scratch outputs (not the head). For profiling.
+    pub fn time_proj_pass(
+        &self,
+        cfg: &TargetConfig,
+        groups: &[Vec<&CudaMat>],
+        n: usize,
+        reps: usize,
+    ) -> Result<Vec<f32>> {
+        self.with_scratch(cfg, n.max(MV_ROWS), |sc| {
+            let cap_out = sc.p[0].bytes() / 4 / sc.cap;
+            if let Some(m) = groups.iter().flatten().find(|m| m.n_out > cap_out) {
+                return Err(Error::Backend(format!(
+                    "time_proj_pass: {} outputs exceed the scratch",
+                    m.n_out
+                )));
+            }
+            let outs = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
+            let mut times = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let ms = self
+                    .gpu
+                    .time_ms(|| {
+                        for g in groups {
+                            let mats: Vec<(&CudaMat, u64)> =
+                                g.iter().zip(outs).map(|(&m, y)| (m, y)).collect();
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())

@@ -1,0 +1,255 @@
+//! Prefill launchers: the int8 tensor-core low-bit GEMM of `kernels/gemm.cu` for n > [`MAX_ROWS`]
+//! activation rows (one launch for all rows, each weight byte read once per CTA of up to 64 rows).
+//!
+//! Unlike the mat-vec kernels these are not batch-invariant with the n ≤ 8 path (the float
+//! summation differs: per scale block, then times the weight scale), only equal within f32
+//! rounding; but they are deterministic, and for a given matrix, input and row the result does not
+//! depend on `n`, the tile width or the grouping.
+//!
+//! [`MAX_ROWS`]: crate::MAX_ROWS
+
+use cudarc::driver::{result as cu, sys};
+
+use crate::{cdiv, err, Arg, CudaError, Gpu, MvSeg, Result, WKind, MAX_SEGS};
+
+/// Weight rows per GEMM CTA (`GM_BM` in the source).
+pub const GEMM_BM: usize = 128;
+/// k elements per GEMM chunk (`GM_KC`): `n_in` must be a multiple of it.
+pub const GEMM_KC: usize = 128;
+/// Threads per GEMM CTA (`GM_THREADS`).
+const GEMM_THREADS: u32 = 256;
+
+/// SM count and resident CTAs per SM of the BN = 64 and BN = 32 variants (same for every kind:
+/// the launcher takes the smallest over kinds).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmOcc {
+    sms: usize,
+    occ64: usize,
+    occ32: usize,
+}
+
+/// Whether [`Gpu::gemm_lowbit_multi`] takes matrices of this kind and width.
+pub fn gemm_supported(kind: WKind, n_in: usize) -> bool {
+    kind != WKind::F32 && n_in > 0 && n_in % GEMM_KC == 0
+}
+
+/// Fraction of the machine a launch keeps busy: (tiles / slots) over whole waves, times the used
+/// fraction of the activation tile rows.
+fn launch_eff(tiles_m: usize, n: usize, bn: usize, occ: usize, sms: usize) -> f64 {
+    let tn = n.div_ceil(bn);
+    let tiles = (tiles_m * tn) as f64;
+    let slots = (occ.max(1) * sms.max(1)) as f64;
+    let waves = tiles / slots;
+    let wave_eff = waves / waves.ceil();
+    let row_eff = n as f64 / (tn * bn) as f64;
+    wave_eff * row_eff
+}
+
+/// Activation rows per CTA (64 or 32) for a launch of `tiles_m` weight tiles over `n` rows, given
+/// `sms` SMs and `occ64` / `occ32` resident CTAs per SM of the two variants: 32 only when it keeps
+/// the machine clearly busier (it re-reads each weight tile twice as often).
+pub fn gemm_pick_bn(tiles_m: usize, n: usize, sms: usize, occ64: usize, occ32: usize) -> usize {
+    let e64 = launch_eff(tiles_m, n, 64, occ64, sms);
+    let e32 = launch_eff(tiles_m, n, 32, occ32, sms);
+    if e32 > 1.15 * e64 {
+        32
+    } else {
+        64
+    }
+}
+
+impl Gpu {
+    fn gemm_occ(&self) -> Result<GemmOcc> {
+        if let Some(o) = self.gemm_occ.get() {
+            return Ok(*o);
+        }
+        self.bind()?;
+        let sms = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(err("SM count"))?
+            .max(1) as usize;
+        let occ = |fs: [sys::CUfunction; 3]| -> Result<usize> {
+            let mut m = usize::MAX;
+            for f in fs {
+                // SAFETY: f is a kernel of our loaded module; no dynamic shared memory.
+                let o = unsafe {
+                    cu::occupancy::max_active_block_per_multiprocessor(f, GEMM_THREADS as i32, 0)
+                }
+                .map_err(err("occupancy"))?;
+                m = m.min(o.max(1) as usize);
+            }
+            Ok(m)
+        };
+        let o = GemmOcc {
+            sms,
+            occ64: occ([self.f.gemm_q1, self.f.gemm_q2, self.f.gemm_q2g64])?,
+            occ32: occ([
+                self.f.gemm_q1_n32,
+                self.f.gemm_q2_n32,
+                self.f.gemm_q2g64_n32,
+            ])?,
+        };
+        Ok(*self.gemm_occ.get_or_init(|| o))
+    }
+
+    /// `y[t, o] (+)= Σ_i W[o, i] x[t, i]` for one low-bit matrix on the tensor cores, any `n ≥ 1`
+    /// (meant for prefill, n > [`crate::MAX_ROWS`]). `q`: int8 activations `[n, n_in]`, `d`: f32
+    /// per-32 scales `[n, n_in/32]`, `y`: f32 `[n, n_out]`. `n_in % GEMM_KC == 0`.
+    pub fn gemm_lowbit(
+        &self,
+        kind: WKind,
+        codes: u64,
+        scales: u64,
+        q: u64,
+        d: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.gemm_lowbit_multi(
+            kind,
+            &[MvSeg {
+                codes,
+                scales,
+                y,
+                n_out,
+            }],
+            q,
+            d,
+            n_in,
+            n,
+            accumulate,
+        )
+    }
+
+    /// One GEMM launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` sharing
+    /// the input (e.g. GDN `qkv | z | β | α`): segment `i` writes `y_i [n, n_out_i]`. Each output
+    /// equals the single-matrix launch bit for bit.
+    pub fn gemm_lowbit_multi(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.gemm_lowbit_multi_bn(kind, segs, q, d, n_in, n, accumulate, None)
+    }
+
+    /// [`Gpu::gemm_lowbit_multi`] with the activation rows per CTA forced to `bn` (32 or 64) instead
+    /// of picked from the grid size (tests and benchmarks).
+    pub fn gemm_lowbit_multi_bn(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        bn: Option<usize>,
+    ) -> Result<()> {
+        if !gemm_supported(kind, n_in) {
+            return Err(CudaError(format!(
+                "gemm_lowbit: {kind:?} with n_in = {n_in} (needs a low-bit kind, n_in % {GEMM_KC} == 0)"
+            )));
+        }
+        if segs.is_empty() || segs.len() > MAX_SEGS {
+            return Err(CudaError(format!(
+                "gemm_lowbit: {} segments (1..={MAX_SEGS})",
+                segs.len()
+            )));
+        }
+        if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
+            return Err(CudaError(format!("gemm_lowbit: n = {n}, n_in = {n_in}")));
+        }
+        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(GEMM_BM)).sum();
+        if tiles_m == 0 {
+            return Ok(());
+        }
+        let bn = match bn {
+            Some(b) => {
+                assert!(b == 32 || b == 64, "gemm_lowbit: bn = {b}");
+                b
+            }
+            None => {
+                let o = self.gemm_occ()?;
+                gemm_pick_bn(tiles_m, n, o.sms, o.occ64, o.occ32)
+            }
+        };
+        let f = match (kind, bn) {
+            (WKind::Q1, 64) => self.f.gemm_q1,
+            (WKind::Q2, 64) => self.f.gemm_q2,
+            (WKind::Q2G64, 64) => self.f.gemm_q2g64,
+            (WKind::Q1, _) => self.f.gemm_q1_n32,
+            (WKind::Q2, _) => self.f.gemm_q2_n32,
+            (WKind::Q2G64, _) => self.f.gemm_q2g64_n32,
+            (WKind::F32, _) => unreachable!("checked by gemm_supported"),
+        };
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
+        for i in 0..MAX_SEGS {
+            let sg = segs.get(i).copied().unwrap_or(MvSeg {
+                codes: 0,
+                scales: 0,
+                y: 0,
+                n_out: 0,
+            });
+            args.extend([
+                Arg::P(sg.codes),
+                Arg::P(sg.scales),
+                Arg::P(sg.y),
+                Arg::I(sg.n_out as i32),
+            ]);
+        }
+        args.extend([
+            Arg::P(q),
+            Arg::P(d),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+        ]);
+        if tiles_m > 65_535 {
+            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
+        }
+        self.launch(
+            f,
+            (cdiv(n, bn), tiles_m as u32, 1),
+            (GEMM_THREADS, 1, 1),
+            &args,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supported_shapes() {
+        assert!(gemm_supported(WKind::Q1, 5120));
+        assert!(gemm_supported(WKind::Q2G64, 17408));
+        assert!(!gemm_supported(WKind::Q2G64, 192));
+        assert!(!gemm_supported(WKind::F32, 5120));
+        assert!(!gemm_supported(WKind::Q2, 0));
+    }
+
+    #[test]
+    fn bn_pick() {
+        // 5120 outputs x 512 rows on 132 SMs: BN 64 gives 320 tiles on 264 slots (1.2 waves), BN 32
+        // 640 tiles on 396 slots (1.6 waves): pick 32
+        assert_eq!(gemm_pick_bn(40, 512, 132, 2, 3), 32);
+        // gate|up (272 tiles): BN 64 fills 8+ waves
+        assert_eq!(gemm_pick_bn(272, 512, 132, 2, 3), 64);
+        // few rows: a 64-row tile would be mostly empty
+        assert_eq!(gemm_pick_bn(272, 20, 132, 2, 3), 32);
+        // GDN in-projection (130 tiles) x 512 rows: 3.9 waves of BN 64 already fill the machine
+        assert_eq!(gemm_pick_bn(130, 512, 132, 2, 2), 64);
+        let e = launch_eff(10, 64, 64, 1, 10);
+        assert!((e - 1.0).abs() < 1e-12);
+    }
+}

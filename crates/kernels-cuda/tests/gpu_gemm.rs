@@ -1,0 +1,536 @@
+//! The prefill GEMM (`gemm_lowbit`, int8 tensor cores) against an exact host emulation of the
+//! integer-activation product and against the n-row mat-vec path, on random weights and
+//! activations at the real Bonsai-27B shapes. Skips (and says so) when no CUDA device exists; a
+//! skipped test proves nothing and is reported as SKIPPED on stderr.
+//!
+//! Tolerances: the GEMM sums per sub-block `xd · isum` (isum exact in int32), per scale block
+//! times the weight scale, all in f32 with a fixed order. Against the f64 emulation of the same
+//! quantized product the max abs error, relative to the largest |y| of the compared set, must be
+//! < 1e-5; against the mat-vec path (a different f32 order) < 2e-5. Grid variants (tile width,
+//! grouping, n) must agree bit for bit, as must accumulate mode with `y0 + y` computed on the host.
+
+use bonsai_kernels_cpu::quant::dequantize_row;
+use bonsai_kernels_cpu::QuantType;
+use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvSeg, Retiled, WKind, MAX_ROWS};
+use half::f16;
+use rayon::prelude::*;
+use std::sync::OnceLock;
+
+fn gpu() -> Option<&'static Gpu> {
+    static G: OnceLock<Option<Gpu>> = OnceLock::new();
+    G.get_or_init(|| {
+        if !bonsai_kernels_cuda::cuda_available() {
+            return None;
+        }
+        Some(Gpu::new(0).expect("CUDA present but Gpu::new failed"))
+    })
+    .as_ref()
+}
+
+macro_rules! need_gpu {
+    ($name:expr) => {
+        match gpu() {
+            Some(g) => g,
+            None => {
+                eprintln!("SKIPPED {}: no CUDA device (not counted as run)", $name);
+                return;
+            }
+        }
+    };
+}
+
+struct Rng(u64);
+impl Rng {
+    fn u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// uniform in [-1, 1)
+    fn f(&mut self) -> f32 {
+        ((self.u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n);
+        while v.len() + 8 <= n {
+            v.extend_from_slice(&self.u64().to_le_bytes());
+        }
+        while v.len() < n {
+            v.push(self.u64() as u8);
+        }
+        v
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.u64() % n as u64) as usize
+    }
+}
+
+/// Random GGUF rows of a low-bit type with sane f16 scales. `code3`: keep Q2 code 3 (+2d, legal
+/// but never produced for ternary weights) instead of mapping it to 2.
+fn rand_lowbit(rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize, code3: bool) -> Vec<u8> {
+    let mut raw = rng.bytes(qt.row_bytes(n_in).unwrap() * n_out);
+    for blk in raw.chunks_exact_mut(qt.block_bytes()) {
+        let d = f16::from_f32(0.01 + 0.02 * ((blk[2] & 63) as f32 / 63.0)).to_bits();
+        blk[..2].copy_from_slice(&d.to_le_bytes());
+        if qt.is_q2() && !code3 {
+            for b in blk[2..].iter_mut() {
+                let mut v = *b;
+                for s in 0..4 {
+                    if (v >> (2 * s)) & 3 == 3 {
+                        v &= !(1 << (2 * s));
+                    }
+                }
+                *b = v;
+            }
+        }
+    }
+    raw
+}
+
+fn down<T: Copy + Default>(g: &Gpu, b: &DevBuf, n: usize) -> Vec<T> {
+    let mut v = vec![T::default(); n];
+    g.dtoh(b, 0, &mut v).unwrap();
+    v
+}
+
+/// max |a - b| / max |b| over the pairs.
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, &v| m.max(v.abs())).max(1e-12);
+    a.iter()
+        .zip(b)
+        .fold(0f32, |m, (&x, &y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// One matrix on the device plus its host copies.
+struct Mat {
+    qt: QuantType,
+    raw: Vec<u8>,
+    rt: Retiled,
+    codes: DevBuf,
+    scales: DevBuf,
+}
+
+impl Mat {
+    fn new(g: &Gpu, rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize, code3: bool) -> Mat {
+        let raw = rand_lowbit(rng, qt, n_in, n_out, code3);
+        let rt = retile(qt, &raw, n_in, n_out);
+        assert_ne!(rt.kind, WKind::F32);
+        let codes = g.upload(&rt.codes).unwrap();
+        let scales = g.upload(&rt.scales).unwrap();
+        Mat {
+            qt,
+            raw,
+            rt,
+            codes,
+            scales,
+        }
+    }
+    fn seg(&self, y: u64) -> MvSeg {
+        MvSeg {
+            codes: self.codes.ptr(),
+            scales: self.scales.ptr(),
+            y,
+            n_out: self.rt.n_out,
+        }
+    }
+    /// f64 emulation of the exact quantized product at (t, o) for the given (t, o) pairs.
+    fn emulate(&self, q: &[i8], d: &[f32], pairs: &[(usize, usize)]) -> Vec<f32> {
+        let n_in = self.rt.n_in;
+        let rb = self.qt.row_bytes(n_in).unwrap();
+        pairs
+            .par_iter()
+            .map(|&(t, o)| {
+                let mut row = vec![0f32; n_in];
+                dequantize_row(self.qt, &self.raw[o * rb..(o + 1) * rb], &mut row);
+                let mut acc = 0f64;
+                for i in 0..n_in {
+                    acc += row[i] as f64 * q[t * n_in + i] as f64 * d[(t * n_in + i) / 32] as f64;
+                }
+                acc as f32
+            })
+            .collect()
+    }
+}
+
+/// Device int8 activations [n, k] of random f32 rows, checked against the host quantization.
+struct Act {
+    q: DevBuf,
+    d: DevBuf,
+    s: DevBuf,
+    hq: Vec<i8>,
+    hd: Vec<f32>,
+}
+
+fn make_act(g: &Gpu, rng: &mut Rng, n: usize, k: usize) -> Act {
+    // rows of different magnitudes, some zero blocks (d = 0)
+    let mut x = Vec::with_capacity(n * k);
+    for t in 0..n {
+        let scale = 0.25 + (t % 7) as f32;
+        let mut r = rng.vec(k, scale);
+        if t % 5 == 3 {
+            r[..32].iter_mut().for_each(|v| *v = 0.0);
+        }
+        x.extend(r);
+    }
+    let xb = g.upload(&x).unwrap();
+    let q = g.alloc(n * k).unwrap();
+    let d = g.alloc(n * k / 32 * 4).unwrap();
+    let s = g.alloc(n * k / 32 * 4).unwrap();
+    g.quant_rows(xb.ptr(), n, k, q.ptr(), d.ptr(), s.ptr())
+        .unwrap();
+    let (hq, hd, hs) = host_quant(&x, k);
+    assert_eq!(down::<i8>(g, &q, n * k), hq, "int8 codes");
+    assert_eq!(down::<f32>(g, &d, n * k / 32), hd, "scales");
+    assert_eq!(down::<i32>(g, &s, n * k / 32), hs, "sums");
+    Act { q, d, s, hq, hd }
+}
+
+const POISON: f32 = f32::NAN;
+const GUARD: f32 = -7.25e30;
+
+/// A y buffer [n, n_out] poisoned with NaN, followed by `n_out` guard values.
+fn poisoned(g: &Gpu, n: usize, n_out: usize) -> DevBuf {
+    let mut v = vec![POISON; n * n_out];
+    v.extend(std::iter::repeat_n(GUARD, n_out));
+    g.upload(&v).unwrap()
+}
+
+fn check_guard(g: &Gpu, y: &DevBuf, n: usize, n_out: usize, what: &str) {
+    let all: Vec<f32> = down(g, y, (n + 1) * n_out);
+    assert!(
+        all[n * n_out..]
+            .iter()
+            .all(|v| v.to_bits() == GUARD.to_bits()),
+        "{what}: wrote past the end of y"
+    );
+    let bad = all[..n * n_out].iter().filter(|v| !v.is_finite()).count();
+    assert_eq!(
+        bad, 0,
+        "{what}: {bad} outputs not written (still NaN) or not finite"
+    );
+}
+
+fn gemm(g: &Gpu, m: &Mat, a: &Act, y: u64, n: usize, acc: bool, bn: Option<usize>) {
+    g.gemm_lowbit_multi_bn(
+        m.rt.kind,
+        &[m.seg(y)],
+        a.q.ptr(),
+        a.d.ptr(),
+        m.rt.n_in,
+        n,
+        acc,
+        bn,
+    )
+    .unwrap();
+}
+
+/// The n-row mat-vec path in chunks of MAX_ROWS (the reference the GEMM replaces).
+fn matvec_rows(g: &Gpu, m: &Mat, a: &Act, n: usize) -> Vec<f32> {
+    let (k, n_out) = (m.rt.n_in, m.rt.n_out);
+    let y = g.alloc(n * n_out * 4).unwrap();
+    let mut t0 = 0;
+    while t0 < n {
+        let nr = (n - t0).min(MAX_ROWS);
+        g.mv_lowbit(
+            m.rt.kind,
+            m.codes.ptr(),
+            m.scales.ptr(),
+            a.q.at(t0 * k),
+            a.d.at(t0 * k / 32 * 4),
+            a.s.at(t0 * k / 32 * 4),
+            y.at(t0 * n_out * 4),
+            k,
+            n_out,
+            nr,
+            false,
+        )
+        .unwrap();
+        t0 += nr;
+    }
+    down(g, &y, n * n_out)
+}
+
+/// Sampled (t, o) pairs: first/last rows and outputs (edge tiles) plus random ones.
+fn sample_pairs(rng: &mut Rng, n: usize, n_out: usize) -> Vec<(usize, usize)> {
+    let mut ts = vec![0, n - 1, n / 2];
+    for _ in 0..5 {
+        ts.push(rng.below(n));
+    }
+    let mut os = vec![
+        0,
+        n_out - 1,
+        n_out.saturating_sub(129),
+        (n_out / 128) * 128 % n_out,
+    ];
+    for _ in 0..60 {
+        os.push(rng.below(n_out));
+    }
+    let mut p = Vec::new();
+    for &t in &ts {
+        for &o in &os {
+            p.push((t, o));
+        }
+    }
+    p.sort_unstable();
+    p.dedup();
+    p
+}
+
+/// One (type, shape): every n in `ns` (prefixes of one activation set), vs emulation and
+/// mat-vec; BN 32 == BN 64 == auto; rows independent of n; accumulate mode.
+fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], seed: u64) {
+    let mut rng = Rng(seed);
+    let m = Mat::new(g, &mut rng, qt, n_in, n_out, false);
+    let nmax = *ns.iter().max().unwrap();
+    let a = make_act(g, &mut rng, nmax, n_in);
+    // reference rows of the largest n (every smaller n must give the same rows bit for bit)
+    let mut full: Option<Vec<f32>> = None;
+    let mv_all = matvec_rows(g, &m, &a, nmax);
+    for &n in ns.iter().rev() {
+        let mut outs = Vec::new();
+        for bn in [None, Some(32), Some(64)] {
+            let y = poisoned(g, n, n_out);
+            gemm(g, &m, &a, y.ptr(), n, false, bn);
+            check_guard(
+                g,
+                &y,
+                n,
+                n_out,
+                &format!("{qt:?} [{n_in}x{n_out}] n={n} bn={bn:?}"),
+            );
+            outs.push(down::<f32>(g, &y, n * n_out));
+        }
+        for (i, o) in outs.iter().enumerate().skip(1) {
+            let same = o
+                .iter()
+                .zip(&outs[0])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{qt:?} [{n_in}x{n_out}] n={n}: tile variant {i} differs from auto"
+            );
+        }
+        let yg = &outs[0];
+        match &full {
+            None => full = Some(yg.clone()),
+            Some(f) => {
+                let same = yg.iter().zip(f).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{qt:?} [{n_in}x{n_out}] n={n}: rows differ from the n={nmax} launch"
+                );
+            }
+        }
+        // vs the mat-vec path (all outputs)
+        let mv = &mv_all[..n * n_out];
+        let e_mv = max_rel(yg, mv);
+        assert!(
+            e_mv < 2e-5,
+            "{qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec max rel {e_mv}"
+        );
+        // vs the exact emulation (sampled outputs)
+        let pairs = sample_pairs(&mut rng, n, n_out);
+        let em = m.emulate(&a.hq, &a.hd, &pairs);
+        let got: Vec<f32> = pairs.iter().map(|&(t, o)| yg[t * n_out + o]).collect();
+        let e_em = max_rel(&got, &em);
+        assert!(
+            e_em < 1e-5,
+            "{qt:?} [{n_in}x{n_out}] n={n}: vs emulation max rel {e_em}"
+        );
+        eprintln!(
+            "gemm {qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec {e_mv:.2e}, vs emulation {e_em:.2e} ({} samples), bn 32 == 64 == auto, rows == n={nmax}",
+            pairs.len()
+        );
+    }
+    // accumulate: y = y0 + x·Wᵀ, with the kernel's own non-accumulated value (host f32 add)
+    let n = nmax;
+    let y0 = rng.vec(n * n_out, 3.0);
+    let mut yb = y0.clone();
+    yb.extend(std::iter::repeat_n(GUARD, n_out));
+    let y = g.upload(&yb).unwrap();
+    gemm(g, &m, &a, y.ptr(), n, true, None);
+    check_guard(g, &y, n, n_out, "accumulate");
+    let ya: Vec<f32> = down(g, &y, n * n_out);
+    let plain = full.as_ref().unwrap();
+    for i in 0..n * n_out {
+        assert_eq!(
+            ya[i].to_bits(),
+            (y0[i] + plain[i]).to_bits(),
+            "{qt:?} accumulate at {i}"
+        );
+    }
+}
+
+const KINDS: [QuantType; 3] = [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64];
+const NS: [usize; 4] = [9, 64, 100, 512];
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_real_shapes_k5120() {
+    let g = need_gpu!("gemm_real_shapes_k5120");
+    for (i, qt) in KINDS.into_iter().enumerate() {
+        for (j, n_out) in [10240, 17408, 5120, 48].into_iter().enumerate() {
+            run_shape(g, qt, 5120, n_out, &NS, 100 + 10 * i as u64 + j as u64);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_real_shapes_down_and_out() {
+    let g = need_gpu!("gemm_real_shapes_down_and_out");
+    for (i, qt) in KINDS.into_iter().enumerate() {
+        run_shape(g, qt, 17408, 5120, &NS, 200 + i as u64);
+        run_shape(g, qt, 6144, 5120, &NS, 210 + i as u64);
+    }
+}
+
+/// Ragged and small shapes: fewer k chunks than pipeline stages, n_out not a multiple of the
+/// 128-row tile or of 16, n not a multiple of the activation tile; PQ2_0 and legal code 3.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_ragged_shapes() {
+    let g = need_gpu!("gemm_ragged_shapes");
+    for (i, qt) in KINDS.into_iter().chain([QuantType::PQ2_0]).enumerate() {
+        let s = 300 + 10 * i as u64;
+        run_shape(g, qt, 128, 200, &[9, 33, 65], s);
+        run_shape(g, qt, 256, 6, &[9, 70], s + 1);
+        run_shape(g, qt, 384, 130, &[13, 127, 129], s + 2);
+        run_shape(g, qt, 512, 1, &[10], s + 3);
+    }
+    // Q2 code 3 (+2d) is legal: the expansion maps it to +2
+    for qt in [QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        let mut rng = Rng(77);
+        let m = Mat::new(g, &mut rng, qt, 1024, 300, true);
+        assert!(m.raw.iter().any(|&b| b & 3 == 3), "no code 3 generated");
+        let a = make_act(g, &mut rng, 40, 1024);
+        let y = poisoned(g, 40, 300);
+        gemm(g, &m, &a, y.ptr(), 40, false, None);
+        check_guard(g, &y, 40, 300, "code 3");
+        let yg: Vec<f32> = down(g, &y, 40 * 300);
+        let pairs: Vec<(usize, usize)> = (0..40)
+            .flat_map(|t| (0..300).map(move |o| (t, o)))
+            .collect();
+        let em = m.emulate(&a.hq, &a.hd, &pairs);
+        let e = max_rel(&yg, &em);
+        assert!(e < 1e-5, "{qt:?} code 3: max rel {e}");
+        eprintln!("gemm {qt:?} with code 3: vs emulation {e:.2e}");
+    }
+}
+
+/// Grouped launch (the GDN in-projection layout qkv | z | β | α, and a repeated matrix): every
+/// segment equals its single-matrix launch bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_grouped_segments() {
+    let g = need_gpu!("gemm_grouped_segments");
+    for (i, qt) in KINDS.into_iter().enumerate() {
+        let mut rng = Rng(400 + i as u64);
+        let k = 5120;
+        let mats: Vec<Mat> = [10240, 6144, 48, 48]
+            .into_iter()
+            .map(|no| Mat::new(g, &mut rng, qt, k, no, false))
+            .collect();
+        for n in [9, 100, 512] {
+            let a = make_act(g, &mut rng, n, k);
+            let ys: Vec<DevBuf> = mats.iter().map(|m| poisoned(g, n, m.rt.n_out)).collect();
+            let segs: Vec<MvSeg> = mats.iter().zip(&ys).map(|(m, y)| m.seg(y.ptr())).collect();
+            let kind = mats[0].rt.kind;
+            g.gemm_lowbit_multi(kind, &segs, a.q.ptr(), a.d.ptr(), k, n, false)
+                .unwrap();
+            for (m, y) in mats.iter().zip(&ys) {
+                let no = m.rt.n_out;
+                check_guard(g, y, n, no, "grouped");
+                let got: Vec<f32> = down(g, y, n * no);
+                let one = poisoned(g, n, no);
+                gemm(g, m, &a, one.ptr(), n, false, None);
+                let want: Vec<f32> = down(g, &one, n * no);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{qt:?} n={n}: grouped segment [{k}x{no}] differs from its own launch"
+                );
+            }
+            eprintln!("gemm {qt:?} grouped [5120 -> 10240|6144|48|48] n={n}: each segment == single launch");
+        }
+        // the same matrix twice plus another: outputs of the repeated one are identical
+        let n = 64;
+        let a = make_act(g, &mut rng, n, k);
+        let (m0, m1) = (&mats[0], &mats[2]);
+        let ya = poisoned(g, n, m0.rt.n_out);
+        let yb = poisoned(g, n, m1.rt.n_out);
+        let yc = poisoned(g, n, m0.rt.n_out);
+        g.gemm_lowbit_multi(
+            m0.rt.kind,
+            &[m0.seg(ya.ptr()), m1.seg(yb.ptr()), m0.seg(yc.ptr())],
+            a.q.ptr(),
+            a.d.ptr(),
+            k,
+            n,
+            false,
+        )
+        .unwrap();
+        let (va, vc): (Vec<f32>, Vec<f32>) =
+            (down(g, &ya, n * m0.rt.n_out), down(g, &yc, n * m0.rt.n_out));
+        assert!(va.iter().zip(&vc).all(|(x, y)| x.to_bits() == y.to_bits()));
+        check_guard(g, &yb, n, m1.rt.n_out, "grouped repeat");
+    }
+}
+
+/// Throughput of one launch per real shape at n = 512 (informational; the benchmark in
+/// crates/engine/tests/cuda_bench.rs measures the full model).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_throughput_report() {
+    let g = need_gpu!("gemm_throughput_report");
+    let n = 512;
+    for qt in KINDS {
+        let mut rng = Rng(500);
+        for (k, n_out) in [
+            (5120, 16480),
+            (5120, 34816),
+            (5120, 14336),
+            (6144, 5120),
+            (17408, 5120),
+        ] {
+            let m = Mat::new(g, &mut rng, qt, k, n_out, false);
+            let a = make_act(g, &mut rng, n, k);
+            let y = g.alloc(n * n_out * 4).unwrap();
+            let mut ts = Vec::new();
+            for rep in 0..6 {
+                let ms = g
+                    .time_ms(|| {
+                        g.gemm_lowbit(
+                            m.rt.kind,
+                            m.codes.ptr(),
+                            m.scales.ptr(),
+                            a.q.ptr(),
+                            a.d.ptr(),
+                            y.ptr(),
+                            k,
+                            n_out,
+                            n,
+                            false,
+                        )
+                    })
+                    .unwrap();
+                if rep > 0 {
+                    ts.push(ms as f64);
+                }
+            }
+            ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let ms = ts[ts.len() / 2];
+            let tops = 2.0 * (n * n_out * k) as f64 / (ms / 1e3) / 1e12;
+            eprintln!("gemm {qt:?} [{k}x{n_out}] n={n}: {:.1} us, {tops:.0} TOPS (int8 ops, L2-warm weights)", ms * 1e3);
+        }
+    }
+}
