@@ -6,6 +6,7 @@
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
 pub mod retile;
+mod spec;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use retile::{detile_row, retile, Retiled, WKind};
+pub use spec::gdn_rec_width;
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
 /// `kernels/` (the core decode kernels first; the others use its helpers).
@@ -379,6 +381,8 @@ kernels!(
     step_advance,
     // ---- gemm.cu (prefill) ----
     // ---- spec.cu (DSpark round) ----
+    gdn_rec_write,
+    gdn_replay,
 );
 
 /// A captured and instantiated CUDA graph.
