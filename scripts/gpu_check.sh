@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
-        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_bench --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
+        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_bench --test cuda_spec_bench \
+        --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
         python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
@@ -38,8 +39,10 @@ export PYTHONPATH=python PYTHONUNBUFFERED=1 BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-c
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 M=/tmp/bonsai-models; mkdir -p $M
 t0=$(date +%s)
+mkdir -p $M/dspark   # matching DSpark drafters (random weights) for the speculative tests
 for p in tiny small; do for v in q1 q2; do
   [[ -f $M/$p-$v.gguf ]] || python3 -m bonsai.synth --preset $p --variant $v --out $M/$p-$v.gguf >/dev/null
+  [[ -f $M/dspark/$p-$v.gguf ]] || python3 -m bonsai.synth --drafter --preset $p --variant $v --out $M/dspark/$p-$v.gguf >/dev/null
 done; done
 echo "small models: $(( $(date +%s) - t0 ))s"
 
@@ -51,6 +54,8 @@ echo "== prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== full model: CUDA vs CPU =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+echo "== speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
+BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec.log" | grep -E "^test |==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 
 fi
 
@@ -60,6 +65,11 @@ if [[ $BENCH == 1 ]]; then
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
     BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
+    # speculative round cost R on CUDA; the drafter is sparse (zeros): its timing does not depend on values
+    d=/tmp/27b-$v-dspark.gguf
+    [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
+    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

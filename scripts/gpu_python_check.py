@@ -7,6 +7,11 @@
    per token) must be the argmax of the eager one-token-at-a-time logits of the same sequence
    (`logits(..., chunked=False)`, the eager forward), every token.
 2. Decode tok/s through the public API (CUDA graph per token, host sampling) on full-size 27B files.
+3. Speculative decoding on CUDA: Engine(device="cuda", draft=...) greedy output equals
+   Engine(device="cuda") greedy output token for token (8 prompts x 128 tokens, Q1 and Q2 tiny
+   targets whose greedy continuation follows the previous token), with a random DSpark drafter, an
+   agreeing one (high acceptance: exercises long accepts) and n-gram self-speculation; seeded
+   sampling equal too; device="auto" with a draft picks CUDA.
 Writes python-check.json to $OUT.
 """
 
@@ -23,7 +28,7 @@ import bonsai
 
 OUT = os.environ.get("OUT", "bench/out")
 M = "/tmp/bonsai-models"
-res: dict = {"bonsai": bonsai.__version__, "models": {}, "decode_27b": {}}
+res: dict = {"bonsai": bonsai.__version__, "models": {}, "decode_27b": {}, "speculative": {}}
 ok = True
 
 
@@ -96,6 +101,59 @@ for v in ("q1", "q2"):
     }
     print("27b", v, res["decode_27b"][v], flush=True)
     del eng
+
+# ---- 3. speculative decoding on CUDA ------------------------------------------------------------
+from bonsai import synth  # noqa: E402
+
+SPEC_DIR = "/tmp/bonsai-spec-models"
+os.makedirs(SPEC_DIR, exist_ok=True)
+spec_prompts = [
+    [int(t) for t in np.random.default_rng(s).integers(0, 1400, size=int(6 + 5 * s))] for s in range(8)
+]
+train_prompts = [[int(t) for t in np.random.default_rng(100 + s).integers(0, 1400, size=20)] for s in range(8)]
+for v in ("q1", "q2"):
+    # a target whose greedy continuation is dominated by the previous token (as tests/test_spec.py)
+    target = synth.make_target(f"{SPEC_DIR}/t-{v}.gguf", "tiny", v, progress=False, mixer_gain=0.05)
+    plain = bonsai.Engine(target, device="cuda", n_ctx=512)
+    want = [plain.complete(p, max_tokens=128, temperature=0, ignore_eos=True).token_ids for p in spec_prompts]
+    kw = dict(max_tokens=96, temperature=0.8, top_k=8, top_p=0.95, seed=1234, ignore_eos=True)
+    want_s = plain.complete(spec_prompts[0], **kw).token_ids
+    train = [
+        p[-1:] + plain.complete(p, max_tokens=128, temperature=0, ignore_eos=True).token_ids for p in train_prompts
+    ]
+    n_map = synth.learn_next_token_map(plain, synth.PRESETS["tiny"].n_bpe, train)
+    del plain
+    drafters = {
+        "random": str(synth.make_drafter(f"{SPEC_DIR}/rnd-{v}.gguf", "tiny", v, progress=False)),
+        "agreeing": str(
+            synth.make_drafter(f"{SPEC_DIR}/agr-{v}.gguf", "tiny", v, progress=False, next_token=n_map)
+        ),
+        "ngram": "ngram",
+    }
+    for name, d in drafters.items():
+        for rb in ("replay", "reforward"):
+            eng = bonsai.Engine(target, device="cuda", n_ctx=512, draft=d, speculative="always", rollback=rb)
+            got = [eng.complete(p, max_tokens=128, temperature=0, ignore_eos=True).token_ids for p in spec_prompts]
+            equal = sum(int(a == b) for a, b in zip(got, want))
+            sampled_equal = eng.complete(spec_prompts[0], **kw).token_ids == want_s
+            st = eng.stats or {}
+            entry = {
+                "device": eng.info["device"],
+                "greedy_equal_prompts": equal,
+                "prompts": len(spec_prompts),
+                "seeded_sampling_equal": sampled_equal,
+                "rounds": st.get("rounds"),
+                "acceptance_rate": st.get("acceptance_rate"),
+                "tokens_per_round": st.get("tokens_per_round"),
+            }
+            res["speculative"][f"tiny-{v}/{name}/{rb}"] = entry
+            ok &= equal == len(spec_prompts) and sampled_equal and eng.info["device"].startswith("cuda")
+            print("spec", v, name, rb, entry, flush=True)
+            del eng
+    auto = bonsai.Engine(target, draft="ngram", n_ctx=512)
+    res["speculative"][f"tiny-{v}/auto-device"] = auto.info["device"]
+    ok &= auto.info["device"].startswith("cuda")
+    del auto
 
 res["ok"] = bool(ok)
 os.makedirs(OUT, exist_ok=True)

@@ -235,12 +235,13 @@ enum Device {
     Cuda,
 }
 
-/// `auto` picks CUDA when a driver and a device are present (and no draft is requested, which
-/// runs on CPU only for now), else the CPU.
-fn resolve_device(device: &str, has_draft: bool) -> Result<Device> {
+/// `auto` picks CUDA when a driver and a device are present, else the CPU. Speculative decoding
+/// runs on either (on CUDA the target's verify and rollback run on the device; the drafter runs on
+/// the host).
+fn resolve_device(device: &str) -> Result<Device> {
     match device {
         "cpu" => Ok(Device::Cpu),
-        "auto" => Ok(if !has_draft && CudaBackend::available() { Device::Cuda } else { Device::Cpu }),
+        "auto" => Ok(if CudaBackend::available() { Device::Cuda } else { Device::Cpu }),
         "cuda" => {
             if CudaBackend::available() {
                 Ok(Device::Cuda)
@@ -330,7 +331,7 @@ fn start_worker<B: Backend>(
 
 impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
-        let device = resolve_device(&opts.device, opts.draft.is_some())?;
+        let device = resolve_device(&opts.device)?;
         let g = Arc::new(Gguf::open(path)?);
         let arch = architecture(&g)?.to_string();
         let cfg = TargetConfig::from_gguf(&g)?;
@@ -384,13 +385,6 @@ impl Engine {
                         "kv_cache=\"{}\" is available on the CPU backend only in this version; the CUDA backend uses f16",
                         opts.kv_type.name()
                     )));
-                }
-                if opts.draft.is_some() {
-                    return Err(Error::BackendUnavailable(
-                        "speculative decoding (draft=...) runs on the CPU backend only in this version; \
-                         use device=\"cpu\", or no draft on CUDA"
-                            .into(),
-                    ));
                 }
                 let b = CudaBackend::new(0)?;
                 start_worker(

@@ -6,7 +6,10 @@
 //! pre-verify snapshot and then advanced over the accepted rows, either by replaying the recorded
 //! per-row inputs ([`Rollback::Replay`], option C: no matmuls) or by re-running the target on them
 //! ([`Rollback::Reforward`], option B). Both give the state a plain decode would have, bit for bit,
-//! because the CPU kernels are batch-invariant and the verify runs the GDN recurrently.
+//! because the kernels (CPU and CUDA) are batch-invariant and the verify runs the GDN recurrently.
+//! The round only uses [`Backend`] operations, so it runs on every backend that implements
+//! `gdn_block_rec` and `gdn_replay` (on CUDA: device kernels; the state buffers keep their
+//! addresses, so a captured decode graph stays valid across rounds).
 
 use std::collections::VecDeque;
 use std::time::Instant;

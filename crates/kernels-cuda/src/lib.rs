@@ -7,6 +7,7 @@
 
 mod gemm;
 pub mod retile;
+mod spec;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
 pub use retile::{detile_row, retile, Retiled, WKind};
+pub use spec::gdn_rec_width;
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
 /// `kernels/` (the core decode kernels first; the others use its helpers).
@@ -454,6 +456,8 @@ kernels!(
         gemm_q2_n32,
         gemm_q2g64_n32,
         // ---- spec.cu (DSpark round) ----
+        gdn_rec_write,
+        gdn_replay,
     ],
 );
 

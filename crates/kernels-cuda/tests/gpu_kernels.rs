@@ -895,3 +895,216 @@ fn argmax_lowest_index_on_ties() {
     g.argmax_rows(lb.ptr(), 2, nv, ids.ptr()).unwrap();
     assert_eq!(down::<i32>(g, &ids, 2), vec![1000, 248319]);
 }
+
+/// DSpark rollback kernels (spec.cu): the verify record is the exact concatenation of the conv
+/// kernel's outputs (pre-conv `mixed` ‖ L2-normed `k` ‖ `v` ‖ `g` ‖ `β`), and replaying its first `m`
+/// rows from the pre-verify state gives the conv window and recurrent state `gdn_conv` + `gdn_step`
+/// leave after those `m` rows, bit for bit, for every `m` in 0..=5. Real and tiny head shapes.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gdn_rec_write_and_replay_bit_exact() {
+    let g = need_gpu!("gdn_rec_write_and_replay_bit_exact");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    // (hk, hv, dk, kconv): the 27B GDN, the synthetic tiny (dk 64) and small presets
+    for (case, &(hk, hv, dk, kconv)) in [
+        (16usize, 48usize, 128usize, 4usize),
+        (2, 6, 64, 4),
+        (4, 8, 128, 4),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut rng = Rng(77 + case as u64);
+        let n = 5usize;
+        let dv = dk;
+        let conv_dim = 2 * hk * dk + hv * dv;
+        let (qk, vd) = (hk * dk, hv * dv);
+        let eps = 1e-6f32;
+        let width = bonsai_kernels_cuda::gdn_rec_width(hk, hv, dk, dv);
+        assert_eq!(width, conv_dim + qk + vd + 2 * hv);
+        let mixed = rng.vec(n * conv_dim, 1.0);
+        let conv0 = rng.vec((kconv - 1) * conv_dim, 1.0);
+        let convw = rng.vec(conv_dim * kconv, 0.5);
+        let bb = rng.vec(n * hv, 2.0);
+        let aa = rng.vec(n * hv, 2.0);
+        let dt_bias = rng.vec(hv, 1.0);
+        let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+        let s0 = rng.vec(hv * dk * dv, 0.1);
+        let up = |v: &[f32]| g.upload(v).unwrap();
+        let z = |k: usize| g.alloc(k * 4).unwrap();
+        let (mb, wb, bbb, aab, dtb, ab) = (
+            up(&mixed),
+            up(&convw),
+            up(&bb),
+            up(&aa),
+            up(&dt_bias),
+            up(&ssm_a),
+        );
+        // the verify: conv over all n rows, the record, then the recurrence
+        let (cb, sb) = (up(&conv0), up(&s0));
+        let (qo, ko, vo, beta, gg, out) = (
+            z(n * qk),
+            z(n * qk),
+            z(n * vd),
+            z(n * hv),
+            z(n * hv),
+            z(n * vd),
+        );
+        g.gdn_conv(
+            mb.ptr(),
+            cb.ptr(),
+            wb.ptr(),
+            kconv,
+            hk,
+            hv,
+            dk,
+            n,
+            eps,
+            qo.ptr(),
+            ko.ptr(),
+            vo.ptr(),
+            bbb.ptr(),
+            aab.ptr(),
+            dtb.ptr(),
+            ab.ptr(),
+            beta.ptr(),
+            gg.ptr(),
+        )
+        .unwrap();
+        let rec = z(n * width);
+        g.gdn_rec_write(
+            mb.ptr(),
+            ko.ptr(),
+            vo.ptr(),
+            gg.ptr(),
+            beta.ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            n,
+            rec.ptr(),
+        )
+        .unwrap();
+        // the record is the concatenation of the pieces, row by row
+        let (hk_, hv_, hg, hb): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = (
+            down(g, &ko, n * qk),
+            down(g, &vo, n * vd),
+            down(g, &gg, n * hv),
+            down(g, &beta, n * hv),
+        );
+        let got: Vec<f32> = down(g, &rec, n * width);
+        for t in 0..n {
+            let mut want = mixed[t * conv_dim..(t + 1) * conv_dim].to_vec();
+            want.extend_from_slice(&hk_[t * qk..(t + 1) * qk]);
+            want.extend_from_slice(&hv_[t * vd..(t + 1) * vd]);
+            want.extend_from_slice(&hg[t * hv..(t + 1) * hv]);
+            want.extend_from_slice(&hb[t * hv..(t + 1) * hv]);
+            assert_eq!(
+                bits(&got[t * width..(t + 1) * width]),
+                bits(&want),
+                "case {case}: record row {t}"
+            );
+        }
+        // k in the record is L2-normed per head
+        for t in 0..n {
+            for kh in got[t * width + conv_dim..t * width + conv_dim + qk].chunks_exact(dk) {
+                let norm = kh.iter().map(|x| x * x).sum::<f32>().sqrt();
+                assert!((norm - 1.0).abs() < 1e-4, "case {case}: |k| = {norm}");
+            }
+        }
+        g.gdn_step(
+            sb.ptr(),
+            qo.ptr(),
+            ko.ptr(),
+            vo.ptr(),
+            gg.ptr(),
+            beta.ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            n,
+            out.ptr(),
+        )
+        .unwrap();
+        for m in 0..=n {
+            // plain: conv + step over the first m rows from the pre-verify state
+            let (cp, sp) = (up(&conv0), up(&s0));
+            if m > 0 {
+                g.gdn_conv(
+                    mb.ptr(),
+                    cp.ptr(),
+                    wb.ptr(),
+                    kconv,
+                    hk,
+                    hv,
+                    dk,
+                    m,
+                    eps,
+                    qo.ptr(),
+                    ko.ptr(),
+                    vo.ptr(),
+                    bbb.ptr(),
+                    aab.ptr(),
+                    dtb.ptr(),
+                    ab.ptr(),
+                    beta.ptr(),
+                    gg.ptr(),
+                )
+                .unwrap();
+                g.gdn_step(
+                    sp.ptr(),
+                    qo.ptr(),
+                    ko.ptr(),
+                    vo.ptr(),
+                    gg.ptr(),
+                    beta.ptr(),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    m,
+                    out.ptr(),
+                )
+                .unwrap();
+            }
+            // replay: the first m record rows from the pre-verify state
+            let (cr, sr) = (up(&conv0), up(&s0));
+            g.gdn_replay(
+                sr.ptr(),
+                cr.ptr(),
+                rec.ptr(),
+                width,
+                hk,
+                hv,
+                dk,
+                dv,
+                kconv,
+                m,
+            )
+            .unwrap();
+            let (a, b): (Vec<f32>, Vec<f32>) = (
+                down(g, &cp, (kconv - 1) * conv_dim),
+                down(g, &cr, (kconv - 1) * conv_dim),
+            );
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "case {case}: conv window after {m} rows"
+            );
+            let (a, b): (Vec<f32>, Vec<f32>) =
+                (down(g, &sp, hv * dk * dv), down(g, &sr, hv * dk * dv));
+            assert_eq!(bits(&a), bits(&b), "case {case}: state after {m} rows");
+            if m == n {
+                let full: Vec<f32> = down(g, &sb, hv * dk * dv);
+                assert_eq!(bits(&full), bits(&b), "case {case}: full replay vs verify");
+            }
+        }
+        // a record of the wrong width is refused
+        assert!(g
+            .gdn_replay(0, 0, rec.ptr(), width + 1, hk, hv, dk, dv, kconv, 1)
+            .is_err());
+        eprintln!("gdn replay case {case} (hk {hk}, hv {hv}, dk {dk}): record + replay bit-exact for m = 0..={n}");
+    }
+}

@@ -12,13 +12,20 @@
 //! argmax that feeds the next step's embedding, and a position increment.
 //! The engine's plain decode step ([`Backend::decode_step`]) replays a similar graph that ends with
 //! the logits row copied to pinned host memory instead (sampling stays on the host).
+//!
+//! Speculative rounds (MODEL.md §4.9 option C): [`Backend::gdn_block_rec`] adds one copy kernel
+//! per GDN layer that writes each verify row's replay inputs (pre-conv `mixed` ‖ L2-normed `k` ‖
+//! `v` ‖ log-decay `g` ‖ `β`) from the conv kernel's outputs; [`Backend::gdn_replay`] advances the
+//! conv window and the recurrent state over the accepted rows with a kernel that repeats
+//! `gdn_step`'s arithmetic without the output. Snapshot / restore copy into the state's own
+//! buffers, so their addresses (baked into the decode graph) never change.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
 
-use super::{Backend, Step};
+use super::{gdn_rec_width, Backend, GdnMode, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -409,6 +416,23 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
+        self.gdn_impl_rec(sc, cfg, w, st, x, n, None)
+    }
+
+    /// [`Self::gdn_impl`]; with `rec` (a device `[≥ n, gdn_rec_width]` f32 buffer), also writes each
+    /// row's verify record (MODEL.md §4.9 option C) from the conv kernel's outputs. The record is
+    /// a side copy: the launches that compute the outputs and the state are the same either way.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_impl_rec(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CudaGdn,
+        x: u64,
+        n: usize,
+        rec: Option<u64>,
+    ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
@@ -443,6 +467,23 @@ impl CudaBackend {
             sc.gg.ptr(),
         )
         .map_err(be)?;
+        if let Some(rec) = rec {
+            // rec [n, gdn_rec_width]: pre-conv mixed ‖ L2-normed k ‖ v ‖ g (log-decay) ‖ β
+            g.gdn_rec_write(
+                mixed,
+                sc.gk.ptr(),
+                sc.gv.ptr(),
+                sc.gg.ptr(),
+                sc.gbeta.ptr(),
+                hk,
+                hv,
+                dk,
+                dv,
+                n,
+                rec,
+            )
+            .map_err(be)?;
+        }
         // Chunked mode (prefill) also runs the recurrence: equal to the chunked form within f32
         // rounding, and batch-invariant.
         g.gdn_step(
@@ -1073,6 +1114,93 @@ impl Backend for CudaBackend {
             .and_then(|_| self.gpu.dtod(dst.v.ptr(), src.v.ptr(), bytes))
             .expect("cuda: copy_kv");
         dst.len = src.len;
+    }
+
+    fn gdn_to_host(&self, st: &CudaGdn) -> Result<Vec<f32>> {
+        // conv window [k−1, conv_dim] then S [H_v, d_k, d_v]: the CPU backend's layout
+        let (nc, ns) = (st.conv.bytes() / 4, st.s.bytes() / 4);
+        let mut out = vec![0f32; nc + ns];
+        let (c, s) = out.split_at_mut(nc);
+        self.gpu.dtoh(&st.conv, 0, c).map_err(be)?;
+        self.gpu.dtoh(&st.s, 0, s).map_err(be)?;
+        Ok(out)
+    }
+
+    fn kv_to_host(&self, kv: &CudaKv) -> Result<(usize, Vec<f32>)> {
+        let (len, w) = (kv.len, kv.width);
+        let mut h = vec![0u16; 2 * len * w]; // [K rows ‖ V rows] f16 bits
+        let (kh, vh) = h.split_at_mut(len * w);
+        self.gpu.dtoh(&kv.k, 0, kh).map_err(be)?;
+        self.gpu.dtoh(&kv.v, 0, vh).map_err(be)?;
+        let out = h
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        Ok((len, out))
+    }
+
+    fn gdn_block_rec(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut CudaGdn,
+        x: &mut CudaAct,
+        s: &Step,
+        rec: &mut CudaAct,
+    ) -> Result<()> {
+        if s.gdn_mode != GdnMode::Recurrent {
+            return Err(Error::Backend(
+                "gdn_block_rec records recurrent steps only".into(),
+            ));
+        }
+        let width = gdn_rec_width(cfg);
+        if rec.width != width || rec.buf.bytes() < s.n * width * 4 {
+            return Err(Error::Backend(format!(
+                "gdn_block_rec: the record holds {} bytes of rows of width {}, the step needs {} rows \
+                 of width {width}",
+                rec.buf.bytes(),
+                rec.width,
+                s.n
+            )));
+        }
+        let n = x.n;
+        let recp = rec.buf.ptr();
+        self.with_scratch(cfg, n, |sc| {
+            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp))
+        })?;
+        // rows of the record that are valid (the buffer keeps its capacity)
+        rec.n = s.n;
+        Ok(())
+    }
+
+    fn gdn_replay(
+        &self,
+        cfg: &TargetConfig,
+        st: &mut CudaGdn,
+        rec: &CudaAct,
+        n: usize,
+    ) -> Result<()> {
+        let width = gdn_rec_width(cfg);
+        if n > rec.n || rec.width != width {
+            return Err(Error::Backend(format!(
+                "gdn_replay: {n} rows requested, the record holds {} rows of width {} (expected {width})",
+                rec.n, rec.width
+            )));
+        }
+        self.gpu
+            .gdn_replay(
+                st.s.ptr(),
+                st.conv.ptr(),
+                rec.buf.ptr(),
+                width,
+                cfg.ssm_n_group,
+                cfg.ssm_dt_rank,
+                cfg.ssm_d_state,
+                cfg.ssm_head_v_dim(),
+                cfg.ssm_conv_kernel,
+                n,
+            )
+            .map_err(be)
     }
 
     fn embed(&self, table: &CudaMat, ids: &[u32], x: &mut CudaAct) -> Result<()> {

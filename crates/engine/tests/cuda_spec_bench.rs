@@ -1,0 +1,354 @@
+//! GPU round-cost benchmark of speculative decoding on CUDA: R = (round time) / (plain step time).
+//!
+//! Runs only when `$BONSAI_SPEC_BENCH_MODEL` names a target GGUF and a CUDA device exists;
+//! otherwise prints SKIPPED. `$BONSAI_SPEC_BENCH_DRAFTER` (optional) names a matching DSpark drafter
+//! (a `--sparse` synthetic drafter is fine: the timing does not depend on the weight values).
+//! Writes a JSON record to `$BONSAI_SPEC_BENCH_OUT` (default: stdout only). Driven by
+//! scripts/gpu_check.sh.
+//!
+//! Measured, every time with the stream synchronized before and after (wall clock, medians):
+//! - the plain step the engine runs: `decode_step` (one CUDA graph replay, the logits row to the
+//!   host, host greedy sampling), and the eager one-row forward with DSpark taps (the engine's
+//!   plain step while a DSpark drafter is attached);
+//! - a verify round for every accept count k = 0..=4 (oracle drafts: the plain greedy continuation
+//!   with draft k corrupted), replay and re-forward rollback, without and with taps: snapshot +
+//!   verify (n = 5, records, logits of 5 rows) + accept + rollback;
+//! - the proposers: the n-gram search, and the DSpark drafter's `draft` + `stage` on the host.
+//!
+//! R per proposer and k is (proposer + round) / plain step; a proposer pays when the tokens per
+//! round (k + 1) exceed R.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bonsai_engine::backend::cuda::CudaBackend;
+use bonsai_engine::backend::{Backend, GdnMode};
+use bonsai_engine::config::TargetConfig;
+use bonsai_engine::drafter::Drafter;
+use bonsai_engine::gguf::Gguf;
+use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
+use bonsai_engine::sampling::{Sampler, SamplerParams};
+use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs};
+
+const K: usize = 4;
+/// Timed rounds per accept count (after one warm-up round).
+const ROUNDS: usize = 6;
+
+fn median_ms(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    1e3 * v[v.len() / 2]
+}
+
+/// Wall seconds of `f`, with the GPU stream drained before and after.
+fn timed<T>(cuda: &CudaBackend, f: impl FnOnce() -> T) -> (T, f64) {
+    cuda.gpu().sync().unwrap();
+    let t = Instant::now();
+    let r = f();
+    cuda.gpu().sync().unwrap();
+    (r, t.elapsed().as_secs_f64())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_spec_round_cost() {
+    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
+        eprintln!(
+            "SKIPPED cuda_spec_round_cost: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)"
+        );
+        return;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED cuda_spec_round_cost: no CUDA device (not counted as run)");
+        return;
+    }
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let drafter = std::env::var("BONSAI_SPEC_BENCH_DRAFTER")
+        .ok()
+        .map(|p| Drafter::load(std::path::Path::new(&p), &g, &cfg).unwrap());
+    // tap layers: the drafter's, else spread like the real [1, 16, 31, 46, 61]
+    let tap_layers: Vec<usize> = match &drafter {
+        Some(d) => d.cfg.target_layers.clone(),
+        None => (0..5)
+            .map(|j| (1.0 + j as f64 * (cfg.n_layer - 4) as f64 / 4.0).round() as usize)
+            .collect(),
+    };
+    let n_ctx = 1024;
+    let text = 8000.min(cfg.n_vocab as u32 - 8);
+    let prompt: Vec<u32> = (0..32u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(13)) % text)
+        .collect();
+    let mut base = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    let mut lg0 = Vec::new();
+    forward(
+        &cuda,
+        &cfg,
+        &w,
+        &mut base,
+        &prompt,
+        GdnMode::Chunked,
+        LogitRows::Last,
+        &mut lg0,
+        Capture::none(),
+    )
+    .unwrap();
+
+    // 1. plain steps: the oracle continuation, timed per step (graph replay + host sampling)
+    // enough for ROUNDS + 1 fully accepted rounds (plus slack), and the plain-step samples
+    let n_gen = (ROUNDS + 1) * (K + 1) + 24;
+    let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    st.copy_from(&cuda, &base);
+    let mut s = Sampler::new(SamplerParams::greedy());
+    let mut lg = lg0.clone();
+    let mut want = Vec::with_capacity(n_gen);
+    let mut t_plain = Vec::new();
+    for i in 0..n_gen {
+        let ((), secs) = timed(&cuda, || {
+            let x = s.sample(&lg);
+            s.accept(x.id);
+            want.push(x.id);
+            cuda.decode_step(&cfg, &w, &mut st, x.id, &mut lg).unwrap();
+        });
+        if i > 2 {
+            t_plain.push(secs);
+        }
+    }
+    let plain_ms = median_ms(&mut t_plain);
+    // the eager one-row forward with taps (the engine's plain step with a DSpark drafter)
+    let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    st.copy_from(&cuda, &base);
+    let mut t_eager = Vec::new();
+    let mut taps = Vec::new();
+    for (i, &id) in want.iter().take(24).enumerate() {
+        let ((), secs) = timed(&cuda, || {
+            forward(
+                &cuda,
+                &cfg,
+                &w,
+                &mut st,
+                &[id],
+                GdnMode::Recurrent,
+                LogitRows::Last,
+                &mut lg,
+                Capture {
+                    taps: Some(TapRequest {
+                        layers: &tap_layers,
+                        rows: 0..1,
+                        out: &mut taps,
+                    }),
+                    gdn_rec: None,
+                },
+            )
+            .unwrap();
+            let _ = s.sample(&lg);
+        });
+        if i > 2 {
+            t_eager.push(secs);
+        }
+    }
+    let eager_taps_ms = median_ms(&mut t_eager);
+    println!(
+        "BENCH plain step: decode_step (graph) {plain_ms:.3} ms, eager + taps {eager_taps_ms:.3} ms"
+    );
+
+    // 2. verify rounds per accept count, rollback mode and taps
+    let mut rounds_json = Vec::new();
+    // round_ms[taps][mode][k]
+    let mut round_ms = [[[0f64; K + 1]; 2]; 2];
+    let modes = [Rollback::Replay, Rollback::Reforward];
+    for (ti, with_taps) in [false, true].into_iter().enumerate() {
+        for (mi, &mode) in modes.iter().enumerate() {
+            for k in 0..=K {
+                let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+                st.copy_from(&cuda, &base);
+                let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
+                let mut s = Sampler::new(SamplerParams::greedy());
+                let first = s.sample(&lg0);
+                s.accept(first.id);
+                let mut got = vec![first.id];
+                let mut t = Vec::new();
+                for r in 0..=ROUNDS {
+                    let i0 = got.len();
+                    let mut draft = want[i0..i0 + K].to_vec();
+                    if k < K {
+                        draft[k] = (draft[k] + 1) % text;
+                    }
+                    let id_last = *got.last().unwrap();
+                    let (out, secs) = timed(&cuda, || {
+                        verify_round(
+                            &cuda,
+                            &cfg,
+                            &w,
+                            &mut st,
+                            &mut bufs,
+                            &mut s,
+                            id_last,
+                            &draft,
+                            with_taps.then_some(&tap_layers[..]),
+                            mode,
+                        )
+                        .unwrap()
+                    });
+                    assert_eq!(out.n_acc, k, "oracle drafts: accept count");
+                    got.extend(out.tokens.iter().map(|x| x.id));
+                    if r > 0 {
+                        t.push(secs);
+                    }
+                }
+                assert_eq!(
+                    got[..],
+                    want[..got.len()],
+                    "rounds differ from plain greedy"
+                );
+                let ms = median_ms(&mut t);
+                round_ms[ti][mi][k] = ms;
+                rounds_json.push(format!(
+                    "{{\"taps\": {with_taps}, \"rollback\": \"{mode:?}\", \"k\": {k}, \"round_ms\": {ms:.3}, \"R\": {:.3}}}",
+                    ms / plain_ms
+                ));
+                println!(
+                    "BENCH round taps={with_taps} {mode:?} k={k}: {ms:.3} ms, R = {:.2} (emits {} tokens)",
+                    ms / plain_ms,
+                    k + 1
+                );
+            }
+        }
+    }
+
+    // 3. proposers: the n-gram search over a 1k-token history, the DSpark drafter on the host
+    let hist: Vec<u32> = prompt
+        .iter()
+        .chain(&want)
+        .copied()
+        .cycle()
+        .take(1024)
+        .collect();
+    let mut t_ng = Vec::new();
+    for _ in 0..64 {
+        let t = Instant::now();
+        std::hint::black_box(ngram_draft(std::hint::black_box(&hist), 3, K));
+        t_ng.push(t.elapsed().as_secs_f64());
+    }
+    let ngram_ms = median_ms(&mut t_ng);
+    let mut dspark_json = String::from("null");
+    if let Some(d) = &drafter {
+        let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+        let mut ds = d.new_state();
+        let mut taps = Vec::new();
+        let mut lg = Vec::new();
+        forward(
+            &cuda,
+            &cfg,
+            &w,
+            &mut st,
+            &prompt,
+            GdnMode::Chunked,
+            LogitRows::Last,
+            &mut lg,
+            Capture {
+                taps: Some(TapRequest {
+                    layers: &d.cfg.target_layers,
+                    rows: 0..prompt.len(),
+                    out: &mut taps,
+                }),
+                gdn_rec: None,
+            },
+        )
+        .unwrap();
+        d.stage(&mut ds, &taps, 0, prompt.len()).unwrap();
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let first = s.sample(&lg);
+        s.accept(first.id);
+        let mut id_last = first.id;
+        let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
+        let (mut t_draft, mut t_stage, mut t_round, mut t_total) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut acc = 0;
+        for r in 0..=ROUNDS {
+            let start = st.pos;
+            let t0 = Instant::now();
+            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start).unwrap());
+            let (out, sr) = timed(&cuda, || {
+                verify_round(
+                    &cuda,
+                    &cfg,
+                    &w,
+                    &mut st,
+                    &mut bufs,
+                    &mut s,
+                    id_last,
+                    &draft,
+                    Some(&d.cfg.target_layers),
+                    Rollback::Replay,
+                )
+                .unwrap()
+            });
+            let keep = out.n_acc + 1;
+            let tw = d.tap_width();
+            let ((), ss) = timed(&cuda, || {
+                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
+                    .unwrap()
+            });
+            let total = t0.elapsed().as_secs_f64();
+            id_last = out.tokens.last().unwrap().id;
+            if r > 0 {
+                t_draft.push(sd);
+                t_stage.push(ss);
+                t_round.push(sr);
+                t_total.push(total);
+                acc += out.n_acc;
+            }
+        }
+        let (dm, sm, rm, tm) = (
+            median_ms(&mut t_draft),
+            median_ms(&mut t_stage),
+            median_ms(&mut t_round),
+            median_ms(&mut t_total),
+        );
+        println!(
+            "BENCH dspark (host drafter): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
+             total {tm:.3} ms, R = {:.2} vs the eager+taps plain step ({:.2} vs the graph step); \
+             {acc} of {} drafts accepted",
+            tm / eager_taps_ms,
+            tm / plain_ms,
+            ROUNDS * K
+        );
+        dspark_json = format!(
+            "{{\"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
+             \"R_vs_eager_taps_step\": {:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}, \
+             \"R_with_oracle_k\": [{}]}}",
+            tm / eager_taps_ms,
+            tm / plain_ms,
+            ROUNDS * K,
+            (0..=K)
+                .map(|k| format!("{:.3}", (dm + sm + round_ms[1][0][k]) / eager_taps_ms))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let ngram_r: Vec<String> = (0..=K)
+        .map(|k| format!("{:.3}", (ngram_ms + round_ms[0][0][k]) / plain_ms))
+        .collect();
+    println!(
+        "BENCH ngram: search {ngram_ms:.4} ms; R by accept count (replay) = [{}]",
+        ngram_r.join(", ")
+    );
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
+         \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
+         \"R_by_k_replay\": [{}]}}, \"dspark\": {dspark_json}}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        rounds_json.join(", "),
+        ngram_r.join(", ")
+    );
+    println!("BENCH {json}");
+    if let Ok(out) = std::env::var("BONSAI_SPEC_BENCH_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
