@@ -108,6 +108,25 @@ struct Scratch {
     amax: DevBuf,
     /// Bumped on every reallocation: a captured graph is valid only for the generation it saw.
     gen: u64,
+    /// The model dimensions the buffers were sized for ([`scratch_dims`]): another model on the
+    /// same backend gets new scratch.
+    dims: [usize; 10],
+}
+
+/// Every model dimension a [`Scratch`] buffer size depends on.
+fn scratch_dims(cfg: &TargetConfig) -> [usize; 10] {
+    [
+        cfg.n_embd,
+        cfg.n_ff,
+        cfg.n_vocab,
+        cfg.n_head,
+        cfg.n_head_kv,
+        cfg.head_dim,
+        cfg.ssm_n_group,
+        cfg.ssm_dt_rank,
+        cfg.ssm_d_state,
+        cfg.ssm_inner,
+    ]
 }
 
 pub struct CudaBackend {
@@ -182,7 +201,7 @@ impl CudaBackend {
         let max_ctx = *self.max_ctx.lock().expect("ctx lock");
         let need_new = match g.as_ref() {
             None => true,
-            Some(s) => s.cap < n || s.scores_ctx < max_ctx,
+            Some(s) => s.cap < n || s.scores_ctx < max_ctx || s.dims != scratch_dims(cfg),
         };
         if need_new {
             let cap = n.max(g.as_ref().map_or(1, |s| s.cap)).max(MV_ROWS);
@@ -241,6 +260,7 @@ impl CudaBackend {
             logits: a(MV_ROWS * cfg.n_vocab * f)?,
             amax: a(MV_ROWS * 4)?,
             gen: 0,
+            dims: scratch_dims(cfg),
         })
     }
 
