@@ -25,7 +25,8 @@ lint:  ## rustfmt, clippy -D warnings, ruff
 bench:  ## CPU benchmark vs llama.cpp on the small synthetic model (writes bench/results)
 	$(PY) -m bonsai bench
 
-wheel:  ## release abi3 wheel in target/wheels
+wheel:  ## release abi3 wheel in target/wheels (CUDA kernels precompiled when NVRTC is found)
+	$(PY) scripts/build_cubins.py
 	$(PY) -m maturin build --release -o target/wheels
 
 .PHONY: help run dev test lint bench wheel

@@ -211,14 +211,57 @@ pub fn compile_cubin(src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
     Ok(cubin)
 }
 
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/embedded_cubins.rs"));
+}
+
+/// Where a module's cubin came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CubinSource {
+    /// Precompiled at wheel build (`scripts/build_cubins.py`) for this exact source and arch.
+    Embedded,
+    /// The on-disk cache of an earlier NVRTC compile.
+    Cache,
+    /// Compiled by NVRTC just now (and cached).
+    Nvrtc,
+}
+
+/// The embedded cubin for `sm_{major}{minor}`, when one was built from this exact source.
+pub fn embedded_cubin(major: i32, minor: i32) -> Option<&'static [u8]> {
+    if no_griddep() || embedded::EMBEDDED_SOURCE_HASH != format!("{:016x}", source_hash()) {
+        return None;
+    }
+    embedded::EMBEDDED_CUBINS
+        .iter()
+        .find(|(a, b, _)| *a == major && *b == minor)
+        .map(|(_, _, c)| *c)
+}
+
+/// The architectures with an embedded cubin for this source (empty when the crate was built
+/// without `scripts/build_cubins.py`).
+pub fn embedded_archs() -> Vec<(i32, i32)> {
+    if embedded::EMBEDDED_SOURCE_HASH != format!("{:016x}", source_hash()) {
+        return Vec::new();
+    }
+    embedded::EMBEDDED_CUBINS
+        .iter()
+        .map(|(a, b, _)| (*a, *b))
+        .collect()
+}
+
+/// The cache key of the kernel source (and the compile switches that change the cubin).
+fn source_hash() -> u64 {
+    fnv64(&[
+        SOURCE.as_bytes(),
+        if no_griddep() { b"no-griddep" } else { b"" },
+    ])
+}
+
 /// The cubin for this GPU: from the disk cache when present, else compiled and cached.
 /// Returns the bytes and whether they came from the cache.
 pub fn cubin_for(major: i32, minor: i32) -> Result<(Vec<u8>, bool)> {
     let dir = cache_dir();
-    let src_hash = fnv64(&[
-        SOURCE.as_bytes(),
-        if no_griddep() { b"no-griddep" } else { b"" },
-    ]);
+    let src_hash = source_hash();
     // The NVRTC version is part of the key, but asking for it needs libnvrtc; a cache hit must work
     // without it, so the file name carries the version and any matching file is accepted when
     // NVRTC is absent.
@@ -492,8 +535,10 @@ pub struct Gpu {
     _module: sys::CUmodule,
     pub arch: (i32, i32),
     pub device_name: String,
-    /// Whether the cubin came from the disk cache.
+    /// Whether the cubin came without compiling (embedded in the build, or the disk cache).
     pub cubin_cached: bool,
+    /// Where the cubin came from.
+    pub cubin_source: CubinSource,
     /// Per-launch timings while profiling ([`Gpu::profile_begin`]): (kernel grid, µs).
     prof: Mutex<Option<Vec<(String, f32)>>>,
     /// Programmatic dependent launch for PDL-aware kernels ([`Gpu::set_pdl`]).
@@ -530,11 +575,24 @@ impl Gpu {
             .compute_capability()
             .map_err(err("compute capability"))?;
         let device_name = ctx.name().unwrap_or_default();
-        let (cubin, cubin_cached) = cubin_for(arch.0, arch.1)?;
         ctx.bind_to_thread().map_err(err("bind"))?;
-        // SAFETY: cubin is a complete ELF image produced by NVRTC for this arch.
-        let module = unsafe { cu::module::load_data(cubin.as_ptr() as *const c_void) }
-            .map_err(err("cuModuleLoadData"))?;
+        // SAFETY (both loads): the bytes are a complete ELF image produced by NVRTC for this arch.
+        let load = |c: &[u8]| unsafe { cu::module::load_data(c.as_ptr() as *const c_void) };
+        let embedded = embedded_cubin(arch.0, arch.1).and_then(|c| load(c).ok());
+        let (module, cubin_source) = match embedded {
+            Some(m) => (m, CubinSource::Embedded),
+            None => {
+                let (cubin, cached) = cubin_for(arch.0, arch.1)?;
+                let m = load(&cubin).map_err(err("cuModuleLoadData"))?;
+                let src = if cached {
+                    CubinSource::Cache
+                } else {
+                    CubinSource::Nvrtc
+                };
+                (m, src)
+            }
+        };
+        let cubin_cached = cubin_source != CubinSource::Nvrtc;
         let f = Funcs::load(module)?;
         Ok(Gpu {
             ctx,
@@ -544,6 +602,7 @@ impl Gpu {
             arch,
             device_name,
             cubin_cached,
+            cubin_source,
             prof: Mutex::new(None),
             pdl: AtomicBool::new(
                 arch.0 >= 9
@@ -1457,6 +1516,21 @@ mod tests {
     fn cache_key_changes_with_source() {
         assert_ne!(fnv64(&[b"a"]), fnv64(&[b"b"]));
         assert_ne!(fnv64(&[b"ab", b"c"]), fnv64(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn cache_key_matches_build_cubins_py() {
+        // scripts/build_cubins.py writes this hash into cubins/manifest.txt: same function
+        assert_eq!(fnv64(&[b"abc", b""]), 0x650c_2f2d_77a2_6d79);
+    }
+
+    #[test]
+    fn embedded_cubins_only_for_this_source() {
+        // whatever the build embedded, a lookup never returns a cubin of another source
+        for (ma, mi) in embedded_archs() {
+            assert!(embedded_cubin(ma, mi).is_some());
+        }
+        assert!(embedded_cubin(1, 0).is_none());
     }
 
     #[test]
