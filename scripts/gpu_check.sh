@@ -54,7 +54,7 @@ echo "== kernels vs reference =="
 echo "== prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== full model: CUDA vs CPU =="
-BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec.log" | grep -E "^test |==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 

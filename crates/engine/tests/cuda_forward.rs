@@ -185,8 +185,9 @@ fn cuda_matches_cpu_full_model() {
     }
 }
 
-/// Prefill through the tensor-core GEMM (steps of more than 8 rows): prompt logits of every row
-/// against the CPU engine for prompts of 9, 100 and 160 tokens in one step, and a 160-token prompt
+/// Prefill through the tensor-core GEMM and the prefill GDN / attention kernels (steps of more than
+/// 8 rows): prompt logits of every row against the CPU engine for prompts of 9, 100 and 160 tokens in
+/// one step and for a 200-row second step at positions 40..240, and a 160-token prompt
 /// prefilled in steps of 100 + 60 against the one-step CUDA prefill. Same tolerance as
 /// `cuda_matches_cpu_full_model` (per-row NMSE < 5e-3, top-1 equal except at near-ties).
 #[test]
@@ -248,6 +249,40 @@ fn cuda_prefill_gemm_matches_cpu() {
             assert!(
                 !choice_violation(&a, &b),
                 "{}: decode after prefill {plen}",
+                p.display()
+            );
+        }
+        // a second prefill step at positions > 0 (40 rows, then 200 rows at 40..240: the prefill
+        // attention over cached keys, the GDN prefill kernels from a non-zero state) against the
+        // CPU engine doing the same two steps, every row of the second step
+        {
+            let prompt: Vec<u32> = (0..240u32).map(|i| (i * 6007 + 11) % nv as u32).collect();
+            let mut sc = SeqState::new(&cpu, &cfg, 512).unwrap();
+            let mut sg = SeqState::new(&cuda, &cfg, 512).unwrap();
+            run_forward(&cpu, &cfg, &wc, &mut sc, &prompt[..40], LogitRows::None);
+            run_forward(&cuda, &cfg, &wg, &mut sg, &prompt[..40], LogitRows::None);
+            let lc = run_forward(&cpu, &cfg, &wc, &mut sc, &prompt[40..], LogitRows::All);
+            let lg = run_forward(&cuda, &cfg, &wg, &mut sg, &prompt[40..], LogitRows::All);
+            assert!(lg.iter().all(|v| v.is_finite()), "non-finite CUDA logits");
+            let (mut worst, mut violations) = (0f64, 0);
+            for t in 0..200 {
+                let (a, b) = (&lc[t * nv..(t + 1) * nv], &lg[t * nv..(t + 1) * nv]);
+                worst = worst.max(row_stats(a, b));
+                violations += choice_violation(a, b) as usize;
+            }
+            eprintln!(
+                "{}: prefill 40 + 200 rows: second step worst-row NMSE {worst:.3e}, near-tie flips {violations}",
+                p.display()
+            );
+            assert!(
+                worst < 5e-3,
+                "{}: prefill 40 + 200: NMSE {worst}",
+                p.display()
+            );
+            assert_eq!(
+                violations,
+                0,
+                "{}: prefill 40 + 200: top-1 differs beyond a near-tie",
                 p.display()
             );
         }

@@ -27,6 +27,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/bonsai.cu"),
     include_str!("../kernels/gemm.cu"),
     include_str!("../kernels/spec.cu"),
+    include_str!("../kernels/prefill.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -40,6 +41,26 @@ pub const ATTN_CHUNK: usize = 32;
 /// f32 elements of the attention partials scratch for `n` rows, `nh` heads of `hd`, `n_ctx` positions.
 pub fn attn_part_floats(n: usize, nh: usize, hd: usize, n_ctx: usize) -> usize {
     n * nh * n_ctx.div_ceil(ATTN_CHUNK) * (hd + 2)
+}
+
+/// Rows per block of `gdn_conv_rows` (`GC_ROWS` in the source).
+const GDN_CONV_ROWS: usize = 32;
+/// Query rows per block of the prefill attention (`AP_BQ`); key positions per tile (`AP_BK`).
+const ATTN_PREFILL_ROWS: usize = 32;
+const ATTN_PREFILL_KEYS: usize = 32;
+
+/// Dynamic shared memory of `attn_prefill_hd{hd}`: Q [32, hd] f32, K [32, hd + 8] f16,
+/// V [32, hd] f16, P [32, 32 + 4] f32.
+pub fn attn_prefill_smem(hd: usize) -> usize {
+    ATTN_PREFILL_ROWS * hd * 4
+        + ATTN_PREFILL_KEYS * (hd + 8) * 2
+        + ATTN_PREFILL_KEYS * hd * 2
+        + ATTN_PREFILL_KEYS * (ATTN_PREFILL_ROWS + 4) * 4
+}
+
+/// Whether the prefill GDN kernels (`gdn_conv_rows`, `gdn_step_seq`) take head dims `dk`, `dv`.
+pub fn gdn_prefill_supported(dk: usize, dv: usize) -> bool {
+    dk % 32 == 0 && (32..=128).contains(&dk) && dv % 16 == 0 && dv > 0
 }
 
 /// Warps per mat-vec block (`MV_WARPS` in the source).
@@ -488,6 +509,13 @@ kernels!(
         swiglu_quant,
         argmax_rows,
         step_advance,
+        // ---- prefill.cu (n > MAX_ROWS) ----
+        gdn_conv_rows,
+        gdn_conv_window,
+        gdn_step_seq,
+        attn_prefill_hd64,
+        attn_prefill_hd128,
+        attn_prefill_hd256,
     ],
     plain: [
         spin_ns,
@@ -771,22 +799,48 @@ impl Gpu {
         block: (u32, u32, u32),
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_smem(f, grid, block, 0, args)
+    }
+
+    /// [`Self::launch`] with `smem` bytes of dynamic shared memory (above 48 KiB the kernel's
+    /// limit is raised first).
+    fn launch_smem(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         self.bind()?;
+        if smem > 48 * 1024 {
+            // SAFETY: f is a kernel of our loaded module; the attribute only raises its dynamic
+            // shared memory limit (the launch fails cleanly if the device cannot give that much).
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .result()
+                .map_err(err("cuFuncSetAttribute"))?;
+            }
+        }
         let profiling = self.prof.lock().expect("prof lock").is_some();
         if profiling && f != self.f.spin_ns {
             // spin first so that the events and the kernel are queued before the GPU reaches them:
             // the measured time is the kernel alone, launch ramp included
-            self.launch(self.f.spin_ns, (1, 1, 1), (1, 1, 1), &[Arg::P(40_000)])?;
+            self.launch_smem(self.f.spin_ns, (1, 1, 1), (1, 1, 1), 0, &[Arg::P(40_000)])?;
             let name = format!("{} {}x{}x{}", self.f.name(f), grid.0, grid.1, grid.2);
             let us = self.time_ms(|| {
                 // SAFETY: as below.
                 unsafe {
-                    cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
+                    cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), &mut params)
                         .map_err(err("launch"))
                 }
             })? * 1e3;
@@ -811,7 +865,7 @@ impl Gpu {
                 blockDimX: block.0,
                 blockDimY: block.1,
                 blockDimZ: block.2,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: self.stream.cu_stream(),
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -828,7 +882,7 @@ impl Gpu {
         // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes); every
         // pointer argument comes from a live DevBuf sized by the caller for the given dims.
         unsafe {
-            cu::launch_kernel(f, grid, block, 0, self.stream.cu_stream(), &mut params)
+            cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), &mut params)
                 .map_err(err("launch"))
         }
     }
@@ -1368,6 +1422,163 @@ impl Gpu {
         )
     }
 
+    /// Prefill form of [`Self::gdn_conv`] (same arguments, same outputs bit for bit, same conv
+    /// window afterwards): rows in parallel (`gdn_conv_rows`, grid (2·hk + hv + 1, ⌈n/32⌉)), then
+    /// the window update (`gdn_conv_window`). Needs dk % 32 == 0, dk ≤ 128, 1 ≤ kconv ≤ 8.
+    pub fn gdn_conv_rows(
+        &self,
+        mixed: u64,
+        conv_state: u64,
+        convw: u64,
+        kconv: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        n: usize,
+        eps: f32,
+        qo: u64,
+        ko: u64,
+        vo: u64,
+        bb: u64,
+        aa: u64,
+        dt_bias: u64,
+        ssm_a: u64,
+        beta: u64,
+        g: u64,
+    ) -> Result<()> {
+        assert!(gdn_prefill_supported(dk, dk) && (1..=8).contains(&kconv) && n > 0);
+        let conv_dim = 2 * hk * dk + hv * dk;
+        self.launch(
+            self.f.gdn_conv_rows,
+            ((2 * hk + hv + 1) as u32, cdiv(n, GDN_CONV_ROWS), 1),
+            (256, 1, 1),
+            &[
+                Arg::P(mixed),
+                Arg::P(conv_state),
+                Arg::P(convw),
+                Arg::I(kconv as i32),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(n as i32),
+                Arg::F(eps),
+                Arg::P(qo),
+                Arg::P(ko),
+                Arg::P(vo),
+                Arg::P(bb),
+                Arg::P(aa),
+                Arg::P(dt_bias),
+                Arg::P(ssm_a),
+                Arg::P(beta),
+                Arg::P(g),
+            ],
+        )?;
+        self.launch(
+            self.f.gdn_conv_window,
+            (cdiv(conv_dim, 256), 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(mixed),
+                Arg::P(conv_state),
+                Arg::I(conv_dim as i32),
+                Arg::I(kconv as i32),
+                Arg::I(n as i32),
+            ],
+        )
+    }
+
+    /// Prefill form of [`Self::gdn_step`] (same arguments and layouts): equal within f32 rounding,
+    /// no block barrier per row. Needs [`gdn_prefill_supported`]`(dk, dv)`.
+    pub fn gdn_step_seq(
+        &self,
+        s: u64,
+        q: u64,
+        k: u64,
+        v: u64,
+        g: u64,
+        beta: u64,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        n: usize,
+        out: u64,
+    ) -> Result<()> {
+        assert!(gdn_prefill_supported(dk, dv) && n > 0);
+        self.launch(
+            self.f.gdn_step_seq,
+            (hv as u32, (dv / 16) as u32, 1),
+            (128, 1, 1),
+            &[
+                Arg::P(s),
+                Arg::P(q),
+                Arg::P(k),
+                Arg::P(v),
+                Arg::P(g),
+                Arg::P(beta),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(dv as i32),
+                Arg::I(n as i32),
+                Arg::P(out),
+            ],
+        )
+    }
+
+    /// Causal prefill attention of `n` rows in one launch (flash attention over 32-row query
+    /// tiles, see `attn_prefill_body`): the same arguments and outputs as [`Self::attn_decode`]
+    /// without its partials scratch, equal within f32 rounding. Row t attends to positions
+    /// `0..=*pos0 + t`; the cache must hold positions `0..*pos0 + n`.
+    pub fn attn_prefill(
+        &self,
+        qo: u64,
+        qf: u64,
+        kc: u64,
+        vc: u64,
+        n: usize,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        pos0: u64,
+        out: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+    ) -> Result<()> {
+        let f = match hd {
+            64 => self.f.attn_prefill_hd64,
+            128 => self.f.attn_prefill_hd128,
+            256 => self.f.attn_prefill_hd256,
+            _ => {
+                return Err(CudaError(format!(
+                    "attention: head dim {hd} not in 64/128/256"
+                )))
+            }
+        };
+        assert!(nkv > 0 && nh % nkv == 0 && n > 0);
+        self.launch_smem(
+            f,
+            (nh as u32, cdiv(n, ATTN_PREFILL_ROWS), 1),
+            (128, 1, 1),
+            attn_prefill_smem(hd) as u32,
+            &[
+                Arg::P(qo),
+                Arg::P(qf),
+                Arg::P(kc),
+                Arg::P(vc),
+                Arg::I(n as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::P(pos0),
+                Arg::P(out),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
     /// `h = SiLU(g) ⊙ u`, f32 to `hf` (unless 0) and quantized.
     pub fn swiglu_quant(
         &self,
@@ -1539,6 +1750,25 @@ mod tests {
             !SOURCE.contains("#include"),
             "kernels must compile without headers"
         );
+    }
+
+    #[test]
+    fn prefill_attention_smem_layout() {
+        // Q | K (padded rows) | V | P: every region starts 16-byte aligned, and three 27B blocks
+        // (hd 256) fit one H200 SM (228 KiB)
+        for hd in [64usize, 128, 256] {
+            let q = ATTN_PREFILL_ROWS * hd * 4;
+            let k = ATTN_PREFILL_KEYS * (hd + 8) * 2;
+            let v = ATTN_PREFILL_KEYS * hd * 2;
+            assert!(q % 16 == 0 && (q + k) % 16 == 0 && (q + k + v) % 16 == 0);
+            assert_eq!(
+                attn_prefill_smem(hd),
+                q + k + v + ATTN_PREFILL_KEYS * (ATTN_PREFILL_ROWS + 4) * 4
+            );
+        }
+        assert!(3 * attn_prefill_smem(256) <= 228 * 1024);
+        assert!(gdn_prefill_supported(128, 128) && gdn_prefill_supported(64, 64));
+        assert!(!gdn_prefill_supported(256, 256) && !gdn_prefill_supported(128, 8));
     }
 
     #[test]

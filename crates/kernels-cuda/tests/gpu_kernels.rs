@@ -1108,3 +1108,360 @@ fn gdn_rec_write_and_replay_bit_exact() {
         eprintln!("gdn replay case {case} (hk {hk}, hv {hv}, dk {dk}): record + replay bit-exact for m = 0..={n}");
     }
 }
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Prefill GDN kernels against the decode kernels on the same inputs: `gdn_conv_rows` (+ its window
+/// update) equals `gdn_conv` (v, gates and conv window bit for bit, q/k within 1e-6 and reported
+/// when not bit-exact), and `gdn_step_seq` equals `gdn_step` within f32 rounding over n rows; a
+/// split launch (rows 0..m, then m..n) gives the one-launch outputs and state bit for bit. Outputs
+/// are poisoned with NaN first. The 27B and the tiny-preset head shapes, n ∈ {9, 100, 512}.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gdn_prefill_kernels_vs_decode_kernels() {
+    let g = need_gpu!("gdn_prefill_kernels_vs_decode_kernels");
+    for &(hk, hv, dk, kconv) in &[(16usize, 48usize, 128usize, 4usize), (2, 6, 64, 4)] {
+        for &n in &[9usize, 100, 512] {
+            let mut rng = Rng(91 + n as u64 + dk as u64);
+            let dv = dk;
+            let conv_dim = 2 * hk * dk + hv * dv;
+            let (qk, vd) = (hk * dk, hv * dv);
+            let eps = 1e-6f32;
+            let mixed = rng.vec(n * conv_dim, 1.0);
+            let conv0 = rng.vec((kconv - 1) * conv_dim, 1.0);
+            let convw = rng.vec(conv_dim * kconv, 0.5);
+            let bb = rng.vec(n * hv, 2.0);
+            let aa = rng.vec(n * hv, 2.0);
+            let dt_bias = rng.vec(hv, 1.0);
+            let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+            let s0 = rng.vec(hv * dk * dv, 0.1);
+            let up = |v: &[f32]| g.upload(v).unwrap();
+            let nan = |k: usize| g.upload(&vec![f32::NAN; k]).unwrap();
+            let (mb, wb, bbb, aab, dtb, ab) = (
+                up(&mixed),
+                up(&convw),
+                up(&bb),
+                up(&aa),
+                up(&dt_bias),
+                up(&ssm_a),
+            );
+            // [q, k, v, beta, g] per path
+            let outs = || {
+                [
+                    nan(n * qk),
+                    nan(n * qk),
+                    nan(n * vd),
+                    nan(n * hv),
+                    nan(n * hv),
+                ]
+            };
+            let (oa, ob) = (outs(), outs());
+            let (ca, cb) = (up(&conv0), up(&conv0));
+            for (prefill, c, o) in [(false, &ca, &oa), (true, &cb, &ob)] {
+                let f = if prefill {
+                    Gpu::gdn_conv_rows
+                } else {
+                    Gpu::gdn_conv
+                };
+                f(
+                    g,
+                    mb.ptr(),
+                    c.ptr(),
+                    wb.ptr(),
+                    kconv,
+                    hk,
+                    hv,
+                    dk,
+                    n,
+                    eps,
+                    o[0].ptr(),
+                    o[1].ptr(),
+                    o[2].ptr(),
+                    bbb.ptr(),
+                    aab.ptr(),
+                    dtb.ptr(),
+                    ab.ptr(),
+                    o[3].ptr(),
+                    o[4].ptr(),
+                )
+                .unwrap();
+            }
+            let tag = format!("hk {hk} hv {hv} dk {dk} n {n}");
+            let lens = [n * qk, n * qk, n * vd, n * hv, n * hv];
+            for (i, name) in ["q", "k", "v", "beta", "g"].iter().enumerate() {
+                let (a, b): (Vec<f32>, Vec<f32>) =
+                    (down(g, &oa[i], lens[i]), down(g, &ob[i], lens[i]));
+                assert!(
+                    b.iter().all(|x| x.is_finite()),
+                    "{tag}: conv {name} not written"
+                );
+                let exact = bits_eq(&a, &b);
+                let e = max_rel(&b, &a);
+                eprintln!("gdn prefill conv {tag} {name}: bit-exact {exact}, max rel {e:.2e}");
+                if i >= 2 {
+                    assert!(exact, "{tag}: conv {name} differs from gdn_conv");
+                } else {
+                    assert!(e < 1e-6, "{tag}: conv {name} max rel {e}");
+                }
+            }
+            let (wa, wb2): (Vec<f32>, Vec<f32>) = (
+                down(g, &ca, (kconv - 1) * conv_dim),
+                down(g, &cb, (kconv - 1) * conv_dim),
+            );
+            assert!(bits_eq(&wa, &wb2), "{tag}: conv window differs");
+
+            // recurrence on the decode conv's outputs
+            let (sa, sb) = (up(&s0), up(&s0));
+            let (outa, outb) = (nan(n * vd), nan(n * vd));
+            for (prefill, s, o) in [(false, &sa, &outa), (true, &sb, &outb)] {
+                let f = if prefill {
+                    Gpu::gdn_step_seq
+                } else {
+                    Gpu::gdn_step
+                };
+                f(
+                    g,
+                    s.ptr(),
+                    oa[0].ptr(),
+                    oa[1].ptr(),
+                    oa[2].ptr(),
+                    oa[4].ptr(),
+                    oa[3].ptr(),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    n,
+                    o.ptr(),
+                )
+                .unwrap();
+            }
+            let (a, b): (Vec<f32>, Vec<f32>) = (down(g, &outa, n * vd), down(g, &outb, n * vd));
+            assert!(
+                b.iter().all(|x| x.is_finite()),
+                "{tag}: step out not written"
+            );
+            let (e, m) = (max_rel(&b, &a), nmse(&b, &a));
+            eprintln!("gdn prefill step {tag} o: max rel {e:.2e}, nmse {m:.2e}");
+            assert!(e < 1e-4 && m < 1e-10, "{tag}: step o max rel {e}, nmse {m}");
+            let (a, b): (Vec<f32>, Vec<f32>) =
+                (down(g, &sa, hv * dk * dv), down(g, &sb, hv * dk * dv));
+            let (e, m) = (max_rel(&b, &a), nmse(&b, &a));
+            eprintln!("gdn prefill step {tag} S: max rel {e:.2e}, nmse {m:.2e}");
+            assert!(e < 1e-4 && m < 1e-10, "{tag}: step S max rel {e}, nmse {m}");
+
+            // split launch == one launch, bit for bit
+            let m1 = n / 2 + 1;
+            let sc = up(&s0);
+            let outc = nan(n * vd);
+            for (r0, r1) in [(0, m1), (m1, n)] {
+                g.gdn_step_seq(
+                    sc.ptr(),
+                    oa[0].at(r0 * qk * 4),
+                    oa[1].at(r0 * qk * 4),
+                    oa[2].at(r0 * vd * 4),
+                    oa[4].at(r0 * hv * 4),
+                    oa[3].at(r0 * hv * 4),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    r1 - r0,
+                    outc.at(r0 * vd * 4),
+                )
+                .unwrap();
+            }
+            let c: Vec<f32> = down(g, &outc, n * vd);
+            assert!(
+                bits_eq(&c, &down::<f32>(g, &outb, n * vd)),
+                "{tag}: split step out"
+            );
+            assert!(
+                bits_eq(&down::<f32>(g, &sc, hv * dk * dv), &b),
+                "{tag}: split step S"
+            );
+        }
+    }
+}
+
+/// The causal prefill attention (`attn_prefill`, one launch over all rows) against the decode
+/// path the backend used before (`attn_decode` per 8-row chunk) on the same cache: f32 outputs
+/// within rounding, int8 codes / scales / sums exactly the quantization of its own f32 output, and
+/// a split launch (rows 0..m at pos0, rows m..n at pos0 + m) bit-identical to one launch. Outputs
+/// are poisoned with NaN first. Real 27B heads (n ∈ {9, 100, 512}, pos0 0 and > 0), small and tiny
+/// preset heads.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn attention_prefill_vs_decode_path() {
+    let g = need_gpu!("attention_prefill_vs_decode_path");
+    for (pos0, n, hd, nh, nkv) in [
+        (0usize, 9usize, 256usize, 24usize, 4usize),
+        (0, 100, 256, 24, 4),
+        (0, 512, 256, 24, 4),
+        (37, 100, 256, 24, 4),
+        (300, 45, 128, 8, 2),
+        (5, 77, 64, 4, 2),
+    ] {
+        attention_prefill_case(g, pos0, n, hd, nh, nkv);
+    }
+}
+
+fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, nkv: usize) {
+    let mut rng = Rng(1000 + 7 * pos0 as u64 + n as u64 + hd as u64);
+    let (n_rot, base, eps) = (64usize.min(hd), 1.0e7f32, 1e-6f32);
+    let n_ctx = pos0 + n + 40;
+    let kvw = nkv * hd;
+    // cache rows before pos0 (f16), the rest written by attn_prep; past pos0 + n: NaN (never read)
+    let mut kc_host: Vec<u16> = (0..n_ctx * kvw)
+        .map(|_| f16::from_f32(rng.f()).to_bits())
+        .collect();
+    let mut vc_host: Vec<u16> = (0..n_ctx * kvw)
+        .map(|_| f16::from_f32(rng.f()).to_bits())
+        .collect();
+    for i in (pos0 + n) * kvw..n_ctx * kvw {
+        kc_host[i] = f16::NAN.to_bits();
+        vc_host[i] = f16::NAN.to_bits();
+    }
+    let qf = rng.vec(n * nh * 2 * hd, 1.0);
+    let kf = rng.vec(n * kvw, 1.0);
+    let vf = rng.vec(n * kvw, 1.0);
+    let qn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+    let kn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+    let b = |v: &[f32]| g.upload(v).unwrap();
+    let (qfb, kfb, vfb, qnb, knb) = (b(&qf), b(&kf), b(&vf), b(&qn), b(&kn));
+    let kc = g.upload(&kc_host).unwrap();
+    let vc = g.upload(&vc_host).unwrap();
+    let pos: Vec<i32> = (0..n).map(|t| (pos0 + t) as i32).collect();
+    let pb = g.upload(&pos).unwrap();
+    let qo = g.alloc(n * nh * hd * 4).unwrap();
+    g.attn_prep(
+        qfb.ptr(),
+        kfb.ptr(),
+        vfb.ptr(),
+        qnb.ptr(),
+        knb.ptr(),
+        eps,
+        n,
+        nh,
+        nkv,
+        hd,
+        n_rot,
+        base,
+        pb.ptr(),
+        qo.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+    )
+    .unwrap();
+    let k = nh * hd;
+    // the decode path, 8 rows per launch
+    let part = g
+        .alloc(bonsai_kernels_cuda::attn_part_floats(8, nh, hd, n_ctx) * 4)
+        .unwrap();
+    let outa = g.alloc(n * k * 4).unwrap();
+    let (qa, da, sa) = (
+        g.alloc(n * k).unwrap(),
+        g.alloc(n * k / 32 * 4).unwrap(),
+        g.alloc(n * k / 32 * 4).unwrap(),
+    );
+    let mut t0 = 0;
+    while t0 < n {
+        let nr = (n - t0).min(8);
+        g.attn_decode(
+            qo.at(t0 * k * 4),
+            qfb.at(t0 * nh * 2 * hd * 4),
+            kc.ptr(),
+            vc.ptr(),
+            nr,
+            nh,
+            nkv,
+            hd,
+            pb.at(t0 * 4),
+            n_ctx,
+            part.ptr(),
+            outa.at(t0 * k * 4),
+            qa.at(t0 * k),
+            da.at(t0 * k / 32 * 4),
+            sa.at(t0 * k / 32 * 4),
+        )
+        .unwrap();
+        t0 += nr;
+    }
+    // the prefill kernel, outputs poisoned
+    let outb = g.upload(&vec![f32::NAN; n * k]).unwrap();
+    let qb = g.upload(&vec![0x7fi8; n * k]).unwrap();
+    let db = g.upload(&vec![f32::NAN; n * k / 32]).unwrap();
+    let sb = g.upload(&vec![i32::MIN; n * k / 32]).unwrap();
+    g.attn_prefill(
+        qo.ptr(),
+        qfb.ptr(),
+        kc.ptr(),
+        vc.ptr(),
+        n,
+        nh,
+        nkv,
+        hd,
+        pb.ptr(),
+        outb.ptr(),
+        qb.ptr(),
+        db.ptr(),
+        sb.ptr(),
+    )
+    .unwrap();
+    let want: Vec<f32> = down(g, &outa, n * k);
+    let got: Vec<f32> = down(g, &outb, n * k);
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "attention prefill output not written / non-finite"
+    );
+    let e = max_rel(&got, &want);
+    let m = nmse(&got, &want);
+    eprintln!(
+        "attention prefill pos0 {pos0} n {n} hd {hd}: max rel {e:.2e}, nmse {m:.2e} vs attn_decode"
+    );
+    assert!(e < 1e-4, "attention prefill max rel {e}");
+    let (hq, hd_, hs) = host_quant(&got, k);
+    assert_eq!(
+        down::<i8>(g, &qb, n * k),
+        hq,
+        "attention prefill int8 codes"
+    );
+    assert_eq!(
+        down::<f32>(g, &db, n * k / 32),
+        hd_,
+        "attention prefill scales"
+    );
+    assert_eq!(
+        down::<i32>(g, &sb, n * k / 32),
+        hs,
+        "attention prefill sums"
+    );
+    // split launch: rows 0..m1 then m1..n (positions pos0 + m1..): bit-identical rows
+    let m1 = n / 2 - 3;
+    let outc = g.upload(&vec![f32::NAN; n * k]).unwrap();
+    for (r0, r1) in [(0, m1), (m1, n)] {
+        g.attn_prefill(
+            qo.at(r0 * k * 4),
+            qfb.at(r0 * nh * 2 * hd * 4),
+            kc.ptr(),
+            vc.ptr(),
+            r1 - r0,
+            nh,
+            nkv,
+            hd,
+            pb.at(r0 * 4),
+            outc.ptr() + (r0 * k * 4) as u64,
+            qa.at(r0 * k),
+            da.at(r0 * k / 32 * 4),
+            sa.at(r0 * k / 32 * 4),
+        )
+        .unwrap();
+    }
+    let split: Vec<f32> = down(g, &outc, n * k);
+    assert!(
+        bits_eq(&split, &got),
+        "attention prefill split launch differs"
+    );
+}

@@ -6,6 +6,10 @@
 //! invariance), so verify equals decode bit for bit. Longer steps (prefill chunks) run each
 //! projection as one int8 tensor-core GEMM launch over all rows: deterministic, equal to the
 //! mat-vec path within f32 rounding, not bit for bit. The head always uses the mat-vec path.
+//! Prefill steps also use the prefill kernels of `kernels/prefill.cu`: the GDN conv parallel over
+//! rows (bit-equal to the decode conv), the GDN recurrence without per-row block barriers, and one
+//! causal flash-attention launch (both equal within f32 rounding). Every one of them computes a
+//! row the same way wherever it sits in the step, so a prompt split into steps gives the same bits.
 //!
 //! Decode can also run as one captured CUDA graph per token ([`CudaBackend::capture_decode`]):
 //! the token id and position live in device memory, and the graph ends with the head, a device
@@ -466,7 +470,20 @@ impl CudaBackend {
             false,
         )?;
         let g = &self.gpu;
-        g.gdn_conv(
+        // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
+        // recurrence without per-row block barriers; decode and verify keep the batch-invariant
+        // kernels (the speculative replay repeats their arithmetic)
+        let prefill = n > MV_ROWS
+            && rec.is_none()
+            && kc::gdn_prefill_supported(dk, dv)
+            && (1..=8).contains(&cfg.ssm_conv_kernel);
+        let conv = if prefill {
+            kc::Gpu::gdn_conv_rows
+        } else {
+            kc::Gpu::gdn_conv
+        };
+        conv(
+            g,
             mixed,
             st.conv.ptr(),
             w.conv1d.buf.ptr(),
@@ -505,8 +522,14 @@ impl CudaBackend {
             .map_err(be)?;
         }
         // Chunked mode (prefill) also runs the recurrence: equal to the chunked form within f32
-        // rounding, and batch-invariant.
-        g.gdn_step(
+        // rounding. Both kernels compute a row the same way wherever it sits in the step.
+        let step = if prefill {
+            kc::Gpu::gdn_step_seq
+        } else {
+            kc::Gpu::gdn_step
+        };
+        step(
+            g,
             st.s.ptr(),
             sc.gq.ptr(),
             sc.gk.ptr(),
@@ -574,7 +597,26 @@ impl CudaBackend {
         )
         .map_err(be)?;
         let k = nh * hd;
-        let mut t0 = 0;
+        if n > MV_ROWS {
+            // prefill: one causal flash-attention launch over all rows
+            g.attn_prefill(
+                sc.qo.ptr(),
+                qf,
+                kv.k.ptr(),
+                kv.v.ptr(),
+                n,
+                nh,
+                nkv,
+                hd,
+                sc.pos.ptr(),
+                sc.att.ptr(),
+                sc.xq.ptr(),
+                sc.xd.ptr(),
+                sc.xs.ptr(),
+            )
+            .map_err(be)?;
+        }
+        let mut t0 = if n > MV_ROWS { n } else { 0 };
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
             // attention ⊙ gate, f32 into att and int8-quantized into the projection input

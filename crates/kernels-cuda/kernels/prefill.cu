@@ -1,0 +1,409 @@
+// Prefill (n > MAXN rows) variants of the GDN conv, the GDN recurrence and causal attention.
+// Appended after gemm.cu by lib.rs (same translation unit: helpers and cp.async wrappers in scope).
+// Decode and verify (n <= MAXN) never use these: they keep the batch-invariant kernels of bonsai.cu.
+
+// ---- GDN conv over many rows --------------------------------------------------------------------
+
+// Same math as gdn_conv, parallel over rows: row t's conv reads pre-conv inputs t-k+1..t (rows < 0
+// from the OLD conv window), so rows are independent. The conv window is NOT updated here (blocks
+// of other row tiles still read the old one): gdn_conv_window does it afterwards.
+// grid (2·hk + hv + 1, ceil(n / GC_ROWS)), block 256 (8 warps). Warp w takes rows t0 + w + 8i of the
+// block's tile; lane l handles channels 32m + l (m < dk/32 <= 4) of the head, so the per-row L2
+// norm reduces exactly like gdn_conv's block_sum (warp m's xor tree, then m = 0, 1, .. in order):
+// outputs equal gdn_conv's bit for bit. The conv taps are summed in gdn_conv's order (tap k-1 as a
+// product, then taps 0..k-2 as fmas). The last block column does the gates of its rows.
+//   mixed [n, conv_dim]; conv_state [k-1, conv_dim] oldest first (read only); convw [conv_dim, k];
+//   out q/k [n, hk·dk], v [n, hv·dk]; bb/aa/beta_out/g_out [n, hv].
+#define GC_ROWS 32
+extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
+    const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw,
+    int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,
+    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ dt_bias,
+    const float* __restrict__ ssm_a, float* beta_out, float* g_out) {
+    PDL_ENTRY();
+    int head = blockIdx.x, t0 = blockIdx.y * GC_ROWS;
+    int t1 = min(t0 + GC_ROWS, n);
+    int conv_dim = 2 * hk * dk + hv * dk;
+    if (head == 2 * hk + hv) {
+        for (int i = t0 * hv + threadIdx.x; i < t1 * hv; i += blockDim.x) {
+            int h = i % hv;
+            beta_out[i] = sigmoidf_(bb[i]);
+            float a = aa[i] + dt_bias[h];
+            float sp = a > 20.f ? a : log1pf(expf(a));
+            g_out[i] = ssm_a[h] * sp;
+        }
+        return;
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nm = dk >> 5;
+    for (int t = t0 + w; t < t1; t += 8) {
+        float y[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            y[m] = 0.f;
+            if (m < nm) {
+                int ch = head * dk + 32 * m + lane;
+                float xv = mixed[(size_t)t * conv_dim + ch];
+                float acc = convw[ch * kconv + kconv - 1] * xv;
+                for (int j = 0; j < kconv - 1; ++j) {
+                    int tt = t - (kconv - 1) + j;  // input row of tap j (< 0: old window)
+                    float xj = tt >= 0 ? mixed[(size_t)tt * conv_dim + ch] : conv_state[(tt + kconv - 1) * conv_dim + ch];
+                    acc = fmaf(convw[ch * kconv + j], xj, acc);
+                }
+                y[m] = siluf_(acc);
+            }
+        }
+        if (head < 2 * hk) {
+            float ss = 0.f;  // block_sum's order: 0 + warp 0 + warp 1 + ...
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                if (m < nm) ss += warp_sum(y[m] * y[m]);
+            float inv = 1.0f / fmaxf(sqrtf(ss), eps);
+            float* dst = head < hk ? qo : ko;
+            int hh = head < hk ? head : head - hk;
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                if (m < nm) dst[(size_t)t * hk * dk + hh * dk + 32 * m + lane] = y[m] * inv;
+        } else {
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+                if (m < nm) vo[(size_t)t * hv * dk + (head - 2 * hk) * dk + 32 * m + lane] = y[m];
+        }
+    }
+}
+
+// The conv window after n rows: window[j] = X[n-k+1+j], X[t < 0] = old window[t + k-1]. One thread
+// per channel reads its old window into registers before writing (k <= 8). Runs after
+// gdn_conv_rows. grid ceil(conv_dim / 256), block 256.
+extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, float* conv_state, int conv_dim,
+                                           int kconv, int n) {
+    PDL_ENTRY();
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    float old[7];
+#pragma unroll
+    for (int j = 0; j < 7; ++j) old[j] = j < kconv - 1 ? conv_state[j * conv_dim + ch] : 0.f;
+#pragma unroll
+    for (int j = 0; j < 7; ++j) {
+        if (j < kconv - 1) {
+            int tt = n - (kconv - 1) + j;
+            float x = 0.f;
+            if (tt >= 0) {
+                x = mixed[(size_t)tt * conv_dim + ch];
+            } else {
+#pragma unroll
+                for (int i = 0; i < 7; ++i)
+                    if (i == tt + kconv - 1) x = old[i];
+            }
+            conv_state[j * conv_dim + ch] = x;
+        }
+    }
+}
+
+// ---- GDN recurrence over many rows --------------------------------------------------------------
+
+// The gated delta rule of gdn_step over n rows (dk <= 128, dk % 32 == 0), equal within f32 rounding
+// (not bit for bit: the sums run in a different order, and o is formed from the old state).
+// grid (hv, dv / 16), block 128 (4 warps); warp w owns value columns j = 16·by + 4w + (lane >> 3),
+// and the 8 lanes of a column split the key dim: lane ii = lane & 7 holds S[i, j] for
+// i = 32m + 4ii + e (m < dk/32, e < 4) in registers for the whole launch. Per row, from the old
+// state: u = Σ_i S k, a = Σ_i S q (lane partials, xor-tree over the 8 lanes of the column), then
+//   δ = β (v − e^g u),  o = (e^g a + δ (k·q)) / √dk,  S ← e^g S + k δ
+// (o = Σ_i S_new q expanded), so each row needs no block barrier. Rows come in tiles of GS_TR:
+// k, q, v (the block's 16 columns), g, β of tile c+1 are copied to shared memory with cp.async
+// while tile c runs (two buffers); k·q and e^g of a tile are computed once per tile.
+//   S [hv, dk, dv]; q/k [n, hk, dk]; v [n, hv, dv]; g/beta [n, hv]; out [n, hv, dv].
+#define GS_TR 16
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+extern "C" __global__ void __launch_bounds__(128) gdn_step_seq(float* S, const float* __restrict__ q,
+                                                               const float* __restrict__ k,
+                                                               const float* __restrict__ v,
+                                                               const float* __restrict__ g,
+                                                               const float* __restrict__ beta, int hk,
+                                                               int hv, int dk, int dv, int n, float* out) {
+    PDL_ENTRY();
+    __shared__ __align__(16) float ks[2][GS_TR][128];
+    __shared__ __align__(16) float qs[2][GS_TR][128];
+    __shared__ __align__(16) float vs[2][GS_TR][16];
+    __shared__ float gs[2][GS_TR], bs[2][GS_TR], kq[GS_TR], dec[GS_TR];
+    int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    int ii = lane & 7, jl = w * 4 + (lane >> 3);
+    int j0 = blockIdx.y * 16, j = j0 + jl;
+    int kap = h % hk, nm = dk >> 5;
+    float* Sh = S + (size_t)h * dk * dv;
+    float s[16];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[4 * m + e] = m < nm ? Sh[(size_t)(32 * m + 4 * ii + e) * dv + j] : 0.f;
+    float scale = 1.0f / sqrtf((float)dk);
+    int ntile = (n + GS_TR - 1) / GS_TR;
+    int cpr = dk >> 2;  // 16-byte chunks per k/q row
+    // copy tile c into buffer c & 1 (rows past n clamp to n - 1: loaded, never used)
+    auto issue = [&](int c) {
+        int b = c & 1;
+        for (int x = tid; x < 2 * GS_TR * cpr; x += 128) {
+            int which = x / (GS_TR * cpr), rem = x % (GS_TR * cpr);
+            int r = rem / cpr, cc = rem % cpr;
+            int t = min(c * GS_TR + r, n - 1);
+            const float* src = (which ? q : k) + ((size_t)t * hk + kap) * dk + 4 * cc;
+            cp_async16(which ? &qs[b][r][4 * cc] : &ks[b][r][4 * cc], src);
+        }
+        if (tid < GS_TR * 4) {
+            int r = tid >> 2, cc = tid & 3;
+            int t = min(c * GS_TR + r, n - 1);
+            cp_async16(&vs[b][r][4 * cc], v + ((size_t)t * hv + h) * dv + j0 + 4 * cc);
+        } else if (tid < GS_TR * 5) {
+            int r = tid - GS_TR * 4;
+            int t = min(c * GS_TR + r, n - 1);
+            cp_async4(&gs[b][r], g + (size_t)t * hv + h);
+            cp_async4(&bs[b][r], beta + (size_t)t * hv + h);
+        }
+    };
+    issue(0);
+    cp_async_commit();
+    for (int c = 0; c < ntile; ++c) {
+        int b = c & 1;
+        if (c + 1 < ntile) issue(c + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        // per row of the tile: k·q (warp xor-tree) and the decay e^g
+        for (int r = w; r < GS_TR; r += 4) {
+            float p = 0.f;
+            for (int i = lane; i < dk; i += 32) p = fmaf(ks[b][r][i], qs[b][r][i], p);
+            p = warp_sum(p);
+            if (lane == 0) {
+                kq[r] = p;
+                dec[r] = expf(gs[b][r]);
+            }
+        }
+        __syncthreads();
+        int rows = min(GS_TR, n - c * GS_TR);
+        for (int r = 0; r < rows; ++r) {
+            const float4* k4 = (const float4*)ks[b][r];
+            const float4* q4 = (const float4*)qs[b][r];
+            float kr[16], u0 = 0.f, u1 = 0.f, a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                if (m < nm) {
+                    float4 kk = k4[8 * m + ii], qq = q4[8 * m + ii];
+                    kr[4 * m] = kk.x; kr[4 * m + 1] = kk.y; kr[4 * m + 2] = kk.z; kr[4 * m + 3] = kk.w;
+                    u0 = fmaf(s[4 * m], kk.x, u0);
+                    u1 = fmaf(s[4 * m + 1], kk.y, u1);
+                    u0 = fmaf(s[4 * m + 2], kk.z, u0);
+                    u1 = fmaf(s[4 * m + 3], kk.w, u1);
+                    a0 = fmaf(s[4 * m], qq.x, a0);
+                    a1 = fmaf(s[4 * m + 1], qq.y, a1);
+                    a0 = fmaf(s[4 * m + 2], qq.z, a0);
+                    a1 = fmaf(s[4 * m + 3], qq.w, a1);
+                } else {
+                    kr[4 * m] = kr[4 * m + 1] = kr[4 * m + 2] = kr[4 * m + 3] = 0.f;
+                }
+            }
+            float u = u0 + u1, a = a0 + a1;
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) {
+                u += __shfl_xor_sync(0xffffffffu, u, o);
+                a += __shfl_xor_sync(0xffffffffu, a, o);
+            }
+            float dcy = dec[r];
+            float delta = bs[b][r] * (vs[b][r][jl] - dcy * u);
+            float o = (dcy * a + delta * kq[r]) * scale;
+#pragma unroll
+            for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * dcy);
+            if (ii == 0) out[((size_t)(c * GS_TR + r) * hv + h) * dv + j] = o;
+        }
+        __syncthreads();  // buffer b is refilled by the next iteration's issue(c + 2)
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (m < nm) Sh[(size_t)(32 * m + 4 * ii + e) * dv + j] = s[4 * m + e];
+}
+
+// ---- causal prefill attention -------------------------------------------------------------------
+
+// Flash attention on CUDA cores for n > MAXN query rows (f32 math, f16 K/V cache). Row t (position
+// *pos0 + t) attends to positions 0..*pos0 + t; q head h uses kv head h / (nh / nkv). Then
+// ⊙ σ(gate), written f32 (out, may be null) and int8-quantized exactly as attn_merge_quant does
+// (quant32 over each 32-block of the output row). Equal to attn_decode within f32 rounding.
+// grid (nh, ceil(n / AP_BQ)), block 128 (4 warps); dynamic shared memory (ap_smem_bytes):
+//   Q [AP_BQ][HD] f32 | K [AP_BK][HD + 8] f16 (padded: conflict-free row reads) |
+//   V [AP_BK][HD] f16 | P [AP_BK][AP_PST] f32 (key-major: a key's 8 rows of a warp are one float4 pair)
+// Warp w owns query rows 8w..8w+7 of the tile. Per key tile of AP_BK = 32 positions: lane p scores
+// key p against the warp's 8 rows (K row from shared memory, Q rows broadcast), an online softmax
+// per row (warp max / sum), P to shared memory (warp-private columns), then lane l accumulates
+// output dims l·EPL..l·EPL+EPL-1 of the 8 rows over the 32 keys. K and V tiles are double-staged with
+// cp.async: V of tile i loads during the scores of tile i, K of tile i+1 during its P·V.
+// Keys at or past L = *pos0 + n are masked and their loads clamped to L - 1 (always written).
+#define AP_BQ 32
+#define AP_BK 32
+#define AP_PST (AP_BQ + 4)  // P row stride: 16-byte rows, 4-way (not 32-way) conflicts on writes
+template <int HD>
+__device__ __forceinline__ void attn_prefill_body(const float* __restrict__ qo, const float* __restrict__ qf,
+                                                  const u16* __restrict__ kc, const u16* __restrict__ vc,
+                                                  int n, int nh, int nkv, const int* pos0, float* out, i8* q8,
+                                                  float* d8, int* s8) {
+    const int EPL = HD / 32, KST = HD + 8;
+    extern __shared__ __align__(16) unsigned char ap_smem[];
+    float* Qs = (float*)ap_smem;
+    u16* Ks = (u16*)(Qs + AP_BQ * HD);
+    u16* Vs = Ks + AP_BK * KST;
+    float* Ps = (float*)(Vs + AP_BK * HD);
+    int h = blockIdx.x, t0 = blockIdx.y * AP_BQ;
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    int p0 = *pos0;
+    int L = p0 + n;                          // keys 0..L-1 exist
+    int Lt = p0 + min(t0 + AP_BQ, n);        // keys this tile needs
+    int nkt = (Lt + AP_BK - 1) / AP_BK;
+    int g = h / (nh / nkv), kvw = nkv * HD;
+    float scale = 1.0f / sqrtf((float)HD);
+    // Q tile (rows past n: zeros, never stored)
+    for (int x = tid; x < AP_BQ * HD / 4; x += 128) {
+        int r = x / (HD / 4), c4 = x % (HD / 4);
+        float4 val;
+        val.x = val.y = val.z = val.w = 0.f;
+        if (t0 + r < n) val = *(const float4*)(qo + ((size_t)(t0 + r) * nh + h) * HD + 4 * c4);
+        *(float4*)(Qs + r * HD + 4 * c4) = val;
+    }
+    const int CPR = HD / 8;  // 16-byte chunks per K/V row
+    auto issue_k = [&](int kt) {
+        for (int x = tid; x < AP_BK * CPR; x += 128) {
+            int r = x / CPR, cc = x % CPR;
+            int p = min(kt * AP_BK + r, L - 1);
+            cp_async16(Ks + r * KST + 8 * cc, kc + (size_t)p * kvw + g * HD + 8 * cc);
+        }
+    };
+    auto issue_v = [&](int kt) {
+        for (int x = tid; x < AP_BK * CPR; x += 128) {
+            int r = x / CPR, cc = x % CPR;
+            int p = min(kt * AP_BK + r, L - 1);
+            cp_async16(Vs + r * HD + 8 * cc, vc + (size_t)p * kvw + g * HD + 8 * cc);
+        }
+    };
+    float m[8], l[8], acc[8][EPL];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[r][e] = 0.f;
+    }
+    issue_k(0);
+    cp_async_commit();
+    issue_v(0);
+    cp_async_commit();
+    for (int kt = 0; kt < nkt; ++kt) {
+        cp_async_wait<1>();  // K of tile kt
+        __syncthreads();
+        // scores: lane = key p, the warp's 8 rows
+        float sc[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) sc[r] = 0.f;
+        const u16* kr = Ks + lane * KST;
+#pragma unroll 2
+        for (int d0 = 0; d0 < HD; d0 += 8) {
+            uint4 kw = *(const uint4*)(kr + d0);
+            float kf[8] = {lo_h(kw.x), hi_h(kw.x), lo_h(kw.y), hi_h(kw.y),
+                           lo_h(kw.z), hi_h(kw.z), lo_h(kw.w), hi_h(kw.w)};
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const float4* qr = (const float4*)(Qs + (8 * w + r) * HD + d0);
+                float4 qa = qr[0], qb = qr[1];
+                float a = sc[r];
+                a = fmaf(qa.x, kf[0], a);
+                a = fmaf(qa.y, kf[1], a);
+                a = fmaf(qa.z, kf[2], a);
+                a = fmaf(qa.w, kf[3], a);
+                a = fmaf(qb.x, kf[4], a);
+                a = fmaf(qb.y, kf[5], a);
+                a = fmaf(qb.z, kf[6], a);
+                a = fmaf(qb.w, kf[7], a);
+                sc[r] = a;
+            }
+        }
+        int pk = kt * AP_BK + lane;  // this lane's key position
+        float corr[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            int prow = p0 + t0 + 8 * w + r;  // the row's position
+            float sv = (pk <= prow && pk < L) ? sc[r] * scale : NEG_INF;
+            float mn = fmaxf(m[r], warp_max(sv));  // finite: key 0 is in tile 0 for every row
+            corr[r] = expf(m[r] - mn);
+            float pe = expf(sv - mn);
+            l[r] = fmaf(l[r], corr[r], warp_sum(pe));
+            m[r] = mn;
+            Ps[lane * AP_PST + 8 * w + r] = pe;
+        }
+        __syncthreads();  // every warp is done with K
+        if (kt + 1 < nkt) issue_k(kt + 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // V of tile kt
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[r][e] *= corr[r];
+#pragma unroll 4
+        for (int p = 0; p < AP_BK; ++p) {
+            u32 vw[EPL / 2];
+            ld_h<EPL>(Vs + p * HD + lane * EPL, vw);
+            float vf[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL / 2; ++e) {
+                vf[2 * e] = lo_h(vw[e]);
+                vf[2 * e + 1] = hi_h(vw[e]);
+            }
+            const float4* pp = (const float4*)(Ps + p * AP_PST + 8 * w);
+            float4 pa = pp[0], pb = pp[1];
+            float pr[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[r][e] = fmaf(pr[r], vf[e], acc[r][e]);
+        }
+        __syncthreads();  // every warp is done with V and P
+        if (kt + 1 < nkt) issue_v(kt + 1);
+        cp_async_commit();
+    }
+    // normalize, gate, stage the tile's output rows in Qs, then quantize per 32-block
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        int row = 8 * w + r, t = t0 + row;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            int jd = lane * EPL + e;
+            float y = 0.f;
+            if (t < n) {
+                float gate = qf[((size_t)t * nh + h) * 2 * HD + HD + jd];
+                y = acc[r][e] / l[r] * sigmoidf_(gate);
+            }
+            Qs[row * HD + jd] = y;
+        }
+    }
+    __syncthreads();
+    for (int bi = w; bi < AP_BQ * (HD / 32); bi += 4) {
+        int row = bi / (HD / 32), blk = bi % (HD / 32), t = t0 + row;
+        if (t >= n) continue;  // warp-uniform
+        float y = Qs[row * HD + 32 * blk + lane];
+        size_t idx = ((size_t)t * nh + h) * HD + 32 * blk + lane;
+        if (out) out[idx] = y;
+        size_t b = idx >> 5;
+        quant32(y, q8 + (b << 5), d8 + b, s8 + b);
+    }
+}
+
+#define ATTN_PREFILL_ENTRY(NAME, HD)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                          \
+        const float* qo, const float* qf, const u16* kc, const u16* vc, int n, int nh, int nkv,       \
+        const int* pos0, float* out, i8* q, float* d, int* s) {                                       \
+        PDL_ENTRY();                                                                                  \
+        attn_prefill_body<HD>(qo, qf, kc, vc, n, nh, nkv, pos0, out, q, d, s);                        \
+    }
+ATTN_PREFILL_ENTRY(attn_prefill_hd64, 64)
+ATTN_PREFILL_ENTRY(attn_prefill_hd128, 128)
+ATTN_PREFILL_ENTRY(attn_prefill_hd256, 256)
