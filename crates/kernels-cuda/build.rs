@@ -7,7 +7,10 @@ use std::path::Path;
 fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cubins");
     println!("cargo:rerun-if-changed={}", dir.display());
-    println!("cargo:rerun-if-changed={}", dir.join("manifest.txt").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        dir.join("manifest.txt").display()
+    );
     let mut code = String::new();
     let mut hash = String::new();
     let mut entries = Vec::new();
@@ -31,12 +34,25 @@ fn main() {
             }
         }
     }
-    writeln!(code, "/// fnv64 of the kernel source the embedded cubins were built from (hex).").unwrap();
+    writeln!(
+        code,
+        "/// fnv64 of the kernel source the embedded cubins were built from (hex)."
+    )
+    .unwrap();
     writeln!(code, "pub const EMBEDDED_SOURCE_HASH: &str = {hash:?};").unwrap();
     writeln!(code, "/// (major, minor, cubin) per embedded architecture.").unwrap();
-    writeln!(code, "pub static EMBEDDED_CUBINS: &[(i32, i32, &[u8])] = &[").unwrap();
+    writeln!(
+        code,
+        "pub static EMBEDDED_CUBINS: &[(i32, i32, &[u8])] = &["
+    )
+    .unwrap();
     for (ma, mi, f) in &entries {
-        writeln!(code, "    ({ma}, {mi}, include_bytes!({:?})),", f.display().to_string()).unwrap();
+        writeln!(
+            code,
+            "    ({ma}, {mi}, include_bytes!({:?})),",
+            f.display().to_string()
+        )
+        .unwrap();
     }
     writeln!(code, "];").unwrap();
     let out = Path::new(&std::env::var("OUT_DIR").unwrap()).join("embedded_cubins.rs");
