@@ -26,9 +26,12 @@ for l in sys.stdin:
   for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
   rm -rf .device/wheels && mkdir -p .device/wheels
   MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
+  # the device copy has no .git: record what was built
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .device/commit.txt
   ls -la .device/bin .device/wheels; du -sh .device; exit 0
 fi
 
+ARGS="$*"
 BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
@@ -88,6 +91,20 @@ if [[ $PYCHECK == 1 ]]; then
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
+# stamp every JSON with the command, the commit built and the device
+CMD="bash scripts/gpu_check.sh $ARGS"
+python3 - "$OUT" "$CMD" "$(cat .device/commit.txt 2>/dev/null || echo unknown)" "$(cat "$OUT/device.txt")" <<'PY'
+import json, sys, glob
+out, cmd, commit, dev = sys.argv[1:5]
+for f in glob.glob(out + "/*.json"):
+    try:
+        d = json.load(open(f))
+    except Exception:
+        continue
+    if isinstance(d, dict):
+        d = {"command": cmd, "commit": commit, "gpu": dev.strip(), **d}
+        json.dump(d, open(f, "w"), indent=1)
+PY
 # at most 8 files come back from the device: JSON at the top, logs in one archive
 (cd "$OUT" && ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log)
 echo "gpu_check rc=$rc"
