@@ -10,6 +10,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod cuda_drafter;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -82,18 +82,18 @@ fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-struct DLayer {
-    attn_norm: Vec<f32>, // [E]
-    q: HostMat,          // [E, n_head·hd]
-    k: HostMat,          // [E, n_kv·hd]
-    v: HostMat,          // [E, n_kv·hd]
-    q_norm: Vec<f32>,    // [hd]
-    k_norm: Vec<f32>,    // [hd]
-    out: HostMat,        // [n_head·hd, E]
-    ffn_norm: Vec<f32>,  // [E]
-    gate: HostMat,       // [E, n_ff]
-    up: HostMat,         // [E, n_ff]
-    down: HostMat,       // [n_ff, E]
+pub(crate) struct DLayer {
+    pub(crate) attn_norm: Vec<f32>, // [E]
+    pub(crate) q: HostMat,          // [E, n_head·hd]
+    pub(crate) k: HostMat,          // [E, n_kv·hd]
+    pub(crate) v: HostMat,          // [E, n_kv·hd]
+    pub(crate) q_norm: Vec<f32>,    // [hd]
+    pub(crate) k_norm: Vec<f32>,    // [hd]
+    pub(crate) out: HostMat,        // [n_head·hd, E]
+    pub(crate) ffn_norm: Vec<f32>,  // [E]
+    pub(crate) gate: HostMat,       // [E, n_ff]
+    pub(crate) up: HostMat,         // [E, n_ff]
+    pub(crate) down: HostMat,       // [n_ff, E]
 }
 
 /// A loaded drafter (weights only; per-sequence state is [`DraftState`]).
@@ -101,16 +101,16 @@ pub struct Drafter {
     pub cfg: DrafterConfig,
     /// True when `token_embd` has the target's bytes and the target's copy is used.
     pub embd_shared: bool,
-    embd: HostMat,         // [E, V]
-    output: HostMat,       // [E, V]
-    output_norm: Vec<f32>, // [E]
-    fc: HostMat,           // [n_taps·E, E]
-    hidden_norm: Vec<f32>, // [E]
-    markov_a: HostMat,     // [rank, V]: one rank-row per previous token
-    markov_b: HostMat,     // [rank, V]: one rank-row per vocab entry
+    pub(crate) embd: HostMat,         // [E, V]
+    pub(crate) output: HostMat,       // [E, V]
+    pub(crate) output_norm: Vec<f32>, // [E]
+    pub(crate) fc: HostMat,           // [n_taps·E, E]
+    pub(crate) hidden_norm: Vec<f32>, // [E]
+    pub(crate) markov_a: HostMat,     // [rank, V]: one rank-row per previous token
+    pub(crate) markov_b: HostMat,     // [rank, V]: one rank-row per vocab entry
     /// The two log-SNR conditioning vectors `[E]`: anchor (k = 0) and mask rows.
-    snr: [Vec<f32>; 2],
-    layers: Vec<DLayer>,
+    pub(crate) snr: [Vec<f32>; 2],
+    pub(crate) layers: Vec<DLayer>,
 }
 
 impl Drafter {
@@ -273,6 +273,32 @@ impl Drafter {
 
     /// Draft `block_size` tokens following `id_last` at position `start` (MODEL.md §4.5–§4.6).
     pub fn draft(&self, st: &mut DraftState, id_last: u32, start: usize) -> Result<Vec<u32>> {
+        let logits = self.draft_logits(st, id_last, start)?;
+        Ok(self.markov(&logits, id_last))
+    }
+
+    /// Block row `k` of a draft's input: `E[token] + snr_k` (`[E]`), token `id_last` for k = 0 and
+    /// the mask id otherwise.
+    pub fn block_row(&self, k: usize, id_last: u32) -> Vec<f32> {
+        let c = &self.cfg;
+        let tok = if k == 0 { id_last } else { c.mask_token_id };
+        let mut xr = vec![0f32; c.n_embd];
+        self.embd.row(tok as usize, &mut xr);
+        let snr = &self.snr[usize::from(k % c.block_size != 0)];
+        for (xi, si) in xr.iter_mut().zip(snr) {
+            *xi += si;
+        }
+        xr
+    }
+
+    /// The head logits of a draft before the Markov correction: `[block_size, V]` (test / debug
+    /// oracle of the GPU drafter; [`Drafter::draft`] is `markov(draft_logits)`).
+    pub fn draft_logits(
+        &self,
+        st: &mut DraftState,
+        id_last: u32,
+        start: usize,
+    ) -> Result<Vec<f32>> {
         if st.len > 0 && st.next_pos != start {
             return Err(Error::Backend(format!(
                 "drafter context ends at {}, the block starts at {start}",
@@ -288,13 +314,7 @@ impl Drafter {
         // x: [bs, E] block rows [id_last, M, M, M] + log-SNR conditioning
         let mut x = vec![0f32; bs * e];
         for k in 0..bs {
-            let tok = if k == 0 { id_last } else { c.mask_token_id };
-            let xr = &mut x[k * e..(k + 1) * e];
-            self.embd.row(tok as usize, xr);
-            let snr = &self.snr[usize::from(k % bs != 0)];
-            for (xi, si) in xr.iter_mut().zip(snr) {
-                *xi += si;
-            }
+            x[k * e..(k + 1) * e].copy_from_slice(&self.block_row(k, id_last));
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let mut u = vec![0f32; bs * e]; // [bs, E]
@@ -351,26 +371,20 @@ impl Drafter {
         for (xr, ur) in x.chunks_exact(e).zip(u.chunks_exact_mut(e)) {
             r::rmsnorm(xr, &self.output_norm, eps, ur);
         }
-        let logits = self.output.matmul(&u, bs); // [bs, V]
-        Ok(self.markov(&logits, id_last))
+        Ok(self.output.matmul(&u, bs)) // [bs, V]
     }
 
     /// The sequential Markov correction: each step conditions on the token just chosen; the mask id
     /// is never drafted. logits: `[bs, V]`.
     pub fn markov(&self, logits: &[f32], id_last: u32) -> Vec<u32> {
-        let (v, rank) = (self.cfg.n_vocab, self.cfg.markov_rank);
-        let mut e = vec![0f32; rank]; // [rank]
+        let v = self.cfg.n_vocab;
         let mut prev = id_last;
         let mut out = Vec::with_capacity(self.cfg.block_size);
         for row in logits.chunks_exact(v) {
-            self.markov_a.row(prev as usize, &mut e);
-            let corr = self.markov_b.matmul(&e, 1); // [V]
+            let scores = self.markov_scores(row, prev);
+            // the first maximum in increasing id order (strict >); the mask id is −inf
             let mut best = (f32::NEG_INFINITY, 0u32);
-            for (i, (&l, &cr)) in row.iter().zip(&corr).enumerate() {
-                if i as u32 == self.cfg.mask_token_id {
-                    continue;
-                }
-                let s = l + cr;
+            for (i, &s) in scores.iter().enumerate() {
                 if s > best.0 {
                     best = (s, i as u32);
                 }
@@ -379,6 +393,19 @@ impl Drafter {
             out.push(prev);
         }
         out
+    }
+
+    /// One Markov step's scores: `row[v] + markov_b[v]·markov_a[prev]` (`[V]`), the mask id −inf.
+    pub fn markov_scores(&self, row: &[f32], prev: u32) -> Vec<f32> {
+        let rank = self.cfg.markov_rank;
+        let mut e = vec![0f32; rank]; // [rank]
+        self.markov_a.row(prev as usize, &mut e);
+        let mut s = self.markov_b.matmul(&e, 1); // [V]
+        for (si, &l) in s.iter_mut().zip(row) {
+            *si += l;
+        }
+        s[self.cfg.mask_token_id as usize] = f32::NEG_INFINITY;
+        s
     }
 }
 

@@ -12,6 +12,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
 use crate::backend::{Backend, GdnMode, KvType};
 use crate::chat::{ChatMessage, ChatTemplate, QWEN35_TEMPLATE};
 use crate::config::{architecture, TargetConfig};
@@ -236,8 +237,8 @@ enum Device {
 }
 
 /// `auto` picks CUDA when a driver and a device are present, else the CPU. Speculative decoding
-/// runs on either (on CUDA the target's verify and rollback run on the device; the drafter runs on
-/// the host).
+/// runs on either (on CUDA the target's verify and rollback run on the device, and so does the
+/// DSpark drafter unless `BONSAI_GPU_DRAFTER=0`).
 fn resolve_device(device: &str) -> Result<Device> {
     match device {
         "cpu" => Ok(Device::Cpu),
@@ -273,6 +274,7 @@ type Started = (
 #[allow(clippy::too_many_arguments)]
 fn start_worker<B: Backend>(
     backend: B,
+    gpu: Option<Arc<bonsai_kernels_cuda::Gpu>>,
     device: &str,
     pool: rayon::ThreadPool,
     g: &Arc<Gguf>,
@@ -290,8 +292,18 @@ fn start_worker<B: Backend>(
             DraftSource::Dspark(p) => {
                 let d = pool.install(|| Drafter::load(p, g, cfg))?;
                 let (shared, window) = (d.embd_shared, d.window());
-                let st = d.new_state();
-                (Proposer::Dspark(Box::new(d), st), "dspark", shared, window)
+                match gpu.filter(|_| gpu_drafter_enabled()) {
+                    Some(gpu) => {
+                        let d = pool.install(|| CudaDrafter::new(gpu, d))?;
+                        let st = d.new_state()?;
+                        let p = Proposer::DsparkGpu(Box::new(d), Box::new(st));
+                        (p, "dspark", shared, window)
+                    }
+                    None => {
+                        let st = d.new_state();
+                        (Proposer::Dspark(Box::new(d), st), "dspark", shared, window)
+                    }
+                }
             }
             DraftSource::Ngram => (Proposer::Ngram, "ngram", false, 0),
         };
@@ -370,6 +382,7 @@ impl Engine {
         let started = match device {
             Device::Cpu => start_worker(
                 CpuBackend::new(opts.kv_type),
+                None,
                 "cpu",
                 pool,
                 &g,
@@ -387,8 +400,9 @@ impl Engine {
                     )));
                 }
                 let b = CudaBackend::new(0)?;
+                let gpu = Some(b.gpu_arc());
                 start_worker(
-                    b, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                    b, gpu, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
                 )?
             }
         };
@@ -561,8 +575,17 @@ struct Worker<B: Backend> {
 }
 
 enum Proposer {
+    /// The host drafter (CPU backend, or `BONSAI_GPU_DRAFTER=0`).
     Dspark(Box<Drafter>, DraftState),
+    /// The drafter on the GPU (CUDA backend; same stream as the target).
+    DsparkGpu(Box<CudaDrafter>, Box<CudaDraftState>),
     Ngram,
+}
+
+/// `BONSAI_GPU_DRAFTER=0` keeps the DSpark drafter on the host with the CUDA backend (default: on
+/// the GPU).
+fn gpu_drafter_enabled() -> bool {
+    std::env::var("BONSAI_GPU_DRAFTER").map_or(true, |v| v != "0")
 }
 
 /// The worker's speculative-decoding context.
@@ -718,6 +741,10 @@ impl<B: Backend> Worker<B> {
         // DSpark: the tap layers and window; the context restarts with the sequence.
         let (tap_layers, window) = match self.spec.as_mut().map(|c| &mut c.proposer) {
             Some(Proposer::Dspark(d, st)) if use_spec => {
+                st.reset();
+                (Some(d.cfg.target_layers.clone()), d.window())
+            }
+            Some(Proposer::DsparkGpu(d, st)) if use_spec => {
                 st.reset();
                 (Some(d.cfg.target_layers.clone()), d.window())
             }
@@ -925,20 +952,18 @@ impl<B: Backend> Worker<B> {
 
     /// Stage committed positions into the drafter's context (DSpark only).
     fn stage(&mut self, taps: &[f32], pos0: usize, n: usize) -> Result<()> {
-        if let Some(SpecCtx {
-            proposer: Proposer::Dspark(d, st),
-            ..
-        }) = self.spec.as_mut()
-        {
-            d.stage(st, taps, pos0, n)?;
+        match self.spec.as_mut().map(|c| &mut c.proposer) {
+            Some(Proposer::Dspark(d, st)) => d.stage(st, taps, pos0, n),
+            Some(Proposer::DsparkGpu(d, st)) => d.stage(st, taps, pos0, n),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Drafts for the next round (empty: no proposal, decode plainly).
     fn propose(&mut self, id_last: u32, start: usize, history: &[u32]) -> Result<Vec<u32>> {
         match self.spec.as_mut().map(|c| &mut c.proposer) {
             Some(Proposer::Dspark(d, st)) => d.draft(st, id_last, start),
+            Some(Proposer::DsparkGpu(d, st)) => d.draft(st, id_last, start),
             Some(Proposer::Ngram) => Ok(ngram_draft(history, NGRAM_MAX_N, NGRAM_K)),
             None => Ok(Vec::new()),
         }

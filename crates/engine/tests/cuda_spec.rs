@@ -7,8 +7,9 @@
 //!   with plain steps through the captured decode graph interleaved on the rolled-back state.
 //! - `cuda_dspark_rounds_keep_target_and_drafter_state_exact`: the same with the DSpark drafter
 //!   (verify taps feed the drafter context, which must equal plain single-row staging).
-//! - `cuda_engine_speculative_equals_plain`: `Engine` on CUDA with a drafter (DSpark random drafter,
-//!   n-gram) gives plain greedy output token for token (several prompts × 64 tokens, Q1 and Q2
+//! - `cuda_engine_speculative_equals_plain`: `Engine` on CUDA with a drafter (DSpark random drafter
+//!   — on the GPU, `backend::cuda_drafter`, unless `BONSAI_GPU_DRAFTER=0` — and n-gram) gives plain
+//!   greedy output token for token (several prompts × 64 tokens, Q1 and Q2
 //!   targets, both rollbacks), and seeded sampling equal to plain sampling.
 //! - `cuda_rec_and_replay_vs_cpu`: the CUDA verify record against the CPU backend's (layout and
 //!   values), the CUDA replay against a host reference replay of the same record and against the

@@ -13,7 +13,9 @@
 //! - a verify round for every accept count k = 0..=4 (oracle drafts: the plain greedy continuation
 //!   with draft k corrupted), replay and re-forward rollback, without and with taps: snapshot +
 //!   verify (n = 5, records, logits of 5 rows) + accept + rollback;
-//! - the proposers: the n-gram search, and the DSpark drafter's `draft` + `stage` on the host.
+//! - the proposers: the n-gram search, and the DSpark drafter's `draft` + `stage` on the GPU
+//!   (`backend::cuda_drafter`; `BONSAI_GPU_DRAFTER=0` times the host drafter instead). The draft
+//!   time is the drafter's own time per draft (4 tokens), reported as `draft_ms`.
 //!
 //! R per proposer and k is (proposer + round) / plain step; a proposer pays when the tokens per
 //! round (k + 1) exceed R.
@@ -22,15 +24,68 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bonsai_engine::backend::cuda::CudaBackend;
+use bonsai_engine::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
 use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
-use bonsai_engine::drafter::Drafter;
+use bonsai_engine::drafter::{DraftState, Drafter};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
 use bonsai_engine::sampling::{Sampler, SamplerParams};
 use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs};
 
 const K: usize = 4;
+
+/// The drafter under test: on the GPU (default) or on the host (`BONSAI_GPU_DRAFTER=0`).
+enum Dr {
+    Host(Box<Drafter>),
+    Gpu(Box<CudaDrafter>),
+}
+
+enum DrState {
+    Host(DraftState),
+    Gpu(Box<CudaDraftState>),
+}
+
+impl Dr {
+    fn label(&self) -> &'static str {
+        match self {
+            Dr::Host(_) => "host drafter",
+            Dr::Gpu(_) => "GPU drafter",
+        }
+    }
+    fn target_layers(&self) -> &[usize] {
+        match self {
+            Dr::Host(d) => &d.cfg.target_layers,
+            Dr::Gpu(d) => &d.cfg.target_layers,
+        }
+    }
+    fn tap_width(&self) -> usize {
+        match self {
+            Dr::Host(d) => d.tap_width(),
+            Dr::Gpu(d) => d.tap_width(),
+        }
+    }
+    fn new_state(&self) -> DrState {
+        match self {
+            Dr::Host(d) => DrState::Host(d.new_state()),
+            Dr::Gpu(d) => DrState::Gpu(Box::new(d.new_state().unwrap())),
+        }
+    }
+    fn stage(&self, st: &mut DrState, taps: &[f32], pos0: usize, n: usize) {
+        match (self, st) {
+            (Dr::Host(d), DrState::Host(s)) => d.stage(s, taps, pos0, n).unwrap(),
+            (Dr::Gpu(d), DrState::Gpu(s)) => d.stage(s, taps, pos0, n).unwrap(),
+            _ => unreachable!("state of another drafter"),
+        }
+    }
+    fn draft(&self, st: &mut DrState, id_last: u32, start: usize) -> Vec<u32> {
+        match (self, st) {
+            (Dr::Host(d), DrState::Host(s)) => d.draft(s, id_last, start).unwrap(),
+            (Dr::Gpu(d), DrState::Gpu(s)) => d.draft(s, id_last, start).unwrap(),
+            _ => unreachable!("state of another drafter"),
+        }
+    }
+}
 /// Timed rounds per accept count (after one warm-up round).
 const ROUNDS: usize = 6;
 
@@ -68,12 +123,17 @@ fn cuda_spec_round_cost() {
     let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
     let cfg = TargetConfig::from_gguf(&g).unwrap();
     let w = Weights::load(&cuda, &g, &cfg).unwrap();
-    let drafter = std::env::var("BONSAI_SPEC_BENCH_DRAFTER")
-        .ok()
-        .map(|p| Drafter::load(std::path::Path::new(&p), &g, &cfg).unwrap());
+    let drafter = std::env::var("BONSAI_SPEC_BENCH_DRAFTER").ok().map(|p| {
+        let h = Drafter::load(std::path::Path::new(&p), &g, &cfg).unwrap();
+        if std::env::var("BONSAI_GPU_DRAFTER").is_ok_and(|v| v == "0") {
+            Dr::Host(Box::new(h))
+        } else {
+            Dr::Gpu(Box::new(CudaDrafter::new(cuda.gpu_arc(), h).unwrap()))
+        }
+    });
     // tap layers: the drafter's, else spread like the real [1, 16, 31, 46, 61]
     let tap_layers: Vec<usize> = match &drafter {
-        Some(d) => d.cfg.target_layers.clone(),
+        Some(d) => d.target_layers().to_vec(),
         None => (0..5)
             .map(|j| (1.0 + j as f64 * (cfg.n_layer - 4) as f64 / 4.0).round() as usize)
             .collect(),
@@ -220,7 +280,7 @@ fn cuda_spec_round_cost() {
         }
     }
 
-    // 3. proposers: the n-gram search over a 1k-token history, the DSpark drafter on the host
+    // 3. proposers: the n-gram search over a 1k-token history, the DSpark drafter
     let hist: Vec<u32> = prompt
         .iter()
         .chain(&want)
@@ -252,7 +312,7 @@ fn cuda_spec_round_cost() {
             &mut lg,
             Capture {
                 taps: Some(TapRequest {
-                    layers: &d.cfg.target_layers,
+                    layers: d.target_layers(),
                     rows: 0..prompt.len(),
                     out: &mut taps,
                 }),
@@ -260,7 +320,7 @@ fn cuda_spec_round_cost() {
             },
         )
         .unwrap();
-        d.stage(&mut ds, &taps, 0, prompt.len()).unwrap();
+        d.stage(&mut ds, &taps, 0, prompt.len());
         let mut s = Sampler::new(SamplerParams::greedy());
         let first = s.sample(&lg);
         s.accept(first.id);
@@ -272,7 +332,7 @@ fn cuda_spec_round_cost() {
         for r in 0..=ROUNDS {
             let start = st.pos;
             let t0 = Instant::now();
-            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start).unwrap());
+            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start));
             let (out, sr) = timed(&cuda, || {
                 verify_round(
                     &cuda,
@@ -283,7 +343,7 @@ fn cuda_spec_round_cost() {
                     &mut s,
                     id_last,
                     &draft,
-                    Some(&d.cfg.target_layers),
+                    Some(d.target_layers()),
                     Rollback::Replay,
                 )
                 .unwrap()
@@ -292,7 +352,6 @@ fn cuda_spec_round_cost() {
             let tw = d.tap_width();
             let ((), ss) = timed(&cuda, || {
                 d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
-                    .unwrap()
             });
             let total = t0.elapsed().as_secs_f64();
             id_last = out.tokens.last().unwrap().id;
@@ -311,17 +370,19 @@ fn cuda_spec_round_cost() {
             median_ms(&mut t_total),
         );
         println!(
-            "BENCH dspark (host drafter): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
+            "BENCH dspark ({}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
              total {tm:.3} ms, R = {:.2} vs the eager+taps plain step ({:.2} vs the graph step); \
              {acc} of {} drafts accepted",
+            d.label(),
             tm / eager_taps_ms,
             tm / plain_ms,
             ROUNDS * K
         );
         dspark_json = format!(
-            "{{\"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
+            "{{\"drafter\": \"{}\", \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
              \"R_vs_eager_taps_step\": {:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}, \
              \"R_with_oracle_k\": [{}]}}",
+            d.label(),
             tm / eager_taps_ms,
             tm / plain_ms,
             ROUNDS * K,

@@ -97,3 +97,278 @@ extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* 
     for (int r = 0; r < 16; ++r)
         if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
 }
+
+// ---- DSpark drafter (MODEL.md §4.5–§4.6) ---------------------------------------------------------
+//
+// The drafter's matrices are Q4_1 (re-tiled by retile_q41: codes [n_out, n_in/32] uint4 in GGUF nibble
+// order, (d, m) [n_out, n_in/32] as one u32 = d | m << 16, both f16), its context K/V cache is f32 in
+// a ring of `cap` rows ([cap, n_kv·hd] per layer), and a draft is at most 8 block rows.
+
+// Q4_1 mat-vec for n <= 8 int8 activation rows, over up to 3 matrices sharing the input (segments;
+// unused ones have n_out = 0): y_s[t, o] (+)= Σ_b xd[t,b]·(d_ob·Σ_j q_obj·xq[t,b,j] + m_ob·xs[t,b]).
+// grid ceil(Σ ceil(n_out_s / 2) / 4), block 128 (4 warps): warp = 2 consecutive rows of one segment,
+// lane l takes blocks l, l + 32, ... in increasing order, then a fixed xor-tree: row t's result does
+// not depend on n. Byte i of code word w holds element 4w + i (low nibble) and 16 + 4w + i (high).
+#define Q41_R 2
+#define Q41_WARPS 4
+extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32) mv_q41(
+    const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1, int n1,
+    const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q, const float* __restrict__ da,
+    const int* __restrict__ sa, int n_in, int n, int accumulate) {
+    int lane = threadIdx.x & 31;
+    int gw = blockIdx.x * Q41_WARPS + (threadIdx.x >> 5);
+    int g0 = (n0 + Q41_R - 1) / Q41_R, g1 = (n1 + Q41_R - 1) / Q41_R, g2 = (n2 + Q41_R - 1) / Q41_R;
+    const uint4* cp;
+    const u32* dp;
+    float* y;
+    int no;
+    if (gw < g0) {
+        cp = c0; dp = dm0; y = y0; no = n0;
+    } else if ((gw -= g0) < g1) {
+        cp = c1; dp = dm1; y = y1; no = n1;
+    } else if ((gw -= g1) < g2) {
+        cp = c2; dp = dm2; y = y2; no = n2;
+    } else {
+        return;  // no block barrier in this kernel
+    }
+    int o0 = gw * Q41_R;
+    int nb = n_in >> 5;
+    const uint4* crow[Q41_R];
+    const u32* drow[Q41_R];
+#pragma unroll
+    for (int r = 0; r < Q41_R; ++r) {
+        size_t ro = (size_t)min(o0 + r, no - 1);
+        crow[r] = cp + ro * nb;
+        drow[r] = dp + ro * nb;
+    }
+    float acc[Q41_R][MAXN];
+#pragma unroll
+    for (int r = 0; r < Q41_R; ++r)
+#pragma unroll
+        for (int t = 0; t < MAXN; ++t) acc[r][t] = 0.f;
+#pragma unroll 2
+    for (int j = lane; j < nb; j += 32) {
+        uint4 c[Q41_R];
+        float dw[Q41_R], mw[Q41_R];
+#pragma unroll
+        for (int r = 0; r < Q41_R; ++r) {
+            c[r] = __ldg(crow[r] + j);
+            u32 dm = __ldg(drow[r] + j);
+            dw[r] = h2f((u16)(dm & 0xffffu));
+            mw[r] = h2f((u16)(dm >> 16));
+        }
+#pragma unroll
+        for (int t = 0; t < MAXN; ++t) {
+            if (t < n) {
+                const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                int4 a0 = __ldg(qa4), a1 = __ldg(qa4 + 1);
+                float dt = __ldg(da + (size_t)t * nb + j);
+                float st = (float)__ldg(sa + (size_t)t * nb + j);
+#pragma unroll
+                for (int r = 0; r < Q41_R; ++r) {
+                    const u32 M4 = 0x0f0f0f0fu;
+                    int is = 0;
+                    is = __dp4a((int)(c[r].x & M4), a0.x, is);
+                    is = __dp4a((int)(c[r].y & M4), a0.y, is);
+                    is = __dp4a((int)(c[r].z & M4), a0.z, is);
+                    is = __dp4a((int)(c[r].w & M4), a0.w, is);
+                    is = __dp4a((int)((c[r].x >> 4) & M4), a1.x, is);
+                    is = __dp4a((int)((c[r].y >> 4) & M4), a1.y, is);
+                    is = __dp4a((int)((c[r].z >> 4) & M4), a1.z, is);
+                    is = __dp4a((int)((c[r].w >> 4) & M4), a1.w, is);
+                    acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXN; ++t) {
+        if (t < n) {
+#pragma unroll
+            for (int r = 0; r < Q41_R; ++r) {
+                float v = warp_sum(acc[r][t]);
+                if (lane == 0 && o0 + r < no) {
+                    float* yp = y + (size_t)t * no + o0 + r;
+                    *yp = accumulate ? *yp + v : v;
+                }
+            }
+        }
+    }
+}
+
+// Ring row of logical row t: (slot0 + t) mod cap, or t itself when cap <= 0.
+__device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
+    return cap > 0 ? (size_t)((slot0 + t) % cap) : (size_t)t;
+}
+
+// Per-head RMSNorm ⊙ w, then NEOX RoPE over all hd dims (pairs (d, d + hd/2), θ_d = pos·base^(−2d/hd),
+// in double like attn_prep) at position pos0 + t. grid (heads, n), block hd (<= 256, multiple of 32).
+//   src [n, src_stride] f32, head h at columns [h·hd, (h+1)·hd); dst row dsp_ring_row(t) of
+//   [*, dst_stride], same columns. src and dst must not overlap.
+extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const float* w, float eps, int hd,
+                                         int pos0, float rope_base, float* dst, int dst_stride, int cap,
+                                         int slot0) {
+    __shared__ float red[32], buf[256];
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    float x = src[(size_t)t * src_stride + h * hd + j];
+    float ss = block_sum(x * x, red);
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    buf[j] = x * inv * w[j];
+    __syncthreads();
+    int half = hd / 2;
+    int dd = j < half ? j : j - half;
+    double theta = (double)(pos0 + t) * pow((double)rope_base, -2.0 * dd / (double)hd);
+    double sn, cs;
+    sincos(theta, &sn, &cs);
+    double a = buf[dd], b = buf[dd + half];
+    float y = j < half ? (float)(a * cs - b * sn) : (float)(a * sn + b * cs);
+    dst[dsp_ring_row(t, cap, slot0) * dst_stride + h * hd + j] = y;
+}
+
+// dst row dsp_ring_row(t) [width] = src row t [width] (src row stride src_stride).
+// grid (ceil(width / 256), n), block 256.
+extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int width, float* dst, int cap,
+                                         int slot0) {
+    int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    dst[dsp_ring_row(t, cap, slot0) * width + c] = src[(size_t)t * src_stride + c];
+}
+
+// Non-causal block attention, phase 1. The n (<= 8) block queries attend over T = len + n keys:
+// logical key i < len is ring row (off + i) mod cap of the context cache kc/vc [cap, nkv·hd]; key
+// i >= len is row i − len of the block's kb/vb [n, nkv·hd]. Keys are cut into fixed chunks of
+// DSP_CH; block (h, c) handles chunk c of q head h (kv head h / (nh / nkv)) for all n rows and writes
+// part[t, h, c] = (Σ_i p_i·v_i [hd], m, l) with m the chunk max score and p_i = exp(s_i − m).
+// grid (nh, ceil(T / DSP_CH)), block 256. qo [n, nh·hd] f32; hd a multiple of 32, <= 256.
+#define DSP_CH 256
+extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo, const float* kc,
+                                                                 const float* vc, int cap, int off, int len,
+                                                                 const float* kb, const float* vb, int n,
+                                                                 int nh, int nkv, int hd, float scale,
+                                                                 int nchunk, float* part) {
+    __shared__ float qs[MAXN][256];
+    __shared__ float sc[MAXN][DSP_CH];
+    __shared__ float red[32];
+    __shared__ float tmp[256];
+    __shared__ float sm_m[MAXN], sm_l[MAXN];
+    int h = blockIdx.x, c = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    int kvw = nkv * hd, g = h / (nh / nkv);
+    int T = len + n;
+    int i0 = c * DSP_CH, cnt = min(DSP_CH, T - i0);
+    for (int idx = tid; idx < n * hd; idx += blockDim.x)
+        qs[idx / hd][idx % hd] = qo[(size_t)(idx / hd) * nh * hd + h * hd + idx % hd];
+    __syncthreads();
+    int epl = hd >> 5;  // elements per lane (<= 8)
+    for (int i = w; i < cnt; i += 8) {
+        int li = i0 + i;
+        const float* kr = li < len ? kc + (size_t)((off + li) % cap) * kvw : kb + (size_t)(li - len) * kvw;
+        kr += g * hd;
+        float kv[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kv[e] = e < epl ? kr[lane + 32 * e] : 0.f;
+        for (int t = 0; t < n; ++t) {
+            float a = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (e < epl) a = fmaf(qs[t][lane + 32 * e], kv[e], a);
+            a = warp_sum(a);
+            if (lane == 0) sc[t][i] = a * scale;
+        }
+    }
+    __syncthreads();
+    for (int t = 0; t < n; ++t) {
+        float m = NEG_INF;
+        for (int i = tid; i < cnt; i += blockDim.x) m = fmaxf(m, sc[t][i]);
+        m = block_max(m, red);
+        float l = 0.f;
+        for (int i = tid; i < cnt; i += blockDim.x) {
+            float p = expf(sc[t][i] - m);
+            sc[t][i] = p;
+            l += p;
+        }
+        l = block_sum(l, red);
+        if (tid == 0) {
+            sm_m[t] = m;
+            sm_l[t] = l;
+        }
+    }
+    __syncthreads();
+    // weighted V: thread = (column j, key group kp); G groups split the keys, summed in group order
+    int G = blockDim.x / hd;
+    int j = tid % hd, kp = tid / hd;
+    float o[MAXN];
+#pragma unroll
+    for (int t = 0; t < MAXN; ++t) o[t] = 0.f;
+    if (kp < G) {
+        for (int i = kp; i < cnt; i += G) {
+            int li = i0 + i;
+            const float* vr = li < len ? vc + (size_t)((off + li) % cap) * kvw : vb + (size_t)(li - len) * kvw;
+            float v = vr[g * hd + j];
+#pragma unroll
+            for (int t = 0; t < MAXN; ++t)
+                if (t < n) o[t] = fmaf(sc[t][i], v, o[t]);
+        }
+    }
+    for (int t = 0; t < n; ++t) {
+        __syncthreads();
+        tmp[tid] = o[t];
+        __syncthreads();
+        float* pp = part + (((size_t)t * nh + h) * nchunk + c) * (hd + 2);
+        if (kp == 0) {
+            float s = tmp[j];
+            for (int k2 = 1; k2 < G; ++k2) s += tmp[k2 * hd + j];
+            pp[j] = s;
+            if (j == 0) {
+                pp[hd] = sm_m[t];
+                pp[hd + 1] = sm_l[t];
+            }
+        }
+    }
+}
+
+// Phase 2: merge the chunk partials of (h, t) in chunk order; write f32 (out) and int8-quantize
+// (q/d/s, per-32 blocks of [n, nh·hd]). grid (nh, n), block hd.
+extern "C" __global__ void dsp_attn_merge(const float* part, int nh, int hd, int nchunk, float* out, i8* q,
+                                          float* d, int* s) {
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
+    float M = NEG_INF;
+    for (int c = 0; c < nchunk; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
+    float ls = 0.f, o = 0.f;
+    for (int c = 0; c < nchunk; ++c) {
+        const float* pc = pp + (size_t)c * (hd + 2);
+        float f = expf(pc[hd] - M);
+        ls = fmaf(pc[hd + 1], f, ls);
+        o = fmaf(pc[j], f, o);
+    }
+    float y = o / ls;
+    size_t idx = ((size_t)t * nh + h) * hd + j;
+    out[idx] = y;
+    size_t b = idx >> 5;
+    quant32(y, q + (b << 5), d + b, s + b);
+}
+
+// Element i of a plane of kind 0 (f32), 1 (bf16) or 2 (f16).
+__device__ __forceinline__ float dsp_ld(const void* p, int kind, size_t i) {
+    if (kind == 0) return __ldg((const float*)p + i);
+    u16 v = __ldg((const u16*)p + i);
+    return kind == 1 ? __uint_as_float(((u32)v) << 16) : h2f(v);
+}
+
+// One Markov step (MODEL.md §4.6): scores[v] = logits[v] + Σ_r b[v, r]·a[prev, r] with prev = *prev
+// (device memory: the token just chosen), scores[mask] = −inf. a, b: planes [nv, rank] of kinds
+// ka, kb (dsp_ld).
+// grid ceil(nv / 8), block 256: one warp per vocab entry v, lanes over r in increasing order.
+extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a, int ka, const void* b, int kb,
+                                             int rank, int nv, int mask, const int* prev, float* scores) {
+    int lane = threadIdx.x & 31;
+    int v = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (v >= nv) return;
+    int pv = *prev;
+    size_t p = pv >= 0 && pv < nv ? (size_t)pv : 0;  // never read outside the table
+    float acc = 0.f;
+    for (int r = lane; r < rank; r += 32)
+        acc = fmaf(dsp_ld(b, kb, (size_t)v * rank + r), dsp_ld(a, ka, p * rank + r), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) scores[v] = v == mask ? NEG_INF : logits[v] + acc;
+}

@@ -30,7 +30,7 @@ pub(crate) struct GemmOcc {
 
 /// Whether [`Gpu::gemm_lowbit_multi`] takes matrices of this kind and width.
 pub fn gemm_supported(kind: WKind, n_in: usize) -> bool {
-    kind != WKind::F32 && n_in > 0 && n_in % GEMM_KC == 0
+    !matches!(kind, WKind::F32 | WKind::Q41) && n_in > 0 && n_in % GEMM_KC == 0
 }
 
 /// Fraction of the machine a launch keeps busy: (tiles / slots) over whole waves, times the used
@@ -189,7 +189,7 @@ impl Gpu {
             (WKind::Q1, _) => self.f.gemm_q1_n32,
             (WKind::Q2, _) => self.f.gemm_q2_n32,
             (WKind::Q2G64, _) => self.f.gemm_q2g64_n32,
-            (WKind::F32, _) => unreachable!("checked by gemm_supported"),
+            (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
         };
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
         for i in 0..MAX_SEGS {

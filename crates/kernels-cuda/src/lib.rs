@@ -18,8 +18,10 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
-pub use retile::{detile_row, retile, Retiled, WKind};
-pub use spec::gdn_rec_width;
+pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
+pub use spec::{
+    dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
+};
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
 /// `kernels/` (the core decode kernels first; the others use its helpers).
@@ -529,6 +531,12 @@ kernels!(
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
+        mv_q41,
+        dsp_norm_rope,
+        dsp_copy_rows,
+        dsp_attn_part,
+        dsp_attn_merge,
+        dsp_markov_scores,
     ],
 );
 
@@ -1105,6 +1113,7 @@ impl Gpu {
                 ],
             ],
             WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+            WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
         };
         let row = match (n1, r) {
             (false, _) => 0,

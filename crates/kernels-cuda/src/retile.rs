@@ -11,6 +11,13 @@
 //!   holds element `4s + i` of the word (GGUF: field `j & 3` of byte `j >> 2`). Then
 //!   `(word >> 2s) & 0x03030303` is four consecutive codes, one per byte, ready for `dp4a`.
 //!
+//! - Q4_1 ([`retile_q41`], the DSpark drafter's matrices; [`WKind::from_qt`] never picks it, so the
+//!   target keeps dequantizing Q4_1 to f32): the 16 code bytes of every 32-element block are kept in
+//!   GGUF order (element `j` in the low nibble and element `j + 16` in the high nibble of byte `j`),
+//!   so `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are four consecutive codes each, ready for
+//!   `dp4a` against natural-order int8 activations. The scale plane holds `(d, m)` f16 pairs
+//!   `[n_out, nblk, 2]`.
+//!
 //! Other types (F32, F16, BF16, Q4_x, Q8_0) are dequantized to an f32 plane `[n_out, n_in]`.
 //! [`detile_row`] inverts the tiling on the host; tests check it bit-exactly against
 //! `bonsai_kernels_cpu::quant::dequantize_row`.
@@ -30,6 +37,8 @@ pub enum WKind {
     Q2 = 2,
     /// Q2_0 group 64 (upstream id 42).
     Q2G64 = 3,
+    /// Q4_1 (32-element blocks, `w = d·q + m`), only from [`retile_q41`].
+    Q41 = 4,
 }
 
 impl WKind {
@@ -47,13 +56,14 @@ impl WKind {
             WKind::F32 => 1,
             WKind::Q1 | WKind::Q2 => 128,
             WKind::Q2G64 => 64,
+            WKind::Q41 => 32,
         }
     }
     /// Code bytes per block in the code plane.
     pub fn code_bytes(self) -> usize {
         match self {
             WKind::F32 => 4,
-            WKind::Q1 | WKind::Q2G64 => 16,
+            WKind::Q1 | WKind::Q2G64 | WKind::Q41 => 16,
             WKind::Q2 => 32,
         }
     }
@@ -66,7 +76,8 @@ pub struct Retiled {
     pub n_out: usize,
     /// codes: [n_out, nblk, code_bytes] (low-bit kinds; empty for F32)
     pub codes: Vec<u8>,
-    /// scales: [n_out, nblk] f16 bits (low-bit kinds; empty for F32)
+    /// scales: [n_out, nblk] f16 bits (low-bit kinds), [n_out, nblk, 2] `(d, m)` for Q41; empty for
+    /// F32
     pub scales: Vec<u16>,
     /// f32: [n_out, n_in] (F32 kind; empty otherwise)
     pub f32data: Vec<f32>,
@@ -159,6 +170,42 @@ pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
     }
 }
 
+/// Re-tile a Q4_1 matrix (`n_out` GGUF rows of `n_in` elements, `n_in % 32 == 0`) into a 16-byte
+/// code plane `[n_out, n_in/32, 16]` (GGUF nibble order) and a `(d, m)` plane `[n_out, n_in/32, 2]`
+/// f16 bits. Panics if `raw` has the wrong length (the loader validates extents first).
+pub fn retile_q41(raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
+    let qt = QuantType::Q4_1;
+    let rb = qt
+        .row_bytes(n_in)
+        .expect("n_in is a whole number of blocks");
+    assert_eq!(raw.len(), rb * n_out, "retile_q41: raw length");
+    let nblk = n_in / 32;
+    let mut codes = vec![0u8; n_out * nblk * 16];
+    let mut scales = vec![0u16; n_out * nblk * 2];
+    codes
+        .par_chunks_mut((nblk * 16).max(1))
+        .zip(scales.par_chunks_mut((nblk * 2).max(1)))
+        .enumerate()
+        .for_each(|(o, (crow, srow))| {
+            let row = &raw[o * rb..(o + 1) * rb];
+            for b in 0..nblk {
+                // GGUF block: d f16, m f16, qs[16]
+                let blk = &row[b * 20..(b + 1) * 20];
+                srow[2 * b] = u16::from_le_bytes([blk[0], blk[1]]);
+                srow[2 * b + 1] = u16::from_le_bytes([blk[2], blk[3]]);
+                crow[b * 16..(b + 1) * 16].copy_from_slice(&blk[4..20]);
+            }
+        });
+    Retiled {
+        kind: WKind::Q41,
+        n_in,
+        n_out,
+        codes,
+        scales,
+        f32data: Vec::new(),
+    }
+}
+
 /// Dequantize row `o` of a re-tiled matrix on the host (the inverse of [`retile`]). out: `[n_in]`.
 pub fn detile_row(r: &Retiled, o: usize, out: &mut [f32]) {
     assert_eq!(out.len(), r.n_in);
@@ -169,6 +216,19 @@ pub fn detile_row(r: &Retiled, o: usize, out: &mut [f32]) {
     let be = r.kind.block_elems();
     let cb = r.kind.code_bytes();
     let nblk = r.n_in / be;
+    if r.kind == WKind::Q41 {
+        for b in 0..nblk {
+            let d = f16::from_bits(r.scales[(o * nblk + b) * 2]).to_f32();
+            let m = f16::from_bits(r.scales[(o * nblk + b) * 2 + 1]).to_f32();
+            let c = &r.codes[(o * nblk + b) * 16..(o * nblk + b + 1) * 16];
+            for j in 0..16 {
+                // same float ops as the CPU dequantization: code·d + m
+                out[b * 32 + j] = (c[j] & 0xF) as f32 * d + m;
+                out[b * 32 + j + 16] = (c[j] >> 4) as f32 * d + m;
+            }
+        }
+        return;
+    }
     for b in 0..nblk {
         let d = f16::from_bits(r.scales[o * nblk + b]).to_f32();
         let c = &r.codes[(o * nblk + b) * cb..(o * nblk + b + 1) * cb];
@@ -279,6 +339,53 @@ mod tests {
                 for i in 0..n_in {
                     assert_eq!(a[i].to_bits(), b[i].to_bits());
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn retile_q41_is_bit_exact() {
+        // the drafter's shapes (scaled rows): 5120 and 25600 inputs, and a small odd row count
+        for (n_in, n_out) in [(5120, 9), (25600, 3), (64, 33)] {
+            let qt = QuantType::Q4_1;
+            let mut raw = rand_bytes(n_in as u64 + 5, qt.row_bytes(n_in).unwrap() * n_out);
+            for blk in raw.chunks_exact_mut(20) {
+                // finite d and m of both signs
+                let d = f16::from_f32(0.0005 + (blk[4] as f32) / 4000.0).to_bits();
+                let m = f16::from_f32((blk[5] as f32 - 128.0) / 500.0).to_bits();
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+                blk[2..4].copy_from_slice(&m.to_le_bytes());
+            }
+            let r = retile_q41(&raw, n_in, n_out);
+            assert_eq!(r.kind, WKind::Q41);
+            assert_eq!(r.codes.len(), n_out * n_in / 32 * 16);
+            assert_eq!(r.scales.len(), n_out * n_in / 32 * 2);
+            let rb = qt.row_bytes(n_in).unwrap();
+            let (mut a, mut b) = (vec![0f32; n_in], vec![0f32; n_in]);
+            for o in 0..n_out {
+                dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut a);
+                detile_row(&r, o, &mut b);
+                for i in 0..n_in {
+                    assert_eq!(a[i].to_bits(), b[i].to_bits(), "Q4_1 row {o} elem {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q41_nibble_masks_give_consecutive_codes() {
+        // byte j holds element j (low) and j + 16 (high): word w & 0x0F0F0F0F = elements 4w..4w+3,
+        // (word >> 4) & 0x0F0F0F0F = elements 16 + 4w..
+        let qs: Vec<u8> = (0..16u8)
+            .map(|j| (j & 0xF) | (((15 - j) & 0xF) << 4))
+            .collect();
+        for w in 0..4 {
+            let word = u32::from_le_bytes([qs[4 * w], qs[4 * w + 1], qs[4 * w + 2], qs[4 * w + 3]]);
+            let (lo, hi) = (word & 0x0F0F_0F0F, (word >> 4) & 0x0F0F_0F0F);
+            for b in 0..4 {
+                let j = 4 * w + b;
+                assert_eq!((lo >> (8 * b)) & 0xF, j as u32);
+                assert_eq!((hi >> (8 * b)) & 0xF, 15 - j as u32);
             }
         }
     }

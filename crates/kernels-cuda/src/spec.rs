@@ -1,7 +1,39 @@
 //! Launchers of `kernels/spec.cu`: the DSpark round's GDN verify record and replay rollback
-//! (MODEL.md §4.9 option C).
+//! (MODEL.md §4.9 option C), and the DSpark drafter's ops (Q4_1 mat-vec, per-head norm + full NEOX
+//! RoPE into a ring cache, non-causal block attention, the Markov step).
 
-use crate::{cdiv, Arg, CudaError, Gpu, Result};
+use crate::{cdiv, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
+
+/// Most matrices one [`Gpu::mv_q41`] launch covers.
+pub const Q41_MAX_SEGS: usize = 3;
+/// Keys per chunk of the drafter's block attention (`DSP_CH` in the source).
+pub const DSP_ATTN_CHUNK: usize = 256;
+
+/// f32 elements of [`Gpu::dsp_attention`]'s partials scratch for `n` rows, `nh` heads of `hd`, `t`
+/// keys: `[n, nh, ceil(t / DSP_ATTN_CHUNK), hd + 2]`.
+pub fn dsp_attn_part_floats(n: usize, nh: usize, hd: usize, t: usize) -> usize {
+    n * nh * t.div_ceil(DSP_ATTN_CHUNK) * (hd + 2)
+}
+
+/// The element type of a [`Gpu::dsp_markov_scores`] plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlaneKind {
+    F32 = 0,
+    Bf16 = 1,
+    F16 = 2,
+}
+
+/// A ring of `cap` rows (`cap == 0`: plain rows `0..n`) that a write starts at row `slot0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ring {
+    pub cap: usize,
+    pub slot0: usize,
+}
+
+impl Ring {
+    /// Rows `0..n` of a plain buffer.
+    pub const PLAIN: Ring = Ring { cap: 0, slot0: 0 };
+}
 
 /// f32 elements of one GDN verify-record row: `mixed` (conv_dim) ‖ `k` (hk·dk) ‖ `v` (hv·dv) ‖ `g`
 /// (hv) ‖ `β` (hv), with `conv_dim = 2·hk·dk + hv·dv`.
@@ -112,6 +144,256 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// Q4_1 mat-vec (re-tiled by [`crate::retile_q41`]) over up to [`Q41_MAX_SEGS`] matrices of the
+    /// same `n_in` that share the int8 activations `q [n, n_in]`, `d`/`s [n, n_in/32]`
+    /// (`n <= MAX_ROWS`): segment `i` writes (or adds to) `y_i [n, n_out_i]`. `MvSeg::scales` is the
+    /// `(d, m)` plane. Row t of the result does not depend on n.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_q41(
+        &self,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if !(1..=MAX_ROWS).contains(&n) || !(1..=Q41_MAX_SEGS).contains(&segs.len()) {
+            return Err(CudaError(format!(
+                "mv_q41: {n} rows / {} segments (at most {MAX_ROWS} / {Q41_MAX_SEGS})",
+                segs.len()
+            )));
+        }
+        if n_in == 0 || n_in % 32 != 0 || n_in > i32::MAX as usize {
+            return Err(CudaError(format!(
+                "mv_q41: n_in {n_in} is not a positive multiple of 32"
+            )));
+        }
+        let mut args = Vec::with_capacity(4 * Q41_MAX_SEGS + 6);
+        let mut groups = 0usize;
+        for i in 0..Q41_MAX_SEGS {
+            let sg = segs.get(i).copied().unwrap_or(MvSeg {
+                codes: 0,
+                scales: 0,
+                y: 0,
+                n_out: 0,
+            });
+            groups += sg.n_out.div_ceil(2);
+            args.extend([
+                Arg::P(sg.codes),
+                Arg::P(sg.scales),
+                Arg::P(sg.y),
+                Arg::I(sg.n_out as i32),
+            ]);
+        }
+        if groups == 0 {
+            return Ok(());
+        }
+        args.extend([
+            Arg::P(q),
+            Arg::P(d),
+            Arg::P(s),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+        ]);
+        self.launch(self.f.mv_q41, (cdiv(groups, 4), 1, 1), (128, 1, 1), &args)
+    }
+
+    /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:
+    /// `heads` heads of `n` rows of `src` (`[n, src_stride]` f32, head h at columns `h·hd..`) into row
+    /// `ring.(slot0 + t) mod cap` of `dst` (`[*, dst_stride]`, same columns).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsp_norm_rope(
+        &self,
+        src: u64,
+        src_stride: usize,
+        heads: usize,
+        n: usize,
+        w: u64,
+        eps: f32,
+        hd: usize,
+        pos0: usize,
+        rope_base: f32,
+        dst: u64,
+        dst_stride: usize,
+        ring: Ring,
+    ) -> Result<()> {
+        if hd == 0 || hd % 32 != 0 || hd > 256 {
+            return Err(CudaError(format!(
+                "dsp_norm_rope: head dim {hd} is not a multiple of 32 up to 256"
+            )));
+        }
+        if n == 0 || heads == 0 {
+            return Ok(());
+        }
+        self.launch(
+            self.f.dsp_norm_rope,
+            (heads as u32, n as u32, 1),
+            (hd as u32, 1, 1),
+            &[
+                Arg::P(src),
+                Arg::I(src_stride as i32),
+                Arg::P(w),
+                Arg::F(eps),
+                Arg::I(hd as i32),
+                Arg::I(pos0 as i32),
+                Arg::F(rope_base),
+                Arg::P(dst),
+                Arg::I(dst_stride as i32),
+                Arg::I(ring.cap as i32),
+                Arg::I(ring.slot0 as i32),
+            ],
+        )
+    }
+
+    /// Row `t` of `src` (`[n, src_stride]`, the first `width` columns) into row
+    /// `(ring.slot0 + t) mod ring.cap` of `dst` (`[*, width]`).
+    pub fn dsp_copy_rows(
+        &self,
+        src: u64,
+        src_stride: usize,
+        width: usize,
+        n: usize,
+        dst: u64,
+        ring: Ring,
+    ) -> Result<()> {
+        if n == 0 || width == 0 {
+            return Ok(());
+        }
+        self.launch(
+            self.f.dsp_copy_rows,
+            (cdiv(width, 256), n as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(src),
+                Arg::I(src_stride as i32),
+                Arg::I(width as i32),
+                Arg::P(dst),
+                Arg::I(ring.cap as i32),
+                Arg::I(ring.slot0 as i32),
+            ],
+        )
+    }
+
+    /// Non-causal attention of `n` block queries `qo [n, nh·hd]` over `len` context keys (logical
+    /// key i is ring row `(off + i) mod cap` of `kc`/`vc [cap, nkv·hd]` f32) followed by the `n`
+    /// block keys `kb`/`vb [n, nkv·hd]`; GQA (q head h uses kv head `h / (nh/nkv)`), scores scaled by
+    /// `scale`. Output f32 `out [n, nh·hd]` and int8 `q`/`d`/`s`. `part`: scratch of
+    /// [`dsp_attn_part_floats`]`(n, nh, hd, len + n)` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsp_attention(
+        &self,
+        qo: u64,
+        kc: u64,
+        vc: u64,
+        cap: usize,
+        off: usize,
+        len: usize,
+        kb: u64,
+        vb: u64,
+        n: usize,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        scale: f32,
+        part: u64,
+        out: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+    ) -> Result<()> {
+        if !(1..=MAX_ROWS).contains(&n) || hd == 0 || hd % 32 != 0 || hd > 256 {
+            return Err(CudaError(format!(
+                "dsp_attention: {n} rows (1..=8), head dim {hd} (a multiple of 32 up to 256)"
+            )));
+        }
+        if nkv == 0 || nh % nkv != 0 || (len > 0 && (cap < len || off >= cap)) {
+            return Err(CudaError(format!(
+                "dsp_attention: heads {nh}/{nkv}, ring cap {cap} off {off} len {len}"
+            )));
+        }
+        let nchunk = (len + n).div_ceil(DSP_ATTN_CHUNK);
+        self.launch(
+            self.f.dsp_attn_part,
+            (nh as u32, nchunk as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(qo),
+                Arg::P(kc),
+                Arg::P(vc),
+                Arg::I(cap.max(1) as i32),
+                Arg::I(off as i32),
+                Arg::I(len as i32),
+                Arg::P(kb),
+                Arg::P(vb),
+                Arg::I(n as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::F(scale),
+                Arg::I(nchunk as i32),
+                Arg::P(part),
+            ],
+        )?;
+        self.launch(
+            self.f.dsp_attn_merge,
+            (nh as u32, n as u32, 1),
+            (hd as u32, 1, 1),
+            &[
+                Arg::P(part),
+                Arg::I(nh as i32),
+                Arg::I(hd as i32),
+                Arg::I(nchunk as i32),
+                Arg::P(out),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
+    /// One Markov step: `scores[v] = logits[v] + Σ_r b[v, r]·a[*prev, r]` (`a`, `b`: planes
+    /// `[nv, rank]`), `scores[mask] = −inf`; `prev`: device i32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsp_markov_scores(
+        &self,
+        logits: u64,
+        a: u64,
+        ka: PlaneKind,
+        b: u64,
+        kb: PlaneKind,
+        rank: usize,
+        nv: usize,
+        mask: usize,
+        prev: u64,
+        scores: u64,
+    ) -> Result<()> {
+        if nv == 0 {
+            return Ok(());
+        }
+        self.launch(
+            self.f.dsp_markov_scores,
+            (cdiv(nv, 8), 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(logits),
+                Arg::P(a),
+                Arg::I(ka as i32),
+                Arg::P(b),
+                Arg::I(kb as i32),
+                Arg::I(rank as i32),
+                Arg::I(nv as i32),
+                Arg::I(mask as i32),
+                Arg::P(prev),
+                Arg::P(scores),
+            ],
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -120,6 +402,19 @@ mod tests {
         assert_eq!(
             super::gdn_rec_width(16, 48, 128, 128),
             10240 + 2048 + 6144 + 96
+        );
+    }
+
+    #[test]
+    fn dsp_part_floats_counts_chunks() {
+        // the real drafter at a full window: 4092 context rows + 4 block rows = 16 chunks
+        assert_eq!(
+            super::dsp_attn_part_floats(4, 40, 128, 4096),
+            4 * 40 * 16 * 130
+        );
+        assert_eq!(
+            super::dsp_attn_part_floats(4, 40, 128, 4097),
+            4 * 40 * 17 * 130
         );
     }
 }

@@ -195,6 +195,11 @@ impl CudaBackend {
         &self.gpu
     }
 
+    /// A shared handle on the device (the GPU drafter queues its work on the same stream).
+    pub fn gpu_arc(&self) -> Arc<Gpu> {
+        self.gpu.clone()
+    }
+
     fn with_scratch<T>(
         &self,
         cfg: &TargetConfig,

@@ -1,0 +1,736 @@
+//! The DSpark drafter on the GPU (MODEL.md §4.5–§4.6): the same math as the host [`Drafter`] (the
+//! oracle), with device weights and a device context window.
+//!
+//! - Weights: Q4_1 matrices re-tiled by `retile_q41` (int8 activations, `Gpu::mv_q41`); any other
+//!   type is dequantized to an f32 plane at load (`Gpu::mv_f32`). The Markov tables stay in their
+//!   file type (BF16 / F16 / F32 planes read by `dsp_markov_scores`).
+//! - Context rows ([`CudaDrafter::stage`]): tap rows are uploaded (`[n, n_taps·E]` f32, ≤ 8 rows per
+//!   pass), `c = RMSNorm(W_fc·f) ⊙ hidden_norm`, then per layer `K = RoPE(RMSNorm_hd(W_k·c) ⊙ k_norm)`
+//!   and `V = W_v·c` written into a ring of `window` rows (f32) at absolute positions. Eviction is the
+//!   host's: the newest `window` rows stay live.
+//! - A draft ([`CudaDrafter::draft`]): block rows `E[token] + snr` (row 0 built on the host from the
+//!   mapped embedding, the mask rows precomputed on the device), six layers with non-causal block
+//!   attention over `[context ; block]`, the head, then the sequential Markov correction on the
+//!   device: step k reads `prev` from device memory (`ids[k]`), scores
+//!   `logits[k] + markov_b·markov_a[prev]` with the mask id at −inf, and `argmax_rows` (first maximum,
+//!   like the host) writes `ids[k + 1]`. Only the drafted ids come back.
+//!
+//! Numerics differ from the host drafter in the usual ways: int8 activations for Q4_1 (the host
+//! dequantizes Q4_1 rows and uses f32 activations), f32 norms (host f64), flash-style softmax
+//! merging. So drafts equal the host's except at near-ties; speculation stays lossless either way.
+
+use std::sync::Arc;
+
+use bonsai_kernels_cpu::quant::dequantize_row;
+use bonsai_kernels_cpu::QuantType;
+use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, MvSeg, PlaneKind, Ring};
+use rayon::prelude::*;
+
+use crate::config::DrafterConfig;
+use crate::drafter::{Drafter, HostMat};
+use crate::error::{Error, Result};
+
+fn be(e: kc::CudaError) -> Error {
+    Error::Backend(format!("cuda drafter: {e}"))
+}
+
+/// A drafter matrix `[n_in, n_out]` on the device.
+enum DMat {
+    /// codes `[n_out, n_in/32, 16]` bytes, dm `[n_out, n_in/32]` u32 `(d, m)` f16 pairs.
+    Q41 {
+        codes: DevBuf,
+        dm: DevBuf,
+        n_in: usize,
+        n_out: usize,
+    },
+    /// f32 `[n_out, n_in]` (dequantized at load).
+    F32 {
+        w: DevBuf,
+        n_in: usize,
+        n_out: usize,
+    },
+}
+
+impl DMat {
+    fn load(gpu: &Gpu, m: &HostMat) -> Result<DMat> {
+        let (n_in, n_out) = (m.n_in, m.n_out);
+        if m.qt == QuantType::Q4_1 {
+            let r = kc::retile_q41(m.data(), n_in, n_out);
+            return Ok(DMat::Q41 {
+                codes: gpu.upload(&r.codes).map_err(be)?,
+                dm: gpu.upload(&r.scales).map_err(be)?,
+                n_in,
+                n_out,
+            });
+        }
+        let rb = m.qt.row_bytes(n_in).expect("validated at load");
+        let raw = m.data();
+        let mut f = vec![0f32; n_in * n_out]; // [n_out, n_in]
+        f.par_chunks_mut(n_in.max(1))
+            .enumerate()
+            .for_each(|(o, row)| dequantize_row(m.qt, &raw[o * rb..(o + 1) * rb], row));
+        Ok(DMat::F32 {
+            w: gpu.upload(&f).map_err(be)?,
+            n_in,
+            n_out,
+        })
+    }
+
+    fn n_in(&self) -> usize {
+        match self {
+            DMat::Q41 { n_in, .. } | DMat::F32 { n_in, .. } => *n_in,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            DMat::Q41 { codes, dm, .. } => codes.bytes() + dm.bytes(),
+            DMat::F32 { w, .. } => w.bytes(),
+        }
+    }
+}
+
+/// A Markov table `[V, rank]` on the device, in its file type when that is BF16 / F16 / F32.
+struct Plane {
+    buf: DevBuf,
+    kind: PlaneKind,
+}
+
+impl Plane {
+    fn load(gpu: &Gpu, m: &HostMat) -> Result<Plane> {
+        let raw = m.data();
+        let half = |b: &[u8]| -> Vec<u16> {
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        let (buf, kind) = match m.qt {
+            QuantType::BF16 => (gpu.upload(&half(raw)), PlaneKind::Bf16),
+            QuantType::F16 => (gpu.upload(&half(raw)), PlaneKind::F16),
+            qt => {
+                let rb = qt.row_bytes(m.n_in).expect("validated at load");
+                let mut f = vec![0f32; m.n_in * m.n_out]; // [n_out, n_in]
+                f.par_chunks_mut(m.n_in.max(1))
+                    .enumerate()
+                    .for_each(|(o, row)| dequantize_row(qt, &raw[o * rb..(o + 1) * rb], row));
+                (gpu.upload(&f), PlaneKind::F32)
+            }
+        };
+        Ok(Plane {
+            buf: buf.map_err(be)?,
+            kind,
+        })
+    }
+}
+
+struct DevLayer {
+    attn_norm: DevBuf, // [E] f32
+    q: DMat,           // [E, nh·hd]
+    k: DMat,           // [E, kvw]
+    v: DMat,           // [E, kvw]
+    q_norm: DevBuf,    // [hd]
+    k_norm: DevBuf,    // [hd]
+    out: DMat,         // [nh·hd, E]
+    ffn_norm: DevBuf,  // [E]
+    gate: DMat,        // [E, n_ff]
+    up: DMat,          // [E, n_ff]
+    down: DMat,        // [n_ff, E]
+}
+
+/// A drafter on the GPU (weights only; per-sequence state is [`CudaDraftState`]).
+pub struct CudaDrafter {
+    gpu: Arc<Gpu>,
+    /// The host drafter: its mapped embedding builds block row 0, and it is the tests' oracle.
+    host: Drafter,
+    pub cfg: DrafterConfig,
+    fc: DMat,              // [n_taps·E, E]
+    hidden_norm: DevBuf,   // [E]
+    output_norm: DevBuf,   // [E]
+    output: DMat,          // [E, V]
+    markov_a: Plane,       // [V, rank]
+    markov_b: Plane,       // [V, rank]
+    mask_rows: DevBuf,     // [bs − 1, E] f32: E[mask] + snr_mask
+    layers: Vec<DevLayer>, // n_layer
+}
+
+/// Rows per device pass (the mat-vec kernels take at most 8).
+const ROWS: usize = kc::MAX_ROWS;
+
+impl CudaDrafter {
+    /// Put a loaded (and checked) host drafter on the GPU.
+    pub fn new(gpu: Arc<Gpu>, host: Drafter) -> Result<CudaDrafter> {
+        let cfg = host.cfg.clone();
+        let (e, hd, bs) = (cfg.n_embd, cfg.head_dim, cfg.block_size);
+        if bs > ROWS {
+            return Err(Error::DrafterMismatch(format!(
+                "the CUDA drafter takes a block of at most {ROWS} rows, found block_size {bs}"
+            )));
+        }
+        if hd % 32 != 0 || hd > 256 || e % 32 != 0 || cfg.n_ff % 32 != 0 {
+            return Err(Error::DrafterMismatch(format!(
+                "the CUDA drafter needs head_dim a multiple of 32 up to 256 and n_embd, n_ff \
+                 multiples of 32 (head_dim {hd}, n_embd {e}, n_ff {})",
+                cfg.n_ff
+            )));
+        }
+        if cfg.n_head_kv == 0 || cfg.n_head % cfg.n_head_kv != 0 {
+            return Err(Error::DrafterMismatch(format!(
+                "{} q heads are not a multiple of {} kv heads",
+                cfg.n_head, cfg.n_head_kv
+            )));
+        }
+        let g = &*gpu;
+        let up = |v: &[f32]| g.upload(v).map_err(be);
+        let mut layers = Vec::with_capacity(host.layers.len());
+        for l in &host.layers {
+            layers.push(DevLayer {
+                attn_norm: up(&l.attn_norm)?,
+                q: DMat::load(g, &l.q)?,
+                k: DMat::load(g, &l.k)?,
+                v: DMat::load(g, &l.v)?,
+                q_norm: up(&l.q_norm)?,
+                k_norm: up(&l.k_norm)?,
+                out: DMat::load(g, &l.out)?,
+                ffn_norm: up(&l.ffn_norm)?,
+                gate: DMat::load(g, &l.gate)?,
+                up: DMat::load(g, &l.up)?,
+                down: DMat::load(g, &l.down)?,
+            });
+        }
+        // the mask rows never change: E[mask] + snr_mask, computed exactly as the host does
+        let mut mask_rows = Vec::with_capacity((bs - 1).max(1) * e); // [bs − 1, E]
+        for k in 1..bs {
+            mask_rows.extend(host.block_row(k, cfg.mask_token_id));
+        }
+        if mask_rows.is_empty() {
+            mask_rows.resize(e, 0.0);
+        }
+        Ok(CudaDrafter {
+            fc: DMat::load(g, &host.fc)?,
+            hidden_norm: up(&host.hidden_norm)?,
+            output_norm: up(&host.output_norm)?,
+            output: DMat::load(g, &host.output)?,
+            markov_a: Plane::load(g, &host.markov_a)?,
+            markov_b: Plane::load(g, &host.markov_b)?,
+            mask_rows: up(&mask_rows)?,
+            layers,
+            cfg,
+            host,
+            gpu,
+        })
+    }
+
+    /// The host drafter this one was built from (the oracle).
+    pub fn host(&self) -> &Drafter {
+        &self.host
+    }
+
+    /// Context rows kept: the trained positions minus one block (MODEL.md §4.10).
+    pub fn window(&self) -> usize {
+        self.host.window()
+    }
+
+    /// Width of one tap row: `n_taps · n_embd`.
+    pub fn tap_width(&self) -> usize {
+        self.host.tap_width()
+    }
+
+    /// True when `token_embd` has the target's bytes (the host copy reads the target's mapping).
+    pub fn embd_shared(&self) -> bool {
+        self.host.embd_shared
+    }
+
+    /// Device bytes of the weights.
+    pub fn weight_bytes(&self) -> usize {
+        let mats = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.out, &l.gate, &l.up, &l.down]);
+        mats.chain([&self.fc, &self.output])
+            .map(DMat::bytes)
+            .sum::<usize>()
+            + self.markov_a.buf.bytes()
+            + self.markov_b.buf.bytes()
+    }
+
+    /// A fresh per-sequence state (device context window and scratch).
+    pub fn new_state(&self) -> Result<CudaDraftState> {
+        let c = &self.cfg;
+        let g = &*self.gpu;
+        let (e, hd, nh, nkv) = (c.n_embd, c.head_dim, c.n_head, c.n_head_kv);
+        let kvw = nkv * hd;
+        let qw = nh * hd;
+        let tw = self.tap_width();
+        let kmax = tw.max(e).max(qw).max(c.n_ff);
+        let window = self.window();
+        let f = 4usize;
+        let a = |bytes: usize| g.alloc(bytes).map_err(be);
+        let mut k = Vec::with_capacity(c.n_layer);
+        let mut v = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            k.push(a(window * kvw * f)?);
+            v.push(a(window * kvw * f)?);
+        }
+        Ok(CudaDraftState {
+            k,
+            v,
+            kvw,
+            cap: window,
+            off: 0,
+            len: 0,
+            next_pos: 0,
+            xf: a(ROWS * kmax * f)?,
+            xq: a(ROWS * kmax)?,
+            xd: a(ROWS * kmax / 32 * f)?,
+            xs: a(ROWS * kmax / 32 * f)?,
+            h: a(ROWS * e * f)?,
+            x: a(ROWS * e * f)?,
+            qf: a(ROWS * qw * f)?,
+            kf: a(ROWS * kvw * f)?,
+            vf: a(ROWS * kvw * f)?,
+            qo: a(ROWS * qw * f)?,
+            kb: a(ROWS * kvw * f)?,
+            gt: a(ROWS * c.n_ff * f)?,
+            up: a(ROWS * c.n_ff * f)?,
+            logits: a(c.block_size * c.n_vocab * f)?,
+            scores: a(c.n_vocab * f)?,
+            ids: a((c.block_size + 1) * 4)?,
+            part: a(kc::dsp_attn_part_floats(ROWS, nh, hd, window + ROWS) * f)?,
+        })
+    }
+
+    /// Projections of the current scratch input (`xf` / `xq` / `xd` / `xs`, width `n_in` of the
+    /// matrices) into `(matrix, y [n, n_out])` pairs: one grouped Q4_1 launch when every matrix is
+    /// Q4_1 of the same width (up to 3), else one launch each.
+    fn mv(&self, st: &CudaDraftState, mats: &[(&DMat, u64)], n: usize, acc: bool) -> Result<()> {
+        let g = &*self.gpu;
+        let k = mats[0].0.n_in();
+        let grouped = mats.len() <= kc::Q41_MAX_SEGS
+            && mats
+                .iter()
+                .all(|(m, _)| matches!(m, DMat::Q41 { .. }) && m.n_in() == k);
+        let seg = |m: &DMat, y: u64| match m {
+            DMat::Q41 {
+                codes, dm, n_out, ..
+            } => MvSeg {
+                codes: codes.ptr(),
+                scales: dm.ptr(),
+                y,
+                n_out: *n_out,
+            },
+            DMat::F32 { .. } => unreachable!("f32 matrices are not grouped"),
+        };
+        if grouped {
+            let segs: Vec<MvSeg> = mats.iter().map(|&(m, y)| seg(m, y)).collect();
+            return g
+                .mv_q41(&segs, st.xq.ptr(), st.xd.ptr(), st.xs.ptr(), k, n, acc)
+                .map_err(be);
+        }
+        for &(m, y) in mats {
+            match m {
+                DMat::Q41 { .. } => g.mv_q41(
+                    &[seg(m, y)],
+                    st.xq.ptr(),
+                    st.xd.ptr(),
+                    st.xs.ptr(),
+                    m.n_in(),
+                    n,
+                    acc,
+                ),
+                DMat::F32 { w, n_in, n_out } => {
+                    g.mv_f32(w.ptr(), st.xf.ptr(), y, *n_in, *n_out, n, acc)
+                }
+            }
+            .map_err(be)?;
+        }
+        Ok(())
+    }
+
+    /// `rmsnorm(x[t]) ⊙ w` of `n` rows of width `k` into the scratch input (f32 and int8).
+    fn norm_in(&self, st: &CudaDraftState, x: u64, w: &DevBuf, n: usize, k: usize) -> Result<()> {
+        self.gpu
+            .rmsnorm_quant(
+                x,
+                w.ptr(),
+                self.cfg.rms_eps,
+                n,
+                k,
+                st.xf.ptr(),
+                st.xq.ptr(),
+                st.xd.ptr(),
+                st.xs.ptr(),
+            )
+            .map_err(be)
+    }
+
+    /// Stage `n` committed positions `pos0 .. pos0 + n` from their tap rows (taps: host
+    /// `[n, tap_width]`). Positions must continue the staged ones (a fresh state accepts any start).
+    /// Same contract and window as [`Drafter::stage`].
+    pub fn stage(
+        &self,
+        st: &mut CudaDraftState,
+        taps: &[f32],
+        pos0: usize,
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if st.len > 0 && pos0 != st.next_pos {
+            return Err(Error::Backend(format!(
+                "drafter context is staged up to position {}, got rows from {pos0}",
+                st.next_pos
+            )));
+        }
+        let tw = self.tap_width();
+        if taps.len() != n * tw {
+            return Err(Error::Backend(format!(
+                "drafter stage: {} tap floats for {n} rows of {tw}",
+                taps.len()
+            )));
+        }
+        let c = &self.cfg;
+        let (e, hd, nkv) = (c.n_embd, c.head_dim, c.n_head_kv);
+        let kvw = st.kvw;
+        let g = &*self.gpu;
+        // rows older than the window would be evicted right away: never compute them
+        let skip = n.saturating_sub(st.cap);
+        let (taps, pos0, n) = (&taps[skip * tw..], pos0 + skip, n - skip);
+        let mut t0 = 0;
+        while t0 < n {
+            let nr = (n - t0).min(ROWS);
+            let ring;
+            (st.off, st.len, ring) = ring_append(st.cap, st.off, st.len, nr);
+            let pos = pos0 + t0;
+            // taps [nr, tw] f32 → xf, quantized in place
+            g.htod(&st.xf, 0, &taps[t0 * tw..(t0 + nr) * tw])
+                .map_err(be)?;
+            g.quant_rows(st.xf.ptr(), nr, tw, st.xq.ptr(), st.xd.ptr(), st.xs.ptr())
+                .map_err(be)?;
+            self.mv(st, &[(&self.fc, st.h.ptr())], nr, false)?; // h [nr, E]
+            self.norm_in(st, st.h.ptr(), &self.hidden_norm, nr, e)?; // c
+            for (il, l) in self.layers.iter().enumerate() {
+                self.mv(st, &[(&l.k, st.kf.ptr()), (&l.v, st.vf.ptr())], nr, false)?;
+                g.dsp_norm_rope(
+                    st.kf.ptr(),
+                    kvw,
+                    nkv,
+                    nr,
+                    l.k_norm.ptr(),
+                    c.rms_eps,
+                    hd,
+                    pos,
+                    c.rope_base,
+                    st.k[il].ptr(),
+                    kvw,
+                    ring,
+                )
+                .map_err(be)?;
+                g.dsp_copy_rows(st.vf.ptr(), kvw, kvw, nr, st.v[il].ptr(), ring)
+                    .map_err(be)?;
+            }
+            st.next_pos = pos + nr;
+            t0 += nr;
+        }
+        debug_assert!(st.len <= st.cap);
+        Ok(())
+    }
+
+    /// Draft `block_size` tokens following `id_last` at position `start` (MODEL.md §4.5–§4.6).
+    pub fn draft(&self, st: &mut CudaDraftState, id_last: u32, start: usize) -> Result<Vec<u32>> {
+        self.run_draft(st, id_last, start, false)
+            .map(|(ids, _)| ids)
+    }
+
+    /// [`CudaDrafter::draft`] that also returns the head logits before the Markov correction
+    /// (`[block_size, V]`, debug / tests).
+    pub fn draft_with_logits(
+        &self,
+        st: &mut CudaDraftState,
+        id_last: u32,
+        start: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
+        self.run_draft(st, id_last, start, true)
+            .map(|(ids, l)| (ids, l.expect("logits requested")))
+    }
+
+    fn run_draft(
+        &self,
+        st: &mut CudaDraftState,
+        id_last: u32,
+        start: usize,
+        want_logits: bool,
+    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
+        if st.len > 0 && st.next_pos != start {
+            return Err(Error::Backend(format!(
+                "drafter context ends at {}, the block starts at {start}",
+                st.next_pos
+            )));
+        }
+        let c = &self.cfg;
+        if id_last as usize >= c.n_vocab {
+            return Err(Error::Backend(format!(
+                "drafter: token {id_last} is outside the vocabulary ({})",
+                c.n_vocab
+            )));
+        }
+        let (e, bs, hd) = (c.n_embd, c.block_size, c.head_dim);
+        let (nh, nkv, kvw, nv) = (c.n_head, c.n_head_kv, st.kvw, c.n_vocab);
+        let (qw, eps) = (nh * hd, c.rms_eps);
+        let g = &*self.gpu;
+        // x [bs, E]: row 0 = E[id_last] + snr_anchor (host), rows 1.. = the precomputed mask rows
+        g.htod(&st.x, 0, &self.host.block_row(0, id_last))
+            .map_err(be)?;
+        if bs > 1 {
+            g.dtod(st.x.at(e * 4), self.mask_rows.ptr(), (bs - 1) * e * 4)
+                .map_err(be)?;
+        }
+        g.htod(&st.ids, 0, &[id_last as i32]).map_err(be)?;
+        let x = st.x.ptr();
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (il, l) in self.layers.iter().enumerate() {
+            self.norm_in(st, x, &l.attn_norm, bs, e)?;
+            self.mv(
+                st,
+                &[
+                    (&l.q, st.qf.ptr()),
+                    (&l.k, st.kf.ptr()),
+                    (&l.v, st.vf.ptr()),
+                ],
+                bs,
+                false,
+            )?;
+            g.dsp_norm_rope(
+                st.qf.ptr(),
+                qw,
+                nh,
+                bs,
+                l.q_norm.ptr(),
+                eps,
+                hd,
+                start,
+                c.rope_base,
+                st.qo.ptr(),
+                qw,
+                Ring::PLAIN,
+            )
+            .map_err(be)?;
+            g.dsp_norm_rope(
+                st.kf.ptr(),
+                kvw,
+                nkv,
+                bs,
+                l.k_norm.ptr(),
+                eps,
+                hd,
+                start,
+                c.rope_base,
+                st.kb.ptr(),
+                kvw,
+                Ring::PLAIN,
+            )
+            .map_err(be)?;
+            // attention f32 into xf and int8 into xq/xd/xs: the out-projection's input
+            g.dsp_attention(
+                st.qo.ptr(),
+                st.k[il].ptr(),
+                st.v[il].ptr(),
+                st.cap,
+                st.off,
+                st.len,
+                st.kb.ptr(),
+                st.vf.ptr(),
+                bs,
+                nh,
+                nkv,
+                hd,
+                scale,
+                st.part.ptr(),
+                st.xf.ptr(),
+                st.xq.ptr(),
+                st.xd.ptr(),
+                st.xs.ptr(),
+            )
+            .map_err(be)?;
+            self.mv(st, &[(&l.out, x)], bs, true)?;
+            self.norm_in(st, x, &l.ffn_norm, bs, e)?;
+            self.mv(
+                st,
+                &[(&l.gate, st.gt.ptr()), (&l.up, st.up.ptr())],
+                bs,
+                false,
+            )?;
+            g.swiglu_quant(
+                st.gt.ptr(),
+                st.up.ptr(),
+                bs,
+                c.n_ff,
+                st.xf.ptr(),
+                st.xq.ptr(),
+                st.xd.ptr(),
+                st.xs.ptr(),
+            )
+            .map_err(be)?;
+            self.mv(st, &[(&l.down, x)], bs, true)?;
+        }
+        self.norm_in(st, x, &self.output_norm, bs, e)?;
+        self.mv(st, &[(&self.output, st.logits.ptr())], bs, false)?;
+        // the sequential Markov correction: step k conditions on ids[k], the token just chosen
+        for k in 0..bs {
+            g.dsp_markov_scores(
+                st.logits.at(k * nv * 4),
+                self.markov_a.buf.ptr(),
+                self.markov_a.kind,
+                self.markov_b.buf.ptr(),
+                self.markov_b.kind,
+                c.markov_rank,
+                nv,
+                c.mask_token_id as usize,
+                st.ids.at(k * 4),
+                st.scores.ptr(),
+            )
+            .map_err(be)?;
+            g.argmax_rows(st.scores.ptr(), 1, nv, st.ids.at((k + 1) * 4))
+                .map_err(be)?;
+        }
+        let mut ids = vec![0i32; bs + 1];
+        g.dtoh(&st.ids, 0, &mut ids).map_err(be)?;
+        let out: Vec<u32> = ids[1..].iter().map(|&i| i as u32).collect();
+        if let Some(&bad) = out.iter().find(|&&i| i as usize >= nv) {
+            return Err(Error::Backend(format!(
+                "cuda drafter: drafted id {bad} is outside the vocabulary (non-finite logits?)"
+            )));
+        }
+        let logits = if want_logits {
+            let mut l = vec![0f32; bs * nv];
+            g.dtoh(&st.logits, 0, &mut l).map_err(be)?;
+            Some(l)
+        } else {
+            None
+        };
+        Ok((out, logits))
+    }
+
+    /// Test / debug export in [`crate::drafter::DraftState::export`]'s format: `(first position,
+    /// per layer K rows ‖ V rows of the live window, oldest first)`.
+    pub fn export(&self, st: &CudaDraftState) -> Result<(usize, Vec<f32>)> {
+        let kvw = st.kvw;
+        let mut out = Vec::with_capacity(2 * self.layers.len() * st.len * kvw);
+        let mut buf = vec![0f32; st.cap * kvw];
+        for il in 0..self.layers.len() {
+            for b in [&st.k[il], &st.v[il]] {
+                self.gpu.dtoh(b, 0, &mut buf).map_err(be)?;
+                for i in 0..st.len {
+                    let r = (st.off + i) % st.cap;
+                    out.extend_from_slice(&buf[r * kvw..(r + 1) * kvw]);
+                }
+            }
+        }
+        Ok((st.next_pos - st.len, out))
+    }
+}
+
+/// Append `nr ≤ cap` rows to a ring of `cap` rows holding `len` live rows from `off`: evict the
+/// oldest rows the ring cannot hold after the append (the host window's eviction). Returns the new
+/// `(off, len)` (the appended rows included) and where the rows go.
+fn ring_append(cap: usize, off: usize, len: usize, nr: usize) -> (usize, usize, Ring) {
+    debug_assert!(nr <= cap && len <= cap && off < cap.max(1));
+    let over = (len + nr).saturating_sub(cap).min(len);
+    let (off, len) = ((off + over) % cap, len - over);
+    let ring = Ring {
+        cap,
+        slot0: (off + len) % cap,
+    };
+    (off, len + nr, ring)
+}
+
+/// The GPU drafter's per-sequence state: the context K/V window (per layer a ring of `cap =
+/// window` rows, f32 `[cap, kvw]`; live rows are ring rows `off .. off + len` mod cap at positions
+/// `next_pos − len .. next_pos`) and the scratch of one pass (≤ 8 rows).
+pub struct CudaDraftState {
+    k: Vec<DevBuf>,
+    v: Vec<DevBuf>,
+    kvw: usize,
+    cap: usize,
+    off: usize,
+    len: usize,
+    next_pos: usize,
+    // projection input: xf f32 [8, kmax], xq i8 [8, kmax], xd f32 / xs i32 [8, kmax/32]
+    xf: DevBuf,
+    xq: DevBuf,
+    xd: DevBuf,
+    xs: DevBuf,
+    h: DevBuf,      // fc output [8, E]
+    x: DevBuf,      // block residual stream [8, E]
+    qf: DevBuf,     // [8, nh·hd]
+    kf: DevBuf,     // [8, kvw]
+    vf: DevBuf,     // [8, kvw]
+    qo: DevBuf,     // normed + roped queries [8, nh·hd]
+    kb: DevBuf,     // normed + roped block keys [8, kvw]
+    gt: DevBuf,     // [8, n_ff]
+    up: DevBuf,     // [8, n_ff]
+    logits: DevBuf, // [bs, V]
+    scores: DevBuf, // [V]
+    ids: DevBuf,    // [bs + 1] i32: id_last, then the drafts
+    part: DevBuf,   // attention partials [8, nh, ceil((window + 8) / 256), hd + 2]
+}
+
+impl CudaDraftState {
+    /// Forget the context (the device buffers are kept).
+    pub fn reset(&mut self) {
+        self.off = 0;
+        self.len = 0;
+        self.next_pos = 0;
+    }
+
+    /// Number of context rows held (≤ the window).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The position after the last staged row.
+    pub fn next_pos(&self) -> usize {
+        self.next_pos
+    }
+
+    /// Device bytes of the context window (K and V, all layers).
+    pub fn window_bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|b| b.bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_append;
+
+    /// The ring keeps exactly the newest `cap` positions, each at the slot it was written to, for
+    /// uneven appends (the host window keeps the same positions).
+    #[test]
+    fn ring_keeps_the_newest_window() {
+        let cap = 37;
+        let mut slots = vec![usize::MAX; cap]; // slot -> position written there
+        let (mut off, mut len, mut next) = (0usize, 0usize, 0usize);
+        for (i, nr) in [1usize, 5, 8, 13, 3, 8, 8, 1, 2, 4, 7, 8, 8, 8, 1]
+            .iter()
+            .cycle()
+            .take(60)
+            .enumerate()
+        {
+            let r;
+            (off, len, r) = ring_append(cap, off, len, *nr);
+            for t in 0..*nr {
+                slots[(r.slot0 + t) % cap] = next + t;
+            }
+            next += nr;
+            assert_eq!(len, next.min(cap), "append {i}");
+            // logical row j is the position next − len + j
+            for j in 0..len {
+                assert_eq!(slots[(off + j) % cap], next - len + j, "append {i} row {j}");
+            }
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! The DSpark drafter on the GPU (`backend::cuda_drafter`) against the host drafter (the oracle).
+//!
+//! - `cuda_q41_mv_vs_reference`: the Q4_1 mat-vec at the drafter's shapes (5120→5120, 25600→5120,
+//!   5120→512, 5120→248320, an odd small one) against an f64 emulation of the same int8 math
+//!   (relative 1e-5 of the absolute term sum), NMSE against the CPU f32-activation matmul ≤ 1e-3,
+//!   rows independent of n (bit for bit), and a 3-segment launch equal to the single one (bit for bit).
+//! - `cuda_drafter_matches_host`: for the tiny builder drafter and the synthetic tiny / small
+//!   drafters of `$BONSAI_CUDA_MODELS/dspark`, random tap rows staged in uneven batches up to a full
+//!   window (with eviction): the context K/V window matches the host's (NMSE ≤ 5e-4), and for many
+//!   (id_last, context) cases the head logits match (NMSE ≤ 2e-3 per row) and the drafted ids equal
+//!   the host's except at near-ties: a differing id must be within `2·max|Δlogits| + 1e-3` of the
+//!   host's best Markov score (the chains are compared up to the first difference). A draft leaves
+//!   the context unchanged.
+//! - `cuda_engine_gpu_drafter_equals_plain`: `Engine` on CUDA with a DSpark drafter (GPU drafter, the
+//!   default) gives plain greedy output, on the builder models (and the model folder when set).
+//!
+//! Without a CUDA device every test prints SKIPPED and returns.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bonsai_engine::backend::cuda::CudaBackend;
+use bonsai_engine::backend::cuda_drafter::CudaDrafter;
+use bonsai_engine::backend::KvType;
+use bonsai_engine::config::TargetConfig;
+use bonsai_engine::drafter::Drafter;
+use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest};
+use bonsai_engine::gguf::Gguf;
+use bonsai_engine::sampling::SamplerParams;
+use bonsai_engine::spec::{PolicyMode, Rollback};
+use bonsai_engine::QuantType;
+use bonsai_kernels_cpu::ops;
+use bonsai_kernels_cuda::{self as kc, Gpu, MvSeg};
+use half::f16;
+
+const SKIP_GPU: &str = "no CUDA device (not counted as run)";
+
+struct Model {
+    name: String,
+    path: PathBuf,
+    drafter: PathBuf,
+}
+
+fn gpu_or_skip(test: &str) -> Option<CudaBackend> {
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED {test}: {SKIP_GPU}");
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("cuda backend"))
+}
+
+/// The tiny builder target (Q1_0) with the tiny builder drafter, plus the `$BONSAI_CUDA_MODELS`
+/// targets that have a `dspark/<same name>` drafter.
+fn models(test: &str) -> Vec<Model> {
+    let dir = std::env::temp_dir().join(format!("bonsai-cuda-drafter-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let write = |b: &common::Builder, name: &str| {
+        let p = dir.join(format!("{}-{name}", N.fetch_add(1, Ordering::Relaxed)));
+        std::fs::write(&p, b.build()).unwrap();
+        p
+    };
+    let mut v = vec![Model {
+        name: "builder-tiny-q1".into(),
+        path: write(&common::tiny_target(QuantType::Q1_0), "target.gguf"),
+        drafter: write(&common::tiny_drafter(QuantType::Q1_0), "drafter.gguf"),
+    }];
+    match std::env::var("BONSAI_CUDA_MODELS") {
+        Ok(d) => {
+            let d = PathBuf::from(d);
+            let mut found: Vec<Model> = std::fs::read_dir(&d)
+                .unwrap_or_else(|e| panic!("model folder {}: {e}", d.display()))
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+                .filter_map(|p| {
+                    let dr = d.join("dspark").join(p.file_name()?);
+                    dr.exists().then(|| Model {
+                        name: p.file_stem().unwrap().to_string_lossy().into_owned(),
+                        path: p,
+                        drafter: dr,
+                    })
+                })
+                .collect();
+            found.sort_by(|a, b| a.name.cmp(&b.name));
+            v.extend(found);
+        }
+        Err(_) => eprintln!(
+            "SKIPPED {test} on the synthetic model folder: BONSAI_CUDA_MODELS not set (not counted as run)"
+        ),
+    }
+    v
+}
+
+/// Deterministic pseudo-random stream (splitmix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .fold(0f32, |m, (&x, &y)| m.max((x - y).abs()))
+}
+
+/// Random Q4_1 rows with finite scales: d in [0.0005, 0.064), m in [−0.25, 0.25).
+fn rand_q41(rng: &mut Rng, n_in: usize, n_out: usize) -> Vec<u8> {
+    let nb = n_in / 32 * n_out;
+    let mut raw = vec![0u8; nb * 20];
+    for blk in raw.chunks_exact_mut(20) {
+        let r = rng.next();
+        let d = f16::from_f32(0.0005 + (r & 0xff) as f32 / 4000.0).to_bits();
+        let m = f16::from_f32(((r >> 8) & 0xff) as f32 / 512.0 - 0.25).to_bits();
+        blk[..2].copy_from_slice(&d.to_le_bytes());
+        blk[2..4].copy_from_slice(&m.to_le_bytes());
+        let (a, b) = (rng.next().to_le_bytes(), rng.next().to_le_bytes());
+        blk[4..12].copy_from_slice(&a);
+        blk[12..20].copy_from_slice(&b);
+    }
+    raw
+}
+
+fn f16_at(b: &[u8], i: usize) -> f64 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f64()
+}
+
+/// One Q4_1 mat-vec case: `n` rows through an `n_in → n_out` matrix.
+fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let raw = rand_q41(&mut rng, n_in, n_out);
+    let x: Vec<f32> = (0..n * n_in)
+        .map(|i| rng.f() * if i % 97 == 0 { 4.0 } else { 1.0 })
+        .collect(); // [n, n_in]
+    let (q, d, s) = kc::host_quant(&x, n_in);
+    let rt = kc::retile_q41(&raw, n_in, n_out);
+    let codes = gpu.upload(&rt.codes).unwrap();
+    let dm = gpu.upload(&rt.scales).unwrap();
+    let (qb, db, sb) = (
+        gpu.upload(&q).unwrap(),
+        gpu.upload(&d).unwrap(),
+        gpu.upload(&s).unwrap(),
+    );
+    let y = gpu.alloc(n * n_out * 4).unwrap();
+    let seg = MvSeg {
+        codes: codes.ptr(),
+        scales: dm.ptr(),
+        y: y.ptr(),
+        n_out,
+    };
+    gpu.mv_q41(&[seg], qb.ptr(), db.ptr(), sb.ptr(), n_in, n, false)
+        .unwrap();
+    let mut got = vec![0f32; n * n_out];
+    gpu.dtoh(&y, 0, &mut got).unwrap();
+    // f64 emulation of the int8 math on sampled rows, and the f32-activation CPU matmul
+    let nb = n_in / 32;
+    let rb = nb * 20;
+    let rows: Vec<usize> = (0..n_out)
+        .step_by((n_out / 512).max(1))
+        .chain(n_out.saturating_sub(3)..n_out)
+        .collect();
+    let mut sub_raw = Vec::with_capacity(rows.len() * rb);
+    for &o in &rows {
+        sub_raw.extend_from_slice(&raw[o * rb..(o + 1) * rb]);
+    }
+    let mut cpu = vec![0f32; n * rows.len()];
+    ops::matmul(&sub_raw, QuantType::Q4_1, n_in, rows.len(), &x, n, &mut cpu);
+    let (mut got_s, mut worst) = (Vec::new(), 0f64);
+    for t in 0..n {
+        for &o in &rows {
+            let w = &raw[o * rb..(o + 1) * rb];
+            let (mut r, mut mag) = (0f64, 0f64);
+            for b in 0..nb {
+                let blk = &w[b * 20..(b + 1) * 20];
+                let (dw, mw) = (f16_at(blk, 0), f16_at(blk, 2));
+                let mut isum = 0i64;
+                for j in 0..16 {
+                    isum += (blk[4 + j] & 0xF) as i64 * q[t * n_in + b * 32 + j] as i64;
+                    isum += (blk[4 + j] >> 4) as i64 * q[t * n_in + b * 32 + 16 + j] as i64;
+                }
+                let da = d[t * nb + b] as f64;
+                let sa = s[t * nb + b] as f64;
+                r += da * (dw * isum as f64 + mw * sa);
+                mag += da.abs() * ((dw * isum as f64).abs() + (mw * sa).abs());
+            }
+            let g = got[t * n_out + o] as f64;
+            let err = (g - r).abs() / (mag + 1e-6);
+            worst = worst.max(err);
+            assert!(
+                err <= 1e-5,
+                "mv_q41 {n_in}→{n_out} n={n}: row {o} t {t}: {g} vs {r} (rel {err:e})"
+            );
+            got_s.push(got[t * n_out + o]);
+        }
+    }
+    let e_cpu = nmse(&got_s, &cpu);
+    assert!(
+        e_cpu <= 1e-3,
+        "mv_q41 {n_in}→{n_out}: NMSE {e_cpu:e} vs the f32-activation CPU matmul"
+    );
+    // rows do not depend on n: the 1-row launch of each activation row, bit for bit
+    if n > 1 {
+        let y1 = gpu.alloc(n_out * 4).unwrap();
+        let mut one = vec![0f32; n_out];
+        for t in [0, n - 1] {
+            let seg1 = MvSeg { y: y1.ptr(), ..seg };
+            gpu.mv_q41(
+                &[seg1],
+                qb.at(t * n_in),
+                db.at(t * nb * 4),
+                sb.at(t * nb * 4),
+                n_in,
+                1,
+                false,
+            )
+            .unwrap();
+            gpu.dtoh(&y1, 0, &mut one).unwrap();
+            for o in 0..n_out {
+                assert_eq!(
+                    one[o].to_bits(),
+                    got[t * n_out + o].to_bits(),
+                    "mv_q41 {n_in}→{n_out}: row {o} of activation {t} depends on n"
+                );
+            }
+        }
+    }
+    // three segments (row ranges of the same matrix) equal the single launch bit for bit
+    if n_out >= 6 {
+        let cuts = [0, n_out / 3 + 1, 2 * n_out / 3 + 1, n_out];
+        let ys: Vec<_> = (0..3)
+            .map(|i| gpu.alloc(n * (cuts[i + 1] - cuts[i]) * 4).unwrap())
+            .collect();
+        let segs: Vec<MvSeg> = (0..3)
+            .map(|i| MvSeg {
+                codes: codes.at(cuts[i] * nb * 16),
+                scales: dm.at(cuts[i] * nb * 4),
+                y: ys[i].ptr(),
+                n_out: cuts[i + 1] - cuts[i],
+            })
+            .collect();
+        gpu.mv_q41(&segs, qb.ptr(), db.ptr(), sb.ptr(), n_in, n, false)
+            .unwrap();
+        for i in 0..3 {
+            let m = cuts[i + 1] - cuts[i];
+            let mut v = vec![0f32; n * m];
+            gpu.dtoh(&ys[i], 0, &mut v).unwrap();
+            for t in 0..n {
+                for o in 0..m {
+                    assert_eq!(
+                        v[t * m + o].to_bits(),
+                        got[t * n_out + cuts[i] + o].to_bits(),
+                        "mv_q41 segment {i} row {o} t {t}"
+                    );
+                }
+            }
+        }
+    }
+    println!(
+        "mv_q41 {n_in}→{n_out} n={n}: max rel err vs int8 emulation {worst:.2e}, NMSE vs f32 CPU {e_cpu:.2e}, \
+         batch-invariant, 3-segment == single"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_q41_mv_vs_reference() {
+    let Some(b) = gpu_or_skip("cuda_q41_mv_vs_reference") else {
+        return;
+    };
+    let gpu = b.gpu();
+    for (i, &(n_in, n_out, n)) in [
+        (96, 7, 3),
+        (5120, 5120, 8),
+        (25600, 5120, 8),
+        (5120, 512, 4),
+        (5120, 248_320, 4),
+    ]
+    .iter()
+    .enumerate()
+    {
+        q41_case(gpu, n_in, n_out, n, 1000 + i as u64);
+    }
+}
+
+/// `n` random tap rows `[n, tw]`, uniform in [−1, 1) (no outliers: the int8 noise stays small).
+fn rand_taps(rng: &mut Rng, n: usize, tw: usize) -> Vec<f32> {
+    (0..n * tw).map(|_| rng.f()).collect()
+}
+
+/// Compare one draft of the GPU drafter with the host's; returns (near-tie mismatches, worst row
+/// NMSE).
+fn compare_draft(
+    d: &CudaDrafter,
+    host_st: &mut bonsai_engine::drafter::DraftState,
+    gpu_st: &mut bonsai_engine::backend::cuda_drafter::CudaDraftState,
+    id_last: u32,
+    start: usize,
+    what: &str,
+) -> (usize, f64) {
+    let h: &Drafter = d.host();
+    let nv = d.cfg.n_vocab;
+    let hl = h.draft_logits(host_st, id_last, start).unwrap();
+    let hids = h.markov(&hl, id_last);
+    let before = d.export(gpu_st).unwrap();
+    let (gids, gl) = d.draft_with_logits(gpu_st, id_last, start).unwrap();
+    let after = d.export(gpu_st).unwrap();
+    assert!(
+        before.0 == after.0 && before.1 == after.1,
+        "{what}: a draft changed the GPU context"
+    );
+    let mut worst = 0f64;
+    let mut maxd = Vec::new();
+    for k in 0..d.cfg.block_size {
+        let (a, b) = (&gl[k * nv..(k + 1) * nv], &hl[k * nv..(k + 1) * nv]);
+        let e = nmse(a, b);
+        worst = worst.max(e);
+        assert!(e <= 2e-3, "{what}: logits row {k} NMSE {e:e} (> 2e-3)");
+        maxd.push(max_abs_diff(a, b));
+    }
+    // ids: equal up to the first difference, which must be a near-tie of the host's scores
+    let mut prev = id_last;
+    for k in 0..d.cfg.block_size {
+        if gids[k] == hids[k] {
+            prev = hids[k];
+            continue;
+        }
+        let sc = h.markov_scores(&hl[k * nv..(k + 1) * nv], prev);
+        let gap = sc[hids[k] as usize] - sc[gids[k] as usize];
+        let tol = 2.0 * maxd[k] + 1e-3;
+        assert!(
+            gids[k] != d.cfg.mask_token_id && gap <= tol,
+            "{what}: draft {k}: GPU {} vs host {} with a score gap {gap} > {tol} (not a near-tie)",
+            gids[k],
+            hids[k]
+        );
+        return (1, worst);
+    }
+    (0, worst)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_drafter_matches_host() {
+    let test = "cuda_drafter_matches_host";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    for m in models(test) {
+        let g = Arc::new(Gguf::open(&m.path).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let host = Drafter::load(&m.drafter, &g, &cfg).unwrap();
+        let d = CudaDrafter::new(b.gpu_arc(), host).unwrap();
+        let h = d.host();
+        let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+        let mut hs = h.new_state();
+        let mut gs = d.new_state().unwrap();
+        let mut rng = Rng(77);
+        let (mut pos, mut cases, mut ties, mut worst) = (0usize, 0usize, 0usize, 0f64);
+        // uneven batches (prefill chunks, verify accepts, single steps) until past a full window
+        let batches = [
+            1usize, 5, 8, 13, 3, 1, 200, 1, 2, 4, 5, 1000, 3, 3000, 2, 1, 5,
+        ];
+        for (bi, &nb) in batches.iter().enumerate() {
+            let taps = rand_taps(&mut rng, nb, tw);
+            h.stage(&mut hs, &taps, pos, nb).unwrap();
+            d.stage(&mut gs, &taps, pos, nb).unwrap();
+            pos += nb;
+            assert_eq!(gs.len(), hs.len(), "{}: window length", m.name);
+            assert_eq!(gs.next_pos(), hs.next_pos());
+            let (hp, hv) = hs.export();
+            let (gp, gv) = d.export(&gs).unwrap();
+            assert_eq!(hp, gp, "{}: first live position", m.name);
+            let e = nmse(&gv, &hv);
+            assert!(
+                e <= 5e-4,
+                "{}: context K/V NMSE {e:e} after batch {bi}",
+                m.name
+            );
+            for c in 0..3 {
+                let id_last = (rng.next() % (nv as u64 - 1)) as u32;
+                let what = format!("{} batch {bi} case {c} (id {id_last}, pos {pos})", m.name);
+                let (t, w) = compare_draft(&d, &mut hs, &mut gs, id_last, pos, &what);
+                ties += t;
+                worst = worst.max(w);
+                cases += 1;
+            }
+        }
+        assert!(gs.len() == window, "{}: the window did not fill", m.name);
+        println!(
+            "{}: GPU drafter == host drafter over {cases} drafts up to a full window ({window} rows): \
+             logits NMSE ≤ {worst:.2e}, {ties} near-tie id differences",
+            m.name
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_engine_gpu_drafter_equals_plain() {
+    let test = "cuda_engine_gpu_drafter_equals_plain";
+    if gpu_or_skip(test).is_none() {
+        return;
+    }
+    let greedy = SamplerParams::greedy();
+    for m in models(test) {
+        let load = |draft: Option<DraftSource>| {
+            let opts = EngineOptions {
+                n_ctx: Some(512),
+                threads: Some(4),
+                device: "cuda".into(),
+                draft,
+                speculative: PolicyMode::Always,
+                rollback: Rollback::Replay,
+                kv_type: KvType::F16,
+            };
+            Engine::load(&m.path, &opts).unwrap()
+        };
+        let nv = {
+            let g = Gguf::open(&m.path).unwrap();
+            TargetConfig::from_gguf(&g).unwrap().n_vocab as u32
+        };
+        let prompts: Vec<Vec<u32>> = (0..3u32)
+            .map(|s| {
+                (0..(5 + 11 * s))
+                    .map(|i| (i * 2654435761u32).wrapping_add(s * 131) % (nv - 8).min(1400))
+                    .collect()
+            })
+            .collect();
+        let plain = load(None);
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| complete(&plain, p, 48, &greedy).0)
+            .collect();
+        drop(plain);
+        let e = load(Some(DraftSource::Dspark(m.drafter.clone())));
+        let (mut rounds, mut drafted, mut accepted, mut dsec) = (0, 0, 0, 0f64);
+        for (p, w) in prompts.iter().zip(&want) {
+            let (got, u) = complete(&e, p, 48, &greedy);
+            assert_eq!(
+                &got, w,
+                "{}: GPU-drafter speculative greedy differs from plain",
+                m.name
+            );
+            rounds += u.spec.rounds;
+            drafted += u.spec.drafted;
+            accepted += u.spec.accepted;
+            dsec += u.spec.draft_seconds;
+        }
+        assert!(rounds > 0, "{}: no round ran", m.name);
+        println!(
+            "{}: cuda + GPU drafter == plain greedy ({} prompts × 48); {rounds} rounds, \
+             {accepted}/{drafted} accepted, {:.3} ms per draft",
+            m.name,
+            prompts.len(),
+            1e3 * dsec / rounds as f64
+        );
+    }
+}
+
+fn complete(
+    e: &Engine,
+    pr: &[u32],
+    n: usize,
+    params: &SamplerParams,
+) -> (Vec<u32>, bonsai_engine::engine::Usage) {
+    let req = GenRequest {
+        prompt: pr.to_vec(),
+        params: params.clone(),
+        max_tokens: n,
+        stop: Vec::new(),
+        stop_ids: Vec::new(),
+        ignore_eos: true,
+        speculative: None,
+    };
+    let (rx, _cancel) = e.submit(req).unwrap();
+    let mut ids = Vec::new();
+    loop {
+        match rx.recv().expect("engine event") {
+            Event::Token(t) => ids.push(t.id),
+            Event::Text(_) => {}
+            Event::Done { usage, .. } => return (ids, usage),
+            Event::Error(err) => panic!("generation failed: {err}"),
+        }
+    }
+}
