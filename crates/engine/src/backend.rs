@@ -19,6 +19,7 @@ use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{AttnWeights, GdnWeights, MlpWeights, SeqState, Weights};
+use crate::sampling::LogitStats;
 
 /// How the GDN recurrence runs over the rows of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +190,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         id: u32,
         logits: &mut Vec<f32>,
     ) -> Result<()>;
+
+    /// [`Backend::decode_step`] that may also return the row's [`LogitStats`] when the backend
+    /// computes them cheaply where the logits live (the CUDA graph does, so a greedy sampler
+    /// need not scan the row on the host). The default computes none.
+    fn decode_step_stats(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<Option<LogitStats>> {
+        self.decode_step(cfg, w, st, id, logits)?;
+        Ok(None)
+    }
 }
 
 /// Width of one verify-record row of a GDN layer: `mixed` (conv_dim) ‖ `k` (H_k·d_k) ‖ `v` (H_v·d_v)

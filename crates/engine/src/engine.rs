@@ -890,6 +890,7 @@ impl<B: Backend> Worker<B> {
             }
             // a plain decode step (with the drafter's context row when drafting is possible)
             let timer = Timer::start();
+            let mut row_stats = None;
             match &tap_layers {
                 Some(l) => {
                     forward(
@@ -912,16 +913,23 @@ impl<B: Backend> Worker<B> {
                     )?;
                     self.stage(&taps, start, 1)?;
                 }
-                // no side outputs: the backend's decode step (a graph replay on CUDA)
-                None => self.backend.decode_step(
-                    &self.cfg,
-                    &self.weights,
-                    &mut self.state,
-                    id_last,
-                    &mut logits,
-                )?,
+                // no side outputs: the backend's decode step (a graph replay on CUDA), with the
+                // row's statistics when the backend has them (a greedy pick needs no host scan)
+                None => {
+                    row_stats = self.backend.decode_step_stats(
+                        &self.cfg,
+                        &self.weights,
+                        &mut self.state,
+                        id_last,
+                        &mut logits,
+                    )?
+                }
             }
-            let s = sampler.sample(&logits);
+            let s = match row_stats.and_then(|st| sampler.sample_from_stats(&st, self.cfg.n_vocab))
+            {
+                Some(s) => s,
+                None => sampler.sample(&logits),
+            };
             sampler.accept(s.id);
             if use_spec {
                 let secs = timer.secs();

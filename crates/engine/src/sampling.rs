@@ -147,6 +147,15 @@ impl SamplerParams {
     }
 }
 
+/// Statistics of one logits row: the first maximum (NaN counts as −inf), its value, and the
+/// log-sum-exp of the row. A backend may compute them where the logits live.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogitStats {
+    pub argmax: u32,
+    pub max: f32,
+    pub lse: f64,
+}
+
 /// One sampled token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
@@ -321,6 +330,38 @@ impl Sampler {
             logprob: logprob(id),
             top,
         }
+    }
+
+    /// Whether [`Sampler::sample_from_stats`] gives this sampler's result: greedy, with no bias,
+    /// no penalties and no top-N logprobs (the pick needs only the row's argmax, max and lse).
+    pub fn stats_suffice(&self) -> bool {
+        let p = &self.p;
+        p.temperature == 0.0
+            && p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.n_logprobs == 0
+    }
+
+    /// [`Sampler::sample`] from statistics of the row computed elsewhere (on the device): the
+    /// first maximum and the log-sum-exp. Only valid when [`Sampler::stats_suffice`]; returns
+    /// `None` otherwise, or when the statistics are unusable (every logit NaN or −inf), so the
+    /// caller falls back to the full row. Advances the RNG once, like `sample`.
+    pub fn sample_from_stats(&mut self, st: &LogitStats, n_vocab: usize) -> Option<Sampled> {
+        if !self.stats_suffice()
+            || st.argmax as usize >= n_vocab
+            || !st.max.is_finite()
+            || !st.lse.is_finite()
+        {
+            return None;
+        }
+        let _ = self.rng.next_f64();
+        Some(Sampled {
+            id: st.argmax,
+            logprob: (st.max as f64 - st.lse) as f32,
+            top: Vec::new(),
+        })
     }
 
     /// Steps 4–9 on `self.work`, with the uniform `u` in [0, 1).

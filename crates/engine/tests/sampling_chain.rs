@@ -486,3 +486,63 @@ fn accept_n_matches_plain_sampling_at_temperature() {
         "accepted {accepted} in {rounds} rounds"
     );
 }
+
+/// The device fast path: a greedy sampler fed the row's statistics picks what `sample` picks, with
+/// the same logprob (up to the lse's rounding) and the same RNG advance; any other sampler, or
+/// unusable statistics, declines.
+#[test]
+fn sample_from_stats_equals_greedy_sample() {
+    use bonsai_engine::sampling::LogitStats;
+    let mut x = 7u64;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 40) as f32 / 16777216.0) * 20.0 - 10.0
+    };
+    let mut logits: Vec<f32> = (0..5000).map(|_| next()).collect();
+    logits[17] = 30.0;
+    logits[4000] = 30.0; // tie: the first wins
+    logits[5] = f32::NAN;
+    let m = 30.0f32;
+    let lse = m as f64
+        + logits
+            .iter()
+            .filter(|v| !v.is_nan())
+            .map(|&v| ((v - m) as f64).exp())
+            .sum::<f64>()
+            .ln();
+    let st = LogitStats {
+        argmax: 17,
+        max: m,
+        lse,
+    };
+    let mut a = Sampler::new(SamplerParams::greedy());
+    let mut b = Sampler::new(SamplerParams::greedy());
+    assert!(b.stats_suffice());
+    for _ in 0..3 {
+        let want = a.sample(&logits);
+        let got = b
+            .sample_from_stats(&st, logits.len())
+            .expect("greedy uses stats");
+        assert_eq!(got.id, want.id);
+        assert!(
+            (got.logprob - want.logprob).abs() < 1e-5,
+            "{got:?} vs {want:?}"
+        );
+        a.accept(want.id);
+        b.accept(got.id);
+    }
+    // not greedy, or top logprobs asked: decline
+    let mut c = Sampler::new(SamplerParams::default());
+    assert!(c.sample_from_stats(&st, logits.len()).is_none());
+    let mut d = Sampler::new(SamplerParams {
+        n_logprobs: 2,
+        ..SamplerParams::greedy()
+    });
+    assert!(d.sample_from_stats(&st, logits.len()).is_none());
+    // unusable statistics: decline
+    let mut e = Sampler::new(SamplerParams::greedy());
+    let bad = LogitStats { argmax: 5000, ..st };
+    assert!(e.sample_from_stats(&bad, logits.len()).is_none());
+}

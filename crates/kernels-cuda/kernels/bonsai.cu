@@ -794,6 +794,65 @@ extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
     }
 }
 
+// Per logits row: the first maximum (NaN never wins, like the host sampler's NaN → −inf), its
+// value, and the log-sum-exp. grid rows, block 1024. out [rows, 4] u32: argmax (0x7fffffff when
+// no finite maximum), max (f32 bits), lse (f64 bits, low word first). Each thread keeps an online
+// (max, Σ exp(v − max)) over its indices in increasing order; warps and then the block merge in a
+// fixed order, so the result is deterministic.
+extern "C" __global__ void logit_stats_rows(const float* logits, int nv, u32* out) {
+    PDL_ENTRY();
+    __shared__ float bm[32], bs[32];
+    __shared__ int bi[32];
+    int t = blockIdx.x;
+    const float* l = logits + (size_t)t * nv;
+    float best = NEG_INF, sum = 0.f;
+    int bidx = 0x7fffffff;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v = l[i];
+        if (v > best) {
+            sum = (best == NEG_INF ? 0.f : sum * expf(best - v)) + 1.0f;
+            best = v;
+            bidx = i;
+        } else if (v > NEG_INF) {
+            sum += expf(v - best);
+        }
+    }
+    // merge (m1, s1, i1) with (m2, s2, i2): the larger max wins, ties to the lower index
+    auto merge = [](float& m, float& s, int& i, float m2, float s2, int i2) {
+        if (m2 == NEG_INF) return;
+        if (m == NEG_INF) {
+            m = m2; s = s2; i = i2;
+            return;
+        }
+        float M = fmaxf(m, m2);
+        s = s * expf(m - M) + s2 * expf(m2 - M);
+        if (m2 > m || (m2 == m && i2 < i)) i = i2;
+        m = M;
+    };
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, best, o);
+        float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, bidx, o);
+        merge(best, sum, bidx, m2, s2, i2);
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) { bm[w] = best; bs[w] = sum; bi[w] = bidx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = bm[0], s = bs[0];
+        int i = bi[0];
+        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) merge(m, s, i, bm[k], bs[k], bi[k]);
+        double lse = m == NEG_INF ? (double)NEG_INF : (double)m + log((double)s);
+        unsigned long long lb = (unsigned long long)__double_as_longlong(lse);
+        u32* o = out + (size_t)t * 4;
+        o[0] = (u32)(m == NEG_INF ? 0x7fffffff : i);
+        o[1] = __float_as_uint(m);
+        o[2] = (u32)(lb & 0xffffffffull);
+        o[3] = (u32)(lb >> 32);
+    }
+}
+
 // End of a captured greedy decode step: hist[pos] = token; pos += 1. grid 1, block 1.
 extern "C" __global__ void step_advance(int* pos, const int* tok, int* hist, int hist_len) {
     PDL_ENTRY();

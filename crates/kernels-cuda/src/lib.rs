@@ -102,6 +102,26 @@ fn mv_default_r(kind: WKind, rows: usize) -> usize {
     }
 }
 
+/// One row's statistics as `logit_stats_rows` writes them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogitRowStats {
+    /// First maximum; `None` when no logit is finite or above −inf.
+    pub argmax: Option<u32>,
+    pub max: f32,
+    pub lse: f64,
+}
+
+impl LogitRowStats {
+    /// Decode the 4 words of one row.
+    pub fn from_words(w: &[u32]) -> LogitRowStats {
+        LogitRowStats {
+            argmax: (w[0] != 0x7fff_ffff).then_some(w[0]),
+            max: f32::from_bits(w[1]),
+            lse: f64::from_bits(w[2] as u64 | (w[3] as u64) << 32),
+        }
+    }
+}
+
 /// One matrix of a grouped mat-vec launch: re-tiled codes and scales, output `y [n, n_out]` f32.
 #[derive(Clone, Copy, Debug)]
 pub struct MvSeg {
@@ -381,6 +401,13 @@ impl PinnedBuf {
         // no invalid bit patterns.
         unsafe { std::slice::from_raw_parts(self.ptr as *const f32, n) }
     }
+    /// The first `n` u32 values (same contract as [`PinnedBuf::f32s`]).
+    pub fn u32s(&self, n: usize) -> &[u32] {
+        assert!(n * 4 <= self.bytes, "pinned read out of bounds");
+        // SAFETY: ptr is a live host allocation of `bytes` (page aligned), n·4 ≤ bytes, and u32 has
+        // no invalid bit patterns.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u32, n) }
+    }
     /// Write `v` at element offset `i` (i32 slots). No copy may be in flight from this buffer.
     pub fn set_i32(&mut self, i: usize, v: i32) {
         assert!((i + 1) * 4 <= self.bytes, "pinned write out of bounds");
@@ -510,6 +537,7 @@ kernels!(
         attn_merge_quant,
         swiglu_quant,
         argmax_rows,
+        logit_stats_rows,
         step_advance,
         // ---- prefill.cu (n > MAX_ROWS) ----
         gdn_conv_rows,
@@ -1618,6 +1646,17 @@ impl Gpu {
     }
 
     /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.
+    /// Per row of `logits [rows, nv]`: argmax (first maximum), max and log-sum-exp into
+    /// `out [rows, 4]` u32 (see `logit_stats_rows` in bonsai.cu; [`LogitRowStats::from_words`]).
+    pub fn logit_stats_rows(&self, logits: u64, rows: usize, nv: usize, out: u64) -> Result<()> {
+        self.launch(
+            self.f.logit_stats_rows,
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            &[Arg::P(logits), Arg::I(nv as i32), Arg::P(out)],
+        )
+    }
+
     pub fn argmax_rows(&self, logits: u64, rows: usize, nv: usize, ids: u64) -> Result<()> {
         self.launch(
             self.f.argmax_rows,

@@ -896,6 +896,68 @@ fn argmax_lowest_index_on_ties() {
     assert_eq!(down::<i32>(g, &ids, 2), vec![1000, 248319]);
 }
 
+/// `logit_stats_rows`: first maximum (NaN never wins), its value and the log-sum-exp, vs the host
+/// in f64, on rows with ties, NaN and −inf, and a row with no finite logit.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn logit_stats_rows_vs_host() {
+    let g = need_gpu!("logit_stats_rows_vs_host");
+    let nv = 248320;
+    let rows = 4;
+    let mut rng = Rng(52);
+    let mut l = rng.vec(rows * nv, 8.0);
+    l[1000] = 40.0;
+    l[200000] = 40.0; // tie: lowest index wins
+    l[nv + 7] = f32::NAN; // NaN never wins
+    l[nv + 8] = 41.0;
+    l[nv + 9] = f32::NEG_INFINITY;
+    for v in &mut l[2 * nv..3 * nv] {
+        *v = f32::NEG_INFINITY; // nothing finite
+    }
+    l[3 * nv + 248319] = 30.0; // last index
+    let lb = g.upload(&l).unwrap();
+    let out = g.alloc(rows * 16).unwrap();
+    g.logit_stats_rows(lb.ptr(), rows, nv, out.ptr()).unwrap();
+    let w: Vec<u32> = down(g, &out, rows * 4);
+    for r in 0..rows {
+        let row = &l[r * nv..(r + 1) * nv];
+        let st = bonsai_kernels_cuda::LogitRowStats::from_words(&w[r * 4..r * 4 + 4]);
+        // host: NaN → −inf, first maximum, f64 log-sum-exp
+        let clean: Vec<f32> = row
+            .iter()
+            .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
+            .collect();
+        let mut best = 0usize;
+        for (i, &x) in clean.iter().enumerate() {
+            if x > clean[best] {
+                best = i;
+            }
+        }
+        let m = clean[best];
+        if m == f32::NEG_INFINITY {
+            assert_eq!(st.argmax, None, "row {r}: no finite logit");
+            continue;
+        }
+        let lse = m as f64
+            + clean
+                .iter()
+                .map(|&x| ((x as f64) - m as f64).exp())
+                .sum::<f64>()
+                .ln();
+        assert_eq!(st.argmax, Some(best as u32), "row {r}: argmax");
+        assert_eq!(st.max.to_bits(), m.to_bits(), "row {r}: max");
+        assert!(
+            (st.lse - lse).abs() <= 1e-5 * lse.abs().max(1.0),
+            "row {r}: lse {} vs host {lse}",
+            st.lse
+        );
+        eprintln!(
+            "logit stats row {r}: argmax {best}, lse {:.6} vs host {lse:.6}",
+            st.lse
+        );
+    }
+}
+
 /// DSpark rollback kernels (spec.cu): the verify record is the exact concatenation of the conv
 /// kernel's outputs (pre-conv `mixed` ‖ L2-normed `k` ‖ `v` ‖ `g` ‖ `β`), and replaying its first `m`
 /// rows from the pre-verify state gives the conv window and recurrent state `gdn_conv` + `gdn_step`

@@ -34,6 +34,7 @@ use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{AttnWeights, GdnWeights, Mixer, MlpWeights, SeqState, Weights};
+use crate::sampling::LogitStats;
 
 fn be(e: kc::CudaError) -> Error {
     Error::Backend(format!("cuda: {e}"))
@@ -152,8 +153,11 @@ struct StepGraph {
     _x: CudaAct,
     /// [id, pos] i32, read by the graph's first two copies.
     input: kc::PinnedBuf,
-    /// [n_vocab] f32, written by the graph's last copy.
+    /// [n_vocab] f32, written by the graph's logits copy.
     logits: kc::PinnedBuf,
+    /// The row's statistics: device [4] u32 → pinned [4] u32 (argmax, max, lse).
+    _stats_dev: DevBuf,
+    stats: kc::PinnedBuf,
 }
 
 /// Rows per mat-vec launch.
@@ -828,6 +832,8 @@ impl CudaBackend {
         let x = self.new_act(1, cfg.n_embd);
         let input = self.gpu.alloc_pinned(8).map_err(be)?;
         let logits = self.gpu.alloc_pinned(nv * 4).map_err(be)?;
+        let stats_dev = self.gpu.alloc(16).map_err(be)?;
+        let stats = self.gpu.alloc_pinned(16).map_err(be)?;
         self.gpu.sync().map_err(be)?;
         self.gpu.begin_capture().map_err(be)?;
         let r = (|| {
@@ -837,7 +843,11 @@ impl CudaBackend {
             g.htod_pinned_async(sc.pos.ptr(), &input, 4, 4)
                 .map_err(be)?;
             self.step_logits(sc, cfg, w, st, x.buf.ptr())?;
+            g.logit_stats_rows(sc.logits.ptr(), 1, nv, stats_dev.ptr())
+                .map_err(be)?;
             g.dtoh_pinned_async(&logits, 0, sc.logits.ptr(), nv * 4)
+                .map_err(be)?;
+            g.dtoh_pinned_async(&stats, 0, stats_dev.ptr(), 16)
                 .map_err(be)
         })();
         let graph = self.gpu.end_capture().map_err(be);
@@ -849,6 +859,8 @@ impl CudaBackend {
             _x: x,
             input,
             logits,
+            _stats_dev: stats_dev,
+            stats,
         })
     }
 
@@ -1376,6 +1388,17 @@ impl Backend for CudaBackend {
         id: u32,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
+        self.decode_step_stats(cfg, w, st, id, logits).map(|_| ())
+    }
+
+    fn decode_step_stats(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<Option<LogitStats>> {
         if st.pos + 1 > st.n_ctx {
             return Err(Error::ContextOverflow(format!(
                 "{} positions requested, context is {}",
@@ -1404,7 +1427,7 @@ impl Backend for CudaBackend {
         }
         let nv = cfg.n_vocab;
         let mut slot = self.step_graph.lock().expect("step graph lock");
-        self.with_scratch(cfg, 1, |sc| {
+        let stats = self.with_scratch(cfg, 1, |sc| {
             let mut key = Self::step_key(w, st, sc.gen);
             // a graph bakes in the launch mode (PDL edges or full ones)
             key.push(self.gpu.pdl() as u64);
@@ -1421,12 +1444,17 @@ impl Backend for CudaBackend {
             self.gpu.sync().map_err(be)?;
             logits.clear();
             logits.extend_from_slice(g.logits.f32s(nv));
-            Ok(())
+            let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
+            Ok(r.argmax.map(|argmax| LogitStats {
+                argmax,
+                max: r.max,
+                lse: r.lse,
+            }))
         })?;
         st.pos += 1;
         for kv in &mut st.kv {
             kv.len = st.pos;
         }
-        Ok(())
+        Ok(stats)
     }
 }
