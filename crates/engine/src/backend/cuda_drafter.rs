@@ -595,12 +595,13 @@ impl CudaDrafter {
         }
         let mut ids = vec![0i32; bs + 1];
         g.dtoh(&st.ids, 0, &mut ids).map_err(be)?;
-        let out: Vec<u32> = ids[1..].iter().map(|&i| i as u32).collect();
-        if let Some(&bad) = out.iter().find(|&&i| i as usize >= nv) {
-            return Err(Error::Backend(format!(
-                "cuda drafter: drafted id {bad} is outside the vocabulary (non-finite logits?)"
-            )));
-        }
+        // A row with no finite score (non-finite drafter logits) has no argmax; the host drafter
+        // then keeps its initial pick, id 0, and so does this one (the next Markov step clamps
+        // the same way on the device). A draft is only a proposal: verification stays exact.
+        let out: Vec<u32> = ids[1..]
+            .iter()
+            .map(|&i| if (i as u32 as usize) < nv { i as u32 } else { 0 })
+            .collect();
         let logits = if want_logits {
             let mut l = vec![0f32; bs * nv];
             g.dtoh(&st.logits, 0, &mut l).map_err(be)?;
