@@ -213,6 +213,38 @@ fn desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
+/// Largest top-k taken by [`top_k_scan`] (larger k use a selection over the whole row).
+const TOPK_SCAN_MAX: usize = 256;
+
+/// The `k` best `(id, logit)` of `row` under [`desc`] (value descending, then lower id), in no
+/// particular order, into `out`. One pass in increasing id order: an entry goes in only when it
+/// beats the current k-th best, which almost every entry of a vocabulary row fails with one float
+/// compare. The same set as selecting over the whole row, since `desc` is a total order.
+fn top_k_scan(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    out.extend(row[..k].iter().enumerate().map(|(i, &l)| (i as u32, l)));
+    // index of the worst kept entry and its value
+    let worst = |v: &[(u32, f32)]| -> usize {
+        let mut w = 0;
+        for i in 1..v.len() {
+            if desc(&v[w], &v[i]).is_lt() {
+                w = i;
+            }
+        }
+        w
+    };
+    let mut w = worst(out);
+    let mut floor = out[w].1;
+    for (i, &l) in row.iter().enumerate().skip(k) {
+        // ids only increase, so an equal value loses to every kept entry (lower ids): strict >
+        if l > floor {
+            out[w] = (i as u32, l);
+            w = worst(out);
+            floor = out[w].1;
+        }
+    }
+}
+
 pub struct Sampler {
     p: SamplerParams,
     rng: Rng,
@@ -369,12 +401,16 @@ impl Sampler {
         let work = &self.work;
         let cand = &mut self.cand;
         cand.clear();
-        cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         // 4. top-k, then sort the survivors descending.
         let k = self.p.top_k;
-        if k > 0 && k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, desc);
-            cand.truncate(k);
+        if k > 0 && k <= TOPK_SCAN_MAX && k < work.len() {
+            top_k_scan(work, k, cand);
+        } else {
+            cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            if k > 0 && k < cand.len() {
+                cand.select_nth_unstable_by(k - 1, desc);
+                cand.truncate(k);
+            }
         }
         cand.sort_unstable_by(desc);
         // Drop banned tokens, unless every one is banned (then keep the first: lowest id).
@@ -470,5 +506,39 @@ impl Sampler {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass top-k equals a selection over the whole row under `desc`, ties and −inf
+    /// included.
+    #[test]
+    fn top_k_scan_equals_full_selection() {
+        let mut rng = Rng::new(3);
+        for case in 0..200 {
+            let n = 1 + (rng.next_u64() % 3000) as usize;
+            // few distinct values: many ties
+            let row: Vec<f32> = (0..n)
+                .map(|_| match rng.next_u64() % 10 {
+                    0 => f32::NEG_INFINITY,
+                    r => (r % 7) as f32 - (case % 3) as f32,
+                })
+                .collect();
+            let k = 1 + (rng.next_u64() as usize % TOPK_SCAN_MAX.min(n));
+            let mut got = Vec::new();
+            top_k_scan(&row, k, &mut got);
+            got.sort_unstable_by(desc);
+            let mut want: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            want.sort_unstable_by(desc);
+            want.truncate(k);
+            assert_eq!(got, want, "case {case}: n {n} k {k}");
+        }
     }
 }

@@ -600,7 +600,13 @@ impl CudaDrafter {
         // the same way on the device). A draft is only a proposal: verification stays exact.
         let out: Vec<u32> = ids[1..]
             .iter()
-            .map(|&i| if (i as u32 as usize) < nv { i as u32 } else { 0 })
+            .map(|&i| {
+                if (i as u32 as usize) < nv {
+                    i as u32
+                } else {
+                    0
+                }
+            })
             .collect();
         let logits = if want_logits {
             let mut l = vec![0f32; bs * nv];
