@@ -4,6 +4,8 @@
 //! Writes a JSON record to `$BONSAI_BENCH_OUT` (default: stdout only). Driven by
 //! scripts/gpu_check.sh; results are committed under bench/results/.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -142,33 +144,7 @@ fn cuda_decode_bench() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2] as f64
     };
-    let mut cats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
-        ("gdn_in(qkv|z|b|a)", vec![]),
-        ("gdn_qkv_alone", vec![]),
-        ("ssm_out", vec![]),
-        ("attn_in(q|k|v)", vec![]),
-        ("attn_out", vec![]),
-        ("ffn_gate|up", vec![]),
-        ("ffn_gate_alone", vec![]),
-        ("ffn_down", vec![]),
-        ("head", vec![vec![w.head_mat()]]),
-    ];
-    for l in &w.layers {
-        match &l.mixer {
-            Mixer::Gdn(x) => {
-                cats[0].1.push(vec![&x.qkv, &x.gate, &x.beta, &x.alpha]);
-                cats[1].1.push(vec![&x.qkv]);
-                cats[2].1.push(vec![&x.ssm_out]);
-            }
-            Mixer::Attn(x) => {
-                cats[3].1.push(vec![&x.q, &x.k, &x.v]);
-                cats[4].1.push(vec![&x.out]);
-            }
-        }
-        cats[5].1.push(vec![&l.mlp.gate, &l.mlp.up]);
-        cats[6].1.push(vec![&l.mlp.gate]);
-        cats[7].1.push(vec![&l.mlp.down]);
-    }
+    let cats = common::mat_categories(&w, true);
     let mut prof = Vec::new();
     let mut mv_total_ms = 0.0;
     for (name, groups) in &cats {

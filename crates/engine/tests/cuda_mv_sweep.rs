@@ -5,16 +5,16 @@
 //! prints SKIPPED. Writes JSON to `$BONSAI_SWEEP_OUT` when set. Driven by scripts/gpu_check.sh;
 //! the chosen defaults live in `mv_default_ks` / `mv_default_r` (kernels-cuda/src/lib.rs).
 
+mod common;
+
 use std::sync::Arc;
 
 use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::Backend;
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
-use bonsai_engine::model::{Mixer, Weights};
+use bonsai_engine::model::Weights;
 use bonsai_kernels_cuda::MvPlan;
-
-type Mat = <CudaBackend as Backend>::Mat;
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -32,29 +32,7 @@ fn cuda_mv_plan_sweep() {
     let cfg = TargetConfig::from_gguf(&g).unwrap();
     let w = Weights::load(&cuda, &g, &cfg).unwrap();
 
-    let mut cats: Vec<(&str, Vec<Vec<&Mat>>)> = vec![
-        ("gdn_in(qkv|z|b|a)", vec![]),
-        ("ssm_out", vec![]),
-        ("attn_in(q|k|v)", vec![]),
-        ("attn_out", vec![]),
-        ("ffn_gate|up", vec![]),
-        ("ffn_down", vec![]),
-        ("head", vec![vec![w.head_mat()]]),
-    ];
-    for l in &w.layers {
-        match &l.mixer {
-            Mixer::Gdn(x) => {
-                cats[0].1.push(vec![&x.qkv, &x.gate, &x.beta, &x.alpha]);
-                cats[1].1.push(vec![&x.ssm_out]);
-            }
-            Mixer::Attn(x) => {
-                cats[2].1.push(vec![&x.q, &x.k, &x.v]);
-                cats[3].1.push(vec![&x.out]);
-            }
-        }
-        cats[4].1.push(vec![&l.mlp.gate, &l.mlp.up]);
-        cats[5].1.push(vec![&l.mlp.down]);
-    }
+    let cats = common::mat_categories(&w, false);
     let med = |mut v: Vec<f32>| {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2] as f64

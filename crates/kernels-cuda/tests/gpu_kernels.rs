@@ -7,51 +7,9 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvPlan, MvSeg, WKind};
 use half::f16;
-use std::sync::OnceLock;
 
-fn gpu() -> Option<&'static Gpu> {
-    static G: OnceLock<Option<Gpu>> = OnceLock::new();
-    G.get_or_init(|| {
-        if !bonsai_kernels_cuda::cuda_available() {
-            return None;
-        }
-        Some(Gpu::new(0).expect("CUDA present but Gpu::new failed"))
-    })
-    .as_ref()
-}
-
-macro_rules! need_gpu {
-    ($name:expr) => {
-        match gpu() {
-            Some(g) => g,
-            None => {
-                eprintln!("SKIPPED {}: no CUDA device (not counted as run)", $name);
-                return;
-            }
-        }
-    };
-}
-
-struct Rng(u64);
-impl Rng {
-    fn u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    /// uniform in [-1, 1)
-    fn f(&mut self) -> f32 {
-        ((self.u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.u64() as u8).collect()
-    }
-}
+mod common;
+use common::Rng;
 
 /// Random GGUF rows of a low-bit type with sane f16 scales; Q2 codes restricted to {0,1,2}.
 fn rand_lowbit(rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize) -> Vec<u8> {

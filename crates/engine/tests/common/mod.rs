@@ -497,3 +497,42 @@ pub const WEIGHT_TYPES: [QuantType; 4] = [
     QuantType::Q2_0G64,
     QuantType::PQ2_0,
 ];
+
+/// The target's projection matrices grouped as the CUDA backend launches them for one token (one
+/// entry per launch: matrices sharing an input go together), by category, plus single-matrix
+/// `_alone` categories when `alone`. For the mat-vec benchmarks.
+pub fn mat_categories<B: bonsai_engine::backend::Backend>(
+    w: &bonsai_engine::model::Weights<B>,
+    alone: bool,
+) -> Vec<(&'static str, Vec<Vec<&B::Mat>>)> {
+    use bonsai_engine::model::Mixer;
+    let mut cats: Vec<(&'static str, Vec<Vec<&B::Mat>>)> = vec![
+        ("gdn_in(qkv|z|b|a)", vec![]),
+        ("gdn_qkv_alone", vec![]),
+        ("ssm_out", vec![]),
+        ("attn_in(q|k|v)", vec![]),
+        ("attn_out", vec![]),
+        ("ffn_gate|up", vec![]),
+        ("ffn_gate_alone", vec![]),
+        ("ffn_down", vec![]),
+        ("head", vec![vec![w.head_mat()]]),
+    ];
+    for l in &w.layers {
+        match &l.mixer {
+            Mixer::Gdn(x) => {
+                cats[0].1.push(vec![&x.qkv, &x.gate, &x.beta, &x.alpha]);
+                cats[1].1.push(vec![&x.qkv]);
+                cats[2].1.push(vec![&x.ssm_out]);
+            }
+            Mixer::Attn(x) => {
+                cats[3].1.push(vec![&x.q, &x.k, &x.v]);
+                cats[4].1.push(vec![&x.out]);
+            }
+        }
+        cats[5].1.push(vec![&l.mlp.gate, &l.mlp.up]);
+        cats[6].1.push(vec![&l.mlp.gate]);
+        cats[7].1.push(vec![&l.mlp.down]);
+    }
+    cats.retain(|(n, _)| alone || !n.ends_with("_alone"));
+    cats
+}
