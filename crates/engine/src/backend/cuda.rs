@@ -1084,8 +1084,13 @@ impl Backend for CudaBackend {
     type Gdn = CudaGdn;
 
     fn name(&self) -> String {
+        let kernels = match self.gpu.cubin_source {
+            kc::CubinSource::Embedded => "kernels embedded",
+            kc::CubinSource::Cache => "kernels from cache",
+            kc::CubinSource::Nvrtc => "kernels compiled by NVRTC",
+        };
         format!(
-            "cuda ({}, sm_{}{})",
+            "cuda ({}, sm_{}{}, {kernels})",
             self.gpu.device_name, self.gpu.arch.0, self.gpu.arch.1
         )
     }
