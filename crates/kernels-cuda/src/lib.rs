@@ -887,12 +887,14 @@ impl Gpu {
         }
         let after_kernel = self.prev_kernel.swap(true, Ordering::Relaxed);
         if after_kernel && self.pdl.load(Ordering::Relaxed) && self.f.pdl_aware(f) {
-            // SAFETY: the union member written is the one the attribute id selects.
             let mut attr = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
+                // SAFETY: the value is a plain C union of integers and structs of integers, so all
+                // zero bytes is a valid value.
                 value: unsafe { std::mem::zeroed() },
             };
+            // the member the attribute id selects
             attr.value.programmaticStreamSerializationAllowed = 1;
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
