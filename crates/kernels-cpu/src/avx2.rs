@@ -386,3 +386,96 @@ pub(crate) unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
         i += 1;
     }
 }
+
+/// `ops::exp_nonpos` on 8 lanes: the same IEEE operations in the same order (no FMA contraction),
+/// so each lane equals the scalar result bit for bit.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp_nonpos8(x: __m256) -> __m256 {
+    let log2e = _mm256_set1_ps(std::f32::consts::LOG2_E);
+    let ln2_hi = _mm256_set1_ps(0.693_145_75);
+    let ln2_lo = _mm256_set1_ps(1.428_606_8e-6);
+    let round = _mm256_set1_ps(12_582_912.0);
+    let lim = _mm256_set1_ps(-87.0);
+    // xc = x.max(-87): x is never NaN here (NaN − max is NaN only for NaN logits, which the
+    // scalar path also passes through `max`; _mm256_max_ps(x, lim) returns lim for NaN x, and
+    // f32::max(NaN, -87) is -87 too)
+    let xc = _mm256_max_ps(x, lim);
+    let n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, log2e), round), round);
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(xc, _mm256_mul_ps(n, ln2_hi)),
+        _mm256_mul_ps(n, ln2_lo),
+    );
+    let c = |v: f32| _mm256_set1_ps(v);
+    // 1 + r·(1 + r·(1/2 + r·(1/6 + r·(1/24 + r·(1/120 + r·(1/720)))))), innermost first
+    let mut p = c(1.0 / 720.0);
+    p = _mm256_add_ps(c(1.0 / 120.0), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(c(1.0 / 24.0), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(c(1.0 / 6.0), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(c(0.5), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(c(1.0), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(c(1.0), _mm256_mul_ps(r, p));
+    let ni = _mm256_cvttps_epi32(n);
+    let scale = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(ni, _mm256_set1_epi32(127)),
+        23,
+    ));
+    let y = _mm256_mul_ps(p, scale);
+    // x < -87 → 0 (false for NaN, like the scalar `if x < -87.0`)
+    let under = _mm256_cmp_ps(x, lim, _CMP_LT_OQ);
+    _mm256_andnot_ps(under, y)
+}
+
+/// See `ops::log_sum_exp`: the same maximum, the same 8 lane accumulators in the same order, the
+/// same final f64 combination, so the result is the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn log_sum_exp(x: &[f32]) -> f64 {
+    let n = x.len();
+    let p = x.as_ptr();
+    // maximum ignoring NaN: _mm256_max_ps(v, m) returns m when v is NaN, like f32::max
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    // SAFETY (all loads below): every load reads 8 elements at i with i + 8 <= n.
+    while i + 8 <= n {
+        mv = _mm256_max_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, mv);
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: lanes holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
+    let mut max = f32::NEG_INFINITY;
+    for &l in &lanes {
+        max = max.max(l);
+    }
+    for &v in &x[i..] {
+        max = max.max(v);
+    }
+    if max == f32::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    if max.is_nan() || max == f32::INFINITY {
+        return max as f64;
+    }
+    let mb = _mm256_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+        acc = _mm256_add_ps(acc, exp_nonpos8(_mm256_sub_ps(v, mb)));
+        i += 8;
+    }
+    let mut a = [0f32; 8];
+    // SAFETY: a holds 8 f32.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
+    let mut tail = 0f64;
+    for &v in &x[i..] {
+        tail += crate::ops::exp_nonpos(v - max) as f64;
+    }
+    let sum = ((a[0] as f64 + a[4] as f64) + (a[2] as f64 + a[6] as f64))
+        + ((a[1] as f64 + a[5] as f64) + (a[3] as f64 + a[7] as f64))
+        + tail;
+    max as f64 + sum.ln()
+}

@@ -908,6 +908,16 @@ pub fn attention_isa(
 /// vocabulary, which matters once a decode step is a few milliseconds. `-inf` for an empty or
 /// all-`-inf` row.
 pub fn log_sum_exp(x: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if active_isa() == Isa::Avx2 {
+        // SAFETY: active_isa() is Avx2 only when the CPU has AVX2 + FMA (+ F16C).
+        return unsafe { crate::avx2::log_sum_exp(x) };
+    }
+    log_sum_exp_scalar(x)
+}
+
+/// The portable [`log_sum_exp`] (the definition the AVX2 version matches bit for bit).
+pub fn log_sum_exp_scalar(x: &[f32]) -> f64 {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return f64::NEG_INFINITY;
@@ -934,7 +944,7 @@ pub fn log_sum_exp(x: &[f32]) -> f64 {
 
 /// `exp(x)` for `x ≤ 0` in branch-free arithmetic that LLVM vectorizes (no libm call).
 #[inline(always)]
-fn exp_nonpos(x: f32) -> f32 {
+pub(crate) fn exp_nonpos(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
@@ -953,5 +963,53 @@ fn exp_nonpos(x: f32) -> f32 {
         0.0
     } else {
         y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The AVX2 `log_sum_exp` equals the portable one bit for bit, NaN, ±inf and −0 included.
+    #[test]
+    fn log_sum_exp_avx2_equals_scalar_bits() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !super::isa_supported(super::Isa::Avx2) {
+                eprintln!(
+                    "SKIPPED log_sum_exp_avx2_equals_scalar_bits: no AVX2 (not counted as run)"
+                );
+                return;
+            }
+            let mut s = 1u64;
+            let mut next = move || {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                s >> 33
+            };
+            for case in 0..400 {
+                let n = [0usize, 1, 7, 8, 9, 15, 16, 17, 100, 4099, 248_320][case % 11];
+                let mut x: Vec<f32> = (0..n)
+                    .map(|_| (next() % 100_000) as f32 / 1000.0 - 50.0)
+                    .collect();
+                if n > 0 {
+                    match case % 7 {
+                        0 => x[next() as usize % n] = f32::NAN,
+                        1 => x[next() as usize % n] = f32::NEG_INFINITY,
+                        2 => x[next() as usize % n] = f32::INFINITY,
+                        3 => x.iter_mut().for_each(|v| *v = -0.0),
+                        4 => x.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                        5 => x[next() as usize % n] = 1e30,
+                        _ => {}
+                    }
+                }
+                let a = super::log_sum_exp_scalar(&x);
+                // SAFETY: AVX2 + FMA checked above.
+                let b = unsafe { crate::avx2::log_sum_exp(&x) };
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "case {case} n {n}: {a} vs {b}"
+                );
+            }
+        }
     }
 }
