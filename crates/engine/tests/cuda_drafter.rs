@@ -27,7 +27,7 @@ use bonsai_engine::backend::cuda_drafter::CudaDrafter;
 use bonsai_engine::backend::KvType;
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::Drafter;
-use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest};
+use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::sampling::SamplerParams;
 use bonsai_engine::spec::{PolicyMode, Rollback};
@@ -109,16 +109,6 @@ impl Rng {
     fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -216,7 +206,7 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
             got_s.push(got[t * n_out + o]);
         }
     }
-    let e_cpu = nmse(&got_s, &cpu);
+    let e_cpu = common::nmse(&got_s, &cpu);
     assert!(
         e_cpu <= 1e-3,
         "mv_q41 {n_in}→{n_out}: NMSE {e_cpu:e} vs the f32-activation CPU matmul"
@@ -335,7 +325,7 @@ fn compare_draft(
     let mut maxd = Vec::new();
     for k in 0..d.cfg.block_size {
         let (a, b) = (&gl[k * nv..(k + 1) * nv], &hl[k * nv..(k + 1) * nv]);
-        let e = nmse(a, b);
+        let e = common::nmse(a, b);
         worst = worst.max(e);
         assert!(e <= 2e-3, "{what}: logits row {k} NMSE {e:e} (> 2e-3)");
         maxd.push(max_abs_diff(a, b));
@@ -393,7 +383,7 @@ fn cuda_drafter_matches_host() {
             let (hp, hv) = hs.export();
             let (gp, gv) = d.export(&gs).unwrap();
             assert_eq!(hp, gp, "{}: first live position", m.name);
-            let e = nmse(&gv, &hv);
+            let e = common::nmse(&gv, &hv);
             assert!(
                 e <= 5e-4,
                 "{}: context K/V NMSE {e:e} after batch {bi}",
@@ -452,13 +442,13 @@ fn cuda_engine_gpu_drafter_equals_plain() {
         let plain = load(None);
         let want: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| complete(&plain, p, 48, &greedy).0)
+            .map(|p| common::complete(&plain, p, 48, &greedy).0)
             .collect();
         drop(plain);
         let e = load(Some(DraftSource::Dspark(m.drafter.clone())));
         let (mut rounds, mut drafted, mut accepted, mut dsec) = (0, 0, 0, 0f64);
         for (p, w) in prompts.iter().zip(&want) {
-            let (got, u) = complete(&e, p, 48, &greedy);
+            let (got, u) = common::complete(&e, p, 48, &greedy);
             assert_eq!(
                 &got, w,
                 "{}: GPU-drafter speculative greedy differs from plain",
@@ -477,32 +467,5 @@ fn cuda_engine_gpu_drafter_equals_plain() {
             prompts.len(),
             1e3 * dsec / rounds as f64
         );
-    }
-}
-
-fn complete(
-    e: &Engine,
-    pr: &[u32],
-    n: usize,
-    params: &SamplerParams,
-) -> (Vec<u32>, bonsai_engine::engine::Usage) {
-    let req = GenRequest {
-        prompt: pr.to_vec(),
-        params: params.clone(),
-        max_tokens: n,
-        stop: Vec::new(),
-        stop_ids: Vec::new(),
-        ignore_eos: true,
-        speculative: None,
-    };
-    let (rx, _cancel) = e.submit(req).unwrap();
-    let mut ids = Vec::new();
-    loop {
-        match rx.recv().expect("engine event") {
-            Event::Token(t) => ids.push(t.id),
-            Event::Text(_) => {}
-            Event::Done { usage, .. } => return (ids, usage),
-            Event::Error(err) => panic!("generation failed: {err}"),
-        }
     }
 }

@@ -32,7 +32,7 @@ use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode, KvType};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::{DraftState, Drafter};
-use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest, Usage};
+use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{
     decode_step_eager, forward, Capture, LogitRows, SeqState, TapRequest, Weights,
@@ -532,28 +532,6 @@ fn engine(m: &Model, device: &str, draft: Option<DraftSource>, rollback: Rollbac
     e
 }
 
-fn complete(e: &Engine, pr: &[u32], n: usize, params: &SamplerParams) -> (Vec<u32>, Usage) {
-    let req = GenRequest {
-        prompt: pr.to_vec(),
-        params: params.clone(),
-        max_tokens: n,
-        stop: Vec::new(),
-        stop_ids: Vec::new(),
-        ignore_eos: true,
-        speculative: None,
-    };
-    let (rx, _cancel) = e.submit(req).unwrap();
-    let mut ids = Vec::new();
-    loop {
-        match rx.recv().expect("engine event") {
-            Event::Token(t) => ids.push(t.id),
-            Event::Text(_) => {}
-            Event::Done { usage, .. } => return (ids, usage),
-            Event::Error(err) => panic!("generation failed: {err}"),
-        }
-    }
-}
-
 /// (b) `Engine` on CUDA with a drafter gives plain greedy output token for token (DSpark random
 /// drafter and n-gram, both rollbacks), several prompts × 64 tokens on Q1 and Q2 targets; seeded
 /// sampling equals plain sampling.
@@ -590,9 +568,9 @@ fn engine_speculative_equals_plain(device: &str, models: &[Model], test: &str, n
         let plain = engine(m, device, None, Rollback::Replay);
         let want: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| complete(&plain, p, n_gen, &greedy).0)
+            .map(|p| common::complete(&plain, p, n_gen, &greedy).0)
             .collect();
-        let want_sampled = complete(&plain, &prompts[0], n_gen, &sampled).0;
+        let want_sampled = common::complete(&plain, &prompts[0], n_gen, &sampled).0;
         drop(plain);
         let mut drafters: Vec<(&str, DraftSource, Rollback)> = vec![
             ("ngram", DraftSource::Ngram, Rollback::Replay),
@@ -616,7 +594,7 @@ fn engine_speculative_equals_plain(device: &str, models: &[Model], test: &str, n
             let e = engine(m, device, Some(src), rb);
             let (mut rounds, mut drafted, mut accepted) = (0, 0, 0);
             for (p, w) in prompts.iter().zip(&want) {
-                let (got, usage) = complete(&e, p, n_gen, &greedy);
+                let (got, usage) = common::complete(&e, p, n_gen, &greedy);
                 assert_eq!(
                     &got, w,
                     "{} {kind} {rb:?}: speculative greedy differs from plain greedy",
@@ -626,7 +604,7 @@ fn engine_speculative_equals_plain(device: &str, models: &[Model], test: &str, n
                 drafted += usage.spec.drafted;
                 accepted += usage.spec.accepted;
             }
-            let (got, _) = complete(&e, &prompts[0], n_gen, &sampled);
+            let (got, _) = common::complete(&e, &prompts[0], n_gen, &sampled);
             assert_eq!(
                 got, want_sampled,
                 "{} {kind} {rb:?}: seeded sampling differs from plain",
@@ -643,16 +621,6 @@ fn engine_speculative_equals_plain(device: &str, models: &[Model], test: &str, n
             );
         }
     }
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| ((x - y) as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 fn max_rel(a: &[f32], b: &[f32]) -> f32 {
@@ -793,7 +761,7 @@ fn rec_and_replay_vs_cpu<B: Backend>(cuda: &B, models: &[Model]) {
                         .flat_map(|t| v[t * width + a..t * width + b].to_vec())
                         .collect()
                 };
-                let e = nmse(&pick(&rg), &pick(rc));
+                let e = common::nmse(&pick(&rg), &pick(rc));
                 worst[sec] = worst[sec].max(e);
                 // layer 0 sees the same embedding rows on both backends: only float order differs
                 let tol = if l == 0 { 1e-4 } else { 5e-2 };
@@ -868,7 +836,7 @@ fn rec_and_replay_vs_cpu<B: Backend>(cuda: &B, models: &[Model]) {
                 let mut cdst = snap_c[l].clone();
                 cpu.gdn_replay(&cfg, &mut cdst, &recs_c[l], mrows).unwrap();
                 let cs = cpu.gdn_to_host(&cdst).unwrap();
-                let e = nmse(&got, &cs);
+                let e = common::nmse(&got, &cs);
                 let tol = if l == 0 { 1e-4 } else { 5e-2 };
                 assert!(
                     e < tol,

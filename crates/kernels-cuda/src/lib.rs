@@ -599,8 +599,6 @@ pub struct Gpu {
     _module: sys::CUmodule,
     pub arch: (i32, i32),
     pub device_name: String,
-    /// Whether the cubin came without compiling (embedded in the build, or the disk cache).
-    pub cubin_cached: bool,
     /// Where the cubin came from.
     pub cubin_source: CubinSource,
     /// Per-launch timings while profiling ([`Gpu::profile_begin`]): (kernel grid, µs).
@@ -656,7 +654,6 @@ impl Gpu {
                 (m, src)
             }
         };
-        let cubin_cached = cubin_source != CubinSource::Nvrtc;
         let f = Funcs::load(module)?;
         Ok(Gpu {
             ctx,
@@ -665,7 +662,6 @@ impl Gpu {
             _module: module,
             arch,
             device_name,
-            cubin_cached,
             cubin_source,
             prof: Mutex::new(None),
             pdl: AtomicBool::new(

@@ -536,3 +536,43 @@ pub fn mat_categories<B: bonsai_engine::backend::Backend>(
     cats.retain(|(n, _)| alone || !n.ends_with("_alone"));
     cats
 }
+
+/// Run one request on `e` to the end: the token ids and the usage (panics on an engine error).
+pub fn complete(
+    e: &bonsai_engine::engine::Engine,
+    pr: &[u32],
+    n: usize,
+    params: &bonsai_engine::sampling::SamplerParams,
+) -> (Vec<u32>, bonsai_engine::engine::Usage) {
+    use bonsai_engine::engine::{Event, GenRequest};
+    let req = GenRequest {
+        prompt: pr.to_vec(),
+        params: params.clone(),
+        max_tokens: n,
+        stop: Vec::new(),
+        stop_ids: Vec::new(),
+        ignore_eos: true,
+        speculative: None,
+    };
+    let (rx, _cancel) = e.submit(req).unwrap();
+    let mut ids = Vec::new();
+    loop {
+        match rx.recv().expect("engine event") {
+            Event::Token(t) => ids.push(t.id),
+            Event::Text(_) => {}
+            Event::Done { usage, .. } => return (ids, usage),
+            Event::Error(err) => panic!("generation failed: {err}"),
+        }
+    }
+}
+
+/// Normalized mean squared error of `a` against the reference `b`: Σ(a − b)² / Σb².
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
