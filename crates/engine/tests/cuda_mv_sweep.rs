@@ -1,9 +1,13 @@
 //! GPU mat-vec launch-plan sweep (n = 1, decode): every plan (rows per warp, K split, weights
-//! loaded before or after the PDL wait) on every matrix category of a real-shape model, each
-//! category's launches back to back over all layers (more bytes than the L2 holds), median of 5
-//! passes. Runs only when `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise
-//! prints SKIPPED. Writes JSON to `$BONSAI_SWEEP_OUT` when set. Driven by scripts/gpu_check.sh;
-//! the chosen defaults live in `mv_default_ks` / `mv_default_r` (kernels-cuda/src/lib.rs).
+//! loaded before or after the PDL wait) of the dp4a kernels and of the tensor-core kernels
+//! (`mvm_*`, plans with `mma`: m16 tiles per warp, K split; off by default, unvalidated until this
+//! runs) on every matrix category of a real-shape model, each category's launches back to back
+//! over all layers (more bytes than the L2 holds), median of 5 passes. Then, per category, the
+//! default dp4a plan against the default tensor-core plan at n = 1 (decode) and n = 5 (a
+//! speculative verify of 5 rows): `SWEEP mma` lines and `mma_vs_dp4a` in the JSON. Runs only when
+//! `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise prints SKIPPED. Writes
+//! JSON to `$BONSAI_SWEEP_OUT` when set. Driven by scripts/gpu_check.sh --sweep; the chosen
+//! defaults live in `mv_default_ks` / `mv_default_r` / `mvm_default_plan` (kernels-cuda/src/lib.rs).
 
 mod common;
 
@@ -14,7 +18,7 @@ use bonsai_engine::backend::Backend;
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::Weights;
-use bonsai_kernels_cuda::MvPlan;
+use bonsai_kernels_cuda::{mv_default_plan, MvPlan};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -38,16 +42,28 @@ fn cuda_mv_plan_sweep() {
         v[v.len() / 2] as f64
     };
     let mut plans = Vec::new();
-    for r in [2, 4] {
-        for ks in [1, 2, 4] {
-            for pre in [true, false] {
-                plans.push(MvPlan { r, ks, pre });
+    for (mma, rs) in [(false, [2, 4]), (true, [1, 2])] {
+        for r in rs {
+            for ks in [1, 2, 4] {
+                for pre in [true, false] {
+                    plans.push(MvPlan { r, ks, pre, mma });
+                }
             }
         }
     }
+    let tag = |p: &MvPlan| {
+        format!(
+            "{}r{}k{}{}",
+            if p.mma { "mma-" } else { "" },
+            p.r,
+            p.ks,
+            if p.pre { "p" } else { "" }
+        )
+    };
     let gpu = cuda.gpu();
     let mut rows_json = Vec::new();
     let mut best_json = Vec::new();
+    let mut mma_json = Vec::new();
     println!("SWEEP pdl={}", gpu.pdl());
     for (name, groups) in &cats {
         let bytes: usize = groups
@@ -63,10 +79,8 @@ fn cuda_mv_plan_sweep() {
         let dms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
         let mut best = (default, dms);
         let mut line = format!(
-            "SWEEP {name:<18} rows {rows:>6} n_in {n_in:>5} default r{}k{}{} {:7.2} us",
-            default.r,
-            default.ks,
-            if default.pre { "p" } else { "" },
+            "SWEEP {name:<18} rows {rows:>6} n_in {n_in:>5} default {} {:7.2} us",
+            tag(&default),
             dms * 1e3 / groups.len() as f64
         );
         for p in &plans {
@@ -74,18 +88,22 @@ fn cuda_mv_plan_sweep() {
             let ms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
             let us = ms * 1e3 / groups.len() as f64;
             let gbps = bytes as f64 / (ms / 1e3) / 1e9;
-            line += &format!(
-                " | r{}k{}{} {us:.2}",
-                p.r,
-                p.ks,
-                if p.pre { "p" } else { "" }
-            );
+            line += &format!(" | {} {us:.2}", tag(p));
             rows_json.push(format!(
-                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
-                p.r, p.ks, p.pre
+                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
+                p.r, p.ks, p.pre, p.mma
             ));
             if ms < best.1 {
                 best = (*p, ms);
+            }
+        }
+        // default dp4a plan vs default tensor-core plan, decode (n = 1) and verify (n = 5) rows
+        let mut t = [[0f64; 2]; 2]; // [n1, n5][dp4a, mma] µs per launch
+        for (k, mma) in [false, true].into_iter().enumerate() {
+            gpu.set_mv_override(Some(mv_default_plan(kind, 1, rows, n_in, mma)));
+            for (i, n) in [1, 5].into_iter().enumerate() {
+                let ms = med(cuda.time_mv_pass_n(&cfg, groups, n, 5).unwrap());
+                t[i][k] = ms * 1e3 / groups.len() as f64;
             }
         }
         gpu.set_mv_override(None);
@@ -93,26 +111,45 @@ fn cuda_mv_plan_sweep() {
         let us = best.1 * 1e3 / groups.len() as f64;
         let gbps = bytes as f64 / (best.1 / 1e3) / 1e9;
         println!(
-            "SWEEP best {name:<18} r{} k{} pre {} {us:.2} us/launch {gbps:.0} GB/s (default {:.2} us)",
-            best.0.r,
-            best.0.ks,
-            best.0.pre,
+            "SWEEP best {name:<18} {} {us:.2} us/launch {gbps:.0} GB/s (default {:.2} us)",
+            tag(&best.0),
             dms * 1e3 / groups.len() as f64
         );
+        let mp = mv_default_plan(kind, 1, rows, n_in, true);
+        println!(
+            "SWEEP mma {name:<18} n=1 dp4a {:7.2} us  mma({}) {:7.2} us ({:.2}x) | n=5 dp4a {:7.2} us  mma {:7.2} us ({:.2}x)",
+            t[0][0],
+            tag(&mp),
+            t[0][1],
+            t[0][0] / t[0][1],
+            t[1][0],
+            t[1][1],
+            t[1][0] / t[1][1]
+        );
+        mma_json.push(format!(
+            "{{\"category\": \"{name}\", \"mma_plan\": \"{}\", \"n1_dp4a_us\": {:.2}, \"n1_mma_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_mma_us\": {:.2}}}",
+            tag(&mp),
+            t[0][0],
+            t[0][1],
+            t[1][0],
+            t[1][1]
+        ));
         best_json.push(format!(
-            "{{\"category\": \"{name}\", \"r\": {}, \"ks\": {}, \"pre\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}, \"default_us\": {:.2}}}",
+            "{{\"category\": \"{name}\", \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}, \"default_us\": {:.2}}}",
             best.0.r,
             best.0.ks,
             best.0.pre,
+            best.0.mma,
             dms * 1e3 / groups.len() as f64
         ));
     }
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"all\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"all\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         gpu.pdl(),
         best_json.join(", "),
+        mma_json.join(", "),
         rows_json.join(", ")
     );
     if let Ok(out) = std::env::var("BONSAI_SWEEP_OUT") {

@@ -6,6 +6,8 @@
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
 mod gemm;
+#[cfg(test)]
+mod mvm_emu;
 pub mod retile;
 mod spec;
 
@@ -30,6 +32,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/gemm.cu"),
     include_str!("../kernels/spec.cu"),
     include_str!("../kernels/prefill.cu"),
+    include_str!("../kernels/mvm.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -68,15 +71,22 @@ pub fn gdn_prefill_supported(dk: usize, dv: usize) -> bool {
 /// Warps per mat-vec block (`MV_WARPS` in the source).
 const MV_WARPS: usize = 4;
 
-/// How one low-bit mat-vec launch is cut: `r` weight rows per warp (n = 1 only; the n ≤ 8 variants
-/// take 2), `ks` warps of a block splitting each row's K range, and `pre`: load the first weights
-/// before waiting for the previous kernel (PDL). `r` and `pre` never change a row's float ops; `ks`
-/// does, so it is a function of the matrix shape alone, never of n (batch invariance).
+/// How one low-bit mat-vec launch is cut. dp4a kernels (`mma == false`, `mv_*`): `r` weight rows
+/// per warp (n = 1 only; the n ≤ 8 variants take 2), `ks` warps of a block splitting each row's K
+/// range. Tensor-core kernels (`mma == true`, `mvm_*` in `kernels/mvm.cu`, any n ≤ 8): `r` m16 tiles
+/// (16 weight rows each) per warp, 1 or 2, and the same `ks`. `pre`: load the first weights before
+/// waiting for the previous kernel (PDL). `r` and `pre` never change a row's float ops; `ks` and
+/// `mma` do, so both are functions of the matrix shape (and the process-wide switch) alone, never
+/// of n (batch invariance: a verify row equals the decode row bit for bit).
+///
+/// The tensor-core path is off by default and NOT YET VALIDATED ON A GPU (written without one):
+/// `BONSAI_CUDA_MV_MMA=1` makes the default plans use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
     pub ks: usize,
     pub pre: bool,
+    pub mma: bool,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -100,6 +110,44 @@ fn mv_default_r(kind: WKind, rows: usize) -> usize {
     } else {
         4
     }
+}
+
+/// Tensor-core plan (m16 tiles per warp, K split) for `rows` output rows. NOT MEASURED: a first
+/// guess from the launch geometry, for the next GPU session's sweep to replace. 5120-row outputs
+/// have 320 m16 tiles; one tile per warp and K split 4 gives 320 blocks of 4 warps (2.4 per SM on
+/// 132 SMs, each warp with 3 chunks = 3 KB of weights in flight); the large launches (gate‖up,
+/// 34,816 rows; head) take two tiles per warp, K split 2.
+fn mvm_default_plan(_kind: WKind, rows: usize, _n_in: usize) -> (usize, usize) {
+    if rows <= 15_000 {
+        (1, 4)
+    } else {
+        (2, 2)
+    }
+}
+
+/// The shape-based default plan of a low-bit mat-vec over `rows` output rows of width `n_in` with
+/// `n` activation rows, on the dp4a kernels (`mma == false`) or the tensor-core ones.
+pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: bool) -> MvPlan {
+    if mma {
+        let (r, ks) = mvm_default_plan(kind, rows, n_in);
+        return MvPlan {
+            r,
+            ks,
+            pre: true,
+            mma,
+        };
+    }
+    MvPlan {
+        r: if n == 1 { mv_default_r(kind, rows) } else { 2 },
+        ks: mv_default_ks(kind, rows, n_in),
+        pre: true,
+        mma,
+    }
+}
+
+/// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
+fn mv_mma_env() -> bool {
+    std::env::var("BONSAI_CUDA_MV_MMA").is_ok_and(|v| v == "1")
 }
 
 /// One row's statistics as `logit_stats_rows` writes them.
@@ -546,6 +594,25 @@ kernels!(
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
+        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default, unvalidated) ----
+        mvm_q1_r1_k1,
+        mvm_q1_r1_k2,
+        mvm_q1_r1_k4,
+        mvm_q1_r2_k1,
+        mvm_q1_r2_k2,
+        mvm_q1_r2_k4,
+        mvm_q2_r1_k1,
+        mvm_q2_r1_k2,
+        mvm_q2_r1_k4,
+        mvm_q2_r2_k1,
+        mvm_q2_r2_k2,
+        mvm_q2_r2_k4,
+        mvm_q2g64_r1_k1,
+        mvm_q2g64_r1_k2,
+        mvm_q2g64_r1_k4,
+        mvm_q2g64_r2_k1,
+        mvm_q2g64_r2_k2,
+        mvm_q2g64_r2_k4,
     ],
     plain: [
         spin_ns,
@@ -609,6 +676,8 @@ pub struct Gpu {
     prev_kernel: AtomicBool,
     /// A forced mat-vec plan ([`Gpu::set_mv_override`]).
     mv_override: Mutex<Option<MvPlan>>,
+    /// Default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by default).
+    mv_mma: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
 }
@@ -671,6 +740,7 @@ impl Gpu {
             ),
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
+            mv_mma: AtomicBool::new(mv_mma_env()),
             gemm_occ: std::sync::OnceLock::new(),
         })
     }
@@ -1027,7 +1097,8 @@ impl Gpu {
 
     /// One launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` that share
     /// the input activations (e.g. gate ‖ up): segment `i` writes `y_i[t, o]` (`[n, n_out_i]`).
-    /// Each output equals the single-matrix launch bit for bit.
+    /// Each output equals the single-matrix launch bit for bit (under the same plan). Runs the
+    /// dp4a kernels, or the tensor-core ones (`kernels/mvm.cu`) when the plan says `mma`.
     pub fn mv_lowbit_multi(
         &self,
         kind: WKind,
@@ -1048,9 +1119,21 @@ impl Gpu {
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
-        let rpw = if n == 1 { plan.r } else { 2 };
-        let f = self.mv_func(kind, n == 1, rpw, plan.ks)?;
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
+        // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`)
+        let (rpw, f) = if plan.mma {
+            // the tensor-core kernel reads q 8 bytes, d and s a scale block (16 or 8 bytes) at a time
+            let dal = if kind == WKind::Q2G64 { 8 } else { 16 };
+            if q % 8 != 0 || d % dal != 0 || s % dal != 0 {
+                return Err(CudaError(format!(
+                    "mv_lowbit (mma): misaligned activations q {q:#x} d {d:#x} s {s:#x}"
+                )));
+            }
+            (16 * plan.r, self.mvm_func(kind, plan.r, plan.ks)?)
+        } else {
+            let rpw = if n == 1 { plan.r } else { 2 };
+            (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
+        };
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
         let mut groups = 0usize;
         for i in 0..MAX_SEGS {
             let sg = segs.get(i).copied().unwrap_or(MvSeg {
@@ -1079,6 +1162,7 @@ impl Gpu {
         if groups == 0 {
             return Ok(());
         }
+        // both families: MV_WARPS (= MVM_WARPS) warps per block, `ks` of them per row group
         self.launch(
             f,
             (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
@@ -1088,28 +1172,81 @@ impl Gpu {
     }
 
     /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
-    /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults.
+    /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults
+    /// ([`mv_default_plan`], tensor-core when [`Gpu::mv_mma`]).
     pub fn mv_plan(&self, kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
         if let Some(p) = *self.mv_override.lock().expect("mv override lock") {
             return p;
         }
-        MvPlan {
-            r: if n == 1 { mv_default_r(kind, rows) } else { 2 },
-            ks: mv_default_ks(kind, rows, n_in),
-            pre: true,
-        }
+        mv_default_plan(kind, n, rows, n_in, self.mv_mma())
+    }
+
+    /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
+    /// default, unvalidated on a GPU).
+    pub fn mv_mma(&self) -> bool {
+        self.mv_mma.load(Ordering::Relaxed)
+    }
+
+    /// Switch the default plans between the dp4a and the tensor-core mat-vec. Applies to every n
+    /// (decode and verify rows must come from the same kernel family to stay bit-identical), so
+    /// change it only between requests, never inside a captured graph's lifetime.
+    pub fn set_mv_mma(&self, on: bool) {
+        self.mv_mma.store(on, Ordering::Relaxed);
     }
 
     /// Force one plan for every low-bit mat-vec (benchmark sweeps and tests); `None` restores the
-    /// shape-based defaults. `r` must be 2 or 4 and `ks` 1, 2 or 4.
+    /// shape-based defaults. dp4a plans: `r` 2 or 4; tensor-core plans: `r` 1 or 2; `ks` 1, 2 or 4.
     pub fn set_mv_override(&self, plan: Option<MvPlan>) {
         if let Some(p) = plan {
-            assert!(
-                matches!(p.r, 2 | 4) && matches!(p.ks, 1 | 2 | 4),
-                "bad plan {p:?}"
-            );
+            let r_ok = if p.mma {
+                matches!(p.r, 1 | 2)
+            } else {
+                matches!(p.r, 2 | 4)
+            };
+            assert!(r_ok && matches!(p.ks, 1 | 2 | 4), "bad plan {p:?}");
         }
         *self.mv_override.lock().expect("mv override lock") = plan;
+    }
+
+    /// The tensor-core mat-vec kernel of `kind` with `r` m16 tiles per warp and K split `ks`.
+    fn mvm_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mvm_q1_r1_k1, f.mvm_q1_r1_k2, f.mvm_q1_r1_k4],
+                [f.mvm_q1_r2_k1, f.mvm_q1_r2_k2, f.mvm_q1_r2_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvm_q2_r1_k1, f.mvm_q2_r1_k2, f.mvm_q2_r1_k4],
+                [f.mvm_q2_r2_k1, f.mvm_q2_r2_k2, f.mvm_q2_r2_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mvm_q2g64_r1_k1, f.mvm_q2g64_r1_k2, f.mvm_q2g64_r1_k4],
+                [f.mvm_q2g64_r2_k1, f.mvm_q2g64_r2_k2, f.mvm_q2g64_r2_k4],
+            ],
+            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+            WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
+        };
+        let row = match r {
+            1 => 0,
+            2 => 1,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_lowbit (mma): no variant with {r} tiles per warp"
+                )))
+            }
+        };
+        let col = match ks {
+            1 => 0,
+            2 => 1,
+            4 => 2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_lowbit (mma): no variant with K split {ks}"
+                )))
+            }
+        };
+        Ok(t[row][col])
     }
 
     fn mv_func(&self, kind: WKind, n1: bool, r: usize, ks: usize) -> Result<sys::CUfunction> {
@@ -1815,6 +1952,33 @@ mod tests {
         assert!(3 * attn_prefill_smem(256) <= 228 * 1024);
         assert!(gdn_prefill_supported(128, 128) && gdn_prefill_supported(64, 64));
         assert!(!gdn_prefill_supported(256, 256) && !gdn_prefill_supported(128, 8));
+    }
+
+    #[test]
+    fn mv_default_plans_never_depend_on_n() {
+        // batch invariance: the float order (ks, kernel family) of a matrix is the same for the
+        // decode launch (n = 1) and every verify launch (n <= 8)
+        for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
+            for rows in [48usize, 5120, 14_336, 34_816, 248_320] {
+                for mma in [false, true] {
+                    let p1 = mv_default_plan(kind, 1, rows, 5120, mma);
+                    assert_eq!(p1.mma, mma);
+                    if mma {
+                        assert!(matches!(p1.r, 1 | 2) && matches!(p1.ks, 1 | 2 | 4));
+                    }
+                    for n in 2..=MAX_ROWS {
+                        let p = mv_default_plan(kind, n, rows, 5120, mma);
+                        assert_eq!((p.ks, p.mma), (p1.ks, p1.mma), "{kind:?} {rows} n={n}");
+                        if mma {
+                            assert_eq!(p, p1, "the tensor-core plan takes any n");
+                        }
+                    }
+                }
+            }
+        }
+        // the mvm kernels use the same block shape as the dp4a ones (one grid formula)
+        assert!(SOURCE.contains("#define MVM_WARPS 4") && SOURCE.contains("#define MV_WARPS 4"));
+        assert_eq!(MV_WARPS, 4);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvPlan, MvSeg, WKind};
+use bonsai_kernels_cuda::{host_quant, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg, WKind};
 use half::f16;
 
 mod common;
@@ -272,9 +272,207 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         .into_iter()
         .enumerate()
         {
-            let plan = Some(MvPlan { r, ks, pre });
+            let plan = Some(MvPlan {
+                r,
+                ks,
+                pre,
+                mma: false,
+            });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
+        }
+    }
+}
+
+/// The tensor-core mat-vec (`kernels/mvm.cu`, plans with `mma`; off by default and first run on a
+/// GPU by these tests) on one matrix under `plan`: for every n in 1..=8 the n-row launch against
+/// the exact emulation of the integer product (max rel < 1e-5) and, bit for bit, against the 1-row
+/// launches of the same activation rows; grouped (3 segments incl. a 1-row slice of an odd-nblk
+/// scale plane) against single for n = 1, 5, 8; accumulate mode (y0 + y, bit for bit).
+fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
+    assert!(plan.mma);
+    g.set_mv_override(Some(plan));
+    const N: usize = bonsai_kernels_cuda::MAX_ROWS;
+    let mut rng = Rng(seed);
+    let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+    let x = rng.vec(N * n_in, 1.0); // [8, n_in]
+    let rt = retile(qt, &raw, n_in, n_out);
+    let kind = rt.kind;
+    let codes = g.upload(&rt.codes).unwrap();
+    let scales = g.upload(&rt.scales).unwrap();
+    let xb = g.upload(&x).unwrap();
+    let nsb = n_in / 32;
+    let q = g.alloc(N * n_in).unwrap();
+    let d = g.alloc(N * nsb * 4).unwrap();
+    let s = g.alloc(N * nsb * 4).unwrap();
+    g.quant_rows(xb.ptr(), N, n_in, q.ptr(), d.ptr(), s.ptr())
+        .unwrap();
+    // row t of the exact emulation depends on activation row t only: emulate all 8 once
+    let em = emulate_q(&raw, qt, n_in, n_out, &x, N);
+    let launch = |segs: &[MvSeg], t0: usize, n: usize, acc: bool| {
+        g.mv_lowbit_multi(
+            kind,
+            segs,
+            q.at(t0 * n_in),
+            d.at(t0 * nsb * 4),
+            s.at(t0 * nsb * 4),
+            n_in,
+            n,
+            acc,
+        )
+        .unwrap()
+    };
+    let one = |y: &DevBuf| MvSeg {
+        codes: codes.ptr(),
+        scales: scales.ptr(),
+        y: y.ptr(),
+        n_out,
+    };
+    // 1-row launches of every activation row
+    let y1b = g.alloc(n_out * 4).unwrap();
+    let mut y1 = Vec::with_capacity(N * n_out);
+    for t in 0..N {
+        launch(&[one(&y1b)], t, 1, false);
+        y1.extend(down::<f32>(g, &y1b, n_out));
+    }
+    let mut worst = 0f32;
+    for n in 1..=N {
+        let yb = g.alloc(n * n_out * 4).unwrap();
+        launch(&[one(&yb)], 0, n, false);
+        let yn: Vec<f32> = down(g, &yb, n * n_out);
+        for i in 0..n * n_out {
+            assert_eq!(
+                yn[i].to_bits(),
+                y1[i].to_bits(),
+                "mma {qt:?} [{n_in}x{n_out}] {plan:?}: n={n} row {} out {} = {} but the 1-row launch gives {}",
+                i / n_out,
+                i % n_out,
+                yn[i],
+                y1[i]
+            );
+        }
+        let e = max_rel(&yn, &em[..n * n_out]);
+        assert!(
+            e < 1e-5,
+            "mma {qt:?} [{n_in}x{n_out}] {plan:?} n={n} vs emulation: max rel {e}"
+        );
+        worst = worst.max(e);
+    }
+    // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
+    let nb = rt.codes.len() / n_out;
+    let sb = rt.scales.len() / n_out * 2;
+    for n in [1, 5, N] {
+        let ya = g.alloc(n * n_out * 4).unwrap();
+        let ylast = g.alloc(n * 4).unwrap();
+        let yc = g.alloc(n * n_out * 4).unwrap();
+        let segs = [
+            one(&ya),
+            MvSeg {
+                codes: codes.at((n_out - 1) * nb),
+                scales: scales.at((n_out - 1) * sb),
+                y: ylast.ptr(),
+                n_out: 1,
+            },
+            one(&yc),
+        ];
+        launch(&segs, 0, n, false);
+        let (ga, gl, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            down(g, &ya, n * n_out),
+            down(g, &ylast, n),
+            down(g, &yc, n * n_out),
+        );
+        for t in 0..n {
+            assert_eq!(
+                gl[t].to_bits(),
+                y1[t * n_out + n_out - 1].to_bits(),
+                "mma {qt:?} [{n_in}x{n_out}] grouped 1-row segment, n={n} row {t}"
+            );
+            for o in 0..n_out {
+                let w = y1[t * n_out + o].to_bits();
+                assert_eq!(
+                    ga[t * n_out + o].to_bits(),
+                    w,
+                    "grouped seg 0 n={n} row {t} out {o}"
+                );
+                assert_eq!(
+                    gc[t * n_out + o].to_bits(),
+                    w,
+                    "grouped seg 2 n={n} row {t} out {o}"
+                );
+            }
+        }
+    }
+    // accumulate: y = y0 + W·x, the same f32 addition the host does
+    let n = 5;
+    let y0 = rng.vec(n * n_out, 3.0);
+    let yb = g.upload(&y0).unwrap();
+    launch(&[one(&yb)], 0, n, true);
+    let ya: Vec<f32> = down(g, &yb, n * n_out);
+    for i in 0..n * n_out {
+        assert_eq!(
+            ya[i].to_bits(),
+            (y0[i] + y1[i]).to_bits(),
+            "mma {qt:?} [{n_in}x{n_out}] accumulate row {} out {}",
+            i / n_out,
+            i % n_out
+        );
+    }
+    eprintln!(
+        "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate"
+    );
+    g.set_mv_override(None);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_mma_real_shapes_vs_emulation() {
+    let g = need_gpu!("matvec_mma_real_shapes_vs_emulation");
+    for qt in [
+        QuantType::Q1_0,
+        QuantType::Q2_0G128,
+        QuantType::PQ2_0,
+        QuantType::Q2_0G64,
+    ] {
+        let kind = WKind::from_qt(qt);
+        for (i, (n_in, n_out)) in [
+            (5120, 17408),
+            (17408, 5120),
+            (6144, 5120),
+            (5120, 48),
+            (384, 50), // ragged: partial chunk, odd nblk (Q1, Q2 g128), n_out not a tile multiple
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // the default tensor-core plan of the shape (what BONSAI_CUDA_MV_MMA=1 runs)
+            let plan = mv_default_plan(kind, 1, n_out, n_in, true);
+            run_mvm_case(g, qt, n_in, n_out, 100 + i as u64, plan);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_mma_every_plan() {
+    let g = need_gpu!("matvec_mma_every_plan");
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        let mut seed = 200;
+        for r in [1, 2] {
+            for ks in [1, 2, 4] {
+                for pre in [true, false] {
+                    let plan = MvPlan {
+                        r,
+                        ks,
+                        pre,
+                        mma: true,
+                    };
+                    seed += 1;
+                    run_mvm_case(g, qt, 384, 50, seed, plan);
+                    // 34 (Q1) / 68 (Q2) chunks of 64 code bytes per row: several trips round
+                    // every warp's cp.async ring at each K split; 80 rows: a partial 32-row group
+                    run_mvm_case(g, qt, 17408, 80, seed + 100, plan);
+                }
+            }
         }
     }
 }

@@ -973,6 +973,22 @@ impl CudaBackend {
         groups: &[Vec<&CudaMat>],
         reps: usize,
     ) -> Result<Vec<f32>> {
+        self.time_mv_pass_n(cfg, groups, 1, reps)
+    }
+
+    /// [`Self::time_mv_pass`] with `n` (1..=8) activation rows per launch (n = 5: the cost of a
+    /// speculative verify's mat-vecs), on whatever the scratch input holds. Outputs that do not fit
+    /// a scratch projection buffer (the head) go to the logits buffer.
+    pub fn time_mv_pass_n(
+        &self,
+        cfg: &TargetConfig,
+        groups: &[Vec<&CudaMat>],
+        n: usize,
+        reps: usize,
+    ) -> Result<Vec<f32>> {
+        if !(1..=MV_ROWS).contains(&n) {
+            return Err(Error::Backend(format!("time_mv_pass_n: n = {n}")));
+        }
         self.with_scratch(cfg, MV_ROWS, |sc| {
             let outs = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
             let mut times = Vec::with_capacity(reps);
@@ -985,14 +1001,14 @@ impl CudaBackend {
                                 .iter()
                                 .zip(outs)
                                 .map(|(&m, y)| {
-                                    if m.n_out > sc.kmax.max(sc.p[0].bytes() / 4) {
+                                    if n * m.n_out > sc.kmax.max(sc.p[0].bytes() / 4) {
                                         (m, sc.logits.ptr())
                                     } else {
                                         (m, y)
                                     }
                                 })
                                 .collect();
-                            self.proj_multi(sc, &mats, 1, false)
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
