@@ -15,7 +15,7 @@ if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   python3 scripts/build_cubins.py --arch 90   # the H200's cubin embedded (no NVRTC compile there)
   out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
-        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
+        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
         --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
         python3 -c 'import sys,json
 for l in sys.stdin:
@@ -60,6 +60,8 @@ echo "== full model: CUDA vs CPU =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec.log" | grep -E "^test |==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+echo "== speculative round as captured graphs (BONSAI_CUDA_ROUND_GRAPH, unvalidated until this passes) vs eager =="
+BONSAI_CUDA_MODELS=$M .device/bin/cuda_round_graph --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/round-graph.log" | grep -E "^test |==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/drafter.log" | grep -E "^test |==|mv_q41|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 
 fi

@@ -152,6 +152,73 @@ pub trait Backend: Send + Sync + Sized + 'static {
             self.name()
         )))
     }
+    /// Copy every GDN layer's state, `dst[i] ← src[i]` (the speculative round's snapshot and its
+    /// restore before a re-forward). The default calls [`Backend::copy_gdn`] per layer; the CUDA
+    /// backend may replay one captured graph of the same copies (`BONSAI_CUDA_ROUND_GRAPH=1`).
+    fn copy_gdn_all(&self, src: &[Self::Gdn], dst: &mut [Self::Gdn]) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::Backend(format!(
+                "copy_gdn_all: {} source layers, {} destination layers",
+                src.len(),
+                dst.len()
+            )));
+        }
+        for (s, d) in src.iter().zip(dst.iter_mut()) {
+            self.copy_gdn(s, d);
+        }
+        Ok(())
+    }
+    /// The replay rollback of a speculative round (MODEL.md §4.9 option C) over every GDN layer:
+    /// restore `gdn[i] ← snap[i]` for all layers, then [`Backend::gdn_replay`] the first `keep`
+    /// rows of `recs[i]` into each. The default runs exactly that; the CUDA backend may replay one
+    /// captured graph per `keep` of the same launches (`BONSAI_CUDA_ROUND_GRAPH=1`).
+    fn rollback_gdn(
+        &self,
+        cfg: &TargetConfig,
+        gdn: &mut [Self::Gdn],
+        snap: &[Self::Gdn],
+        recs: &[Self::Act],
+        keep: usize,
+    ) -> Result<()> {
+        if recs.len() != gdn.len() {
+            return Err(Error::Backend(format!(
+                "rollback_gdn: {} records for {} GDN layers",
+                recs.len(),
+                gdn.len()
+            )));
+        }
+        self.copy_gdn_all(snap, gdn)?;
+        for (g, rec) in gdn.iter_mut().zip(recs) {
+            self.gdn_replay(cfg, g, rec, keep)?;
+        }
+        Ok(())
+    }
+    /// The verify pass of a speculative round: the forward over `ids` at `st.pos ..` with the
+    /// recurrent GDN form, one verify record per GDN layer into `recs`, the logits of every row
+    /// into `logits` (`[n, n_vocab]`, resized) and, with `taps = Some((layers, out))`, the residual
+    /// rows after those layers into `out` (`[n, layers.len() · n_embd]`, resized; the layout of
+    /// [`crate::model::TapRequest`]). Advances the state by `n`.
+    ///
+    /// Returns per-row [`LogitStats`] when the backend computed them where the logits live (row
+    /// `i` of the result belongs to logits row `i`; `None` for a row whose statistics are
+    /// unusable), or an empty vector. The default runs [`crate::model::verify_forward_eager`]
+    /// and computes none. An override must give the same logits, taps, records and state bit for
+    /// bit (the CUDA backend replays a captured graph of the same launches when
+    /// `BONSAI_CUDA_ROUND_GRAPH=1`).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn verify_forward(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [Self::Act],
+        taps: Option<(&[usize], &mut Vec<f32>)>,
+        logits: &mut Vec<f32>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
+        Ok(Vec::new())
+    }
     /// `x += W_o(σ(gate) ⊙ attn(rope(qnorm(q)), rope(knorm(k)), v))`, appending K/V at the step's
     /// positions (causal within the step).
     fn attn_block(

@@ -352,3 +352,40 @@ pub fn decode_step_eager<B: Backend>(
     )
     .map(|_| ())
 }
+
+/// The verify pass of a speculative round through [`forward`]: `ids` at `st.pos ..` with the
+/// recurrent GDN form, verify records into `recs`, logits of every row, taps of every row after
+/// `taps.0` into `taps.1`. The reference (and the default) for [`Backend::verify_forward`].
+#[allow(clippy::too_many_arguments)]
+pub fn verify_forward_eager<B: Backend>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    st: &mut SeqState<B>,
+    ids: &[u32],
+    recs: &mut [B::Act],
+    taps: Option<(&[usize], &mut Vec<f32>)>,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let n = ids.len();
+    let taps = taps.map(|(layers, out)| TapRequest {
+        layers,
+        rows: 0..n,
+        out,
+    });
+    forward(
+        b,
+        cfg,
+        w,
+        st,
+        ids,
+        GdnMode::Recurrent,
+        LogitRows::All,
+        logits,
+        Capture {
+            taps,
+            gdn_rec: Some(recs),
+        },
+    )
+    .map(|_| ())
+}

@@ -490,6 +490,20 @@ impl Sampler {
     /// them, at most `rows.len()`); the RNG and penalty history advance once per emitted token, exactly
     /// as plain decoding would.
     pub fn sample_and_accept_n(&mut self, rows: &[&[f32]], draft: &[u32]) -> Vec<Sampled> {
+        self.sample_and_accept_n_stats(rows, &[], draft)
+    }
+
+    /// [`Sampler::sample_and_accept_n`] that takes row `i` from `stats[i]` (statistics a backend
+    /// computed where the logits live) through [`Sampler::sample_from_stats`] when that gives the
+    /// result, and from the full row otherwise (missing, `None` or unusable statistics, or a
+    /// sampler that needs the row). The same tokens as `sample_and_accept_n`; a reported logprob
+    /// then comes from the device's log-sum-exp, as in a plain decode step.
+    pub fn sample_and_accept_n_stats(
+        &mut self,
+        rows: &[&[f32]],
+        stats: &[Option<LogitStats>],
+        draft: &[u32],
+    ) -> Vec<Sampled> {
         debug_assert_eq!(
             rows.len(),
             draft.len() + 1,
@@ -497,7 +511,15 @@ impl Sampler {
         );
         let mut out = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
-            let s = self.sample(row);
+            let from_stats = stats
+                .get(i)
+                .copied()
+                .flatten()
+                .and_then(|st| self.sample_from_stats(&st, row.len()));
+            let s = match from_stats {
+                Some(s) => s,
+                None => self.sample(row),
+            };
             self.accept(s.id);
             let matched = draft.get(i) == Some(&s.id);
             out.push(s);

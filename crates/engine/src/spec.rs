@@ -10,6 +10,10 @@
 //! The round only uses [`Backend`] operations, so it runs on every backend that implements
 //! `gdn_block_rec` and `gdn_replay` (on CUDA: device kernels; the state buffers keep their
 //! addresses, so a captured decode graph stays valid across rounds).
+//! The snapshot, the verify pass and the replay rollback go through [`Backend::copy_gdn_all`],
+//! [`Backend::verify_forward`] and [`Backend::rollback_gdn`], whose defaults are the eager ops;
+//! the CUDA backend replays captured graphs of the same launches when `BONSAI_CUDA_ROUND_GRAPH=1`
+//! (and then returns per-row logit statistics, so a greedy accept does not scan the rows).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -17,7 +21,7 @@ use std::time::Instant;
 use crate::backend::{gdn_rec_width, Backend, GdnMode};
 use crate::config::TargetConfig;
 use crate::error::Result;
-use crate::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
+use crate::model::{forward, Capture, LogitRows, SeqState, Weights};
 use crate::sampling::{Sampled, Sampler};
 
 /// How the GDN state is rolled back after a partial accept.
@@ -38,6 +42,13 @@ pub struct RoundBufs<B: Backend> {
     logits: Vec<f32>,
     /// Verify taps `[rows, tap_width]` (rows of the last verify).
     pub taps: Vec<f32>,
+}
+
+impl<B: Backend> RoundBufs<B> {
+    /// Logits `[rows, n_vocab]` of the last verify (tests compare them across backends' paths).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
 }
 
 impl<B: Backend> RoundBufs<B> {
@@ -101,34 +112,16 @@ pub fn verify_round<B: Backend>(
     let mut timing = RoundTiming::default();
     let t = Instant::now();
     // 1. snapshot the GDN state (the rollback point)
-    for (s, d) in st.gdn.iter().zip(bufs.snap.iter_mut()) {
-        b.copy_gdn(s, d);
-    }
+    b.copy_gdn_all(&st.gdn, &mut bufs.snap)?;
     timing.snapshot_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    // 2. verify: n rows, each computed exactly as a single-token step
-    let taps = tap_layers.map(|layers| TapRequest {
-        layers,
-        rows: 0..n,
-        out: &mut bufs.taps,
-    });
-    forward(
-        b,
-        cfg,
-        w,
-        st,
-        &ids,
-        GdnMode::Recurrent,
-        LogitRows::All,
-        &mut bufs.logits,
-        Capture {
-            taps,
-            gdn_rec: Some(&mut bufs.recs),
-        },
-    )?;
+    // 2. verify: n rows, each computed exactly as a single-token step (on CUDA with
+    //    BONSAI_CUDA_ROUND_GRAPH=1 one captured graph per row count, with per-row logit statistics)
+    let taps = tap_layers.map(|layers| (layers, &mut bufs.taps));
+    let stats = b.verify_forward(cfg, w, st, &ids, &mut bufs.recs, taps, &mut bufs.logits)?;
     // 3. accept: sample row i with the full chain, continue while it equals draft i
     let rows: Vec<&[f32]> = bufs.logits.chunks_exact(cfg.n_vocab).collect();
-    let tokens = sampler.sample_and_accept_n(&rows, draft);
+    let tokens = sampler.sample_and_accept_n_stats(&rows, &stats, draft);
     let n_acc = tokens.len() - 1;
     let keep = n_acc + 1;
     timing.verify_s = t.elapsed().as_secs_f64();
@@ -138,17 +131,14 @@ pub fn verify_round<B: Backend>(
         for kv in st.kv.iter_mut() {
             b.truncate_kv(kv, start + keep);
         }
-        for (s, d) in bufs.snap.iter().zip(st.gdn.iter_mut()) {
-            b.copy_gdn(s, d);
-        }
         match rollback {
             Rollback::Replay => {
-                for (g, rec) in st.gdn.iter_mut().zip(&bufs.recs) {
-                    b.gdn_replay(cfg, g, rec, keep)?;
-                }
+                // restore the snapshot, then replay the accepted rows of every record
+                b.rollback_gdn(cfg, &mut st.gdn, &bufs.snap, &bufs.recs, keep)?;
                 st.pos = start + keep;
             }
             Rollback::Reforward => {
+                b.copy_gdn_all(&bufs.snap, &mut st.gdn)?;
                 for kv in st.kv.iter_mut() {
                     b.truncate_kv(kv, start);
                 }

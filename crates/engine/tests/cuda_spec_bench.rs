@@ -19,6 +19,12 @@
 //!
 //! R per proposer and k is (proposer + round) / plain step; a proposer pays when the tokens per
 //! round (k + 1) exceed R.
+//!
+//! Every round measurement runs twice: eager (the default) and with the round graphs
+//! (`CudaBackend::set_round_graph`, i.e. `BONSAI_CUDA_ROUND_GRAPH=1`: verify, snapshot and
+//! rollback replayed as captured graphs, greedy rows picked from device statistics). The JSON
+//! marks each round entry with `round_graph`; `ngram.R_by_k_replay_graph` and `dspark_graph` are
+//! the graph side; `BENCH round graph gain` lines give eager / graph per k.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -216,67 +222,82 @@ fn cuda_spec_round_cost() {
         "BENCH plain step: decode_step (graph) {plain_ms:.3} ms, eager + taps {eager_taps_ms:.3} ms"
     );
 
-    // 2. verify rounds per accept count, rollback mode and taps
+    // 2. verify rounds per accept count, rollback mode and taps, eager and with round graphs
     let mut rounds_json = Vec::new();
-    // round_ms[taps][mode][k]
-    let mut round_ms = [[[0f64; K + 1]; 2]; 2];
+    // round_ms[graph][taps][mode][k]
+    let mut round_ms = [[[[0f64; K + 1]; 2]; 2]; 2];
     let modes = [Rollback::Replay, Rollback::Reforward];
-    for (ti, with_taps) in [false, true].into_iter().enumerate() {
-        for (mi, &mode) in modes.iter().enumerate() {
-            for k in 0..=K {
-                let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-                st.copy_from(&cuda, &base);
-                let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
-                let mut s = Sampler::new(SamplerParams::greedy());
-                let first = s.sample(&lg0);
-                s.accept(first.id);
-                let mut got = vec![first.id];
-                let mut t = Vec::new();
-                for r in 0..=ROUNDS {
-                    let i0 = got.len();
-                    let mut draft = want[i0..i0 + K].to_vec();
-                    if k < K {
-                        draft[k] = (draft[k] + 1) % text;
+    for (gi, graph) in [false, true].into_iter().enumerate() {
+        cuda.set_round_graph(graph);
+        for (ti, with_taps) in [false, true].into_iter().enumerate() {
+            for (mi, &mode) in modes.iter().enumerate() {
+                for k in 0..=K {
+                    let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+                    st.copy_from(&cuda, &base);
+                    let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
+                    let mut s = Sampler::new(SamplerParams::greedy());
+                    let first = s.sample(&lg0);
+                    s.accept(first.id);
+                    let mut got = vec![first.id];
+                    let mut t = Vec::new();
+                    for r in 0..=ROUNDS {
+                        let i0 = got.len();
+                        let mut draft = want[i0..i0 + K].to_vec();
+                        if k < K {
+                            draft[k] = (draft[k] + 1) % text;
+                        }
+                        let id_last = *got.last().unwrap();
+                        let (out, secs) = timed(&cuda, || {
+                            verify_round(
+                                &cuda,
+                                &cfg,
+                                &w,
+                                &mut st,
+                                &mut bufs,
+                                &mut s,
+                                id_last,
+                                &draft,
+                                with_taps.then_some(&tap_layers[..]),
+                                mode,
+                            )
+                            .unwrap()
+                        });
+                        assert_eq!(out.n_acc, k, "oracle drafts: accept count");
+                        got.extend(out.tokens.iter().map(|x| x.id));
+                        if r > 0 {
+                            t.push(secs);
+                        }
                     }
-                    let id_last = *got.last().unwrap();
-                    let (out, secs) = timed(&cuda, || {
-                        verify_round(
-                            &cuda,
-                            &cfg,
-                            &w,
-                            &mut st,
-                            &mut bufs,
-                            &mut s,
-                            id_last,
-                            &draft,
-                            with_taps.then_some(&tap_layers[..]),
-                            mode,
-                        )
-                        .unwrap()
-                    });
-                    assert_eq!(out.n_acc, k, "oracle drafts: accept count");
-                    got.extend(out.tokens.iter().map(|x| x.id));
-                    if r > 0 {
-                        t.push(secs);
-                    }
-                }
-                assert_eq!(
-                    got[..],
-                    want[..got.len()],
-                    "rounds differ from plain greedy"
-                );
-                let ms = median_ms(&mut t);
-                round_ms[ti][mi][k] = ms;
-                rounds_json.push(format!(
-                    "{{\"taps\": {with_taps}, \"rollback\": \"{mode:?}\", \"k\": {k}, \"round_ms\": {ms:.3}, \"R\": {:.3}}}",
+                    assert_eq!(
+                        got[..],
+                        want[..got.len()],
+                        "rounds differ from plain greedy"
+                    );
+                    let ms = median_ms(&mut t);
+                    round_ms[gi][ti][mi][k] = ms;
+                    rounds_json.push(format!(
+                    "{{\"round_graph\": {graph}, \"taps\": {with_taps}, \"rollback\": \"{mode:?}\", \"k\": {k}, \"round_ms\": {ms:.3}, \"R\": {:.3}}}",
                     ms / plain_ms
                 ));
-                println!(
-                    "BENCH round taps={with_taps} {mode:?} k={k}: {ms:.3} ms, R = {:.2} (emits {} tokens)",
+                    println!(
+                    "BENCH round graph={graph} taps={with_taps} {mode:?} k={k}: {ms:.3} ms, R = {:.2} (emits {} tokens)",
                     ms / plain_ms,
                     k + 1
                 );
+                }
             }
+        }
+    }
+    cuda.set_round_graph(false);
+    for (ti, with_taps) in [false, true].into_iter().enumerate() {
+        for (mi, mode) in modes.iter().enumerate() {
+            let gain: Vec<String> = (0..=K)
+                .map(|k| format!("{:.2}", round_ms[0][ti][mi][k] / round_ms[1][ti][mi][k]))
+                .collect();
+            println!(
+                "BENCH round graph gain taps={with_taps} {mode:?}: eager / graph round time by k = [{}]",
+                gain.join(", ")
+            );
         }
     }
 
@@ -295,82 +316,87 @@ fn cuda_spec_round_cost() {
         t_ng.push(t.elapsed().as_secs_f64());
     }
     let ngram_ms = median_ms(&mut t_ng);
-    let mut dspark_json = String::from("null");
-    if let Some(d) = &drafter {
-        let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-        let mut ds = d.new_state();
-        let mut taps = Vec::new();
-        let mut lg = Vec::new();
-        forward(
-            &cuda,
-            &cfg,
-            &w,
-            &mut st,
-            &prompt,
-            GdnMode::Chunked,
-            LogitRows::Last,
-            &mut lg,
-            Capture {
-                taps: Some(TapRequest {
-                    layers: d.target_layers(),
-                    rows: 0..prompt.len(),
-                    out: &mut taps,
-                }),
-                gdn_rec: None,
-            },
-        )
-        .unwrap();
-        d.stage(&mut ds, &taps, 0, prompt.len());
-        let mut s = Sampler::new(SamplerParams::greedy());
-        let first = s.sample(&lg);
-        s.accept(first.id);
-        let mut id_last = first.id;
-        let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
-        let (mut t_draft, mut t_stage, mut t_round, mut t_total) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut acc = 0;
-        for r in 0..=ROUNDS {
-            let start = st.pos;
-            let t0 = Instant::now();
-            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start));
-            let (out, sr) = timed(&cuda, || {
-                verify_round(
-                    &cuda,
-                    &cfg,
-                    &w,
-                    &mut st,
-                    &mut bufs,
-                    &mut s,
-                    id_last,
-                    &draft,
-                    Some(d.target_layers()),
-                    Rollback::Replay,
-                )
-                .unwrap()
-            });
-            let keep = out.n_acc + 1;
-            let tw = d.tap_width();
-            let ((), ss) = timed(&cuda, || {
-                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
-            });
-            let total = t0.elapsed().as_secs_f64();
-            id_last = out.tokens.last().unwrap().id;
-            if r > 0 {
-                t_draft.push(sd);
-                t_stage.push(ss);
-                t_round.push(sr);
-                t_total.push(total);
-                acc += out.n_acc;
+    let mut dspark_json = [String::from("null"), String::from("null")];
+    for (gi, graph) in [false, true].into_iter().enumerate() {
+        let Some(d) = &drafter else {
+            break;
+        };
+        cuda.set_round_graph(graph);
+        {
+            let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+            let mut ds = d.new_state();
+            let mut taps = Vec::new();
+            let mut lg = Vec::new();
+            forward(
+                &cuda,
+                &cfg,
+                &w,
+                &mut st,
+                &prompt,
+                GdnMode::Chunked,
+                LogitRows::Last,
+                &mut lg,
+                Capture {
+                    taps: Some(TapRequest {
+                        layers: d.target_layers(),
+                        rows: 0..prompt.len(),
+                        out: &mut taps,
+                    }),
+                    gdn_rec: None,
+                },
+            )
+            .unwrap();
+            d.stage(&mut ds, &taps, 0, prompt.len());
+            let mut s = Sampler::new(SamplerParams::greedy());
+            let first = s.sample(&lg);
+            s.accept(first.id);
+            let mut id_last = first.id;
+            let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
+            let (mut t_draft, mut t_stage, mut t_round, mut t_total) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut acc = 0;
+            for r in 0..=ROUNDS {
+                let start = st.pos;
+                let t0 = Instant::now();
+                let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start));
+                let (out, sr) = timed(&cuda, || {
+                    verify_round(
+                        &cuda,
+                        &cfg,
+                        &w,
+                        &mut st,
+                        &mut bufs,
+                        &mut s,
+                        id_last,
+                        &draft,
+                        Some(d.target_layers()),
+                        Rollback::Replay,
+                    )
+                    .unwrap()
+                });
+                let keep = out.n_acc + 1;
+                let tw = d.tap_width();
+                let ((), ss) = timed(&cuda, || {
+                    d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
+                });
+                let total = t0.elapsed().as_secs_f64();
+                id_last = out.tokens.last().unwrap().id;
+                if r > 0 {
+                    t_draft.push(sd);
+                    t_stage.push(ss);
+                    t_round.push(sr);
+                    t_total.push(total);
+                    acc += out.n_acc;
+                }
             }
-        }
-        let (dm, sm, rm, tm) = (
-            median_ms(&mut t_draft),
-            median_ms(&mut t_stage),
-            median_ms(&mut t_round),
-            median_ms(&mut t_total),
-        );
-        println!(
-            "BENCH dspark ({}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
+            let (dm, sm, rm, tm) = (
+                median_ms(&mut t_draft),
+                median_ms(&mut t_stage),
+                median_ms(&mut t_round),
+                median_ms(&mut t_total),
+            );
+            println!(
+            "BENCH dspark ({}, round graph {graph}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
              total {tm:.3} ms, R = {:.2} vs the eager+taps plain step ({:.2} vs the graph step); \
              {acc} of {} drafts accepted",
             d.label(),
@@ -378,7 +404,7 @@ fn cuda_spec_round_cost() {
             tm / plain_ms,
             ROUNDS * K
         );
-        dspark_json = format!(
+            dspark_json[gi] = format!(
             "{{\"drafter\": \"{}\", \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
              \"R_vs_eager_taps_step\": {:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}, \
              \"R_with_oracle_k\": [{}]}}",
@@ -387,26 +413,35 @@ fn cuda_spec_round_cost() {
             tm / plain_ms,
             ROUNDS * K,
             (0..=K)
-                .map(|k| format!("{:.3}", (dm + sm + round_ms[1][0][k]) / eager_taps_ms))
+                .map(|k| format!("{:.3}", (dm + sm + round_ms[gi][1][0][k]) / eager_taps_ms))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        }
     }
+    cuda.set_round_graph(false);
     let ngram_r: Vec<String> = (0..=K)
-        .map(|k| format!("{:.3}", (ngram_ms + round_ms[0][0][k]) / plain_ms))
+        .map(|k| format!("{:.3}", (ngram_ms + round_ms[0][0][0][k]) / plain_ms))
+        .collect();
+    let ngram_r_graph: Vec<String> = (0..=K)
+        .map(|k| format!("{:.3}", (ngram_ms + round_ms[1][0][0][k]) / plain_ms))
         .collect();
     println!(
-        "BENCH ngram: search {ngram_ms:.4} ms; R by accept count (replay) = [{}]",
-        ngram_r.join(", ")
+        "BENCH ngram: search {ngram_ms:.4} ms; R by accept count (replay) = [{}]; with round graphs [{}]",
+        ngram_r.join(", "),
+        ngram_r_graph.join(", ")
     );
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
          \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
-         \"R_by_k_replay\": [{}]}}, \"dspark\": {dspark_json}}}",
+         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph\": {}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rounds_json.join(", "),
-        ngram_r.join(", ")
+        ngram_r.join(", "),
+        ngram_r_graph.join(", "),
+        dspark_json[0],
+        dspark_json[1]
     );
     println!("BENCH {json}");
     if let Ok(out) = std::env::var("BONSAI_SPEC_BENCH_OUT") {

@@ -23,8 +23,15 @@
 //! conv window and the recurrent state over the accepted rows with a kernel that repeats
 //! `gdn_step`'s arithmetic without the output. Snapshot / restore copy into the state's own
 //! buffers, so their addresses (baked into the decode graph) never change.
+//!
+//! With `BONSAI_CUDA_ROUND_GRAPH=1` (off by default; [`CudaBackend::set_round_graph`]) the round's
+//! device work replays captured graphs instead ([`RoundGraphs`]): the verify forward per row
+//! count (records, taps and logits into fixed buffers, one async copy each to pinned memory, row
+//! statistics for a greedy pick), the snapshot / restore copies, and the replay rollback per
+//! accept count. UNVALIDATED on a GPU when written; `tests/cuda_round_graph.rs` is the check.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
@@ -140,6 +147,66 @@ pub struct CudaBackend {
     max_ctx: Mutex<usize>,
     /// The captured plain decode step ([`Backend::decode_step`]), rebuilt when its key changes.
     step_graph: Mutex<Option<StepGraph>>,
+    /// Whether the speculative round's device work replays captured graphs
+    /// ([`Backend::verify_forward`], [`Backend::copy_gdn_all`], [`Backend::rollback_gdn`]). Off by
+    /// default; `BONSAI_CUDA_ROUND_GRAPH=1` turns it on, [`CudaBackend::set_round_graph`] too.
+    round_graph: AtomicBool,
+    /// The captured round graphs and the buffers they read and write.
+    round_graphs: Mutex<RoundGraphs>,
+}
+
+/// The speculative round's captured graphs (see [`CudaBackend::set_round_graph`]).
+///
+/// UNVALIDATED: written without a GPU; `tests/cuda_round_graph.rs` checks it on the H200 (the
+/// round with graphs against the eager round: tokens, logits, taps and state bit for bit).
+///
+/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, weight /
+///   state / record addresses, launch mode): pinned `[ids ‖ positions]` → the device id and
+///   position slots, embed, the 64 layers with the GDN verify records written into the round's
+///   record buffers, each tapped layer's n rows copied into `taps_dev`, the head over the n rows,
+///   `logit_stats_rows`, then async copies of the logits, the statistics and the taps to pinned
+///   memory. The launches are those of the eager `model::forward` over the same rows, in the
+///   same order, so every output is bit-identical. Positions come from device memory (the
+///   n-row attention kernels read `sc.pos`; the GDN kernels take none), so one graph replays at
+///   any position.
+/// - **copy** (snapshot before the verify, restore before a re-forward): the per-layer
+///   conv-window and state copies, keyed by the source and destination addresses.
+/// - **rollback** (one per accept count `keep`): restore every layer from the snapshot, then
+///   `gdn_replay` over `keep` rows of every record, keyed by `keep` and the addresses.
+#[derive(Default)]
+struct RoundGraphs {
+    /// Buffers the verify graphs bake in; reallocating them drops every graph.
+    io: Option<RoundIo>,
+    /// `(key, graph)`, oldest first; at most [`ROUND_GRAPHS_MAX`].
+    graphs: Vec<(Vec<u64>, kc::Graph)>,
+}
+
+/// Most round graphs kept (verify n = 1..=8 with and without taps, 7 rollbacks, 2 copies).
+const ROUND_GRAPHS_MAX: usize = 32;
+/// First key word of each round graph kind.
+const KEY_VERIFY: u64 = 0x5645_5249;
+const KEY_COPY: u64 = 0x434f_5059;
+const KEY_ROLLBACK: u64 = 0x524f_4c4c;
+
+/// Host ↔ device buffers of the verify graphs (addresses baked into every one).
+struct RoundIo {
+    n_embd: usize,
+    n_vocab: usize,
+    /// Tap layers the tap buffers hold (at most).
+    tap_slots: usize,
+    /// The residual stream `[MV_ROWS, n_embd]` f32.
+    x: CudaAct,
+    /// `[ids (MV_ROWS) ‖ positions (MV_ROWS)]` i32, read by the graph's first two copies.
+    input: kc::PinnedBuf,
+    /// `[n, n_vocab]` f32 logits of the last verify.
+    logits: kc::PinnedBuf,
+    /// Per-row statistics `[MV_ROWS, 4]` u32: device, then pinned.
+    stats_dev: DevBuf,
+    stats: kc::PinnedBuf,
+    /// Taps `[tap layer j][row][n_embd]` f32 (j-major: one copy per tapped layer): device, then
+    /// pinned; the host reorders them into the `[row][j][n_embd]` layout of `TapRequest`.
+    taps_dev: DevBuf,
+    taps: kc::PinnedBuf,
 }
 
 /// One plain decode step captured as a CUDA graph: pinned `[id, pos]` → device slots, embed, 64
@@ -162,6 +229,17 @@ struct StepGraph {
 
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
+
+/// Append `(key, graph)` to a round-graph cache (dropping the oldest beyond
+/// [`ROUND_GRAPHS_MAX`]; an instantiated graph still in flight is freed when it completes) and
+/// return its index.
+fn push_graph(graphs: &mut Vec<(Vec<u64>, kc::Graph)>, key: Vec<u64>, graph: kc::Graph) -> usize {
+    if graphs.len() >= ROUND_GRAPHS_MAX {
+        graphs.remove(0);
+    }
+    graphs.push((key, graph));
+    graphs.len() - 1
+}
 
 /// A decode step captured as one CUDA graph (n = 1, greedy): embed(ids[0]) → 64 layers → head →
 /// argmax → ids[0]; hist[pos] = token; pos += 1.
@@ -187,7 +265,23 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             max_ctx: Mutex::new(1),
             step_graph: Mutex::new(None),
+            round_graph: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_ROUND_GRAPH").is_ok_and(|v| v == "1"),
+            ),
+            round_graphs: Mutex::new(RoundGraphs::default()),
         })
+    }
+
+    /// Whether the speculative round replays captured graphs (see [`RoundGraphs`]; off unless
+    /// `BONSAI_CUDA_ROUND_GRAPH=1`).
+    pub fn round_graph(&self) -> bool {
+        self.round_graph.load(Ordering::Relaxed)
+    }
+
+    /// Turn the round graphs on or off (tests and benchmarks compare both in one process). The
+    /// graphs already captured are kept; they are valid only while their keys match.
+    pub fn set_round_graph(&self, on: bool) {
+        self.round_graph.store(on, Ordering::Relaxed);
     }
 
     /// True when a CUDA device can be opened here (never panics).
@@ -864,6 +958,244 @@ impl CudaBackend {
         })
     }
 
+    /// Capture the launches `body` queues (no host synchronization inside) as one graph. The
+    /// stream is drained first; a failed body still ends the capture.
+    fn capture_graph(&self, body: impl FnOnce() -> Result<()>) -> Result<kc::Graph> {
+        self.gpu.sync().map_err(be)?;
+        self.gpu.begin_capture().map_err(be)?;
+        let r = body();
+        let graph = self.gpu.end_capture().map_err(be);
+        r?;
+        graph
+    }
+
+    fn alloc_round_io(&self, n_embd: usize, n_vocab: usize, tap_slots: usize) -> Result<RoundIo> {
+        let g = &self.gpu;
+        let tap_bytes = tap_slots * MV_ROWS * n_embd * 4;
+        Ok(RoundIo {
+            n_embd,
+            n_vocab,
+            tap_slots,
+            x: CudaAct {
+                n: MV_ROWS,
+                width: n_embd,
+                buf: g.alloc(MV_ROWS * n_embd * 4).map_err(be)?,
+            },
+            input: g.alloc_pinned(2 * MV_ROWS * 4).map_err(be)?,
+            logits: g.alloc_pinned(MV_ROWS * n_vocab * 4).map_err(be)?,
+            stats_dev: g.alloc(MV_ROWS * 16).map_err(be)?,
+            stats: g.alloc_pinned(MV_ROWS * 16).map_err(be)?,
+            taps_dev: g.alloc(tap_bytes).map_err(be)?,
+            taps: g.alloc_pinned(tap_bytes).map_err(be)?,
+        })
+    }
+
+    /// The device work of one verify pass over `n ≤ 8` rows (captured by
+    /// [`Self::verify_graph`]): ids and positions from `io.input` into the device slots, then the
+    /// launches of the eager `model::forward` over the same rows in the same order (embed; per
+    /// layer the mixer — GDN with its verify record into `recs[i]` — and the MLP; after each
+    /// tapped layer one copy of its n rows into `io.taps_dev`), the head over the n rows, the
+    /// per-row logit statistics, and async copies of logits, statistics and taps to pinned
+    /// memory. No host synchronization (capturable).
+    #[allow(clippy::too_many_arguments)]
+    fn verify_body(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        io: &RoundIo,
+        recs: &[u64],
+        tap_layers: &[usize],
+        n: usize,
+    ) -> Result<()> {
+        let g = &self.gpu;
+        let (e, nv) = (cfg.n_embd, cfg.n_vocab);
+        let x = io.x.buf.ptr();
+        g.htod_pinned_async(sc.ids.ptr(), &io.input, 0, n * 4)
+            .map_err(be)?;
+        g.htod_pinned_async(sc.pos.ptr(), &io.input, MV_ROWS * 4, n * 4)
+            .map_err(be)?;
+        self.embed_impl(&w.tok_embd, sc.ids.ptr(), n, x)?;
+        let (mut ia, mut ig) = (0, 0);
+        for (il, layer) in w.layers.iter().enumerate() {
+            match &layer.mixer {
+                Mixer::Gdn(gw) => {
+                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]))?;
+                    ig += 1;
+                }
+                Mixer::Attn(aw) => {
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n)?;
+                    ia += 1;
+                }
+            }
+            self.mlp_impl(sc, cfg, &layer.mlp, x, n)?;
+            for (j, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == il) {
+                g.dtod(io.taps_dev.at(j * n * e * 4), x, n * e * 4)
+                    .map_err(be)?;
+            }
+        }
+        self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, n)?;
+        g.logit_stats_rows(sc.logits.ptr(), n, nv, io.stats_dev.ptr())
+            .map_err(be)?;
+        g.dtoh_pinned_async(&io.logits, 0, sc.logits.ptr(), n * nv * 4)
+            .map_err(be)?;
+        g.dtoh_pinned_async(&io.stats, 0, io.stats_dev.ptr(), n * 16)
+            .map_err(be)?;
+        if !tap_layers.is_empty() {
+            g.dtoh_pinned_async(&io.taps, 0, io.taps_dev.ptr(), tap_layers.len() * n * e * 4)
+                .map_err(be)?;
+        }
+        Ok(())
+    }
+
+    /// [`Backend::verify_forward`] through a captured graph (see [`RoundGraphs`]): captured at the
+    /// first call for a key, replayed afterwards. UNVALIDATED (no GPU when written); checked by
+    /// `tests/cuda_round_graph.rs`.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_graph(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [CudaAct],
+        tap_layers: &[usize],
+        tap_out: Option<&mut Vec<f32>>,
+        logits: &mut Vec<f32>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        let n = ids.len();
+        let (e, nv) = (cfg.n_embd, cfg.n_vocab);
+        // the checks of model::forward and of the eager blocks, before anything is queued
+        if st.pos + n > st.n_ctx {
+            return Err(Error::ContextOverflow(format!(
+                "{} positions requested, context is {}",
+                st.pos + n,
+                st.n_ctx
+            )));
+        }
+        if let Some(&bad) = ids
+            .iter()
+            .find(|&&t| t as usize >= nv || t as usize >= w.tok_embd.n_out)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "token id {bad} out of range (n_vocab {nv})"
+            )));
+        }
+        if w.head_mat().n_out != nv {
+            return Err(Error::Backend(format!(
+                "head has {} rows, n_vocab is {nv}",
+                w.head_mat().n_out
+            )));
+        }
+        if let Some(kv) = st
+            .kv
+            .iter()
+            .find(|kv| kv.len != st.pos || st.pos + n > kv.n_ctx)
+        {
+            return Err(Error::Backend(format!(
+                "KV cache holds {} of {} rows, verify of {n} rows starts at {}",
+                kv.len, kv.n_ctx, st.pos
+            )));
+        }
+        let width = gdn_rec_width(cfg);
+        if recs.len() != st.gdn.len()
+            || recs
+                .iter()
+                .any(|r| r.width != width || r.buf.bytes() < n * width * 4)
+        {
+            return Err(Error::Backend(format!(
+                "verify_forward: {} records for {} GDN layers, each needs {n} rows of width {width}",
+                recs.len(),
+                st.gdn.len()
+            )));
+        }
+        let n_taps = tap_layers.len();
+        let mut guard = self.round_graphs.lock().expect("round graph lock");
+        let rg = &mut *guard;
+        if rg
+            .io
+            .as_ref()
+            .is_none_or(|io| io.n_embd != e || io.n_vocab != nv || io.tap_slots < n_taps)
+        {
+            // every verify graph bakes in the old buffers
+            rg.graphs.clear();
+            rg.io = None;
+            rg.io = Some(self.alloc_round_io(e, nv, n_taps.max(8))?);
+        }
+        let RoundGraphs { io, graphs } = rg;
+        let io = io.as_mut().expect("round io");
+        let stats = self.with_scratch(cfg, n, |sc| {
+            let recp: Vec<u64> = recs.iter().map(|r| r.buf.ptr()).collect();
+            // the kind tag first (the copy and rollback keys start with theirs)
+            let mut key = vec![
+                KEY_VERIFY,
+                n as u64,
+                self.gpu.pdl() as u64,
+                io.x.buf.ptr(),
+                io.stats_dev.ptr(),
+                io.taps_dev.ptr(),
+                n_taps as u64,
+            ];
+            key.extend(tap_layers.iter().map(|&l| l as u64));
+            key.extend(&recp);
+            key.extend(Self::step_key(w, st, sc.gen));
+            let idx = match graphs.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let io_ref: &RoundIo = io;
+                    let graph = self.capture_graph(|| {
+                        self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n)
+                    })?;
+                    push_graph(graphs, key, graph)
+                }
+            };
+            for (t, &id) in ids.iter().enumerate() {
+                io.input.set_i32(t, id as i32);
+                io.input.set_i32(MV_ROWS + t, (st.pos + t) as i32);
+            }
+            // the graph overwrites the device position slots
+            sc.pos_host = None;
+            self.gpu.launch_graph(&graphs[idx].1).map_err(be)?;
+            self.gpu.sync().map_err(be)?;
+            Ok(io
+                .stats
+                .u32s(4 * n)
+                .chunks_exact(4)
+                .map(|words| {
+                    let r = kc::LogitRowStats::from_words(words);
+                    r.argmax.map(|argmax| LogitStats {
+                        argmax,
+                        max: r.max,
+                        lse: r.lse,
+                    })
+                })
+                .collect::<Vec<_>>())
+        })?;
+        logits.clear();
+        logits.extend_from_slice(io.logits.f32s(n * nv));
+        if let Some(out) = tap_out {
+            // [j][row][e] on the device → [row][j][e] (TapRequest's layout)
+            let row_w = n_taps * e;
+            out.resize(n * row_w, 0.0);
+            let src = io.taps.f32s(n_taps * n * e);
+            for j in 0..n_taps {
+                for r in 0..n {
+                    out[r * row_w + j * e..r * row_w + (j + 1) * e]
+                        .copy_from_slice(&src[(j * n + r) * e..(j * n + r + 1) * e]);
+                }
+            }
+        }
+        for r in recs.iter_mut() {
+            r.n = n;
+        }
+        st.pos += n;
+        for kv in &mut st.kv {
+            kv.len = st.pos;
+        }
+        Ok(stats)
+    }
+
     /// Capture one greedy decode step as a CUDA graph. The graph reads the token from the device
     /// id slot and the position from the device position slot, and advances both itself, so
     /// [`CudaBackend::run_graph`] can replay it back to back with no host round trip.
@@ -1301,6 +1633,174 @@ impl Backend for CudaBackend {
                 n,
             )
             .map_err(be)
+    }
+
+    /// With the round graphs on: one captured graph of the per-layer copies (keyed by the
+    /// addresses), else [`Backend::copy_gdn`] per layer. The same copies either way.
+    fn copy_gdn_all(&self, src: &[CudaGdn], dst: &mut [CudaGdn]) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::Backend(format!(
+                "copy_gdn_all: {} source layers, {} destination layers",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if !self.round_graph() || src.is_empty() {
+            for (s, d) in src.iter().zip(dst.iter_mut()) {
+                self.copy_gdn(s, d);
+            }
+            return Ok(());
+        }
+        let mut key = vec![KEY_COPY, src.len() as u64];
+        for (s, d) in src.iter().zip(dst.iter()) {
+            key.extend([
+                s.conv.ptr(),
+                s.s.ptr(),
+                d.conv.ptr(),
+                d.s.ptr(),
+                s.conv.bytes() as u64,
+                s.s.bytes() as u64,
+            ]);
+        }
+        let mut rg = self.round_graphs.lock().expect("round graph lock");
+        let idx = match rg.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let graph = self.capture_graph(|| {
+                    for (s, d) in src.iter().zip(dst.iter()) {
+                        self.gpu
+                            .dtod(d.conv.ptr(), s.conv.ptr(), s.conv.bytes())
+                            .map_err(be)?;
+                        self.gpu
+                            .dtod(d.s.ptr(), s.s.ptr(), s.s.bytes())
+                            .map_err(be)?;
+                    }
+                    Ok(())
+                })?;
+                push_graph(&mut rg.graphs, key, graph)
+            }
+        };
+        // asynchronous, like the eager copies
+        self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
+    }
+
+    /// With the round graphs on: one captured graph per `keep` of the restore copies then the
+    /// `gdn_replay` launches (the default's launches, in its order), else those launches eagerly.
+    fn rollback_gdn(
+        &self,
+        cfg: &TargetConfig,
+        gdn: &mut [CudaGdn],
+        snap: &[CudaGdn],
+        recs: &[CudaAct],
+        keep: usize,
+    ) -> Result<()> {
+        let width = gdn_rec_width(cfg);
+        if recs.len() != gdn.len() || snap.len() != gdn.len() {
+            return Err(Error::Backend(format!(
+                "rollback_gdn: {} records and {} snapshots for {} GDN layers",
+                recs.len(),
+                snap.len(),
+                gdn.len()
+            )));
+        }
+        if let Some(rec) = recs.iter().find(|r| keep > r.n || r.width != width) {
+            return Err(Error::Backend(format!(
+                "rollback_gdn: {keep} rows requested, a record holds {} rows of width {} (expected \
+                 {width})",
+                rec.n, rec.width
+            )));
+        }
+        if !self.round_graph() || gdn.is_empty() {
+            self.copy_gdn_all(snap, gdn)?;
+            for (g, rec) in gdn.iter_mut().zip(recs) {
+                self.gdn_replay(cfg, g, rec, keep)?;
+            }
+            return Ok(());
+        }
+        let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
+        let (dv, kconv) = (cfg.ssm_head_v_dim(), cfg.ssm_conv_kernel);
+        let mut key = vec![
+            KEY_ROLLBACK,
+            keep as u64,
+            self.gpu.pdl() as u64,
+            width as u64,
+            hk as u64,
+            hv as u64,
+            dk as u64,
+            dv as u64,
+            kconv as u64,
+        ];
+        for ((g, s), r) in gdn.iter().zip(snap).zip(recs) {
+            key.extend([
+                g.conv.ptr(),
+                g.s.ptr(),
+                s.conv.ptr(),
+                s.s.ptr(),
+                s.conv.bytes() as u64,
+                s.s.bytes() as u64,
+                r.buf.ptr(),
+            ]);
+        }
+        let mut rg = self.round_graphs.lock().expect("round graph lock");
+        let idx = match rg.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let graph = self.capture_graph(|| {
+                    let gpu = &self.gpu;
+                    for (g, s) in gdn.iter().zip(snap) {
+                        gpu.dtod(g.conv.ptr(), s.conv.ptr(), s.conv.bytes())
+                            .map_err(be)?;
+                        gpu.dtod(g.s.ptr(), s.s.ptr(), s.s.bytes()).map_err(be)?;
+                    }
+                    for (g, r) in gdn.iter().zip(recs) {
+                        gpu.gdn_replay(
+                            g.s.ptr(),
+                            g.conv.ptr(),
+                            r.buf.ptr(),
+                            width,
+                            hk,
+                            hv,
+                            dk,
+                            dv,
+                            kconv,
+                            keep,
+                        )
+                        .map_err(be)?;
+                    }
+                    Ok(())
+                })?;
+                push_graph(&mut rg.graphs, key, graph)
+            }
+        };
+        self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
+    }
+
+    /// With the round graphs on and at most 8 rows (every tap layer inside the model): one
+    /// captured graph per row count and tap list ([`CudaBackend::verify_graph`]), which also
+    /// returns the per-row logit statistics. Otherwise the eager forward (no statistics).
+    fn verify_forward(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [CudaAct],
+        taps: Option<(&[usize], &mut Vec<f32>)>,
+        logits: &mut Vec<f32>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        let n = ids.len();
+        let taps_inside = taps
+            .as_ref()
+            .is_none_or(|(l, _)| l.iter().all(|&il| il < w.layers.len()));
+        if !self.round_graph() || n == 0 || n > MV_ROWS || !taps_inside {
+            crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
+            return Ok(Vec::new());
+        }
+        let (layers, out) = match taps {
+            Some((l, o)) => (l, Some(o)),
+            None => (&[][..], None),
+        };
+        self.verify_graph(cfg, w, st, ids, recs, layers, out, logits)
     }
 
     fn embed(&self, table: &CudaMat, ids: &[u32], x: &mut CudaAct) -> Result<()> {

@@ -1,0 +1,484 @@
+//! The speculative round as captured CUDA graphs (`BONSAI_CUDA_ROUND_GRAPH=1`, or
+//! `CudaBackend::set_round_graph`) against the eager round (the switch off), on one backend.
+//!
+//! UNVALIDATED when written (no GPU in that session): these tests are the check. The graph path is
+//! off by default; these tests flip it per call.
+//!
+//! - `cuda_verify_forward_graph_equals_eager`: `Backend::verify_forward` for every row count
+//!   n = 1..=8, with and without taps, each at two different positions (the second replays the
+//!   graph captured by the first): logits rows, taps, every GDN verify record and the full state
+//!   (`kv_to_host` / `gdn_to_host`) are bit-identical to the eager forward; the per-row logit
+//!   statistics the graph returns pick the same token as the host greedy sampler; plain
+//!   `decode_step` graph steps are interleaved.
+//! - `cuda_round_graph_rounds_equal_eager`: `spec::verify_round` with the switch on vs off, side by
+//!   side on two states, oracle drafts corrupted so that every accept count 0..=4 occurs, replay
+//!   and re-forward rollback, without and with taps, greedy (device statistics) and seeded
+//!   sampling (host sampler): the tokens, the logits rows, the taps and the full state after
+//!   every round are identical, and the greedy tokens equal plain greedy decoding; every fourth
+//!   step is a plain `decode_step` (decode graph) on both.
+//!
+//! Models: the tiny builder targets of `common` (all four weight types) and the synthetic
+//! `*.gguf` files in `$BONSAI_CUDA_MODELS` (scripts/gpu_check.sh). Without a CUDA device each test
+//! prints SKIPPED and returns. `cpu_runs_the_round_graph_checks` runs the same checks on the CPU
+//! backend (no switch there: it validates the test logic and the trait defaults on every host run).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bonsai_engine::backend::cpu::CpuBackend;
+use bonsai_engine::backend::cuda::CudaBackend;
+use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode};
+use bonsai_engine::config::TargetConfig;
+use bonsai_engine::gguf::Gguf;
+use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, Weights};
+use bonsai_engine::sampling::{Sampler, SamplerParams};
+use bonsai_engine::spec::{verify_round, Rollback, RoundBufs};
+use bonsai_engine::QuantType;
+
+const N_CTX: usize = 512;
+
+/// A backend whose round-graph switch the checks flip (CUDA); the CPU backend has none.
+trait Switch: Backend {
+    fn set_graphs(&self, on: bool);
+    /// Whether the switched-on verify must return per-row logit statistics (the graph ran).
+    fn graphs_give_stats(&self) -> bool;
+}
+
+impl Switch for CudaBackend {
+    fn set_graphs(&self, on: bool) {
+        self.set_round_graph(on);
+    }
+    fn graphs_give_stats(&self) -> bool {
+        true
+    }
+}
+
+impl Switch for CpuBackend {
+    fn set_graphs(&self, _on: bool) {}
+    fn graphs_give_stats(&self) -> bool {
+        false
+    }
+}
+
+struct Model {
+    name: String,
+    path: PathBuf,
+}
+
+fn setup(test: &str) -> Option<CudaBackend> {
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED {test}: no CUDA device (not counted as run)");
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("cuda backend"))
+}
+
+/// `*.gguf` targets of `$BONSAI_CUDA_MODELS` (empty, with a SKIPPED line, when unset).
+fn env_models(test: &str) -> Vec<Model> {
+    let Ok(dir) = std::env::var("BONSAI_CUDA_MODELS") else {
+        eprintln!(
+            "SKIPPED {test} on the synthetic model folder: BONSAI_CUDA_MODELS not set (not counted as run)"
+        );
+        return Vec::new();
+    };
+    let mut v: Vec<Model> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("model folder {dir}: {e}"))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .map(|p| Model {
+            name: p.file_stem().unwrap().to_string_lossy().into_owned(),
+            path: p,
+        })
+        .collect();
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+/// The tiny builder targets (all four weight types).
+fn builder_models() -> Vec<Model> {
+    let dir = std::env::temp_dir().join(format!("bonsai-round-graph-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    static N: AtomicUsize = AtomicUsize::new(0);
+    common::WEIGHT_TYPES
+        .iter()
+        .map(|&wt: &QuantType| {
+            let p = dir.join(format!(
+                "{}-target-{}.gguf",
+                N.fetch_add(1, Ordering::Relaxed),
+                wt.name()
+            ));
+            std::fs::write(&p, common::tiny_target(wt).build()).unwrap();
+            Model {
+                name: format!("builder-tiny-{}", wt.name()),
+                path: p,
+            }
+        })
+        .collect()
+}
+
+/// Bit patterns (NaN-safe exact comparison).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn prompt(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    let hi = (vocab as u32 - 8).min(1400);
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % hi)
+        .collect()
+}
+
+/// Tap layers spread over the model, out of order (the tap layout follows the list's order).
+fn tap_layers(cfg: &TargetConfig) -> Vec<usize> {
+    let nl = cfg.n_layer;
+    vec![nl - 1, 1.min(nl - 1), nl / 2]
+}
+
+fn assert_same_state<B: Backend>(b: &B, a: &SeqState<B>, r: &SeqState<B>, what: &str) {
+    assert_eq!(a.pos, r.pos, "{what}: pos");
+    for (i, (x, y)) in a.kv.iter().zip(&r.kv).enumerate() {
+        let (x, y) = (b.kv_to_host(x).unwrap(), b.kv_to_host(y).unwrap());
+        assert_eq!(x.0, y.0, "{what}: KV layer {i} length");
+        assert!(bits(&x.1) == bits(&y.1), "{what}: KV layer {i} differs");
+    }
+    for (i, (x, y)) in a.gdn.iter().zip(&r.gdn).enumerate() {
+        let (x, y) = (b.gdn_to_host(x).unwrap(), b.gdn_to_host(y).unwrap());
+        assert!(bits(&x) == bits(&y), "{what}: GDN layer {i} differs");
+    }
+}
+
+/// The first `n` rows of a verify record, host f32.
+fn rec_rows<B: Backend>(b: &B, rec: &B::Act, n: usize, width: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n * width];
+    for t in 0..n {
+        b.read_row(rec, t, &mut v[t * width..(t + 1) * width]);
+    }
+    v
+}
+
+/// Chunked prefill of `pr` into a fresh state; returns it with the last row's logits.
+fn prefill<B: Backend>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    pr: &[u32],
+) -> (SeqState<B>, Vec<f32>) {
+    let mut st = SeqState::new(b, cfg, N_CTX).unwrap();
+    let mut lg = Vec::new();
+    forward(
+        b,
+        cfg,
+        w,
+        &mut st,
+        pr,
+        GdnMode::Chunked,
+        LogitRows::Last,
+        &mut lg,
+        Capture::none(),
+    )
+    .unwrap();
+    (st, lg)
+}
+
+/// `verify_forward` with the switch on vs off, n = 1..=8, taps off / on, each at two positions.
+fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
+    let g = Arc::new(Gguf::open(&m.path).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(b, &g, &cfg).unwrap();
+    let nv = cfg.n_vocab;
+    let width = gdn_rec_width(&cfg);
+    let n_gdn = cfg.n_gdn_layers();
+    let layers = tap_layers(&cfg);
+    let pr = prompt(13, 5, nv);
+    let (mut sa, _) = prefill(b, &cfg, &w, &pr);
+    let (mut sb, _) = prefill(b, &cfg, &w, &pr);
+    assert_same_state(b, &sa, &sb, &format!("{}: prefill", m.name));
+    let mut ra: Vec<B::Act> = (0..n_gdn).map(|_| b.new_act(8, width)).collect();
+    let mut rb: Vec<B::Act> = (0..n_gdn).map(|_| b.new_act(8, width)).collect();
+    let mut greedy = Sampler::new(SamplerParams::greedy());
+    let mut calls = 0;
+    // pass 0 captures (on CUDA), pass 1 replays at later positions
+    for pass in 0..2 {
+        for with_taps in [false, true] {
+            for n in 1..=8usize {
+                let what = format!(
+                    "{} pass {pass} n {n} taps {with_taps} pos {}",
+                    m.name, sa.pos
+                );
+                let ids = prompt(n, 100 + calls as u32, nv);
+                let (mut la, mut lb) = (Vec::new(), Vec::new());
+                let (mut ta, mut tb) = (vec![7.0f32; 3], vec![-7.0f32; 5]);
+                b.set_graphs(false);
+                let st_a = b
+                    .verify_forward(
+                        &cfg,
+                        &w,
+                        &mut sa,
+                        &ids,
+                        &mut ra,
+                        with_taps.then_some((&layers[..], &mut ta)),
+                        &mut la,
+                    )
+                    .unwrap();
+                b.set_graphs(true);
+                let st_b = b
+                    .verify_forward(
+                        &cfg,
+                        &w,
+                        &mut sb,
+                        &ids,
+                        &mut rb,
+                        with_taps.then_some((&layers[..], &mut tb)),
+                        &mut lb,
+                    )
+                    .unwrap();
+                b.set_graphs(false);
+                assert!(
+                    st_a.is_empty(),
+                    "{what}: the eager verify has no statistics"
+                );
+                assert_eq!(la.len(), n * nv, "{what}: logits length");
+                assert!(bits(&la) == bits(&lb), "{what}: logits differ");
+                if with_taps {
+                    assert_eq!(ta.len(), n * layers.len() * cfg.n_embd, "{what}: taps");
+                    assert!(bits(&ta) == bits(&tb), "{what}: taps differ");
+                }
+                for l in 0..n_gdn {
+                    assert!(
+                        bits(&rec_rows(b, &ra[l], n, width))
+                            == bits(&rec_rows(b, &rb[l], n, width)),
+                        "{what}: GDN record {l} differs"
+                    );
+                }
+                assert_same_state(b, &sa, &sb, &what);
+                if b.graphs_give_stats() {
+                    assert_eq!(st_b.len(), n, "{what}: one statistics entry per row");
+                    for (i, s) in st_b.iter().enumerate() {
+                        let row = &lb[i * nv..(i + 1) * nv];
+                        if let Some(s) = s {
+                            assert_eq!(
+                                s.max.to_bits(),
+                                row[s.argmax as usize].to_bits(),
+                                "{what}: row {i} max"
+                            );
+                            if let Some(x) = greedy.sample_from_stats(s, nv) {
+                                assert_eq!(x.id, greedy.sample(row).id, "{what}: row {i} argmax");
+                            }
+                        }
+                    }
+                }
+                calls += 1;
+                // a plain step through the decode graph on both, now and then
+                if calls % 3 == 0 {
+                    let (mut da, mut db) = (Vec::new(), Vec::new());
+                    let id = ids[0];
+                    b.decode_step(&cfg, &w, &mut sa, id, &mut da).unwrap();
+                    b.decode_step(&cfg, &w, &mut sb, id, &mut db).unwrap();
+                    assert!(bits(&da) == bits(&db), "{what}: decode step after it");
+                    assert_same_state(b, &sa, &sb, &format!("{what} + decode step"));
+                }
+            }
+        }
+    }
+    println!(
+        "{}: verify_forward graph == eager bit for bit (logits, taps, records, state) for n = 1..=8, \
+         taps off/on, {calls} calls at two positions each",
+        m.name
+    );
+}
+
+/// Plain greedy decoding: chunked prefill, then `decode_step` per token.
+fn plain_greedy<B: Backend>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    pr: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let (mut st, mut lg) = prefill(b, cfg, w, pr);
+    let mut s = Sampler::new(SamplerParams::greedy());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = s.sample(&lg);
+        s.accept(x.id);
+        out.push(x.id);
+        if i + 1 < n {
+            b.decode_step(cfg, w, &mut st, x.id, &mut lg).unwrap();
+        }
+    }
+    out
+}
+
+/// Speculative rounds side by side, eager (A) and with the round graphs (B).
+fn round_checks<B: Switch>(
+    b: &B,
+    m: &Model,
+    rollback: Rollback,
+    with_taps: bool,
+    params: &SamplerParams,
+) {
+    let g = Arc::new(Gguf::open(&m.path).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(b, &g, &cfg).unwrap();
+    let nv = cfg.n_vocab;
+    let greedy = params.temperature == 0.0;
+    let layers = tap_layers(&cfg);
+    let taps = with_taps.then_some(&layers[..]);
+    let mut seen = [false; 5];
+    let mut n_rounds = 0;
+    for seed in 0..2u32 {
+        let pr = prompt(9 + 5 * seed as usize, seed, nv);
+        let want = plain_greedy(b, &cfg, &w, &pr, 44);
+        let (mut sa, lg) = prefill(b, &cfg, &w, &pr);
+        let (mut sb, _) = prefill(b, &cfg, &w, &pr);
+        let mut ba = RoundBufs::new(b, &cfg, 5).unwrap();
+        let mut bb = RoundBufs::new(b, &cfg, 5).unwrap();
+        let (mut ka, mut kb) = (Sampler::new(params.clone()), Sampler::new(params.clone()));
+        let first = ka.sample(&lg);
+        ka.accept(first.id);
+        let first_b = kb.sample(&lg);
+        kb.accept(first_b.id);
+        assert_eq!(first.id, first_b.id, "{}: first token", m.name);
+        let mut got = vec![first.id];
+        let (mut step, mut spec_rounds) = (0usize, 0usize);
+        while got.len() < want.len() - 5 {
+            let what = format!(
+                "{} {rollback:?} taps {with_taps} greedy {greedy} seed {seed} step {step}",
+                m.name
+            );
+            let id_last = *got.last().unwrap();
+            if step % 4 == 3 {
+                let (mut la, mut lb) = (Vec::new(), Vec::new());
+                b.decode_step(&cfg, &w, &mut sa, id_last, &mut la).unwrap();
+                b.decode_step(&cfg, &w, &mut sb, id_last, &mut lb).unwrap();
+                assert!(bits(&la) == bits(&lb), "{what}: decode step logits");
+                let (xa, xb) = (ka.sample(&la), kb.sample(&lb));
+                assert_eq!(xa.id, xb.id, "{what}: decode step token");
+                ka.accept(xa.id);
+                kb.accept(xb.id);
+                got.push(xa.id);
+            } else {
+                let i0 = got.len();
+                let mut draft: Vec<u32> = want[i0..i0 + 4].to_vec();
+                let bad = spec_rounds % 5;
+                if bad < 4 {
+                    draft[bad] = (draft[bad] + 1) % (nv as u32 - 8);
+                }
+                b.set_graphs(false);
+                let oa = verify_round(
+                    b, &cfg, &w, &mut sa, &mut ba, &mut ka, id_last, &draft, taps, rollback,
+                )
+                .unwrap();
+                b.set_graphs(true);
+                let ob = verify_round(
+                    b, &cfg, &w, &mut sb, &mut bb, &mut kb, id_last, &draft, taps, rollback,
+                )
+                .unwrap();
+                b.set_graphs(false);
+                let ids = |o: &bonsai_engine::spec::RoundOut| -> Vec<u32> {
+                    o.tokens.iter().map(|x| x.id).collect()
+                };
+                assert_eq!(ids(&oa), ids(&ob), "{what}: round tokens");
+                assert_eq!(oa.n_acc, ob.n_acc, "{what}: accept count");
+                assert!(
+                    bits(ba.logits()) == bits(bb.logits()),
+                    "{what}: verify logits"
+                );
+                if with_taps {
+                    assert!(bits(&ba.taps) == bits(&bb.taps), "{what}: verify taps");
+                }
+                seen[oa.n_acc] = true;
+                got.extend(ids(&oa));
+                spec_rounds += 1;
+                n_rounds += 1;
+            }
+            assert_same_state(b, &sa, &sb, &what);
+            step += 1;
+        }
+        if greedy {
+            assert_eq!(
+                got[..],
+                want[..got.len()],
+                "{} {rollback:?} seed {seed}: tokens differ from plain greedy",
+                m.name
+            );
+        }
+    }
+    if greedy {
+        assert!(
+            seen.iter().all(|&x| x),
+            "{} {rollback:?}: every accept count occurs: {seen:?}",
+            m.name
+        );
+    }
+    println!(
+        "{} {rollback:?} taps {with_taps} greedy {greedy}: {n_rounds} rounds with round graphs == \
+         eager rounds (tokens, logits, taps, state bit for bit; accept counts seen {seen:?})",
+        m.name
+    );
+}
+
+fn all_round_checks<B: Switch>(b: &B, m: &Model) {
+    let sampled = SamplerParams {
+        temperature: 0.8,
+        top_k: 8,
+        top_p: 0.95,
+        seed: 1234,
+        ..Default::default()
+    };
+    for rb in [Rollback::Replay, Rollback::Reforward] {
+        for with_taps in [false, true] {
+            round_checks(b, m, rb, with_taps, &SamplerParams::greedy());
+        }
+    }
+    round_checks(b, m, Rollback::Replay, true, &sampled);
+}
+
+/// The same checks on the CPU backend (no switch: eager against eager through the trait
+/// defaults). Validates this file's logic on every host run.
+#[test]
+fn cpu_runs_the_round_graph_checks() {
+    let cpu = CpuBackend::default();
+    let mut models = builder_models();
+    models.truncate(1);
+    verify_forward_checks(&cpu, &models[0]);
+    round_checks(
+        &cpu,
+        &models[0],
+        Rollback::Replay,
+        true,
+        &SamplerParams::greedy(),
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_verify_forward_graph_equals_eager() {
+    let test = "cuda_verify_forward_graph_equals_eager";
+    let Some(cuda) = setup(test) else {
+        return;
+    };
+    let mut models = builder_models();
+    models.extend(env_models(test));
+    for m in &models {
+        verify_forward_checks(&cuda, m);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_round_graph_rounds_equal_eager() {
+    let test = "cuda_round_graph_rounds_equal_eager";
+    let Some(cuda) = setup(test) else {
+        return;
+    };
+    let mut models = builder_models();
+    models.extend(env_models(test));
+    for m in &models {
+        all_round_checks(&cuda, m);
+    }
+}
