@@ -42,11 +42,22 @@ fn cuda_mv_plan_sweep() {
         v[v.len() / 2] as f64
     };
     let mut plans = Vec::new();
-    for (mma, rs) in [(false, [2, 4]), (true, [1, 2])] {
+    // dp4a, tensor-core with the cp.async ring, tensor-core with direct register loads
+    for (mma, direct, rs) in [
+        (false, false, [2, 4]),
+        (true, false, [1, 2]),
+        (true, true, [1, 2]),
+    ] {
         for r in rs {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
-                    plans.push(MvPlan { r, ks, pre, mma });
+                    plans.push(MvPlan {
+                        r,
+                        ks,
+                        pre,
+                        mma,
+                        direct,
+                    });
                 }
             }
         }
@@ -54,7 +65,11 @@ fn cuda_mv_plan_sweep() {
     let tag = |p: &MvPlan| {
         format!(
             "{}r{}k{}{}",
-            if p.mma { "mma-" } else { "" },
+            match (p.mma, p.direct) {
+                (false, _) => "",
+                (true, false) => "mma-",
+                (true, true) => "mvd-",
+            },
             p.r,
             p.ks,
             if p.pre { "p" } else { "" }
@@ -78,6 +93,7 @@ fn cuda_mv_plan_sweep() {
         let default = gpu.mv_plan(kind, 1, rows, n_in);
         let dms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
         let mut best = (default, dms);
+        let mut best_mvd: Option<(MvPlan, f64)> = None;
         let mut line = format!(
             "SWEEP {name:<18} rows {rows:>6} n_in {n_in:>5} default {} {:7.2} us",
             tag(&default),
@@ -90,17 +106,25 @@ fn cuda_mv_plan_sweep() {
             let gbps = bytes as f64 / (ms / 1e3) / 1e9;
             line += &format!(" | {} {us:.2}", tag(p));
             rows_json.push(format!(
-                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
-                p.r, p.ks, p.pre, p.mma
+                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
+                p.r, p.ks, p.pre, p.mma, p.direct
             ));
             if ms < best.1 {
                 best = (*p, ms);
             }
+            if p.direct && best_mvd.is_none_or(|b| ms < b.1) {
+                best_mvd = Some((*p, ms));
+            }
         }
-        // default dp4a plan vs default tensor-core plan, decode (n = 1) and verify (n = 5) rows
-        let mut t = [[0f64; 2]; 2]; // [n1, n5][dp4a, mma] µs per launch
-        for (k, mma) in [false, true].into_iter().enumerate() {
-            gpu.set_mv_override(Some(mv_default_plan(kind, 1, rows, n_in, mma)));
+        // default dp4a plan vs the default ring plan vs the best direct plan (at n = 1), for
+        // decode (n = 1) and verify (n = 5) rows
+        let mvd = best_mvd.expect("direct plans swept").0;
+        let mut ring = mv_default_plan(kind, 1, rows, n_in, true);
+        ring.direct = false;
+        let cmp = [mv_default_plan(kind, 1, rows, n_in, false), ring, mvd];
+        let mut t = [[0f64; 3]; 2]; // [n1, n5][dp4a, ring, direct] µs per launch
+        for (k, p) in cmp.iter().enumerate() {
+            gpu.set_mv_override(Some(*p));
             for (i, n) in [1, 5].into_iter().enumerate() {
                 let ms = med(cuda.time_mv_pass_n(&cfg, groups, n, 5).unwrap());
                 t[i][k] = ms * 1e3 / groups.len() as f64;
@@ -115,31 +139,37 @@ fn cuda_mv_plan_sweep() {
             tag(&best.0),
             dms * 1e3 / groups.len() as f64
         );
-        let mp = mv_default_plan(kind, 1, rows, n_in, true);
         println!(
-            "SWEEP mma {name:<18} n=1 dp4a {:7.2} us  mma({}) {:7.2} us ({:.2}x) | n=5 dp4a {:7.2} us  mma {:7.2} us ({:.2}x)",
+            "SWEEP mma {name:<18} n=1 dp4a {:7.2}  {} {:7.2}  {} {:7.2} us ({:.2}x dp4a) | n=5 dp4a {:7.2}  ring {:7.2}  direct {:7.2} us ({:.2}x dp4a)",
             t[0][0],
-            tag(&mp),
+            tag(&ring),
             t[0][1],
-            t[0][0] / t[0][1],
+            tag(&mvd),
+            t[0][2],
+            t[0][0] / t[0][2],
             t[1][0],
             t[1][1],
-            t[1][0] / t[1][1]
+            t[1][2],
+            t[1][0] / t[1][2]
         );
         mma_json.push(format!(
-            "{{\"category\": \"{name}\", \"mma_plan\": \"{}\", \"n1_dp4a_us\": {:.2}, \"n1_mma_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_mma_us\": {:.2}}}",
-            tag(&mp),
+            "{{\"category\": \"{name}\", \"ring_plan\": \"{}\", \"direct_plan\": \"{}\", \"n1_dp4a_us\": {:.2}, \"n1_ring_us\": {:.2}, \"n1_direct_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_ring_us\": {:.2}, \"n5_direct_us\": {:.2}}}",
+            tag(&ring),
+            tag(&mvd),
             t[0][0],
             t[0][1],
+            t[0][2],
             t[1][0],
-            t[1][1]
+            t[1][1],
+            t[1][2]
         ));
         best_json.push(format!(
-            "{{\"category\": \"{name}\", \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}, \"default_us\": {:.2}}}",
+            "{{\"category\": \"{name}\", \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}, \"default_us\": {:.2}}}",
             best.0.r,
             best.0.ks,
             best.0.pre,
             best.0.mma,
+            best.0.direct,
             dms * 1e3 / groups.len() as f64
         ));
     }

@@ -2,10 +2,10 @@
 // Appended after prefill.cu by lib.rs (one translation unit: MvSeg, h2f, PDL_ENTRY of bonsai.cu and
 // smem_u32, cp_async_commit / cp_async_wait, GM_MAGIC of gemm.cu are in scope).
 //
-// STATUS: written without a GPU and NOT YET VALIDATED ON ONE. Off by default: it runs only when the
-// launch plan says `mma` (BONSAI_CUDA_MV_MMA=1, or a plan forced by a test or the sweep). Run
-// tests/gpu_kernels.rs `matvec_mma_*` and the engine's tests/cuda_mv_sweep.rs on the H200 before
-// trusting it or turning it on.
+// STATUS: off by default: it runs only when the launch plan says `mma` (BONSAI_CUDA_MV_MMA=1, or a
+// plan forced by a test or the sweep). The ring form passed tests/gpu_kernels.rs `matvec_mma_*` on
+// the H200 but was slower than dp4a at n = 1 (tests/cuda_mv_sweep.rs); the direct form at the end
+// of this file is the second attempt.
 //
 // Same interface and semantics as mv_lowbit (bonsai.cu): up to 4 segments sharing the input,
 // y (+)= W·x for activation rows t < n. Per 32-element sub-block j the integer dot of 16 weight rows
@@ -100,6 +100,44 @@ __device__ __forceinline__ void mvm_ldv(const u32* p, bool live, u32* v) {
         v[0] = t.x;
         v[1] = t.y;
     }
+}
+
+// The K-split combine and the store, shared by both tensor-core mat-vecs: tile t, fragment e ->
+// row o0 + 16t + g + 8(e >> 1), column 2tg + (e & 1); the KS partials are summed in warp order.
+template <int RT, int KS, bool C2>
+__device__ __forceinline__ void mvm_store(float (&acc)[RT][4], float* part, const MvSeg sg, const bool valid,
+                                          const int o0, int n, int accumulate) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int kp = w % KS;
+    if (KS > 1) {
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[(w * (RT * 4) + t * 4 + e) * 32 + lane] = acc[t][e];
+        __syncthreads();
+        if (!valid || kp != 0) return;
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float v = part[(w * (RT * 4) + t * 4 + e) * 32 + lane];
+#pragma unroll
+                for (int k2 = 1; k2 < KS; ++k2) v += part[((w + k2) * (RT * 4) + t * 4 + e) * 32 + lane];
+                acc[t][e] = v;
+            }
+    }
+    if (!valid) return;
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (!C2 && (e & 1)) continue;
+            const int o = o0 + 16 * t + g + 8 * (e >> 1), col = 2 * tg + (e & 1);
+            if (col < n && o < sg.n_out) {
+                float* yp = sg.y + (size_t)col * sg.n_out + o;
+                *yp = accumulate ? *yp + acc[t][e] : acc[t][e];
+            }
+        }
 }
 
 // C2: whether the thread's second column (2tg+1) is computed (n > 1). Column 2tg's arithmetic is
@@ -306,36 +344,23 @@ __device__ __forceinline__ void mvm_body(const MvSeg sg, const bool valid, const
     // drain the (empty) trailing groups before the ring is reused or the block exits
     cp_async_wait<0>();
 
-    // outputs: tile t, e -> row o0 + 16t + g + 8(e >> 1), column 2tg + (e & 1)
-    if (KS > 1) {
-#pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[(w * (RT * 4) + t * 4 + e) * 32 + lane] = acc[t][e];
-        __syncthreads();
-        if (!valid || kp != 0) return;
-#pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = part[(w * (RT * 4) + t * 4 + e) * 32 + lane];
-#pragma unroll
-                for (int k2 = 1; k2 < KS; ++k2) v += part[((w + k2) * (RT * 4) + t * 4 + e) * 32 + lane];
-                acc[t][e] = v;
-            }
-    }
-    if (!valid) return;
-#pragma unroll
-    for (int t = 0; t < RT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if (!C2 && (e & 1)) continue;
-            const int o = o0 + 16 * t + g + 8 * (e >> 1), col = 2 * tg + (e & 1);
-            if (col < n && o < sg.n_out) {
-                float* yp = sg.y + (size_t)col * sg.n_out + o;
-                *yp = accumulate ? *yp + acc[t][e] : acc[t][e];
-            }
-        }
+    mvm_store<RT, KS, C2>(acc, part, sg, valid, o0, n, accumulate);
+}
+
+// The segment holding row group gw (groups of `rows` rows never straddle two matrices); gw becomes
+// the group index inside it. `valid` is false past the last segment (such warps still take part in
+// the block barrier of the K split).
+__device__ __forceinline__ MvSeg mvm_find_seg(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, int rows, int& gw,
+                                              bool& valid) {
+    int g0 = (s0.n_out + rows - 1) / rows, g1 = (s1.n_out + rows - 1) / rows,
+        g2 = (s2.n_out + rows - 1) / rows, g3 = (s3.n_out + rows - 1) / rows;
+    valid = true;
+    if (gw < g0) return s0;
+    if ((gw -= g0) < g1) return s1;
+    if ((gw -= g1) < g2) return s2;
+    if ((gw -= g2) < g3) return s3;
+    valid = false;
+    return s0;
 }
 
 template <int KIND, int RT, int KS, int STAGES>
@@ -348,21 +373,8 @@ __device__ __forceinline__ void mvm_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
     __shared__ __align__(16) u32 s_s[MVM_WARPS * STAGES * ROWS * MVM_SW];
     __shared__ float part[KS > 1 ? MVM_WARPS * RT * 4 * 32 : 1];
     int gw = blockIdx.x * G + (threadIdx.x >> 5) / KS;  // row group of this warp
-    int g0 = (s0.n_out + ROWS - 1) / ROWS, g1 = (s1.n_out + ROWS - 1) / ROWS,
-        g2 = (s2.n_out + ROWS - 1) / ROWS, g3 = (s3.n_out + ROWS - 1) / ROWS;
-    MvSeg sg = s0;
     bool valid = true;
-    if (gw < g0) {
-        sg = s0;
-    } else if ((gw -= g0) < g1) {
-        sg = s1;
-    } else if ((gw -= g1) < g2) {
-        sg = s2;
-    } else if ((gw -= g2) < g3) {
-        sg = s3;
-    } else {
-        valid = false;  // still takes part in the block barrier of the K split
-    }
+    MvSeg sg = mvm_find_seg(s0, s1, s2, s3, ROWS, gw, valid);
     const int o0 = gw * ROWS;
     if (n > 1) {
         mvm_body<KIND, RT, KS, STAGES, true>(sg, valid, o0, q, da, sa, n_in, n, accumulate, pre, s_c, s_s,
@@ -399,3 +411,229 @@ __device__ __forceinline__ void mvm_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 MVM_KIND_ENTRIES(q1, 1)
 MVM_KIND_ENTRIES(q2, 2)
 MVM_KIND_ENTRIES(q2g64, 3)
+
+// ---- direct-load variant (`mvd_*`) ------------------------------------------------------------
+// The same arithmetic, in the same order, as mvm_body above (so its output equals the ring kernel's
+// bit for bit, and row t of an n-row launch equals the 1-row launch), with the weights loaded
+// straight into registers instead of through a shared-memory ring: the ring's cp.async issue
+// (address math per 16-byte piece and per scale word) and its shared-memory reads cost more
+// issue slots than the mat-vec itself at n = 1. Each warp walks its K part in steps of 32 (Q1) or
+// 64 (Q2) code bytes per row; NS (2) steps of codes and scales are held in a register ring
+// (unrolled so every slot index is a compile-time constant). A thread loads what its fragments
+// need: Q1 the whole 16-byte block of rows g and g+8 (the 4 threads of a group read the same
+// address: one request), Q2 its 4-byte word of each sub-block.
+//   Q1:    step = 2 blocks (32 bytes/row, one sector), 8 words per row per thread
+//   Q2:    step = 2 blocks (64 bytes/row), word tg>>1 of each of the 8 sub-blocks
+//   Q2g64: step = 4 blocks (64 bytes/row), word tg>>1 of each of the 8 sub-blocks
+template <int KIND, int RT>
+struct MvdSlot {
+    u32 w[RT][2][8];   // [tile][row g / g+8][word of the step]
+    u16 ws[RT][2][4];  // [tile][row][block of the step] f16 weight scales (Q1: 2 used, Q2: 2, g64: 4)
+};
+
+template <int KIND, int RT, int KS, int NS, bool C2>
+__device__ __forceinline__ void mvd_body(const MvSeg sg, const bool valid, const int o0, const i8* __restrict__ q,
+                                         const float* __restrict__ da, const int* __restrict__ sa, int n_in,
+                                         int n, int accumulate, int pre, float* part) {
+    const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
+    const int SPB = BE / 32;              // sub-blocks per scale block
+    const int SBB = KIND == 1 ? 4 : 8;    // code bytes per sub-block
+    const int SPC = MVM_CB / SBB;         // sub-blocks per chunk
+    const int BPC = SPC / SPB;            // scale blocks per chunk
+    const int S = KIND == 1 ? 2 : BPC;    // scale blocks per step
+    const int SPCH = BPC / S;             // steps per chunk
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int kp = w % KS;
+    const int nsb = n_in >> 5, nblk = n_in / BE;
+    const int rowb = nsb * SBB;
+    const int nch = (rowb + MVM_CB - 1) / MVM_CB;
+    const int nmy = (valid && kp < nch) ? (nch - kp + KS - 1) / KS : 0;
+    const int nst = nmy * SPCH;  // steps of this warp (the last may hold blocks past nblk)
+    const int n_out = valid ? sg.n_out : 1;
+    const u8* codes = (const u8*)sg.codes;
+    // per (tile, row half): clamped row (rows past n_out load the last row; never stored)
+    const u8* crow[RT][2];
+    const u16* srow[RT][2];
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const size_t o = (size_t)min(o0 + 16 * t + g + 8 * h, n_out - 1);
+            crow[t][h] = codes + o * (size_t)rowb + (KIND == 1 ? 0 : 4 * (tg >> 1));
+            srow[t][h] = sg.scales + o * (size_t)nblk;
+        }
+    // first scale block of step i
+    auto step_blk = [&](int i) { return (kp + KS * (i / SPCH)) * BPC + (i % SPCH) * S; };
+    auto load = [&](MvdSlot<KIND, RT>& sl, int i) {
+        const int b0 = step_blk(i);
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int b = 0; b < S; ++b) {
+                    const bool live = b0 + b < nblk;
+                    if (KIND == 1) {
+                        uint4 v;
+                        v.x = v.y = v.z = v.w = 0u;
+                        if (live) v = __ldg((const uint4*)(crow[t][h] + 16 * (b0 + b)));
+                        sl.w[t][h][4 * b + 0] = v.x;
+                        sl.w[t][h][4 * b + 1] = v.y;
+                        sl.w[t][h][4 * b + 2] = v.z;
+                        sl.w[t][h][4 * b + 3] = v.w;
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < SPB; ++u)
+                            sl.w[t][h][SPB * b + u] =
+                                live ? __ldg((const u32*)(crow[t][h] + 8 * (SPB * (b0 + b) + u))) : 0u;
+                    }
+                    sl.ws[t][h][b] = live ? __ldg(srow[t][h] + b0 + b) : (u16)0;
+                }
+            }
+    };
+
+    const bool rowq = g < n;
+    const bool colA = 2 * tg < n;
+    const bool colB = C2 && 2 * tg + 1 < n;
+    const i8* qg = q + (size_t)(rowq ? g : 0) * n_in + 8 * tg;
+    const u32* dA = (const u32*)da + (size_t)(colA ? 2 * tg : 0) * nsb;
+    const u32* sA = (const u32*)sa + (size_t)(colA ? 2 * tg : 0) * nsb;
+    const u32* dB = (const u32*)da + (size_t)(colB ? 2 * tg + 1 : 0) * nsb;
+    const u32* sB = (const u32*)sa + (size_t)(colB ? 2 * tg + 1 : 0) * nsb;
+
+    float acc[RT][4];
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+
+    auto compute = [&](const MvdSlot<KIND, RT>& sl, int i) {
+        const int b0 = step_blk(i);
+#pragma unroll
+        for (int b = 0; b < S; ++b) {
+            if (b0 + b >= nblk) break;  // warp-uniform
+            const int jb = (b0 + b) * SPB;
+            uint2 bq[SPB];
+            u32 xa[SPB], ca[SPB], xb[SPB], cb[SPB];
+#pragma unroll
+            for (int u = 0; u < SPB; ++u) {
+                bq[u].x = bq[u].y = 0u;
+                if (rowq) bq[u] = __ldg((const uint2*)(qg + (size_t)(jb + u) * 32));
+            }
+            mvm_ldv<SPB>(dA + jb, colA, xa);
+            mvm_ldv<SPB>(sA + jb, colA, ca);
+            if (C2) {
+                mvm_ldv<SPB>(dB + jb, colB, xb);
+                mvm_ldv<SPB>(sB + jb, colB, cb);
+            }
+#pragma unroll
+            for (int u = 0; u < SPB; ++u) {
+                ca[u] = (u32)GM_MAGIC - ca[u];
+                cb[u] = C2 ? (u32)GM_MAGIC - cb[u] : (u32)GM_MAGIC;
+            }
+#pragma unroll
+            for (int t = 0; t < RT; ++t) {
+                float p[4];
+#pragma unroll
+                for (int u = 0; u < SPB; ++u) {
+                    u32 la, ha, lb, hb;
+                    mvm_unpack<KIND>(sl.w[t][0][SPB * b + u], tg, la, ha);
+                    mvm_unpack<KIND>(sl.w[t][1][SPB * b + u], tg, lb, hb);
+                    int d[4];
+                    mma_s8_c(d, la, lb, ha, hb, bq[u].x, bq[u].y, (int)ca[u], (int)cb[u]);
+                    const float f0 = __fadd_rn(__int_as_float(d[0]), -GM_MAGIC_F);
+                    const float f2 = __fadd_rn(__int_as_float(d[2]), -GM_MAGIC_F);
+                    const float x0 = __uint_as_float(xa[u]);
+                    if (u == 0) {
+                        p[0] = __fmul_rn(f0, x0);
+                        p[2] = __fmul_rn(f2, x0);
+                    } else {
+                        p[0] = fmaf(f0, x0, p[0]);
+                        p[2] = fmaf(f2, x0, p[2]);
+                    }
+                    if (C2) {
+                        const float f1 = __fadd_rn(__int_as_float(d[1]), -GM_MAGIC_F);
+                        const float f3 = __fadd_rn(__int_as_float(d[3]), -GM_MAGIC_F);
+                        const float x1 = __uint_as_float(xb[u]);
+                        if (u == 0) {
+                            p[1] = __fmul_rn(f1, x1);
+                            p[3] = __fmul_rn(f3, x1);
+                        } else {
+                            p[1] = fmaf(f1, x1, p[1]);
+                            p[3] = fmaf(f3, x1, p[3]);
+                        }
+                    }
+                }
+                const float wsa = h2f(sl.ws[t][0][b]);
+                const float wsb = h2f(sl.ws[t][1][b]);
+                acc[t][0] = fmaf(p[0], wsa, acc[t][0]);
+                acc[t][2] = fmaf(p[2], wsb, acc[t][2]);
+                if (C2) {
+                    acc[t][1] = fmaf(p[1], wsa, acc[t][1]);
+                    acc[t][3] = fmaf(p[3], wsb, acc[t][3]);
+                }
+            }
+        }
+    };
+
+    MvdSlot<KIND, RT> sl[NS];
+    // weights are never written on the device: with `pre` the first NS−1 steps are requested
+    // before the PDL wait
+    if (!pre) PDL_ENTRY();
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s)
+        if (s < nst) load(sl[s], s);
+    if (pre) PDL_ENTRY();
+    for (int i0 = 0; i0 < nst; i0 += NS) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+            const int i = i0 + s;
+            if (i >= nst) break;
+            if (i + NS - 1 < nst) load(sl[(s + NS - 1) % NS], i + NS - 1);
+            compute(sl[s], i);
+        }
+    }
+    mvm_store<RT, KS, C2>(acc, part, sg, valid, o0, n, accumulate);
+}
+
+template <int KIND, int RT, int KS>
+__device__ __forceinline__ void mvd_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
+                                           const float* __restrict__ da, const int* __restrict__ sa, int n_in,
+                                           int n, int accumulate, int pre) {
+    const int ROWS = 16 * RT;
+    const int G = MVM_WARPS / KS;
+    __shared__ float part[KS > 1 ? MVM_WARPS * RT * 4 * 32 : 1];
+    int gw = blockIdx.x * G + (threadIdx.x >> 5) / KS;
+    bool valid = true;
+    MvSeg sg = mvm_find_seg(s0, s1, s2, s3, ROWS, gw, valid);
+    const int o0 = gw * ROWS;
+    // register ring depth: the step being computed and the next one (3 spills at 128 registers)
+    const int NS = 2;
+    if (n > 1) {
+        mvd_body<KIND, RT, KS, NS, true>(sg, valid, o0, q, da, sa, n_in, n, accumulate, pre, part);
+    } else {
+        mvd_body<KIND, RT, KS, NS, false>(sg, valid, o0, q, da, sa, n_in, n, accumulate, pre, part);
+    }
+}
+
+// Parameters and grid exactly as MVM_ENTRY; no dynamic or ring shared memory.
+#define MVD_ENTRY(NAME, KIND, RT, KS, MINB)                                                          \
+    extern "C" __global__ void __launch_bounds__(MVM_WARPS * 32, MINB) NAME(                          \
+        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
+        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
+        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
+        int accumulate, int pre) {                                                                    \
+        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
+              s3 = {c3, sc3, y3, n3};                                                                 \
+        mvd_lowbit<KIND, RT, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre);                \
+    }
+#define MVD_KIND_ENTRIES(K, KIND)                 \
+    MVD_ENTRY(mvd_##K##_r1_k1, KIND, 1, 1, 4)     \
+    MVD_ENTRY(mvd_##K##_r1_k2, KIND, 1, 2, 4)     \
+    MVD_ENTRY(mvd_##K##_r1_k4, KIND, 1, 4, 4)     \
+    MVD_ENTRY(mvd_##K##_r2_k1, KIND, 2, 1, 3)     \
+    MVD_ENTRY(mvd_##K##_r2_k2, KIND, 2, 2, 3)     \
+    MVD_ENTRY(mvd_##K##_r2_k4, KIND, 2, 4, 3)
+MVD_KIND_ENTRIES(q1, 1)
+MVD_KIND_ENTRIES(q2, 2)
+MVD_KIND_ENTRIES(q2g64, 3)

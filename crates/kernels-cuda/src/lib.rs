@@ -79,14 +79,20 @@ const MV_WARPS: usize = 4;
 /// `mma` do, so both are functions of the matrix shape (and the process-wide switch) alone, never
 /// of n (batch invariance: a verify row equals the decode row bit for bit).
 ///
-/// The tensor-core path is off by default and NOT YET VALIDATED ON A GPU (written without one):
-/// `BONSAI_CUDA_MV_MMA=1` makes the default plans use it.
+/// `direct` (tensor-core plans only): the `mvd_*` kernels, which load weights straight into
+/// registers, instead of the `mvm_*` ones with a cp.async shared-memory ring. Both do the same
+/// float operations in the same order, so they agree bit for bit and the choice may depend on n.
+///
+/// The tensor-core path is off by default: `BONSAI_CUDA_MV_MMA=1` makes the default plans use it.
+/// Its kernels pass the GPU tests; on the H200 the ring form is 1.3–2.4× slower than dp4a at n = 1
+/// (and 1.7–2.4× faster at n = 5), the direct form is what the next sweep measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
     pub ks: usize,
     pub pre: bool,
     pub mma: bool,
+    pub direct: bool,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -135,6 +141,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             ks,
             pre: true,
             mma,
+            direct: true,
         };
     }
     MvPlan {
@@ -142,6 +149,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
         ks: mv_default_ks(kind, rows, n_in),
         pre: true,
         mma,
+        direct: false,
     }
 }
 
@@ -594,7 +602,7 @@ kernels!(
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
-        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default, unvalidated) ----
+        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default): ring, then direct ----
         mvm_q1_r1_k1,
         mvm_q1_r1_k2,
         mvm_q1_r1_k4,
@@ -613,6 +621,24 @@ kernels!(
         mvm_q2g64_r2_k1,
         mvm_q2g64_r2_k2,
         mvm_q2g64_r2_k4,
+        mvd_q1_r1_k1,
+        mvd_q1_r1_k2,
+        mvd_q1_r1_k4,
+        mvd_q1_r2_k1,
+        mvd_q1_r2_k2,
+        mvd_q1_r2_k4,
+        mvd_q2_r1_k1,
+        mvd_q2_r1_k2,
+        mvd_q2_r1_k4,
+        mvd_q2_r2_k1,
+        mvd_q2_r2_k2,
+        mvd_q2_r2_k4,
+        mvd_q2g64_r1_k1,
+        mvd_q2g64_r1_k2,
+        mvd_q2g64_r1_k4,
+        mvd_q2g64_r2_k1,
+        mvd_q2g64_r2_k2,
+        mvd_q2g64_r2_k4,
     ],
     plain: [
         spin_ns,
@@ -1128,7 +1154,10 @@ impl Gpu {
                     "mv_lowbit (mma): misaligned activations q {q:#x} d {d:#x} s {s:#x}"
                 )));
             }
-            (16 * plan.r, self.mvm_func(kind, plan.r, plan.ks)?)
+            (
+                16 * plan.r,
+                self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
+            )
         } else {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
@@ -1182,7 +1211,7 @@ impl Gpu {
     }
 
     /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
-    /// default, unvalidated on a GPU).
+    /// default).
     pub fn mv_mma(&self) -> bool {
         self.mv_mma.load(Ordering::Relaxed)
     }
@@ -1208,24 +1237,39 @@ impl Gpu {
         *self.mv_override.lock().expect("mv override lock") = plan;
     }
 
-    /// The tensor-core mat-vec kernel of `kind` with `r` m16 tiles per warp and K split `ks`.
-    fn mvm_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
+    /// The tensor-core mat-vec kernel of `kind` with `r` m16 tiles per warp and K split `ks`:
+    /// direct register loads (`mvd_*`) or the cp.async ring (`mvm_*`).
+    fn mvm_func(&self, kind: WKind, r: usize, ks: usize, direct: bool) -> Result<sys::CUfunction> {
         let f = &self.f;
-        let t = match kind {
-            WKind::Q1 => [
+        let t = match (kind, direct) {
+            (WKind::Q1, false) => [
                 [f.mvm_q1_r1_k1, f.mvm_q1_r1_k2, f.mvm_q1_r1_k4],
                 [f.mvm_q1_r2_k1, f.mvm_q1_r2_k2, f.mvm_q1_r2_k4],
             ],
-            WKind::Q2 => [
+            (WKind::Q2, false) => [
                 [f.mvm_q2_r1_k1, f.mvm_q2_r1_k2, f.mvm_q2_r1_k4],
                 [f.mvm_q2_r2_k1, f.mvm_q2_r2_k2, f.mvm_q2_r2_k4],
             ],
-            WKind::Q2G64 => [
+            (WKind::Q2G64, false) => [
                 [f.mvm_q2g64_r1_k1, f.mvm_q2g64_r1_k2, f.mvm_q2g64_r1_k4],
                 [f.mvm_q2g64_r2_k1, f.mvm_q2g64_r2_k2, f.mvm_q2g64_r2_k4],
             ],
-            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
-            WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
+            (WKind::Q1, true) => [
+                [f.mvd_q1_r1_k1, f.mvd_q1_r1_k2, f.mvd_q1_r1_k4],
+                [f.mvd_q1_r2_k1, f.mvd_q1_r2_k2, f.mvd_q1_r2_k4],
+            ],
+            (WKind::Q2, true) => [
+                [f.mvd_q2_r1_k1, f.mvd_q2_r1_k2, f.mvd_q2_r1_k4],
+                [f.mvd_q2_r2_k1, f.mvd_q2_r2_k2, f.mvd_q2_r2_k4],
+            ],
+            (WKind::Q2G64, true) => [
+                [f.mvd_q2g64_r1_k1, f.mvd_q2g64_r1_k2, f.mvd_q2g64_r1_k4],
+                [f.mvd_q2g64_r2_k1, f.mvd_q2g64_r2_k2, f.mvd_q2g64_r2_k4],
+            ],
+            (WKind::F32, _) => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+            (WKind::Q41, _) => {
+                return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into()))
+            }
         };
         let row = match r {
             1 => 0,
@@ -1969,6 +2013,8 @@ mod tests {
                     for n in 2..=MAX_ROWS {
                         let p = mv_default_plan(kind, n, rows, 5120, mma);
                         assert_eq!((p.ks, p.mma), (p1.ks, p1.mma), "{kind:?} {rows} n={n}");
+                        // ring and direct agree bit for bit, but keep one kernel per matrix
+                        assert_eq!(p.direct, p1.direct);
                         if mma {
                             assert_eq!(p, p1, "the tensor-core plan takes any n");
                         }

@@ -277,6 +277,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 ks,
                 pre,
                 mma: false,
+                direct: false,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -357,6 +358,22 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
             "mma {qt:?} [{n_in}x{n_out}] {plan:?} n={n} vs emulation: max rel {e}"
         );
         worst = worst.max(e);
+        if plan.direct {
+            // the direct-load kernel does the ring kernel's float ops in the same order
+            g.set_mv_override(Some(MvPlan {
+                direct: false,
+                ..plan
+            }));
+            let yr = g.alloc(n * n_out * 4).unwrap();
+            launch(&[one(&yr)], 0, n, false);
+            g.set_mv_override(Some(plan));
+            let yr: Vec<f32> = down(g, &yr, n * n_out);
+            let same = yn.iter().zip(&yr).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "mma {qt:?} [{n_in}x{n_out}] {plan:?} n={n}: direct != ring"
+            );
+        }
     }
     // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
     let nb = rt.codes.len() / n_out;
@@ -418,7 +435,7 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
         );
     }
     eprintln!(
-        "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate"
+        "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate{}", if plan.direct { ", == ring" } else { "" }
     );
     g.set_mv_override(None);
 }
@@ -457,7 +474,7 @@ fn matvec_mma_every_plan() {
     let g = need_gpu!("matvec_mma_every_plan");
     for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
         let mut seed = 200;
-        for r in [1, 2] {
+        for (r, direct) in [(1, false), (2, false), (1, true), (2, true)] {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     let plan = MvPlan {
@@ -465,6 +482,7 @@ fn matvec_mma_every_plan() {
                         ks,
                         pre,
                         mma: true,
+                        direct,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
