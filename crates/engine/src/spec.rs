@@ -22,7 +22,7 @@ use crate::backend::{gdn_rec_width, Backend, GdnMode};
 use crate::config::TargetConfig;
 use crate::error::Result;
 use crate::model::{forward, Capture, LogitRows, SeqState, Weights};
-use crate::sampling::{Sampled, Sampler};
+use crate::sampling::{LogitStats, Sampled, Sampler};
 
 /// How the GDN state is rolled back after a partial accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub struct RoundBufs<B: Backend> {
     /// Verify records, one per GDN layer.
     recs: Vec<B::Act>,
     logits: Vec<f32>,
+    /// Per-row logit statistics the backend returned with the last verify (empty when none).
+    stats: Vec<Option<LogitStats>>,
     /// Verify taps `[rows, tap_width]` (rows of the last verify).
     pub taps: Vec<f32>,
 }
@@ -48,6 +50,11 @@ impl<B: Backend> RoundBufs<B> {
     /// Logits `[rows, n_vocab]` of the last verify (tests compare them across backends' paths).
     pub fn logits(&self) -> &[f32] {
         &self.logits
+    }
+    /// Per-row logit statistics of the last verify, as the backend returned them (empty when it
+    /// computed none; tests compare them with the logits rows).
+    pub fn stats(&self) -> &[Option<LogitStats>] {
+        &self.stats
     }
 }
 
@@ -60,6 +67,7 @@ impl<B: Backend> RoundBufs<B> {
                 .map(|_| b.new_act(max_rows, gdn_rec_width(cfg)))
                 .collect(),
             logits: Vec::new(),
+            stats: Vec::new(),
             taps: Vec::new(),
         })
     }
@@ -118,10 +126,10 @@ pub fn verify_round<B: Backend>(
     // 2. verify: n rows, each computed exactly as a single-token step (on CUDA with
     //    BONSAI_CUDA_ROUND_GRAPH=1 one captured graph per row count, with per-row logit statistics)
     let taps = tap_layers.map(|layers| (layers, &mut bufs.taps));
-    let stats = b.verify_forward(cfg, w, st, &ids, &mut bufs.recs, taps, &mut bufs.logits)?;
+    bufs.stats = b.verify_forward(cfg, w, st, &ids, &mut bufs.recs, taps, &mut bufs.logits)?;
     // 3. accept: sample row i with the full chain, continue while it equals draft i
     let rows: Vec<&[f32]> = bufs.logits.chunks_exact(cfg.n_vocab).collect();
-    let tokens = sampler.sample_and_accept_n_stats(&rows, &stats, draft);
+    let tokens = sampler.sample_and_accept_n_stats(&rows, &bufs.stats, draft);
     let n_acc = tokens.len() - 1;
     let keep = n_acc + 1;
     timing.verify_s = t.elapsed().as_secs_f64();

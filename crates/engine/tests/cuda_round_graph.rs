@@ -34,8 +34,8 @@ use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, Weights};
-use bonsai_engine::sampling::{Sampler, SamplerParams};
-use bonsai_engine::spec::{verify_round, Rollback, RoundBufs};
+use bonsai_engine::sampling::{LogitStats, Sampler, SamplerParams};
+use bonsai_engine::spec::{verify_round, Rollback, RoundBufs, RoundOut};
 use bonsai_engine::QuantType;
 
 const N_CTX: usize = 512;
@@ -123,6 +123,129 @@ fn builder_models() -> Vec<Model> {
 /// Bit patterns (NaN-safe exact comparison).
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// NaN, +inf and −inf counts of a logits row.
+fn nonfinite(row: &[f32]) -> String {
+    let count = |f: fn(&f32) -> bool| row.iter().filter(|x| f(x)).count();
+    format!(
+        "{} NaN, {} +inf, {} -inf",
+        count(|x| x.is_nan()),
+        count(|&x| x == f32::INFINITY),
+        count(|&x| x == f32::NEG_INFINITY)
+    )
+}
+
+/// The first maximum of a row with NaN as −inf (the host sampler's and the device statistics'
+/// rule); `None` when nothing is above −inf.
+fn first_max(row: &[f32]) -> Option<(usize, f32)> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in row.iter().enumerate() {
+        if v > f32::NEG_INFINITY && best.is_none_or(|(_, m)| v > m) {
+            best = Some((i, v));
+        }
+    }
+    best
+}
+
+/// Where two logits buffers `[rows, nv]` differ bit for bit (`None` when they do not): how many
+/// values and rows, the first differing value of both, and per differing row both rows' first
+/// maximum and NaN / inf counts.
+fn logits_diff(nv: usize, a: &[f32], b: &[f32]) -> Option<String> {
+    if a.len() != b.len() {
+        return Some(format!("lengths {} vs {}", a.len(), b.len()));
+    }
+    let first = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits())?;
+    let n_diff = (0..a.len())
+        .filter(|&i| a[i].to_bits() != b[i].to_bits())
+        .count();
+    let (r0, c0) = (first / nv, first % nv);
+    let mut msg = format!(
+        "{n_diff} of {} values differ; first at row {r0} col {c0}: {} ({:#010x}) vs {} ({:#010x})",
+        a.len(),
+        a[first],
+        a[first].to_bits(),
+        b[first],
+        b[first].to_bits()
+    );
+    for (r, (ra, rb)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
+        if bits(ra) == bits(rb) {
+            continue;
+        }
+        let n = ra
+            .iter()
+            .zip(rb)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let max_abs = ra
+            .iter()
+            .zip(rb)
+            .map(|(x, y)| (x - y).abs())
+            .filter(|d| !d.is_nan())
+            .fold(0f32, f32::max);
+        msg += &format!(
+            "\n  row {r}: {n} values differ (max |diff| {max_abs}); first max {:?} vs {:?}; {} vs {}",
+            first_max(ra),
+            first_max(rb),
+            nonfinite(ra),
+            nonfinite(rb)
+        );
+    }
+    Some(msg)
+}
+
+/// The per-row statistics a verify returned against its logits rows `[n, nv]`: none when
+/// `expect` is false, else one per row, each `Some` exactly when the row has a maximum above
+/// −inf, with that first maximum (NaN as −inf) as argmax, its bits as max, and a log-sum-exp
+/// within 1e-3 (relative) of the host's f64 one.
+fn check_stats(what: &str, nv: usize, logits: &[f32], stats: &[Option<LogitStats>], expect: bool) {
+    let n = logits.len() / nv;
+    if !expect {
+        assert!(
+            stats.is_empty(),
+            "{what}: statistics where none are computed"
+        );
+        return;
+    }
+    assert_eq!(stats.len(), n, "{what}: one statistics entry per row");
+    for (i, (row, s)) in logits.chunks_exact(nv).zip(stats).enumerate() {
+        let host = first_max(row);
+        let Some(s) = s else {
+            assert!(
+                host.is_none(),
+                "{what}: row {i}: no device statistics, host first max {host:?} ({})",
+                nonfinite(row)
+            );
+            continue;
+        };
+        let Some((am, m)) = host else {
+            panic!(
+                "{what}: row {i}: device statistics {s:?} for a row with no maximum ({})",
+                nonfinite(row)
+            );
+        };
+        assert!(
+            s.argmax as usize == am && s.max.to_bits() == m.to_bits(),
+            "{what}: row {i}: device argmax {} max {} vs host first max {am} = {m} (row[device              argmax] = {:?}; {})",
+            s.argmax,
+            s.max,
+            row.get(s.argmax as usize),
+            nonfinite(row)
+        );
+        if m.is_finite() {
+            let sum: f64 = row
+                .iter()
+                .filter(|&&v| v > f32::NEG_INFINITY)
+                .map(|&v| (v as f64 - m as f64).exp())
+                .sum();
+            let lse = m as f64 + sum.ln();
+            assert!(
+                (s.lse - lse).abs() <= 1e-3 * (1.0 + lse.abs()),
+                "{what}: row {i}: device lse {} vs host {lse}",
+                s.lse
+            );
+        }
+    }
 }
 
 fn prompt(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
@@ -242,7 +365,10 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                     "{what}: the eager verify has no statistics"
                 );
                 assert_eq!(la.len(), n * nv, "{what}: logits length");
-                assert!(bits(&la) == bits(&lb), "{what}: logits differ");
+                if let Some(d) = logits_diff(nv, &la, &lb) {
+                    panic!("{what}: logits differ (eager vs graph): {d}");
+                }
+                check_stats(&what, nv, &lb, &st_b, b.graphs_give_stats());
                 if with_taps {
                     assert_eq!(ta.len(), n * layers.len() * cfg.n_embd, "{what}: taps");
                     assert!(bits(&ta) == bits(&tb), "{what}: taps differ");
@@ -255,20 +381,10 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                     );
                 }
                 assert_same_state(b, &sa, &sb, &what);
-                if b.graphs_give_stats() {
-                    assert_eq!(st_b.len(), n, "{what}: one statistics entry per row");
-                    for (i, s) in st_b.iter().enumerate() {
-                        let row = &lb[i * nv..(i + 1) * nv];
-                        if let Some(s) = s {
-                            assert_eq!(
-                                s.max.to_bits(),
-                                row[s.argmax as usize].to_bits(),
-                                "{what}: row {i} max"
-                            );
-                            if let Some(x) = greedy.sample_from_stats(s, nv) {
-                                assert_eq!(x.id, greedy.sample(row).id, "{what}: row {i} argmax");
-                            }
-                        }
+                for (i, s) in st_b.iter().enumerate() {
+                    let row = &lb[i * nv..(i + 1) * nv];
+                    if let Some(x) = s.and_then(|s| greedy.sample_from_stats(&s, nv)) {
+                        assert_eq!(x.id, greedy.sample(row).id, "{what}: row {i} argmax");
                     }
                 }
                 calls += 1;
@@ -289,6 +405,55 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
          taps off/on, {calls} calls at two positions each",
         m.name
     );
+}
+
+/// After a verify whose logits differed: the same verify again from copies of the pre-round
+/// state `pre` into a fresh state and fresh records (new addresses, so the graph path captures a
+/// new graph unless one with those addresses is cached), eagerly and with the graphs, and which
+/// of the first results each one reproduces.
+#[allow(clippy::too_many_arguments)]
+fn rerun_verify<B: Switch>(
+    b: &B,
+    cfg: &TargetConfig,
+    w: &Weights<B>,
+    pre: &SeqState<B>,
+    ids: &[u32],
+    taps: Option<&[usize]>,
+    eager: &[f32],
+    graph: &[f32],
+) -> String {
+    let width = gdn_rec_width(cfg);
+    let mut st = SeqState::new(b, cfg, N_CTX).unwrap();
+    let mut recs: Vec<B::Act> = (0..cfg.n_gdn_layers())
+        .map(|_| b.new_act(8, width))
+        .collect();
+    let mut run = |graphs: bool| -> Vec<f32> {
+        st.copy_from(b, pre);
+        let (mut lg, mut tp) = (Vec::new(), Vec::new());
+        b.set_graphs(graphs);
+        let r = b.verify_forward(
+            cfg,
+            w,
+            &mut st,
+            ids,
+            &mut recs,
+            taps.map(|l| (l, &mut tp)),
+            &mut lg,
+        );
+        b.set_graphs(false);
+        r.unwrap();
+        lg
+    };
+    let (e2, g2) = (run(false), run(true));
+    let same = |x: &[f32], y: &[f32]| bits(x) == bits(y);
+    format!(
+        "re-run from the pre-round state on a fresh state: eager again == eager {}, == graph {}; \
+         graph again == graph {}, == eager {}",
+        same(&e2, eager),
+        same(&e2, graph),
+        same(&g2, graph),
+        same(&g2, eager)
+    )
 }
 
 /// Plain greedy decoding: chunked prefill, then `decode_step` per token.
@@ -330,11 +495,18 @@ fn round_checks<B: Switch>(
     let taps = with_taps.then_some(&layers[..]);
     let mut seen = [false; 5];
     let mut n_rounds = 0;
+    println!(
+        "{} {rollback:?} taps {with_taps}: sampler {params:?}",
+        m.name
+    );
     for seed in 0..2u32 {
         let pr = prompt(9 + 5 * seed as usize, seed, nv);
         let want = plain_greedy(b, &cfg, &w, &pr, 44);
         let (mut sa, lg) = prefill(b, &cfg, &w, &pr);
         let (mut sb, _) = prefill(b, &cfg, &w, &pr);
+        assert_same_state(b, &sa, &sb, &format!("{} seed {seed}: prefill", m.name));
+        // the state before each round (to re-run a verify whose outputs differ)
+        let mut pre = SeqState::new(b, &cfg, N_CTX).unwrap();
         let mut ba = RoundBufs::new(b, &cfg, 5).unwrap();
         let mut bb = RoundBufs::new(b, &cfg, 5).unwrap();
         let (mut ka, mut kb) = (Sampler::new(params.clone()), Sampler::new(params.clone()));
@@ -368,6 +540,7 @@ fn round_checks<B: Switch>(
                 if bad < 4 {
                     draft[bad] = (draft[bad] + 1) % (nv as u32 - 8);
                 }
+                pre.copy_from(b, &sa);
                 b.set_graphs(false);
                 let oa = verify_round(
                     b, &cfg, &w, &mut sa, &mut ba, &mut ka, id_last, &draft, taps, rollback,
@@ -379,18 +552,34 @@ fn round_checks<B: Switch>(
                 )
                 .unwrap();
                 b.set_graphs(false);
-                let ids = |o: &bonsai_engine::spec::RoundOut| -> Vec<u32> {
-                    o.tokens.iter().map(|x| x.id).collect()
+                let ids = |o: &RoundOut| -> Vec<u32> { o.tokens.iter().map(|x| x.id).collect() };
+                let round = || {
+                    format!(
+                        "verify ids [{id_last}] + {draft:?} at pos {}; tokens eager {:?} graph {:?}; \
+                         sampler {params:?}",
+                        pre.pos,
+                        ids(&oa),
+                        ids(&ob)
+                    )
                 };
-                assert_eq!(ids(&oa), ids(&ob), "{what}: round tokens");
-                assert_eq!(oa.n_acc, ob.n_acc, "{what}: accept count");
-                assert!(
-                    bits(ba.logits()) == bits(bb.logits()),
-                    "{what}: verify logits"
-                );
+                // logits and statistics first: they say why tokens would differ
+                if let Some(d) = logits_diff(nv, ba.logits(), bb.logits()) {
+                    let mut ids_v = vec![id_last];
+                    ids_v.extend_from_slice(&draft);
+                    let rerun =
+                        rerun_verify(b, &cfg, &w, &pre, &ids_v, taps, ba.logits(), bb.logits());
+                    panic!(
+                        "{what}: verify logits differ (eager vs graph): {d}\n  {}\n  {rerun}",
+                        round()
+                    );
+                }
+                check_stats(&what, nv, ba.logits(), ba.stats(), false);
+                check_stats(&what, nv, bb.logits(), bb.stats(), b.graphs_give_stats());
                 if with_taps {
                     assert!(bits(&ba.taps) == bits(&bb.taps), "{what}: verify taps");
                 }
+                assert_eq!(ids(&oa), ids(&ob), "{what}: round tokens ({})", round());
+                assert_eq!(oa.n_acc, ob.n_acc, "{what}: accept count");
                 seen[oa.n_acc] = true;
                 got.extend(ids(&oa));
                 spec_rounds += 1;

@@ -31,7 +31,7 @@
 //! accept count. UNVALIDATED on a GPU when written; `tests/cuda_round_graph.rs` is the check.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
@@ -144,6 +144,8 @@ fn scratch_dims(cfg: &TargetConfig) -> [usize; 10] {
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     scratch: Mutex<Option<Scratch>>,
+    /// Generations handed out to scratch allocations (never reused, also after a failed one).
+    scratch_gens: AtomicU64,
     max_ctx: Mutex<usize>,
     /// The captured plain decode step ([`Backend::decode_step`]), rebuilt when its key changes.
     step_graph: Mutex<Option<StepGraph>>,
@@ -160,8 +162,8 @@ pub struct CudaBackend {
 /// UNVALIDATED: written without a GPU; `tests/cuda_round_graph.rs` checks it on the H200 (the
 /// round with graphs against the eager round: tokens, logits, taps and state bit for bit).
 ///
-/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, weight /
-///   state / record addresses, launch mode): pinned `[ids ‖ positions]` → the device id and
+/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, every
+///   weight buffer, state / record addresses, launch mode, mat-vec family): pinned `[ids ‖ positions]` → the device id and
 ///   position slots, embed, the 64 layers with the GDN verify records written into the round's
 ///   record buffers, each tapped layer's n rows copied into `taps_dev`, the head over the n rows,
 ///   `logit_stats_rows`, then async copies of the logits, the statistics and the taps to pinned
@@ -263,6 +265,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu: Arc::new(gpu),
             scratch: Mutex::new(None),
+            scratch_gens: AtomicU64::new(0),
             max_ctx: Mutex::new(1),
             step_graph: Mutex::new(None),
             round_graph: AtomicBool::new(
@@ -312,10 +315,9 @@ impl CudaBackend {
         };
         if need_new {
             let cap = n.max(g.as_ref().map_or(1, |s| s.cap)).max(MV_ROWS);
-            let gen = g.as_ref().map_or(0, |s| s.gen + 1);
             *g = None;
             let mut sc = self.alloc_scratch(cfg, cap, max_ctx)?;
-            sc.gen = gen;
+            sc.gen = self.scratch_gens.fetch_add(1, Ordering::Relaxed);
             *g = Some(sc);
         }
         f(g.as_mut().expect("scratch"))
@@ -889,20 +891,51 @@ impl CudaBackend {
     }
 
     /// What a captured plain decode step depends on: the scratch generation, the context size,
-    /// and the addresses of the weights and the per-sequence state.
-    fn step_key(w: &Weights<Self>, st: &SeqState<Self>, gen: u64) -> Vec<u64> {
+    /// the model scalars baked into the launches, every weight buffer (address and kind: a graph
+    /// bakes in all of them, and a freed buffer's address comes back for another tensor when the
+    /// weights are reloaded, so a partial key can replay a graph that reads freed memory) and the
+    /// addresses of the per-sequence state.
+    fn step_key(cfg: &TargetConfig, w: &Weights<Self>, st: &SeqState<Self>, gen: u64) -> Vec<u64> {
         let mut k = vec![
             gen,
             st.n_ctx as u64,
-            w.tok_embd.codes.ptr(),
-            w.head_mat().codes.ptr(),
+            cfg.rms_eps.to_bits() as u64,
+            cfg.rope_base.to_bits() as u64,
+            cfg.n_rot as u64,
+            cfg.ssm_conv_kernel as u64,
+            w.layers.len() as u64,
         ];
+        let mat = |k: &mut Vec<u64>, m: &CudaMat| {
+            let scales = m.scales.as_ref().map_or(0, |s| s.ptr());
+            k.extend([m.kind as u64, m.codes.ptr(), scales]);
+        };
+        let vec = |k: &mut Vec<u64>, v: &CudaVec| k.push(v.buf.ptr());
+        mat(&mut k, &w.tok_embd);
+        mat(&mut k, w.head_mat());
+        vec(&mut k, &w.output_norm);
         for l in &w.layers {
-            k.push(l.mlp.down.codes.ptr());
             match &l.mixer {
-                Mixer::Gdn(g) => k.push(g.qkv.codes.ptr()),
-                Mixer::Attn(a) => k.push(a.q.codes.ptr()),
+                Mixer::Gdn(g) => {
+                    for m in [&g.qkv, &g.gate, &g.beta, &g.alpha, &g.ssm_out] {
+                        mat(&mut k, m);
+                    }
+                    for v in [&g.attn_norm, &g.conv1d, &g.dt_bias, &g.ssm_a, &g.ssm_norm] {
+                        vec(&mut k, v);
+                    }
+                }
+                Mixer::Attn(a) => {
+                    for m in [&a.q, &a.k, &a.v, &a.out] {
+                        mat(&mut k, m);
+                    }
+                    for v in [&a.attn_norm, &a.q_norm, &a.k_norm] {
+                        vec(&mut k, v);
+                    }
+                }
             }
+            for m in [&l.mlp.gate, &l.mlp.up, &l.mlp.down] {
+                mat(&mut k, m);
+            }
+            vec(&mut k, &l.mlp.post_norm);
         }
         for kv in &st.kv {
             k.extend([kv.k.ptr(), kv.v.ptr()]);
@@ -1132,6 +1165,7 @@ impl CudaBackend {
                 KEY_VERIFY,
                 n as u64,
                 self.gpu.pdl() as u64,
+                self.gpu.mv_mma() as u64,
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -1139,7 +1173,7 @@ impl CudaBackend {
             ];
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
-            key.extend(Self::step_key(w, st, sc.gen));
+            key.extend(Self::step_key(cfg, w, st, sc.gen));
             let idx = match graphs.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -1949,9 +1983,9 @@ impl Backend for CudaBackend {
         let nv = cfg.n_vocab;
         let mut slot = self.step_graph.lock().expect("step graph lock");
         let stats = self.with_scratch(cfg, 1, |sc| {
-            let mut key = Self::step_key(w, st, sc.gen);
-            // a graph bakes in the launch mode (PDL edges or full ones)
-            key.push(self.gpu.pdl() as u64);
+            let mut key = Self::step_key(cfg, w, st, sc.gen);
+            // a graph bakes in the launch mode (PDL edges or full ones) and the mat-vec family
+            key.extend([self.gpu.pdl() as u64, self.gpu.mv_mma() as u64]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
                 *slot = None;
                 *slot = Some(self.capture_step(sc, cfg, w, st, key)?);
