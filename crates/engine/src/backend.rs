@@ -260,7 +260,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// [`Backend::decode_step`] that may also return the row's [`LogitStats`] when the backend
     /// computes them cheaply where the logits live (the CUDA graph does, so a greedy sampler
-    /// need not scan the row on the host). The default computes none.
+    /// need not scan the row on the host). With `row_needed == false` a backend that returns
+    /// usable statistics (argmax below n_vocab, finite max and log-sum-exp) may leave `logits`
+    /// empty instead of copying the row (a greedy pick reads only the statistics); whenever the
+    /// statistics are missing or unusable the row is filled. The default computes none and always
+    /// fills the row.
     fn decode_step_stats(
         &self,
         cfg: &TargetConfig,
@@ -268,7 +272,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         st: &mut SeqState<Self>,
         id: u32,
         logits: &mut Vec<f32>,
+        row_needed: bool,
     ) -> Result<Option<LogitStats>> {
+        let _ = row_needed;
         self.decode_step(cfg, w, st, id, logits)?;
         Ok(None)
     }

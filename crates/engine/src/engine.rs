@@ -922,6 +922,7 @@ impl<B: Backend> Worker<B> {
                         &mut self.state,
                         id_last,
                         &mut logits,
+                        !sampler.stats_suffice(),
                     )?
                 }
             }

@@ -1943,7 +1943,8 @@ impl Backend for CudaBackend {
         id: u32,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        self.decode_step_stats(cfg, w, st, id, logits).map(|_| ())
+        self.decode_step_stats(cfg, w, st, id, logits, true)
+            .map(|_| ())
     }
 
     fn decode_step_stats(
@@ -1953,6 +1954,7 @@ impl Backend for CudaBackend {
         st: &mut SeqState<Self>,
         id: u32,
         logits: &mut Vec<f32>,
+        row_needed: bool,
     ) -> Result<Option<LogitStats>> {
         if st.pos + 1 > st.n_ctx {
             return Err(Error::ContextOverflow(format!(
@@ -1997,14 +1999,22 @@ impl Backend for CudaBackend {
             sc.pos_host = None;
             self.gpu.launch_graph(&g.graph).map_err(be)?;
             self.gpu.sync().map_err(be)?;
-            logits.clear();
-            logits.extend_from_slice(g.logits.f32s(nv));
             let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
-            Ok(r.argmax.map(|argmax| LogitStats {
+            let stats = r.argmax.map(|argmax| LogitStats {
                 argmax,
                 max: r.max,
                 lse: r.lse,
-            }))
+            });
+            // the 1 MB host copy of the row only when the caller reads it (the pinned copy
+            // itself is part of the graph)
+            let usable = stats.is_some_and(|s| {
+                (s.argmax as usize) < nv && s.max.is_finite() && s.lse.is_finite()
+            });
+            logits.clear();
+            if row_needed || !usable {
+                logits.extend_from_slice(g.logits.f32s(nv));
+            }
+            Ok(stats)
         })?;
         st.pos += 1;
         for kv in &mut st.kv {
