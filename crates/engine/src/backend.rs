@@ -154,7 +154,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
     /// Copy every GDN layer's state, `dst[i] ← src[i]` (the speculative round's snapshot and its
     /// restore before a re-forward). The default calls [`Backend::copy_gdn`] per layer; the CUDA
-    /// backend may replay one captured graph of the same copies (`BONSAI_CUDA_ROUND_GRAPH=1`).
+    /// backend may replay one captured graph of the same copies (by default; `BONSAI_CUDA_ROUND_GRAPH=0`: eager).
     fn copy_gdn_all(&self, src: &[Self::Gdn], dst: &mut [Self::Gdn]) -> Result<()> {
         if src.len() != dst.len() {
             return Err(Error::Backend(format!(
@@ -171,7 +171,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// The replay rollback of a speculative round (MODEL.md §4.9 option C) over every GDN layer:
     /// restore `gdn[i] ← snap[i]` for all layers, then [`Backend::gdn_replay`] the first `keep`
     /// rows of `recs[i]` into each. The default runs exactly that; the CUDA backend may replay one
-    /// captured graph per `keep` of the same launches (`BONSAI_CUDA_ROUND_GRAPH=1`).
+    /// captured graph per `keep` of the same launches (by default; `BONSAI_CUDA_ROUND_GRAPH=0`: eager).
     fn rollback_gdn(
         &self,
         cfg: &TargetConfig,
@@ -204,7 +204,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// unusable), or an empty vector. The default runs [`crate::model::verify_forward_eager`]
     /// and computes none. An override must give the same logits, taps, records and state bit for
     /// bit (the CUDA backend replays a captured graph of the same launches when
-    /// `BONSAI_CUDA_ROUND_GRAPH=1`).
+    /// by default; `BONSAI_CUDA_ROUND_GRAPH=0`: eager).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn verify_forward(
         &self,

@@ -12,7 +12,7 @@
 //! addresses, so a captured decode graph stays valid across rounds).
 //! The snapshot, the verify pass and the replay rollback go through [`Backend::copy_gdn_all`],
 //! [`Backend::verify_forward`] and [`Backend::rollback_gdn`], whose defaults are the eager ops;
-//! the CUDA backend replays captured graphs of the same launches when `BONSAI_CUDA_ROUND_GRAPH=1`
+//! the CUDA backend replays captured graphs of the same launches by default (`BONSAI_CUDA_ROUND_GRAPH=0`: eager)
 //! (and then returns per-row logit statistics, so a greedy accept does not scan the rows).
 
 use std::collections::VecDeque;
@@ -124,7 +124,7 @@ pub fn verify_round<B: Backend>(
     timing.snapshot_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     // 2. verify: n rows, each computed exactly as a single-token step (on CUDA with
-    //    BONSAI_CUDA_ROUND_GRAPH=1 one captured graph per row count, with per-row logit statistics)
+    //    by default one captured graph per row count, with per-row logit statistics)
     let taps = tap_layers.map(|layers| (layers, &mut bufs.taps));
     bufs.stats = b.verify_forward(cfg, w, st, &ids, &mut bufs.recs, taps, &mut bufs.logits)?;
     // 3. accept: sample row i with the full chain, continue while it equals draft i

@@ -42,21 +42,25 @@ fn cuda_mv_plan_sweep() {
         v[v.len() / 2] as f64
     };
     let mut plans = Vec::new();
-    // dp4a, tensor-core with the cp.async ring, tensor-core with direct register loads
-    for (mma, direct, rs) in [
-        (false, false, [2, 4]),
-        (true, false, [1, 2]),
-        (true, true, [1, 2]),
+    // dp4a, tensor-core with the cp.async ring, tensor-core with direct register loads (n = 1 on
+    // the tensor cores), and the dp4a one-row kernel in the tensor-core float order (mvx, `r` =
+    // rows per lane)
+    for (mma, direct, x, rs) in [
+        (false, false, false, [2, 4]),
+        (true, false, false, [1, 2]),
+        (true, true, false, [1, 2]),
+        (true, false, true, [1, 2]),
     ] {
         for r in rs {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     plans.push(MvPlan {
-                        r,
+                        r: if x { 1 } else { r },
                         ks,
                         pre,
                         mma,
                         direct,
+                        n1_rl: if x { r } else { 0 },
                     });
                 }
             }
@@ -65,12 +69,13 @@ fn cuda_mv_plan_sweep() {
     let tag = |p: &MvPlan| {
         format!(
             "{}r{}k{}{}",
-            match (p.mma, p.direct) {
-                (false, _) => "",
-                (true, false) => "mma-",
-                (true, true) => "mvd-",
+            match (p.mma, p.direct, p.n1_rl) {
+                (false, _, _) => "",
+                (true, _, 1..) => "mvx-",
+                (true, false, 0) => "mma-",
+                (true, true, 0) => "mvd-",
             },
-            p.r,
+            if p.n1_rl > 0 { p.n1_rl } else { p.r },
             p.ks,
             if p.pre { "p" } else { "" }
         )
@@ -94,6 +99,7 @@ fn cuda_mv_plan_sweep() {
         let dms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
         let mut best = (default, dms);
         let mut best_mvd: Option<(MvPlan, f64)> = None;
+        let mut best_mvx: Option<(MvPlan, f64)> = None;
         let mut line = format!(
             "SWEEP {name:<18} rows {rows:>6} n_in {n_in:>5} default {} {:7.2} us",
             tag(&default),
@@ -115,14 +121,16 @@ fn cuda_mv_plan_sweep() {
             if p.direct && best_mvd.is_none_or(|b| ms < b.1) {
                 best_mvd = Some((*p, ms));
             }
+            if p.n1_rl > 0 && best_mvx.is_none_or(|b| ms < b.1) {
+                best_mvx = Some((*p, ms));
+            }
         }
-        // default dp4a plan vs the default ring plan vs the best direct plan (at n = 1), for
-        // decode (n = 1) and verify (n = 5) rows
+        // default dp4a plan vs the default tensor-core plan (n = 1 on mvx, n = 5 on the ring) vs
+        // the best direct plan (at n = 1), for decode (n = 1) and verify (n = 5) rows
         let mvd = best_mvd.expect("direct plans swept").0;
-        let mut ring = mv_default_plan(kind, 1, rows, n_in, true);
-        ring.direct = false;
+        let ring = mv_default_plan(kind, 1, rows, n_in, true);
         let cmp = [mv_default_plan(kind, 1, rows, n_in, false), ring, mvd];
-        let mut t = [[0f64; 3]; 2]; // [n1, n5][dp4a, ring, direct] µs per launch
+        let mut t = [[0f64; 3]; 2]; // [n1, n5][dp4a, tensor-core default, direct] µs per launch
         for (k, p) in cmp.iter().enumerate() {
             gpu.set_mv_override(Some(*p));
             for (i, n) in [1, 5].into_iter().enumerate() {
@@ -140,20 +148,25 @@ fn cuda_mv_plan_sweep() {
             dms * 1e3 / groups.len() as f64
         );
         println!(
-            "SWEEP mma {name:<18} n=1 dp4a {:7.2}  {} {:7.2}  {} {:7.2} us ({:.2}x dp4a) | n=5 dp4a {:7.2}  ring {:7.2}  direct {:7.2} us ({:.2}x dp4a)",
+            "SWEEP mma {name:<18} n=1 dp4a {:7.2}  tc-default({}) {:7.2} ({:.2}x dp4a)  {} {:7.2} | n=5 dp4a {:7.2}  tc-default {:7.2} ({:.2}x dp4a)  direct {:7.2} | best mvx {}",
             t[0][0],
             tag(&ring),
             t[0][1],
+            t[0][0] / t[0][1],
             tag(&mvd),
             t[0][2],
-            t[0][0] / t[0][2],
             t[1][0],
             t[1][1],
+            t[1][0] / t[1][1],
             t[1][2],
-            t[1][0] / t[1][2]
+            best_mvx.map_or("-".into(), |b| format!(
+                "{} {:.2} us",
+                tag(&b.0),
+                b.1 * 1e3 / groups.len() as f64
+            ))
         );
         mma_json.push(format!(
-            "{{\"category\": \"{name}\", \"ring_plan\": \"{}\", \"direct_plan\": \"{}\", \"n1_dp4a_us\": {:.2}, \"n1_ring_us\": {:.2}, \"n1_direct_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_ring_us\": {:.2}, \"n5_direct_us\": {:.2}}}",
+            "{{\"category\": \"{name}\", \"tc_default_plan\": \"{}\", \"direct_plan\": \"{}\", \"n1_dp4a_us\": {:.2}, \"n1_tc_default_us\": {:.2}, \"n1_direct_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_tc_default_us\": {:.2}, \"n5_direct_us\": {:.2}}}",
             tag(&ring),
             tag(&mvd),
             t[0][0],

@@ -1,8 +1,6 @@
-//! The speculative round as captured CUDA graphs (`BONSAI_CUDA_ROUND_GRAPH=1`, or
-//! `CudaBackend::set_round_graph`) against the eager round (the switch off), on one backend.
-//!
-//! UNVALIDATED when written (no GPU in that session): these tests are the check. The graph path is
-//! off by default; these tests flip it per call.
+//! The speculative round as captured CUDA graphs (the default; `BONSAI_CUDA_ROUND_GRAPH=0` or
+//! `CudaBackend::set_round_graph(false)` turns them off) against the eager round, on one backend.
+//! These tests flip the switch per call.
 //!
 //! - `cuda_verify_forward_graph_equals_eager`: `Backend::verify_forward` for every row count
 //!   n = 1..=8, with and without taps, each at two different positions (the second replays the

@@ -475,7 +475,6 @@ extern "C" __global__ void gdn_conv(const float* mixed, float* conv_state, const
 extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, const float* v,
                                     const float* g, const float* beta, int hk, int hv, int dk, int dv,
                                     int n, float* out) {
-    PDL_ENTRY();
     __shared__ float ks[128], qs[128], red[8][32];
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int j = blockIdx.y * 32 + lane;
@@ -483,8 +482,13 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
     int kap = h % hk;
     float* Sh = S + (size_t)h * dk * dv;
     float s[16];
+    // The state is loaded before the PDL wait, overlapping the previous kernel (the GDN conv):
+    // S is written only by this kernel (a step earlier) and by the round's rollback (replay or a
+    // copy), never by the kernel just before, and a kernel starts only after every block of its
+    // predecessor has passed its own wait, i.e. after the one before that has finished.
 #pragma unroll
     for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
+    PDL_ENTRY();
     float scale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < n; ++t) {
         __syncthreads();

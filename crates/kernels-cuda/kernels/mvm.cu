@@ -637,3 +637,219 @@ __device__ __forceinline__ void mvd_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 MVD_KIND_ENTRIES(q1, 1)
 MVD_KIND_ENTRIES(q2, 2)
 MVD_KIND_ENTRIES(q2g64, 3)
+
+// ---- dp4a decode launch in the tensor-core float order (`mvx_*`, n = 1) -----------------------
+// The speculative verify (n = 2..8 rows) is cheapest on the tensor-core kernels above, but a
+// verify row must equal the decode row bit for bit, and the tensor-core kernels are slower than
+// dp4a at n = 1. This kernel computes one activation row with dp4a in exactly the float order of
+// mvm_body / mvd_body, so decode (n = 1, here) and verify (n > 1, tensor cores) agree bit for bit:
+//   p_b = xd(j0)·isum(j0), then fmaf(isum(j), xd(j), p_b) over the block's sub-blocks j in order
+//   acc = fmaf(p_b, ws(b), acc) over the K part's blocks in the tensor-core kernels' order (chunks
+//         of MVM_CB code bytes kp, kp + KS, ..; blocks inside a chunk in order)
+//   y   = acc_0 + acc_1 + .. over the K parts (mvm_store)
+// with isum the same exact integer (sub_dot of bonsai.cu; float(isum) is exact, as is the
+// magic-number conversion of the tensor-core kernels).
+// Work split: 4 lanes per weight row, 8 rows per warp (RL = 2: rows r and r + 8 per lane, sharing
+// the activation loads). Lane s of a row computes p for blocks 4i + s of the K part (Q1: one
+// 16-byte load per block, the 4 lanes of a row read 64 contiguous bytes), two blocks per round,
+// the next round's weights loading meanwhile; the chain over the blocks then runs in every lane
+// of the row, fed by shuffles (the same value in all 4 lanes).
+template <int KIND>
+__device__ __forceinline__ void mvx_ld_codes(const u8* row, int blk, bool live, uint2* c) {
+    const int SPB = KIND == 3 ? 2 : 4;
+#pragma unroll
+    for (int u = 0; u < SPB; ++u) c[u].x = c[u].y = 0u;
+    if (!live) return;
+    if (KIND == 1) {
+        uint4 v = __ldg((const uint4*)(row + 16 * blk));
+        c[0].x = v.x;
+        c[1].x = v.y;
+        c[2].x = v.z;
+        c[3].x = v.w;
+    } else {
+#pragma unroll
+        for (int h = 0; h < SPB / 2; ++h) {
+            uint4 v = __ldg((const uint4*)(row + 8 * SPB * blk) + h);
+            c[2 * h].x = v.x;
+            c[2 * h].y = v.y;
+            c[2 * h + 1].x = v.z;
+            c[2 * h + 1].y = v.w;
+        }
+    }
+}
+
+template <int KIND, int RL, int KS>
+__device__ __forceinline__ void mvx_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
+                                           const float* __restrict__ da, const int* __restrict__ sa, int n_in,
+                                           int accumulate, int pre) {
+    const int BE = KIND == 3 ? 64 : 128;
+    const int SPB = BE / 32;
+    const int SBB = KIND == 1 ? 4 : 8;
+    const int SPC = MVM_CB / SBB;
+    const int BPC = SPC / SPB;
+    const int ROWS = 8 * RL;  // weight rows per warp
+    const int BPL = 2;        // blocks per lane per round (a round covers 4·BPL blocks of the chain)
+    const int G = MVM_WARPS / KS;
+    __shared__ float part[KS > 1 ? MVM_WARPS * ROWS : 1];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, r = lane >> 2, s = lane & 3;
+    const int kp = w % KS;
+    int gw = blockIdx.x * G + w / KS;
+    bool valid = true;
+    MvSeg sg = mvm_find_seg(s0, s1, s2, s3, ROWS, gw, valid);
+    const int o0 = gw * ROWS;
+    const int nsb = n_in >> 5, nblk = n_in / BE;
+    const int rowb = nsb * SBB;
+    const int nch = (rowb + MVM_CB - 1) / MVM_CB;
+    const int nmy = (valid && kp < nch) ? (nch - kp + KS - 1) / KS : 0;
+    // blocks of the K part, in chain order: j -> block (kp + KS·(j / BPC))·BPC + j % BPC; only the
+    // global last chunk can be partial, so the valid ones are a prefix of length m
+    int m = 0;
+    if (nmy > 0) {
+        const int last = (kp + KS * (nmy - 1)) * BPC;  // first block of my last chunk
+        m = (nmy - 1) * BPC + min(BPC, nblk - last);
+    }
+    auto blk_of = [&](int j) { return (kp + KS * (j / BPC)) * BPC + j % BPC; };
+    const int n_out = valid ? sg.n_out : 1;
+    const u8* crow[RL];
+    const u16* srow[RL];
+#pragma unroll
+    for (int e = 0; e < RL; ++e) {
+        const size_t o = (size_t)min(o0 + r + 8 * e, n_out - 1);
+        crow[e] = (const u8*)sg.codes + o * (size_t)rowb;
+        srow[e] = sg.scales + o * (size_t)nblk;
+    }
+    // round i: my blocks j = 4·(BPL·i + v) + s, v < BPL; codes and scales of the next round are
+    // loaded while this one computes
+    uint2 c[RL][BPL][SPB], cn[RL][BPL][SPB];
+    u16 ws[RL][BPL], wsn[RL][BPL];
+    auto load = [&](int i, uint2 (&cc)[RL][BPL][SPB], u16 (&ww)[RL][BPL]) {
+#pragma unroll
+        for (int v = 0; v < BPL; ++v) {
+            const int j = 4 * (BPL * i + v) + s;
+            const bool live = j < m;
+            const int b = live ? blk_of(j) : 0;
+#pragma unroll
+            for (int e = 0; e < RL; ++e) {
+                mvx_ld_codes<KIND>(crow[e], b, live, cc[e][v]);
+                ww[e][v] = live ? __ldg(srow[e] + b) : (u16)0;
+            }
+        }
+    };
+    const int rounds = (m + 4 * BPL - 1) / (4 * BPL);
+    if (!pre) PDL_ENTRY();
+    if (rounds > 0) load(0, c, ws);
+    if (pre) PDL_ENTRY();
+    float acc[RL];
+#pragma unroll
+    for (int e = 0; e < RL; ++e) acc[e] = 0.f;
+    const int base = lane & ~3;
+    for (int i = 0; i < rounds; ++i) {
+        if (i + 1 < rounds) load(i + 1, cn, wsn);
+        float p[RL][BPL];
+#pragma unroll
+        for (int v = 0; v < BPL; ++v) {
+#pragma unroll
+            for (int e = 0; e < RL; ++e) p[e][v] = 0.f;
+            const int j = 4 * (BPL * i + v) + s;
+            if (j < m) {
+                const int jb = blk_of(j) * SPB;
+                float xd[SPB];
+                int xs[SPB];
+                if (SPB == 4) {
+                    float4 d4 = __ldg((const float4*)(da + jb));
+                    int4 s4 = __ldg((const int4*)(sa + jb));
+                    xd[0] = d4.x, xd[1] = d4.y, xd[2] = d4.z, xd[3] = d4.w;
+                    xs[0] = s4.x, xs[1] = s4.y, xs[2] = s4.z, xs[3] = s4.w;
+                } else {
+                    float2 d2 = __ldg((const float2*)(da + jb));
+                    int2 s2 = __ldg((const int2*)(sa + jb));
+                    xd[0] = d2.x, xd[1] = d2.y;
+                    xs[0] = s2.x, xs[1] = s2.y;
+                }
+#pragma unroll
+                for (int u = 0; u < SPB; ++u) {
+                    const int4* qa4 = (const int4*)(q + (size_t)(jb + u) * 32);
+                    int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
+                    int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+#pragma unroll
+                    for (int e = 0; e < RL; ++e) {
+                        const float f = (float)sub_dot<KIND>(c[e][v][u], qa, xs[u]);
+                        p[e][v] = u == 0 ? __fmul_rn(f, xd[u]) : fmaf(f, xd[u], p[e][v]);
+                    }
+                }
+            }
+        }
+        // the chain over this round's blocks, in order, in every lane of the row
+#pragma unroll
+        for (int e = 0; e < RL; ++e) {
+#pragma unroll
+            for (int v = 0; v < BPL; ++v) {
+                const float wf = h2f(ws[e][v]);
+#pragma unroll
+                for (int ss = 0; ss < 4; ++ss) {
+                    const float pv = __shfl_sync(0xffffffffu, p[e][v], base + ss);
+                    const float wv = __shfl_sync(0xffffffffu, wf, base + ss);
+                    if (4 * (BPL * i + v) + ss < m) acc[e] = fmaf(pv, wv, acc[e]);
+                }
+            }
+        }
+        if (i + 1 < rounds) {
+#pragma unroll
+            for (int e = 0; e < RL; ++e)
+#pragma unroll
+                for (int v = 0; v < BPL; ++v) {
+                    ws[e][v] = wsn[e][v];
+#pragma unroll
+                    for (int u = 0; u < SPB; ++u) c[e][v][u] = cn[e][v][u];
+                }
+        }
+    }
+    // K parts in order (as mvm_store), then the store
+    if (KS > 1) {
+        if (s == 0) {
+#pragma unroll
+            for (int e = 0; e < RL; ++e) part[w * ROWS + r + 8 * e] = acc[e];
+        }
+        __syncthreads();
+        if (!valid || kp != 0) return;
+#pragma unroll
+        for (int e = 0; e < RL; ++e) {
+            float v = part[w * ROWS + r + 8 * e];
+#pragma unroll
+            for (int k2 = 1; k2 < KS; ++k2) v += part[(w + k2) * ROWS + r + 8 * e];
+            acc[e] = v;
+        }
+    }
+    if (!valid || s != 0) return;
+#pragma unroll
+    for (int e = 0; e < RL; ++e) {
+        const int o = o0 + r + 8 * e;
+        if (o < sg.n_out) {
+            float* yp = sg.y + o;
+            *yp = accumulate ? *yp + acc[e] : acc[e];
+        }
+    }
+}
+
+// Parameters as MV_ENTRY (n is ignored: one activation row). grid ceil(Σ ceil(n_out_i / 8·RL) /
+// (MVM_WARPS / KS)), block MVM_WARPS·32.
+#define MVX_ENTRY(NAME, KIND, RL, KS, MINB)                                                          \
+    extern "C" __global__ void __launch_bounds__(MVM_WARPS * 32, MINB) NAME(                          \
+        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
+        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
+        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
+        int accumulate, int pre) {                                                                    \
+        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
+              s3 = {c3, sc3, y3, n3};                                                                 \
+        mvx_lowbit<KIND, RL, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre);                   \
+    }
+#define MVX_KIND_ENTRIES(K, KIND)                 \
+    MVX_ENTRY(mvx_##K##_r1_k1, KIND, 1, 1, 6)     \
+    MVX_ENTRY(mvx_##K##_r1_k2, KIND, 1, 2, 6)     \
+    MVX_ENTRY(mvx_##K##_r1_k4, KIND, 1, 4, 6)     \
+    MVX_ENTRY(mvx_##K##_r2_k1, KIND, 2, 1, 4)     \
+    MVX_ENTRY(mvx_##K##_r2_k2, KIND, 2, 2, 4)     \
+    MVX_ENTRY(mvx_##K##_r2_k4, KIND, 2, 4, 4)
+MVX_KIND_ENTRIES(q1, 1)
+MVX_KIND_ENTRIES(q2, 2)
+MVX_KIND_ENTRIES(q2g64, 3)

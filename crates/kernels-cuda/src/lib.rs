@@ -79,13 +79,19 @@ const MV_WARPS: usize = 4;
 /// `mma` do, so both are functions of the matrix shape (and the process-wide switch) alone, never
 /// of n (batch invariance: a verify row equals the decode row bit for bit).
 ///
-/// `direct` (tensor-core plans only): the `mvd_*` kernels, which load weights straight into
-/// registers, instead of the `mvm_*` ones with a cp.async shared-memory ring. Both do the same
-/// float operations in the same order, so they agree bit for bit and the choice may depend on n.
+/// Tensor-core plans only:
+/// - `direct`: the `mvd_*` kernels, which load weights straight into registers, instead of the
+///   `mvm_*` ones with a cp.async shared-memory ring.
+/// - `n1_rl`: a one-row launch (decode) runs the dp4a kernel `mvx_*` with `n1_rl` (1 or 2) weight
+///   rows per lane instead of a tensor-core kernel (0).
+///
+/// All three do the same float operations in the same order (the tensor-core order), so they
+/// agree bit for bit and the choice may depend on n: decode rows take dp4a, verify rows the
+/// tensor cores, and a verify row still equals the decode row.
 ///
 /// The tensor-core path is off by default: `BONSAI_CUDA_MV_MMA=1` makes the default plans use it.
-/// Its kernels pass the GPU tests; on the H200 the ring form is 1.3–2.4× slower than dp4a at n = 1
-/// (and 1.7–2.4× faster at n = 5), the direct form is what the next sweep measures.
+/// On the H200 the tensor-core kernels are 1.3–2.4× slower than dp4a at n = 1 and 1.4–2.4× faster
+/// at n = 5 (tests/cuda_mv_sweep.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -93,6 +99,7 @@ pub struct MvPlan {
     pub pre: bool,
     pub mma: bool,
     pub direct: bool,
+    pub n1_rl: usize,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -141,7 +148,9 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             ks,
             pre: true,
             mma,
-            direct: true,
+            // the ring measured faster than the direct loads at n = 5 on most 27B shapes
+            direct: false,
+            n1_rl: 1,
         };
     }
     MvPlan {
@@ -150,6 +159,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
         pre: true,
         mma,
         direct: false,
+        n1_rl: 0,
     }
 }
 
@@ -602,7 +612,7 @@ kernels!(
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
-        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default): ring, then direct ----
+        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default): ring, direct, dp4a n = 1 ----
         mvm_q1_r1_k1,
         mvm_q1_r1_k2,
         mvm_q1_r1_k4,
@@ -639,6 +649,24 @@ kernels!(
         mvd_q2g64_r2_k1,
         mvd_q2g64_r2_k2,
         mvd_q2g64_r2_k4,
+        mvx_q1_r1_k1,
+        mvx_q1_r1_k2,
+        mvx_q1_r1_k4,
+        mvx_q1_r2_k1,
+        mvx_q1_r2_k2,
+        mvx_q1_r2_k4,
+        mvx_q2_r1_k1,
+        mvx_q2_r1_k2,
+        mvx_q2_r1_k4,
+        mvx_q2_r2_k1,
+        mvx_q2_r2_k2,
+        mvx_q2_r2_k4,
+        mvx_q2g64_r1_k1,
+        mvx_q2g64_r1_k2,
+        mvx_q2g64_r1_k4,
+        mvx_q2g64_r2_k1,
+        mvx_q2g64_r2_k2,
+        mvx_q2g64_r2_k4,
     ],
     plain: [
         spin_ns,
@@ -1154,10 +1182,20 @@ impl Gpu {
                     "mv_lowbit (mma): misaligned activations q {q:#x} d {d:#x} s {s:#x}"
                 )));
             }
-            (
-                16 * plan.r,
-                self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
-            )
+            if n == 1 && plan.n1_rl > 0 {
+                // dp4a in the tensor-core float order; reads q 16 bytes at a time
+                if q % 16 != 0 {
+                    return Err(CudaError(format!(
+                        "mv_lowbit (mvx): misaligned activations q {q:#x}"
+                    )));
+                }
+                (8 * plan.n1_rl, self.mvx_func(kind, plan.n1_rl, plan.ks)?)
+            } else {
+                (
+                    16 * plan.r,
+                    self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
+                )
+            }
         } else {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
@@ -1228,9 +1266,9 @@ impl Gpu {
     pub fn set_mv_override(&self, plan: Option<MvPlan>) {
         if let Some(p) = plan {
             let r_ok = if p.mma {
-                matches!(p.r, 1 | 2)
+                matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
             } else {
-                matches!(p.r, 2 | 4)
+                matches!(p.r, 2 | 4) && p.n1_rl == 0
             };
             assert!(r_ok && matches!(p.ks, 1 | 2 | 4), "bad plan {p:?}");
         }
@@ -1287,6 +1325,35 @@ impl Gpu {
             _ => {
                 return Err(CudaError(format!(
                     "mv_lowbit (mma): no variant with K split {ks}"
+                )))
+            }
+        };
+        Ok(t[row][col])
+    }
+
+    /// The dp4a one-row kernel in the tensor-core float order with `rl` weight rows per lane.
+    fn mvx_func(&self, kind: WKind, rl: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mvx_q1_r1_k1, f.mvx_q1_r1_k2, f.mvx_q1_r1_k4],
+                [f.mvx_q1_r2_k1, f.mvx_q1_r2_k2, f.mvx_q1_r2_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvx_q2_r1_k1, f.mvx_q2_r1_k2, f.mvx_q2_r1_k4],
+                [f.mvx_q2_r2_k1, f.mvx_q2_r2_k2, f.mvx_q2_r2_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mvx_q2g64_r1_k1, f.mvx_q2g64_r1_k2, f.mvx_q2g64_r1_k4],
+                [f.mvx_q2g64_r2_k1, f.mvx_q2g64_r2_k2, f.mvx_q2g64_r2_k4],
+            ],
+            _ => return Err(CudaError(format!("mv_lowbit (mvx) on {kind:?}"))),
+        };
+        let (row, col) = match (rl, ks) {
+            (1 | 2, 1 | 2 | 4) => (rl - 1, ks.trailing_zeros() as usize),
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_lowbit (mvx): no variant with {rl} rows per lane, K split {ks}"
                 )))
             }
         };
@@ -2013,8 +2080,8 @@ mod tests {
                     for n in 2..=MAX_ROWS {
                         let p = mv_default_plan(kind, n, rows, 5120, mma);
                         assert_eq!((p.ks, p.mma), (p1.ks, p1.mma), "{kind:?} {rows} n={n}");
-                        // ring and direct agree bit for bit, but keep one kernel per matrix
-                        assert_eq!(p.direct, p1.direct);
+                        // ring, direct and mvx agree bit for bit, but keep one plan per matrix
+                        assert_eq!((p.direct, p.n1_rl), (p1.direct, p1.n1_rl));
                         if mma {
                             assert_eq!(p, p1, "the tensor-core plan takes any n");
                         }

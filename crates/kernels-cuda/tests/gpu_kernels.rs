@@ -278,6 +278,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 pre,
                 mma: false,
                 direct: false,
+                n1_rl: 0,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -358,10 +359,11 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
             "mma {qt:?} [{n_in}x{n_out}] {plan:?} n={n} vs emulation: max rel {e}"
         );
         worst = worst.max(e);
-        if plan.direct {
-            // the direct-load kernel does the ring kernel's float ops in the same order
+        if plan.direct || plan.n1_rl > 0 {
+            // the direct-load kernel and mvx do the ring kernel's float ops in the same order
             g.set_mv_override(Some(MvPlan {
                 direct: false,
+                n1_rl: 0,
                 ..plan
             }));
             let yr = g.alloc(n * n_out * 4).unwrap();
@@ -435,7 +437,7 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
         );
     }
     eprintln!(
-        "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate{}", if plan.direct { ", == ring" } else { "" }
+        "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate{}", match (plan.direct, plan.n1_rl) { (true, 0) => ", == ring", (true, _) => ", == ring, 1-row launches on mvx", (false, 0) => "", (false, _) => ", 1-row launches on mvx" }
     );
     g.set_mv_override(None);
 }
@@ -474,7 +476,8 @@ fn matvec_mma_every_plan() {
     let g = need_gpu!("matvec_mma_every_plan");
     for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
         let mut seed = 200;
-        for (r, direct) in [(1, false), (2, false), (1, true), (2, true)] {
+        // n1_rl > 0: the 1-row launches (the oracle of every n-row launch) run the dp4a mvx kernel
+        for (r, direct, n1_rl) in [(1, false, 0), (2, false, 1), (1, true, 2), (2, true, 0)] {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     let plan = MvPlan {
@@ -483,6 +486,7 @@ fn matvec_mma_every_plan() {
                         pre,
                         mma: true,
                         direct,
+                        n1_rl,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);

@@ -24,11 +24,13 @@
 //! `gdn_step`'s arithmetic without the output. Snapshot / restore copy into the state's own
 //! buffers, so their addresses (baked into the decode graph) never change.
 //!
-//! With `BONSAI_CUDA_ROUND_GRAPH=1` (off by default; [`CudaBackend::set_round_graph`]) the round's
-//! device work replays captured graphs instead ([`RoundGraphs`]): the verify forward per row
+//! By default (`BONSAI_CUDA_ROUND_GRAPH=0` or [`CudaBackend::set_round_graph`] turns it off) the
+//! round's device work replays captured graphs ([`RoundGraphs`]): the verify forward per row
 //! count (records, taps and logits into fixed buffers, one async copy each to pinned memory, row
 //! statistics for a greedy pick), the snapshot / restore copies, and the replay rollback per
-//! accept count. UNVALIDATED on a GPU when written; `tests/cuda_round_graph.rs` is the check.
+//! accept count. `tests/cuda_round_graph.rs` checks them against the eager round bit for bit.
+//!
+//! That is `Backend::verify_forward`, `copy_gdn_all` and `rollback_gdn`.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -150,8 +152,8 @@ pub struct CudaBackend {
     /// The captured plain decode step ([`Backend::decode_step`]), rebuilt when its key changes.
     step_graph: Mutex<Option<StepGraph>>,
     /// Whether the speculative round's device work replays captured graphs
-    /// ([`Backend::verify_forward`], [`Backend::copy_gdn_all`], [`Backend::rollback_gdn`]). Off by
-    /// default; `BONSAI_CUDA_ROUND_GRAPH=1` turns it on, [`CudaBackend::set_round_graph`] too.
+    /// ([`Backend::verify_forward`], [`Backend::copy_gdn_all`], [`Backend::rollback_gdn`]). On by
+    /// default; `BONSAI_CUDA_ROUND_GRAPH=0` turns it off, [`CudaBackend::set_round_graph`] too.
     round_graph: AtomicBool,
     /// The captured round graphs and the buffers they read and write.
     round_graphs: Mutex<RoundGraphs>,
@@ -159,8 +161,8 @@ pub struct CudaBackend {
 
 /// The speculative round's captured graphs (see [`CudaBackend::set_round_graph`]).
 ///
-/// UNVALIDATED: written without a GPU; `tests/cuda_round_graph.rs` checks it on the H200 (the
-/// round with graphs against the eager round: tokens, logits, taps and state bit for bit).
+/// `tests/cuda_round_graph.rs` checks it on the H200 (the round with graphs against the eager
+/// round: tokens, logits, taps and state bit for bit).
 ///
 /// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, every
 ///   weight buffer, state / record addresses, launch mode, mat-vec family): pinned `[ids ‖ positions]` → the device id and
@@ -269,14 +271,14 @@ impl CudaBackend {
             max_ctx: Mutex::new(1),
             step_graph: Mutex::new(None),
             round_graph: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_ROUND_GRAPH").is_ok_and(|v| v == "1"),
+                std::env::var("BONSAI_CUDA_ROUND_GRAPH").map_or(true, |v| v != "0"),
             ),
             round_graphs: Mutex::new(RoundGraphs::default()),
         })
     }
 
-    /// Whether the speculative round replays captured graphs (see [`RoundGraphs`]; off unless
-    /// `BONSAI_CUDA_ROUND_GRAPH=1`).
+    /// Whether the speculative round replays captured graphs (see [`RoundGraphs`]; on unless
+    /// `BONSAI_CUDA_ROUND_GRAPH=0`).
     pub fn round_graph(&self) -> bool {
         self.round_graph.load(Ordering::Relaxed)
     }
@@ -1083,8 +1085,7 @@ impl CudaBackend {
     }
 
     /// [`Backend::verify_forward`] through a captured graph (see [`RoundGraphs`]): captured at the
-    /// first call for a key, replayed afterwards. UNVALIDATED (no GPU when written); checked by
-    /// `tests/cuda_round_graph.rs`.
+    /// first call for a key, replayed afterwards. Checked by `tests/cuda_round_graph.rs`.
     #[allow(clippy::too_many_arguments)]
     fn verify_graph(
         &self,
