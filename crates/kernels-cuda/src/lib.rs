@@ -89,9 +89,11 @@ const MV_WARPS: usize = 4;
 /// agree bit for bit and the choice may depend on n: decode rows take dp4a, verify rows the
 /// tensor cores, and a verify row still equals the decode row.
 ///
-/// The tensor-core path is off by default: `BONSAI_CUDA_MV_MMA=1` makes the default plans use it.
-/// On the H200 the tensor-core kernels are 1.3–2.4× slower than dp4a at n = 1 and 1.4–2.4× faster
-/// at n = 5 (tests/cuda_mv_sweep.rs).
+/// The tensor-core family is off by default: `BONSAI_CUDA_MV_MMA=1` makes the default plans use
+/// it. Measured on the H200 at the 27B shapes (tests/cuda_mv_sweep.rs): the tensor-core kernels
+/// are 1.4–2.4× faster than dp4a at n = 5 (a speculative verify) but 1.3–2.4× slower at n = 1, and
+/// mvx at n = 1 is still 1.2–1.9× slower than the dp4a decode kernel, so plain decode loses more
+/// than a round gains unless most tokens come from rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -148,9 +150,10 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             ks,
             pre: true,
             mma,
-            // the ring measured faster than the direct loads at n = 5 on most 27B shapes
+            // the ring measured faster than the direct loads at n = 5 on most 27B shapes, and mvx
+            // with 2 rows per lane faster than with 1 on every 27B shape (cuda-mv-sweep-*.json)
             direct: false,
-            n1_rl: 1,
+            n1_rl: 2,
         };
     }
     MvPlan {
