@@ -23,9 +23,10 @@ def main() -> None:
     meta = None
     lines.append(
         "| weights | decode tok/s (graph) | of 4.49 TB/s | Python API greedy | Python API sampled | "
-        "pp512 tok/s | n-gram R (k=0..4) | DSpark GPU drafter: draft ms, R | resident GB |"
+        "pp512 tok/s | n-gram R (k=0..4), round graphs | same, eager round | "
+        "DSpark GPU drafter, round graphs: draft ms, R | resident GB |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for v in ("q1", "q2"):
         d = load(f"cuda-decode-27b-{v}.json")
         s = load(f"cuda-spec-27b-{v}.json")
@@ -33,8 +34,9 @@ def main() -> None:
             continue
         meta = meta or d
         a = api.get("decode_27b", {}).get(v, {})
-        ng = ", ".join(f"{x:.2f}" for x in (s or {}).get("ngram", {}).get("R_by_k_replay", []))
-        ds = (s or {}).get("dspark", {})
+        ng = ", ".join(f"{x:.2f}" for x in (s or {}).get("ngram", {}).get("R_by_k_replay_graph", []))
+        nge = ", ".join(f"{x:.2f}" for x in (s or {}).get("ngram", {}).get("R_by_k_replay", []))
+        ds = (s or {}).get("dspark_graph", (s or {}).get("dspark", {}))
         pk, tk = PEERS[v]
         pp = d.get("prefill_pp512_tok_s", float("nan"))
         lines.append(
@@ -42,7 +44,8 @@ def main() -> None:
             f"{d['decode_tok_s'] / tk:.2f}× turbo) | {100 * d['fraction_of_4_49_TBps']:.0f}% | "
             f"{a.get('decode_tok_s_median', float('nan')):.1f} | {a.get('sampled_tok_s_median', float('nan')):.1f} | "
             f"{pp:.0f} ({pp / PP_PEER[v]:.2f}× fork) | "
-            f"{ng} | {ds.get('draft_ms', float('nan')):.2f}, {ds.get('R_vs_eager_taps_step', float('nan')):.2f} | "
+            f"{ng} | {nge} | {ds.get('draft_ms', float('nan')):.2f}, "
+            f"{ds.get('R_vs_eager_taps_step', float('nan')):.2f} | "
             f"{d['resident_bytes'] / 1e9:.2f} |"
         )
     head = []
@@ -54,8 +57,60 @@ def main() -> None:
             "84.7 / 80.5 tok/s, bonsai-turbo 159.4 / 162.1 tok/s, fork pp512 2,713 / 2,743 tok/s."
         )
         head.append("")
+    lines += mma_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
+
+
+def mma_section() -> list[str]:
+    """The tensor-core mat-vec family (BONSAI_CUDA_MV_MMA=1) against dp4a: per-launch sweep times
+    at n = 1 (decode) and n = 5 (a verify of 4 drafts), the decode graph A/B, and R."""
+    out = []
+    rows = []
+    for v in ("q1", "q2"):
+        sw = load(f"cuda-mv-sweep-{v}.json")
+        if not sw:
+            continue
+        for m in sw.get("mma_vs_dp4a", []):
+            if "n1_tc_default_us" not in m:
+                continue
+            # the default mvx plan is 2 rows per lane (n1_mvx_r2_us) since that sweep
+            n1 = m.get("n1_mvx_r2_us", m["n1_tc_default_us"])
+            rows.append(
+                f"| {sw['weight_type']} | {m['category']} | {m['n1_dp4a_us']:.2f} | {n1:.2f} | "
+                f"{m['n5_dp4a_us']:.2f} | {m['n5_tc_default_us']:.2f} |"
+            )
+    if rows:
+        out += [
+            "",
+            "Tensor-core mat-vec family (`BONSAI_CUDA_MV_MMA=1`, off by default): µs per launch at the 27B "
+            "shapes; n = 1 runs `mvx` (dp4a in the tensor-core float order, so verify rows equal decode "
+            "rows bit for bit), n = 5 the `mvm` tensor-core kernel (`cuda-mv-sweep-*.json`).",
+            "",
+            "| weights | matrices | n=1 dp4a | n=1 mvx (2 rows per lane) | n=5 dp4a | n=5 tensor cores |",
+            "|---|---|---|---|---|---|",
+        ] + rows
+    ab = []
+    for v in ("q1", "q2"):
+        d = load(f"cuda-decode-27b-{v}.json") or {}
+        mm = d.get("mv_mma")
+        if isinstance(mm, dict) and "graph_ms_median_on" in mm:
+            st = d.get("steps", 128)
+            ab.append(
+                f"{d['weight_type']}: decode graph {mm['graph_ms_median_off'] / st:.3f} ms/token with dp4a, "
+                f"{mm['graph_ms_median_on'] / st:.3f} with the tensor-core family"
+            )
+    sm = load("cuda-spec-27b-q1-mma.json")
+    if sm:
+        ng = ", ".join(f"{x:.2f}" for x in sm["ngram"]["R_by_k_replay_graph"])
+        round_ms = sm["ngram"]["R_by_k_replay_graph"][0] * sm["plain_step_ms"]
+        ab.append(
+            f"with the family on (commit {sm.get('commit')}, mvx at 1 row per lane then), Q1_0 n-gram R with "
+            f"round graphs = {ng} of its own {sm['plain_step_ms']:.2f} ms step, i.e. a {round_ms:.2f} ms round"
+        )
+    if ab:
+        out += ["", "; ".join(ab) + "."]
+    return out
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ fn cuda_mv_plan_sweep() {
             let gbps = bytes as f64 / (ms / 1e3) / 1e9;
             line += &format!(" | {} {us:.2}", tag(p));
             rows_json.push(format!(
-                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
-                p.r, p.ks, p.pre, p.mma, p.direct
+                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"n1_rl\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
+                p.r, p.ks, p.pre, p.mma, p.direct, p.n1_rl
             ));
             if ms < best.1 {
                 best = (*p, ms);
