@@ -82,6 +82,54 @@ __device__ __forceinline__ void mvm_unpack(u32 w, int tg, u32& lo, u32& hi) {
     }
 }
 
+// One scale block of one m16 tile, shared by the ring and the direct kernels: per sub-block u the
+// MMA of the unpacked codes of rows g (wa) and g + 8 (wb) with the activation bytes, then
+//   p = xd(u0)·isum(u0), p = fmaf(isum(u), xd(u), p) ..   (exact integers, see the header)
+//   acc = fmaf(p, ws, acc)                                 (ws: the row's f16 weight scale)
+// for this thread's column 2tg (and 2tg + 1 when C2). __fmul_rn / __fadd_rn: never contracted.
+template <int KIND, int SPB, bool C2>
+__device__ __forceinline__ void mvm_block(const u32* wa, const u32* wb, int tg, const uint2* bq, const u32* xa,
+                                          const u32* ca, const u32* xb, const u32* cb, float wsa, float wsb,
+                                          float (&acc)[4]) {
+    float p[4];
+#pragma unroll
+    for (int u = 0; u < SPB; ++u) {
+        u32 la, ha, lb, hb;
+        mvm_unpack<KIND>(wa[u], tg, la, ha);
+        mvm_unpack<KIND>(wb[u], tg, lb, hb);
+        int d[4];
+        mma_s8_c(d, la, lb, ha, hb, bq[u].x, bq[u].y, (int)ca[u], (int)cb[u]);
+        const float f0 = __fadd_rn(__int_as_float(d[0]), -GM_MAGIC_F);
+        const float f2 = __fadd_rn(__int_as_float(d[2]), -GM_MAGIC_F);
+        const float x0 = __uint_as_float(xa[u]);
+        if (u == 0) {
+            p[0] = __fmul_rn(f0, x0);
+            p[2] = __fmul_rn(f2, x0);
+        } else {
+            p[0] = fmaf(f0, x0, p[0]);
+            p[2] = fmaf(f2, x0, p[2]);
+        }
+        if (C2) {
+            const float f1 = __fadd_rn(__int_as_float(d[1]), -GM_MAGIC_F);
+            const float f3 = __fadd_rn(__int_as_float(d[3]), -GM_MAGIC_F);
+            const float x1 = __uint_as_float(xb[u]);
+            if (u == 0) {
+                p[1] = __fmul_rn(f1, x1);
+                p[3] = __fmul_rn(f3, x1);
+            } else {
+                p[1] = fmaf(f1, x1, p[1]);
+                p[3] = fmaf(f3, x1, p[3]);
+            }
+        }
+    }
+    acc[0] = fmaf(p[0], wsa, acc[0]);
+    acc[2] = fmaf(p[2], wsb, acc[2]);
+    if (C2) {
+        acc[1] = fmaf(p[1], wsa, acc[1]);
+        acc[3] = fmaf(p[3], wsb, acc[3]);
+    }
+}
+
 // SPB consecutive 32-bit words (16-byte aligned for 4, 8-byte for 2), or zeros when !live.
 template <int SPB>
 __device__ __forceinline__ void mvm_ldv(const u32* p, bool live, u32* v) {
@@ -298,46 +346,8 @@ __device__ __forceinline__ void mvm_body(const MvSeg sg, const bool valid, const
                         wb[u] = *(const u32*)(pb + off);
                     }
                 }
-                float p[4];
-#pragma unroll
-                for (int u = 0; u < SPB; ++u) {
-                    u32 la, ha, lb, hb;
-                    mvm_unpack<KIND>(wa[u], tg, la, ha);
-                    mvm_unpack<KIND>(wb[u], tg, lb, hb);
-                    int d[4];
-                    mma_s8_c(d, la, lb, ha, hb, bq[u].x, bq[u].y, (int)ca[u], (int)cb[u]);
-                    // exact integers (see the header); __fmul_rn / __fadd_rn: never contracted
-                    const float f0 = __fadd_rn(__int_as_float(d[0]), -GM_MAGIC_F);
-                    const float f2 = __fadd_rn(__int_as_float(d[2]), -GM_MAGIC_F);
-                    const float x0 = __uint_as_float(xa[u]);
-                    if (u == 0) {
-                        p[0] = __fmul_rn(f0, x0);
-                        p[2] = __fmul_rn(f2, x0);
-                    } else {
-                        p[0] = fmaf(f0, x0, p[0]);
-                        p[2] = fmaf(f2, x0, p[2]);
-                    }
-                    if (C2) {
-                        const float f1 = __fadd_rn(__int_as_float(d[1]), -GM_MAGIC_F);
-                        const float f3 = __fadd_rn(__int_as_float(d[3]), -GM_MAGIC_F);
-                        const float x1 = __uint_as_float(xb[u]);
-                        if (u == 0) {
-                            p[1] = __fmul_rn(f1, x1);
-                            p[3] = __fmul_rn(f3, x1);
-                        } else {
-                            p[1] = fmaf(f1, x1, p[1]);
-                            p[3] = fmaf(f3, x1, p[3]);
-                        }
-                    }
-                }
-                const float wsa = h2f(ss[ra * (2 * MVM_SW) + par[t][0] + b]);
-                const float wsb = h2f(ss[rb * (2 * MVM_SW) + par[t][1] + b]);
-                acc[t][0] = fmaf(p[0], wsa, acc[t][0]);
-                acc[t][2] = fmaf(p[2], wsb, acc[t][2]);
-                if (C2) {
-                    acc[t][1] = fmaf(p[1], wsa, acc[t][1]);
-                    acc[t][3] = fmaf(p[3], wsb, acc[t][3]);
-                }
+                mvm_block<KIND, SPB, C2>(wa, wb, tg, bq, xa, ca, xb, cb, h2f(ss[ra * (2 * MVM_SW) + par[t][0] + b]),
+                                         h2f(ss[rb * (2 * MVM_SW) + par[t][1] + b]), acc[t]);
             }
         }
     }
@@ -533,45 +543,8 @@ __device__ __forceinline__ void mvd_body(const MvSeg sg, const bool valid, const
             }
 #pragma unroll
             for (int t = 0; t < RT; ++t) {
-                float p[4];
-#pragma unroll
-                for (int u = 0; u < SPB; ++u) {
-                    u32 la, ha, lb, hb;
-                    mvm_unpack<KIND>(sl.w[t][0][SPB * b + u], tg, la, ha);
-                    mvm_unpack<KIND>(sl.w[t][1][SPB * b + u], tg, lb, hb);
-                    int d[4];
-                    mma_s8_c(d, la, lb, ha, hb, bq[u].x, bq[u].y, (int)ca[u], (int)cb[u]);
-                    const float f0 = __fadd_rn(__int_as_float(d[0]), -GM_MAGIC_F);
-                    const float f2 = __fadd_rn(__int_as_float(d[2]), -GM_MAGIC_F);
-                    const float x0 = __uint_as_float(xa[u]);
-                    if (u == 0) {
-                        p[0] = __fmul_rn(f0, x0);
-                        p[2] = __fmul_rn(f2, x0);
-                    } else {
-                        p[0] = fmaf(f0, x0, p[0]);
-                        p[2] = fmaf(f2, x0, p[2]);
-                    }
-                    if (C2) {
-                        const float f1 = __fadd_rn(__int_as_float(d[1]), -GM_MAGIC_F);
-                        const float f3 = __fadd_rn(__int_as_float(d[3]), -GM_MAGIC_F);
-                        const float x1 = __uint_as_float(xb[u]);
-                        if (u == 0) {
-                            p[1] = __fmul_rn(f1, x1);
-                            p[3] = __fmul_rn(f3, x1);
-                        } else {
-                            p[1] = fmaf(f1, x1, p[1]);
-                            p[3] = fmaf(f3, x1, p[3]);
-                        }
-                    }
-                }
-                const float wsa = h2f(sl.ws[t][0][b]);
-                const float wsb = h2f(sl.ws[t][1][b]);
-                acc[t][0] = fmaf(p[0], wsa, acc[t][0]);
-                acc[t][2] = fmaf(p[2], wsb, acc[t][2]);
-                if (C2) {
-                    acc[t][1] = fmaf(p[1], wsa, acc[t][1]);
-                    acc[t][3] = fmaf(p[3], wsb, acc[t][3]);
-                }
+                mvm_block<KIND, SPB, C2>(&sl.w[t][0][SPB * b], &sl.w[t][1][SPB * b], tg, bq, xa, ca, xb, cb,
+                                         h2f(sl.ws[t][0][b]), h2f(sl.ws[t][1][b]), acc[t]);
             }
         }
     };
