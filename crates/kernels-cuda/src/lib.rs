@@ -33,6 +33,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/spec.cu"),
     include_str!("../kernels/prefill.cu"),
     include_str!("../kernels/mvm.cu"),
+    include_str!("../kernels/mvb.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -670,6 +671,14 @@ kernels!(
         mvx_q2g64_r2_k1,
         mvx_q2g64_r2_k2,
         mvx_q2g64_r2_k4,
+        // ---- mvb.cu (binary tensor-core mat-vec, Q1 only; off by default) ----
+        b1_planes,
+        mvb_q1_r1_k1,
+        mvb_q1_r1_k2,
+        mvb_q1_r1_k4,
+        mvb_q1_r2_k1,
+        mvb_q1_r2_k2,
+        mvb_q1_r2_k4,
     ],
     plain: [
         spin_ns,
