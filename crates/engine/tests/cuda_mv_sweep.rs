@@ -61,6 +61,7 @@ fn cuda_mv_plan_sweep() {
                         mma,
                         direct,
                         n1_rl: if x { r } else { 0 },
+                        b1: false,
                     });
                 }
             }

@@ -279,6 +279,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 mma: false,
                 direct: false,
                 n1_rl: 0,
+                b1: false,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -487,6 +488,7 @@ fn matvec_mma_every_plan() {
                         mma: true,
                         direct,
                         n1_rl,
+                        b1: false,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
