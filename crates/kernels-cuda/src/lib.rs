@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
-pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
+pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,

@@ -243,7 +243,9 @@ mod tests {
                 let pl = planes(&q, n, n_in);
                 let reference = |o: usize, t: usize, j: usize| -> i32 {
                     (0..32)
-                        .map(|e| sign[o * n_in + 32 * j + e] as i32 * q[t * n_in + 32 * j + e] as i32)
+                        .map(|e| {
+                            sign[o * n_in + 32 * j + e] as i32 * q[t * n_in + 32 * j + e] as i32
+                        })
                         .sum()
                 };
                 let mut seen = vec![0u32; n_out * n * nsb];
@@ -316,10 +318,9 @@ mod tests {
                                         reference(o, t, j),
                                         "n_in {n_in} row {o} act {t} sub-block {j}"
                                     );
-                                    let pj: [u32; 8] =
-                                        pl[8 * (t * nsb + j)..8 * (t * nsb + j) + 8]
-                                            .try_into()
-                                            .unwrap();
+                                    let pj: [u32; 8] = pl[8 * (t * nsb + j)..8 * (t * nsb + j) + 8]
+                                        .try_into()
+                                        .unwrap();
                                     assert_eq!(isum, b1_isum(word(o, j), &pj, s[t * nsb + j]));
                                     seen[(o * n + t) * nsb + j] += 1;
                                 }
@@ -351,7 +352,11 @@ mod tests {
         let (q, d, s) = crate::host_quant(&x, n_in);
         let mut w = vec![0f32; n_out * n_in];
         for o in 0..n_out {
-            dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut w[o * n_in..(o + 1) * n_in]);
+            dequantize_row(
+                qt,
+                &raw[o * rb..(o + 1) * rb],
+                &mut w[o * n_in..(o + 1) * n_in],
+            );
         }
         for ks in [1, 2, 4] {
             let y = mv_b1_host(&rt.codes, &rt.scales, n_in, n_out, &q, &d, &s, n, ks, None);
