@@ -2229,6 +2229,7 @@ mod tests {
         }
         // the mvm kernels use the same block shape as the dp4a ones (one grid formula)
         assert!(SOURCE.contains("#define MVM_WARPS 4") && SOURCE.contains("#define MV_WARPS 4"));
+        assert!(SOURCE.contains("#define MVB_WARPS 4"));
         assert_eq!(MV_WARPS, 4);
     }
 
