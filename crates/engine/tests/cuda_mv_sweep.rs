@@ -5,6 +5,9 @@
 //! over all layers (more bytes than the L2 holds), median of 5 passes. Then, per category, the
 //! default dp4a plan against the default tensor-core plan at n = 1 (decode) and n = 5 (a
 //! speculative verify of 5 rows): `SWEEP mma` lines and `mma_vs_dp4a` in the JSON. Runs only when
+//! Q1 models also time the binary tensor-core kernels (`mvb_q1_*`, plans with `b1`: every r and K
+//! split, weights before the PDL wait; the time includes the `b1_planes` launch) at n = 1 and n = 5
+//! against the default dp4a plan: `SWEEP b1` lines and `b1_vs_dp4a` in the JSON. Runs only when
 //! `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise prints SKIPPED. Writes
 //! JSON to `$BONSAI_SWEEP_OUT` when set. Driven by scripts/gpu_check.sh --sweep; the chosen
 //! defaults live in `mv_default_ks` / `mv_default_r` / `mvm_default_plan` (kernels-cuda/src/lib.rs).
@@ -18,7 +21,7 @@ use bonsai_engine::backend::Backend;
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::Weights;
-use bonsai_kernels_cuda::{mv_default_plan, MvPlan};
+use bonsai_kernels_cuda::{mv_default_plan, MvPlan, WKind};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -61,6 +64,7 @@ fn cuda_mv_plan_sweep() {
                         mma,
                         direct,
                         n1_rl: if x { r } else { 0 },
+                        b1: false,
                     });
                 }
             }
@@ -84,6 +88,7 @@ fn cuda_mv_plan_sweep() {
     let mut rows_json = Vec::new();
     let mut best_json = Vec::new();
     let mut mma_json = Vec::new();
+    let mut b1_json = Vec::new();
     println!("SWEEP pdl={}", gpu.pdl());
     for (name, groups) in &cats {
         let bytes: usize = groups
@@ -138,6 +143,59 @@ fn cuda_mv_plan_sweep() {
                 t[i][k] = ms * 1e3 / groups.len() as f64;
             }
         }
+        // Q1: the binary tensor-core kernels (planes + mvb launch) at n = 1 and n = 5, best plan
+        // of each n against the default dp4a plan (t[..][0])
+        if kind == WKind::Q1 {
+            let mut b1_best: [Option<(MvPlan, f64)>; 2] = [None, None];
+            let mut b1_line = String::new();
+            for r in [1, 2] {
+                for ks in [1, 2, 4] {
+                    let p = MvPlan {
+                        r,
+                        ks,
+                        pre: true,
+                        mma: false,
+                        direct: false,
+                        n1_rl: 0,
+                        b1: true,
+                    };
+                    gpu.set_mv_override(Some(p));
+                    for (i, n) in [1, 5].into_iter().enumerate() {
+                        let ms = med(cuda.time_mv_pass_n(&cfg, groups, n, 5).unwrap());
+                        let us = ms * 1e3 / groups.len() as f64;
+                        b1_line += &format!(" n{n}:b1-r{r}k{ks} {us:.2}");
+                        if b1_best[i].is_none_or(|b| us < b.1) {
+                            b1_best[i] = Some((p, us));
+                        }
+                    }
+                }
+            }
+            let (b1n1, b1n5) = (b1_best[0].unwrap(), b1_best[1].unwrap());
+            println!(
+                "SWEEP b1 {name:<18} n=1 dp4a {:7.2}  b1 r{}k{} {:7.2} ({:.2}x dp4a) | n=5 dp4a {:7.2}  b1 r{}k{} {:7.2} ({:.2}x dp4a) |{b1_line}",
+                t[0][0],
+                b1n1.0.r,
+                b1n1.0.ks,
+                b1n1.1,
+                t[0][0] / b1n1.1,
+                t[1][0],
+                b1n5.0.r,
+                b1n5.0.ks,
+                b1n5.1,
+                t[1][0] / b1n5.1
+            );
+            b1_json.push(format!(
+                "{{\"category\": \"{name}\", \"n1_dp4a_us\": {:.2}, \"n1_b1_plan\": \"r{}k{}\", \"n1_b1_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_b1_plan\": \"r{}k{}\", \"n5_b1_us\": {:.2}}}",
+                t[0][0],
+                b1n1.0.r,
+                b1n1.0.ks,
+                b1n1.1,
+                t[1][0],
+                b1n5.0.r,
+                b1n5.0.ks,
+                b1n5.1
+            ));
+        }
         gpu.set_mv_override(None);
         println!("{line}");
         let us = best.1 * 1e3 / groups.len() as f64;
@@ -187,12 +245,13 @@ fn cuda_mv_plan_sweep() {
         ));
     }
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"all\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"b1_vs_dp4a\": [{}], \"all\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         gpu.pdl(),
         best_json.join(", "),
         mma_json.join(", "),
+        b1_json.join(", "),
         rows_json.join(", ")
     );
     if let Ok(out) = std::env::var("BONSAI_SWEEP_OUT") {

@@ -6,6 +6,7 @@
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
 mod gemm;
+mod mvb;
 #[cfg(test)]
 mod mvm_emu;
 pub mod retile;
@@ -20,6 +21,7 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
+pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
@@ -33,6 +35,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/spec.cu"),
     include_str!("../kernels/prefill.cu"),
     include_str!("../kernels/mvm.cu"),
+    include_str!("../kernels/mvb.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -94,6 +97,12 @@ const MV_WARPS: usize = 4;
 /// are 1.4–2.4× faster than dp4a at n = 5 (a speculative verify) but 1.3–2.4× slower at n = 1, and
 /// mvx at n = 1 is still 1.2–1.9× slower than the dp4a decode kernel, so plain decode loses more
 /// than a round gains unless most tokens come from rounds.
+///
+/// `b1` (Q1 only; never set by the defaults, only by an explicit plan through
+/// [`Gpu::set_mv_override`]): the binary tensor-core kernels `mvb_q1_*` (`kernels/mvb.cu`,
+/// `mma.m16n8k256 .b1 AND.popc` on the raw 1-bit codes against 8 activation bit planes), with `r`
+/// m16 tiles per warp (1 or 2), K split `ks` and `pre`; `mma`, `direct` and `n1_rl` must be off.
+/// Its float order is its own (neither dp4a's nor the int8 tensor cores'), the same for every n.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -102,6 +111,7 @@ pub struct MvPlan {
     pub mma: bool,
     pub direct: bool,
     pub n1_rl: usize,
+    pub b1: bool,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -154,6 +164,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             // with 2 rows per lane faster than with 1 on every 27B shape (cuda-mv-sweep-*.json)
             direct: false,
             n1_rl: 2,
+            b1: false,
         };
     }
     MvPlan {
@@ -163,6 +174,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
         mma,
         direct: false,
         n1_rl: 0,
+        b1: false,
     }
 }
 
@@ -670,6 +682,14 @@ kernels!(
         mvx_q2g64_r2_k1,
         mvx_q2g64_r2_k2,
         mvx_q2g64_r2_k4,
+        // ---- mvb.cu (binary tensor-core mat-vec, Q1 only; off by default) ----
+        b1_planes,
+        mvb_q1_r1_k1,
+        mvb_q1_r1_k2,
+        mvb_q1_r1_k4,
+        mvb_q1_r2_k1,
+        mvb_q1_r2_k2,
+        mvb_q1_r2_k4,
     ],
     plain: [
         spin_ns,
@@ -735,6 +755,9 @@ pub struct Gpu {
     mv_override: Mutex<Option<MvPlan>>,
     /// Default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by default).
     mv_mma: AtomicBool,
+    /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
+    /// to `MAX_ROWS · n_in` u32 ([`Gpu::mv_lowbit_multi`]).
+    b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
 }
@@ -798,6 +821,7 @@ impl Gpu {
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
+            b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
         })
     }
@@ -1176,6 +1200,9 @@ impl Gpu {
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
+        if plan.b1 {
+            return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan);
+        }
         // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`)
         let (rpw, f) = if plan.mma {
             // the tensor-core kernel reads q 8 bytes, d and s a scale block (16 or 8 bytes) at a time
@@ -1241,6 +1268,112 @@ impl Gpu {
         )
     }
 
+    /// The `b1` plan of [`Self::mv_lowbit_multi`]: `b1_planes` writes the activation bit planes of
+    /// `q` into a scratch buffer this `Gpu` owns (allocated on first use, grown to
+    /// `MAX_ROWS · n_in` u32; so warm it up before a graph capture, which cannot allocate), then
+    /// one `mvb_q1_*` launch reads the planes, `d` and `s`. Q1 only.
+    #[allow(clippy::too_many_arguments)]
+    fn mv_lowbit_b1(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        plan: MvPlan,
+    ) -> Result<()> {
+        if kind != WKind::Q1 {
+            return Err(CudaError(format!("mv_lowbit (b1): Q1 only, not {kind:?}")));
+        }
+        // the kernel reads d and s two sub-blocks (8 bytes) at a time
+        if d % 8 != 0 || s % 8 != 0 {
+            return Err(CudaError(format!(
+                "mv_lowbit (b1): misaligned activations d {d:#x} s {s:#x}"
+            )));
+        }
+        let f = self.mvb_func(plan.r, plan.ks)?;
+        let need = MAX_ROWS * n_in * 4; // planes [MAX_ROWS, n_in / 32, 8] u32
+        let mut scratch = self.b1_scratch.lock().expect("b1 scratch lock");
+        if scratch.as_ref().is_none_or(|b| b.bytes() < need) {
+            *scratch = None;
+            *scratch = Some(self.alloc(need)?);
+        }
+        let planes = scratch.as_ref().expect("b1 scratch").ptr();
+        self.b1_planes(q, n, n_in, planes)?;
+        let rpw = 16 * plan.r;
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
+        let mut groups = 0usize;
+        for i in 0..MAX_SEGS {
+            let sg = segs.get(i).copied().unwrap_or(MvSeg {
+                codes: 0,
+                scales: 0,
+                y: 0,
+                n_out: 0,
+            });
+            groups += sg.n_out.div_ceil(rpw);
+            args.extend([
+                Arg::P(sg.codes),
+                Arg::P(sg.scales),
+                Arg::P(sg.y),
+                Arg::I(sg.n_out as i32),
+            ]);
+        }
+        args.extend([
+            Arg::P(planes),
+            Arg::P(d),
+            Arg::P(s),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(plan.pre as i32),
+        ]);
+        if groups == 0 {
+            return Ok(());
+        }
+        self.launch(
+            f,
+            (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &args,
+        )
+    }
+
+    /// Activation bit planes for the `b1` mat-vec: `planes` `[n, n_in / 32, 8]` u32 (16-byte
+    /// aligned) from `q` `[n, n_in]` i8; plane `p` of a sub-block holds bit `p` of element `4i + b`
+    /// at bit `8b + i` (the re-tiled Q1 code order; host twin [`b1_planes_host`]).
+    pub fn b1_planes(&self, q: u64, n: usize, n_in: usize, planes: u64) -> Result<()> {
+        assert_eq!(n_in % 32, 0, "b1_planes: n_in = {n_in}");
+        if planes % 16 != 0 {
+            return Err(CudaError(format!(
+                "b1_planes: misaligned planes {planes:#x}"
+            )));
+        }
+        self.launch(
+            self.f.b1_planes,
+            (cdiv(n_in / 32, 8), n as u32, 1),
+            (256, 1, 1),
+            &[Arg::P(q), Arg::I(n_in as i32), Arg::P(planes)],
+        )
+    }
+
+    /// The binary tensor-core Q1 mat-vec with `r` m16 tiles per warp and K split `ks`.
+    fn mvb_func(&self, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = [
+            [f.mvb_q1_r1_k1, f.mvb_q1_r1_k2, f.mvb_q1_r1_k4],
+            [f.mvb_q1_r2_k1, f.mvb_q1_r2_k2, f.mvb_q1_r2_k4],
+        ];
+        match (r, ks) {
+            (1 | 2, 1 | 2 | 4) => Ok(t[r - 1][ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!(
+                "mv_lowbit (b1): no variant with {r} tiles per warp, K split {ks}"
+            ))),
+        }
+    }
+
     /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
     /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults
     /// ([`mv_default_plan`], tensor-core when [`Gpu::mv_mma`]).
@@ -1268,7 +1401,9 @@ impl Gpu {
     /// shape-based defaults. dp4a plans: `r` 2 or 4; tensor-core plans: `r` 1 or 2; `ks` 1, 2 or 4.
     pub fn set_mv_override(&self, plan: Option<MvPlan>) {
         if let Some(p) = plan {
-            let r_ok = if p.mma {
+            let r_ok = if p.b1 {
+                matches!(p.r, 1 | 2) && !p.mma && !p.direct && p.n1_rl == 0
+            } else if p.mma {
                 matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
             } else {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0
@@ -2094,6 +2229,7 @@ mod tests {
         }
         // the mvm kernels use the same block shape as the dp4a ones (one grid formula)
         assert!(SOURCE.contains("#define MVM_WARPS 4") && SOURCE.contains("#define MV_WARPS 4"));
+        assert!(SOURCE.contains("#define MVB_WARPS 4"));
         assert_eq!(MV_WARPS, 4);
     }
 

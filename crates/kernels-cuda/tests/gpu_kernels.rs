@@ -5,7 +5,10 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{host_quant, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg, WKind};
+use bonsai_kernels_cuda::{
+    b1_planes_host, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg,
+    WKind,
+};
 use half::f16;
 
 mod common;
@@ -279,6 +282,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 mma: false,
                 direct: false,
                 n1_rl: 0,
+                b1: false,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -487,6 +491,7 @@ fn matvec_mma_every_plan() {
                         mma: true,
                         direct,
                         n1_rl,
+                        b1: false,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
@@ -494,6 +499,211 @@ fn matvec_mma_every_plan() {
                     // every warp's cp.async ring at each K split; 80 rows: a partial 32-row group
                     run_mvm_case(g, qt, 17408, 80, seed + 100, plan);
                 }
+            }
+        }
+    }
+}
+
+/// The binary tensor-core Q1 mat-vec (`kernels/mvb.cu`, plans with `b1`; off by default, first run
+/// on a GPU by these tests) on one matrix under `plan`: `b1_planes` against the host planes; for
+/// every n in 1..=8 the n-row launch bit for bit against the exact host replay of the kernel's
+/// float order (`mv_b1_host`), against the 1-row launches, and (max rel < 1e-5) against the f64
+/// emulation of the integer product; grouped (3 segments incl. a 1-row slice of an odd-nblk scale
+/// plane) against single for n = 1, 5, 8; accumulate mode (y0 + y, bit for bit).
+fn run_mvb_case(g: &Gpu, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
+    assert!(plan.b1);
+    let qt = QuantType::Q1_0;
+    g.set_mv_override(Some(plan));
+    const N: usize = bonsai_kernels_cuda::MAX_ROWS;
+    let mut rng = Rng(seed);
+    let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+    let x = rng.vec(N * n_in, 1.0); // [8, n_in]
+    let rt = retile(qt, &raw, n_in, n_out);
+    let kind = rt.kind;
+    let codes = g.upload(&rt.codes).unwrap(); // [n_out, nsb] u32
+    let scales = g.upload(&rt.scales).unwrap(); // [n_out, nblk] f16
+    let xb = g.upload(&x).unwrap();
+    let nsb = n_in / 32;
+    let q = g.alloc(N * n_in).unwrap(); // [8, n_in] i8
+    let d = g.alloc(N * nsb * 4).unwrap(); // [8, nsb] f32
+    let s = g.alloc(N * nsb * 4).unwrap(); // [8, nsb] i32
+    g.quant_rows(xb.ptr(), N, n_in, q.ptr(), d.ptr(), s.ptr())
+        .unwrap();
+    let (hq, hd, hs): (Vec<i8>, Vec<f32>, Vec<i32>) = (
+        down(g, &q, N * n_in),
+        down(g, &d, N * nsb),
+        down(g, &s, N * nsb),
+    );
+    // the plane kernel against the host planes
+    let pb = g.alloc(N * n_in * 4).unwrap(); // [8, nsb, 8] u32
+    g.b1_planes(q.ptr(), N, n_in, pb.ptr()).unwrap();
+    let gp: Vec<u32> = down(g, &pb, N * nsb * 8);
+    assert_eq!(gp, b1_planes_host(&hq, N, n_in), "b1_planes [{n_in}]");
+    let em = emulate_q(&raw, qt, n_in, n_out, &x, N);
+    let host = mv_b1_host(
+        &rt.codes, &rt.scales, n_in, n_out, &hq, &hd, &hs, N, plan.ks, None,
+    );
+    let launch = |segs: &[MvSeg], t0: usize, n: usize, acc: bool| {
+        g.mv_lowbit_multi(
+            kind,
+            segs,
+            q.at(t0 * n_in),
+            d.at(t0 * nsb * 4),
+            s.at(t0 * nsb * 4),
+            n_in,
+            n,
+            acc,
+        )
+        .unwrap()
+    };
+    let one = |y: &DevBuf| MvSeg {
+        codes: codes.ptr(),
+        scales: scales.ptr(),
+        y: y.ptr(),
+        n_out,
+    };
+    let y1b = g.alloc(n_out * 4).unwrap();
+    let mut y1 = Vec::with_capacity(N * n_out);
+    for t in 0..N {
+        launch(&[one(&y1b)], t, 1, false);
+        y1.extend(down::<f32>(g, &y1b, n_out));
+    }
+    let mut worst = 0f32;
+    for n in 1..=N {
+        let yb = g.alloc(n * n_out * 4).unwrap();
+        launch(&[one(&yb)], 0, n, false);
+        let yn: Vec<f32> = down(g, &yb, n * n_out);
+        for i in 0..n * n_out {
+            assert_eq!(
+                yn[i].to_bits(),
+                host[i].to_bits(),
+                "b1 [{n_in}x{n_out}] {plan:?}: n={n} row {} out {} = {} but the host replay gives {}",
+                i / n_out,
+                i % n_out,
+                yn[i],
+                host[i]
+            );
+            assert_eq!(
+                yn[i].to_bits(),
+                y1[i].to_bits(),
+                "b1 [{n_in}x{n_out}] {plan:?}: n={n} row {} out {}: != 1-row launch",
+                i / n_out,
+                i % n_out
+            );
+        }
+        let e = max_rel(&yn, &em[..n * n_out]);
+        assert!(
+            e < 1e-5,
+            "b1 [{n_in}x{n_out}] {plan:?} n={n} vs emulation: max rel {e}"
+        );
+        worst = worst.max(e);
+    }
+    // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
+    let nb = rt.codes.len() / n_out;
+    let sb = rt.scales.len() / n_out * 2;
+    for n in [1, 5, N] {
+        let ya = g.alloc(n * n_out * 4).unwrap();
+        let ylast = g.alloc(n * 4).unwrap();
+        let yc = g.alloc(n * n_out * 4).unwrap();
+        let segs = [
+            one(&ya),
+            MvSeg {
+                codes: codes.at((n_out - 1) * nb),
+                scales: scales.at((n_out - 1) * sb),
+                y: ylast.ptr(),
+                n_out: 1,
+            },
+            one(&yc),
+        ];
+        launch(&segs, 0, n, false);
+        let (ga, gl, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            down(g, &ya, n * n_out),
+            down(g, &ylast, n),
+            down(g, &yc, n * n_out),
+        );
+        for t in 0..n {
+            assert_eq!(
+                gl[t].to_bits(),
+                y1[t * n_out + n_out - 1].to_bits(),
+                "b1 [{n_in}x{n_out}] grouped 1-row segment, n={n} row {t}"
+            );
+            for o in 0..n_out {
+                let w = y1[t * n_out + o].to_bits();
+                assert_eq!(
+                    ga[t * n_out + o].to_bits(),
+                    w,
+                    "b1 grouped seg 0 n={n} row {t} out {o}"
+                );
+                assert_eq!(
+                    gc[t * n_out + o].to_bits(),
+                    w,
+                    "b1 grouped seg 2 n={n} row {t} out {o}"
+                );
+            }
+        }
+    }
+    // accumulate: y = y0 + W·x, the same f32 addition the host does
+    let n = 5;
+    let y0 = rng.vec(n * n_out, 3.0);
+    let yb = g.upload(&y0).unwrap();
+    launch(&[one(&yb)], 0, n, true);
+    let ya: Vec<f32> = down(g, &yb, n * n_out);
+    for i in 0..n * n_out {
+        assert_eq!(
+            ya[i].to_bits(),
+            (y0[i] + y1[i]).to_bits(),
+            "b1 [{n_in}x{n_out}] accumulate row {} out {}",
+            i / n_out,
+            i % n_out
+        );
+    }
+    eprintln!(
+        "mv b1 [{n_in}x{n_out}] {plan:?}: n=1..8 == host replay, emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate"
+    );
+    g.set_mv_override(None);
+}
+
+fn b1_plan(r: usize, ks: usize, pre: bool) -> MvPlan {
+    MvPlan {
+        r,
+        ks,
+        pre,
+        mma: false,
+        direct: false,
+        n1_rl: 0,
+        b1: true,
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_b1_real_shapes() {
+    let g = need_gpu!("matvec_b1_real_shapes");
+    for (i, (n_in, n_out, ks)) in [
+        (5120, 17408, 1),
+        (17408, 5120, 2),
+        (6144, 5120, 4),
+        (384, 50, 2), // ragged: a partial chunk, odd nblk, n_out not a tile multiple
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        run_mvb_case(g, n_in, n_out, 300 + i as u64, b1_plan(1, ks, true));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_b1_every_plan() {
+    let g = need_gpu!("matvec_b1_every_plan");
+    let mut seed = 400;
+    for r in [1, 2] {
+        for ks in [1, 2, 4] {
+            for pre in [true, false] {
+                seed += 1;
+                run_mvb_case(g, 384, 50, seed, b1_plan(r, ks, pre));
+                // 68 chunks of 256 elements per row; 80 rows: a partial 32-row group
+                run_mvb_case(g, 17408, 80, seed + 100, b1_plan(r, ks, pre));
             }
         }
     }
