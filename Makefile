@@ -16,9 +16,10 @@ test:  ## set up test deps (incl. llama.cpp oracle), then run every test: cargo 
 	cargo test --workspace --profile test
 	$(PY) -m pytest -q tests
 
-lint:  ## rustfmt, clippy -D warnings, ruff
+lint:  ## rustfmt, clippy -D warnings, rustdoc -D warnings, ruff
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 	$(PY) -m ruff check python tests bench
 	$(PY) -m ruff format --check python tests bench
 

@@ -6,7 +6,7 @@
 //! Per-sequence state (attention KV, GDN conv + recurrent state) lives in backend buffers with explicit
 //! reset / copy (snapshot, restore) / truncate operations.
 //!
-//! Backends are listed in one place only: [`AnyBackend`]-style matches live in `engine.rs`.
+//! Backends are listed in one place only: `AnyBackend`-style matches live in `engine.rs`.
 
 pub mod cpu;
 pub mod cuda;

@@ -1,7 +1,7 @@
 //! bonsai CPU kernels. Free functions over slices with explicit dimensions; no model types.
 //!
 //! - [`quant`]: block formats and the reference dequantization (bit-level oracle).
-//! - [`reference`]: scalar reference ops, never optimized: the oracle for every backend.
+//! - [`mod@reference`]: scalar reference ops, never optimized: the oracle for every backend.
 //! - [`ops`]: rayon-parallel, SIMD-dispatched ops used by the CPU backend.
 
 #[cfg(target_arch = "x86_64")]

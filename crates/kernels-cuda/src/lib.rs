@@ -1577,7 +1577,7 @@ impl Gpu {
         )
     }
 
-    /// `x[t] = table[ids[t]]` dequantized (ids: device i32 [n]).
+    /// `x[t] = table[ids[t]]` dequantized (ids: device i32 `[n]`).
     pub fn embed_rows(
         &self,
         kind: WKind,

@@ -25,7 +25,7 @@
 //! buffers, so their addresses (baked into the decode graph) never change.
 //!
 //! By default (`BONSAI_CUDA_ROUND_GRAPH=0` or [`CudaBackend::set_round_graph`] turns it off) the
-//! round's device work replays captured graphs ([`RoundGraphs`]): the verify forward per row
+//! round's device work replays captured graphs (`RoundGraphs`): the verify forward per row
 //! count (records, taps and logits into fixed buffers, one async copy each to pinned memory, row
 //! statistics for a greedy pick), the snapshot / restore copies, and the replay rollback per
 //! accept count. `tests/cuda_round_graph.rs` checks them against the eager round bit for bit.
@@ -245,8 +245,8 @@ fn push_graph(graphs: &mut Vec<(Vec<u64>, kc::Graph)>, key: Vec<u64>, graph: kc:
     graphs.len() - 1
 }
 
-/// A decode step captured as one CUDA graph (n = 1, greedy): embed(ids[0]) → 64 layers → head →
-/// argmax → ids[0]; hist[pos] = token; pos += 1.
+/// A decode step captured as one CUDA graph (n = 1, greedy): `embed(ids[0])` → 64 layers → head →
+/// argmax → `ids[0]`; `hist[pos] = token`; `pos += 1`.
 pub struct DecodeGraph {
     graph: kc::Graph,
     hist: DevBuf,
@@ -277,7 +277,7 @@ impl CudaBackend {
         })
     }
 
-    /// Whether the speculative round replays captured graphs (see [`RoundGraphs`]; on unless
+    /// Whether the speculative round replays captured graphs (see `RoundGraphs`; on unless
     /// `BONSAI_CUDA_ROUND_GRAPH=0`).
     pub fn round_graph(&self) -> bool {
         self.round_graph.load(Ordering::Relaxed)
@@ -1388,7 +1388,7 @@ impl CudaBackend {
     }
 
     /// GPU time (ms) of one pass of `n`-row projections (prefill: the GEMM when `n` > 8), one
-    /// grouped launch per entry of `groups` as [`Self::proj_multi`] runs them, back to back, on
+    /// grouped launch per entry of `groups` as `proj_multi` runs them, back to back, on
     /// whatever the scratch input holds; `reps` passes, each timed. Every matrix must fit the
     /// scratch outputs (not the head). For profiling.
     pub fn time_proj_pass(
@@ -1811,7 +1811,7 @@ impl Backend for CudaBackend {
     }
 
     /// With the round graphs on and at most 8 rows (every tap layer inside the model): one
-    /// captured graph per row count and tap list ([`CudaBackend::verify_graph`]), which also
+    /// captured graph per row count and tap list (`CudaBackend::verify_graph`), which also
     /// returns the per-row logit statistics. Otherwise the eager forward (no statistics).
     fn verify_forward(
         &self,
