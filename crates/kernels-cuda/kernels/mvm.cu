@@ -150,6 +150,32 @@ __device__ __forceinline__ void mvm_ldv(const u32* p, bool live, u32* v) {
     }
 }
 
+// The activation side of one scale block (sub-blocks jb .. jb + SPB − 1), shared by the RT tiles of
+// the ring and the direct kernels: B fragments (8 bytes of activation row g, zero unless rowq),
+// the activation scales of this thread's columns (xa, xb) and C = MAGIC − s (ca, cb; see the
+// header), zeros / MAGIC for columns that are not live.
+template <int SPB, bool C2>
+__device__ __forceinline__ void mvm_block_acts(int jb, bool rowq, const i8* qg, bool colA, const u32* dA,
+                                               const u32* sA, bool colB, const u32* dB, const u32* sB, uint2* bq,
+                                               u32* xa, u32* ca, u32* xb, u32* cb) {
+#pragma unroll
+    for (int u = 0; u < SPB; ++u) {
+        bq[u].x = bq[u].y = 0u;
+        if (rowq) bq[u] = __ldg((const uint2*)(qg + (size_t)(jb + u) * 32));
+    }
+    mvm_ldv<SPB>(dA + jb, colA, xa);
+    mvm_ldv<SPB>(sA + jb, colA, ca);
+    if (C2) {
+        mvm_ldv<SPB>(dB + jb, colB, xb);
+        mvm_ldv<SPB>(sB + jb, colB, cb);
+    }
+#pragma unroll
+    for (int u = 0; u < SPB; ++u) {
+        ca[u] = (u32)GM_MAGIC - ca[u];
+        cb[u] = C2 ? (u32)GM_MAGIC - cb[u] : (u32)GM_MAGIC;
+    }
+}
+
 // The K-split combine and the store, shared by both tensor-core mat-vecs: tile t, fragment e ->
 // row o0 + 16t + g + 8(e >> 1), column 2tg + (e & 1); the KS partials are summed in warp order.
 template <int RT, int KS, bool C2>
@@ -305,22 +331,7 @@ __device__ __forceinline__ void mvm_body(const MvSeg sg, const bool valid, const
             // activation side of the block's SPB sub-blocks, shared by the RT tiles
             uint2 bq[SPB];
             u32 xa[SPB], ca[SPB], xb[SPB], cb[SPB];
-#pragma unroll
-            for (int u = 0; u < SPB; ++u) {
-                bq[u].x = bq[u].y = 0u;
-                if (rowq) bq[u] = __ldg((const uint2*)(qg + (size_t)(jb + u) * 32));
-            }
-            mvm_ldv<SPB>(dA + jb, colA, xa);
-            mvm_ldv<SPB>(sA + jb, colA, ca);
-            if (C2) {
-                mvm_ldv<SPB>(dB + jb, colB, xb);
-                mvm_ldv<SPB>(sB + jb, colB, cb);
-            }
-#pragma unroll
-            for (int u = 0; u < SPB; ++u) {
-                ca[u] = (u32)GM_MAGIC - ca[u];
-                cb[u] = C2 ? (u32)GM_MAGIC - cb[u] : (u32)GM_MAGIC;
-            }
+            mvm_block_acts<SPB, C2>(jb, rowq, qg, colA, dA, sA, colB, dB, sB, bq, xa, ca, xb, cb);
 #pragma unroll
             for (int t = 0; t < RT; ++t) {
                 const int ra = 16 * t + g, rb = ra + 8;
@@ -525,22 +536,7 @@ __device__ __forceinline__ void mvd_body(const MvSeg sg, const bool valid, const
             const int jb = (b0 + b) * SPB;
             uint2 bq[SPB];
             u32 xa[SPB], ca[SPB], xb[SPB], cb[SPB];
-#pragma unroll
-            for (int u = 0; u < SPB; ++u) {
-                bq[u].x = bq[u].y = 0u;
-                if (rowq) bq[u] = __ldg((const uint2*)(qg + (size_t)(jb + u) * 32));
-            }
-            mvm_ldv<SPB>(dA + jb, colA, xa);
-            mvm_ldv<SPB>(sA + jb, colA, ca);
-            if (C2) {
-                mvm_ldv<SPB>(dB + jb, colB, xb);
-                mvm_ldv<SPB>(sB + jb, colB, cb);
-            }
-#pragma unroll
-            for (int u = 0; u < SPB; ++u) {
-                ca[u] = (u32)GM_MAGIC - ca[u];
-                cb[u] = C2 ? (u32)GM_MAGIC - cb[u] : (u32)GM_MAGIC;
-            }
+            mvm_block_acts<SPB, C2>(jb, rowq, qg, colA, dA, sA, colB, dB, sB, bq, xa, ca, xb, cb);
 #pragma unroll
             for (int t = 0; t < RT; ++t) {
                 mvm_block<KIND, SPB, C2>(&sl.w[t][0][SPB * b], &sl.w[t][1][SPB * b], tg, bq, xa, ca, xb, cb,
