@@ -1230,6 +1230,27 @@ impl Gpu {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
+        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
+    }
+
+    /// Launch a low-bit mat-vec kernel `f` (any family: they share the parameter list of
+    /// `MV_ENTRY`) over `segs` with `rpw` weight rows per warp-level work unit; `x` is what the
+    /// kernel reads as its activation codes (int8 `q`, or the b1 planes). Nothing runs when the
+    /// segments hold no rows.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_mv_segs(
+        &self,
+        f: sys::CUfunction,
+        segs: &[MvSeg],
+        rpw: usize,
+        x: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        plan: MvPlan,
+    ) -> Result<()> {
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
         let mut groups = 0usize;
         for i in 0..MAX_SEGS {
@@ -1248,7 +1269,7 @@ impl Gpu {
             ]);
         }
         args.extend([
-            Arg::P(q),
+            Arg::P(x),
             Arg::P(d),
             Arg::P(s),
             Arg::I(n_in as i32),
@@ -1259,7 +1280,8 @@ impl Gpu {
         if groups == 0 {
             return Ok(());
         }
-        // both families: MV_WARPS (= MVM_WARPS) warps per block, `ks` of them per row group
+        // every family: MV_WARPS (= MVM_WARPS = MVB_WARPS) warps per block, `ks` of them per row
+        // group
         self.launch(
             f,
             (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
@@ -1303,41 +1325,17 @@ impl Gpu {
         }
         let planes = scratch.as_ref().expect("b1 scratch").ptr();
         self.b1_planes(q, n, n_in, planes)?;
-        let rpw = 16 * plan.r;
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-        let mut groups = 0usize;
-        for i in 0..MAX_SEGS {
-            let sg = segs.get(i).copied().unwrap_or(MvSeg {
-                codes: 0,
-                scales: 0,
-                y: 0,
-                n_out: 0,
-            });
-            groups += sg.n_out.div_ceil(rpw);
-            args.extend([
-                Arg::P(sg.codes),
-                Arg::P(sg.scales),
-                Arg::P(sg.y),
-                Arg::I(sg.n_out as i32),
-            ]);
-        }
-        args.extend([
-            Arg::P(planes),
-            Arg::P(d),
-            Arg::P(s),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(plan.pre as i32),
-        ]);
-        if groups == 0 {
-            return Ok(());
-        }
-        self.launch(
+        self.launch_mv_segs(
             f,
-            (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
-            ((MV_WARPS * 32) as u32, 1, 1),
-            &args,
+            segs,
+            16 * plan.r,
+            planes,
+            d,
+            s,
+            n_in,
+            n,
+            accumulate,
+            plan,
         )
     }
 
