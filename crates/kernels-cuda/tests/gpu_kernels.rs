@@ -7,7 +7,7 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg,
-    WKind,
+    Retiled, WKind,
 };
 use half::f16;
 
@@ -290,6 +290,88 @@ fn matvec_lowbit_real_shapes_vs_reference() {
     }
 }
 
+/// Shared by the tensor-core and b1 mat-vec cases. Grouped launch: the matrix as segments 0 and 2,
+/// its last row alone as segment 1, each equal to the 1-row launches `y1` `[8, n_out]` bit for bit
+/// (n = 1, 5, 8). Accumulate mode: y = y0 + W·x, the same f32 addition the host does.
+#[allow(clippy::too_many_arguments)]
+fn grouped_and_accumulate_checks<L, O>(
+    g: &Gpu,
+    rt: &Retiled,
+    codes: &DevBuf,
+    scales: &DevBuf,
+    n_in: usize,
+    n_out: usize,
+    y1: &[f32],
+    launch: &L,
+    one: &O,
+    rng: &mut Rng,
+    what: &str,
+) where
+    L: Fn(&[MvSeg], usize, usize, bool),
+    O: Fn(&DevBuf) -> MvSeg,
+{
+    const N: usize = bonsai_kernels_cuda::MAX_ROWS;
+    // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
+    let nb = rt.codes.len() / n_out;
+    let sb = rt.scales.len() / n_out * 2;
+    for n in [1, 5, N] {
+        let ya = g.alloc(n * n_out * 4).unwrap();
+        let ylast = g.alloc(n * 4).unwrap();
+        let yc = g.alloc(n * n_out * 4).unwrap();
+        let segs = [
+            one(&ya),
+            MvSeg {
+                codes: codes.at((n_out - 1) * nb),
+                scales: scales.at((n_out - 1) * sb),
+                y: ylast.ptr(),
+                n_out: 1,
+            },
+            one(&yc),
+        ];
+        launch(&segs, 0, n, false);
+        let (ga, gl, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            down(g, &ya, n * n_out),
+            down(g, &ylast, n),
+            down(g, &yc, n * n_out),
+        );
+        for t in 0..n {
+            assert_eq!(
+                gl[t].to_bits(),
+                y1[t * n_out + n_out - 1].to_bits(),
+                "{what} [{n_in}x{n_out}] grouped 1-row segment, n={n} row {t}"
+            );
+            for o in 0..n_out {
+                let w = y1[t * n_out + o].to_bits();
+                assert_eq!(
+                    ga[t * n_out + o].to_bits(),
+                    w,
+                    "{what} grouped seg 0 n={n} row {t} out {o}"
+                );
+                assert_eq!(
+                    gc[t * n_out + o].to_bits(),
+                    w,
+                    "{what} grouped seg 2 n={n} row {t} out {o}"
+                );
+            }
+        }
+    }
+    // accumulate: y = y0 + W·x, the same f32 addition the host does
+    let n = 5;
+    let y0 = rng.vec(n * n_out, 3.0);
+    let yb = g.upload(&y0).unwrap();
+    launch(&[one(&yb)], 0, n, true);
+    let ya: Vec<f32> = down(g, &yb, n * n_out);
+    for i in 0..n * n_out {
+        assert_eq!(
+            ya[i].to_bits(),
+            (y0[i] + y1[i]).to_bits(),
+            "{what} [{n_in}x{n_out}] accumulate row {} out {}",
+            i / n_out,
+            i % n_out
+        );
+    }
+}
+
 /// The tensor-core mat-vec (`kernels/mvm.cu`, plans with `mma`; off by default and first run on a
 /// GPU by these tests) on one matrix under `plan`: for every n in 1..=8 the n-row launch against
 /// the exact emulation of the integer product (max rel < 1e-5) and, bit for bit, against the 1-row
@@ -381,65 +463,19 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
             );
         }
     }
-    // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
-    let nb = rt.codes.len() / n_out;
-    let sb = rt.scales.len() / n_out * 2;
-    for n in [1, 5, N] {
-        let ya = g.alloc(n * n_out * 4).unwrap();
-        let ylast = g.alloc(n * 4).unwrap();
-        let yc = g.alloc(n * n_out * 4).unwrap();
-        let segs = [
-            one(&ya),
-            MvSeg {
-                codes: codes.at((n_out - 1) * nb),
-                scales: scales.at((n_out - 1) * sb),
-                y: ylast.ptr(),
-                n_out: 1,
-            },
-            one(&yc),
-        ];
-        launch(&segs, 0, n, false);
-        let (ga, gl, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-            down(g, &ya, n * n_out),
-            down(g, &ylast, n),
-            down(g, &yc, n * n_out),
-        );
-        for t in 0..n {
-            assert_eq!(
-                gl[t].to_bits(),
-                y1[t * n_out + n_out - 1].to_bits(),
-                "mma {qt:?} [{n_in}x{n_out}] grouped 1-row segment, n={n} row {t}"
-            );
-            for o in 0..n_out {
-                let w = y1[t * n_out + o].to_bits();
-                assert_eq!(
-                    ga[t * n_out + o].to_bits(),
-                    w,
-                    "grouped seg 0 n={n} row {t} out {o}"
-                );
-                assert_eq!(
-                    gc[t * n_out + o].to_bits(),
-                    w,
-                    "grouped seg 2 n={n} row {t} out {o}"
-                );
-            }
-        }
-    }
-    // accumulate: y = y0 + W·x, the same f32 addition the host does
-    let n = 5;
-    let y0 = rng.vec(n * n_out, 3.0);
-    let yb = g.upload(&y0).unwrap();
-    launch(&[one(&yb)], 0, n, true);
-    let ya: Vec<f32> = down(g, &yb, n * n_out);
-    for i in 0..n * n_out {
-        assert_eq!(
-            ya[i].to_bits(),
-            (y0[i] + y1[i]).to_bits(),
-            "mma {qt:?} [{n_in}x{n_out}] accumulate row {} out {}",
-            i / n_out,
-            i % n_out
-        );
-    }
+    grouped_and_accumulate_checks(
+        g,
+        &rt,
+        &codes,
+        &scales,
+        n_in,
+        n_out,
+        &y1,
+        &launch,
+        &one,
+        &mut rng,
+        &format!("mma {qt:?}"),
+    );
     eprintln!(
         "mv mma {qt:?} [{n_in}x{n_out}] {plan:?}: n=1..8 emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate{}", match (plan.direct, plan.n1_rl) { (true, 0) => ", == ring", (true, _) => ", == ring, 1-row launches on mvx", (false, 0) => "", (false, _) => ", 1-row launches on mvx" }
     );
@@ -598,65 +634,9 @@ fn run_mvb_case(g: &Gpu, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
         );
         worst = worst.max(e);
     }
-    // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
-    let nb = rt.codes.len() / n_out;
-    let sb = rt.scales.len() / n_out * 2;
-    for n in [1, 5, N] {
-        let ya = g.alloc(n * n_out * 4).unwrap();
-        let ylast = g.alloc(n * 4).unwrap();
-        let yc = g.alloc(n * n_out * 4).unwrap();
-        let segs = [
-            one(&ya),
-            MvSeg {
-                codes: codes.at((n_out - 1) * nb),
-                scales: scales.at((n_out - 1) * sb),
-                y: ylast.ptr(),
-                n_out: 1,
-            },
-            one(&yc),
-        ];
-        launch(&segs, 0, n, false);
-        let (ga, gl, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-            down(g, &ya, n * n_out),
-            down(g, &ylast, n),
-            down(g, &yc, n * n_out),
-        );
-        for t in 0..n {
-            assert_eq!(
-                gl[t].to_bits(),
-                y1[t * n_out + n_out - 1].to_bits(),
-                "b1 [{n_in}x{n_out}] grouped 1-row segment, n={n} row {t}"
-            );
-            for o in 0..n_out {
-                let w = y1[t * n_out + o].to_bits();
-                assert_eq!(
-                    ga[t * n_out + o].to_bits(),
-                    w,
-                    "b1 grouped seg 0 n={n} row {t} out {o}"
-                );
-                assert_eq!(
-                    gc[t * n_out + o].to_bits(),
-                    w,
-                    "b1 grouped seg 2 n={n} row {t} out {o}"
-                );
-            }
-        }
-    }
-    // accumulate: y = y0 + W·x, the same f32 addition the host does
-    let n = 5;
-    let y0 = rng.vec(n * n_out, 3.0);
-    let yb = g.upload(&y0).unwrap();
-    launch(&[one(&yb)], 0, n, true);
-    let ya: Vec<f32> = down(g, &yb, n * n_out);
-    for i in 0..n * n_out {
-        assert_eq!(
-            ya[i].to_bits(),
-            (y0[i] + y1[i]).to_bits(),
-            "b1 [{n_in}x{n_out}] accumulate row {} out {}",
-            i / n_out,
-            i % n_out
-        );
-    }
+    grouped_and_accumulate_checks(
+        g, &rt, &codes, &scales, n_in, n_out, &y1, &launch, &one, &mut rng, "b1",
+    );
     eprintln!(
         "mv b1 [{n_in}x{n_out}] {plan:?}: n=1..8 == host replay, emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate"
     );
