@@ -337,18 +337,23 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
 }
 
-// Flat parameters (the launcher passes 8-byte slots): per segment codes, scales, y, n_out; unused
-// segments have n_out = 0.
-#define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB)                                                     \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(                           \
+// The parameter list every low-bit mat-vec family shares (the launcher passes 8-byte slots): per
+// segment codes, scales, y, n_out (unused segments have n_out = 0); the activation codes `X` of
+// type `XT` (int8 q, or the b1 bit planes); d, s, n_in, n, accumulate, pre. The body (the variadic
+// part) sees the segments as s0..s3.
+#define MV_SEG_ENTRY(NAME, WARPS, MINB, XT, X, ...)                                                  \
+    extern "C" __global__ void __launch_bounds__((WARPS) * 32, MINB) NAME(                            \
         const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
         int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
-        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
-        int accumulate, int pre) {                                                                    \
+        float* y3, int n3, XT X, const float* da, const int* sa, int n_in, int n, int accumulate,      \
+        int pre) {                                                                                    \
         MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
               s3 = {c3, sc3, y3, n3};                                                                 \
-        mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre);           \
+        __VA_ARGS__;                                                                                  \
     }
+#define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
+    MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
+                 mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp; `_n1` (decode)
 // take one, with R = 2 or 4 weight rows per warp (register caps chosen so nothing spills). `_kKS`
 // splits each row's K range over KS warps of the block. R and U never change a row's float ops;

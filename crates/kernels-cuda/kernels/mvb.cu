@@ -261,16 +261,9 @@ __device__ __forceinline__ void mvb_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 
 // Parameters as MVM_ENTRY with the activation codes q replaced by the planes [n, nsb, 8] u32
 // (b1_planes); grid (ceil(row groups / (MVB_WARPS / KS))), block MVB_WARPS·32. Q1 only.
-#define MVB_ENTRY(NAME, RT, KS, MINB)                                                                \
-    extern "C" __global__ void __launch_bounds__(MVB_WARPS * 32, MINB) NAME(                          \
-        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
-        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
-        float* y3, int n3, const u32* planes, const float* da, const int* sa, int n_in, int n,         \
-        int accumulate, int pre) {                                                                    \
-        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
-              s3 = {c3, sc3, y3, n3};                                                                 \
-        mvb_lowbit<RT, KS>(s0, s1, s2, s3, planes, da, sa, n_in, n, accumulate, pre);                 \
-    }
+#define MVB_ENTRY(NAME, RT, KS, MINB)                          \
+    MV_SEG_ENTRY(NAME, MVB_WARPS, MINB, const u32*, planes,   \
+                 mvb_lowbit<RT, KS>(s0, s1, s2, s3, planes, da, sa, n_in, n, accumulate, pre))
 MVB_ENTRY(mvb_q1_r1_k1, 1, 1, 4)
 MVB_ENTRY(mvb_q1_r1_k2, 1, 2, 4)
 MVB_ENTRY(mvb_q1_r1_k4, 1, 4, 4)

@@ -409,16 +409,9 @@ __device__ __forceinline__ void mvm_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 // Parameters exactly as MV_ENTRY (bonsai.cu). grid ceil(Σ ceil(n_out_i / 16·RT) / (MVM_WARPS / KS)),
 // block MVM_WARPS·32. Ring depth: 4 stages for one tile per warp, 3 for two (shared memory
 // 26.6 / 40 KB per block).
-#define MVM_ENTRY(NAME, KIND, RT, KS, MINB)                                                          \
-    extern "C" __global__ void __launch_bounds__(MVM_WARPS * 32, MINB) NAME(                          \
-        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
-        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
-        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
-        int accumulate, int pre) {                                                                    \
-        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
-              s3 = {c3, sc3, y3, n3};                                                                 \
-        mvm_lowbit<KIND, RT, KS, RT == 1 ? 4 : 3>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre); \
-    }
+#define MVM_ENTRY(NAME, KIND, RT, KS, MINB)                \
+    MV_SEG_ENTRY(NAME, MVM_WARPS, MINB, const i8*, q,     \
+                 mvm_lowbit<KIND, RT, KS, RT == 1 ? 4 : 3>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // `_r1` / `_r2`: one or two m16 tiles (16 / 32 weight rows) per warp; `_kKS`: K split over KS warps
 // of the block. Every variant takes 1..8 activation rows. KS changes the float order, so the
 // launcher picks it from the matrix shape alone (never from n).
@@ -586,16 +579,9 @@ __device__ __forceinline__ void mvd_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 }
 
 // Parameters and grid exactly as MVM_ENTRY; no dynamic or ring shared memory.
-#define MVD_ENTRY(NAME, KIND, RT, KS, MINB)                                                          \
-    extern "C" __global__ void __launch_bounds__(MVM_WARPS * 32, MINB) NAME(                          \
-        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
-        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
-        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
-        int accumulate, int pre) {                                                                    \
-        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
-              s3 = {c3, sc3, y3, n3};                                                                 \
-        mvd_lowbit<KIND, RT, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre);                \
-    }
+#define MVD_ENTRY(NAME, KIND, RT, KS, MINB)            \
+    MV_SEG_ENTRY(NAME, MVM_WARPS, MINB, const i8*, q, \
+                 mvd_lowbit<KIND, RT, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 #define MVD_KIND_ENTRIES(K, KIND)                 \
     MVD_ENTRY(mvd_##K##_r1_k1, KIND, 1, 1, 4)     \
     MVD_ENTRY(mvd_##K##_r1_k2, KIND, 1, 2, 4)     \
@@ -802,16 +788,9 @@ __device__ __forceinline__ void mvx_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
 
 // Parameters as MV_ENTRY (n is ignored: one activation row). grid ceil(Σ ceil(n_out_i / 8·RL) /
 // (MVM_WARPS / KS)), block MVM_WARPS·32.
-#define MVX_ENTRY(NAME, KIND, RL, KS, MINB)                                                          \
-    extern "C" __global__ void __launch_bounds__(MVM_WARPS * 32, MINB) NAME(                          \
-        const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
-        int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
-        float* y3, int n3, const i8* q, const float* da, const int* sa, int n_in, int n,               \
-        int accumulate, int pre) {                                                                    \
-        MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
-              s3 = {c3, sc3, y3, n3};                                                                 \
-        mvx_lowbit<KIND, RL, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre);                   \
-    }
+#define MVX_ENTRY(NAME, KIND, RL, KS, MINB)            \
+    MV_SEG_ENTRY(NAME, MVM_WARPS, MINB, const i8*, q, \
+                 mvx_lowbit<KIND, RL, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre))
 #define MVX_KIND_ENTRIES(K, KIND)                 \
     MVX_ENTRY(mvx_##K##_r1_k1, KIND, 1, 1, 6)     \
     MVX_ENTRY(mvx_##K##_r1_k2, KIND, 1, 2, 6)     \
