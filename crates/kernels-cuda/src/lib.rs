@@ -540,6 +540,50 @@ impl Arg {
     }
 }
 
+/// The parameter list `gdn_conv` and `gdn_conv_rows` share (see [`Gpu::gdn_conv`]).
+#[allow(clippy::too_many_arguments)]
+fn gdn_conv_args(
+    mixed: u64,
+    conv_state: u64,
+    convw: u64,
+    kconv: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    n: usize,
+    eps: f32,
+    qo: u64,
+    ko: u64,
+    vo: u64,
+    bb: u64,
+    aa: u64,
+    dt_bias: u64,
+    ssm_a: u64,
+    beta: u64,
+    g: u64,
+) -> [Arg; 18] {
+    [
+        Arg::P(mixed),
+        Arg::P(conv_state),
+        Arg::P(convw),
+        Arg::I(kconv as i32),
+        Arg::I(hk as i32),
+        Arg::I(hv as i32),
+        Arg::I(dk as i32),
+        Arg::I(n as i32),
+        Arg::F(eps),
+        Arg::P(qo),
+        Arg::P(ko),
+        Arg::P(vo),
+        Arg::P(bb),
+        Arg::P(aa),
+        Arg::P(dt_bias),
+        Arg::P(ssm_a),
+        Arg::P(beta),
+        Arg::P(g),
+    ]
+}
+
 macro_rules! kernels {
     (pdl: [$($p:ident),* $(,)?], plain: [$($q:ident),* $(,)?] $(,)?) => {
         /// Function handles of every kernel in the module.
@@ -1630,26 +1674,10 @@ impl Gpu {
             self.f.gdn_conv,
             ((2 * hk + hv + 1) as u32, 1, 1),
             (dk as u32, 1, 1),
-            &[
-                Arg::P(mixed),
-                Arg::P(conv_state),
-                Arg::P(convw),
-                Arg::I(kconv as i32),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(n as i32),
-                Arg::F(eps),
-                Arg::P(qo),
-                Arg::P(ko),
-                Arg::P(vo),
-                Arg::P(bb),
-                Arg::P(aa),
-                Arg::P(dt_bias),
-                Arg::P(ssm_a),
-                Arg::P(beta),
-                Arg::P(g),
-            ],
+            &gdn_conv_args(
+                mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, qo, ko, vo, bb, aa, dt_bias,
+                ssm_a, beta, g,
+            ),
         )
     }
 
@@ -1871,26 +1899,10 @@ impl Gpu {
             self.f.gdn_conv_rows,
             ((2 * hk + hv + 1) as u32, cdiv(n, GDN_CONV_ROWS), 1),
             (256, 1, 1),
-            &[
-                Arg::P(mixed),
-                Arg::P(conv_state),
-                Arg::P(convw),
-                Arg::I(kconv as i32),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(n as i32),
-                Arg::F(eps),
-                Arg::P(qo),
-                Arg::P(ko),
-                Arg::P(vo),
-                Arg::P(bb),
-                Arg::P(aa),
-                Arg::P(dt_bias),
-                Arg::P(ssm_a),
-                Arg::P(beta),
-                Arg::P(g),
-            ],
+            &gdn_conv_args(
+                mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, qo, ko, vo, bb, aa, dt_bias,
+                ssm_a, beta, g,
+            ),
         )?;
         self.launch(
             self.f.gdn_conv_window,
