@@ -245,6 +245,19 @@ fn push_graph(graphs: &mut Vec<(Vec<u64>, kc::Graph)>, key: Vec<u64>, graph: kc:
     graphs.len() - 1
 }
 
+/// The index of the round graph cached under `key`; on a miss `capture` records it and it is
+/// cached with [`push_graph`].
+fn cached_graph(
+    graphs: &mut Vec<(Vec<u64>, kc::Graph)>,
+    key: Vec<u64>,
+    capture: impl FnOnce() -> Result<kc::Graph>,
+) -> Result<usize> {
+    match graphs.iter().position(|(k, _)| *k == key) {
+        Some(i) => Ok(i),
+        None => Ok(push_graph(graphs, key, capture()?)),
+    }
+}
+
 /// A decode step captured as one CUDA graph (n = 1, greedy): `embed(ids[0])` → 64 layers → head →
 /// argmax → `ids[0]`; `hist[pos] = token`; `pos += 1`.
 pub struct DecodeGraph {
@@ -1004,6 +1017,17 @@ impl CudaBackend {
         graph
     }
 
+    /// The two device copies of one GDN layer's state (conv window, then S): the eager
+    /// [`Backend::copy_gdn`] and the snapshot / rollback graphs.
+    fn copy_gdn_state(&self, src: &CudaGdn, dst: &CudaGdn) -> Result<()> {
+        self.gpu
+            .dtod(dst.conv.ptr(), src.conv.ptr(), src.conv.bytes())
+            .map_err(be)?;
+        self.gpu
+            .dtod(dst.s.ptr(), src.s.ptr(), src.s.bytes())
+            .map_err(be)
+    }
+
     fn alloc_round_io(&self, n_embd: usize, n_vocab: usize, tap_slots: usize) -> Result<RoundIo> {
         let g = &self.gpu;
         let tap_bytes = tap_slots * MV_ROWS * n_embd * 4;
@@ -1175,16 +1199,12 @@ impl CudaBackend {
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
             key.extend(Self::step_key(cfg, w, st, sc.gen));
-            let idx = match graphs.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    let io_ref: &RoundIo = io;
-                    let graph = self.capture_graph(|| {
-                        self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n)
-                    })?;
-                    push_graph(graphs, key, graph)
-                }
-            };
+            let io_ref: &RoundIo = io;
+            let idx = cached_graph(graphs, key, || {
+                self.capture_graph(|| {
+                    self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n)
+                })
+            })?;
             for (t, &id) in ids.iter().enumerate() {
                 io.input.set_i32(t, id as i32);
                 io.input.set_i32(MV_ROWS + t, (st.pos + t) as i32);
@@ -1563,10 +1583,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy_gdn(&self, src: &CudaGdn, dst: &mut CudaGdn) {
-        self.gpu
-            .dtod(dst.conv.ptr(), src.conv.ptr(), src.conv.bytes())
-            .and_then(|_| self.gpu.dtod(dst.s.ptr(), src.s.ptr(), src.s.bytes()))
-            .expect("cuda: copy_gdn");
+        self.copy_gdn_state(src, dst).expect("cuda: copy_gdn");
     }
 
     fn truncate_kv(&self, kv: &mut CudaKv, len: usize) {
@@ -1698,23 +1715,14 @@ impl Backend for CudaBackend {
             ]);
         }
         let mut rg = self.round_graphs.lock().expect("round graph lock");
-        let idx = match rg.graphs.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let graph = self.capture_graph(|| {
-                    for (s, d) in src.iter().zip(dst.iter()) {
-                        self.gpu
-                            .dtod(d.conv.ptr(), s.conv.ptr(), s.conv.bytes())
-                            .map_err(be)?;
-                        self.gpu
-                            .dtod(d.s.ptr(), s.s.ptr(), s.s.bytes())
-                            .map_err(be)?;
-                    }
-                    Ok(())
-                })?;
-                push_graph(&mut rg.graphs, key, graph)
-            }
-        };
+        let idx = cached_graph(&mut rg.graphs, key, || {
+            self.capture_graph(|| {
+                for (s, d) in src.iter().zip(dst.iter()) {
+                    self.copy_gdn_state(s, d)?;
+                }
+                Ok(())
+            })
+        })?;
         // asynchronous, like the eager copies
         self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
     }
@@ -1777,36 +1785,18 @@ impl Backend for CudaBackend {
             ]);
         }
         let mut rg = self.round_graphs.lock().expect("round graph lock");
-        let idx = match rg.graphs.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let graph = self.capture_graph(|| {
-                    let gpu = &self.gpu;
-                    for (g, s) in gdn.iter().zip(snap) {
-                        gpu.dtod(g.conv.ptr(), s.conv.ptr(), s.conv.bytes())
-                            .map_err(be)?;
-                        gpu.dtod(g.s.ptr(), s.s.ptr(), s.s.bytes()).map_err(be)?;
-                    }
-                    for (g, r) in gdn.iter().zip(recs) {
-                        gpu.gdn_replay(
-                            g.s.ptr(),
-                            g.conv.ptr(),
-                            r.buf.ptr(),
-                            width,
-                            hk,
-                            hv,
-                            dk,
-                            dv,
-                            kconv,
-                            keep,
-                        )
-                        .map_err(be)?;
-                    }
-                    Ok(())
-                })?;
-                push_graph(&mut rg.graphs, key, graph)
-            }
-        };
+        // the eager path's copies and replay launches (records checked above), in its order
+        let idx = cached_graph(&mut rg.graphs, key, || {
+            self.capture_graph(|| {
+                for (g, s) in gdn.iter().zip(snap) {
+                    self.copy_gdn_state(s, g)?;
+                }
+                for (g, r) in gdn.iter_mut().zip(recs) {
+                    self.gdn_replay(cfg, g, r, keep)?;
+                }
+                Ok(())
+            })
+        })?;
         self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
     }
 
