@@ -6,6 +6,7 @@
 //! grouped (q head `h` uses kv head `h / (n_head / n_head_kv)`).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{Backend, GdnMode, Step};
@@ -55,7 +56,13 @@ pub struct Layer<B: Backend> {
     pub mlp: MlpWeights<B>,
 }
 
+/// Ids of loaded weight sets ([`Weights::id`]); never reused in a process.
+static NEXT_WEIGHTS_ID: AtomicU64 = AtomicU64::new(1);
+
 pub struct Weights<B: Backend> {
+    /// Unique in the process for every [`Weights::load`] (never reused, unlike the addresses of
+    /// freed device buffers): what captured graphs key on for the weight buffers they bake in.
+    pub id: u64,
     pub tok_embd: B::Mat,       // [n_embd, n_vocab]
     pub output_norm: B::Vector, // [n_embd]
     /// `None` when the file has no `output.weight`: the head is tied to `tok_embd`.
@@ -117,6 +124,7 @@ impl<B: Backend> Weights<B> {
             layers.push(Layer { mixer, mlp });
         }
         Ok(Weights {
+            id: NEXT_WEIGHTS_ID.fetch_add(1, Ordering::Relaxed),
             tok_embd: b.load_mat(g, "token_embd.weight", e, cfg.n_vocab)?,
             output_norm: b.load_vector(g, "output_norm.weight", e)?,
             output: if cfg.has_output {

@@ -164,8 +164,8 @@ pub struct CudaBackend {
 /// `tests/cuda_round_graph.rs` checks it on the H200 (the round with graphs against the eager
 /// round: tokens, logits, taps and state bit for bit).
 ///
-/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, every
-///   weight buffer, state / record addresses, launch mode, mat-vec family): pinned `[ids ‖ positions]` → the device id and
+/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, weight
+///   set, state / record addresses, launch mode, mat-vec family): pinned `[ids ‖ positions]` → the device id and
 ///   position slots, embed, the 64 layers with the GDN verify records written into the round's
 ///   record buffers, each tapped layer's n rows copied into `taps_dev`, the head over the n rows,
 ///   `logit_stats_rows`, then async copies of the logits, the statistics and the taps to pinned
@@ -906,10 +906,10 @@ impl CudaBackend {
     }
 
     /// What a captured plain decode step depends on: the scratch generation, the context size,
-    /// the model scalars baked into the launches, every weight buffer (address and kind: a graph
-    /// bakes in all of them, and a freed buffer's address comes back for another tensor when the
-    /// weights are reloaded, so a partial key can replay a graph that reads freed memory) and the
-    /// addresses of the per-sequence state.
+    /// the model scalars baked into the launches, the weight set ([`Weights::id`]: a graph bakes
+    /// in every weight buffer, and a freed buffer's address comes back for another tensor when
+    /// weights are reloaded, so keying on some addresses could replay a graph that reads freed
+    /// memory) and the addresses of the per-sequence state.
     fn step_key(cfg: &TargetConfig, w: &Weights<Self>, st: &SeqState<Self>, gen: u64) -> Vec<u64> {
         let mut k = vec![
             gen,
@@ -918,40 +918,8 @@ impl CudaBackend {
             cfg.rope_base.to_bits() as u64,
             cfg.n_rot as u64,
             cfg.ssm_conv_kernel as u64,
-            w.layers.len() as u64,
+            w.id,
         ];
-        let mat = |k: &mut Vec<u64>, m: &CudaMat| {
-            let scales = m.scales.as_ref().map_or(0, |s| s.ptr());
-            k.extend([m.kind as u64, m.codes.ptr(), scales]);
-        };
-        let vec = |k: &mut Vec<u64>, v: &CudaVec| k.push(v.buf.ptr());
-        mat(&mut k, &w.tok_embd);
-        mat(&mut k, w.head_mat());
-        vec(&mut k, &w.output_norm);
-        for l in &w.layers {
-            match &l.mixer {
-                Mixer::Gdn(g) => {
-                    for m in [&g.qkv, &g.gate, &g.beta, &g.alpha, &g.ssm_out] {
-                        mat(&mut k, m);
-                    }
-                    for v in [&g.attn_norm, &g.conv1d, &g.dt_bias, &g.ssm_a, &g.ssm_norm] {
-                        vec(&mut k, v);
-                    }
-                }
-                Mixer::Attn(a) => {
-                    for m in [&a.q, &a.k, &a.v, &a.out] {
-                        mat(&mut k, m);
-                    }
-                    for v in [&a.attn_norm, &a.q_norm, &a.k_norm] {
-                        vec(&mut k, v);
-                    }
-                }
-            }
-            for m in [&l.mlp.gate, &l.mlp.up, &l.mlp.down] {
-                mat(&mut k, m);
-            }
-            vec(&mut k, &l.mlp.post_norm);
-        }
         for kv in &st.kv {
             k.extend([kv.k.ptr(), kv.v.ptr()]);
         }
