@@ -203,8 +203,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `i` of the result belongs to logits row `i`; `None` for a row whose statistics are
     /// unusable), or an empty vector. The default runs [`crate::model::verify_forward_eager`]
     /// and computes none. An override must give the same logits, taps, records and state bit for
-    /// bit (the CUDA backend replays a captured graph of the same launches when
-    /// by default; `BONSAI_CUDA_ROUND_GRAPH=0`: eager).
+    /// bit (the CUDA backend replays a captured graph of the same launches by default;
+    /// `BONSAI_CUDA_ROUND_GRAPH=0`: eager).
+    ///
+    /// With `rows_needed == false` a backend that returns usable statistics for every row
+    /// (one per row, each `Some` with argmax below n_vocab and finite max and log-sum-exp: what
+    /// [`crate::sampling::Sampler::sample_from_stats`] accepts) may leave `logits` empty instead
+    /// of copying the rows (a greedy accept reads only the statistics); otherwise it fills all
+    /// `n` rows. The default always fills them.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn verify_forward(
         &self,
@@ -215,7 +221,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         recs: &mut [Self::Act],
         taps: Option<(&[usize], &mut Vec<f32>)>,
         logits: &mut Vec<f32>,
+        rows_needed: bool,
     ) -> Result<Vec<Option<LogitStats>>> {
+        let _ = rows_needed;
         crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
         Ok(Vec::new())
     }

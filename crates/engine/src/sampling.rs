@@ -490,7 +490,8 @@ impl Sampler {
     /// them, at most `rows.len()`); the RNG and penalty history advance once per emitted token, exactly
     /// as plain decoding would.
     pub fn sample_and_accept_n(&mut self, rows: &[&[f32]], draft: &[u32]) -> Vec<Sampled> {
-        self.sample_and_accept_n_stats(rows, &[], draft)
+        let n_vocab = rows.first().map_or(0, |r| r.len());
+        self.sample_and_accept_n_stats(rows, &[], draft, n_vocab)
     }
 
     /// [`Sampler::sample_and_accept_n`] that takes row `i` from `stats[i]` (statistics a backend
@@ -498,27 +499,43 @@ impl Sampler {
     /// result, and from the full row otherwise (missing, `None` or unusable statistics, or a
     /// sampler that needs the row). The same tokens as `sample_and_accept_n`; a reported logprob
     /// then comes from the device's log-sum-exp, as in a plain decode step.
+    ///
+    /// `rows` is either one row of `n_vocab` logits per verified position (`draft.len() + 1`) or
+    /// empty: a backend may skip copying the rows when the caller does not need them
+    /// ([`Sampler::stats_suffice`]) and every row's statistics are usable, and then no row is
+    /// read. Panics when a row is needed but missing (a backend broke that contract).
     pub fn sample_and_accept_n_stats(
         &mut self,
         rows: &[&[f32]],
         stats: &[Option<LogitStats>],
         draft: &[u32],
+        n_vocab: usize,
     ) -> Vec<Sampled> {
-        debug_assert_eq!(
-            rows.len(),
-            draft.len() + 1,
-            "sample_and_accept_n: rows must be draft + 1"
+        let n = draft.len() + 1;
+        debug_assert!(
+            rows.is_empty() || rows.len() == n,
+            "sample_and_accept_n: rows must be draft + 1 (or none)"
         );
-        let mut out = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
             let from_stats = stats
                 .get(i)
                 .copied()
                 .flatten()
-                .and_then(|st| self.sample_from_stats(&st, row.len()));
+                .and_then(|st| self.sample_from_stats(&st, n_vocab));
             let s = match from_stats {
                 Some(s) => s,
-                None => self.sample(row),
+                None => {
+                    let row = rows.get(i).copied().unwrap_or_else(|| {
+                        panic!(
+                            "sample_and_accept_n: row {i} needed (statistics missing or unusable, \
+                             or a sampler that reads rows) but only {} rows were given",
+                            rows.len()
+                        )
+                    });
+                    debug_assert_eq!(row.len(), n_vocab, "sample_and_accept_n: row {i} width");
+                    self.sample(row)
+                }
             };
             self.accept(s.id);
             let matched = draft.get(i) == Some(&s.id);

@@ -48,6 +48,9 @@ pub struct RoundBufs<B: Backend> {
 
 impl<B: Backend> RoundBufs<B> {
     /// Logits `[rows, n_vocab]` of the last verify (tests compare them across backends' paths).
+    /// Empty when the backend skipped the rows: the sampler did not need them
+    /// ([`Sampler::stats_suffice`]) and [`RoundBufs::stats`] holds usable statistics for every
+    /// row (see [`Backend::verify_forward`]).
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
@@ -96,8 +99,9 @@ pub struct RoundTiming {
 
 /// One speculative round after the drafts are known: verify `[id_last, draft…]` at `st.pos` in one
 /// target pass (recurrent GDN, logits for every row, taps of every row when `tap_layers` is given),
-/// accept with the full sampler chain, and roll the state back to "after row `start + n_acc`".
-/// On return `st.pos = start + n_acc + 1`, and `bufs.taps` rows `0 ..= n_acc` are the committed
+/// accept with the full sampler chain (on a backend with per-row statistics a greedy accept reads
+/// no rows, and `bufs.logits()` may then be empty), and roll the state back to "after row
+/// `start + n_acc`". On return `st.pos = start + n_acc + 1`, and `bufs.taps` rows `0 ..= n_acc` are the committed
 /// rows' taps.
 #[allow(clippy::too_many_arguments)]
 pub fn verify_round<B: Backend>(
@@ -126,10 +130,22 @@ pub fn verify_round<B: Backend>(
     // 2. verify: n rows, each computed exactly as a single-token step (on CUDA with
     //    by default one captured graph per row count, with per-row logit statistics)
     let taps = tap_layers.map(|layers| (layers, &mut bufs.taps));
-    bufs.stats = b.verify_forward(cfg, w, st, &ids, &mut bufs.recs, taps, &mut bufs.logits)?;
+    //    (the rows only when the sampler reads them: a greedy accept uses the statistics, and the
+    //    backend still fills the rows when any row's statistics are unusable)
+    let rows_needed = !sampler.stats_suffice();
+    bufs.stats = b.verify_forward(
+        cfg,
+        w,
+        st,
+        &ids,
+        &mut bufs.recs,
+        taps,
+        &mut bufs.logits,
+        rows_needed,
+    )?;
     // 3. accept: sample row i with the full chain, continue while it equals draft i
     let rows: Vec<&[f32]> = bufs.logits.chunks_exact(cfg.n_vocab).collect();
-    let tokens = sampler.sample_and_accept_n_stats(&rows, &bufs.stats, draft);
+    let tokens = sampler.sample_and_accept_n_stats(&rows, &bufs.stats, draft, cfg.n_vocab);
     let n_acc = tokens.len() - 1;
     let keep = n_acc + 1;
     timing.verify_s = t.elapsed().as_secs_f64();

@@ -376,6 +376,10 @@ fn cuda_batch_invariance_and_graph() {
 /// `Backend::decode_step` on CUDA (a captured graph replayed per token) against the eager one-row
 /// forward (`decode_step_eager`): bit-identical logits over several steps, across a recapture
 /// (a longer prompt grows the scratch), and with eager steps interleaved on the graph's state.
+/// Some steps go through `decode_step_stats` without the row (the second graph, without the row
+/// copy): no row comes back, and the statistics are the eager row's first maximum and its
+/// log-sum-exp; one step forces the row fallback (the row copied after the row-less graph): the
+/// row is back, bit-identical.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_decode_step_graph_equals_eager() {
@@ -400,17 +404,46 @@ fn cuda_decode_step_graph_equals_eager() {
             assert_eq!(bits(&le), bits(&lg), "prefill differs");
             let mut tok = argmax(&le) as u32;
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            for step in 0..8 {
+            for step in 0..10 {
                 decode_step_eager(&cuda, &cfg, &w, &mut se, tok, &mut a).unwrap();
+                assert_eq!(a.len(), cfg.n_vocab);
+                assert!(a.iter().all(|x| x.is_finite()));
                 if step == 5 {
                     // an eager step on the graph's state in between: same result, and the graph
                     // must still be right afterwards
                     decode_step_eager(&cuda, &cfg, &w, &mut sg, tok, &mut b).unwrap();
+                } else if step == 2 || step == 6 || step == 7 {
+                    // the row-less graph (a greedy sampler's step): statistics only, and on
+                    // step 7 the row through the fallback
+                    cuda.set_force_row_fallback(step == 7);
+                    let r = cuda.decode_step_stats(&cfg, &w, &mut sg, tok, &mut b, false);
+                    cuda.set_force_row_fallback(false);
+                    let s = r.unwrap().expect("a finite row has statistics");
+                    let am = argmax(&a);
+                    assert!(
+                        s.argmax as usize == am && s.max.to_bits() == a[am].to_bits(),
+                        "{}: round {round} step {step}: statistics {s:?} vs eager first max {am} = {}",
+                        p.display(),
+                        a[am]
+                    );
+                    let m = a[am] as f64;
+                    let lse = m + a.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+                    assert!(
+                        (s.lse - lse).abs() <= 1e-3 * (1.0 + lse.abs()),
+                        "{}: round {round} step {step}: lse {} vs host {lse}",
+                        p.display(),
+                        s.lse
+                    );
+                    assert_eq!(se.pos, sg.pos);
+                    if step != 7 {
+                        assert!(b.is_empty(), "row-less step returned {} values", b.len());
+                        compared += 1;
+                        tok = am as u32;
+                        continue;
+                    }
                 } else {
                     cuda.decode_step(&cfg, &w, &mut sg, tok, &mut b).unwrap();
                 }
-                assert_eq!(a.len(), cfg.n_vocab);
-                assert!(a.iter().all(|x| x.is_finite()));
                 assert_eq!(
                     bits(&a),
                     bits(&b),
@@ -430,7 +463,8 @@ fn cuda_decode_step_graph_equals_eager() {
         assert!(cuda.decode_step(&cfg, &w, &mut full, 1, &mut l).is_err());
         assert!(cuda.decode_step(&cfg, &w, &mut sg, nv, &mut l).is_err());
         println!(
-            "{}: decode_step graph == eager, {compared} steps bit-identical",
+            "{}: decode_step graph == eager, {compared} steps bit-identical (6 of them through \
+             the row-less graph: statistics == the eager row's, 2 with the row by the fallback)",
             p.display()
         );
     }

@@ -187,14 +187,16 @@ fn assert_same_state<B: Backend>(b: &B, a: &SeqState<B>, r: &SeqState<B>, what: 
 
 /// Drafts from an oracle (the plain greedy output) with the token at `round % 5` corrupted, so
 /// every accept count 0..=4 occurs; every fourth step is a plain step through the decode graph.
-/// Checks the tokens and the full state after every step against plain decoding.
-fn oracle_rounds<B: Backend>(cuda: &B, m: &Model, rollback: Rollback) {
+/// Checks the tokens and the full state after every step against plain decoding, and that a
+/// round returns no logits rows exactly when the backend returned usable statistics for every row
+/// (the sampler is greedy, so it reads none). Returns how many rounds returned no rows.
+fn oracle_rounds<B: Backend>(cuda: &B, m: &Model, rollback: Rollback) -> usize {
     let g = Arc::new(Gguf::open(&m.path).unwrap());
     let cfg = TargetConfig::from_gguf(&g).unwrap();
     let w = Weights::load(cuda, &g, &cfg).unwrap();
     let nv = cfg.n_vocab;
     let mut seen = [false; 5];
-    let (mut n_rounds, mut n_graph) = (0, 0);
+    let (mut n_rounds, mut n_graph, mut n_skipped) = (0, 0, 0);
     for seed in 0..3u32 {
         let pr = prompt(9 + 5 * seed as usize, seed, nv);
         let want = plain_greedy(cuda, &cfg, &w, &pr, 40);
@@ -253,6 +255,24 @@ fn oracle_rounds<B: Backend>(cuda: &B, m: &Model, rollback: Rollback) {
                     cuda, &cfg, &w, &mut st, &mut bufs, &mut s, id_last, &draft, None, rollback,
                 )
                 .unwrap();
+                // a greedy sampler reads no rows: the backend returns none exactly when it
+                // returned usable statistics for every row (CUDA round graphs), else all of them
+                let n = draft.len() + 1;
+                let usable = bufs.stats().len() == n
+                    && bufs.stats().iter().all(|x| {
+                        x.is_some_and(|x| {
+                            (x.argmax as usize) < nv && x.max.is_finite() && x.lse.is_finite()
+                        })
+                    });
+                if usable {
+                    assert!(
+                        bufs.logits().is_empty(),
+                        "{what}: rows returned to a greedy round"
+                    );
+                    n_skipped += 1;
+                } else {
+                    assert_eq!(bufs.logits().len(), n * nv, "{what}: round rows");
+                }
                 seen[out.n_acc] = true;
                 got.extend(out.tokens.iter().map(|x| x.id));
                 // advance the reference one token at a time to the same position
@@ -287,10 +307,12 @@ fn oracle_rounds<B: Backend>(cuda: &B, m: &Model, rollback: Rollback) {
         m.name
     );
     println!(
-        "{} {rollback:?}: {n_rounds} rounds (accept counts 0..=4 all seen) + {n_graph} graph steps, \
-         state == plain decoding bit for bit after every one",
+        "{} {rollback:?}: {n_rounds} rounds (accept counts 0..=4 all seen; {n_skipped} returned \
+         no logits rows) + {n_graph} graph steps, state == plain decoding bit for bit after every \
+         one",
         m.name
     );
+    n_skipped
 }
 
 /// The same checks on the CPU backend (no GPU needed): validates this file's test logic on every
@@ -301,13 +323,14 @@ fn cpu_runs_the_cuda_spec_checks() {
     let cpu = CpuBackend::default();
     let mut models = builder_models();
     models.truncate(1);
-    oracle_rounds(&cpu, &models[0], Rollback::Replay);
+    // no statistics on the CPU: the rows are always there
+    assert_eq!(oracle_rounds(&cpu, &models[0], Rollback::Replay), 0);
     dspark_rounds(&cpu, &models, "cpu_runs_the_cuda_spec_checks");
     rec_and_replay_vs_cpu(&cpu, &models);
     if let Ok(dir) = std::env::var("BONSAI_SPEC_CPU_MODELS") {
         let env = models_in(&PathBuf::from(dir));
         for m in &env {
-            oracle_rounds(&cpu, m, Rollback::Reforward);
+            assert_eq!(oracle_rounds(&cpu, m, Rollback::Reforward), 0);
         }
         dspark_rounds(&cpu, &env, "cpu_runs_the_cuda_spec_checks");
         rec_and_replay_vs_cpu(&cpu, &env);
@@ -316,7 +339,8 @@ fn cpu_runs_the_cuda_spec_checks() {
 }
 
 /// (a) For every accept count and both rollbacks, the CUDA state after a round equals CUDA plain
-/// decoding bit for bit, and the tokens equal plain greedy.
+/// decoding bit for bit, and the tokens equal plain greedy. With the round graphs on (the
+/// default) the greedy rounds return no logits rows.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_rounds_equal_plain_state_every_accept_count() {
@@ -328,7 +352,14 @@ fn cuda_rounds_equal_plain_state_every_accept_count() {
     models.extend(env_models(test).unwrap_or_default());
     for m in &models {
         for rb in [Rollback::Replay, Rollback::Reforward] {
-            oracle_rounds(&cuda, m, rb);
+            let skipped = oracle_rounds(&cuda, m, rb);
+            if cuda.round_graph() {
+                assert!(
+                    skipped > 0,
+                    "{} {rb:?}: greedy rounds always copied the rows",
+                    m.name
+                );
+            }
         }
     }
 }

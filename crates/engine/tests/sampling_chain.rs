@@ -546,3 +546,82 @@ fn sample_from_stats_equals_greedy_sample() {
     let bad = LogitStats { argmax: 5000, ..st };
     assert!(e.sample_from_stats(&bad, logits.len()).is_none());
 }
+
+/// `sample_and_accept_n_stats` with no rows: a greedy sampler with usable statistics for every
+/// row emits what `sample_and_accept_n` emits from the rows (same accept rule, same RNG and
+/// history advance); rows are read only for a row whose statistics are unusable or a sampler
+/// that needs them, and then they must be there.
+#[test]
+fn accept_n_stats_without_rows() {
+    use bonsai_engine::sampling::LogitStats;
+    let n_vocab = 10;
+    let row = |best: usize| {
+        let mut r: Vec<f32> = (0..n_vocab).map(|i| i as f32 * 0.01).collect();
+        r[best] = 2.0;
+        r
+    };
+    let best = [3usize, 1, 4, 1, 5];
+    let rows: Vec<Vec<f32>> = best.iter().map(|&b| row(b)).collect();
+    let rows: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+    let stats: Vec<Option<LogitStats>> = rows
+        .iter()
+        .map(|r| {
+            let (am, m) =
+                r.iter().enumerate().fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                );
+            let lse = m as f64
+                + r.iter()
+                    .map(|&v| (v as f64 - m as f64).exp())
+                    .sum::<f64>()
+                    .ln();
+            Some(LogitStats {
+                argmax: am as u32,
+                max: m,
+                lse,
+            })
+        })
+        .collect();
+    let ids = |v: Vec<Sampled>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    for draft in [[3, 1, 4, 1], [3, 1, 9, 1], [0, 1, 4, 1]] {
+        let mut a = Sampler::new(SamplerParams::greedy());
+        let mut b = Sampler::new(SamplerParams::greedy());
+        let want = a.sample_and_accept_n(&rows, &draft);
+        let got = b.sample_and_accept_n_stats(&[], &stats, &draft, n_vocab);
+        assert_eq!(ids(got), ids(want.clone()), "draft {draft:?}");
+        // and with the rows as well: the same tokens
+        let mut c = Sampler::new(SamplerParams::greedy());
+        assert_eq!(
+            ids(c.sample_and_accept_n_stats(&rows, &stats, &draft, n_vocab)),
+            ids(want)
+        );
+    }
+    // a sampler that needs rows reads them: given, the same tokens as from the rows alone
+    let p = SamplerParams {
+        n_logprobs: 2,
+        ..SamplerParams::greedy()
+    };
+    let mut d = Sampler::new(p.clone());
+    let mut e = Sampler::new(p.clone());
+    let want = d.sample_and_accept_n(&rows, &[3, 1, 4, 1]);
+    let got = e.sample_and_accept_n_stats(&rows, &stats, &[3, 1, 4, 1], n_vocab);
+    assert_eq!(ids(got), ids(want));
+    // ...and missing, it is a broken backend contract: a panic, not a wrong token
+    let missing = std::panic::catch_unwind(|| {
+        let mut f = Sampler::new(p);
+        f.sample_and_accept_n_stats(&[], &stats, &[3], n_vocab)
+    });
+    assert!(missing.is_err(), "a needed row that is missing panics");
+    // an unusable statistics row with no rows: also a panic
+    let mut bad = stats.clone();
+    bad[0] = None;
+    let missing = std::panic::catch_unwind(move || {
+        let mut f = Sampler::new(SamplerParams::greedy());
+        f.sample_and_accept_n_stats(&[], &bad, &[3], n_vocab)
+    });
+    assert!(
+        missing.is_err(),
+        "a row with unusable statistics must be given"
+    );
+}

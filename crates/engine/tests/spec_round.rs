@@ -144,6 +144,14 @@ fn oracle_rounds(wt: QuantType, params: SamplerParams, rollback: Rollback) {
                 rollback,
             )
             .unwrap();
+            // the CPU backend computes no statistics: the rows are always filled, also for a
+            // greedy sampler (which does not need them)
+            assert!(bufs.stats().is_empty(), "CPU round statistics");
+            assert_eq!(
+                bufs.logits().len(),
+                (draft.len() + 1) * nv,
+                "CPU round rows"
+            );
             seen[out.n_acc] = true;
             if std::env::var("SPEC_DEBUG").is_ok() {
                 eprintln!("round {round} n_acc {} pos {}", out.n_acc, st.pos);

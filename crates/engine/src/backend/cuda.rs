@@ -15,7 +15,10 @@
 //! the token id and position live in device memory, and the graph ends with the head, a device
 //! argmax that feeds the next step's embedding, and a position increment.
 //! The engine's plain decode step ([`Backend::decode_step`]) replays a similar graph that ends with
-//! the logits row copied to pinned host memory instead (sampling stays on the host).
+//! the row's statistics (argmax, max, log-sum-exp) and the logits row copied to pinned host memory
+//! instead (sampling stays on the host). A second variant without the row copy serves
+//! [`Backend::decode_step_stats`] when the sampler reads only the statistics; when they turn out
+//! unusable the row is copied from the device logits afterwards.
 //!
 //! Speculative rounds (MODEL.md §4.9 option C): [`Backend::gdn_block_rec`] adds one copy kernel
 //! per GDN layer that writes each verify row's replay inputs (pre-conv `mixed` ‖ L2-normed `k` ‖
@@ -27,8 +30,9 @@
 //! By default (`BONSAI_CUDA_ROUND_GRAPH=0` or [`CudaBackend::set_round_graph`] turns it off) the
 //! round's device work replays captured graphs (`RoundGraphs`): the verify forward per row
 //! count (records, taps and logits into fixed buffers, one async copy each to pinned memory, row
-//! statistics for a greedy pick), the snapshot / restore copies, and the replay rollback per
-//! accept count. `tests/cuda_round_graph.rs` checks them against the eager round bit for bit.
+//! statistics for a greedy pick; without the logits copy when the sampler needs no rows), the
+//! snapshot / restore copies, and the replay rollback per accept count.
+//! `tests/cuda_round_graph.rs` checks them against the eager round bit for bit.
 //!
 //! That is `Backend::verify_forward`, `copy_gdn_all` and `rollback_gdn`.
 
@@ -149,14 +153,19 @@ pub struct CudaBackend {
     /// Generations handed out to scratch allocations (never reused, also after a failed one).
     scratch_gens: AtomicU64,
     max_ctx: Mutex<usize>,
-    /// The captured plain decode step ([`Backend::decode_step`]), rebuilt when its key changes.
-    step_graph: Mutex<Option<StepGraph>>,
+    /// The captured plain decode steps ([`Backend::decode_step`]), rebuilt when their key
+    /// changes: `[0]` without the copy of the logits row to the host (a sampler that reads only
+    /// the statistics), `[1]` with it.
+    step_graph: Mutex<[Option<StepGraph>; 2]>,
     /// Whether the speculative round's device work replays captured graphs
     /// ([`Backend::verify_forward`], [`Backend::copy_gdn_all`], [`Backend::rollback_gdn`]). On by
     /// default; `BONSAI_CUDA_ROUND_GRAPH=0` turns it off, [`CudaBackend::set_round_graph`] too.
     round_graph: AtomicBool,
     /// The captured round graphs and the buffers they read and write.
     round_graphs: Mutex<RoundGraphs>,
+    /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
+    /// unusable when deciding whether rows may be skipped.
+    force_row_fallback: AtomicBool,
 }
 
 /// The speculative round's captured graphs (see [`CudaBackend::set_round_graph`]).
@@ -164,12 +173,15 @@ pub struct CudaBackend {
 /// `tests/cuda_round_graph.rs` checks it on the H200 (the round with graphs against the eager
 /// round: tokens, logits, taps and state bit for bit).
 ///
-/// - **verify** (one graph per row count n = 1..=8, tap layer list, scratch generation, weight
-///   set, state / record addresses, launch mode, mat-vec family): pinned `[ids ‖ positions]` → the device id and
+/// - **verify** (one graph per row count n = 1..=8, tap layer list, with or without the logits
+///   copy, scratch generation, weight set, state / record addresses, launch mode,
+///   mat-vec family): pinned `[ids ‖ positions]` → the device id and
 ///   position slots, embed, the 64 layers with the GDN verify records written into the round's
 ///   record buffers, each tapped layer's n rows copied into `taps_dev`, the head over the n rows,
-///   `logit_stats_rows`, then async copies of the logits, the statistics and the taps to pinned
-///   memory. The launches are those of the eager `model::forward` over the same rows, in the
+///   `logit_stats_rows`, then async copies of the logits (only in the variant with rows), the
+///   statistics and the taps to pinned memory. Without rows, a verify whose statistics are
+///   unusable copies the rows from the scratch logits (which still hold them) after the replay.
+///   The launches are those of the eager `model::forward` over the same rows, in the
 ///   same order, so every output is bit-identical. Positions come from device memory (the
 ///   n-row attention kernels read `sc.pos`; the GDN kernels take none), so one graph replays at
 ///   any position.
@@ -185,8 +197,9 @@ struct RoundGraphs {
     graphs: Vec<(Vec<u64>, kc::Graph)>,
 }
 
-/// Most round graphs kept (verify n = 1..=8 with and without taps, 7 rollbacks, 2 copies).
-const ROUND_GRAPHS_MAX: usize = 32;
+/// Most round graphs kept (verify n = 1..=8 with and without taps, with and without rows, 7
+/// rollbacks, 2 copies).
+const ROUND_GRAPHS_MAX: usize = 48;
 /// First key word of each round graph kind.
 const KEY_VERIFY: u64 = 0x5645_5249;
 const KEY_COPY: u64 = 0x434f_5059;
@@ -214,8 +227,9 @@ struct RoundIo {
 }
 
 /// One plain decode step captured as a CUDA graph: pinned `[id, pos]` → device slots, embed, 64
-/// layers, head, logits row → pinned host buffer. Valid while every address it baked in is alive
-/// and unchanged, which `key` records.
+/// layers, head, row statistics → pinned host buffer, and (in the variant with the row) the
+/// logits row → pinned host buffer. Valid while every address it baked in is alive and unchanged,
+/// which `key` records.
 struct StepGraph {
     /// Scratch generation, n_ctx, weight and state buffer addresses at capture.
     key: Vec<u64>,
@@ -224,8 +238,8 @@ struct StepGraph {
     _x: CudaAct,
     /// [id, pos] i32, read by the graph's first two copies.
     input: kc::PinnedBuf,
-    /// [n_vocab] f32, written by the graph's logits copy.
-    logits: kc::PinnedBuf,
+    /// [n_vocab] f32, written by the graph's logits copy (`None`: the variant without it).
+    logits: Option<kc::PinnedBuf>,
     /// The row's statistics: device [4] u32 → pinned [4] u32 (argmax, max, lse).
     _stats_dev: DevBuf,
     stats: kc::PinnedBuf,
@@ -282,11 +296,12 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             scratch_gens: AtomicU64::new(0),
             max_ctx: Mutex::new(1),
-            step_graph: Mutex::new(None),
+            step_graph: Mutex::new([None, None]),
             round_graph: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_ROUND_GRAPH").map_or(true, |v| v != "0"),
             ),
             round_graphs: Mutex::new(RoundGraphs::default()),
+            force_row_fallback: AtomicBool::new(false),
         })
     }
 
@@ -300,6 +315,27 @@ impl CudaBackend {
     /// graphs already captured are kept; they are valid only while their keys match.
     pub fn set_round_graph(&self, on: bool) {
         self.round_graph.store(on, Ordering::Relaxed);
+    }
+
+    /// Tests only: with `on`, [`Backend::decode_step_stats`] and [`Backend::verify_forward`]
+    /// treat every row's statistics as unusable when deciding whether the rows may be skipped,
+    /// so a caller that needs no rows still gets them through the fallback (a synchronous copy
+    /// from the device logits after the row-less graph). The statistics returned are unchanged.
+    #[doc(hidden)]
+    pub fn set_force_row_fallback(&self, on: bool) {
+        self.force_row_fallback.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether `stats` lets a caller that needs no rows skip them: one per row, each usable
+    /// (what `Sampler::sample_from_stats` accepts), and no forced fallback.
+    fn rows_skippable(&self, stats: &[Option<LogitStats>], n: usize, nv: usize) -> bool {
+        !self.force_row_fallback.load(Ordering::Relaxed)
+            && stats.len() == n
+            && stats.iter().all(|s| {
+                s.is_some_and(|s| {
+                    (s.argmax as usize) < nv && s.max.is_finite() && s.lse.is_finite()
+                })
+            })
     }
 
     /// True when a CUDA device can be opened here (never panics).
@@ -929,7 +965,8 @@ impl CudaBackend {
         k
     }
 
-    /// Capture [`Backend::decode_step`]'s device work as one graph (see [`StepGraph`]).
+    /// Capture [`Backend::decode_step`]'s device work as one graph (see [`StepGraph`]), with or
+    /// without the copy of the logits row to pinned memory (`with_row`).
     fn capture_step(
         &self,
         sc: &mut Scratch,
@@ -937,11 +974,16 @@ impl CudaBackend {
         w: &Weights<Self>,
         st: &mut SeqState<Self>,
         key: Vec<u64>,
+        with_row: bool,
     ) -> Result<StepGraph> {
         let nv = cfg.n_vocab;
         let x = self.new_act(1, cfg.n_embd);
         let input = self.gpu.alloc_pinned(8).map_err(be)?;
-        let logits = self.gpu.alloc_pinned(nv * 4).map_err(be)?;
+        let logits = if with_row {
+            Some(self.gpu.alloc_pinned(nv * 4).map_err(be)?)
+        } else {
+            None
+        };
         let stats_dev = self.gpu.alloc(16).map_err(be)?;
         let stats = self.gpu.alloc_pinned(16).map_err(be)?;
         self.gpu.sync().map_err(be)?;
@@ -955,8 +997,10 @@ impl CudaBackend {
             self.step_logits(sc, cfg, w, st, x.buf.ptr())?;
             g.logit_stats_rows(sc.logits.ptr(), 1, nv, stats_dev.ptr())
                 .map_err(be)?;
-            g.dtoh_pinned_async(&logits, 0, sc.logits.ptr(), nv * 4)
-                .map_err(be)?;
+            if let Some(logits) = &logits {
+                g.dtoh_pinned_async(logits, 0, sc.logits.ptr(), nv * 4)
+                    .map_err(be)?;
+            }
             g.dtoh_pinned_async(&stats, 0, stats_dev.ptr(), 16)
                 .map_err(be)
         })();
@@ -1022,8 +1066,8 @@ impl CudaBackend {
     /// launches of the eager `model::forward` over the same rows in the same order (embed; per
     /// layer the mixer — GDN with its verify record into `recs[i]` — and the MLP; after each
     /// tapped layer one copy of its n rows into `io.taps_dev`), the head over the n rows, the
-    /// per-row logit statistics, and async copies of logits, statistics and taps to pinned
-    /// memory. No host synchronization (capturable).
+    /// per-row logit statistics, and async copies of logits (only with `rows`), statistics and
+    /// taps to pinned memory. No host synchronization (capturable).
     #[allow(clippy::too_many_arguments)]
     fn verify_body(
         &self,
@@ -1035,6 +1079,7 @@ impl CudaBackend {
         recs: &[u64],
         tap_layers: &[usize],
         n: usize,
+        rows: bool,
     ) -> Result<()> {
         let g = &self.gpu;
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
@@ -1065,8 +1110,10 @@ impl CudaBackend {
         self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, n)?;
         g.logit_stats_rows(sc.logits.ptr(), n, nv, io.stats_dev.ptr())
             .map_err(be)?;
-        g.dtoh_pinned_async(&io.logits, 0, sc.logits.ptr(), n * nv * 4)
-            .map_err(be)?;
+        if rows {
+            g.dtoh_pinned_async(&io.logits, 0, sc.logits.ptr(), n * nv * 4)
+                .map_err(be)?;
+        }
         g.dtoh_pinned_async(&io.stats, 0, io.stats_dev.ptr(), n * 16)
             .map_err(be)?;
         if !tap_layers.is_empty() {
@@ -1078,6 +1125,11 @@ impl CudaBackend {
 
     /// [`Backend::verify_forward`] through a captured graph (see [`RoundGraphs`]): captured at the
     /// first call for a key, replayed afterwards. Checked by `tests/cuda_round_graph.rs`.
+    ///
+    /// With `rows_needed == false` the graph without the logits copy runs, and `logits` stays
+    /// empty when every row's statistics are usable; otherwise (a NaN / −inf row) the rows are
+    /// copied synchronously from the scratch logits, which still hold them after the replay (the
+    /// scratch lock is held throughout, so nothing overwrites them in between).
     #[allow(clippy::too_many_arguments)]
     fn verify_graph(
         &self,
@@ -1089,6 +1141,7 @@ impl CudaBackend {
         tap_layers: &[usize],
         tap_out: Option<&mut Vec<f32>>,
         logits: &mut Vec<f32>,
+        rows_needed: bool,
     ) -> Result<Vec<Option<LogitStats>>> {
         let n = ids.len();
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
@@ -1163,6 +1216,7 @@ impl CudaBackend {
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
                 n_taps as u64,
+                rows_needed as u64,
             ];
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
@@ -1170,7 +1224,7 @@ impl CudaBackend {
             let io_ref: &RoundIo = io;
             let idx = cached_graph(graphs, key, || {
                 self.capture_graph(|| {
-                    self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n)
+                    self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n, rows_needed)
                 })
             })?;
             for (t, &id) in ids.iter().enumerate() {
@@ -1181,7 +1235,7 @@ impl CudaBackend {
             sc.pos_host = None;
             self.gpu.launch_graph(&graphs[idx].1).map_err(be)?;
             self.gpu.sync().map_err(be)?;
-            Ok(io
+            let stats = io
                 .stats
                 .u32s(4 * n)
                 .chunks_exact(4)
@@ -1193,10 +1247,17 @@ impl CudaBackend {
                         lse: r.lse,
                     })
                 })
-                .collect::<Vec<_>>())
+                .collect::<Vec<_>>();
+            logits.clear();
+            if rows_needed {
+                logits.extend_from_slice(io.logits.f32s(n * nv));
+            } else if !self.rows_skippable(&stats, n, nv) {
+                // the row-less graph ran: the rows are still in the scratch logits
+                logits.resize(n * nv, 0.0);
+                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
+            }
+            Ok(stats)
         })?;
-        logits.clear();
-        logits.extend_from_slice(io.logits.f32s(n * nv));
         if let Some(out) = tap_out {
             // [j][row][e] on the device → [row][j][e] (TapRequest's layout)
             let row_w = n_taps * e;
@@ -1769,8 +1830,10 @@ impl Backend for CudaBackend {
     }
 
     /// With the round graphs on and at most 8 rows (every tap layer inside the model): one
-    /// captured graph per row count and tap list (`CudaBackend::verify_graph`), which also
-    /// returns the per-row logit statistics. Otherwise the eager forward (no statistics).
+    /// captured graph per row count, tap list and `rows_needed` ([`CudaBackend::verify_graph`]),
+    /// which also returns the per-row logit statistics and skips the rows when they are not
+    /// needed and the statistics are usable. Otherwise the eager forward (no statistics, rows
+    /// always filled).
     fn verify_forward(
         &self,
         cfg: &TargetConfig,
@@ -1780,6 +1843,7 @@ impl Backend for CudaBackend {
         recs: &mut [CudaAct],
         taps: Option<(&[usize], &mut Vec<f32>)>,
         logits: &mut Vec<f32>,
+        rows_needed: bool,
     ) -> Result<Vec<Option<LogitStats>>> {
         let n = ids.len();
         let taps_inside = taps
@@ -1793,7 +1857,7 @@ impl Backend for CudaBackend {
             Some((l, o)) => (l, Some(o)),
             None => (&[][..], None),
         };
-        self.verify_graph(cfg, w, st, ids, recs, layers, out, logits)
+        self.verify_graph(cfg, w, st, ids, recs, layers, out, logits, rows_needed)
     }
 
     fn embed(&self, table: &CudaMat, ids: &[u32], x: &mut CudaAct) -> Result<()> {
@@ -1894,6 +1958,8 @@ impl Backend for CudaBackend {
     /// weights, the state buffers, the context size or the scratch change): the token and the
     /// position go in through a pinned buffer, the logits row comes back through another. The
     /// launches are those of the eager forward, so the logits are bit-identical.
+    /// [`Backend::decode_step_stats`] with `row_needed == false` replays a second graph without
+    /// the row copy (both variants are kept, keyed separately).
     fn decode_step(
         &self,
         cfg: &TargetConfig,
@@ -1942,14 +2008,21 @@ impl Backend for CudaBackend {
             )));
         }
         let nv = cfg.n_vocab;
-        let mut slot = self.step_graph.lock().expect("step graph lock");
+        let mut slots = self.step_graph.lock().expect("step graph lock");
+        // the variant with the row copy when the caller reads the row, else the one without
+        let slot = &mut slots[row_needed as usize];
         let stats = self.with_scratch(cfg, 1, |sc| {
             let mut key = Self::step_key(cfg, w, st, sc.gen);
-            // a graph bakes in the launch mode (PDL edges or full ones) and the mat-vec family
-            key.extend([self.gpu.pdl() as u64, self.gpu.mv_mma() as u64]);
+            // a graph bakes in the launch mode (PDL edges or full ones), the mat-vec family and
+            // whether it copies the row
+            key.extend([
+                self.gpu.pdl() as u64,
+                self.gpu.mv_mma() as u64,
+                row_needed as u64,
+            ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
                 *slot = None;
-                *slot = Some(self.capture_step(sc, cfg, w, st, key)?);
+                *slot = Some(self.capture_step(sc, cfg, w, st, key, row_needed)?);
             }
             let g = slot.as_mut().expect("step graph");
             g.input.set_i32(0, id as i32);
@@ -1964,14 +2037,14 @@ impl Backend for CudaBackend {
                 max: r.max,
                 lse: r.lse,
             });
-            // the 1 MB host copy of the row only when the caller reads it (the pinned copy
-            // itself is part of the graph)
-            let usable = stats.is_some_and(|s| {
-                (s.argmax as usize) < nv && s.max.is_finite() && s.lse.is_finite()
-            });
             logits.clear();
-            if row_needed || !usable {
-                logits.extend_from_slice(g.logits.f32s(nv));
+            if let Some(row) = &g.logits {
+                logits.extend_from_slice(row.f32s(nv));
+            } else if !self.rows_skippable(&[stats], 1, nv) {
+                // the row-less graph ran and the statistics are unusable: the step has advanced
+                // the state (no replay), but the scratch logits still hold the row
+                logits.resize(nv, 0.0);
+                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
             }
             Ok(stats)
         })?;
