@@ -8,6 +8,8 @@
 //! Q1 models also time the binary tensor-core kernels (`mvb_q1_*`, plans with `b1`: every r and K
 //! split, weights before the PDL wait; the time includes the `b1_planes` launch) at n = 1 and n = 5
 //! against the default dp4a plan: `SWEEP b1` lines and `b1_vs_dp4a` in the JSON. Runs only when
+//! Then the best pipelined one-row plan (`mvp_*`, plans with `pipe`) with the default K split
+//! against the plain dp4a default: `SWEEP pipe` lines and `pipe_vs_dp4a`. Runs only when
 //! `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise prints SKIPPED. Writes
 //! JSON to `$BONSAI_SWEEP_OUT` when set. Driven by scripts/gpu_check.sh --sweep; the chosen
 //! defaults live in `mv_default_ks` / `mv_default_r` / `mvm_default_plan` (kernels-cuda/src/lib.rs).
@@ -65,8 +67,26 @@ fn cuda_mv_plan_sweep() {
                         direct,
                         n1_rl: if x { r } else { 0 },
                         b1: false,
+                        pipe: false,
                     });
                 }
+            }
+        }
+    }
+    // the pipelined persistent one-row kernels (mvp, `r` = rows per group)
+    for r in [1, 2, 4] {
+        for ks in [1, 2, 4] {
+            for pre in [true, false] {
+                plans.push(MvPlan {
+                    r,
+                    ks,
+                    pre,
+                    mma: false,
+                    direct: false,
+                    n1_rl: 0,
+                    b1: false,
+                    pipe: true,
+                });
             }
         }
     }
@@ -74,6 +94,7 @@ fn cuda_mv_plan_sweep() {
         format!(
             "{}r{}k{}{}",
             match (p.mma, p.direct, p.n1_rl) {
+                (false, _, _) if p.pipe => "mvp-",
                 (false, _, _) => "",
                 (true, _, 1..) => "mvx-",
                 (true, false, 0) => "mma-",
@@ -89,6 +110,7 @@ fn cuda_mv_plan_sweep() {
     let mut best_json = Vec::new();
     let mut mma_json = Vec::new();
     let mut b1_json = Vec::new();
+    let mut pipe_json = Vec::new();
     println!("SWEEP pdl={}", gpu.pdl());
     for (name, groups) in &cats {
         let bytes: usize = groups
@@ -105,6 +127,9 @@ fn cuda_mv_plan_sweep() {
         let mut best = (default, dms);
         let mut best_mvd: Option<(MvPlan, f64)> = None;
         let mut best_mvx: Option<(MvPlan, f64)> = None;
+        let mut best_mvp: Option<(MvPlan, f64)> = None;
+        let mut plain_same_ks = None; // the plain dp4a default plan's time (r, ks of the default)
+        let plain_default = mv_default_plan(kind, 1, rows, n_in, false);
         let mut line = format!(
             "SWEEP {name:<18} rows {rows:>6} n_in {n_in:>5} default {} {:7.2} us",
             tag(&default),
@@ -117,8 +142,8 @@ fn cuda_mv_plan_sweep() {
             let gbps = bytes as f64 / (ms / 1e3) / 1e9;
             line += &format!(" | {} {us:.2}", tag(p));
             rows_json.push(format!(
-                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"n1_rl\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
-                p.r, p.ks, p.pre, p.mma, p.direct, p.n1_rl
+                "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"r\": {}, \"ks\": {}, \"pre\": {}, \"mma\": {}, \"direct\": {}, \"n1_rl\": {}, \"pipe\": {}, \"us_per_launch\": {us:.2}, \"GBps\": {gbps:.1}}}",
+                p.r, p.ks, p.pre, p.mma, p.direct, p.n1_rl, p.pipe
             ));
             if ms < best.1 {
                 best = (*p, ms);
@@ -128,6 +153,13 @@ fn cuda_mv_plan_sweep() {
             }
             if p.n1_rl > 0 && best_mvx.is_none_or(|b| ms < b.1) {
                 best_mvx = Some((*p, ms));
+            }
+            // pipelined plans must keep the default K split (it fixes the float order)
+            if p.pipe && p.ks == plain_default.ks && best_mvp.is_none_or(|b| ms < b.1) {
+                best_mvp = Some((*p, ms));
+            }
+            if *p == plain_default {
+                plain_same_ks = Some(ms);
             }
         }
         // default dp4a plan vs the default tensor-core plan (n = 1 on mvx, n = 5 on the ring) vs
@@ -158,6 +190,7 @@ fn cuda_mv_plan_sweep() {
                         direct: false,
                         n1_rl: 0,
                         b1: true,
+                        pipe: false,
                     };
                     gpu.set_mv_override(Some(p));
                     for (i, n) in [1, 5].into_iter().enumerate() {
@@ -198,6 +231,28 @@ fn cuda_mv_plan_sweep() {
         }
         gpu.set_mv_override(None);
         println!("{line}");
+        let per = |ms: f64| ms * 1e3 / groups.len() as f64;
+        let plain = plain_same_ks.expect("plain default plan swept");
+        let (pp, pms) = best_mvp.expect("pipelined plans swept");
+        println!(
+            "SWEEP pipe {name:<18} plain dp4a default {} {:7.2} us | best mvp with its K split {} {:7.2} us ({:.2}x plain, {:.0} GB/s) | engine default {} {:7.2} us",
+            tag(&plain_default),
+            per(plain),
+            tag(&pp),
+            per(pms),
+            plain / pms,
+            bytes as f64 / (pms / 1e3) / 1e9,
+            tag(&default),
+            per(dms)
+        );
+        pipe_json.push(format!(
+            "{{\"category\": \"{name}\", \"plain_plan\": \"{}\", \"plain_us\": {:.2}, \"mvp_plan\": \"{}\", \"mvp_us\": {:.2}, \"mvp_GBps\": {:.1}}}",
+            tag(&plain_default),
+            per(plain),
+            tag(&pp),
+            per(pms),
+            bytes as f64 / (pms / 1e3) / 1e9
+        ));
         let us = best.1 * 1e3 / groups.len() as f64;
         let gbps = bytes as f64 / (best.1 / 1e3) / 1e9;
         println!(
@@ -245,13 +300,14 @@ fn cuda_mv_plan_sweep() {
         ));
     }
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"b1_vs_dp4a\": [{}], \"all\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"b1_vs_dp4a\": [{}], \"pipe_vs_dp4a\": [{}], \"all\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         gpu.pdl(),
         best_json.join(", "),
         mma_json.join(", "),
         b1_json.join(", "),
+        pipe_json.join(", "),
         rows_json.join(", ")
     );
     if let Ok(out) = std::env::var("BONSAI_SWEEP_OUT") {

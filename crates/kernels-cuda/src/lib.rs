@@ -36,6 +36,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/prefill.cu"),
     include_str!("../kernels/mvm.cu"),
     include_str!("../kernels/mvb.cu"),
+    include_str!("../kernels/mvp.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -103,6 +104,12 @@ const MV_WARPS: usize = 4;
 /// `mma.m16n8k256 .b1 AND.popc` on the raw 1-bit codes against 8 activation bit planes), with `r`
 /// m16 tiles per warp (1 or 2), K split `ks` and `pre`; `mma`, `direct` and `n1_rl` must be off.
 /// Its float order is its own (neither dp4a's nor the int8 tensor cores'), the same for every n.
+///
+/// `pipe` (dp4a plans only; one-row launches only, n > 1 ignores it): the pipelined persistent
+/// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (1, 2 or 4) rows per group and a grid sized to what
+/// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
+/// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
+/// bit. On by default ([`Gpu::mv_pipe`]); `BONSAI_CUDA_MV_PIPE=0` turns it off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -112,6 +119,7 @@ pub struct MvPlan {
     pub direct: bool,
     pub n1_rl: usize,
     pub b1: bool,
+    pub pipe: bool,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -165,6 +173,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             direct: false,
             n1_rl: 2,
             b1: false,
+            pipe: false,
         };
     }
     MvPlan {
@@ -175,7 +184,20 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
         direct: false,
         n1_rl: 0,
         b1: false,
+        pipe: false,
     }
+}
+
+/// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows.
+/// NOT YET MEASURED: 2 (8 chunks of 2 rows in flight per warp) everywhere, a first guess for the
+/// H200 sweep (tests/cuda_mv_sweep.rs) to replace.
+pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
+    2
+}
+
+/// Whether `BONSAI_CUDA_MV_PIPE` leaves the pipelined decode mat-vec on (anything but "0").
+fn mv_pipe_env() -> bool {
+    std::env::var("BONSAI_CUDA_MV_PIPE").map_or(true, |v| v != "0")
 }
 
 /// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
@@ -584,6 +606,49 @@ fn gdn_conv_args(
     ]
 }
 
+/// The parameter list every low-bit mat-vec family shares (`MV_SEG_ENTRY` in the source) for
+/// `segs` with `rpw` weight rows per work unit, and the number of row groups of `rpw` rows.
+#[allow(clippy::too_many_arguments)]
+fn mv_seg_args(
+    segs: &[MvSeg],
+    rpw: usize,
+    x: u64,
+    d: u64,
+    s: u64,
+    n_in: usize,
+    n: usize,
+    accumulate: bool,
+    plan: MvPlan,
+) -> (Vec<Arg>, usize) {
+    let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
+    let mut groups = 0usize;
+    for i in 0..MAX_SEGS {
+        let sg = segs.get(i).copied().unwrap_or(MvSeg {
+            codes: 0,
+            scales: 0,
+            y: 0,
+            n_out: 0,
+        });
+        groups += sg.n_out.div_ceil(rpw);
+        args.extend([
+            Arg::P(sg.codes),
+            Arg::P(sg.scales),
+            Arg::P(sg.y),
+            Arg::I(sg.n_out as i32),
+        ]);
+    }
+    args.extend([
+        Arg::P(x),
+        Arg::P(d),
+        Arg::P(s),
+        Arg::I(n_in as i32),
+        Arg::I(n as i32),
+        Arg::I(accumulate as i32),
+        Arg::I(plan.pre as i32),
+    ]);
+    (args, groups)
+}
+
 macro_rules! kernels {
     (pdl: [$($p:ident),* $(,)?], plain: [$($q:ident),* $(,)?] $(,)?) => {
         /// Function handles of every kernel in the module.
@@ -734,6 +799,34 @@ kernels!(
         mvb_q1_r2_k1,
         mvb_q1_r2_k2,
         mvb_q1_r2_k4,
+        // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
+        mvp_q1_r1_k1,
+        mvp_q1_r1_k2,
+        mvp_q1_r1_k4,
+        mvp_q1_r2_k1,
+        mvp_q1_r2_k2,
+        mvp_q1_r2_k4,
+        mvp_q1_r4_k1,
+        mvp_q1_r4_k2,
+        mvp_q1_r4_k4,
+        mvp_q2_r1_k1,
+        mvp_q2_r1_k2,
+        mvp_q2_r1_k4,
+        mvp_q2_r2_k1,
+        mvp_q2_r2_k2,
+        mvp_q2_r2_k4,
+        mvp_q2_r4_k1,
+        mvp_q2_r4_k2,
+        mvp_q2_r4_k4,
+        mvp_q2g64_r1_k1,
+        mvp_q2g64_r1_k2,
+        mvp_q2g64_r1_k4,
+        mvp_q2g64_r2_k1,
+        mvp_q2g64_r2_k2,
+        mvp_q2g64_r2_k4,
+        mvp_q2g64_r4_k1,
+        mvp_q2g64_r4_k2,
+        mvp_q2g64_r4_k4,
     ],
     plain: [
         spin_ns,
@@ -799,6 +892,10 @@ pub struct Gpu {
     mv_override: Mutex<Option<MvPlan>>,
     /// Default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by default).
     mv_mma: AtomicBool,
+    /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=0` turns off).
+    mv_pipe: AtomicBool,
+    /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
+    mvp_capacity: Mutex<Vec<(usize, usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
     /// to `MAX_ROWS · n_in` u32 ([`Gpu::mv_lowbit_multi`]).
     b1_scratch: Mutex<Option<DevBuf>>,
@@ -848,7 +945,7 @@ impl Gpu {
             }
         };
         let f = Funcs::load(module)?;
-        Ok(Gpu {
+        let gpu = Gpu {
             ctx,
             stream,
             f,
@@ -865,9 +962,21 @@ impl Gpu {
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
+            mv_pipe: AtomicBool::new(mv_pipe_env()),
+            mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
-        })
+        };
+        // the pipelined kernels' resident capacity, queried now rather than on a first launch
+        // that may happen inside a graph capture
+        for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
+            for r in [1, 2, 4] {
+                for ks in [1, 2, 4] {
+                    gpu.mvp_blocks(gpu.mvp_func(kind, r, ks)?)?;
+                }
+            }
+        }
+        Ok(gpu)
     }
 
     fn bind(&self) -> Result<()> {
@@ -1270,11 +1379,99 @@ impl Gpu {
                     self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
                 )
             }
+        } else if n == 1 && plan.pipe {
+            let f = self.mvp_func(kind, plan.r, plan.ks)?;
+            return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
+    }
+
+    /// The pipelined decode kernel of `kind` with `r` rows per group emulating K split `ks`.
+    fn mvp_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mvp_q1_r1_k1, f.mvp_q1_r1_k2, f.mvp_q1_r1_k4],
+                [f.mvp_q1_r2_k1, f.mvp_q1_r2_k2, f.mvp_q1_r2_k4],
+                [f.mvp_q1_r4_k1, f.mvp_q1_r4_k2, f.mvp_q1_r4_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvp_q2_r1_k1, f.mvp_q2_r1_k2, f.mvp_q2_r1_k4],
+                [f.mvp_q2_r2_k1, f.mvp_q2_r2_k2, f.mvp_q2_r2_k4],
+                [f.mvp_q2_r4_k1, f.mvp_q2_r4_k2, f.mvp_q2_r4_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mvp_q2g64_r1_k1, f.mvp_q2g64_r1_k2, f.mvp_q2g64_r1_k4],
+                [f.mvp_q2g64_r2_k1, f.mvp_q2g64_r2_k2, f.mvp_q2g64_r2_k4],
+                [f.mvp_q2g64_r4_k1, f.mvp_q2g64_r4_k2, f.mvp_q2g64_r4_k4],
+            ],
+            _ => return Err(CudaError(format!("mv_lowbit (mvp) on {kind:?}"))),
+        };
+        match (r, ks) {
+            (1 | 2 | 4, 1 | 2 | 4) => {
+                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
+            }
+            _ => Err(CudaError(format!(
+                "mv_lowbit (mvp): no variant with {r} rows per group, K split {ks}"
+            ))),
+        }
+    }
+
+    /// How many blocks of the pipelined kernel `f` fit on the GPU at once (SMs × resident blocks
+    /// per SM), queried once per kernel.
+    fn mvp_blocks(&self, f: sys::CUfunction) -> Result<usize> {
+        let key = f as usize;
+        let mut cap = self.mvp_capacity.lock().expect("mvp capacity lock");
+        if let Some(&(_, b)) = cap.iter().find(|(k, _)| *k == key) {
+            return Ok(b);
+        }
+        self.bind()?;
+        let sms = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(err("SM count"))?
+            .max(1) as usize;
+        // SAFETY: f is a kernel of our loaded module; no dynamic shared memory.
+        let per_sm = unsafe {
+            cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, 0)
+        }
+        .map_err(err("occupancy"))?
+        .max(1) as usize;
+        cap.push((key, sms * per_sm));
+        Ok(sms * per_sm)
+    }
+
+    /// Launch the pipelined decode kernel `f` over `segs` (groups of `r` rows): as few warps as
+    /// give every warp the same number of groups (± 1) without exceeding what is resident at once.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_mv_pipe(
+        &self,
+        f: sys::CUfunction,
+        segs: &[MvSeg],
+        r: usize,
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        accumulate: bool,
+        plan: MvPlan,
+    ) -> Result<()> {
+        let (args, groups) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
+        if groups == 0 {
+            return Ok(());
+        }
+        let max_warps = self.mvp_blocks(f)? * MV_WARPS;
+        let per_warp = groups.div_ceil(max_warps);
+        let warps = groups.div_ceil(per_warp);
+        self.launch(
+            f,
+            (cdiv(warps, MV_WARPS), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &args,
+        )
     }
 
     /// Launch a low-bit mat-vec kernel `f` (any family: they share the parameter list of
@@ -1295,32 +1492,7 @@ impl Gpu {
         accumulate: bool,
         plan: MvPlan,
     ) -> Result<()> {
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-        let mut groups = 0usize;
-        for i in 0..MAX_SEGS {
-            let sg = segs.get(i).copied().unwrap_or(MvSeg {
-                codes: 0,
-                scales: 0,
-                y: 0,
-                n_out: 0,
-            });
-            groups += sg.n_out.div_ceil(rpw);
-            args.extend([
-                Arg::P(sg.codes),
-                Arg::P(sg.scales),
-                Arg::P(sg.y),
-                Arg::I(sg.n_out as i32),
-            ]);
-        }
-        args.extend([
-            Arg::P(x),
-            Arg::P(d),
-            Arg::P(s),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(plan.pre as i32),
-        ]);
+        let (args, groups) = mv_seg_args(segs, rpw, x, d, s, n_in, n, accumulate, plan);
         if groups == 0 {
             return Ok(());
         }
@@ -1418,12 +1590,30 @@ impl Gpu {
 
     /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
     /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults
-    /// ([`mv_default_plan`], tensor-core when [`Gpu::mv_mma`]).
+    /// ([`mv_default_plan`], tensor-core when [`Gpu::mv_mma`]; one-row dp4a plans pipelined when
+    /// [`Gpu::mv_pipe`], with [`mvp_default_r`] rows per group).
     pub fn mv_plan(&self, kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
         if let Some(p) = *self.mv_override.lock().expect("mv override lock") {
             return p;
         }
-        mv_default_plan(kind, n, rows, n_in, self.mv_mma())
+        let mut p = mv_default_plan(kind, n, rows, n_in, self.mv_mma());
+        if n == 1 && !p.mma && self.mv_pipe() {
+            p.pipe = true;
+            p.r = mvp_default_r(kind, rows);
+        }
+        p
+    }
+
+    /// Whether the default one-row dp4a plans use the pipelined kernels `mvp_*` (on unless
+    /// `BONSAI_CUDA_MV_PIPE=0`). Same float order as the other dp4a kernels, so it may change at
+    /// any time for correctness, but captured graphs key on it (they bake the launch in).
+    pub fn mv_pipe(&self) -> bool {
+        self.mv_pipe.load(Ordering::Relaxed)
+    }
+
+    /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
+    pub fn set_mv_pipe(&self, on: bool) {
+        self.mv_pipe.store(on, Ordering::Relaxed);
     }
 
     /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
@@ -1447,6 +1637,8 @@ impl Gpu {
                 matches!(p.r, 1 | 2) && !p.mma && !p.direct && p.n1_rl == 0
             } else if p.mma {
                 matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
+            } else if p.pipe {
+                matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0
             };

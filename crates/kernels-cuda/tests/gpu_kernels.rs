@@ -219,6 +219,53 @@ fn run_mv_plan(
             );
         }
     }
+    // one-row grouped launch (the pipelined kernels walk the groups of all segments as one
+    // stream) and accumulate mode (y = y0 + W·x, the host's f32 addition)
+    g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, 1, false)
+        .unwrap();
+    let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) =
+        (down(g, &ya, n_out), down(g, &yb, 1), down(g, &yc, n_out));
+    assert_eq!(
+        gb[0].to_bits(),
+        yn[n_out - 1].to_bits(),
+        "1-row grouped seg 1"
+    );
+    for o in 0..n_out {
+        assert_eq!(
+            ga[o].to_bits(),
+            yn[o].to_bits(),
+            "1-row grouped seg 0 out {o}"
+        );
+        assert_eq!(
+            gc[o].to_bits(),
+            yn[o].to_bits(),
+            "1-row grouped seg 2 out {o}"
+        );
+    }
+    let y0: Vec<f32> = (0..n_out).map(|o| o as f32 * 0.25 - 3.0).collect();
+    let ycc = g.upload(&y0).unwrap();
+    g.mv_lowbit(
+        rt.kind,
+        codes.ptr(),
+        scales.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+        ycc.ptr(),
+        n_in,
+        n_out,
+        1,
+        true,
+    )
+    .unwrap();
+    let acc: Vec<f32> = down(g, &ycc, n_out);
+    for o in 0..n_out {
+        assert_eq!(
+            acc[o].to_bits(),
+            (y0[o] + yn[o]).to_bits(),
+            "accumulate out {o}"
+        );
+    }
     // vs exact emulation of the integer product (only float order differs)
     let em = emulate_q(&raw, qt, n_in, n_out, &x, n);
     let e1 = max_rel(&yn, &em);
@@ -264,13 +311,19 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         // ragged: n_out not a multiple of the rows per warp, n_in not a multiple of 32 sub-blocks
         run_mv(g, qt, 384, 50, 2, 5);
         // every variant: K split 1 / 2 / 4, 2 or 4 rows per warp, weights loaded before or after
-        // the PDL wait
-        for (i, (r, ks, pre)) in [
-            (2, 1, true),
-            (4, 2, false),
-            (2, 4, true),
-            (4, 4, true),
-            (4, 1, false),
+        // the PDL wait; the pipelined one-row kernels (`pipe`) with 1, 2 or 4 rows per group
+        for (i, (r, ks, pre, pipe)) in [
+            (2, 1, true, false),
+            (4, 2, false, false),
+            (2, 4, true, false),
+            (4, 4, true, false),
+            (4, 1, false, false),
+            (1, 1, true, true),
+            (2, 2, false, true),
+            (4, 4, true, true),
+            (1, 4, true, true),
+            (2, 1, true, true),
+            (4, 2, false, true),
         ]
         .into_iter()
         .enumerate()
@@ -283,6 +336,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 direct: false,
                 n1_rl: 0,
                 b1: false,
+                pipe,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -528,6 +582,7 @@ fn matvec_mma_every_plan() {
                         direct,
                         n1_rl,
                         b1: false,
+                        pipe: false,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
@@ -652,6 +707,7 @@ fn b1_plan(r: usize, ks: usize, pre: bool) -> MvPlan {
         direct: false,
         n1_rl: 0,
         b1: true,
+        pipe: false,
     }
 }
 

@@ -1212,6 +1212,7 @@ impl CudaBackend {
                 n as u64,
                 self.gpu.pdl() as u64,
                 self.gpu.mv_mma() as u64,
+                self.gpu.mv_pipe() as u64,
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -2018,6 +2019,7 @@ impl Backend for CudaBackend {
             key.extend([
                 self.gpu.pdl() as u64,
                 self.gpu.mv_mma() as u64,
+                self.gpu.mv_pipe() as u64,
                 row_needed as u64,
             ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
