@@ -176,25 +176,47 @@ struct MvSeg {
     int n_out;
 };
 
+// dp4a with the bytes of `a` unsigned and those of `b` signed (exact in int32).
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // Sum over one 32-element sub-block of (code_j · q_j) for Q1 (returns Σ sign·q) or Q2 (Σ code·q).
+// The unpacking is the decode mat-vec's bottleneck (two integer-ALU ops per dp4a: shift, mask), so
+// it is split across the two integer pipes: half the fields are moved to the bottom of their
+// bytes by right shifts (SHF, ALU pipe; weight 1), the other half to the top by left shifts
+// (IMAD.SHL, FMA pipe; weight 2^7 for Q1's bit, 2^6 for Q2's 2-bit field, bytes unsigned), and
+// the lowest and highest fields need only the mask. Two accumulators, one per weight; the sum is
+// an exact integer either way, so the result is the plain scheme's bit for bit.
 template <int KIND>
 __device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
-    int isum = 0;
     if (KIND == 1) {
-        // Q1 re-tiled word: bit i of byte b is element 4i + b, so (w >> i) & 0x01010101 is the
-        // 0/1 pattern of elements 4i..4i+3, one per byte.
+        // Q1 re-tiled word: bit i of byte b is element 4i + b. Bits 0..3 to bit 0 of each byte,
+        // bits 4..7 to bit 7.
         u32 w = c.x;
+        int lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) isum = __dp4a((int)((w >> i) & 0x01010101u), qa[i], isum);
-        return 2 * isum - sa;
+        for (int i = 0; i < 4; ++i) lo = dp4a_us((w >> i) & 0x01010101u, qa[i], lo);
+#pragma unroll
+        for (int i = 4; i < 8; ++i) hi = dp4a_us((w << (7 - i)) & 0x80808080u, qa[i], hi);
+        // lo = S_lo, hi = 128·S_hi; Σ sign·q = 2·(S_lo + S_hi) − s
+        return 2 * lo + (hi >> 6) - sa;
     } else {
+        // Q2 re-tiled word: 2-bit field s of byte i is element 4s + i. Fields 0, 1 to the bottom,
+        // fields 2, 3 to the top of each byte.
+        int lo = 0, hi = 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             u32 w = h == 0 ? c.x : c.y;
-#pragma unroll
-            for (int s2 = 0; s2 < 4; ++s2) isum = __dp4a((int)((w >> (2 * s2)) & 0x03030303u), qa[4 * h + s2], isum);
+            lo = dp4a_us(w & 0x03030303u, qa[4 * h], lo);
+            lo = dp4a_us((w >> 2) & 0x03030303u, qa[4 * h + 1], lo);
+            hi = dp4a_us((w << 2) & 0xC0C0C0C0u, qa[4 * h + 2], hi);
+            hi = dp4a_us(w & 0xC0C0C0C0u, qa[4 * h + 3], hi);
         }
-        return isum - sa;
+        // hi = 64·Σ (fields 2, 3)·q
+        return lo + (hi >> 6) - sa;
     }
 }
 

@@ -166,16 +166,19 @@ extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32) mv_q41(
                 float st = (float)__ldg(sa + (size_t)t * nb + j);
 #pragma unroll
                 for (int r = 0; r < Q41_R; ++r) {
-                    const u32 M4 = 0x0f0f0f0fu;
-                    int is = 0;
-                    is = __dp4a((int)(c[r].x & M4), a0.x, is);
-                    is = __dp4a((int)(c[r].y & M4), a0.y, is);
-                    is = __dp4a((int)(c[r].z & M4), a0.z, is);
-                    is = __dp4a((int)(c[r].w & M4), a0.w, is);
-                    is = __dp4a((int)((c[r].x >> 4) & M4), a1.x, is);
-                    is = __dp4a((int)((c[r].y >> 4) & M4), a1.y, is);
-                    is = __dp4a((int)((c[r].z >> 4) & M4), a1.z, is);
-                    is = __dp4a((int)((c[r].w >> 4) & M4), a1.w, is);
+                    // low nibbles as they are, high nibbles masked in place (16·code, unsigned
+                    // bytes): no shifts; the integer sum is exact, the same as shifting them down
+                    const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
+                    int lo = 0, hi = 0;
+                    lo = dp4a_us(c[r].x & M4, a0.x, lo);
+                    lo = dp4a_us(c[r].y & M4, a0.y, lo);
+                    lo = dp4a_us(c[r].z & M4, a0.z, lo);
+                    lo = dp4a_us(c[r].w & M4, a0.w, lo);
+                    hi = dp4a_us(c[r].x & H4, a1.x, hi);
+                    hi = dp4a_us(c[r].y & H4, a1.y, hi);
+                    hi = dp4a_us(c[r].z & H4, a1.z, hi);
+                    hi = dp4a_us(c[r].w & H4, a1.w, hi);
+                    int is = lo + (hi >> 4);
                     acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
                 }
             }
