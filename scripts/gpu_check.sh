@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
+  rm -rf .device
   python3 scripts/build_cubins.py --arch 90   # the H200's cubin embedded (no NVRTC compile there)
   out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
         --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
