@@ -156,19 +156,17 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
 
 // KIND 1: Q1_0 (128 elems, 4 B codes per 32); 2: Q2_0 g128 / PQ2_0 (8 B per 32); 3: Q2_0 g64 (8 B
-// per 32). Codes are read in 16-byte units of VB consecutive 32-element sub-blocks (VB = 4 for Q1,
-// 2 for Q2): unit j of row o at [o·nun + j] (uint4), with the f16 scale of block j·VB / (BE/32).
-// One warp load then moves 512 bytes: the decode mat-vec is bound by the number of loads in
-// flight, not by bytes (the H200 sweep: u32 loads streamed Q1 at 1.9 TB/s, uint2 loads Q2 at 3.2).
+// per 32). Every kind reads its codes per 32-element sub-block j at [o·nsb + j] (u32 or uint2) and
+// the f16 scale of block j / (BE/32).
 //
 // Work split: block = MV_WARPS warps, each warp owns R consecutive weight rows of one segment
 // (a launch covers up to 4 matrices with the same n_in, e.g. gate ‖ up). Lane l handles
-// units l, l+32, ... of all its rows, so every activation load feeds R rows, and U unit
-// iterations are loaded before use (several 512-byte warp loads per row in flight).
+// sub-blocks l, l+32, ... of all its rows, so every activation load feeds R rows, and U sub-block
+// iterations are loaded before use (several 128-byte warp loads per row in flight).
 // NT is the most activation rows the variant takes (1 for decode: fewer registers, more warps).
 // Per (row, activation row t) the float ops are identical whatever n, NT, R and U are (lane l
-// always sums its units' sub-blocks in increasing order, then a fixed xor-tree), so row t of an
-// n-row launch equals the 1-row launch bit for bit. No atomics.
+// always sums its sub-blocks in increasing order, then a fixed xor-tree), so row t of an n-row
+// launch equals the 1-row launch bit for bit. No atomics.
 #define MV_WARPS 4
 
 struct MvSeg {
@@ -222,50 +220,12 @@ __device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
     }
 }
 
-// Sub-blocks per 16-byte code unit.
-template <int KIND>
-__device__ __forceinline__ constexpr int mv_vb() {
-    return KIND == 1 ? 4 : 2;
-}
-
-// Code word(s) of sub-block v of a 16-byte unit (Q1: one u32 in .x; Q2: a uint2).
-template <int KIND>
-__device__ __forceinline__ uint2 unit_sub(uint4 c, int v) {
-    if (KIND == 1) return make_uint2(v == 0 ? c.x : v == 1 ? c.y : v == 2 ? c.z : c.w, 0u);
-    return v == 0 ? make_uint2(c.x, c.y) : make_uint2(c.z, c.w);
-}
-
-// Accumulate unit j (sub-blocks j·VB .. j·VB + VB − 1, in order) of activation row t into acc for
-// the R rows whose unit codes are c[] and block scales dw[]: acc += (dw·d_sb)·Σ(code·q) per
-// sub-block. The float ops every dp4a mat-vec (mv_lowbit, mv_pipe) does per unit.
-template <int KIND, int R>
-__device__ __forceinline__ void mv_unit(const uint4* c, const float* dw, const i8* __restrict__ qt,
-                                        const float* __restrict__ dat, const int* __restrict__ sat,
-                                        int j, float* acc) {
-    const int VB = mv_vb<KIND>();
-#pragma unroll
-    for (int v = 0; v < VB; ++v) {
-        int sb = j * VB + v;
-        const int4* qa4 = (const int4*)(qt + (size_t)sb * 32);
-        int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
-        int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-        float dt = __ldg(dat + sb);
-        int st = __ldg(sat + sb);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            int isum = sub_dot<KIND>(unit_sub<KIND>(c[r], v), qa, st);
-            acc[r] = fmaf(dw[r] * dt, (float)isum, acc[r]);
-        }
-    }
-}
-
 template <int KIND, int NT, int MV_R, int MV_U, int KS>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
                                           int n_in, int n, int accumulate, int pre) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
-    const int VB = mv_vb<KIND>();         // sub-blocks per 16-byte unit
     const int G = MV_WARPS / KS;          // row groups per block
     // per-warp partial sums of the K-split (KS > 1): [warp][row][activation row]
     __shared__ float part[KS > 1 ? MV_WARPS : 1][MV_R][NT];
@@ -290,25 +250,27 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
     if (!valid && KS == 1) return;  // no block barrier below when KS == 1
     int o0 = gw * MV_R;
-    int nsb = n_in >> 5, nblk = n_in / BE, nun = nsb / VB;
-    // per-row base pointers: codes [n_out, nun] uint4, scales [n_out, nblk]
-    const uint4* cp[MV_R];
+    int nsb = n_in >> 5, nblk = n_in / BE;
+    // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
+    const u32* cp1[MV_R];
+    const uint2* cp2[MV_R];
     const u16* sp[MV_R];
 #pragma unroll
     for (int r = 0; r < MV_R; ++r) {
         size_t ro = valid ? (size_t)min(o0 + r, sg.n_out - 1) : 0;
-        cp[r] = (const uint4*)sg.codes + ro * nun;
+        cp1[r] = (const u32*)sg.codes + ro * nsb;
+        cp2[r] = (const uint2*)sg.codes + ro * nsb;
         sp[r] = sg.scales + ro * nblk;
     }
-    float acc[NT][MV_R];
+    float acc[MV_R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < MV_R; ++r)
 #pragma unroll
-        for (int r = 0; r < MV_R; ++r) acc[t][r] = 0.f;
-    // Units come in chunks of 32 (one per lane); chunk c belongs to K part c % KS, and a warp
-    // takes U of its chunks per iteration: unit j = (kp + KS·(U·i + u))·32 + lane.
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    // Sub-blocks come in chunks of 32 (one per lane); chunk c belongs to K part c % KS, and a warp
+    // takes U of its chunks per iteration: sub-block j = (kp + KS·(U·i + u))·32 + lane.
     const int STEP = 32 * KS;
-    uint4 c[MV_U][MV_R];
+    uint2 c[MV_U][MV_R];
     float dw[MV_U][MV_R];
     auto load_w = [&](int j0) {
 #pragma unroll
@@ -316,11 +278,16 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             int j = j0 + STEP * u;
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
-                c[u][r] = make_uint4(0u, 0u, 0u, 0u);
+                c[u][r].x = 0u;
+                c[u][r].y = 0u;
                 dw[u][r] = 0.f;
-                if (j < nun) {
-                    c[u][r] = __ldg(cp[r] + j);
-                    dw[u][r] = h2f(__ldg(sp[r] + j * VB / SPB));
+                if (j < nsb) {
+                    if (KIND == 1) {
+                        c[u][r].x = __ldg(cp1[r] + j);
+                    } else {
+                        c[u][r] = __ldg(cp2[r] + j);
+                    }
+                    dw[u][r] = h2f(__ldg(sp[r] + j / SPB));
                 }
             }
         }
@@ -335,17 +302,25 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         PDL_ENTRY();
         if (valid) load_w(jfirst);
     }
-    for (int j0 = jfirst; valid && j0 < nun; j0 += STEP * MV_U) {
+    for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
         if (j0 != jfirst) load_w(j0);
 #pragma unroll
         for (int u = 0; u < MV_U; ++u) {
             int j = j0 + STEP * u;
-            if (j < nun) {
+            if (j < nsb) {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < n) {
-                        mv_unit<KIND, MV_R>(c[u], dw[u], q + (size_t)t * n_in, da + (size_t)t * nsb,
-                                            sa + (size_t)t * nsb, j, acc[t]);
+                        const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                        int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
+                        int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+                        float dt = __ldg(da + (size_t)t * nsb + j);
+                        int st = __ldg(sa + (size_t)t * nsb + j);
+#pragma unroll
+                        for (int r = 0; r < MV_R; ++r) {
+                            int isum = sub_dot<KIND>(c[u][r], qa, st);
+                            acc[r][t] = fmaf(dw[u][r] * dt, (float)isum, acc[r][t]);
+                        }
                     }
                 }
             }
@@ -357,7 +332,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         if (t < n) {
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
-                float v = warp_sum(acc[t][r]);
+                float v = warp_sum(acc[r][t]);
                 if (KS == 1) {
                     if (lane == r && o0 + r < sg.n_out) {
                         float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
@@ -407,16 +382,16 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 // KS does, so the launcher picks KS from the matrix shape alone (never from n): row t of an n-row
 // launch equals the 1-row launch bit for bit.
 #define MV_KIND_ENTRIES(K, KIND, MB)                                \
-    MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 2, 1, 1)              \
-    MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 2, 2, 1)              \
-    MV_ENTRY(mv_##K##_n8_k4, KIND, MAXN, 2, 2, 4, 1)              \
-    MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 4)              \
-    MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 4)              \
-    MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 4)              \
-    MV_ENTRY(mv_##K##_n1_r4_k1, KIND, 1, 4, 2, 1, MB)             \
-    MV_ENTRY(mv_##K##_n1_r4_k2, KIND, 1, 4, 2, 2, MB)             \
-    MV_ENTRY(mv_##K##_n1_r4_k4, KIND, 1, 4, 2, 4, 4)
-MV_KIND_ENTRIES(q1, 1, 5)
+    MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 4, 1, 1)              \
+    MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 4, 2, 1)              \
+    MV_ENTRY(mv_##K##_n8_k4, KIND, MAXN, 2, 4, 4, 1)              \
+    MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 8)              \
+    MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 8)              \
+    MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \
+    MV_ENTRY(mv_##K##_n1_r4_k1, KIND, 1, 4, 4, 1, MB)              \
+    MV_ENTRY(mv_##K##_n1_r4_k2, KIND, 1, 4, 4, 2, 5)              \
+    MV_ENTRY(mv_##K##_n1_r4_k4, KIND, 1, 4, 4, 4, 5)
+MV_KIND_ENTRIES(q1, 1, 6)
 MV_KIND_ENTRIES(q2, 2, 5)
 MV_KIND_ENTRIES(q2g64, 3, 5)
 

@@ -1351,12 +1351,6 @@ impl Gpu {
             segs.len()
         );
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
-        if kind == WKind::Q1 && n_in % 128 != 0 {
-            // the dp4a kernels read Q1 codes in 16-byte units of 4 sub-blocks (a whole block)
-            return Err(CudaError(format!(
-                "mv_lowbit: Q1_0 row of {n_in} elements is not whole 128-element blocks"
-            )));
-        }
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
         if plan.b1 {
