@@ -109,7 +109,11 @@ const MV_WARPS: usize = 4;
 /// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (1, 2 or 4) rows per group and a grid sized to what
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
-/// bit. On by default ([`Gpu::mv_pipe`]); `BONSAI_CUDA_MV_PIPE=0` turns it off.
+/// bit. Off by default ([`Gpu::mv_pipe`]; `BONSAI_CUDA_MV_PIPE=1` turns it on): measured on the
+/// H200 (bench/results/cuda-mv-sweep-pipe-*.json) it is 0.77–1.01× the plain kernels on the Q1
+/// 27B shapes and 0.77–1.22× on Q2, and a whole decode step slower (Q1 3.94 against 3.24 ms with
+/// 2 rows per group), so keeping more loads in flight per warp is not what limits the decode
+/// mat-vec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -188,16 +192,16 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
     }
 }
 
-/// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows.
-/// NOT YET MEASURED: 2 (8 chunks of 2 rows in flight per warp) everywhere, a first guess for the
-/// H200 sweep (tests/cuda_mv_sweep.rs) to replace.
+/// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows: 4,
+/// the fastest mvp plan on every 27B category but two in the H200 sweep
+/// (bench/results/cuda-mv-sweep-pipe-*.json; 2 rows measured 5–35 % slower on the large launches).
 pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
-    2
+    4
 }
 
-/// Whether `BONSAI_CUDA_MV_PIPE` leaves the pipelined decode mat-vec on (anything but "0").
+/// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
 fn mv_pipe_env() -> bool {
-    std::env::var("BONSAI_CUDA_MV_PIPE").map_or(true, |v| v != "0")
+    std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
 
 /// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
@@ -892,7 +896,7 @@ pub struct Gpu {
     mv_override: Mutex<Option<MvPlan>>,
     /// Default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by default).
     mv_mma: AtomicBool,
-    /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=0` turns off).
+    /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     mvp_capacity: Mutex<Vec<(usize, usize)>>,
@@ -1604,8 +1608,8 @@ impl Gpu {
         p
     }
 
-    /// Whether the default one-row dp4a plans use the pipelined kernels `mvp_*` (on unless
-    /// `BONSAI_CUDA_MV_PIPE=0`). Same float order as the other dp4a kernels, so it may change at
+    /// Whether the default one-row dp4a plans use the pipelined kernels `mvp_*` (off unless
+    /// `BONSAI_CUDA_MV_PIPE=1`). Same float order as the other dp4a kernels, so it may change at
     /// any time for correctness, but captured graphs key on it (they bake the launch in).
     pub fn mv_pipe(&self) -> bool {
         self.mv_pipe.load(Ordering::Relaxed)
