@@ -58,6 +58,7 @@ def main() -> None:
         )
         head.append("")
     lines += mma_section()
+    lines += pipe_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
 
@@ -108,6 +109,44 @@ def mma_section() -> list[str]:
             f"with the family on (commit {sm.get('commit')}, mvx at 1 row per lane then), Q1_0 n-gram R with "
             f"round graphs = {ng} of its own {sm['plain_step_ms']:.2f} ms step, i.e. a {round_ms:.2f} ms round"
         )
+    if ab:
+        out += ["", "; ".join(ab) + "."]
+    return out
+
+
+def pipe_section() -> list[str]:
+    """The pipelined persistent decode mat-vec (BONSAI_CUDA_MV_PIPE=1) against the plain dp4a
+    kernels: per-launch sweep times at n = 1 and the decode graph A/B."""
+    rows = []
+    for v in ("q1", "q2"):
+        sw = load(f"cuda-mv-sweep-{v}.json") or {}
+        for m in sw.get("pipe_vs_dp4a", []):
+            rows.append(
+                f"| {sw['weight_type']} | {m['category']} | {m['plain_plan']} {m['plain_us']:.2f} | "
+                f"{m['mvp_plan']} {m['mvp_us']:.2f} | {m['plain_us'] / m['mvp_us']:.2f}× |"
+            )
+    if not rows:
+        return []
+    commit = (load("cuda-mv-sweep-q1.json") or {}).get("commit")
+    out = [
+        "",
+        "Pipelined persistent decode mat-vec (`mvp`, `BONSAI_CUDA_MV_PIPE=1`, off by default): µs per "
+        f"launch at n = 1, best mvp plan with the shape's K split (sweep at commit {commit}).",
+        "",
+        "| weights | matrices | plain dp4a | best mvp | speed-up |",
+        "|---|---|---|---|---|",
+    ] + rows
+    ab = []
+    for v in ("q1", "q2"):
+        d = load(f"cuda-decode-27b-{v}.json") or {}
+        mp = d.get("mv_pipe")
+        if isinstance(mp, dict) and "graph_ms_median_on" in mp:
+            st = d.get("steps", 128)
+            ab.append(
+                f"{d['weight_type']}: decode graph {mp['graph_ms_median_off'] / st:.3f} ms/token plain, "
+                f"{mp['graph_ms_median_on'] / st:.3f} with mvp (4 rows per group), tokens equal for "
+                f"{mp['tokens_agree']} of {st}"
+            )
     if ab:
         out += ["", "; ".join(ab) + "."]
     return out

@@ -110,10 +110,10 @@ const MV_WARPS: usize = 4;
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
 /// bit. Off by default ([`Gpu::mv_pipe`]; `BONSAI_CUDA_MV_PIPE=1` turns it on): measured on the
-/// H200 (bench/results/cuda-mv-sweep-pipe-*.json) it is 0.77–1.01× the plain kernels on the Q1
-/// 27B shapes and 0.77–1.22× on Q2, and a whole decode step slower (Q1 3.94 against 3.24 ms with
-/// 2 rows per group), so keeping more loads in flight per warp is not what limits the decode
-/// mat-vec.
+/// H200 (bench/results/cuda-mv-sweep-*.json, `pipe_vs_dp4a`) it is 0.77–1.01× the plain kernels
+/// on the Q1 27B shapes and 0.77–1.22× on Q2, and a whole graph decode step is slower with it
+/// (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms, Q2 4.20 against 3.95), so more
+/// loads in flight per warp is not what limits the decode mat-vec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -193,8 +193,8 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
 }
 
 /// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows: 4,
-/// the fastest mvp plan on every 27B category but two in the H200 sweep
-/// (bench/results/cuda-mv-sweep-pipe-*.json; 2 rows measured 5–35 % slower on the large launches).
+/// the fastest mvp plan on most 27B categories in the H200 sweep (bench/results/
+/// cuda-mv-sweep-*.json, `pipe_vs_dp4a` and `all`).
 pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
     4
 }
