@@ -27,6 +27,8 @@ for l in sys.stdin:
   for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
   rm -rf .device/wheels && mkdir -p .device/wheels
   MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
+  # the cubin itself, for cuobjdump there (scripts/gpu_profile.sh)
+  mkdir -p .device/cubins && cp crates/kernels-cuda/cubins/*.cubin .device/cubins/
   # the device copy has no .git: record what was built
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .device/commit.txt
   ls -la .device/bin .device/wheels; du -sh .device

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One device call that looks INSIDE the decode mat-vec and checks the kernels for memory errors:
+#   1. which tools the machine has (ncu, compute-sanitizer, cuobjdump need the Firecracker runtime
+#      for hardware counters; see the device library's KINDS.md),
+#   2. the SASS of the decode mat-vec kernels and their instruction mix (cuobjdump on the cubin),
+#   3. Nsight Compute on a few launches of the Q1 / Q2 decode mat-vec at the 27B shapes (speed of
+#      light, memory workload, warp stall reasons, scheduler statistics, occupancy),
+#   4. compute-sanitizer memcheck and racecheck on the mat-vec kernel tests.
+# Build HERE first: scripts/gpu_check.sh --stage (it packs the cubin too). Run THERE (device tool,
+# repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize]
+# Reports go to $OUT (or ./bench/out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SANITIZE=1
+[[ "${1:-}" == "--no-sanitize" ]] && SANITIZE=0
+OUT=${OUT:-bench/out}; mkdir -p "$OUT"
+[[ -f .device/pkg.tgz && ! -d .device/bin ]] && tar xzf .device/pkg.tgz
+export PYTHONPATH=python BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
+rep="$OUT/profile.txt"
+{
+  echo "== device"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+  echo "== tools"; for t in ncu compute-sanitizer cuobjdump nvdisasm; do echo "$t: $(command -v $t || echo missing)"; done
+  ncu --version 2>&1 | tail -1
+} | tee "$rep"
+
+# 2. SASS of the decode mat-vecs and their instruction mix
+if command -v cuobjdump >/dev/null && ls .device/cubins/*.cubin >/dev/null 2>&1; then
+  cuobjdump -sass .device/cubins/*.cubin > "$OUT/all.sass" 2>&1
+  python3 - "$OUT/all.sass" <<'PY' | tee -a "$rep"
+import re, sys, collections
+want = ["mv_q1_n1_r4_k1", "mv_q1_n1_r4_k2", "mv_q2_n1_r2_k1", "mv_q1_n8_k1", "mvp_q1_r4_k1"]
+cur, mix = None, collections.defaultdict(collections.Counter)
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"Function : (\w+)", line)
+    if m:
+        cur = m.group(1) if m.group(1) in want else None
+        continue
+    if cur:
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+            mix[cur][m.group(1).split(".")[0]] += 1
+for k in want:
+    c = mix.get(k)
+    if c:
+        print(f"== SASS mix {k}: {sum(c.values())} instructions (static)")
+        print("   " + ", ".join(f"{op} {n}" for op, n in c.most_common(24)))
+PY
+fi
+
+# 3. Nsight Compute on the decode mat-vec at the 27B shapes (the sweep binary runs them back to back)
+if command -v ncu >/dev/null; then
+  for v in q1 q2; do
+    f=/tmp/27b-$v.gguf
+    [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    k=$([[ $v == q1 ]] && echo "mv_q1_n1_r4_k1" || echo "mv_q2_n1_r2_k1")
+    echo "== ncu $k (27B $v)" | tee -a "$rep"
+    BONSAI_BENCH_MODEL=$f timeout 240 ncu --clock-control none --kernel-name "regex:^$k\$" \
+      --launch-skip 40 --launch-count 3 --kill yes \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
+      .device/bin/cuda_mv_sweep --include-ignored --nocapture > "$OUT/ncu-$v.txt" 2>&1
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" \
+      "$OUT/ncu-$v.txt" | head -60 | tee -a "$rep"
+  done
+fi
+
+# 4. memory errors and races in the mat-vec kernels (kernel tests only: the sanitizer is slow)
+if [[ $SANITIZE == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool" | tee -a "$rep"
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
+      --test-threads 1 matvec_lowbit_real_shapes_vs_reference > "$OUT/sanitize-$tool.txt" 2>&1
+    echo "rc=$? $(grep -E "ERROR SUMMARY|test result" "$OUT/sanitize-$tool.txt" | tr '\n' ' ')" | tee -a "$rep"
+  done
+fi
+rm -f "$OUT/all.sass"
+(cd "$OUT" && ls ncu-*.txt sanitize-*.txt >/dev/null 2>&1 && tar czf profile-logs.tgz ncu-*.txt sanitize-*.txt && rm -f ncu-*.txt sanitize-*.txt)
+echo "gpu_profile done"
