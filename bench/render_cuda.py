@@ -91,16 +91,7 @@ def mma_section() -> list[str]:
             "| weights | matrices | n=1 dp4a | n=1 mvx (2 rows per lane) | n=5 dp4a | n=5 tensor cores |",
             "|---|---|---|---|---|---|",
         ] + rows
-    ab = []
-    for v in ("q1", "q2"):
-        d = load(f"cuda-decode-27b-{v}.json") or {}
-        mm = d.get("mv_mma")
-        if isinstance(mm, dict) and "graph_ms_median_on" in mm:
-            st = d.get("steps", 128)
-            ab.append(
-                f"{d['weight_type']}: decode graph {mm['graph_ms_median_off'] / st:.3f} ms/token with dp4a, "
-                f"{mm['graph_ms_median_on'] / st:.3f} with the tensor-core family"
-            )
+    ab = decode_ab("mv_mma", "with dp4a", "with the tensor-core family")
     sm = load("cuda-spec-27b-q1-mma.json")
     if sm:
         ng = ", ".join(f"{x:.2f}" for x in sm["ngram"]["R_by_k_replay_graph"])
@@ -112,6 +103,24 @@ def mma_section() -> list[str]:
     if ab:
         out += ["", "; ".join(ab) + "."]
     return out
+
+
+def decode_ab(key: str, off: str, on: str, tokens: bool = False) -> list[str]:
+    """One phrase per weight type from the decode bench's graph A/B `key` (ms per token off, on)."""
+    ab = []
+    for v in ("q1", "q2"):
+        d = load(f"cuda-decode-27b-{v}.json") or {}
+        m = d.get(key)
+        if isinstance(m, dict) and "graph_ms_median_on" in m:
+            st = d.get("steps", 128)
+            line = (
+                f"{d['weight_type']}: decode graph {m['graph_ms_median_off'] / st:.3f} ms/token {off}, "
+                f"{m['graph_ms_median_on'] / st:.3f} {on}"
+            )
+            if tokens:
+                line += f", tokens equal for {m['tokens_agree']} of {st}"
+            ab.append(line)
+    return ab
 
 
 def pipe_section() -> list[str]:
@@ -136,17 +145,7 @@ def pipe_section() -> list[str]:
         "| weights | matrices | plain dp4a | best mvp | speed-up |",
         "|---|---|---|---|---|",
     ] + rows
-    ab = []
-    for v in ("q1", "q2"):
-        d = load(f"cuda-decode-27b-{v}.json") or {}
-        mp = d.get("mv_pipe")
-        if isinstance(mp, dict) and "graph_ms_median_on" in mp:
-            st = d.get("steps", 128)
-            ab.append(
-                f"{d['weight_type']}: decode graph {mp['graph_ms_median_off'] / st:.3f} ms/token plain, "
-                f"{mp['graph_ms_median_on'] / st:.3f} with mvp (4 rows per group), tokens equal for "
-                f"{mp['tokens_agree']} of {st}"
-            )
+    ab = decode_ab("mv_pipe", "plain", "with mvp (4 rows per group)", tokens=True)
     if ab:
         out += ["", "; ".join(ab) + "."]
     return out

@@ -192,56 +192,37 @@ fn run_mv_plan(
             n_out,
         },
     ];
-    g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, n, false)
-        .unwrap();
-    let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-        down(g, &ya, n * n_out),
-        down(g, &yb, n),
-        down(g, &yc, n * n_out),
-    );
-    for t in 0..n {
-        assert_eq!(
-            gb[t].to_bits(),
-            yn[t * n_out + n_out - 1].to_bits(),
-            "grouped seg 1 row {t}"
+    // n rows, then one row (the pipelined kernels walk the groups of all segments as one stream)
+    for m in [n, 1] {
+        g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, m, false)
+            .unwrap();
+        let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            down(g, &ya, m * n_out),
+            down(g, &yb, m),
+            down(g, &yc, m * n_out),
         );
-        for o in 0..n_out {
-            let w = yn[t * n_out + o].to_bits();
+        for t in 0..m {
             assert_eq!(
-                ga[t * n_out + o].to_bits(),
-                w,
-                "grouped seg 0 row {t} out {o}"
+                gb[t].to_bits(),
+                yn[t * n_out + n_out - 1].to_bits(),
+                "{m}-row grouped seg 1 row {t}"
             );
-            assert_eq!(
-                gc[t * n_out + o].to_bits(),
-                w,
-                "grouped seg 2 row {t} out {o}"
-            );
+            for o in 0..n_out {
+                let w = yn[t * n_out + o].to_bits();
+                assert_eq!(
+                    ga[t * n_out + o].to_bits(),
+                    w,
+                    "{m}-row grouped seg 0 row {t} out {o}"
+                );
+                assert_eq!(
+                    gc[t * n_out + o].to_bits(),
+                    w,
+                    "{m}-row grouped seg 2 row {t} out {o}"
+                );
+            }
         }
     }
-    // one-row grouped launch (the pipelined kernels walk the groups of all segments as one
-    // stream) and accumulate mode (y = y0 + W·x, the host's f32 addition)
-    g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, 1, false)
-        .unwrap();
-    let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) =
-        (down(g, &ya, n_out), down(g, &yb, 1), down(g, &yc, n_out));
-    assert_eq!(
-        gb[0].to_bits(),
-        yn[n_out - 1].to_bits(),
-        "1-row grouped seg 1"
-    );
-    for o in 0..n_out {
-        assert_eq!(
-            ga[o].to_bits(),
-            yn[o].to_bits(),
-            "1-row grouped seg 0 out {o}"
-        );
-        assert_eq!(
-            gc[o].to_bits(),
-            yn[o].to_bits(),
-            "1-row grouped seg 2 out {o}"
-        );
-    }
+    // accumulate mode (y = y0 + W·x, the host's f32 addition)
     let y0: Vec<f32> = (0..n_out).map(|o| o as f32 * 0.25 - 3.0).collect();
     let ycc = g.upload(&y0).unwrap();
     g.mv_lowbit(
