@@ -61,7 +61,7 @@ echo "small models: $(( $(date +%s) - t0 ))s"
 rc=0
 if [[ $RUST == 1 ]]; then
 echo "== kernels vs reference =="
-.device/bin/gpu_kernels --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+.device/bin/gpu_kernels --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|LAUNCHGAP|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "== full model: CUDA vs CPU =="

@@ -768,6 +768,14 @@ extern "C" __global__ void spin_ns(long long ns) {
     }
 }
 
+// One link of a chain of dependent launches (measuring what a kernel boundary costs in a captured
+// graph): block 0's thread 0 adds 1 to *p once the previous kernel of the stream has finished, so
+// a lost increment would show a broken dependency. The other blocks only wait.
+extern "C" __global__ void launch_chain_step(int* p) {
+    PDL_ENTRY();
+    if (blockIdx.x == 0 && threadIdx.x == 0) *p += 1;
+}
+
 // ---- MLP and head -------------------------------------------------------------------------------
 
 // h = SiLU(g) ⊙ u, written f32 (hf, may be null) and quantized. grid (ceil(k/256), n), block 256.

@@ -803,6 +803,7 @@ kernels!(
         mvb_q1_r2_k1,
         mvb_q1_r2_k2,
         mvb_q1_r2_k4,
+        launch_chain_step,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r1_k1,
         mvp_q1_r1_k2,
@@ -2272,6 +2273,18 @@ impl Gpu {
     }
 
     // ---- graphs and timing ----------------------------------------------------------------------
+
+    /// One link of a dependent launch chain (`launch_chain_step`, PDL-aware): `*p += 1` (i32) once
+    /// the previous kernel on the stream has finished, in a grid of `blocks` blocks of 128 threads.
+    /// For measuring the cost of a kernel boundary (tests/gpu_kernels.rs `launch_chain_cost`).
+    pub fn launch_chain_step(&self, p: u64, blocks: usize) -> Result<()> {
+        self.launch(
+            self.f.launch_chain_step,
+            (blocks.max(1) as u32, 1, 1),
+            (128, 1, 1),
+            &[Arg::P(p)],
+        )
+    }
 
     /// Start capturing this GPU's stream into a graph.
     pub fn begin_capture(&self) -> Result<()> {

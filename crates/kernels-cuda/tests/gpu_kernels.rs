@@ -1932,3 +1932,46 @@ fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, 
         "attention prefill split launch differs"
     );
 }
+
+/// What one kernel boundary costs inside a captured graph: chains of 512 dependent launches of a
+/// kernel that does nothing but wait for its predecessor and bump a counter, with 1 to 528 blocks,
+/// with and without programmatic dependent launch. The decode step is ~640 launches, so this is
+/// the floor that fusing kernels can remove. The counter checks that no launch overtook its
+/// predecessor (a lost increment).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn launch_chain_cost() {
+    let g = need_gpu!("launch_chain_cost");
+    const LINKS: usize = 512;
+    const REPS: usize = 5;
+    let p = g.upload(&[0i32]).unwrap();
+    let pdl0 = g.pdl();
+    let mut expect = 0i32;
+    for pdl in [true, false] {
+        g.set_pdl(pdl);
+        for blocks in [1, 32, 132, 528] {
+            g.begin_capture().unwrap();
+            for _ in 0..LINKS {
+                g.launch_chain_step(p.ptr(), blocks).unwrap();
+            }
+            let graph = g.end_capture().unwrap();
+            g.launch_graph(&graph).unwrap(); // warm-up
+            let ms = g
+                .time_ms(|| {
+                    for _ in 0..REPS {
+                        g.launch_graph(&graph)?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            expect += ((REPS + 1) * LINKS) as i32;
+            let got: Vec<i32> = down(g, &p, 1);
+            assert_eq!(got[0], expect, "a chained launch overtook its predecessor");
+            println!(
+                "LAUNCHGAP pdl={pdl} blocks={blocks}: {:.2} us per dependent kernel in a graph",
+                ms as f64 * 1e3 / (REPS * LINKS) as f64
+            );
+        }
+    }
+    g.set_pdl(pdl0);
+}
