@@ -6,6 +6,7 @@
 #   3. Nsight Compute on a few launches of the Q1 / Q2 decode mat-vec at the 27B shapes (speed of
 #      light, memory workload, warp stall reasons, scheduler statistics, occupancy),
 #   4. compute-sanitizer memcheck and racecheck on the mat-vec kernel tests.
+# (3b: the same Nsight Compute sections on the prefill GEMM at n = 512.)
 # Build HERE first: scripts/gpu_check.sh --stage (it packs the cubin too). Run THERE (device tool,
 # repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize]
 # Reports go to $OUT (or ./bench/out).
@@ -62,6 +63,17 @@ if command -v ncu >/dev/null; then
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" \
       "$OUT/ncu-$v.txt" | head -60 | tee -a "$rep"
   done
+fi
+
+# 3b. the prefill GEMM (n = 512 launches of the real-shape GEMM test)
+if command -v ncu >/dev/null; then
+  echo "== ncu gemm_q1 (n = 512, 5120 -> 17408)" | tee -a "$rep"
+  timeout 240 ncu --clock-control none --kernel-name "regex:^gemm_q1\$" --launch-skip 8 --launch-count 2 --kill yes \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section Occupancy --section InstructionStats \
+    .device/bin/gpu_gemm --include-ignored --test-threads 1 gemm_real_shapes_k5120 > "$OUT/ncu-gemm.txt" 2>&1
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Shared|Executed Ipc|Pipe" \
+    "$OUT/ncu-gemm.txt" | head -50 | tee -a "$rep"
 fi
 
 # 4. memory errors and races in the mat-vec kernels (kernel tests only: the sanitizer is slow)
