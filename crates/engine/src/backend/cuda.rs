@@ -1831,7 +1831,7 @@ impl Backend for CudaBackend {
     }
 
     /// With the round graphs on and at most 8 rows (every tap layer inside the model): one
-    /// captured graph per row count, tap list and `rows_needed` ([`CudaBackend::verify_graph`]),
+    /// captured graph per row count, tap list and `rows_needed` (`CudaBackend::verify_graph`),
     /// which also returns the per-row logit statistics and skips the rows when they are not
     /// needed and the statistics are usable. Otherwise the eager forward (no statistics, rows
     /// always filled).
