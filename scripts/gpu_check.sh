@@ -40,10 +40,10 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0; O8=0
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
+  --python) PYCHECK=1; shift;; --o8) O8=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -74,6 +74,14 @@ BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 
 
 fi
 
+if [[ $O8 == 1 ]]; then
+  # the o8 mat-vec family (BONSAI_CUDA_MV_O8=1, off by default): the engine checks again with it on
+  for t in cuda_forward cuda_spec cuda_round_graph; do
+    echo "== $t with BONSAI_CUDA_MV_O8=1 =="
+    BONSAI_CUDA_MV_O8=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/o8-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+  done
+fi
+
 if [[ $BENCH == 1 ]]; then
   for v in $VARIANTS; do
     f=/tmp/27b-$v.gguf
@@ -92,7 +100,7 @@ if [[ $SWEEP == 1 ]]; then
   echo "== mat-vec launch-plan sweep =="
   for v in $VARIANTS; do
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP (best|mma|pipe)|SKIPPED|panicked|result"
+    BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP (best|mma|pipe|o8)|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

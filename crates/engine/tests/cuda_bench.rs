@@ -160,6 +160,8 @@ fn cuda_decode_bench() {
         &|on| gpu.set_mv_pipe(on),
         true,
     );
+    // the o8 family has its own float order: tokens may differ on a random synthetic model
+    let o8_ms = ab("MV_O8", &|| gpu.mv_o8(), &|on| gpu.set_mv_o8(on), false);
 
     // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
     // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
@@ -375,7 +377,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \

@@ -68,6 +68,7 @@ fn cuda_mv_plan_sweep() {
                         n1_rl: if x { r } else { 0 },
                         b1: false,
                         pipe: false,
+                        o8: false,
                     });
                 }
             }
@@ -86,6 +87,7 @@ fn cuda_mv_plan_sweep() {
                     n1_rl: 0,
                     b1: false,
                     pipe: true,
+                    o8: false,
                 });
             }
         }
@@ -111,6 +113,7 @@ fn cuda_mv_plan_sweep() {
     let mut mma_json = Vec::new();
     let mut b1_json = Vec::new();
     let mut pipe_json = Vec::new();
+    let mut o8_json = Vec::new();
     println!("SWEEP pdl={}", gpu.pdl());
     for (name, groups) in &cats {
         let bytes: usize = groups
@@ -191,6 +194,7 @@ fn cuda_mv_plan_sweep() {
                         n1_rl: 0,
                         b1: true,
                         pipe: false,
+                        o8: false,
                     };
                     gpu.set_mv_override(Some(p));
                     for (i, n) in [1, 5].into_iter().enumerate() {
@@ -227,6 +231,37 @@ fn cuda_mv_plan_sweep() {
                 b1n5.0.r,
                 b1n5.0.ks,
                 b1n5.1
+            ));
+        }
+        // the o8 family at the default K split: decode rows on mvo (dp4a), verify rows on mvt
+        // (tensor cores), against the default dp4a plan (t[..][0])
+        {
+            let mut o8_line = String::new();
+            let mut best: [Option<(usize, f64)>; 2] = [None, None];
+            for r in [1, 2] {
+                let p = MvPlan {
+                    r,
+                    o8: true,
+                    ..plain_default
+                };
+                gpu.set_mv_override(Some(p));
+                for (i, n) in [1, 5].into_iter().enumerate() {
+                    let ms = med(cuda.time_mv_pass_n(&cfg, groups, n, 5).unwrap());
+                    let us = ms * 1e3 / groups.len() as f64;
+                    o8_line += &format!(" n{n}:o8-r{r} {us:.2}");
+                    if best[i].is_none_or(|b| us < b.1) {
+                        best[i] = Some((r, us));
+                    }
+                }
+            }
+            let (b1, b5) = (best[0].unwrap(), best[1].unwrap());
+            println!(
+                "SWEEP o8 {name:<18} n=1 dp4a {:7.2}  mvo r{} {:7.2} ({:.2}x) | n=5 dp4a {:7.2}  mvt {:7.2} ({:.2}x) |{o8_line}",
+                t[0][0], b1.0, b1.1, t[0][0] / b1.1, t[1][0], b5.1, t[1][0] / b5.1
+            );
+            o8_json.push(format!(
+                "{{\"category\": \"{name}\", \"ks\": {}, \"n1_dp4a_us\": {:.2}, \"n1_mvo_r\": {}, \"n1_mvo_us\": {:.2}, \"n5_dp4a_us\": {:.2}, \"n5_mvt_us\": {:.2}}}",
+                plain_default.ks, t[0][0], b1.0, b1.1, t[1][0], b5.1
             ));
         }
         gpu.set_mv_override(None);
@@ -300,7 +335,7 @@ fn cuda_mv_plan_sweep() {
         ));
     }
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"b1_vs_dp4a\": [{}], \"pipe_vs_dp4a\": [{}], \"all\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"pdl\": {}, \"best\": [{}], \"mma_vs_dp4a\": [{}], \"b1_vs_dp4a\": [{}], \"pipe_vs_dp4a\": [{}], \"o8_vs_dp4a\": [{}], \"all\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         gpu.pdl(),
@@ -308,6 +343,7 @@ fn cuda_mv_plan_sweep() {
         mma_json.join(", "),
         b1_json.join(", "),
         pipe_json.join(", "),
+        o8_json.join(", "),
         rows_json.join(", ")
     );
     if let Ok(out) = std::env::var("BONSAI_SWEEP_OUT") {

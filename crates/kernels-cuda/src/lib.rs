@@ -37,6 +37,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvm.cu"),
     include_str!("../kernels/mvb.cu"),
     include_str!("../kernels/mvp.cu"),
+    include_str!("../kernels/mvo.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -114,6 +115,12 @@ const MV_WARPS: usize = 4;
 /// on the Q1 27B shapes and 0.77–1.22× on Q2, and a whole graph decode step is slower with it
 /// (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms, Q2 4.20 against 3.95), so more
 /// loads in flight per warp is not what limits the decode mat-vec.
+///
+/// `o8` (off by default; `BONSAI_CUDA_MV_O8=1` / [`Gpu::set_mv_o8`], or an explicit plan): the
+/// `kernels/mvo.cu` family in its own float order (8 interleaved partials per row), the same for
+/// every n: one-row launches run the dp4a kernel `mvo_*` with `r` (1 or 2) rows per lane group,
+/// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`. NOT
+/// YET RUN ON A GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -124,6 +131,7 @@ pub struct MvPlan {
     pub n1_rl: usize,
     pub b1: bool,
     pub pipe: bool,
+    pub o8: bool,
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -178,6 +186,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             n1_rl: 2,
             b1: false,
             pipe: false,
+            o8: false,
         };
     }
     MvPlan {
@@ -189,6 +198,7 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
         n1_rl: 0,
         b1: false,
         pipe: false,
+        o8: false,
     }
 }
 
@@ -197,6 +207,11 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
 /// cuda-mv-sweep-*.json, `pipe_vs_dp4a` and `all`).
 pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
     4
+}
+
+/// Whether `BONSAI_CUDA_MV_O8=1` asks for the o8 mat-vec family (read once per `Gpu`).
+fn mv_o8_env() -> bool {
+    std::env::var("BONSAI_CUDA_MV_O8").is_ok_and(|v| v == "1")
 }
 
 /// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
@@ -804,6 +819,34 @@ kernels!(
         mvb_q1_r2_k2,
         mvb_q1_r2_k4,
         launch_chain_step,
+        // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
+        mvo_q1_r1_k1,
+        mvo_q1_r1_k2,
+        mvo_q1_r1_k4,
+        mvo_q1_r2_k1,
+        mvo_q1_r2_k2,
+        mvo_q1_r2_k4,
+        mvt_q1_k1,
+        mvt_q1_k2,
+        mvt_q1_k4,
+        mvo_q2_r1_k1,
+        mvo_q2_r1_k2,
+        mvo_q2_r1_k4,
+        mvo_q2_r2_k1,
+        mvo_q2_r2_k2,
+        mvo_q2_r2_k4,
+        mvt_q2_k1,
+        mvt_q2_k2,
+        mvt_q2_k4,
+        mvo_q2g64_r1_k1,
+        mvo_q2g64_r1_k2,
+        mvo_q2g64_r1_k4,
+        mvo_q2g64_r2_k1,
+        mvo_q2g64_r2_k2,
+        mvo_q2g64_r2_k4,
+        mvt_q2g64_k1,
+        mvt_q2g64_k2,
+        mvt_q2g64_k4,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r1_k1,
         mvp_q1_r1_k2,
@@ -899,6 +942,8 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
+    /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
+    mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     mvp_capacity: Mutex<Vec<(usize, usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
@@ -968,6 +1013,7 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
+            mv_o8: AtomicBool::new(mv_o8_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
@@ -1384,6 +1430,12 @@ impl Gpu {
                     self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
                 )
             }
+        } else if plan.o8 {
+            if n == 1 {
+                (4 * plan.r, self.mvo_func(kind, plan.r, plan.ks)?)
+            } else {
+                (16, self.mvt_func(kind, plan.ks)?)
+            }
         } else if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
@@ -1392,6 +1444,49 @@ impl Gpu {
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
+    }
+
+    /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
+    fn mvo_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mvo_q1_r1_k1, f.mvo_q1_r1_k2, f.mvo_q1_r1_k4],
+                [f.mvo_q1_r2_k1, f.mvo_q1_r2_k2, f.mvo_q1_r2_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvo_q2_r1_k1, f.mvo_q2_r1_k2, f.mvo_q2_r1_k4],
+                [f.mvo_q2_r2_k1, f.mvo_q2_r2_k2, f.mvo_q2_r2_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mvo_q2g64_r1_k1, f.mvo_q2g64_r1_k2, f.mvo_q2g64_r1_k4],
+                [f.mvo_q2g64_r2_k1, f.mvo_q2g64_r2_k2, f.mvo_q2g64_r2_k4],
+            ],
+            _ => return Err(CudaError(format!("mv_lowbit (mvo) on {kind:?}"))),
+        };
+        match (r, ks) {
+            (1 | 2, 1 | 2 | 4) => Ok(t[r - 1][ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!(
+                "mv_lowbit (mvo): no variant with {r} rows per lane group, K split {ks}"
+            ))),
+        }
+    }
+
+    /// The o8 tensor-core kernel of `kind` (n ≥ 2) with K split `ks`.
+    fn mvt_func(&self, kind: WKind, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [f.mvt_q1_k1, f.mvt_q1_k2, f.mvt_q1_k4],
+            WKind::Q2 => [f.mvt_q2_k1, f.mvt_q2_k2, f.mvt_q2_k4],
+            WKind::Q2G64 => [f.mvt_q2g64_k1, f.mvt_q2g64_k2, f.mvt_q2g64_k4],
+            _ => return Err(CudaError(format!("mv_lowbit (mvt) on {kind:?}"))),
+        };
+        match ks {
+            1 | 2 | 4 => Ok(t[ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!(
+                "mv_lowbit (mvt): no variant with K split {ks}"
+            ))),
+        }
     }
 
     /// The pipelined decode kernel of `kind` with `r` rows per group emulating K split `ks`.
@@ -1602,6 +1697,13 @@ impl Gpu {
             return p;
         }
         let mut p = mv_default_plan(kind, n, rows, n_in, self.mv_mma());
+        if !p.mma && self.mv_o8() {
+            // the same K split as the dp4a default (a function of the shape only), 1 row per lane
+            // group: a first guess for the sweep to replace
+            p.o8 = true;
+            p.r = 1;
+            return p;
+        }
         if n == 1 && !p.mma && self.mv_pipe() {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
@@ -1614,6 +1716,18 @@ impl Gpu {
     /// any time for correctness, but captured graphs key on it (they bake the launch in).
     pub fn mv_pipe(&self) -> bool {
         self.mv_pipe.load(Ordering::Relaxed)
+    }
+
+    /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).
+    pub fn mv_o8(&self) -> bool {
+        self.mv_o8.load(Ordering::Relaxed)
+    }
+
+    /// Switch the default plans between the o8 family and the others. Applies to every n (decode
+    /// and verify rows must come from the same family), so change it only between requests;
+    /// captured graphs key on it.
+    pub fn set_mv_o8(&self, on: bool) {
+        self.mv_o8.store(on, Ordering::Relaxed);
     }
 
     /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
@@ -1642,6 +1756,8 @@ impl Gpu {
                 matches!(p.r, 1 | 2) && !p.mma && !p.direct && p.n1_rl == 0
             } else if p.mma {
                 matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
+            } else if p.o8 {
+                matches!(p.r, 1 | 2) && p.n1_rl == 0 && !p.direct && !p.pipe
             } else if p.pipe {
                 matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {

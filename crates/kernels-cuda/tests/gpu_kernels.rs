@@ -318,9 +318,34 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 n1_rl: 0,
                 b1: false,
                 pipe,
+                o8: false,
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
+        }
+        // the o8 family: n-row launches on the tensor cores (mvt) equal the one-row dp4a launches
+        // (mvo) bit for bit; 1 or 2 rows per lane group, every K split, ragged shapes (50 rows:
+        // a partial m16 tile; 384 = 12 sub-blocks: a partial chunk of 8)
+        for (i, (r, ks, pre)) in [(1, 1, true), (2, 2, false), (1, 4, true), (2, 1, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let plan = Some(MvPlan {
+                r,
+                ks,
+                pre,
+                mma: false,
+                direct: false,
+                n1_rl: 0,
+                b1: false,
+                pipe: false,
+                o8: true,
+            });
+            for n in [2, 5, 8] {
+                run_mv_plan(g, qt, 17408, 5120, n, 40 + i as u64, plan);
+                run_mv_plan(g, qt, 5120, 48, n, 50 + i as u64, plan);
+                run_mv_plan(g, qt, 384, 50, n, 60 + i as u64, plan);
+            }
         }
     }
 }
@@ -564,6 +589,7 @@ fn matvec_mma_every_plan() {
                         n1_rl,
                         b1: false,
                         pipe: false,
+                        o8: false,
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
@@ -689,6 +715,7 @@ fn b1_plan(r: usize, ks: usize, pre: bool) -> MvPlan {
         n1_rl: 0,
         b1: true,
         pipe: false,
+        o8: false,
     }
 }
 

@@ -1213,6 +1213,7 @@ impl CudaBackend {
                 self.gpu.pdl() as u64,
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
+                self.gpu.mv_o8() as u64,
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -2020,6 +2021,7 @@ impl Backend for CudaBackend {
                 self.gpu.pdl() as u64,
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
+                self.gpu.mv_o8() as u64,
                 row_needed as u64,
             ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
