@@ -9,6 +9,8 @@ mod gemm;
 mod mvb;
 #[cfg(test)]
 mod mvm_emu;
+#[cfg(test)]
+mod mvo_emu;
 pub mod retile;
 mod spec;
 

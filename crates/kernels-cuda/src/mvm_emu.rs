@@ -18,9 +18,9 @@ const CB: usize = 64; // MVM_CB
 const RS: usize = 80; // MVM_RS
 const SW: usize = 4; // MVM_SW
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -40,12 +40,12 @@ fn unpack(kind: WKind, w: u32, tg: usize) -> (u32, u32) {
     }
 }
 
-fn sbyte(r: u32, e: usize) -> i32 {
+pub(crate) fn sbyte(r: u32, e: usize) -> i32 {
     (r >> (8 * e)) as u8 as i8 as i32
 }
 
 /// mma.m16n8k32.row.col.s32.s8.s8.s32 over the 32 lanes' fragments (layout table in gemm.cu).
-fn mma(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32], c: &[[i32; 4]; 32]) -> [[i32; 4]; 32] {
+pub(crate) fn mma(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32], c: &[[i32; 4]; 32]) -> [[i32; 4]; 32] {
     let mut am = [[0i32; 32]; 16];
     let mut bm = [[0i32; 8]; 32];
     let mut cm = [[0i32; 8]; 16];
@@ -87,7 +87,7 @@ fn mma(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32], c: &[[i32; 4]; 32]) -> [[i32; 4];
 }
 
 /// 16 random rows of `qt` with all block scales 1.0 (so `dequantize_row` gives the signed codes).
-fn unit_rows(rng: &mut Rng, qt: QuantType, n_in: usize, rows: usize) -> Vec<u8> {
+pub(crate) fn unit_rows(rng: &mut Rng, qt: QuantType, n_in: usize, rows: usize) -> Vec<u8> {
     let rb = qt.row_bytes(n_in).unwrap();
     let mut raw: Vec<u8> = (0..rb * rows).map(|_| rng.next() as u8).collect();
     for blk in raw.chunks_exact_mut(qt.block_bytes()) {
