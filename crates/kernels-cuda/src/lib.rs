@@ -109,7 +109,7 @@ const MV_WARPS: usize = 4;
 /// Its float order is its own (neither dp4a's nor the int8 tensor cores'), the same for every n.
 ///
 /// `pipe` (dp4a plans only; one-row launches only, n > 1 ignores it): the pipelined persistent
-/// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (1, 2 or 4) rows per group and a grid sized to what
+/// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (2 or 4) rows per group and a grid sized to what
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
 /// bit. Off by default ([`Gpu::mv_pipe`]; `BONSAI_CUDA_MV_PIPE=1` turns it on): measured on the
@@ -850,27 +850,18 @@ kernels!(
         mvt_q2g64_k2,
         mvt_q2g64_k4,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
-        mvp_q1_r1_k1,
-        mvp_q1_r1_k2,
-        mvp_q1_r1_k4,
         mvp_q1_r2_k1,
         mvp_q1_r2_k2,
         mvp_q1_r2_k4,
         mvp_q1_r4_k1,
         mvp_q1_r4_k2,
         mvp_q1_r4_k4,
-        mvp_q2_r1_k1,
-        mvp_q2_r1_k2,
-        mvp_q2_r1_k4,
         mvp_q2_r2_k1,
         mvp_q2_r2_k2,
         mvp_q2_r2_k4,
         mvp_q2_r4_k1,
         mvp_q2_r4_k2,
         mvp_q2_r4_k4,
-        mvp_q2g64_r1_k1,
-        mvp_q2g64_r1_k2,
-        mvp_q2g64_r1_k4,
         mvp_q2g64_r2_k1,
         mvp_q2g64_r2_k2,
         mvp_q2g64_r2_k4,
@@ -1023,7 +1014,7 @@ impl Gpu {
         // the pipelined kernels' resident capacity, queried now rather than on a first launch
         // that may happen inside a graph capture
         for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
-            for r in [1, 2, 4] {
+            for r in [2, 4] {
                 for ks in [1, 2, 4] {
                     gpu.mvp_blocks(gpu.mvp_func(kind, r, ks)?)?;
                 }
@@ -1496,26 +1487,21 @@ impl Gpu {
         let f = &self.f;
         let t = match kind {
             WKind::Q1 => [
-                [f.mvp_q1_r1_k1, f.mvp_q1_r1_k2, f.mvp_q1_r1_k4],
                 [f.mvp_q1_r2_k1, f.mvp_q1_r2_k2, f.mvp_q1_r2_k4],
                 [f.mvp_q1_r4_k1, f.mvp_q1_r4_k2, f.mvp_q1_r4_k4],
             ],
             WKind::Q2 => [
-                [f.mvp_q2_r1_k1, f.mvp_q2_r1_k2, f.mvp_q2_r1_k4],
                 [f.mvp_q2_r2_k1, f.mvp_q2_r2_k2, f.mvp_q2_r2_k4],
                 [f.mvp_q2_r4_k1, f.mvp_q2_r4_k2, f.mvp_q2_r4_k4],
             ],
             WKind::Q2G64 => [
-                [f.mvp_q2g64_r1_k1, f.mvp_q2g64_r1_k2, f.mvp_q2g64_r1_k4],
                 [f.mvp_q2g64_r2_k1, f.mvp_q2g64_r2_k2, f.mvp_q2g64_r2_k4],
                 [f.mvp_q2g64_r4_k1, f.mvp_q2g64_r4_k2, f.mvp_q2g64_r4_k4],
             ],
             _ => return Err(CudaError(format!("mv_lowbit (mvp) on {kind:?}"))),
         };
         match (r, ks) {
-            (1 | 2 | 4, 1 | 2 | 4) => {
-                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
-            }
+            (2 | 4, 1 | 2 | 4) => Ok(t[r / 4][ks.trailing_zeros() as usize]),
             _ => Err(CudaError(format!(
                 "mv_lowbit (mvp): no variant with {r} rows per group, K split {ks}"
             ))),
@@ -1761,7 +1747,7 @@ impl Gpu {
             } else if p.o8 {
                 matches!(p.r, 1 | 2) && p.n1_rl == 0 && !p.direct && !p.pipe
             } else if p.pipe {
-                matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct
+                matches!(p.r, 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0
             };
