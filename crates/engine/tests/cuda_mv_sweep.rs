@@ -238,7 +238,7 @@ fn cuda_mv_plan_sweep() {
         {
             let mut o8_line = String::new();
             let mut best: [Option<(usize, f64)>; 2] = [None, None];
-            for r in [1, 2] {
+            for r in [1, 2, 4] {
                 let p = MvPlan {
                     r,
                     o8: true,

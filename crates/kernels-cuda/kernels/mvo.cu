@@ -258,7 +258,7 @@ __device__ __forceinline__ void mv_o8_tc(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     }
 }
 
-// Variants: mvo RR = 1 or 2 rows per lane group (4 or 8 rows per warp unit), U = 4 chunks in
+// Variants: mvo RR = 1, 2 or 4 rows per lane group (4, 8 or 16 rows per warp unit), U = 4 chunks in
 // flight; mvt one m16 tile per warp. Both with K split KS = 1, 2, 4 (the same KS gives the same
 // order in both).
 #define MVO_ENTRY(NAME, KIND, RR, KS, MINB)           \
@@ -274,6 +274,9 @@ __device__ __forceinline__ void mv_o8_tc(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     MVO_ENTRY(mvo_##K##_r2_k1, KIND, 2, 1, 5) \
     MVO_ENTRY(mvo_##K##_r2_k2, KIND, 2, 2, 5) \
     MVO_ENTRY(mvo_##K##_r2_k4, KIND, 2, 4, 5) \
+    MVO_ENTRY(mvo_##K##_r4_k1, KIND, 4, 1, 5) \
+    MVO_ENTRY(mvo_##K##_r4_k2, KIND, 4, 2, 4) \
+    MVO_ENTRY(mvo_##K##_r4_k4, KIND, 4, 4, 4) \
     MVT_ENTRY(mvt_##K##_k1, KIND, 1)          \
     MVT_ENTRY(mvt_##K##_k2, KIND, 2)          \
     MVT_ENTRY(mvt_##K##_k4, KIND, 4)

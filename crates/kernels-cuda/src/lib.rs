@@ -120,7 +120,7 @@ const MV_WARPS: usize = 4;
 ///
 /// `o8` (off by default; `BONSAI_CUDA_MV_O8=1` / [`Gpu::set_mv_o8`], or an explicit plan): the
 /// `kernels/mvo.cu` family in its own float order (8 interleaved partials per row), the same for
-/// every n: one-row launches run the dp4a kernel `mvo_*` with `r` (1 or 2) rows per lane group,
+/// every n: one-row launches run the dp4a kernel `mvo_*` with `r` (1, 2 or 4) rows per lane group,
 /// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`. NOT
 /// YET RUN ON A GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -828,6 +828,9 @@ kernels!(
         mvo_q1_r2_k1,
         mvo_q1_r2_k2,
         mvo_q1_r2_k4,
+        mvo_q1_r4_k1,
+        mvo_q1_r4_k2,
+        mvo_q1_r4_k4,
         mvt_q1_k1,
         mvt_q1_k2,
         mvt_q1_k4,
@@ -837,6 +840,9 @@ kernels!(
         mvo_q2_r2_k1,
         mvo_q2_r2_k2,
         mvo_q2_r2_k4,
+        mvo_q2_r4_k1,
+        mvo_q2_r4_k2,
+        mvo_q2_r4_k4,
         mvt_q2_k1,
         mvt_q2_k2,
         mvt_q2_k4,
@@ -846,6 +852,9 @@ kernels!(
         mvo_q2g64_r2_k1,
         mvo_q2g64_r2_k2,
         mvo_q2g64_r2_k4,
+        mvo_q2g64_r4_k1,
+        mvo_q2g64_r4_k2,
+        mvo_q2g64_r4_k4,
         mvt_q2g64_k1,
         mvt_q2g64_k2,
         mvt_q2g64_k4,
@@ -1446,19 +1455,24 @@ impl Gpu {
             WKind::Q1 => [
                 [f.mvo_q1_r1_k1, f.mvo_q1_r1_k2, f.mvo_q1_r1_k4],
                 [f.mvo_q1_r2_k1, f.mvo_q1_r2_k2, f.mvo_q1_r2_k4],
+                [f.mvo_q1_r4_k1, f.mvo_q1_r4_k2, f.mvo_q1_r4_k4],
             ],
             WKind::Q2 => [
                 [f.mvo_q2_r1_k1, f.mvo_q2_r1_k2, f.mvo_q2_r1_k4],
                 [f.mvo_q2_r2_k1, f.mvo_q2_r2_k2, f.mvo_q2_r2_k4],
+                [f.mvo_q2_r4_k1, f.mvo_q2_r4_k2, f.mvo_q2_r4_k4],
             ],
             WKind::Q2G64 => [
                 [f.mvo_q2g64_r1_k1, f.mvo_q2g64_r1_k2, f.mvo_q2g64_r1_k4],
                 [f.mvo_q2g64_r2_k1, f.mvo_q2g64_r2_k2, f.mvo_q2g64_r2_k4],
+                [f.mvo_q2g64_r4_k1, f.mvo_q2g64_r4_k2, f.mvo_q2g64_r4_k4],
             ],
             _ => return Err(CudaError(format!("mv_lowbit (mvo) on {kind:?}"))),
         };
         match (r, ks) {
-            (1 | 2, 1 | 2 | 4) => Ok(t[r - 1][ks.trailing_zeros() as usize]),
+            (1 | 2 | 4, 1 | 2 | 4) => {
+                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
+            }
             _ => Err(CudaError(format!(
                 "mv_lowbit (mvo): no variant with {r} rows per lane group, K split {ks}"
             ))),
@@ -1686,10 +1700,10 @@ impl Gpu {
         }
         let mut p = mv_default_plan(kind, n, rows, n_in, self.mv_mma());
         if !p.mma && self.mv_o8() {
-            // the same K split as the dp4a default (a function of the shape only), 1 row per lane
-            // group: a first guess for the sweep to replace
+            // the same K split and rows per lane group as the dp4a default rows per lane (a first
+            // guess for the sweep to replace)
             p.o8 = true;
-            p.r = 1;
+            p.r = mv_default_r(kind, rows);
             return p;
         }
         if n == 1 && !p.mma && self.mv_pipe() {
@@ -1745,7 +1759,7 @@ impl Gpu {
             } else if p.mma {
                 matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
             } else if p.o8 {
-                matches!(p.r, 1 | 2) && p.n1_rl == 0 && !p.direct && !p.pipe
+                matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct && !p.pipe
             } else if p.pipe {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {

@@ -324,11 +324,18 @@ fn matvec_lowbit_real_shapes_vs_reference() {
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
         }
         // the o8 family: n-row launches on the tensor cores (mvt) equal the one-row dp4a launches
-        // (mvo) bit for bit; 1 or 2 rows per lane group, every K split, ragged shapes (50 rows:
+        // (mvo) bit for bit; 1, 2 or 4 rows per lane group, every K split, ragged shapes (50 rows:
         // a partial m16 tile; 384 = 12 sub-blocks: a partial chunk of 8)
-        for (i, (r, ks, pre)) in [(1, 1, true), (2, 2, false), (1, 4, true), (2, 1, true)]
-            .into_iter()
-            .enumerate()
+        for (i, (r, ks, pre)) in [
+            (1, 1, true),
+            (2, 2, false),
+            (1, 4, true),
+            (2, 1, true),
+            (4, 2, true),
+            (4, 1, false),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let plan = Some(MvPlan {
                 r,
