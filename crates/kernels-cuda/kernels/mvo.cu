@@ -30,24 +30,11 @@ __device__ __forceinline__ void mv_o8_dp4a(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int gq = lane >> 3, p = lane & 7;
     int kp = w % KS;
-    int gw = blockIdx.x * G + w / KS;
-    int g0 = (s0.n_out + R - 1) / R, g1 = (s1.n_out + R - 1) / R, g2 = (s2.n_out + R - 1) / R,
-        g3 = (s3.n_out + R - 1) / R;
     MvSeg sg = s0;
-    bool valid = true;
-    if (gw < g0) {
-        sg = s0;
-    } else if ((gw -= g0) < g1) {
-        sg = s1;
-    } else if ((gw -= g1) < g2) {
-        sg = s2;
-    } else if ((gw -= g2) < g3) {
-        sg = s3;
-    } else {
-        valid = false;
-    }
+    int u0 = 0;  // the warp unit's first row in its segment
+    bool valid = mv_seg_group<R>(blockIdx.x * G + w / KS, s0, s1, s2, s3, sg, u0);
     if (!valid && KS == 1) return;
-    int o0 = gw * R + gq * RR;  // this lane group's first row
+    int o0 = u0 + gq * RR;  // this lane group's first row
     int nsb = n_in >> 5, nblk = n_in / BE;
     const u32* cp1[RR];
     const uint2* cp2[RR];
@@ -131,7 +118,7 @@ __device__ __forceinline__ void mv_o8_dp4a(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s
     if (KS > 1) {
         __syncthreads();
         if (valid && kp == 0 && lane < R) {
-            int o = gw * R + lane;
+            int o = u0 + lane;
             if (o < sg.n_out) {
                 float v = part[w][lane];
 #pragma unroll
@@ -156,25 +143,11 @@ __device__ __forceinline__ void mv_o8_tc(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     __shared__ float part[KS > 1 ? MV_WARPS : 1][16][8];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     int kp = w % KS;
-    int gw = blockIdx.x * G + w / KS;
-    int g0 = (s0.n_out + 15) / 16, g1 = (s1.n_out + 15) / 16, g2 = (s2.n_out + 15) / 16,
-        g3 = (s3.n_out + 15) / 16;
     MvSeg sg = s0;
-    bool valid = true;
-    if (gw < g0) {
-        sg = s0;
-    } else if ((gw -= g0) < g1) {
-        sg = s1;
-    } else if ((gw -= g1) < g2) {
-        sg = s2;
-    } else if ((gw -= g2) < g3) {
-        sg = s3;
-    } else {
-        valid = false;
-    }
+    int o0 = 0;  // the tile's first row in its segment
+    bool valid = mv_seg_group<16>(blockIdx.x * G + w / KS, s0, s1, s2, s3, sg, o0);
     PDL_ENTRY();
     if (!valid && KS == 1) return;
-    int o0 = gw * 16;
     int ra = o0 + g, rb = o0 + g + 8;
     int nsb = n_in >> 5, nblk = n_in / BE;
     size_t rac = valid ? (size_t)min(ra, sg.n_out - 1) : 0, rbc = valid ? (size_t)min(rb, sg.n_out - 1) : 0;
@@ -274,7 +247,7 @@ __device__ __forceinline__ void mv_o8_tc(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     MVO_ENTRY(mvo_##K##_r2_k1, KIND, 2, 1, 5) \
     MVO_ENTRY(mvo_##K##_r2_k2, KIND, 2, 2, 5) \
     MVO_ENTRY(mvo_##K##_r2_k4, KIND, 2, 4, 5) \
-    MVO_ENTRY(mvo_##K##_r4_k1, KIND, 4, 1, 5) \
+    MVO_ENTRY(mvo_##K##_r4_k1, KIND, 4, 1, 4) \
     MVO_ENTRY(mvo_##K##_r4_k2, KIND, 4, 2, 4) \
     MVO_ENTRY(mvo_##K##_r4_k4, KIND, 4, 4, 4) \
     MVT_ENTRY(mvt_##K##_k1, KIND, 1)          \

@@ -19,8 +19,9 @@
 // bit, and decode rows stay batch-invariant against the verify (n <= 8) kernels.
 
 // Segment and first row of row group g (groups of R rows, in segment order); false past the end.
+// Shared by mv_pipe and the o8 kernels (mvo.cu).
 template <int R>
-__device__ __forceinline__ bool mvp_group(int g, MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, MvSeg& sg,
+__device__ __forceinline__ bool mv_seg_group(int g, MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, MvSeg& sg,
                                           int& o0) {
     int g0 = (s0.n_out + R - 1) / R, g1 = (s1.n_out + R - 1) / R, g2 = (s2.n_out + R - 1) / R,
         g3 = (s3.n_out + R - 1) / R;
@@ -61,7 +62,7 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     auto set_rows = [&](int g) {
         MvSeg sg = s0;
         int o0 = 0;
-        mvp_group<R>(g, s0, s1, s2, s3, sg, o0);
+        mv_seg_group<R>(g, s0, s1, s2, s3, sg, o0);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             size_t ro = (size_t)min(o0 + r, sg.n_out - 1);
@@ -134,7 +135,7 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
         if (++cc == nch) {
             MvSeg sg = s0;
             int o0 = 0;
-            mvp_group<R>(cg, s0, s1, s2, s3, sg, o0);
+            mv_seg_group<R>(cg, s0, s1, s2, s3, sg, o0);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float v = warp_sum(acc[0][r]);
