@@ -40,10 +40,10 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0; O8=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0; O8=0; PROFILE=0
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --o8) O8=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
+  --python) PYCHECK=1; shift;; --o8) O8=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -110,6 +110,10 @@ if [[ $PYCHECK == 1 ]]; then
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
+if [[ $PROFILE == 1 ]]; then
+  # SASS mix, Nsight Compute and compute-sanitizer in the same call (scripts/gpu_profile.sh)
+  OUT="$OUT" bash scripts/gpu_profile.sh; rc=$((rc|$?))
+fi
 # stamp every JSON with the command, the commit built and the device
 CMD="bash scripts/gpu_check.sh $ARGS"
 python3 - "$OUT" "$CMD" "$(cat .device/commit.txt 2>/dev/null || echo unknown)" "$(cat "$OUT/device.txt")" <<'PY'
@@ -124,7 +128,14 @@ for f in glob.glob(out + "/*.json"):
         d = {"command": cmd, "commit": commit, "gpu": dev.strip(), **d}
         json.dump(d, open(f, "w"), indent=1)
 PY
-# at most 8 files come back from the device: JSON at the top, logs in one archive
-(cd "$OUT" && ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log)
+# at most 8 files come back from the device: logs and reports in one archive, JSON at the top
+# unless there are too many (then they go into results.tgz)
+(
+  cd "$OUT" || exit 0
+  rest=$(ls *.log *.tgz 2>/dev/null; ls *.txt 2>/dev/null | grep -v '^device.txt$')
+  [[ -n "$rest" ]] && tar czf logs.tgz.new $rest && rm -f $rest && mv logs.tgz.new logs.tgz
+  if (( $(ls | wc -l) > 8 )); then tar czf results.tgz *.json && rm -f *.json; fi
+  ls
+)
 echo "gpu_check rc=$rc"
 exit $rc
