@@ -10,7 +10,7 @@
 
 use cudarc::driver::{result as cu, sys};
 
-use crate::{cdiv, err, Arg, CudaError, Gpu, MvSeg, Result, WKind, MAX_SEGS};
+use crate::{cdiv, err, push_seg_args, Arg, CudaError, Gpu, MvSeg, Result, WKind, MAX_SEGS};
 
 /// Weight rows per GEMM CTA (`GM_BM` in the source).
 pub const GEMM_BM: usize = 128;
@@ -192,20 +192,7 @@ impl Gpu {
             (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
         };
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
-        for i in 0..MAX_SEGS {
-            let sg = segs.get(i).copied().unwrap_or(MvSeg {
-                codes: 0,
-                scales: 0,
-                y: 0,
-                n_out: 0,
-            });
-            args.extend([
-                Arg::P(sg.codes),
-                Arg::P(sg.scales),
-                Arg::P(sg.y),
-                Arg::I(sg.n_out as i32),
-            ]);
-        }
+        push_seg_args(&mut args, segs, MAX_SEGS, GEMM_BM);
         args.extend([
             Arg::P(q),
             Arg::P(d),

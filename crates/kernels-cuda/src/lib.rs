@@ -627,6 +627,34 @@ fn gdn_conv_args(
     ]
 }
 
+/// Push the per-segment kernel parameters `codes, scales, y, n_out` of `slots` segments (unused
+/// slots are zero, n_out = 0) and return the number of row groups of `rpw` rows over all of them.
+/// Shared by the mat-vec, GEMM and Q4_1 launchers.
+pub(crate) fn push_seg_args(
+    args: &mut Vec<Arg>,
+    segs: &[MvSeg],
+    slots: usize,
+    rpw: usize,
+) -> usize {
+    let mut groups = 0usize;
+    for i in 0..slots {
+        let sg = segs.get(i).copied().unwrap_or(MvSeg {
+            codes: 0,
+            scales: 0,
+            y: 0,
+            n_out: 0,
+        });
+        groups += sg.n_out.div_ceil(rpw);
+        args.extend([
+            Arg::P(sg.codes),
+            Arg::P(sg.scales),
+            Arg::P(sg.y),
+            Arg::I(sg.n_out as i32),
+        ]);
+    }
+    groups
+}
+
 /// The parameter list every low-bit mat-vec family shares (`MV_SEG_ENTRY` in the source) for
 /// `segs` with `rpw` weight rows per work unit, and the number of row groups of `rpw` rows.
 #[allow(clippy::too_many_arguments)]
@@ -642,22 +670,7 @@ fn mv_seg_args(
     plan: MvPlan,
 ) -> (Vec<Arg>, usize) {
     let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-    let mut groups = 0usize;
-    for i in 0..MAX_SEGS {
-        let sg = segs.get(i).copied().unwrap_or(MvSeg {
-            codes: 0,
-            scales: 0,
-            y: 0,
-            n_out: 0,
-        });
-        groups += sg.n_out.div_ceil(rpw);
-        args.extend([
-            Arg::P(sg.codes),
-            Arg::P(sg.scales),
-            Arg::P(sg.y),
-            Arg::I(sg.n_out as i32),
-        ]);
-    }
+    let groups = push_seg_args(&mut args, segs, MAX_SEGS, rpw);
     args.extend([
         Arg::P(x),
         Arg::P(d),

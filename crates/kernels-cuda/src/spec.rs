@@ -2,7 +2,7 @@
 //! (MODEL.md §4.9 option C), and the DSpark drafter's ops (Q4_1 mat-vec, per-head norm + full NEOX
 //! RoPE into a ring cache, non-causal block attention, the Markov step).
 
-use crate::{cdiv, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
+use crate::{cdiv, push_seg_args, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
 
 /// Most matrices one [`Gpu::mv_q41`] launch covers.
 pub const Q41_MAX_SEGS: usize = 3;
@@ -172,22 +172,7 @@ impl Gpu {
             )));
         }
         let mut args = Vec::with_capacity(4 * Q41_MAX_SEGS + 6);
-        let mut groups = 0usize;
-        for i in 0..Q41_MAX_SEGS {
-            let sg = segs.get(i).copied().unwrap_or(MvSeg {
-                codes: 0,
-                scales: 0,
-                y: 0,
-                n_out: 0,
-            });
-            groups += sg.n_out.div_ceil(2);
-            args.extend([
-                Arg::P(sg.codes),
-                Arg::P(sg.scales),
-                Arg::P(sg.y),
-                Arg::I(sg.n_out as i32),
-            ]);
-        }
+        let groups = push_seg_args(&mut args, segs, Q41_MAX_SEGS, 2);
         if groups == 0 {
             return Ok(());
         }
