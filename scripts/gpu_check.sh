@@ -41,6 +41,10 @@ fi
 
 ARGS="$*"
 BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0; O8=0; PROFILE=0
+# stages start only while the call has time left (the device tool stops a command at 600 s, and
+# then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
+BUDGET=${BONSAI_GPU_BUDGET:-500}
+late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
   --python) PYCHECK=1; shift;; --o8) O8=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
@@ -60,15 +64,15 @@ echo "small models: $(( $(date +%s) - t0 ))s"
 
 rc=0
 if [[ $RUST == 1 ]]; then
-echo "== kernels vs reference =="
+echo "[${SECONDS}s] == kernels vs reference =="
 .device/bin/gpu_kernels --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |mv |gdn |attention|LAUNCHGAP|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
-echo "== prefill GEMM vs reference =="
+echo "[${SECONDS}s] == prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
-echo "== full model: CUDA vs CPU =="
+echo "[${SECONDS}s] == full model: CUDA vs CPU =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-echo "== speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
+echo "[${SECONDS}s] == speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec.log" | grep -E "^test |==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-echo "== speculative round as captured graphs (the default; BONSAI_CUDA_ROUND_GRAPH=0 is eager) vs eager =="
+echo "[${SECONDS}s] == speculative round as captured graphs (the default; BONSAI_CUDA_ROUND_GRAPH=0 is eager) vs eager =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_round_graph --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/round-graph.log" | grep -E "^test |==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/drafter.log" | grep -E "^test |==|mv_q41|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 
@@ -77,16 +81,18 @@ fi
 if [[ $O8 == 1 ]]; then
   # the o8 mat-vec family (BONSAI_CUDA_MV_O8=1, off by default): the engine checks again with it on
   for t in cuda_forward cuda_spec cuda_round_graph; do
-    echo "== $t with BONSAI_CUDA_MV_O8=1 =="
+    late "o8 $t" && continue
+    echo "[${SECONDS}s] == $t with BONSAI_CUDA_MV_O8=1 =="
     BONSAI_CUDA_MV_O8=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/o8-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 
 if [[ $BENCH == 1 ]]; then
   for v in $VARIANTS; do
+    late "bench $v" && continue
     f=/tmp/27b-$v.gguf
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    echo "27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
+    echo "[${SECONDS}s] 27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
     BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
     # speculative round cost R on CUDA; the drafter is sparse (zeros): its timing does not depend on values
@@ -94,23 +100,29 @@ if [[ $BENCH == 1 ]]; then
     [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
     BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
+    if [[ $O8 == 1 ]] && ! late "o8 spec bench $v"; then
+      # the same round cost with the o8 family (shared float order, tensor-core verify)
+      BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    fi
   done
 fi
 if [[ $SWEEP == 1 ]]; then
-  echo "== mat-vec launch-plan sweep =="
+  echo "[${SECONDS}s] == mat-vec launch-plan sweep =="
   for v in $VARIANTS; do
+    late "sweep $v" && continue
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP (best|mma|pipe|o8)|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
-if [[ $PYCHECK == 1 ]]; then
-  echo "== Python API on CUDA =="
+if [[ $PYCHECK == 1 ]] && ! late "python check"; then
+  echo "[${SECONDS}s] == Python API on CUDA =="
   for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1; done
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
-if [[ $PROFILE == 1 ]]; then
+if [[ $PROFILE == 1 ]] && ! late "profile"; then
   # SASS mix, Nsight Compute and compute-sanitizer in the same call (scripts/gpu_profile.sh)
   OUT="$OUT" bash scripts/gpu_profile.sh; rc=$((rc|$?))
 fi
@@ -137,5 +149,5 @@ PY
   if (( $(ls | wc -l) > 8 )); then tar czf results.tgz *.json && rm -f *.json; fi
   ls
 )
-echo "gpu_check rc=$rc"
+echo "gpu_check rc=$rc after ${SECONDS}s"
 exit $rc
