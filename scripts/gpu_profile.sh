@@ -8,11 +8,11 @@
 #   4. compute-sanitizer memcheck and racecheck on the mat-vec kernel tests.
 # (3b: the same Nsight Compute sections on the prefill GEMM at n = 512.)
 # Build HERE first: scripts/gpu_check.sh --stage (it packs the cubin too). Run THERE (device tool,
-# repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize]
+# repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize] (or BONSAI_PROFILE_SANITIZE=0)
 # Reports go to $OUT (or ./bench/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SANITIZE=1
+SANITIZE=${BONSAI_PROFILE_SANITIZE:-1}
 [[ "${1:-}" == "--no-sanitize" ]] && SANITIZE=0
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 [[ -f .device/pkg.tgz && ! -d .device/bin ]] && tar xzf .device/pkg.tgz
@@ -55,7 +55,7 @@ if command -v ncu >/dev/null; then
     [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     k=$([[ $v == q1 ]] && echo "mv_q1_n1_r4_k1" || echo "mv_q2_n1_r2_k1")
     echo "== ncu $k (27B $v)" | tee -a "$rep"
-    BONSAI_BENCH_MODEL=$f timeout 240 ncu --clock-control none --kernel-name "regex:^$k\$" \
+    BONSAI_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
       --launch-skip 40 --launch-count 3 --kill yes \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
@@ -68,7 +68,7 @@ fi
 # 3b. the prefill GEMM (n = 512 launches of the real-shape GEMM test)
 if command -v ncu >/dev/null; then
   echo "== ncu gemm_q1 (n = 512, 5120 -> 17408)" | tee -a "$rep"
-  timeout 240 ncu --clock-control none --kernel-name "regex:^gemm_q1\$" --launch-skip 8 --launch-count 2 --kill yes \
+  timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^gemm_q1\$" --launch-skip 8 --launch-count 2 --kill yes \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section Occupancy --section InstructionStats \
     .device/bin/gpu_gemm --include-ignored --test-threads 1 gemm_real_shapes_k5120 > "$OUT/ncu-gemm.txt" 2>&1
@@ -80,7 +80,7 @@ fi
 if [[ $SANITIZE == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool" | tee -a "$rep"
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
+    timeout ${BONSAI_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
       --test-threads 1 matvec_lowbit_real_shapes_vs_reference > "$OUT/sanitize-$tool.txt" 2>&1
     echo "rc=$? $(grep -E "ERROR SUMMARY|test result" "$OUT/sanitize-$tool.txt" | tr '\n' ' ')" | tee -a "$rep"
   done
