@@ -191,17 +191,35 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
             o8: false,
         };
     }
+    let pipe = n == 1 && mvp_default_on(kind, rows);
     MvPlan {
-        r: if n == 1 { mv_default_r(kind, rows) } else { 2 },
+        r: if pipe {
+            mvp_default_r(kind, rows)
+        } else if n == 1 {
+            mv_default_r(kind, rows)
+        } else {
+            2
+        },
         ks: mv_default_ks(kind, rows, n_in),
         pre: true,
         mma,
         direct: false,
         n1_rl: 0,
         b1: false,
-        pipe: false,
+        pipe,
         o8: false,
     }
+}
+
+/// Whether a one-row launch of `rows` output rows takes the pipelined kernel (`mvp_*`, the same
+/// float order as the plain dp4a kernels, so verify rows still equal decode rows) by default: the
+/// mid-sized Q2 launches, where the plain grid ends in a poorly filled last wave (Q2's 5 blocks
+/// per SM). H200 sweep (bench/results/cuda-mv-sweep-q2.json, 2026-11-30): gdn q‖z‖b‖a (16,480
+/// rows) 10.91 → 9.06 µs and attn q‖k‖v (14,336 rows, K split 2) 10.16 → 9.20 µs; gate‖up
+/// (34,816), the head and the 5120-row outputs are faster plain, and so is every Q1 launch but
+/// one (gdn q‖z‖b‖a, by 1.5%).
+fn mvp_default_on(kind: WKind, rows: usize) -> bool {
+    kind == WKind::Q2 && (8_192..32_768).contains(&rows)
 }
 
 /// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows: 4,
@@ -1716,6 +1734,7 @@ impl Gpu {
             // the same K split and rows per lane group as the dp4a default rows per lane (a first
             // guess for the sweep to replace)
             p.o8 = true;
+            p.pipe = false;
             p.r = mv_default_r(kind, rows);
             return p;
         }
@@ -2558,15 +2577,18 @@ mod tests {
         // batch invariance: the float order (ks, kernel family) of a matrix is the same for the
         // decode launch (n = 1) and every verify launch (n <= 8)
         for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
-            for rows in [48usize, 5120, 14_336, 34_816, 248_320] {
+            for rows in [48usize, 5120, 14_336, 16_480, 34_816, 248_320] {
                 for mma in [false, true] {
                     let p1 = mv_default_plan(kind, 1, rows, 5120, mma);
                     assert_eq!(p1.mma, mma);
                     if mma {
                         assert!(matches!(p1.r, 1 | 2) && matches!(p1.ks, 1 | 2 | 4));
                     }
+                    // the pipelined kernels are one-row kernels of the dp4a order
+                    assert!(!p1.pipe || (!mma && matches!(p1.r, 2 | 4)));
                     for n in 2..=MAX_ROWS {
                         let p = mv_default_plan(kind, n, rows, 5120, mma);
+                        assert!(!p.pipe);
                         assert_eq!((p.ks, p.mma), (p1.ks, p1.mma), "{kind:?} {rows} n={n}");
                         // ring, direct and mvx agree bit for bit, but keep one plan per matrix
                         assert_eq!((p.direct, p.n1_rl), (p1.direct, p1.n1_rl));

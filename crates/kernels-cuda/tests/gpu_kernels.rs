@@ -60,7 +60,20 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
     num / den.max(1e-30)
 }
 
-/// Host emulation (f64) of the exact integer-activation product the kernel computes.
+/// Output rows `[o0, o1)` chunks for the host threads (the real shapes take seconds on one core).
+fn row_chunks(n_out: usize) -> Vec<(usize, usize)> {
+    let nt = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let per = n_out.div_ceil(nt).max(64);
+    (0..n_out)
+        .step_by(per)
+        .map(|o0| (o0, (o0 + per).min(n_out)))
+        .collect()
+}
+
+/// Host emulation (f64) of the exact integer-activation product the kernel computes. Rows are
+/// independent: split over threads.
 fn emulate_q(
     raw: &[u8],
     qt: QuantType,
@@ -71,16 +84,81 @@ fn emulate_q(
 ) -> Vec<f32> {
     let rb = qt.row_bytes(n_in).unwrap();
     let (q, d, _) = host_quant(x, n_in);
+    // [n_out, n] per chunk, transposed to [n, n_out] at the end
+    let parts: Vec<(usize, Vec<f32>)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = row_chunks(n_out)
+            .into_iter()
+            .map(|(o0, o1)| {
+                let (q, d) = (&q, &d);
+                sc.spawn(move || {
+                    let mut yo = vec![0f32; (o1 - o0) * n];
+                    let mut row = vec![0f32; n_in];
+                    for o in o0..o1 {
+                        dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
+                        for t in 0..n {
+                            let mut acc = 0f64;
+                            for i in 0..n_in {
+                                acc += row[i] as f64
+                                    * q[t * n_in + i] as f64
+                                    * d[(t * n_in + i) / 32] as f64;
+                            }
+                            yo[(o - o0) * n + t] = acc as f32;
+                        }
+                    }
+                    (o0, yo)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     let mut y = vec![0f32; n * n_out];
-    let mut row = vec![0f32; n_in];
-    for o in 0..n_out {
-        dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
+    for (o0, yo) in parts {
+        for (k, v) in yo.into_iter().enumerate() {
+            y[(k % n) * n_out + o0 + k / n] = v;
+        }
+    }
+    y
+}
+
+/// The scalar CPU reference mat-vec of each activation row, rows of the matrix split over threads
+/// (each output row is computed alone, so the split changes nothing).
+fn reference_mv(
+    raw: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let rb = qt.row_bytes(n_in).unwrap();
+    let mut y = vec![0f32; n * n_out];
+    let parts: Vec<(usize, usize, Vec<f32>)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = row_chunks(n_out)
+            .into_iter()
+            .map(|(o0, o1)| {
+                sc.spawn(move || {
+                    let m = o1 - o0;
+                    let mut yo = vec![0f32; n * m];
+                    for t in 0..n {
+                        r::matvec(
+                            &raw[o0 * rb..o1 * rb],
+                            qt,
+                            n_in,
+                            m,
+                            &x[t * n_in..(t + 1) * n_in],
+                            &mut yo[t * m..(t + 1) * m],
+                        );
+                    }
+                    (o0, o1, yo)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (o0, o1, yo) in parts {
+        let m = o1 - o0;
         for t in 0..n {
-            let mut acc = 0f64;
-            for i in 0..n_in {
-                acc += row[i] as f64 * q[t * n_in + i] as f64 * d[(t * n_in + i) / 32] as f64;
-            }
-            y[t * n_out + o] = acc as f32;
+            y[t * n_out + o0..t * n_out + o1].copy_from_slice(&yo[t * m..(t + 1) * m]);
         }
     }
     y
@@ -255,17 +333,7 @@ fn run_mv_plan(
         "{qt:?} [{n_in}x{n_out}] vs emulation: max rel {e1}"
     );
     // vs the f32-activation reference matvec (int8 activation error only)
-    let mut refy = vec![0f32; n * n_out];
-    for t in 0..n {
-        r::matvec(
-            &raw,
-            qt,
-            n_in,
-            n_out,
-            &x[t * n_in..(t + 1) * n_in],
-            &mut refy[t * n_out..(t + 1) * n_out],
-        );
-    }
+    let refy = reference_mv(&raw, qt, n_in, n_out, &x, n);
     let e2 = nmse(&yn, &refy);
     assert!(e2 < 1e-3, "{qt:?} [{n_in}x{n_out}] vs reference: nmse {e2}");
     eprintln!(
