@@ -190,34 +190,65 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
 // (IMAD.SHL, FMA pipe; weight 2^7 for Q1's bit, 2^6 for Q2's 2-bit field, bytes unsigned), and
 // the lowest and highest fields need only the mask. Two accumulators, one per weight; the sum is
 // an exact integer either way, so the result is the plain scheme's bit for bit.
+// A sub-block's code word(s) unpacked into the 8 dp4a operands (independent of the activations,
+// so an n-row launch unpacks once and reuses them for every activation row).
+struct SubOps {
+    u32 m[8];
+};
+
 template <int KIND>
-__device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
+__device__ __forceinline__ SubOps sub_unpack(uint2 c) {
+    SubOps o;
     if (KIND == 1) {
         // Q1 re-tiled word: bit i of byte b is element 4i + b. Bits 0..3 to bit 0 of each byte,
         // bits 4..7 to bit 7.
         u32 w = c.x;
-        int lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) lo = dp4a_us((w >> i) & 0x01010101u, qa[i], lo);
+        for (int i = 0; i < 4; ++i) o.m[i] = (w >> i) & 0x01010101u;
 #pragma unroll
-        for (int i = 4; i < 8; ++i) hi = dp4a_us((w << (7 - i)) & 0x80808080u, qa[i], hi);
-        // lo = S_lo, hi = 128·S_hi; Σ sign·q = 2·(S_lo + S_hi) − s
-        return 2 * lo + (hi >> 6) - sa;
+        for (int i = 4; i < 8; ++i) o.m[i] = (w << (7 - i)) & 0x80808080u;
     } else {
         // Q2 re-tiled word: 2-bit field s of byte i is element 4s + i. Fields 0, 1 to the bottom,
         // fields 2, 3 to the top of each byte.
-        int lo = 0, hi = 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             u32 w = h == 0 ? c.x : c.y;
-            lo = dp4a_us(w & 0x03030303u, qa[4 * h], lo);
-            lo = dp4a_us((w >> 2) & 0x03030303u, qa[4 * h + 1], lo);
-            hi = dp4a_us((w << 2) & 0xC0C0C0C0u, qa[4 * h + 2], hi);
-            hi = dp4a_us(w & 0xC0C0C0C0u, qa[4 * h + 3], hi);
+            o.m[4 * h] = w & 0x03030303u;
+            o.m[4 * h + 1] = (w >> 2) & 0x03030303u;
+            o.m[4 * h + 2] = (w << 2) & 0xC0C0C0C0u;
+            o.m[4 * h + 3] = w & 0xC0C0C0C0u;
+        }
+    }
+    return o;
+}
+
+// Σ(code·q) of one sub-block from its unpacked operands: Q1 Σ sign·q, Q2 Σ code·q − s.
+template <int KIND>
+__device__ __forceinline__ int sub_dot_ops(const SubOps& o, const int* qa, int sa) {
+    int lo = 0, hi = 0;
+    if (KIND == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lo = dp4a_us(o.m[i], qa[i], lo);
+#pragma unroll
+        for (int i = 4; i < 8; ++i) hi = dp4a_us(o.m[i], qa[i], hi);
+        // lo = S_lo, hi = 128·S_hi; Σ sign·q = 2·(S_lo + S_hi) − s
+        return 2 * lo + (hi >> 6) - sa;
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            lo = dp4a_us(o.m[4 * h], qa[4 * h], lo);
+            lo = dp4a_us(o.m[4 * h + 1], qa[4 * h + 1], lo);
+            hi = dp4a_us(o.m[4 * h + 2], qa[4 * h + 2], hi);
+            hi = dp4a_us(o.m[4 * h + 3], qa[4 * h + 3], hi);
         }
         // hi = 64·Σ (fields 2, 3)·q
         return lo + (hi >> 6) - sa;
     }
+}
+
+template <int KIND>
+__device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
+    return sub_dot_ops<KIND>(sub_unpack<KIND>(c), qa, sa);
 }
 
 template <int KIND, int NT, int MV_R, int MV_U, int KS>
@@ -308,6 +339,10 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         for (int u = 0; u < MV_U; ++u) {
             int j = j0 + STEP * u;
             if (j < nsb) {
+                // unpack the R code words once for all activation rows
+                SubOps ops[MV_R];
+#pragma unroll
+                for (int r = 0; r < MV_R; ++r) ops[r] = sub_unpack<KIND>(c[u][r]);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < n) {
@@ -318,7 +353,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                         int st = __ldg(sa + (size_t)t * nsb + j);
 #pragma unroll
                         for (int r = 0; r < MV_R; ++r) {
-                            int isum = sub_dot<KIND>(c[u][r], qa, st);
+                            int isum = sub_dot_ops<KIND>(ops[r], qa, st);
                             acc[r][t] = fmaf(dw[u][r] * dt, (float)isum, acc[r][t]);
                         }
                     }
