@@ -5,15 +5,16 @@
 # HERE: stage main (scripts/gpu_check.sh --stage), build the other branch's cuda_spec_bench and
 # cuda_mv_sweep in a separate worktree and CARGO_TARGET_DIR, copy them (stripped) into
 # .device/alt/ and pack that as .device/alt.tgz. THERE (carry [".device"]):
-#   bash scripts/gpu_ab.sh [--sweep] [--variants "q1 q2"]
+#   bash scripts/gpu_ab.sh [--sweep] [--decode] [--variants "q1 q2"]
+# (--decode: the decode / prefill bench cuda_bench of both builds too; copy it into .device/alt)
 # Logs go to $OUT as ab-{main,alt}-*.log (gpu_check.sh bundles them when it runs after this).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ -f .device/pkg.tgz && ! -d .device/bin ]] && tar xzf .device/pkg.tgz
 [[ -f .device/alt.tgz && ! -d .device/alt ]] && tar xzf .device/alt.tgz
-SWEEP=0; VARIANTS="q1 q2"
+SWEEP=0; DECODE=0; VARIANTS="q1 q2"
 while [[ $# -gt 0 ]]; do case "$1" in
-  --sweep) SWEEP=1; shift;; --variants) VARIANTS="$2"; shift 2;;
+  --sweep) SWEEP=1; shift;; --decode) DECODE=1; shift;; --variants) VARIANTS="$2"; shift 2;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONPATH=python BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
@@ -28,6 +29,11 @@ for v in $VARIANTS; do
     BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d $dir/cuda_spec_bench --include-ignored --nocapture > "$OUT/ab-$b-spec-$v.log" 2>&1
     rc=$((rc|$?))
     grep -E "BENCH (plain|ngram|dspark \(GPU drafter, round graph true)" "$OUT/ab-$b-spec-$v.log" | cut -c1-200
+    if [[ $DECODE == 1 ]]; then
+      BONSAI_BENCH_MODEL=$f $dir/cuda_bench --include-ignored --nocapture > "$OUT/ab-$b-decode-$v.log" 2>&1
+      rc=$((rc|$?))
+      grep -E "^BENCH (PDL|prefill)|PROFILE eager" "$OUT/ab-$b-decode-$v.log" | cut -c1-160
+    fi
     if [[ $SWEEP == 1 ]]; then
       BONSAI_BENCH_MODEL=$f $dir/cuda_mv_sweep --include-ignored --nocapture > "$OUT/ab-$b-sweep-$v.log" 2>&1
       rc=$((rc|$?))

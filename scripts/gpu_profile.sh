@@ -86,5 +86,5 @@ if [[ $SANITIZE == 1 ]] && command -v compute-sanitizer >/dev/null; then
   done
 fi
 rm -f "$OUT/all.sass"
-(cd "$OUT" && ls ncu-*.txt sanitize-*.txt >/dev/null 2>&1 && tar czf profile-logs.tgz ncu-*.txt sanitize-*.txt && rm -f ncu-*.txt sanitize-*.txt)
+(cd "$OUT" && f=$(ls ncu-*.txt sanitize-*.txt 2>/dev/null) && [[ -n "$f" ]] && tar czf profile-logs.tgz $f && rm -f $f)
 echo "gpu_profile done"
