@@ -65,8 +65,9 @@ echo "small models: $(( $(date +%s) - t0 ))s"
 rc=0
 if [[ $RUST == 1 ]]; then
 echo "[${SECONDS}s] == kernels vs reference =="
-# four at a time (their host-side emulation is the slow part), the launch-gap timing alone after
-.device/bin/gpu_kernels --include-ignored --test-threads 4 --skip launch_chain_cost --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+# one at a time: the tests share one Gpu and its launch-plan override (the host emulation inside
+# each test is threaded); the launch-gap timing last
+.device/bin/gpu_kernels --include-ignored --test-threads 1 --skip launch_chain_cost --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 .device/bin/gpu_kernels --include-ignored --exact launch_chain_cost --nocapture 2>&1 | tee -a "$OUT/kernels.log" | grep -E "LAUNCHGAP|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "[${SECONDS}s] == prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
