@@ -12,6 +12,11 @@ PEERS = {"q1": (84.7, 159.4), "q2": (80.5, 162.1)}  # PrismML llama.cpp fork, bo
 PP_PEER = {"q1": 2713, "q2": 2743}
 
 
+def esc(cell: str) -> str:
+    """A Markdown table cell: the '|' of a grouped launch's name (gate|up) escaped."""
+    return cell.replace("|", "\\|")
+
+
 def load(name: str) -> dict | None:
     p = R / name
     return json.loads(p.read_text()) if p.exists() else None
@@ -23,20 +28,33 @@ def main() -> None:
     meta = None
     lines.append(
         "| weights | decode tok/s (graph) | of 4.49 TB/s | Python API greedy | Python API sampled | "
-        "pp512 tok/s | n-gram R (k=0..4), round graphs | same, eager round | "
-        "DSpark GPU drafter, round graphs: draft ms, R | resident GB |"
+        "pp512 tok/s | n-gram round ms (k=0..4), round graphs | R = round / greedy graph step | "
+        "same R, eager round | DSpark GPU drafter, round graphs: draft ms, R | resident GB |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for v in ("q1", "q2"):
         d = load(f"cuda-decode-27b-{v}.json")
-        s = load(f"cuda-spec-27b-{v}.json")
+        s = load(f"cuda-spec-27b-{v}.json") or {}
         if not d:
             continue
         meta = meta or d
         a = api.get("decode_27b", {}).get(v, {})
-        ng = ", ".join(f"{x:.2f}" for x in (s or {}).get("ngram", {}).get("R_by_k_replay_graph", []))
-        nge = ", ".join(f"{x:.2f}" for x in (s or {}).get("ngram", {}).get("R_by_k_replay", []))
-        ds = (s or {}).get("dspark_graph", (s or {}).get("dspark", {}))
+        # R against the decode bench's graph step (the greedy plain step: no logits row), from the
+        # round times in ms, whichever denominator the spec bench of that commit printed
+        step = d["graph_ms_median"] / d["steps"]
+        search = s.get("ngram", {}).get("search_ms", 0.0)
+
+        def rounds(graph: bool, s=s) -> list[float]:
+            return [
+                r["round_ms"]
+                for r in s.get("rounds", [])
+                if r["round_graph"] == graph and not r["taps"] and r["rollback"] == "Replay"
+            ]
+
+        ms = ", ".join(f"{x:.2f}" for x in rounds(True))
+        ng = ", ".join(f"{(x + search) / step:.2f}" for x in rounds(True))
+        nge = ", ".join(f"{(x + search) / step:.2f}" for x in rounds(False))
+        ds = s.get("dspark_graph", s.get("dspark", {}))
         pk, tk = PEERS[v]
         pp = d.get("prefill_pp512_tok_s", float("nan"))
         lines.append(
@@ -44,8 +62,8 @@ def main() -> None:
             f"{d['decode_tok_s'] / tk:.2f}× turbo) | {100 * d['fraction_of_4_49_TBps']:.0f}% | "
             f"{a.get('decode_tok_s_median', float('nan')):.1f} | {a.get('sampled_tok_s_median', float('nan')):.1f} | "
             f"{pp:.0f} ({pp / PP_PEER[v]:.2f}× fork) | "
-            f"{ng} | {nge} | {ds.get('draft_ms', float('nan')):.2f}, "
-            f"{ds.get('R_vs_eager_taps_step', float('nan')):.2f} | "
+            f"{ms} | {ng} | {nge} | {ds.get('draft_ms', float('nan')):.2f}, "
+            f"{ds.get('total_ms', float('nan')) / step:.2f} | "
             f"{d['resident_bytes'] / 1e9:.2f} |"
         )
     head = []
@@ -59,6 +77,7 @@ def main() -> None:
         head.append("")
     lines += mma_section()
     lines += pipe_section()
+    lines += o8_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
 
@@ -78,7 +97,7 @@ def mma_section() -> list[str]:
             # the default mvx plan is 2 rows per lane (n1_mvx_r2_us) since that sweep
             n1 = m.get("n1_mvx_r2_us", m["n1_tc_default_us"])
             rows.append(
-                f"| {sw['weight_type']} | {m['category']} | {m['n1_dp4a_us']:.2f} | {n1:.2f} | "
+                f"| {sw['weight_type']} | {esc(m['category'])} | {m['n1_dp4a_us']:.2f} | {n1:.2f} | "
                 f"{m['n5_dp4a_us']:.2f} | {m['n5_tc_default_us']:.2f} |"
             )
     if rows:
@@ -94,12 +113,16 @@ def mma_section() -> list[str]:
     ab = decode_ab("mv_mma", "with dp4a", "with the tensor-core family")
     sm = load("cuda-spec-27b-q1-mma.json")
     if sm:
-        ng = ", ".join(f"{x:.2f}" for x in sm["ngram"]["R_by_k_replay_graph"])
         round_ms = sm["ngram"]["R_by_k_replay_graph"][0] * sm["plain_step_ms"]
-        ab.append(
-            f"with the family on (commit {sm.get('commit')}, mvx at 1 row per lane then), Q1_0 n-gram R with "
-            f"round graphs = {ng} of its own {sm['plain_step_ms']:.2f} ms step, i.e. a {round_ms:.2f} ms round"
-        )
+        d1 = load("cuda-decode-27b-q1.json") or {}
+        mma = d1.get("mv_mma", {})
+        if "graph_ms_median_on" in mma:
+            step = mma["graph_ms_median_on"] / d1["steps"]
+            ab.append(
+                f"with the family on (commit {sm.get('commit')}, mvx at 1 row per lane then), a Q1_0 n-gram "
+                f"round with round graphs took {round_ms:.2f} ms (k = 0), R = {round_ms / step:.2f} of the "
+                f"family's own {step:.2f} ms decode step"
+            )
     if ab:
         out += ["", "; ".join(ab) + "."]
     return out
@@ -131,21 +154,52 @@ def pipe_section() -> list[str]:
         sw = load(f"cuda-mv-sweep-{v}.json") or {}
         for m in sw.get("pipe_vs_dp4a", []):
             rows.append(
-                f"| {sw['weight_type']} | {m['category']} | {m['plain_plan']} {m['plain_us']:.2f} | "
+                f"| {sw['weight_type']} | {esc(m['category'])} | {m['plain_plan']} {m['plain_us']:.2f} | "
                 f"{m['mvp_plan']} {m['mvp_us']:.2f} | {m['plain_us'] / m['mvp_us']:.2f}× |"
             )
     if not rows:
         return []
-    commit = (load("cuda-mv-sweep-q1.json") or {}).get("commit")
+    commits = ", ".join(
+        f"{v} at {c}" for v in ("q1", "q2") if (c := (load(f"cuda-mv-sweep-{v}.json") or {}).get("commit"))
+    )
     out = [
         "",
-        "Pipelined persistent decode mat-vec (`mvp`, `BONSAI_CUDA_MV_PIPE=1`, off by default): µs per "
-        f"launch at n = 1, best mvp plan with the shape's K split (sweep at commit {commit}).",
+        "Pipelined persistent decode mat-vec (`mvp`): µs per launch at n = 1, best mvp plan with the "
+        f"shape's K split (sweeps: {commits}). Since 71f9846 the Q2 launches of 8,192 to 32,767 rows "
+        "(gdn q‖z‖b‖a, attn q‖k‖v) take mvp r4 by default; `BONSAI_CUDA_MV_PIPE=1` puts every one-row "
+        "launch on it.",
         "",
         "| weights | matrices | plain dp4a | best mvp | speed-up |",
         "|---|---|---|---|---|",
     ] + rows
-    ab = decode_ab("mv_pipe", "plain", "with mvp (4 rows per group)", tokens=True)
+    ab = decode_ab("mv_pipe", "with the shape defaults", "with mvp everywhere (4 rows per group)", tokens=True)
+    if ab:
+        out += ["", "; ".join(ab) + "."]
+    return out
+
+
+def o8_section() -> list[str]:
+    """The o8 family (BONSAI_CUDA_MV_O8=1: one float order for a one-row dp4a kernel and an n-row
+    tensor-core kernel) against the default dp4a kernels, per launch."""
+    rows = []
+    for v in ("q1", "q2"):
+        sw = load(f"cuda-mv-sweep-{v}.json") or {}
+        for m in sw.get("o8_vs_dp4a", []):
+            rows.append(
+                f"| {sw['weight_type']} | {esc(m['category'])} | {m['n1_dp4a_us']:.2f} | "
+                f"r{m['n1_mvo_r']} {m['n1_mvo_us']:.2f} | {m['n5_dp4a_us']:.2f} | {m['n5_mvt_us']:.2f} |"
+            )
+    if not rows:
+        return []
+    out = [
+        "",
+        "o8 family (`BONSAI_CUDA_MV_O8=1`, off: slower at both n): µs per launch, one-row `mvo` with its "
+        "best rows per lane group against dp4a, and the n = 5 tensor-core `mvt` against dp4a.",
+        "",
+        "| weights | matrices | n=1 dp4a | n=1 mvo | n=5 dp4a | n=5 mvt |",
+        "|---|---|---|---|---|---|",
+    ] + rows
+    ab = decode_ab("mv_o8", "default", "with o8")
     if ab:
         out += ["", "; ".join(ab) + "."]
     return out

@@ -7,9 +7,11 @@
 //! scripts/gpu_check.sh.
 //!
 //! Measured, every time with the stream synchronized before and after (wall clock, medians):
-//! - the plain step the engine runs: `decode_step` (one CUDA graph replay, the logits row to the
-//!   host, host greedy sampling), and the eager one-row forward with DSpark taps (the engine's
-//!   plain step while a DSpark drafter is attached);
+//! - the plain step a greedy request runs with no proposer, the denominator of every R:
+//!   `decode_step_stats` without the logits row (one CUDA graph replay; argmax and log-sum-exp on
+//!   the device, 16 bytes back). Also, for reference: the same graph with the row copied to the
+//!   host and sampled there (`plain_step_row_ms`; R was quoted against this one up to 14d7d06,
+//!   which flattered it by ~20 %), and the eager one-row forward with DSpark taps;
 //! - a verify round for every accept count k = 0..=4 (oracle drafts: the plain greedy continuation
 //!   with draft k corrupted), replay and re-forward rollback, without and with taps: snapshot +
 //!   verify (n = 5, records, logits of 5 rows) + accept + rollback;
@@ -184,7 +186,32 @@ fn cuda_spec_round_cost() {
             t_plain.push(secs);
         }
     }
-    let plain_ms = median_ms(&mut t_plain);
+    let plain_row_ms = median_ms(&mut t_plain);
+    // the engine's greedy plain step, the denominator of R: the step graph without the logits
+    // row (argmax and log-sum-exp on the device, 16 bytes back), what a greedy request with no
+    // proposer runs per token. Same tokens as the row path (same launches).
+    let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+    st.copy_from(&cuda, &base);
+    let mut lg_none = Vec::new();
+    let mut t_greedy = Vec::new();
+    for (i, &id) in want.iter().enumerate() {
+        let (stats, secs) = timed(&cuda, || {
+            cuda.decode_step_stats(&cfg, &w, &mut st, id, &mut lg_none, false)
+                .unwrap()
+        });
+        if let Some(&next) = want.get(i + 1) {
+            let got = stats.map(|s| s.argmax);
+            assert_eq!(
+                got,
+                Some(next),
+                "row-less greedy step {i} differs from the row path"
+            );
+        }
+        if i > 2 {
+            t_greedy.push(secs);
+        }
+    }
+    let plain_ms = median_ms(&mut t_greedy);
     // the eager one-row forward with taps (the engine's plain step with a DSpark drafter)
     let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
     st.copy_from(&cuda, &base);
@@ -219,7 +246,7 @@ fn cuda_spec_round_cost() {
     }
     let eager_taps_ms = median_ms(&mut t_eager);
     println!(
-        "BENCH plain step: decode_step (graph) {plain_ms:.3} ms, eager + taps {eager_taps_ms:.3} ms"
+        "BENCH plain step: greedy decode step (graph, no logits row) {plain_ms:.3} ms; with the row copied and sampled on the host {plain_row_ms:.3} ms; eager + taps {eager_taps_ms:.3} ms"
     );
 
     // 2. verify rounds per accept count, rollback mode and taps, eager and with round graphs
@@ -397,11 +424,11 @@ fn cuda_spec_round_cost() {
             );
             println!(
             "BENCH dspark ({}, round graph {graph}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
-             total {tm:.3} ms, R = {:.2} vs the eager+taps plain step ({:.2} vs the graph step); \
+             total {tm:.3} ms, R = {:.2} vs the greedy graph step ({:.2} vs the eager+taps step); \
              {acc} of {} drafts accepted",
             d.label(),
-            tm / eager_taps_ms,
             tm / plain_ms,
+            tm / eager_taps_ms,
             ROUNDS * K
         );
             dspark_json[gi] = format!(
@@ -413,7 +440,7 @@ fn cuda_spec_round_cost() {
             tm / plain_ms,
             ROUNDS * K,
             (0..=K)
-                .map(|k| format!("{:.3}", (dm + sm + round_ms[gi][1][0][k]) / eager_taps_ms))
+                .map(|k| format!("{:.3}", (dm + sm + round_ms[gi][1][0][k]) / plain_ms))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -433,7 +460,7 @@ fn cuda_spec_round_cost() {
     );
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
-         \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
+         \"plain_step_row_ms\": {plain_row_ms:.3}, \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
          \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph\": {}}}",
         cfg.weight_type.name(),
         cuda.name(),
