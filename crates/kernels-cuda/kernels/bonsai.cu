@@ -303,22 +303,27 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     const int STEP = 32 * KS;
     uint2 c[MV_U][MV_R];
     float dw[MV_U][MV_R];
+    // Addressing: one base pointer per row and batch (j0 >= 0, so the scale index is an unsigned
+    // shift), the U sub-blocks of the batch at the constant offsets STEP·u from it.
     auto load_w = [&](int j0) {
+        unsigned uj0 = (unsigned)j0;
 #pragma unroll
-        for (int u = 0; u < MV_U; ++u) {
-            int j = j0 + STEP * u;
+        for (int r = 0; r < MV_R; ++r) {
+            const u32* b1 = cp1[r] + uj0;
+            const uint2* b2 = cp2[r] + uj0;
+            const u16* bs = sp[r] + uj0 / SPB;
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
+            for (int u = 0; u < MV_U; ++u) {
                 c[u][r].x = 0u;
                 c[u][r].y = 0u;
                 dw[u][r] = 0.f;
-                if (j < nsb) {
+                if (j0 + STEP * u < nsb) {
                     if (KIND == 1) {
-                        c[u][r].x = __ldg(cp1[r] + j);
+                        c[u][r].x = __ldg(b1 + STEP * u);
                     } else {
-                        c[u][r] = __ldg(cp2[r] + j);
+                        c[u][r] = __ldg(b2 + STEP * u);
                     }
-                    dw[u][r] = h2f(__ldg(sp[r] + j / SPB));
+                    dw[u][r] = h2f(__ldg(bs + STEP * u / SPB));
                 }
             }
         }
@@ -335,10 +340,13 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
     for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
         if (j0 != jfirst) load_w(j0);
+        // activation bases of this batch: codes [n, n_in] i8, d and s [n, nsb]
+        const i8* qb = q + (size_t)(unsigned)j0 * 32;
+        const float* db = da + (unsigned)j0;
+        const int* sb = sa + (unsigned)j0;
 #pragma unroll
         for (int u = 0; u < MV_U; ++u) {
-            int j = j0 + STEP * u;
-            if (j < nsb) {
+            if (j0 + STEP * u < nsb) {
                 // unpack the R code words once for all activation rows
                 SubOps ops[MV_R];
 #pragma unroll
@@ -346,11 +354,11 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < n) {
-                        const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                        const int4* qa4 = (const int4*)(qb + (size_t)t * n_in + STEP * u * 32);
                         int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
                         int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-                        float dt = __ldg(da + (size_t)t * nsb + j);
-                        int st = __ldg(sa + (size_t)t * nsb + j);
+                        float dt = __ldg(db + (size_t)t * nsb + STEP * u);
+                        int st = __ldg(sb + (size_t)t * nsb + STEP * u);
 #pragma unroll
                         for (int r = 0; r < MV_R; ++r) {
                             int isum = sub_dot_ops<KIND>(ops[r], qa, st);
