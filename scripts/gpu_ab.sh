@@ -7,7 +7,7 @@
 # .device/alt/ and pack that as .device/alt.tgz. THERE (carry [".device"]):
 #   bash scripts/gpu_ab.sh [--sweep] [--decode] [--variants "q1 q2"]
 # (--decode: the decode / prefill bench cuda_bench of both builds too; copy it into .device/alt)
-# Logs go to $OUT as ab-{main,alt}-*.log (gpu_check.sh bundles them when it runs after this).
+# Logs and JSON go to $OUT as ab-{main,alt}-*.{log,json}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ -f .device/pkg.tgz && ! -d .device/bin ]] && tar xzf .device/pkg.tgz
@@ -26,11 +26,11 @@ for v in $VARIANTS; do
   for b in main alt; do
     dir=.device/bin; [[ $b == alt ]] && dir=.device/alt
     echo "[${SECONDS}s] == $b: round cost $v"
-    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d $dir/cuda_spec_bench --include-ignored --nocapture > "$OUT/ab-$b-spec-$v.log" 2>&1
+    BONSAI_SPEC_BENCH_OUT="$OUT/ab-$b-spec-$v.json" BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d $dir/cuda_spec_bench --include-ignored --nocapture > "$OUT/ab-$b-spec-$v.log" 2>&1
     rc=$((rc|$?))
     grep -E "BENCH (plain|ngram|dspark \(GPU drafter, round graph true)" "$OUT/ab-$b-spec-$v.log" | cut -c1-200
     if [[ $DECODE == 1 ]]; then
-      BONSAI_BENCH_MODEL=$f $dir/cuda_bench --include-ignored --nocapture > "$OUT/ab-$b-decode-$v.log" 2>&1
+      BONSAI_BENCH_OUT="$OUT/ab-$b-decode-$v.json" BONSAI_BENCH_MODEL=$f $dir/cuda_bench --include-ignored --nocapture > "$OUT/ab-$b-decode-$v.log" 2>&1
       rc=$((rc|$?))
       grep -E "^BENCH (PDL|prefill)|PROFILE eager" "$OUT/ab-$b-decode-$v.log" | cut -c1-160
     fi
