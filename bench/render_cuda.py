@@ -74,6 +74,8 @@ def main() -> None:
             f"`{meta.get('command')}`. Peers on the same machine (DEVICE.md): PrismML llama.cpp fork "
             "84.7 / 80.5 tok/s, bonsai-turbo 159.4 / 162.1 tok/s, fork pp512 2,713 / 2,743 tok/s."
         )
+        if api.get("commit") and api.get("commit") != meta.get("commit"):
+            head[-1] += f" The Python API columns are from commit {api['commit']} (`{api.get('command')}`)."
         head.append("")
     lines += mma_section()
     lines += pipe_section()

@@ -4,12 +4,13 @@
 #
 # HERE: stage main (scripts/gpu_check.sh --stage), build the other branch's cuda_spec_bench and
 # cuda_mv_sweep in a separate worktree and CARGO_TARGET_DIR, copy them (stripped) into
-# .device/alt/ and pack that as .device/alt.tgz. THERE (carry [".device"]):
+# .device/alt/ (with its commit in .device/alt/commit.txt) and pack that as .device/alt.tgz. THERE (carry [".device"]):
 #   bash scripts/gpu_ab.sh [--sweep] [--decode] [--variants "q1 q2"]
 # (--decode: the decode / prefill bench cuda_bench of both builds too; copy it into .device/alt)
 # Logs and JSON go to $OUT as ab-{main,alt}-*.{log,json}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ARGS="$*"
 [[ -f .device/pkg.tgz && ! -d .device/bin ]] && tar xzf .device/pkg.tgz
 [[ -f .device/alt.tgz && ! -d .device/alt ]] && tar xzf .device/alt.tgz
 SWEEP=0; DECODE=0; VARIANTS="q1 q2"
@@ -41,5 +42,16 @@ for v in $VARIANTS; do
     fi
   done
 done
+# stamp each JSON with the command, the build it came from and the device
+python3 - "$OUT" "bash scripts/gpu_ab.sh $ARGS" "$(cat .device/commit.txt 2>/dev/null || echo unknown)" \
+  "$(cat .device/alt/commit.txt 2>/dev/null || echo unknown)" \
+  "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" <<'PY'
+import json, sys, glob
+out, cmd, main, alt, gpu = sys.argv[1:6]
+for f in glob.glob(out + "/ab-*.json"):
+    d = json.load(open(f))
+    commit = alt if "/ab-alt-" in f else main
+    json.dump({"command": cmd, "commit": commit, "gpu": gpu.strip(), **d}, open(f, "w"), indent=1)
+PY
 echo "gpu_ab rc=$rc after ${SECONDS}s"
 exit $rc

@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; SWEEP=0; O8=0; PROFILE=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --o8) O8=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
+  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -64,11 +64,13 @@ echo "small models: $(( $(date +%s) - t0 ))s"
 
 rc=0
 if [[ $RUST == 1 ]]; then
+if [[ $KERNELS == 1 ]]; then
 echo "[${SECONDS}s] == kernels vs reference =="
 # one at a time: the tests share one Gpu and its launch-plan override (the host emulation inside
 # each test is threaded); the launch-gap timing last
 .device/bin/gpu_kernels --include-ignored --test-threads 1 --skip launch_chain_cost --nocapture 2>&1 | tee "$OUT/kernels.log" | grep -E "^test |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 .device/bin/gpu_kernels --include-ignored --exact launch_chain_cost --nocapture 2>&1 | tee -a "$OUT/kernels.log" | grep -E "LAUNCHGAP|SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
+fi
 echo "[${SECONDS}s] == prefill GEMM vs reference =="
 .device/bin/gpu_gemm --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gemm.log" | grep -E "^test |gemm |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "[${SECONDS}s] == full model: CUDA vs CPU =="
