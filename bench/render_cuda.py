@@ -148,17 +148,25 @@ def decode_ab(key: str, off: str, on: str, tokens: bool = False) -> list[str]:
     return ab
 
 
-def pipe_section() -> list[str]:
-    """The pipelined persistent decode mat-vec (BONSAI_CUDA_MV_PIPE=1) against the plain dp4a
-    kernels: per-launch sweep times at n = 1 and the decode graph A/B."""
+def sweep_rows(key: str, cells) -> list[str]:
+    """One table row per matrix category of the sweeps' `key` list: weights, category, `cells(m)`."""
     rows = []
     for v in ("q1", "q2"):
         sw = load(f"cuda-mv-sweep-{v}.json") or {}
-        for m in sw.get("pipe_vs_dp4a", []):
-            rows.append(
-                f"| {sw['weight_type']} | {esc(m['category'])} | {m['plain_plan']} {m['plain_us']:.2f} | "
-                f"{m['mvp_plan']} {m['mvp_us']:.2f} | {m['plain_us'] / m['mvp_us']:.2f}× |"
-            )
+        rows += [f"| {sw['weight_type']} | {esc(m['category'])} | {cells(m)} |" for m in sw.get(key, [])]
+    return rows
+
+
+def pipe_section() -> list[str]:
+    """The pipelined persistent decode mat-vec (BONSAI_CUDA_MV_PIPE=1) against the plain dp4a
+    kernels: per-launch sweep times at n = 1 and the decode graph A/B."""
+    rows = sweep_rows(
+        "pipe_vs_dp4a",
+        lambda m: (
+            f"{m['plain_plan']} {m['plain_us']:.2f} | {m['mvp_plan']} {m['mvp_us']:.2f} | "
+            f"{m['plain_us'] / m['mvp_us']:.2f}×"
+        ),
+    )
     if not rows:
         return []
     commits = ", ".join(
@@ -183,14 +191,13 @@ def pipe_section() -> list[str]:
 def o8_section() -> list[str]:
     """The o8 family (BONSAI_CUDA_MV_O8=1: one float order for a one-row dp4a kernel and an n-row
     tensor-core kernel) against the default dp4a kernels, per launch."""
-    rows = []
-    for v in ("q1", "q2"):
-        sw = load(f"cuda-mv-sweep-{v}.json") or {}
-        for m in sw.get("o8_vs_dp4a", []):
-            rows.append(
-                f"| {sw['weight_type']} | {esc(m['category'])} | {m['n1_dp4a_us']:.2f} | "
-                f"r{m['n1_mvo_r']} {m['n1_mvo_us']:.2f} | {m['n5_dp4a_us']:.2f} | {m['n5_mvt_us']:.2f} |"
-            )
+    rows = sweep_rows(
+        "o8_vs_dp4a",
+        lambda m: (
+            f"{m['n1_dp4a_us']:.2f} | r{m['n1_mvo_r']} {m['n1_mvo_us']:.2f} | {m['n5_dp4a_us']:.2f} | "
+            f"{m['n5_mvt_us']:.2f}"
+        ),
+    )
     if not rows:
         return []
     out = [

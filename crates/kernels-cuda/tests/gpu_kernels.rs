@@ -72,8 +72,28 @@ fn row_chunks(n_out: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// Host emulation (f64) of the exact integer-activation product the kernel computes. Rows are
-/// independent: split over threads.
+/// `f(o0, o1)` → the outputs of rows `[o0, o1)` as `[n, o1 - o0]`, over threads (one chunk each);
+/// gathered into `[n, n_out]`. For host work whose output rows are independent.
+fn par_rows(n_out: usize, n: usize, f: impl Fn(usize, usize) -> Vec<f32> + Sync) -> Vec<f32> {
+    let parts: Vec<(usize, usize, Vec<f32>)> = std::thread::scope(|sc| {
+        let f = &f;
+        let hs: Vec<_> = row_chunks(n_out)
+            .into_iter()
+            .map(|(o0, o1)| sc.spawn(move || (o0, o1, f(o0, o1))))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut y = vec![0f32; n * n_out];
+    for (o0, o1, yo) in parts {
+        let m = o1 - o0;
+        for t in 0..n {
+            y[t * n_out + o0..t * n_out + o1].copy_from_slice(&yo[t * m..(t + 1) * m]);
+        }
+    }
+    y
+}
+
+/// Host emulation (f64) of the exact integer-activation product the kernel computes.
 fn emulate_q(
     raw: &[u8],
     qt: QuantType,
@@ -84,44 +104,26 @@ fn emulate_q(
 ) -> Vec<f32> {
     let rb = qt.row_bytes(n_in).unwrap();
     let (q, d, _) = host_quant(x, n_in);
-    // [n_out, n] per chunk, transposed to [n, n_out] at the end
-    let parts: Vec<(usize, Vec<f32>)> = std::thread::scope(|sc| {
-        let hs: Vec<_> = row_chunks(n_out)
-            .into_iter()
-            .map(|(o0, o1)| {
-                let (q, d) = (&q, &d);
-                sc.spawn(move || {
-                    let mut yo = vec![0f32; (o1 - o0) * n];
-                    let mut row = vec![0f32; n_in];
-                    for o in o0..o1 {
-                        dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
-                        for t in 0..n {
-                            let mut acc = 0f64;
-                            for i in 0..n_in {
-                                acc += row[i] as f64
-                                    * q[t * n_in + i] as f64
-                                    * d[(t * n_in + i) / 32] as f64;
-                            }
-                            yo[(o - o0) * n + t] = acc as f32;
-                        }
-                    }
-                    (o0, yo)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let mut y = vec![0f32; n * n_out];
-    for (o0, yo) in parts {
-        for (k, v) in yo.into_iter().enumerate() {
-            y[(k % n) * n_out + o0 + k / n] = v;
+    par_rows(n_out, n, |o0, o1| {
+        let m = o1 - o0;
+        let mut yo = vec![0f32; n * m];
+        let mut row = vec![0f32; n_in];
+        for o in o0..o1 {
+            dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
+            for t in 0..n {
+                let mut acc = 0f64;
+                for i in 0..n_in {
+                    acc += row[i] as f64 * q[t * n_in + i] as f64 * d[(t * n_in + i) / 32] as f64;
+                }
+                yo[t * m + o - o0] = acc as f32;
+            }
         }
-    }
-    y
+        yo
+    })
 }
 
-/// The scalar CPU reference mat-vec of each activation row, rows of the matrix split over threads
-/// (each output row is computed alone, so the split changes nothing).
+/// The scalar CPU reference mat-vec of each activation row (each output row is computed alone, so
+/// splitting the rows over threads changes nothing).
 fn reference_mv(
     raw: &[u8],
     qt: QuantType,
@@ -131,37 +133,70 @@ fn reference_mv(
     n: usize,
 ) -> Vec<f32> {
     let rb = qt.row_bytes(n_in).unwrap();
-    let mut y = vec![0f32; n * n_out];
-    let parts: Vec<(usize, usize, Vec<f32>)> = std::thread::scope(|sc| {
-        let hs: Vec<_> = row_chunks(n_out)
-            .into_iter()
-            .map(|(o0, o1)| {
-                sc.spawn(move || {
-                    let m = o1 - o0;
-                    let mut yo = vec![0f32; n * m];
-                    for t in 0..n {
-                        r::matvec(
-                            &raw[o0 * rb..o1 * rb],
-                            qt,
-                            n_in,
-                            m,
-                            &x[t * n_in..(t + 1) * n_in],
-                            &mut yo[t * m..(t + 1) * m],
-                        );
-                    }
-                    (o0, o1, yo)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (o0, o1, yo) in parts {
+    par_rows(n_out, n, |o0, o1| {
         let m = o1 - o0;
+        let mut yo = vec![0f32; n * m];
         for t in 0..n {
-            y[t * n_out + o0..t * n_out + o1].copy_from_slice(&yo[t * m..(t + 1) * m]);
+            r::matvec(
+                &raw[o0 * rb..o1 * rb],
+                qt,
+                n_in,
+                m,
+                &x[t * n_in..(t + 1) * n_in],
+                &mut yo[t * m..(t + 1) * m],
+            );
         }
+        yo
+    })
+}
+
+/// Host-only: the threaded emulation and reference equal a plain serial loop (row chunks gathered
+/// in order, every activation row in place).
+#[test]
+fn host_emulation_threads_gather_in_order() {
+    let (n_in, n_out, n) = (384usize, 1000usize, 3usize);
+    let mut rng = Rng(7);
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128] {
+        let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+        let x = rng.vec(n * n_in, 1.0);
+        let rb = qt.row_bytes(n_in).unwrap();
+        let (q, d, _) = host_quant(&x, n_in);
+        let mut row = vec![0f32; n_in];
+        let (mut em, mut rf) = (vec![0f32; n * n_out], vec![0f32; n * n_out]);
+        for o in 0..n_out {
+            dequantize_row(qt, &raw[o * rb..(o + 1) * rb], &mut row);
+            for t in 0..n {
+                let acc: f64 = (0..n_in)
+                    .map(|i| row[i] as f64 * q[t * n_in + i] as f64 * d[(t * n_in + i) / 32] as f64)
+                    .sum();
+                em[t * n_out + o] = acc as f32;
+            }
+        }
+        for t in 0..n {
+            r::matvec(
+                &raw,
+                qt,
+                n_in,
+                n_out,
+                &x[t * n_in..(t + 1) * n_in],
+                &mut rf[t * n_out..(t + 1) * n_out],
+            );
+        }
+        assert_eq!(
+            emulate_q(&raw, qt, n_in, n_out, &x, n),
+            em,
+            "{qt:?} emulation"
+        );
+        assert_eq!(
+            reference_mv(&raw, qt, n_in, n_out, &x, n),
+            rf,
+            "{qt:?} reference"
+        );
     }
-    y
+    assert!(
+        row_chunks(1000).len() > 1
+            || std::thread::available_parallelism().map_or(1, |p| p.get()) == 1
+    );
 }
 
 fn run_mv(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n: usize, seed: u64) {
