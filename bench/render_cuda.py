@@ -29,9 +29,10 @@ def main() -> None:
     lines.append(
         "| weights | decode tok/s (graph) | of 4.49 TB/s | Python API greedy | Python API sampled | "
         "pp512 tok/s | n-gram round ms (k=0..4), round graphs | R = round / greedy graph step | "
-        "same R, eager round | DSpark GPU drafter, round graphs: draft ms, R | resident GB |"
+        "same R, eager round | DSpark GPU drafter, round graphs: draft ms, R | "
+        "DSpark tok/s: random drafter (0 accepted), agreeing (4 of 4) | resident GB |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for v in ("q1", "q2"):
         d = load(f"cuda-decode-27b-{v}.json")
         s = load(f"cuda-spec-27b-{v}.json") or {}
@@ -55,6 +56,16 @@ def main() -> None:
         ng = ", ".join(f"{(x + search) / step:.2f}" for x in rounds(True))
         nge = ", ".join(f"{(x + search) / step:.2f}" for x in rounds(False))
         ds = s.get("dspark_graph", s.get("dspark", {}))
+        # tokens per second of DSpark rounds: the measured drafter (random weights: nothing
+        # accepted, 1 token per round) and an agreeing one (oracle drafts, all 4 accepted: 5
+        # tokens for draft + stage + the k = 4 round with taps)
+        full = [
+            r["round_ms"]
+            for r in s.get("rounds", [])
+            if r["round_graph"] and r["taps"] and r["rollback"] == "Replay" and r["k"] == 4
+        ]
+        tps_random = 1e3 / ds["total_ms"] if "total_ms" in ds else float("nan")
+        tps_agree = 5e3 / (ds["draft_ms"] + ds["stage_ms"] + full[0]) if full and ds else float("nan")
         pk, tk = PEERS[v]
         pp = d.get("prefill_pp512_tok_s", float("nan"))
         lines.append(
@@ -63,7 +74,7 @@ def main() -> None:
             f"{a.get('decode_tok_s_median', float('nan')):.1f} | {a.get('sampled_tok_s_median', float('nan')):.1f} | "
             f"{pp:.0f} ({pp / PP_PEER[v]:.2f}× fork) | "
             f"{ms} | {ng} | {nge} | {ds.get('draft_ms', float('nan')):.2f}, "
-            f"{ds.get('total_ms', float('nan')) / step:.2f} | "
+            f"{ds.get('total_ms', float('nan')) / step:.2f} | {tps_random:.0f}, {tps_agree:.0f} | "
             f"{d['resident_bytes'] / 1e9:.2f} |"
         )
     head = []
