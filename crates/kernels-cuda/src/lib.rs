@@ -214,10 +214,10 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
 /// Whether a one-row launch of `rows` output rows takes the pipelined kernel (`mvp_*`, the same
 /// float order as the plain dp4a kernels, so verify rows still equal decode rows) by default: the
 /// mid-sized Q2 launches, where the plain grid ends in a poorly filled last wave (Q2's 5 blocks
-/// per SM). H200 sweep (bench/results/cuda-mv-sweep-q2.json, 2026-11-30): gdn q‖z‖b‖a (16,480
-/// rows) 10.91 → 9.06 µs and attn q‖k‖v (14,336 rows, K split 2) 10.16 → 9.20 µs; gate‖up
-/// (34,816), the head and the 5120-row outputs are faster plain, and so is every Q1 launch but
-/// one (gdn q‖z‖b‖a, by 1.5%).
+/// per SM). H200 sweeps (bench/results/cuda-mv-sweep-q2.json at e54a60c, and again on 2026-11-30):
+/// gdn q‖z‖b‖a (16,480 rows) 10.9 → 9.0 µs and attn q‖k‖v (14,336 rows, K split 2) 10.1 → 9.2 µs;
+/// gate‖up (34,816), the head and the 5120-row outputs are faster plain, and so is every Q1 launch
+/// but one (gdn q‖z‖b‖a, by 1.5 %). Decode graph 3.956 → 3.846 ms on Q2.
 fn mvp_default_on(kind: WKind, rows: usize) -> bool {
     kind == WKind::Q2 && (8_192..32_768).contains(&rows)
 }
