@@ -241,14 +241,25 @@ def dequantize(kind: str, raw: np.ndarray, n: int) -> np.ndarray:
 
 def quantize_act_q8_0(x: np.ndarray) -> np.ndarray:
     """Round rows of x [n, k] the way llama.cpp quantizes activations to Q8_0 (per 32, f16 scale)."""
+    return quantize_act_q8(x, 32, f16_scale=True)
+
+
+def quantize_act_q8(x: np.ndarray, group: int, f16_scale: bool = False) -> np.ndarray:
+    """Round rows of x [n, k] to int8 with one scale amax/127 per `group` elements (f16-rounded when
+    `f16_scale`, as llama.cpp's Q8_0; f32 otherwise, as this engine's activation codes)."""
     n, k = x.shape
-    xb = x.reshape(n, k // 32, 32)
+    xb = x.reshape(n, k // group, group)
     amax = np.abs(xb).max(axis=2, keepdims=True)
     d = amax / 127.0
     inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
     q = np.round(xb * inv)  # ggml uses roundf (half away from zero); ties are measure-zero here
-    d16 = d.astype(np.float16).astype(np.float64)
-    return (q * d16).reshape(n, k)
+    if f16_scale:
+        d = d.astype(np.float16).astype(np.float64)
+    return (q * d).reshape(n, k)
+
+
+# act_quant modes of Reference: None (exact) and these (name -> group, f16 scale)
+ACT_QUANT = {"q8_0": (32, True), "q8_g32": (32, False), "q8_g64": (64, False), "q8_g128": (128, False)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,7 +452,8 @@ class Hparams:
 class Reference:
     """float64 qwen35 forward over one sequence, with recurrent state.
 
-    `act_quant`: None (exact) or "q8_0" (round the input of each low-bit matmul like llama.cpp's CPU path).
+    `act_quant`: None (exact), "q8_0" (round the input of each low-bit matmul like llama.cpp's CPU path),
+    or "q8_g32" / "q8_g64" / "q8_g128" (int8 with an f32 scale per 32 / 64 / 128 elements).
     """
 
     def __init__(self, path: str | os.PathLike, act_quant: str | None = None):
@@ -449,7 +461,7 @@ class Reference:
         self.hp = Hparams.from_meta(self.gguf.meta)
         if self.hp.arch != "qwen35":
             raise GGUFError(f"architecture {self.hp.arch!r} is not qwen35")
-        if act_quant not in (None, "q8_0"):
+        if act_quant is not None and act_quant not in ACT_QUANT:
             raise ValueError(act_quant)
         self.act_quant = act_quant
         self._w: dict[str, np.ndarray] = {}
@@ -471,8 +483,9 @@ class Reference:
 
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
         """y = x · Wᵀ. x: [n, in]; W stored [in, out] (out rows of in). Returns [n, out]."""
-        if self.act_quant == "q8_0" and self.gguf.tensors[name].kind in LOWBIT:
-            x = quantize_act_q8_0(x)
+        if self.act_quant is not None and self.gguf.tensors[name].kind in LOWBIT:
+            group, f16 = ACT_QUANT[self.act_quant]
+            x = quantize_act_q8(x, group, f16_scale=f16)
         return x @ self.w(name).T
 
     # -- state ----------------------------------------------------------------------------------
