@@ -60,15 +60,10 @@ fn cuda_mv_plan_sweep() {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     plans.push(MvPlan {
-                        r: if x { 1 } else { r },
-                        ks,
-                        pre,
                         mma,
                         direct,
                         n1_rl: if x { r } else { 0 },
-                        b1: false,
-                        pipe: false,
-                        o8: false,
+                        ..MvPlan::dp4a(if x { 1 } else { r }, ks, pre)
                     });
                 }
             }
@@ -79,15 +74,8 @@ fn cuda_mv_plan_sweep() {
         for ks in [1, 2, 4] {
             for pre in [true, false] {
                 plans.push(MvPlan {
-                    r,
-                    ks,
-                    pre,
-                    mma: false,
-                    direct: false,
-                    n1_rl: 0,
-                    b1: false,
                     pipe: true,
-                    o8: false,
+                    ..MvPlan::dp4a(r, ks, pre)
                 });
             }
         }
@@ -186,15 +174,8 @@ fn cuda_mv_plan_sweep() {
             for r in [1, 2] {
                 for ks in [1, 2, 4] {
                     let p = MvPlan {
-                        r,
-                        ks,
-                        pre: true,
-                        mma: false,
-                        direct: false,
-                        n1_rl: 0,
                         b1: true,
-                        pipe: false,
-                        o8: false,
+                        ..MvPlan::dp4a(r, ks, true)
                     };
                     gpu.set_mv_override(Some(p));
                     for (i, n) in [1, 5].into_iter().enumerate() {

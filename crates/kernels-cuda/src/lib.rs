@@ -112,17 +112,19 @@ const MV_WARPS: usize = 4;
 /// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (2 or 4) rows per group and a grid sized to what
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
-/// bit. Off by default ([`Gpu::mv_pipe`]; `BONSAI_CUDA_MV_PIPE=1` turns it on): measured on the
-/// H200 (bench/results/cuda-mv-sweep-*.json, `pipe_vs_dp4a`) it is 0.77–1.01× the plain kernels
+/// bit. The defaults use it only for the mid-sized Q2 launches (`mvp_default_on`);
+/// `BONSAI_CUDA_MV_PIPE=1` ([`Gpu::mv_pipe`]) puts every one-row launch on it. Measured on the
+/// H200 (bench/results/cuda-mv-sweep-*.json, `pipe_vs_dp4a`) it is 0.77–1.02× the plain kernels
 /// on the Q1 27B shapes and 0.77–1.22× on Q2, and a whole graph decode step is slower with it
-/// (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms, Q2 4.20 against 3.95), so more
-/// loads in flight per warp is not what limits the decode mat-vec.
+/// everywhere (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms), so more loads in
+/// flight per warp is not what limits the decode mat-vec.
 ///
 /// `o8` (off by default; `BONSAI_CUDA_MV_O8=1` / [`Gpu::set_mv_o8`], or an explicit plan): the
 /// `kernels/mvo.cu` family in its own float order (8 interleaved partials per row), the same for
 /// every n: one-row launches run the dp4a kernel `mvo_*` with `r` (1, 2 or 4) rows per lane group,
-/// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`. NOT
-/// YET RUN ON A GPU.
+/// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`.
+/// Bit-equal between n = 1 and n ≤ 8 on the H200, but slower at both (decode 4.69 against 3.24 ms
+/// on Q1; `mvt` at n = 5 0.44–1.12× dp4a: cuda-mv-sweep-q1.json `o8_vs_dp4a`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -134,6 +136,25 @@ pub struct MvPlan {
     pub b1: bool,
     pub pipe: bool,
     pub o8: bool,
+}
+
+impl MvPlan {
+    /// A plain dp4a plan: `r` weight rows per warp, K split `ks`, weights loaded before the PDL
+    /// wait when `pre`; every other family flag off. Other plans set theirs with struct update
+    /// syntax (`MvPlan { pipe: true, ..MvPlan::dp4a(4, 1, true) }`).
+    pub const fn dp4a(r: usize, ks: usize, pre: bool) -> MvPlan {
+        MvPlan {
+            r,
+            ks,
+            pre,
+            mma: false,
+            direct: false,
+            n1_rl: 0,
+            b1: false,
+            pipe: false,
+            o8: false,
+        }
+    }
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -177,37 +198,25 @@ fn mvm_default_plan(_kind: WKind, rows: usize, _n_in: usize) -> (usize, usize) {
 pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: bool) -> MvPlan {
     if mma {
         let (r, ks) = mvm_default_plan(kind, rows, n_in);
+        // the ring measured faster than the direct loads at n = 5 on most 27B shapes, and mvx
+        // with 2 rows per lane faster than with 1 on every 27B shape (cuda-mv-sweep-*.json)
         return MvPlan {
-            r,
-            ks,
-            pre: true,
             mma,
-            // the ring measured faster than the direct loads at n = 5 on most 27B shapes, and mvx
-            // with 2 rows per lane faster than with 1 on every 27B shape (cuda-mv-sweep-*.json)
-            direct: false,
             n1_rl: 2,
-            b1: false,
-            pipe: false,
-            o8: false,
+            ..MvPlan::dp4a(r, ks, true)
         };
     }
     let pipe = n == 1 && mvp_default_on(kind, rows);
+    let r = if pipe {
+        mvp_default_r(kind, rows)
+    } else if n == 1 {
+        mv_default_r(kind, rows)
+    } else {
+        2
+    };
     MvPlan {
-        r: if pipe {
-            mvp_default_r(kind, rows)
-        } else if n == 1 {
-            mv_default_r(kind, rows)
-        } else {
-            2
-        },
-        ks: mv_default_ks(kind, rows, n_in),
-        pre: true,
-        mma,
-        direct: false,
-        n1_rl: 0,
-        b1: false,
         pipe,
-        o8: false,
+        ..MvPlan::dp4a(r, mv_default_ks(kind, rows, n_in), true)
     }
 }
 

@@ -277,89 +277,44 @@ fn run_mv_plan(
             );
         }
     }
-    // grouped launch: the same matrix as segments 0 and 2 (and a 1-row slice as segment 1) gives
-    // exactly the single-matrix outputs under the same plan (the default K split depends on the
-    // launch's total rows, so force the single launch's)
+    // grouped launch and accumulate mode under the same plan (the default K split depends on the
+    // launch's total rows, so force the single launch's); n rows, then one row (the pipelined
+    // kernels walk the groups of all segments as one stream)
     g.set_mv_override(Some(g.mv_plan(rt.kind, 1, n_out, n_in)));
-    let ya = g.alloc(n * n_out * 4).unwrap();
-    let yb = g.alloc(n * 4).unwrap();
-    let yc = g.alloc(n * n_out * 4).unwrap();
-    let nb = rt.codes.len() / n_out;
-    let segs = [
-        MvSeg {
-            codes: codes.ptr(),
-            scales: scales.ptr(),
-            y: ya.ptr(),
-            n_out,
-        },
-        MvSeg {
-            codes: codes.at((n_out - 1) * nb),
-            scales: scales.at((n_out - 1) * (rt.scales.len() / n_out) * 2),
-            y: yb.ptr(),
-            n_out: 1,
-        },
-        MvSeg {
-            codes: codes.ptr(),
-            scales: scales.ptr(),
-            y: yc.ptr(),
-            n_out,
-        },
-    ];
-    // n rows, then one row (the pipelined kernels walk the groups of all segments as one stream)
-    for m in [n, 1] {
-        g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, m, false)
-            .unwrap();
-        let (ga, gb, gc): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-            down(g, &ya, m * n_out),
-            down(g, &yb, m),
-            down(g, &yc, m * n_out),
-        );
-        for t in 0..m {
-            assert_eq!(
-                gb[t].to_bits(),
-                yn[t * n_out + n_out - 1].to_bits(),
-                "{m}-row grouped seg 1 row {t}"
-            );
-            for o in 0..n_out {
-                let w = yn[t * n_out + o].to_bits();
-                assert_eq!(
-                    ga[t * n_out + o].to_bits(),
-                    w,
-                    "{m}-row grouped seg 0 row {t} out {o}"
-                );
-                assert_eq!(
-                    gc[t * n_out + o].to_bits(),
-                    w,
-                    "{m}-row grouped seg 2 row {t} out {o}"
-                );
-            }
-        }
-    }
-    // accumulate mode (y = y0 + W·x, the host's f32 addition)
-    let y0: Vec<f32> = (0..n_out).map(|o| o as f32 * 0.25 - 3.0).collect();
-    let ycc = g.upload(&y0).unwrap();
-    g.mv_lowbit(
-        rt.kind,
-        codes.ptr(),
-        scales.ptr(),
-        q.ptr(),
-        d.ptr(),
-        s.ptr(),
-        ycc.ptr(),
+    let nsb = n_in / 32;
+    let launch = |segs: &[MvSeg], t0: usize, m: usize, acc: bool| {
+        g.mv_lowbit_multi(
+            rt.kind,
+            segs,
+            q.at(t0 * n_in),
+            d.at(t0 * nsb * 4),
+            s.at(t0 * nsb * 4),
+            n_in,
+            m,
+            acc,
+        )
+        .unwrap()
+    };
+    let one = |y: &DevBuf| MvSeg {
+        codes: codes.ptr(),
+        scales: scales.ptr(),
+        y: y.ptr(),
+        n_out,
+    };
+    grouped_and_accumulate_checks(
+        g,
+        &rt,
+        &codes,
+        &scales,
         n_in,
         n_out,
-        1,
-        true,
-    )
-    .unwrap();
-    let acc: Vec<f32> = down(g, &ycc, n_out);
-    for o in 0..n_out {
-        assert_eq!(
-            acc[o].to_bits(),
-            (y0[o] + yn[o]).to_bits(),
-            "accumulate out {o}"
-        );
-    }
+        &yn,
+        &[n, 1],
+        &launch,
+        &one,
+        &mut rng,
+        &format!("{qt:?} [{n_in}x{n_out}]"),
+    );
     // vs exact emulation of the integer product (only float order differs)
     let em = emulate_q(&raw, qt, n_in, n_out, &x, n);
     let e1 = max_rel(&yn, &em);
@@ -413,15 +368,8 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         .enumerate()
         {
             let plan = Some(MvPlan {
-                r,
-                ks,
-                pre,
-                mma: false,
-                direct: false,
-                n1_rl: 0,
-                b1: false,
                 pipe,
-                o8: false,
+                ..MvPlan::dp4a(r, ks, pre)
             });
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
@@ -441,15 +389,8 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         .enumerate()
         {
             let plan = Some(MvPlan {
-                r,
-                ks,
-                pre,
-                mma: false,
-                direct: false,
-                n1_rl: 0,
-                b1: false,
-                pipe: false,
                 o8: true,
+                ..MvPlan::dp4a(r, ks, pre)
             });
             for n in [2, 5, 8] {
                 run_mv_plan(g, qt, 17408, 5120, n, 40 + i as u64, plan);
@@ -460,9 +401,10 @@ fn matvec_lowbit_real_shapes_vs_reference() {
     }
 }
 
-/// Shared by the tensor-core and b1 mat-vec cases. Grouped launch: the matrix as segments 0 and 2,
-/// its last row alone as segment 1, each equal to the 1-row launches `y1` `[8, n_out]` bit for bit
-/// (n = 1, 5, 8). Accumulate mode: y = y0 + W·x, the same f32 addition the host does.
+/// Shared by every low-bit mat-vec case. Grouped launch: the matrix as segments 0 and 2, its last
+/// row alone as segment 1, each equal to the single-matrix result `y1` `[rows, n_out]` bit for bit,
+/// for every n in `ns` (n ≤ rows). Accumulate mode (min(5, max ns) rows): y = y0 + W·x, the same
+/// f32 addition the host does.
 #[allow(clippy::too_many_arguments)]
 fn grouped_and_accumulate_checks<L, O>(
     g: &Gpu,
@@ -472,6 +414,7 @@ fn grouped_and_accumulate_checks<L, O>(
     n_in: usize,
     n_out: usize,
     y1: &[f32],
+    ns: &[usize],
     launch: &L,
     one: &O,
     rng: &mut Rng,
@@ -480,11 +423,10 @@ fn grouped_and_accumulate_checks<L, O>(
     L: Fn(&[MvSeg], usize, usize, bool),
     O: Fn(&DevBuf) -> MvSeg,
 {
-    const N: usize = bonsai_kernels_cuda::MAX_ROWS;
     // grouped: the matrix as segments 0 and 2, its last row alone as segment 1
     let nb = rt.codes.len() / n_out;
     let sb = rt.scales.len() / n_out * 2;
-    for n in [1, 5, N] {
+    for &n in ns {
         let ya = g.alloc(n * n_out * 4).unwrap();
         let ylast = g.alloc(n * 4).unwrap();
         let yc = g.alloc(n * n_out * 4).unwrap();
@@ -526,7 +468,7 @@ fn grouped_and_accumulate_checks<L, O>(
         }
     }
     // accumulate: y = y0 + W·x, the same f32 addition the host does
-    let n = 5;
+    let n = ns.iter().copied().max().unwrap_or(1).min(5);
     let y0 = rng.vec(n * n_out, 3.0);
     let yb = g.upload(&y0).unwrap();
     launch(&[one(&yb)], 0, n, true);
@@ -641,6 +583,7 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
         n_in,
         n_out,
         &y1,
+        &[1, 5, N],
         &launch,
         &one,
         &mut rng,
@@ -691,15 +634,10 @@ fn matvec_mma_every_plan() {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     let plan = MvPlan {
-                        r,
-                        ks,
-                        pre,
                         mma: true,
                         direct,
                         n1_rl,
-                        b1: false,
-                        pipe: false,
-                        o8: false,
+                        ..MvPlan::dp4a(r, ks, pre)
                     };
                     seed += 1;
                     run_mvm_case(g, qt, 384, 50, seed, plan);
@@ -807,7 +745,18 @@ fn run_mvb_case(g: &Gpu, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
         worst = worst.max(e);
     }
     grouped_and_accumulate_checks(
-        g, &rt, &codes, &scales, n_in, n_out, &y1, &launch, &one, &mut rng, "b1",
+        g,
+        &rt,
+        &codes,
+        &scales,
+        n_in,
+        n_out,
+        &y1,
+        &[1, 5, N],
+        &launch,
+        &one,
+        &mut rng,
+        "b1",
     );
     eprintln!(
         "mv b1 [{n_in}x{n_out}] {plan:?}: n=1..8 == host replay, emu max-rel {worst:.2e}, batch-invariant, grouped, accumulate"
@@ -817,15 +766,8 @@ fn run_mvb_case(g: &Gpu, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
 
 fn b1_plan(r: usize, ks: usize, pre: bool) -> MvPlan {
     MvPlan {
-        r,
-        ks,
-        pre,
-        mma: false,
-        direct: false,
-        n1_rl: 0,
         b1: true,
-        pipe: false,
-        o8: false,
+        ..MvPlan::dp4a(r, ks, pre)
     }
 }
 
