@@ -43,15 +43,9 @@ for v in $VARIANTS; do
   done
 done
 # stamp each JSON with the command, the build it came from and the device
-python3 - "$OUT" "bash scripts/gpu_ab.sh $ARGS" "$(cat .device/commit.txt 2>/dev/null || echo unknown)" \
-  "$(cat .device/alt/commit.txt 2>/dev/null || echo unknown)" \
-  "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" <<'PY'
-import json, sys, glob
-out, cmd, main, alt, gpu = sys.argv[1:6]
-for f in glob.glob(out + "/ab-*.json"):
-    d = json.load(open(f))
-    commit = alt if "/ab-alt-" in f else main
-    json.dump({"command": cmd, "commit": commit, "gpu": gpu.strip(), **d}, open(f, "w"), indent=1)
-PY
+python3 scripts/stamp_json.py "$OUT/ab-*.json" "bash scripts/gpu_ab.sh $ARGS" \
+  "$(cat .device/commit.txt 2>/dev/null || echo unknown)" \
+  "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)" \
+  "$(cat .device/alt/commit.txt 2>/dev/null || echo unknown)"
 echo "gpu_ab rc=$rc after ${SECONDS}s"
 exit $rc

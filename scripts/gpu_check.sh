@@ -132,19 +132,8 @@ if [[ $PROFILE == 1 ]] && ! late "profile"; then
   OUT="$OUT" bash scripts/gpu_profile.sh; rc=$((rc|$?))
 fi
 # stamp every JSON with the command, the commit built and the device
-CMD="bash scripts/gpu_check.sh $ARGS"
-python3 - "$OUT" "$CMD" "$(cat .device/commit.txt 2>/dev/null || echo unknown)" "$(cat "$OUT/device.txt")" <<'PY'
-import json, sys, glob
-out, cmd, commit, dev = sys.argv[1:5]
-for f in glob.glob(out + "/*.json"):
-    try:
-        d = json.load(open(f))
-    except Exception:
-        continue
-    if isinstance(d, dict):
-        d = {"command": cmd, "commit": commit, "gpu": dev.strip(), **d}
-        json.dump(d, open(f, "w"), indent=1)
-PY
+python3 scripts/stamp_json.py "$OUT/*.json" "bash scripts/gpu_check.sh $ARGS" \
+  "$(cat .device/commit.txt 2>/dev/null || echo unknown)" "$(cat "$OUT/device.txt")"
 # at most 8 files come back from the device: logs and reports in one archive, JSON at the top
 # unless there are too many (then they go into results.tgz)
 (
