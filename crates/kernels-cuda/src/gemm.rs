@@ -63,12 +63,7 @@ impl Gpu {
         if let Some(o) = self.gemm_occ.get() {
             return Ok(*o);
         }
-        self.bind()?;
-        let sms = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(err("SM count"))?
-            .max(1) as usize;
+        let sms = self.sm_count()?;
         let occ = |fs: [sys::CUfunction; 3]| -> Result<usize> {
             let mut m = usize::MAX;
             for f in fs {

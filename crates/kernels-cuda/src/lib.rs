@@ -1562,6 +1562,16 @@ impl Gpu {
         }
     }
 
+    /// The device's multiprocessor count (binds the context first; at least 1).
+    fn sm_count(&self) -> Result<usize> {
+        self.bind()?;
+        Ok(self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(err("SM count"))?
+            .max(1) as usize)
+    }
+
     /// How many blocks of the pipelined kernel `f` fit on the GPU at once (SMs × resident blocks
     /// per SM), queried once per kernel.
     fn mvp_blocks(&self, f: sys::CUfunction) -> Result<usize> {
@@ -1570,12 +1580,7 @@ impl Gpu {
         if let Some(&(_, b)) = cap.iter().find(|(k, _)| *k == key) {
             return Ok(b);
         }
-        self.bind()?;
-        let sms = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(err("SM count"))?
-            .max(1) as usize;
+        let sms = self.sm_count()?;
         // SAFETY: f is a kernel of our loaded module; no dynamic shared memory.
         let per_sm = unsafe {
             cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, 0)

@@ -281,26 +281,8 @@ fn run_mv_plan(
     // launch's total rows, so force the single launch's); n rows, then one row (the pipelined
     // kernels walk the groups of all segments as one stream)
     g.set_mv_override(Some(g.mv_plan(rt.kind, 1, n_out, n_in)));
-    let nsb = n_in / 32;
-    let launch = |segs: &[MvSeg], t0: usize, m: usize, acc: bool| {
-        g.mv_lowbit_multi(
-            rt.kind,
-            segs,
-            q.at(t0 * n_in),
-            d.at(t0 * nsb * 4),
-            s.at(t0 * nsb * 4),
-            n_in,
-            m,
-            acc,
-        )
-        .unwrap()
-    };
-    let one = |y: &DevBuf| MvSeg {
-        codes: codes.ptr(),
-        scales: scales.ptr(),
-        y: y.ptr(),
-        n_out,
-    };
+    let launch = seg_launcher(g, rt.kind, &q, &d, &s, n_in);
+    let one = whole_matrix(&codes, &scales, n_out);
     grouped_and_accumulate_checks(
         g,
         &rt,
@@ -398,6 +380,46 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 run_mv_plan(g, qt, 384, 50, n, 60 + i as u64, plan);
             }
         }
+    }
+}
+
+/// A grouped low-bit mat-vec launch over the quantized activations `q`, `d`, `s` (rows of `n_in`):
+/// `(segments, first activation row, rows, accumulate)`.
+fn seg_launcher<'a>(
+    g: &'a Gpu,
+    kind: WKind,
+    q: &'a DevBuf,
+    d: &'a DevBuf,
+    s: &'a DevBuf,
+    n_in: usize,
+) -> impl Fn(&[MvSeg], usize, usize, bool) + 'a {
+    let nsb = n_in / 32;
+    move |segs, t0, n, acc| {
+        g.mv_lowbit_multi(
+            kind,
+            segs,
+            q.at(t0 * n_in),
+            d.at(t0 * nsb * 4),
+            s.at(t0 * nsb * 4),
+            n_in,
+            n,
+            acc,
+        )
+        .unwrap()
+    }
+}
+
+/// The segment of the whole matrix (`n_out` rows) writing into `y`.
+fn whole_matrix<'a>(
+    codes: &'a DevBuf,
+    scales: &'a DevBuf,
+    n_out: usize,
+) -> impl Fn(&DevBuf) -> MvSeg + 'a {
+    move |y| MvSeg {
+        codes: codes.ptr(),
+        scales: scales.ptr(),
+        y: y.ptr(),
+        n_out,
     }
 }
 
@@ -509,25 +531,8 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
         .unwrap();
     // row t of the exact emulation depends on activation row t only: emulate all 8 once
     let em = emulate_q(&raw, qt, n_in, n_out, &x, N);
-    let launch = |segs: &[MvSeg], t0: usize, n: usize, acc: bool| {
-        g.mv_lowbit_multi(
-            kind,
-            segs,
-            q.at(t0 * n_in),
-            d.at(t0 * nsb * 4),
-            s.at(t0 * nsb * 4),
-            n_in,
-            n,
-            acc,
-        )
-        .unwrap()
-    };
-    let one = |y: &DevBuf| MvSeg {
-        codes: codes.ptr(),
-        scales: scales.ptr(),
-        y: y.ptr(),
-        n_out,
-    };
+    let launch = seg_launcher(g, kind, &q, &d, &s, n_in);
+    let one = whole_matrix(&codes, &scales, n_out);
     // 1-row launches of every activation row
     let y1b = g.alloc(n_out * 4).unwrap();
     let mut y1 = Vec::with_capacity(N * n_out);
@@ -689,25 +694,8 @@ fn run_mvb_case(g: &Gpu, n_in: usize, n_out: usize, seed: u64, plan: MvPlan) {
     let host = mv_b1_host(
         &rt.codes, &rt.scales, n_in, n_out, &hq, &hd, &hs, N, plan.ks, None,
     );
-    let launch = |segs: &[MvSeg], t0: usize, n: usize, acc: bool| {
-        g.mv_lowbit_multi(
-            kind,
-            segs,
-            q.at(t0 * n_in),
-            d.at(t0 * nsb * 4),
-            s.at(t0 * nsb * 4),
-            n_in,
-            n,
-            acc,
-        )
-        .unwrap()
-    };
-    let one = |y: &DevBuf| MvSeg {
-        codes: codes.ptr(),
-        scales: scales.ptr(),
-        y: y.ptr(),
-        n_out,
-    };
+    let launch = seg_launcher(g, kind, &q, &d, &s, n_in);
+    let one = whole_matrix(&codes, &scales, n_out);
     let y1b = g.alloc(n_out * 4).unwrap();
     let mut y1 = Vec::with_capacity(N * n_out);
     for t in 0..N {
