@@ -162,44 +162,6 @@ fn cuda_decode_bench() {
     );
     // the o8 family has its own float order: tokens may differ on a random synthetic model
     let o8_ms = ab("MV_O8", &|| gpu.mv_o8(), &|on| gpu.set_mv_o8(on), false);
-    // L2 prefetch of the next launch's weights: a hint, so tokens must agree. On = the default
-    // cap, or 24 MiB when the default is off; then a sweep of caps against the default.
-    let pf_default = gpu.l2_prefetch_cap();
-    let pf_on = if pf_default > 0 { pf_default } else { 24 << 20 };
-    let pf_ms = ab(
-        "L2_PREFETCH",
-        &|| gpu.l2_prefetch_cap() > 0,
-        &|on| gpu.set_l2_prefetch_cap(if on { pf_on } else { 0 }),
-        true,
-    );
-    let mut pf_sweep = Vec::new();
-    for mb in [8u64, 16, 32, 48] {
-        gpu.set_l2_prefetch_cap(mb << 20);
-        let mut s0 = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-        s0.copy_from(&cuda, &st);
-        let dg = cuda.capture_decode(&cfg, &w, &mut s0).unwrap();
-        let mut ts = Vec::new();
-        for rep in 0..4 {
-            s0.copy_from(&cuda, &st);
-            let (ms, t) = cuda.time_graph(&cfg, &dg, &mut s0, first, steps).unwrap();
-            assert_eq!(t, toks, "L2 prefetch cap {mb} MiB changes the tokens");
-            if rep > 0 {
-                ts.push(ms as f64);
-            }
-        }
-        ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let ms = ts[ts.len() / 2];
-        println!(
-            "BENCH L2_PREFETCH cap {mb} MiB: graph {:.3} ms/token (default cap {} MiB: {:.3})",
-            ms / steps as f64,
-            pf_default >> 20,
-            med_ms / steps as f64
-        );
-        pf_sweep.push(format!(
-            "{{\"cap_mib\": {mb}, \"graph_ms_median\": {ms:.3}}}"
-        ));
-    }
-    gpu.set_l2_prefetch_cap(pf_default);
 
     // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
     // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
@@ -415,7 +377,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"l2_prefetch\": {pf_ms}, \"l2_prefetch_default_mib\": {}, \"l2_prefetch_sweep\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -426,8 +388,6 @@ fn cuda_decode_bench() {
         cfg.weight_type.name(),
         cuda.name(),
         cuda.gpu().cubin_source,
-        pf_default >> 20,
-        pf_sweep.join(", "),
         bw / 1e9,
         prof.join(", "),
         kprof.join(", "),

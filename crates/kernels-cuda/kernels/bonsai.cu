@@ -15,7 +15,6 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef signed char i8;
 typedef unsigned char u8;
-typedef unsigned long long u64;
 
 #define MAXN 8
 #define NEG_INF __int_as_float(0xff800000)
@@ -403,43 +402,16 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
 }
 
-// L2 prefetch of up to 4 byte ranges (the weights of the mat-vec that runs next, while this one
-// leaves most of the DRAM bandwidth idle): thread 0 of block b asks for slice b of each range
-// (`cp.async.bulk.prefetch.L2`, sm_90: one instruction per slice, no completion to wait for, a
-// hint that changes no result). A range is (16-aligned address, bytes); bytes 0 is no range.
-struct L2Ranges {
-    u64 p[4], b[4];
-};
-__device__ __forceinline__ void l2_prefetch_slices(const L2Ranges& r) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x != 0) return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        u64 bytes = r.b[i];
-        if (bytes == 0) continue;
-        u64 slice = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
-        u64 off = (u64)blockIdx.x * slice;
-        if (off >= bytes) continue;
-        u64 sz = min(slice, bytes - off) & ~15ull;
-        if (sz != 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.p[i] + off), "r"((u32)sz)
-                         : "memory");
-    }
-#endif
-}
-
 // The parameter list every low-bit mat-vec family shares (the launcher passes 8-byte slots): per
 // segment codes, scales, y, n_out (unused segments have n_out = 0); the activation codes `X` of
-// type `XT` (int8 q, or the b1 bit planes); d, s, n_in, n, accumulate, pre; then 4 L2 prefetch
-// ranges (address, bytes; see l2_prefetch_slices). The body (the variadic part) sees the segments
-// as s0..s3.
+// type `XT` (int8 q, or the b1 bit planes); d, s, n_in, n, accumulate, pre. The body (the variadic
+// part) sees the segments as s0..s3.
 #define MV_SEG_ENTRY(NAME, WARPS, MINB, XT, X, ...)                                                  \
     extern "C" __global__ void __launch_bounds__((WARPS) * 32, MINB) NAME(                            \
         const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
         int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
         float* y3, int n3, XT X, const float* da, const int* sa, int n_in, int n, int accumulate,      \
-        int pre, u64 pp0, u64 pb0, u64 pp1, u64 pb1, u64 pp2, u64 pb2, u64 pp3, u64 pb3) {            \
-        l2_prefetch_slices({{pp0, pp1, pp2, pp3}, {pb0, pb1, pb2, pb3}});                             \
+        int pre) {                                                                                    \
         MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
               s3 = {c3, sc3, y3, n3};                                                                 \
         __VA_ARGS__;                                                                                  \

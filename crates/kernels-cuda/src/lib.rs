@@ -16,7 +16,7 @@ mod spec;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
@@ -248,19 +248,6 @@ fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
 
-/// The L2 prefetch cap of a mat-vec launch in MiB when `BONSAI_CUDA_L2_PREFETCH_MB` is unset.
-pub const L2_PREFETCH_DEFAULT_MB: u64 = 0;
-
-/// `BONSAI_CUDA_L2_PREFETCH_MB` (read once per `Gpu`): the most bytes a decode / verify mat-vec
-/// launch asks the L2 to prefetch of the launch after it ([`L2Prefetch`]); 0 turns it off.
-fn l2_prefetch_env() -> u64 {
-    std::env::var("BONSAI_CUDA_L2_PREFETCH_MB")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(L2_PREFETCH_DEFAULT_MB)
-        << 20
-}
-
 /// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
 fn mv_mma_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_MMA").is_ok_and(|v| v == "1")
@@ -293,52 +280,6 @@ pub struct MvSeg {
     pub scales: u64,
     pub y: u64,
     pub n_out: usize,
-}
-
-/// Up to 4 byte ranges a mat-vec launch asks the L2 to prefetch (`cp.async.bulk.prefetch.L2`,
-/// sliced over its blocks): the weights of the launch that follows, fetched while this one leaves
-/// most of the DRAM bandwidth idle. A hint only: no result depends on it. Ranges are
-/// `(address, bytes)`; the address is rounded up and the length down to 16 bytes, and a zero
-/// length is no range ([`L2Prefetch::NONE`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct L2Prefetch {
-    pub ranges: [(u64, u64); 4],
-}
-
-impl L2Prefetch {
-    /// No prefetch.
-    pub const NONE: L2Prefetch = L2Prefetch {
-        ranges: [(0, 0); 4],
-    };
-
-    /// The ranges in order, at most `cap` bytes in all (a range past the cap is cut, later ones
-    /// dropped; so the first range's start, which the next launch reads first, always comes).
-    /// Extra ranges beyond 4 are dropped.
-    pub fn capped(ranges: &[(u64, u64)], cap: u64) -> L2Prefetch {
-        let mut out = L2Prefetch::NONE;
-        let mut left = cap;
-        for (slot, &(p, b)) in out.ranges.iter_mut().zip(ranges) {
-            let a = p.next_multiple_of(16);
-            let b = b.saturating_sub(a - p).min(left) & !15;
-            if b == 0 {
-                continue;
-            }
-            *slot = (a, b);
-            left -= b;
-        }
-        out
-    }
-
-    /// The total bytes asked for.
-    pub fn bytes(&self) -> u64 {
-        self.ranges.iter().map(|r| r.1).sum()
-    }
-
-    fn push_args(&self, args: &mut Vec<Arg>) {
-        for &(p, b) in &self.ranges {
-            args.extend([Arg::P(p), Arg::P(b)]);
-        }
-    }
 }
 
 /// A CUDA-side failure, with context.
@@ -754,9 +695,8 @@ fn mv_seg_args(
     n: usize,
     accumulate: bool,
     plan: MvPlan,
-    pf: L2Prefetch,
 ) -> (Vec<Arg>, usize) {
-    let mut args = Vec::with_capacity(4 * MAX_SEGS + 15);
+    let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
     let groups = push_seg_args(&mut args, segs, MAX_SEGS, rpw);
     args.extend([
         Arg::P(x),
@@ -767,7 +707,6 @@ fn mv_seg_args(
         Arg::I(accumulate as i32),
         Arg::I(plan.pre as i32),
     ]);
-    pf.push_args(&mut args);
     (args, groups)
 }
 
@@ -1047,8 +986,6 @@ pub struct Gpu {
     mv_pipe: AtomicBool,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
-    /// Bytes a mat-vec launch may ask the L2 to prefetch of the next one ([`Gpu::l2_prefetch_cap`]).
-    l2_prefetch_cap: AtomicU64,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     mvp_capacity: Mutex<Vec<(usize, usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
@@ -1119,7 +1056,6 @@ impl Gpu {
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
             mv_o8: AtomicBool::new(mv_o8_env()),
-            l2_prefetch_cap: AtomicU64::new(l2_prefetch_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
@@ -1501,23 +1437,6 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        self.mv_lowbit_multi_pf(kind, segs, q, d, s, n_in, n, accumulate, L2Prefetch::NONE)
-    }
-
-    /// [`Self::mv_lowbit_multi`] that also asks the L2 to prefetch `pf` (see [`L2Prefetch`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_lowbit_multi_pf(
-        &self,
-        kind: WKind,
-        segs: &[MvSeg],
-        q: u64,
-        d: u64,
-        s: u64,
-        n_in: usize,
-        n: usize,
-        accumulate: bool,
-        pf: L2Prefetch,
-    ) -> Result<()> {
         assert!((1..=MAX_ROWS).contains(&n), "mv_lowbit: n = {n}");
         assert!(
             (1..=MAX_SEGS).contains(&segs.len()),
@@ -1528,7 +1447,7 @@ impl Gpu {
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
         if plan.b1 {
-            return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan, pf);
+            return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan);
         }
         // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`)
         let (rpw, f) = if plan.mma {
@@ -1561,12 +1480,12 @@ impl Gpu {
             }
         } else if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
-            return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan, pf);
+            return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
-        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan, pf)
+        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
     }
 
     /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
@@ -1686,9 +1605,8 @@ impl Gpu {
         n_in: usize,
         accumulate: bool,
         plan: MvPlan,
-        pf: L2Prefetch,
     ) -> Result<()> {
-        let (args, groups) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan, pf);
+        let (args, groups) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
         if groups == 0 {
             return Ok(());
         }
@@ -1720,9 +1638,8 @@ impl Gpu {
         n: usize,
         accumulate: bool,
         plan: MvPlan,
-        pf: L2Prefetch,
     ) -> Result<()> {
-        let (args, groups) = mv_seg_args(segs, rpw, x, d, s, n_in, n, accumulate, plan, pf);
+        let (args, groups) = mv_seg_args(segs, rpw, x, d, s, n_in, n, accumulate, plan);
         if groups == 0 {
             return Ok(());
         }
@@ -1752,7 +1669,6 @@ impl Gpu {
         n: usize,
         accumulate: bool,
         plan: MvPlan,
-        pf: L2Prefetch,
     ) -> Result<()> {
         if kind != WKind::Q1 {
             return Err(CudaError(format!("mv_lowbit (b1): Q1 only, not {kind:?}")));
@@ -1783,7 +1699,6 @@ impl Gpu {
             n,
             accumulate,
             plan,
-            pf,
         )
     }
 
@@ -1866,18 +1781,6 @@ impl Gpu {
     /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
     pub fn set_mv_pipe(&self, on: bool) {
         self.mv_pipe.store(on, Ordering::Relaxed);
-    }
-
-    /// The most bytes a decode / verify mat-vec launch asks the L2 to prefetch of the launch after
-    /// it (`BONSAI_CUDA_L2_PREFETCH_MB`, default [`L2_PREFETCH_DEFAULT_MB`]; 0 is off). The engine
-    /// builds the ranges ([`L2Prefetch::capped`]); graphs bake them in, so it is part of their keys.
-    pub fn l2_prefetch_cap(&self) -> u64 {
-        self.l2_prefetch_cap.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::l2_prefetch_cap`] (bytes).
-    pub fn set_l2_prefetch_cap(&self, bytes: u64) {
-        self.l2_prefetch_cap.store(bytes, Ordering::Relaxed);
     }
 
     /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
@@ -2634,25 +2537,6 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn l2_prefetch_ranges_aligned_and_capped() {
-        let pf = L2Prefetch::capped(&[(0x1005, 100), (0x2000, 64), (0x3000, 64)], 100);
-        // 0x1005 → 0x1010 (11 bytes fewer), 89 → 80 bytes; then 20 of the cap left → 16
-        assert_eq!(pf.ranges[0], (0x1010, 80));
-        assert_eq!(pf.ranges[1], (0x2000, 16));
-        assert_eq!(pf.ranges[2], (0, 0));
-        assert_eq!(pf.bytes(), 96);
-        // more than 4 ranges: the first 4; nothing under a zero cap
-        let five = [(0x100, 32); 5];
-        assert_eq!(L2Prefetch::capped(&five, u64::MAX).bytes(), 128);
-        assert_eq!(L2Prefetch::capped(&five, 0), L2Prefetch::NONE);
-        // a range shorter than its alignment gap is no range
-        assert_eq!(
-            L2Prefetch::capped(&[(0x101, 10)], 1 << 20),
-            L2Prefetch::NONE
-        );
-    }
 
     #[test]
     fn cache_key_changes_with_source() {

@@ -6,8 +6,8 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf, Gpu, L2Prefetch,
-    MvPlan, MvSeg, Retiled, WKind,
+    b1_planes_host, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg,
+    Retiled, WKind,
 };
 use half::f16;
 
@@ -249,31 +249,6 @@ fn run_mv_plan(
     )
     .unwrap();
     let yn: Vec<f32> = down(g, &y, n * n_out);
-    // with an L2 prefetch (a hint: of this matrix's codes and scales, one range misaligned and
-    // one past what the cap leaves) the result is the same bit for bit
-    let pf = L2Prefetch::capped(
-        &[
-            (codes.ptr() + 5, rt.codes.len() as u64 - 5),
-            (scales.ptr(), rt.scales.len() as u64),
-            (xb.ptr(), (n * n_in * 4) as u64),
-        ],
-        (rt.codes.len() + rt.scales.len()) as u64,
-    );
-    assert!(pf.bytes() > 0);
-    let yp = g.alloc(n * n_out * 4).unwrap();
-    let seg = [MvSeg {
-        codes: codes.ptr(),
-        scales: scales.ptr(),
-        y: yp.ptr(),
-        n_out,
-    }];
-    g.mv_lowbit_multi_pf(rt.kind, &seg, q.ptr(), d.ptr(), s.ptr(), n_in, n, false, pf)
-        .unwrap();
-    let ypv: Vec<f32> = down(g, &yp, n * n_out);
-    assert!(
-        ypv.iter().zip(&yn).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{qt:?} [{n_in}x{n_out}] n={n}: the L2 prefetch changed the result"
-    );
     // 1-row launches: batch invariance, bit for bit
     let y1 = g.alloc(n_out * 4).unwrap();
     for t in 0..n {

@@ -46,7 +46,7 @@ use super::{gdn_rec_width, Backend, GdnMode, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::{AttnWeights, GdnWeights, Layer, Mixer, MlpWeights, SeqState, Weights};
+use crate::model::{AttnWeights, GdnWeights, Mixer, MlpWeights, SeqState, Weights};
 use crate::sampling::LogitStats;
 
 fn be(e: kc::CudaError) -> Error {
@@ -432,18 +432,7 @@ impl CudaBackend {
 
     /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`): one GEMM
     /// launch when [`Self::use_gemm`], else in groups of at most 8 rows.
-    ///
-    /// `pf`: what a mat-vec launch asks the L2 to prefetch (the next launch's weights; see
-    /// [`Self::prefetch_of`]). The GEMM ignores it.
-    fn proj(
-        &self,
-        sc: &Scratch,
-        m: &CudaMat,
-        n: usize,
-        y: u64,
-        accumulate: bool,
-        pf: kc::L2Prefetch,
-    ) -> Result<()> {
+    fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
         if Self::use_gemm(m, n) {
@@ -477,21 +466,18 @@ impl CudaBackend {
                     nr,
                     accumulate,
                 ),
-                kind => self.gpu.mv_lowbit_multi_pf(
+                kind => self.gpu.mv_lowbit(
                     kind,
-                    &[kc::MvSeg {
-                        codes: m.codes.ptr(),
-                        scales: m.scales.as_ref().expect("scales").ptr(),
-                        y: yo,
-                        n_out: m.n_out,
-                    }],
+                    m.codes.ptr(),
+                    m.scales.as_ref().expect("scales").ptr(),
                     sc.xq.at(t0 * k),
                     sc.xd.at(t0 * k / 32 * 4),
                     sc.xs.at(t0 * k / 32 * 4),
+                    yo,
                     k,
+                    m.n_out,
                     nr,
                     accumulate,
-                    pf,
                 ),
             }
             .map_err(be)?;
@@ -510,7 +496,6 @@ impl CudaBackend {
         mats: &[(&CudaMat, u64)],
         n: usize,
         accumulate: bool,
-        pf: kc::L2Prefetch,
     ) -> Result<()> {
         let (m0, _) = mats[0];
         let groupable = mats.len() <= kc::MAX_SEGS
@@ -520,7 +505,7 @@ impl CudaBackend {
                 .all(|(m, _)| m.kind == m0.kind && m.n_in == m0.n_in);
         if !groupable {
             for &(m, y) in mats {
-                self.proj(sc, m, n, y, accumulate, pf)?;
+                self.proj(sc, m, n, y, accumulate)?;
             }
             return Ok(());
         }
@@ -553,7 +538,7 @@ impl CudaBackend {
                 })
                 .collect();
             self.gpu
-                .mv_lowbit_multi_pf(
+                .mv_lowbit_multi(
                     m0.kind,
                     &segs,
                     sc.xq.at(t0 * k),
@@ -562,50 +547,11 @@ impl CudaBackend {
                     k,
                     nr,
                     accumulate,
-                    pf,
                 )
                 .map_err(be)?;
             t0 += nr;
         }
         Ok(())
-    }
-
-    /// What a mat-vec launch asks the L2 to prefetch so that `mats` (the launch after it) read
-    /// from the L2: their codes and scales in launch order, at most [`kc::Gpu::l2_prefetch_cap`]
-    /// bytes (nothing when that is 0).
-    fn prefetch_of(&self, mats: &[&CudaMat]) -> kc::L2Prefetch {
-        let cap = self.gpu.l2_prefetch_cap();
-        if cap == 0 {
-            return kc::L2Prefetch::NONE;
-        }
-        let mut ranges = Vec::with_capacity(2 * mats.len());
-        for m in mats.iter().filter(|m| m.kind != WKind::F32) {
-            ranges.push((m.codes.ptr(), m.codes.bytes() as u64));
-            if let Some(sc) = &m.scales {
-                ranges.push((sc.ptr(), sc.bytes() as u64));
-            }
-        }
-        kc::L2Prefetch::capped(&ranges, cap)
-    }
-
-    /// The matrices of a layer's first mat-vec launch (the mixer's input projections).
-    fn mixer_in_mats(layer: &Layer<Self>) -> Vec<&CudaMat> {
-        match &layer.mixer {
-            Mixer::Gdn(g) => vec![&g.qkv, &g.gate, &g.beta, &g.alpha],
-            Mixer::Attn(a) => vec![&a.q, &a.k, &a.v],
-        }
-    }
-
-    /// For each layer, the prefetch of the launch that follows its MLP (the next layer's mixer
-    /// input, or the head after the last layer).
-    fn prefetch_after_layers(&self, w: &Weights<Self>) -> Vec<kc::L2Prefetch> {
-        let nl = w.layers.len();
-        (0..nl)
-            .map(|i| match w.layers.get(i + 1) {
-                Some(next) => self.prefetch_of(&Self::mixer_in_mats(next)),
-                None => self.prefetch_of(&[w.head_mat()]),
-            })
-            .collect()
     }
 
     fn norm_in(
@@ -650,13 +596,12 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
-        self.gdn_impl_rec(sc, cfg, w, st, x, n, None, kc::L2Prefetch::NONE)
+        self.gdn_impl_rec(sc, cfg, w, st, x, n, None)
     }
 
     /// [`Self::gdn_impl`]; with `rec` (a device `[≥ n, gdn_rec_width]` f32 buffer), also writes each
     /// row's verify record (MODEL.md §4.9 option C) from the conv kernel's outputs. The record is
     /// a side copy: the launches that compute the outputs and the state are the same either way.
-    /// `next`: the prefetch the output projection asks for (the launch after it).
     #[allow(clippy::too_many_arguments)]
     fn gdn_impl_rec(
         &self,
@@ -667,7 +612,6 @@ impl CudaBackend {
         x: u64,
         n: usize,
         rec: Option<u64>,
-        next: kc::L2Prefetch,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
@@ -680,7 +624,6 @@ impl CudaBackend {
             &[(&w.qkv, mixed), (&w.gate, z), (&w.beta, bb), (&w.alpha, aa)],
             n,
             false,
-            self.prefetch_of(&[&w.ssm_out]),
         )?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
@@ -771,11 +714,9 @@ impl CudaBackend {
             sc.xs.ptr(),
         )
         .map_err(be)?;
-        self.proj(sc, &w.ssm_out, n, x, true, next)
+        self.proj(sc, &w.ssm_out, n, x, true)
     }
 
-    /// `next`: the prefetch the output projection asks for (the launch after it).
-    #[allow(clippy::too_many_arguments)]
     fn attn_impl(
         &self,
         sc: &mut Scratch,
@@ -784,20 +725,13 @@ impl CudaBackend {
         kv: &CudaKv,
         x: u64,
         n: usize,
-        next: kc::L2Prefetch,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
         self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
-        self.proj_multi(
-            sc,
-            &[(&w.q, qf), (&w.k, kf), (&w.v, vf)],
-            n,
-            false,
-            self.prefetch_of(&[&w.out]),
-        )?;
+        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
         let g = &self.gpu;
         g.attn_prep(
             qf,
@@ -867,10 +801,9 @@ impl CudaBackend {
             g.dtod(sc.xf.ptr(), sc.att.ptr(), n * nh * hd * 4)
                 .map_err(be)?;
         }
-        self.proj(sc, &w.out, n, x, true, next)
+        self.proj(sc, &w.out, n, x, true)
     }
 
-    /// `next`: the prefetch the down projection asks for (the launch after it).
     fn mlp_impl(
         &self,
         sc: &mut Scratch,
@@ -878,17 +811,10 @@ impl CudaBackend {
         w: &MlpWeights<Self>,
         x: u64,
         n: usize,
-        next: kc::L2Prefetch,
     ) -> Result<()> {
         self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
-        self.proj_multi(
-            sc,
-            &[(&w.gate, gt), (&w.up, up)],
-            n,
-            false,
-            self.prefetch_of(&[&w.down]),
-        )?;
+        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
         self.gpu
             .swiglu_quant(
                 gt,
@@ -901,7 +827,7 @@ impl CudaBackend {
                 sc.xs.ptr(),
             )
             .map_err(be)?;
-        self.proj(sc, &w.down, n, x, true, next)
+        self.proj(sc, &w.down, n, x, true)
     }
 
     fn embed_impl(&self, table: &CudaMat, ids: u64, n: usize, x: u64) -> Result<()> {
@@ -929,7 +855,7 @@ impl CudaBackend {
         nr: usize,
     ) -> Result<()> {
         self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd)?;
-        self.proj(sc, out, nr, sc.logits.ptr(), false, kc::L2Prefetch::NONE)
+        self.proj(sc, out, nr, sc.logits.ptr(), false)
     }
 
     /// Greedy decode of `steps` tokens after the committed state, eagerly (no graph), with the
@@ -999,20 +925,18 @@ impl CudaBackend {
     ) -> Result<()> {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
         let (mut ia, mut ig) = (0, 0);
-        let after = self.prefetch_after_layers(w);
-        for (layer, &pf_next) in w.layers.iter().zip(&after) {
-            let pf_mlp = self.prefetch_of(&[&layer.mlp.gate, &layer.mlp.up]);
+        for layer in &w.layers {
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, 1, None, pf_mlp)?;
+                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1)?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1, pf_mlp)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, 1, pf_next)?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, 1)?;
         }
         self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)
     }
@@ -1166,21 +1090,18 @@ impl CudaBackend {
             .map_err(be)?;
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), n, x)?;
         let (mut ia, mut ig) = (0, 0);
-        let after = self.prefetch_after_layers(w);
-        for ((il, layer), &pf_next) in w.layers.iter().enumerate().zip(&after) {
-            let pf_mlp = self.prefetch_of(&[&layer.mlp.gate, &layer.mlp.up]);
+        for (il, layer) in w.layers.iter().enumerate() {
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    let rec = Some(recs[ig]);
-                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, rec, pf_mlp)?;
+                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]))?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n, pf_mlp)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, n, pf_next)?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, n)?;
             for (j, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == il) {
                 g.dtod(io.taps_dev.at(j * n * e * 4), x, n * e * 4)
                     .map_err(be)?;
@@ -1293,7 +1214,6 @@ impl CudaBackend {
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
                 self.gpu.mv_o8() as u64,
-                self.gpu.l2_prefetch_cap(),
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -1506,7 +1426,7 @@ impl CudaBackend {
                                     }
                                 })
                                 .collect();
-                            self.proj_multi(sc, &mats, n, false, kc::L2Prefetch::NONE)
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1546,7 +1466,7 @@ impl CudaBackend {
                         for g in groups {
                             let mats: Vec<(&CudaMat, u64)> =
                                 g.iter().zip(outs).map(|(&m, y)| (m, y)).collect();
-                            self.proj_multi(sc, &mats, n, false, kc::L2Prefetch::NONE)
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1761,16 +1681,7 @@ impl Backend for CudaBackend {
         let n = x.n;
         let recp = rec.buf.ptr();
         self.with_scratch(cfg, n, |sc| {
-            self.gdn_impl_rec(
-                sc,
-                cfg,
-                w,
-                st,
-                x.buf.ptr(),
-                s.n,
-                Some(recp),
-                kc::L2Prefetch::NONE,
-            )
+            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp))
         })?;
         // rows of the record that are valid (the buffer keeps its capacity)
         rec.n = s.n;
@@ -2001,7 +1912,7 @@ impl Backend for CudaBackend {
         }
         self.with_scratch(cfg, s.n, |sc| {
             self.set_pos(sc, s.pos, s.n)?;
-            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n, kc::L2Prefetch::NONE)
+            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n)
         })?;
         kv.len = s.pos + s.n;
         Ok(())
@@ -2009,9 +1920,7 @@ impl Backend for CudaBackend {
 
     fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut CudaAct) -> Result<()> {
         let n = x.n;
-        self.with_scratch(cfg, n, |sc| {
-            self.mlp_impl(sc, cfg, w, x.buf.ptr(), n, kc::L2Prefetch::NONE)
-        })
+        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n))
     }
 
     fn head(
@@ -2113,7 +2022,6 @@ impl Backend for CudaBackend {
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
                 self.gpu.mv_o8() as u64,
-                self.gpu.l2_prefetch_cap(),
                 row_needed as u64,
             ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
