@@ -162,6 +162,13 @@ fn cuda_decode_bench() {
     );
     // the o8 family has its own float order: tokens may differ on a random synthetic model
     let o8_ms = ab("MV_O8", &|| gpu.mv_o8(), &|on| gpu.set_mv_o8(on), false);
+    // the staged one-row kernels keep the dp4a float order: tokens must agree
+    let staged_ms = ab(
+        "MV_STAGED",
+        &|| gpu.mv_staged(),
+        &|on| gpu.set_mv_staged(on),
+        true,
+    );
 
     // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
     // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
@@ -194,6 +201,39 @@ fn cuda_decode_bench() {
             groups.len()
         ));
     }
+    // the same passes with the staged kernels flipped (per category), and their ring depth
+    let staged0 = gpu.mv_staged();
+    let mut staged_prof = Vec::new();
+    for stages in [0usize, 2, 3, 4, 6] {
+        gpu.set_mv_staged(!staged0);
+        gpu.set_mvs_stages(stages);
+        let mut total = 0.0;
+        let mut cat_json = Vec::new();
+        for (name, groups) in &cats {
+            let ms = med(cuda.time_mv_pass(&cfg, groups, 5).unwrap());
+            if !name.ends_with("_alone") {
+                total += ms;
+            }
+            let us = ms * 1e3 / groups.len() as f64;
+            if stages == 0 {
+                println!("PROFILE staged={} {name:<20} {us:8.2} us/launch", !staged0);
+            }
+            cat_json.push(format!(
+                "{{\"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
+            ));
+        }
+        println!(
+            "PROFILE staged={} stages {stages} (0: per launch): mat-vec {total:.3} ms per step (default {mv_total_ms:.3})",
+            !staged0
+        );
+        staged_prof.push(format!(
+            "{{\"staged\": {}, \"stages\": {stages}, \"matvec_ms_per_step\": {total:.3}, \"profile\": [{}]}}",
+            !staged0,
+            cat_json.join(", ")
+        ));
+    }
+    gpu.set_mv_staged(staged0);
+    gpu.set_mvs_stages(0);
     let mut sp = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
     sp.copy_from(&cuda, &st);
     let step_ms = med(cuda.time_step_eager(&cfg, &w, &mut sp, 5).unwrap());
@@ -377,7 +417,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged\": {staged_ms}, \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -388,6 +428,7 @@ fn cuda_decode_bench() {
         cfg.weight_type.name(),
         cuda.name(),
         cuda.gpu().cubin_source,
+        staged_prof.join(", "),
         bw / 1e9,
         prof.join(", "),
         kprof.join(", "),

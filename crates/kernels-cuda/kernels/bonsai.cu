@@ -15,6 +15,7 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef signed char i8;
 typedef unsigned char u8;
+typedef unsigned long long u64;
 
 #define MAXN 8
 #define NEG_INF __int_as_float(0xff800000)

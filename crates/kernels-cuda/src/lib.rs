@@ -16,7 +16,7 @@ mod spec;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
@@ -40,6 +40,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvb.cu"),
     include_str!("../kernels/mvp.cu"),
     include_str!("../kernels/mvo.cu"),
+    include_str!("../kernels/mvs.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -246,6 +247,70 @@ fn mv_o8_env() -> bool {
 /// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
 fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
+}
+
+/// Whether the staged decode mat-vec (`mvs_*`) is asked for: `BONSAI_CUDA_MV_STAGED=1` on, `=0`
+/// off, unset: [`MV_STAGED_DEFAULT`] (read once per `Gpu`).
+fn mv_staged_env() -> bool {
+    match std::env::var("BONSAI_CUDA_MV_STAGED") {
+        Ok(v) => v == "1",
+        Err(_) => MV_STAGED_DEFAULT,
+    }
+}
+
+/// Whether one-row launches take the staged kernel when `BONSAI_CUDA_MV_STAGED` is unset.
+pub const MV_STAGED_DEFAULT: bool = false;
+
+/// Stages of the staged decode mat-vec's shared-memory ring (`BONSAI_CUDA_MVS_STAGES`, 1 to 8;
+/// unset or 0: chosen per launch by [`mvs_layout`]).
+fn mvs_stages_env() -> usize {
+    std::env::var("BONSAI_CUDA_MVS_STAGES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&s| s <= 8)
+        .unwrap_or(0)
+}
+
+/// Shared-memory layout of a staged decode mat-vec launch (`kernels/mvs.cu`): rows per warp,
+/// bytes of one ring stage, stages, and the dynamic shared memory of a block; `None` where the
+/// kernel cannot take the shape (every bulk copy must be a multiple of 16 bytes, so `n_in` a
+/// multiple of 1024). The float order does not depend on the rows per warp (only on `ks`), so
+/// `r` is free: `r_plan`, or 2 where a stage of `r_plan` would pass 24 KiB. Stages: `stages` if
+/// not 0, else as many as keep a block under 75 KiB (3 blocks per SM), 2 to 4.
+pub fn mvs_layout(
+    kind: WKind,
+    n_in: usize,
+    r_plan: usize,
+    ks: usize,
+    stages: usize,
+) -> Option<(usize, usize, usize, usize)> {
+    let (code_row, be) = match kind {
+        WKind::Q1 => (n_in / 8, 128),
+        WKind::Q2 => (n_in / 4, 128),
+        WKind::Q2G64 => (n_in / 4, 64),
+        _ => return None,
+    };
+    if n_in == 0 || n_in % 1024 != 0 || !matches!(ks, 1 | 2 | 4) || !matches!(r_plan, 2 | 4) {
+        return None;
+    }
+    let nblk = n_in / be;
+    let stage = |r: usize| {
+        let rows = (MV_WARPS / ks) * r;
+        rows * code_row + (rows * nblk * 2).next_multiple_of(16)
+    };
+    let r = if r_plan == 4 && stage(4) > 24 << 10 {
+        2
+    } else {
+        r_plan
+    };
+    let sb = stage(r);
+    let act = n_in + 8 * (n_in / 32);
+    let s = if stages > 0 {
+        stages
+    } else {
+        ((75usize << 10).saturating_sub(act) / sb).clamp(2, 4)
+    };
+    Some((r, sb, s, act + s * sb))
 }
 
 /// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
@@ -917,6 +982,25 @@ kernels!(
         mvp_q2g64_r4_k1,
         mvp_q2g64_r4_k2,
         mvp_q2g64_r4_k4,
+        // ---- mvs.cu (staged persistent decode mat-vec, n = 1) ----
+        mvs_q1_r2_k1,
+        mvs_q1_r2_k2,
+        mvs_q1_r2_k4,
+        mvs_q1_r4_k1,
+        mvs_q1_r4_k2,
+        mvs_q1_r4_k4,
+        mvs_q2_r2_k1,
+        mvs_q2_r2_k2,
+        mvs_q2_r2_k4,
+        mvs_q2_r4_k1,
+        mvs_q2_r4_k2,
+        mvs_q2_r4_k4,
+        mvs_q2g64_r2_k1,
+        mvs_q2g64_r2_k2,
+        mvs_q2g64_r2_k4,
+        mvs_q2g64_r4_k1,
+        mvs_q2g64_r4_k2,
+        mvs_q2g64_r4_k4,
     ],
     plain: [
         spin_ns,
@@ -984,6 +1068,10 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
+    /// One-row dp4a launches use the staged kernels ([`Gpu::mv_staged`]).
+    mv_staged: AtomicBool,
+    /// Ring stages of the staged kernels (0: per launch; `BONSAI_CUDA_MVS_STAGES`).
+    mvs_stages: AtomicUsize,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
@@ -1055,6 +1143,8 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
+            mv_staged: AtomicBool::new(mv_staged_env()),
+            mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mv_o8: AtomicBool::new(mv_o8_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
@@ -1478,6 +1568,11 @@ impl Gpu {
             } else {
                 (16, self.mvt_func(kind, plan.ks)?)
             }
+        } else if n == 1
+            && self.mv_staged()
+            && self.launch_mv_staged(kind, segs, q, d, s, n_in, accumulate, plan)?
+        {
+            return Ok(());
         } else if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
@@ -1584,6 +1679,111 @@ impl Gpu {
         // SAFETY: f is a kernel of our loaded module; no dynamic shared memory.
         let per_sm = unsafe {
             cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, 0)
+        }
+        .map_err(err("occupancy"))?
+        .max(1) as usize;
+        cap.push((key, sms * per_sm));
+        Ok(sms * per_sm)
+    }
+
+    /// The staged decode kernel of `kind` with `r` rows per warp and K split `ks`.
+    fn mvs_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = match kind {
+            WKind::Q1 => [
+                [f.mvs_q1_r2_k1, f.mvs_q1_r2_k2, f.mvs_q1_r2_k4],
+                [f.mvs_q1_r4_k1, f.mvs_q1_r4_k2, f.mvs_q1_r4_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvs_q2_r2_k1, f.mvs_q2_r2_k2, f.mvs_q2_r2_k4],
+                [f.mvs_q2_r4_k1, f.mvs_q2_r4_k2, f.mvs_q2_r4_k4],
+            ],
+            WKind::Q2G64 => [
+                [f.mvs_q2g64_r2_k1, f.mvs_q2g64_r2_k2, f.mvs_q2g64_r2_k4],
+                [f.mvs_q2g64_r4_k1, f.mvs_q2g64_r4_k2, f.mvs_q2g64_r4_k4],
+            ],
+            _ => return Err(CudaError(format!("mv_lowbit (mvs) on {kind:?}"))),
+        };
+        match (r, ks) {
+            (2 | 4, 1 | 2 | 4) => Ok(t[r / 4][ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!(
+                "mv_lowbit (mvs): no variant with {r} rows per warp, K split {ks}"
+            ))),
+        }
+    }
+
+    /// One-row launch of the staged kernel (`kernels/mvs.cu`) under `plan`'s K split; `false`
+    /// (nothing launched) where the shape or an address does not suit its bulk copies. The grid
+    /// is persistent: as few blocks as give every block the same number of row tiles (± 1)
+    /// without exceeding what is resident at once.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_mv_staged(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        accumulate: bool,
+        plan: MvPlan,
+    ) -> Result<bool> {
+        let Some((r, _stage, _stages, smem)) =
+            mvs_layout(kind, n_in, plan.r, plan.ks, self.mvs_stages())
+        else {
+            return Ok(false);
+        };
+        let aligned = [q, d, s].iter().all(|p| p % 16 == 0)
+            && segs
+                .iter()
+                .all(|sg| sg.codes % 16 == 0 && sg.scales % 16 == 0);
+        if !aligned {
+            return Ok(false);
+        }
+        let f = self.mvs_func(kind, r, plan.ks)?;
+        let tile = (MV_WARPS / plan.ks) * r;
+        let tiles: usize = segs.iter().map(|sg| sg.n_out.div_ceil(tile)).sum();
+        if tiles == 0 {
+            return Ok(true);
+        }
+        let cap = self.mvs_blocks(f, smem)?;
+        let per_block = tiles.div_ceil(cap);
+        let blocks = tiles.div_ceil(per_block);
+        let (args, _) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
+        self.launch_smem(
+            f,
+            (blocks as u32, 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            smem as u32,
+            &args,
+        )?;
+        Ok(true)
+    }
+
+    /// How many blocks of the staged kernel `f` with `smem` bytes of dynamic shared memory fit on
+    /// the GPU at once (SMs × resident blocks per SM), queried once per kernel and size.
+    fn mvs_blocks(&self, f: sys::CUfunction, smem: usize) -> Result<usize> {
+        let key = (f as usize) ^ (smem << 48);
+        let mut cap = self.mvp_capacity.lock().expect("mvp capacity lock");
+        if let Some(&(_, b)) = cap.iter().find(|(k, _)| *k == key) {
+            return Ok(b);
+        }
+        let sms = self.sm_count()?;
+        self.bind()?;
+        // SAFETY: f is a kernel of our loaded module; raising its dynamic shared memory limit to
+        // what the launch will ask for (the call fails cleanly past the device's maximum).
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .result()
+            .map_err(err("cuFuncSetAttribute"))?;
+        }
+        // SAFETY: f is a kernel of our loaded module.
+        let per_sm = unsafe {
+            cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, smem)
         }
         .map_err(err("occupancy"))?
         .max(1) as usize;
@@ -1781,6 +1981,29 @@ impl Gpu {
     /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
     pub fn set_mv_pipe(&self, on: bool) {
         self.mv_pipe.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether one-row dp4a launches take the staged kernel (`kernels/mvs.cu`: weights through a
+    /// shared-memory ring filled by the bulk copy engine; `BONSAI_CUDA_MV_STAGED`, default
+    /// [`MV_STAGED_DEFAULT`]). Same float order as the plain kernel with the plan's K split, so it
+    /// may change at any time without changing a result; shapes it cannot take fall back.
+    pub fn mv_staged(&self) -> bool {
+        self.mv_staged.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mv_staged`].
+    pub fn set_mv_staged(&self, on: bool) {
+        self.mv_staged.store(on, Ordering::Relaxed);
+    }
+
+    /// Ring stages of the staged kernel (0: chosen per launch by [`mvs_layout`]).
+    pub fn mvs_stages(&self) -> usize {
+        self.mvs_stages.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvs_stages`] (0 to 8).
+    pub fn set_mvs_stages(&self, s: usize) {
+        self.mvs_stages.store(s.min(8), Ordering::Relaxed);
     }
 
     /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
@@ -2537,6 +2760,26 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mvs_layout_of_the_27b_shapes() {
+        // Q1 5120-wide, 4 rows per warp, no K split: tiles of 16 rows (10,240 code bytes + 1,280
+        // scale bytes), activations 5120 + 8·160 bytes, 4 stages under 75 KiB
+        assert_eq!(
+            mvs_layout(WKind::Q1, 5120, 4, 1, 0),
+            Some((4, 11_520, 4, 6_400 + 4 * 11_520))
+        );
+        // Q2 17408-wide (ffn_down), K split 2: a 4-row stage would be 37 KB, so 2 rows per warp
+        let (r, sb, st, smem) = mvs_layout(WKind::Q2, 17408, 4, 2, 0).unwrap();
+        assert_eq!((r, sb), (2, 4 * 4352 + 4 * 136 * 2));
+        assert_eq!(st, 2);
+        assert_eq!(smem, 17408 + 8 * 544 + 2 * sb);
+        // forced stages; shapes the bulk copies cannot take
+        assert_eq!(mvs_layout(WKind::Q1, 5120, 2, 4, 7).unwrap().2, 7);
+        assert!(mvs_layout(WKind::Q1, 384, 4, 1, 0).is_none());
+        assert!(mvs_layout(WKind::F32, 5120, 4, 1, 0).is_none());
+        assert!(mvs_layout(WKind::Q1, 5120, 3, 1, 0).is_none());
+    }
 
     #[test]
     fn cache_key_changes_with_source() {

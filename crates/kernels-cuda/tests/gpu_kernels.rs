@@ -383,6 +383,98 @@ fn matvec_lowbit_real_shapes_vs_reference() {
     }
 }
 
+/// The staged decode kernels (`kernels/mvs.cu`) equal the plain one-row kernels of the same K
+/// split bit for bit: every kind, K split, rows per warp, ring depth, before / after the PDL wait;
+/// grouped launches whose segments end in partial tiles (rows of one matrix at row offsets), and
+/// accumulate mode. The profiler confirms the staged kernel ran (no silent fallback).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_staged_equals_plain() {
+    let g = need_gpu!("matvec_staged_equals_plain");
+    let staged0 = g.mv_staged();
+    let mut cases = 0;
+    for (qi, qt) in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
+        .into_iter()
+        .enumerate()
+    {
+        for (si, (n_in, n_out)) in [(5120, 6144), (6144, 5120), (17408, 1000), (1024, 300)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut rng = Rng(700 + 10 * qi as u64 + si as u64);
+            let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+            let x = rng.vec(n_in, 1.0);
+            let rt = retile(qt, &raw, n_in, n_out);
+            let codes = g.upload(&rt.codes).unwrap();
+            let scales = g.upload(&rt.scales).unwrap();
+            let xb = g.upload(&x).unwrap();
+            let nsb = n_in / 32;
+            let q = g.alloc(n_in).unwrap();
+            let d = g.alloc(nsb * 4).unwrap();
+            let s = g.alloc(nsb * 4).unwrap();
+            g.quant_rows(xb.ptr(), 1, n_in, q.ptr(), d.ptr(), s.ptr())
+                .unwrap();
+            let code_row = rt.codes.len() / n_out;
+            let scale_row = rt.scales.len() * 2 / n_out; // bytes
+                                                         // segments: rows [0, 37), [37, n_out - 5), [n_out - 5, n_out)
+            let cuts = [0, 37, n_out - 5, n_out];
+            let y0 = rng.vec(n_out, 1.0);
+            let run = |staged: bool, acc: bool| -> (Vec<f32>, bool) {
+                g.set_mv_staged(staged);
+                let y = g.upload(&y0).unwrap();
+                let segs: Vec<MvSeg> = cuts
+                    .windows(2)
+                    .map(|c| MvSeg {
+                        codes: codes.ptr() + (c[0] * code_row) as u64,
+                        scales: scales.ptr() + (c[0] * scale_row) as u64,
+                        y: y.ptr() + (c[0] * 4) as u64,
+                        n_out: c[1] - c[0],
+                    })
+                    .collect();
+                g.profile_begin();
+                g.mv_lowbit_multi(rt.kind, &segs, q.ptr(), d.ptr(), s.ptr(), n_in, 1, acc)
+                    .unwrap();
+                let ran = g.profile_end().iter().any(|(k, _)| k.starts_with("mvs_"));
+                (down(g, &y, n_out), ran)
+            };
+            for ks in [1, 2, 4] {
+                for r in [2, 4] {
+                    for (stages, pre) in [(0, true), (1, false), (2, true), (5, false)] {
+                        g.set_mv_override(Some(MvPlan::dp4a(r, ks, pre)));
+                        g.set_mvs_stages(stages);
+                        for acc in [false, true] {
+                            let (plain, ran_p) = run(false, acc);
+                            let (staged, ran_s) = run(true, acc);
+                            assert!(!ran_p, "the plain launch ran a staged kernel");
+                            assert!(
+                                ran_s,
+                                "{qt:?} [{n_in}x{n_out}]: the staged kernel did not run"
+                            );
+                            for o in 0..n_out {
+                                assert_eq!(
+                                    plain[o].to_bits(),
+                                    staged[o].to_bits(),
+                                    "{qt:?} [{n_in}x{n_out}] r{r} k{ks} stages {stages} pre {pre} \
+                                     acc {acc} out {o}: plain {} staged {}",
+                                    plain[o],
+                                    staged[o]
+                                );
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // a shape the bulk copies cannot take (n_in not a multiple of 1024) falls back to the plain one
+    assert!(bonsai_kernels_cuda::mvs_layout(WKind::Q1, 384, 4, 1, 0).is_none());
+    g.set_mv_override(None);
+    g.set_mvs_stages(0);
+    g.set_mv_staged(staged0);
+    eprintln!("mvs: {cases} staged launches equal the plain ones bit for bit");
+}
+
 /// A grouped low-bit mat-vec launch over the quantized activations `q`, `d`, `s` (rows of `n_in`):
 /// `(segments, first activation row, rows, accumulate)`.
 fn seg_launcher<'a>(
