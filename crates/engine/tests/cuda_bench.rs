@@ -14,6 +14,7 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
+use bonsai_kernels_cuda::{MvStaged, MV_STAGED_DEFAULT};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -163,10 +164,17 @@ fn cuda_decode_bench() {
     // the o8 family has its own float order: tokens may differ on a random synthetic model
     let o8_ms = ab("MV_O8", &|| gpu.mv_o8(), &|on| gpu.set_mv_o8(on), false);
     // the staged one-row kernels keep the dp4a float order: tokens must agree
+    // (auto: the long launches only, the default rule; flipped against off)
     let staged_ms = ab(
-        "MV_STAGED",
+        "MV_STAGED (auto)",
         &|| gpu.mv_staged(),
-        &|on| gpu.set_mv_staged(on),
+        &|on| gpu.set_mv_staged_mode(if on { MvStaged::Auto } else { MvStaged::Off }),
+        true,
+    );
+    let staged_all_ms = ab(
+        "MV_STAGED (all)",
+        &|| gpu.mv_staged_mode() == MvStaged::All,
+        &|on| gpu.set_mv_staged_mode(if on { MvStaged::All } else { MV_STAGED_DEFAULT }),
         true,
     );
 
@@ -201,12 +209,22 @@ fn cuda_decode_bench() {
             groups.len()
         ));
     }
-    // the same passes with the staged kernels flipped (per category), and their ring depth
-    let staged0 = gpu.mv_staged();
+    // the same passes with every launch staged, by ring depth and rows per warp (0: the layout's)
+    let staged0 = gpu.mv_staged_mode();
     let mut staged_prof = Vec::new();
-    for stages in [0usize, 2, 3, 4, 6] {
-        gpu.set_mv_staged(!staged0);
+    for (stages, rows) in [
+        (0usize, 0usize),
+        (3, 0),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (2, 2),
+        (3, 2),
+        (2, 4),
+    ] {
+        gpu.set_mv_staged_mode(MvStaged::All);
         gpu.set_mvs_stages(stages);
+        gpu.set_mvs_rows(rows);
         let mut total = 0.0;
         let mut cat_json = Vec::new();
         for (name, groups) in &cats {
@@ -215,25 +233,22 @@ fn cuda_decode_bench() {
                 total += ms;
             }
             let us = ms * 1e3 / groups.len() as f64;
-            if stages == 0 {
-                println!("PROFILE staged={} {name:<20} {us:8.2} us/launch", !staged0);
-            }
+            println!("PROFILE staged stages {stages} rows {rows} {name:<20} {us:8.2} us/launch");
             cat_json.push(format!(
                 "{{\"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
             ));
         }
         println!(
-            "PROFILE staged={} stages {stages} (0: per launch): mat-vec {total:.3} ms per step (default {mv_total_ms:.3})",
-            !staged0
+            "PROFILE staged stages {stages} rows {rows} (0: per launch): mat-vec {total:.3} ms per step (default {mv_total_ms:.3})"
         );
         staged_prof.push(format!(
-            "{{\"staged\": {}, \"stages\": {stages}, \"matvec_ms_per_step\": {total:.3}, \"profile\": [{}]}}",
-            !staged0,
+            "{{\"staged\": \"all\", \"stages\": {stages}, \"rows\": {rows}, \"matvec_ms_per_step\": {total:.3}, \"profile\": [{}]}}",
             cat_json.join(", ")
         ));
     }
-    gpu.set_mv_staged(staged0);
+    gpu.set_mv_staged_mode(staged0);
     gpu.set_mvs_stages(0);
+    gpu.set_mvs_rows(0);
     let mut sp = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
     sp.copy_from(&cuda, &st);
     let step_ms = med(cuda.time_step_eager(&cfg, &w, &mut sp, 5).unwrap());
@@ -417,7 +432,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged\": {staged_ms}, \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_default\": \"{:?}\", \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -428,6 +443,7 @@ fn cuda_decode_bench() {
         cfg.weight_type.name(),
         cuda.name(),
         cuda.gpu().cubin_source,
+        MV_STAGED_DEFAULT,
         staged_prof.join(", "),
         bw / 1e9,
         prof.join(", "),

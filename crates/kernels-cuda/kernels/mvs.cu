@@ -225,12 +225,15 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
 }
 
-// Variants: R = 2 or 4 rows per warp, K split KS (the mv_lowbit KS whose float order this is).
+// Variants: R = 1, 2 or 4 rows per warp, K split KS (the mv_lowbit KS whose float order this is).
 // `n` must be 1; the launcher sizes the grid and the shared memory.
 #define MVS_ENTRY(NAME, KIND, R, KS)                 \
     MV_SEG_ENTRY(NAME, MV_WARPS, 4, const i8*, q, \
                  mv_staged<KIND, R, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre))
 #define MVS_KIND_ENTRIES(K, KIND)       \
+    MVS_ENTRY(mvs_##K##_r1_k1, KIND, 1, 1) \
+    MVS_ENTRY(mvs_##K##_r1_k2, KIND, 1, 2) \
+    MVS_ENTRY(mvs_##K##_r1_k4, KIND, 1, 4) \
     MVS_ENTRY(mvs_##K##_r2_k1, KIND, 2, 1) \
     MVS_ENTRY(mvs_##K##_r2_k2, KIND, 2, 2) \
     MVS_ENTRY(mvs_##K##_r2_k4, KIND, 2, 4) \

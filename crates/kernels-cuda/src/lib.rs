@@ -16,7 +16,7 @@ mod spec;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
@@ -249,17 +249,58 @@ fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
 
-/// Whether the staged decode mat-vec (`mvs_*`) is asked for: `BONSAI_CUDA_MV_STAGED=1` on, `=0`
-/// off, unset: [`MV_STAGED_DEFAULT`] (read once per `Gpu`).
-fn mv_staged_env() -> bool {
-    match std::env::var("BONSAI_CUDA_MV_STAGED") {
-        Ok(v) => v == "1",
-        Err(_) => MV_STAGED_DEFAULT,
+/// Which one-row launches take the staged decode mat-vec (`kernels/mvs.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MvStaged {
+    /// None.
+    Off = 0,
+    /// The launches [`mvs_default_on`] picks (the long ones: many row tiles per block).
+    Auto = 1,
+    /// Every launch whose shape the bulk copies can take.
+    All = 2,
+}
+
+impl MvStaged {
+    fn from_u8(v: u8) -> MvStaged {
+        match v {
+            1 => MvStaged::Auto,
+            2 => MvStaged::All,
+            _ => MvStaged::Off,
+        }
     }
 }
 
-/// Whether one-row launches take the staged kernel when `BONSAI_CUDA_MV_STAGED` is unset.
-pub const MV_STAGED_DEFAULT: bool = false;
+/// `BONSAI_CUDA_MV_STAGED`: `0` off, `auto` (or `1`) [`MvStaged::Auto`], `all` (or `2`) every
+/// launch; unset (or anything else): [`MV_STAGED_DEFAULT`] (read once per `Gpu`).
+fn mv_staged_env() -> MvStaged {
+    match std::env::var("BONSAI_CUDA_MV_STAGED").as_deref() {
+        Ok("0") => MvStaged::Off,
+        Ok("1" | "auto") => MvStaged::Auto,
+        Ok("2" | "all") => MvStaged::All,
+        _ => MV_STAGED_DEFAULT,
+    }
+}
+
+/// Which one-row launches take the staged kernel when `BONSAI_CUDA_MV_STAGED` is unset.
+pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Off;
+
+/// Whether [`MvStaged::Auto`] stages a one-row launch of `rows` output rows: the launches with
+/// several row tiles per resident block (ffn gate‖up, 34,816 rows, and the head). Launches that
+/// fit in about one wave gain nothing from a ring and pay its set-up (H200, Q2:
+/// bench/results/cuda-decode-27b-q2.json `staged_flipped_profile`).
+pub fn mvs_default_on(_kind: WKind, rows: usize) -> bool {
+    rows >= 32_768
+}
+
+/// Rows per warp of the staged kernel (`BONSAI_CUDA_MVS_ROWS`: 1, 2 or 4; unset or 0: chosen
+/// per launch by [`mvs_layout`]).
+fn mvs_rows_env() -> usize {
+    std::env::var("BONSAI_CUDA_MVS_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|r| matches!(r, 1 | 2 | 4))
+        .unwrap_or(0)
+}
 
 /// Stages of the staged decode mat-vec's shared-memory ring (`BONSAI_CUDA_MVS_STAGES`, 1 to 8;
 /// unset or 0: chosen per launch by [`mvs_layout`]).
@@ -275,14 +316,16 @@ fn mvs_stages_env() -> usize {
 /// bytes of one ring stage, stages, and the dynamic shared memory of a block; `None` where the
 /// kernel cannot take the shape (every bulk copy must be a multiple of 16 bytes, so `n_in` a
 /// multiple of 1024). The float order does not depend on the rows per warp (only on `ks`), so
-/// `r` is free: `r_plan`, or 2 where a stage of `r_plan` would pass 24 KiB. Stages: `stages` if
-/// not 0, else as many as keep a block under 75 KiB (3 blocks per SM), 2 to 4.
+/// `r` is free: `rows` if not 0, else `r_plan`, or 2 where a stage of `r_plan` would pass 24 KiB.
+/// Stages: `stages` if not 0, else 2 (the H200 sweep: more stages cost resident blocks and were
+/// slower).
 pub fn mvs_layout(
     kind: WKind,
     n_in: usize,
     r_plan: usize,
     ks: usize,
     stages: usize,
+    rows: usize,
 ) -> Option<(usize, usize, usize, usize)> {
     let (code_row, be) = match kind {
         WKind::Q1 => (n_in / 8, 128),
@@ -290,7 +333,12 @@ pub fn mvs_layout(
         WKind::Q2G64 => (n_in / 4, 64),
         _ => return None,
     };
-    if n_in == 0 || n_in % 1024 != 0 || !matches!(ks, 1 | 2 | 4) || !matches!(r_plan, 2 | 4) {
+    if n_in == 0
+        || n_in % 1024 != 0
+        || !matches!(ks, 1 | 2 | 4)
+        || !matches!(r_plan, 1 | 2 | 4)
+        || !matches!(rows, 0 | 1 | 2 | 4)
+    {
         return None;
     }
     let nblk = n_in / be;
@@ -298,18 +346,16 @@ pub fn mvs_layout(
         let rows = (MV_WARPS / ks) * r;
         rows * code_row + (rows * nblk * 2).next_multiple_of(16)
     };
-    let r = if r_plan == 4 && stage(4) > 24 << 10 {
+    let r = if rows > 0 {
+        rows
+    } else if r_plan == 4 && stage(4) > 24 << 10 {
         2
     } else {
         r_plan
     };
     let sb = stage(r);
     let act = n_in + 8 * (n_in / 32);
-    let s = if stages > 0 {
-        stages
-    } else {
-        ((75usize << 10).saturating_sub(act) / sb).clamp(2, 4)
-    };
+    let s = if stages > 0 { stages } else { 2 };
     Some((r, sb, s, act + s * sb))
 }
 
@@ -983,18 +1029,27 @@ kernels!(
         mvp_q2g64_r4_k2,
         mvp_q2g64_r4_k4,
         // ---- mvs.cu (staged persistent decode mat-vec, n = 1) ----
+        mvs_q1_r1_k1,
+        mvs_q1_r1_k2,
+        mvs_q1_r1_k4,
         mvs_q1_r2_k1,
         mvs_q1_r2_k2,
         mvs_q1_r2_k4,
         mvs_q1_r4_k1,
         mvs_q1_r4_k2,
         mvs_q1_r4_k4,
+        mvs_q2_r1_k1,
+        mvs_q2_r1_k2,
+        mvs_q2_r1_k4,
         mvs_q2_r2_k1,
         mvs_q2_r2_k2,
         mvs_q2_r2_k4,
         mvs_q2_r4_k1,
         mvs_q2_r4_k2,
         mvs_q2_r4_k4,
+        mvs_q2g64_r1_k1,
+        mvs_q2g64_r1_k2,
+        mvs_q2g64_r1_k4,
         mvs_q2g64_r2_k1,
         mvs_q2g64_r2_k2,
         mvs_q2g64_r2_k4,
@@ -1068,10 +1123,16 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
-    /// One-row dp4a launches use the staged kernels ([`Gpu::mv_staged`]).
-    mv_staged: AtomicBool,
+    /// Which one-row dp4a launches use the staged kernels ([`Gpu::mv_staged_mode`], an
+    /// [`MvStaged`]).
+    mv_staged: AtomicU8,
     /// Ring stages of the staged kernels (0: per launch; `BONSAI_CUDA_MVS_STAGES`).
     mvs_stages: AtomicUsize,
+    /// Rows per warp of the staged kernels (0: per launch; `BONSAI_CUDA_MVS_ROWS`).
+    mvs_rows: AtomicUsize,
+    /// The dynamic shared memory limit set on each kernel so far (only ever raised: a lower
+    /// limit would fail a later launch, or graph node, that needs more).
+    smem_limit: Mutex<Vec<(usize, usize)>>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
@@ -1143,8 +1204,10 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
-            mv_staged: AtomicBool::new(mv_staged_env()),
+            mv_staged: AtomicU8::new(mv_staged_env() as u8),
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
+            mvs_rows: AtomicUsize::new(mvs_rows_env()),
+            smem_limit: Mutex::new(Vec::new()),
             mv_o8: AtomicBool::new(mv_o8_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
@@ -1338,17 +1401,7 @@ impl Gpu {
             .collect();
         self.bind()?;
         if smem > 48 * 1024 {
-            // SAFETY: f is a kernel of our loaded module; the attribute only raises its dynamic
-            // shared memory limit (the launch fails cleanly if the device cannot give that much).
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-                .result()
-                .map_err(err("cuFuncSetAttribute"))?;
-            }
+            self.raise_smem_limit(f, smem as usize)?;
         }
         let profiling = self.prof.lock().expect("prof lock").is_some();
         if profiling && f != self.f.spin_ns {
@@ -1406,6 +1459,35 @@ impl Gpu {
             cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), &mut params)
                 .map_err(err("launch"))
         }
+    }
+
+    /// Raise kernel `f`'s dynamic shared memory limit to at least `smem` bytes (never lowers it:
+    /// launches of one kernel with different sizes, and graph nodes captured earlier, keep
+    /// working). The call fails cleanly past the device's maximum.
+    fn raise_smem_limit(&self, f: sys::CUfunction, smem: usize) -> Result<()> {
+        let mut lim = self.smem_limit.lock().expect("smem limit lock");
+        let key = f as usize;
+        let cur = lim
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(48 << 10, |e| e.1);
+        if smem <= cur {
+            return Ok(());
+        }
+        // SAFETY: f is a kernel of our loaded module; the attribute only raises its dynamic
+        // shared memory limit.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .result()
+            .map_err(err("cuFuncSetAttribute"))?;
+        }
+        lim.retain(|(k, _)| *k != key);
+        lim.push((key, smem));
+        Ok(())
     }
 
     /// Whether PDL-aware kernels are launched with programmatic stream serialization (sm_90+;
@@ -1569,7 +1651,7 @@ impl Gpu {
                 (16, self.mvt_func(kind, plan.ks)?)
             }
         } else if n == 1
-            && self.mv_staged()
+            && self.staged_for(kind, rows)
             && self.launch_mv_staged(kind, segs, q, d, s, n_in, accumulate, plan)?
         {
             return Ok(());
@@ -1691,21 +1773,26 @@ impl Gpu {
         let f = &self.f;
         let t = match kind {
             WKind::Q1 => [
+                [f.mvs_q1_r1_k1, f.mvs_q1_r1_k2, f.mvs_q1_r1_k4],
                 [f.mvs_q1_r2_k1, f.mvs_q1_r2_k2, f.mvs_q1_r2_k4],
                 [f.mvs_q1_r4_k1, f.mvs_q1_r4_k2, f.mvs_q1_r4_k4],
             ],
             WKind::Q2 => [
+                [f.mvs_q2_r1_k1, f.mvs_q2_r1_k2, f.mvs_q2_r1_k4],
                 [f.mvs_q2_r2_k1, f.mvs_q2_r2_k2, f.mvs_q2_r2_k4],
                 [f.mvs_q2_r4_k1, f.mvs_q2_r4_k2, f.mvs_q2_r4_k4],
             ],
             WKind::Q2G64 => [
+                [f.mvs_q2g64_r1_k1, f.mvs_q2g64_r1_k2, f.mvs_q2g64_r1_k4],
                 [f.mvs_q2g64_r2_k1, f.mvs_q2g64_r2_k2, f.mvs_q2g64_r2_k4],
                 [f.mvs_q2g64_r4_k1, f.mvs_q2g64_r4_k2, f.mvs_q2g64_r4_k4],
             ],
             _ => return Err(CudaError(format!("mv_lowbit (mvs) on {kind:?}"))),
         };
         match (r, ks) {
-            (2 | 4, 1 | 2 | 4) => Ok(t[r / 4][ks.trailing_zeros() as usize]),
+            (1 | 2 | 4, 1 | 2 | 4) => {
+                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
+            }
             _ => Err(CudaError(format!(
                 "mv_lowbit (mvs): no variant with {r} rows per warp, K split {ks}"
             ))),
@@ -1728,9 +1815,15 @@ impl Gpu {
         accumulate: bool,
         plan: MvPlan,
     ) -> Result<bool> {
-        let Some((r, _stage, _stages, smem)) =
-            mvs_layout(kind, n_in, plan.r, plan.ks, self.mvs_stages())
-        else {
+        let layout = mvs_layout(
+            kind,
+            n_in,
+            plan.r,
+            plan.ks,
+            self.mvs_stages(),
+            self.mvs_rows(),
+        );
+        let Some((r, _stage, _stages, smem)) = layout else {
             return Ok(false);
         };
         let aligned = [q, d, s].iter().all(|p| p % 16 == 0)
@@ -1769,18 +1862,7 @@ impl Gpu {
             return Ok(b);
         }
         let sms = self.sm_count()?;
-        self.bind()?;
-        // SAFETY: f is a kernel of our loaded module; raising its dynamic shared memory limit to
-        // what the launch will ask for (the call fails cleanly past the device's maximum).
-        unsafe {
-            sys::cuFuncSetAttribute(
-                f,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .result()
-            .map_err(err("cuFuncSetAttribute"))?;
-        }
+        self.raise_smem_limit(f, smem)?;
         // SAFETY: f is a kernel of our loaded module.
         let per_sm = unsafe {
             cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, smem)
@@ -1983,17 +2065,47 @@ impl Gpu {
         self.mv_pipe.store(on, Ordering::Relaxed);
     }
 
-    /// Whether one-row dp4a launches take the staged kernel (`kernels/mvs.cu`: weights through a
+    /// Which one-row dp4a launches take the staged kernel (`kernels/mvs.cu`: weights through a
     /// shared-memory ring filled by the bulk copy engine; `BONSAI_CUDA_MV_STAGED`, default
     /// [`MV_STAGED_DEFAULT`]). Same float order as the plain kernel with the plan's K split, so it
     /// may change at any time without changing a result; shapes it cannot take fall back.
-    pub fn mv_staged(&self) -> bool {
-        self.mv_staged.load(Ordering::Relaxed)
+    pub fn mv_staged_mode(&self) -> MvStaged {
+        MvStaged::from_u8(self.mv_staged.load(Ordering::Relaxed))
     }
 
-    /// Set [`Self::mv_staged`].
+    /// Set [`Self::mv_staged_mode`].
+    pub fn set_mv_staged_mode(&self, m: MvStaged) {
+        self.mv_staged.store(m as u8, Ordering::Relaxed);
+    }
+
+    /// Whether any launch is staged ([`Self::mv_staged_mode`] is not off).
+    pub fn mv_staged(&self) -> bool {
+        self.mv_staged_mode() != MvStaged::Off
+    }
+
+    /// Every launch staged (`true`: [`MvStaged::All`]) or none.
     pub fn set_mv_staged(&self, on: bool) {
-        self.mv_staged.store(on, Ordering::Relaxed);
+        self.set_mv_staged_mode(if on { MvStaged::All } else { MvStaged::Off });
+    }
+
+    /// Whether a one-row launch of `rows` rows of `kind` takes the staged kernel under the mode.
+    fn staged_for(&self, kind: WKind, rows: usize) -> bool {
+        match self.mv_staged_mode() {
+            MvStaged::Off => false,
+            MvStaged::Auto => mvs_default_on(kind, rows),
+            MvStaged::All => true,
+        }
+    }
+
+    /// Rows per warp of the staged kernel (0: chosen per launch by [`mvs_layout`]).
+    pub fn mvs_rows(&self) -> usize {
+        self.mvs_rows.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvs_rows`] (0, 1, 2 or 4; anything else is 0).
+    pub fn set_mvs_rows(&self, r: usize) {
+        let r = if matches!(r, 1 | 2 | 4) { r } else { 0 };
+        self.mvs_rows.store(r, Ordering::Relaxed);
     }
 
     /// Ring stages of the staged kernel (0: chosen per launch by [`mvs_layout`]).
@@ -2766,19 +2878,21 @@ mod tests {
         // Q1 5120-wide, 4 rows per warp, no K split: tiles of 16 rows (10,240 code bytes + 1,280
         // scale bytes), activations 5120 + 8·160 bytes, 4 stages under 75 KiB
         assert_eq!(
-            mvs_layout(WKind::Q1, 5120, 4, 1, 0),
-            Some((4, 11_520, 4, 6_400 + 4 * 11_520))
+            mvs_layout(WKind::Q1, 5120, 4, 1, 0, 0),
+            Some((4, 11_520, 2, 6_400 + 2 * 11_520))
         );
         // Q2 17408-wide (ffn_down), K split 2: a 4-row stage would be 37 KB, so 2 rows per warp
-        let (r, sb, st, smem) = mvs_layout(WKind::Q2, 17408, 4, 2, 0).unwrap();
+        let (r, sb, st, smem) = mvs_layout(WKind::Q2, 17408, 4, 2, 0, 0).unwrap();
         assert_eq!((r, sb), (2, 4 * 4352 + 4 * 136 * 2));
         assert_eq!(st, 2);
         assert_eq!(smem, 17408 + 8 * 544 + 2 * sb);
-        // forced stages; shapes the bulk copies cannot take
-        assert_eq!(mvs_layout(WKind::Q1, 5120, 2, 4, 7).unwrap().2, 7);
-        assert!(mvs_layout(WKind::Q1, 384, 4, 1, 0).is_none());
-        assert!(mvs_layout(WKind::F32, 5120, 4, 1, 0).is_none());
-        assert!(mvs_layout(WKind::Q1, 5120, 3, 1, 0).is_none());
+        // forced stages and rows; shapes the bulk copies cannot take
+        assert_eq!(mvs_layout(WKind::Q1, 5120, 2, 4, 7, 0).unwrap().2, 7);
+        assert_eq!(mvs_layout(WKind::Q1, 5120, 4, 1, 0, 1).unwrap().0, 1);
+        assert!(mvs_layout(WKind::Q1, 384, 4, 1, 0, 0).is_none());
+        assert!(mvs_layout(WKind::F32, 5120, 4, 1, 0, 0).is_none());
+        assert!(mvs_layout(WKind::Q1, 5120, 3, 1, 0, 0).is_none());
+        assert!(mvs_layout(WKind::Q1, 5120, 4, 1, 0, 3).is_none());
     }
 
     #[test]

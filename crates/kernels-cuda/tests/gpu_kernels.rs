@@ -391,7 +391,7 @@ fn matvec_lowbit_real_shapes_vs_reference() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_staged_equals_plain() {
     let g = need_gpu!("matvec_staged_equals_plain");
-    let staged0 = g.mv_staged();
+    let staged0 = g.mv_staged_mode();
     let mut cases = 0;
     for (qi, qt) in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
         .into_iter()
@@ -439,9 +439,13 @@ fn matvec_staged_equals_plain() {
             };
             for ks in [1, 2, 4] {
                 for r in [2, 4] {
-                    for (stages, pre) in [(0, true), (1, false), (2, true), (5, false)] {
+                    // (ring stages, weights before the PDL wait, rows per warp: 0 = the layout's)
+                    for (stages, pre, rows) in
+                        [(0, true, 0), (1, false, 0), (2, true, 1), (5, false, 4)]
+                    {
                         g.set_mv_override(Some(MvPlan::dp4a(r, ks, pre)));
                         g.set_mvs_stages(stages);
+                        g.set_mvs_rows(rows);
                         for acc in [false, true] {
                             let (plain, ran_p) = run(false, acc);
                             let (staged, ran_s) = run(true, acc);
@@ -454,8 +458,8 @@ fn matvec_staged_equals_plain() {
                                 assert_eq!(
                                     plain[o].to_bits(),
                                     staged[o].to_bits(),
-                                    "{qt:?} [{n_in}x{n_out}] r{r} k{ks} stages {stages} pre {pre} \
-                                     acc {acc} out {o}: plain {} staged {}",
+                                    "{qt:?} [{n_in}x{n_out}] r{r} k{ks} stages {stages} rows {rows} \
+                                     pre {pre} acc {acc} out {o}: plain {} staged {}",
                                     plain[o],
                                     staged[o]
                                 );
@@ -468,10 +472,11 @@ fn matvec_staged_equals_plain() {
         }
     }
     // a shape the bulk copies cannot take (n_in not a multiple of 1024) falls back to the plain one
-    assert!(bonsai_kernels_cuda::mvs_layout(WKind::Q1, 384, 4, 1, 0).is_none());
+    assert!(bonsai_kernels_cuda::mvs_layout(WKind::Q1, 384, 4, 1, 0, 0).is_none());
     g.set_mv_override(None);
     g.set_mvs_stages(0);
-    g.set_mv_staged(staged0);
+    g.set_mvs_rows(0);
+    g.set_mv_staged_mode(staged0);
     eprintln!("mvs: {cases} staged launches equal the plain ones bit for bit");
 }
 

@@ -1214,8 +1214,9 @@ impl CudaBackend {
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
                 self.gpu.mv_o8() as u64,
-                self.gpu.mv_staged() as u64,
+                self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
+                self.gpu.mvs_rows() as u64,
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -2024,8 +2025,9 @@ impl Backend for CudaBackend {
                 self.gpu.mv_mma() as u64,
                 self.gpu.mv_pipe() as u64,
                 self.gpu.mv_o8() as u64,
-                self.gpu.mv_staged() as u64,
+                self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
+                self.gpu.mvs_rows() as u64,
                 row_needed as u64,
             ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
