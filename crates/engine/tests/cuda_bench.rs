@@ -209,6 +209,41 @@ fn cuda_decode_bench() {
             groups.len()
         ));
     }
+    // decode graph by shared-memory carveout (one for all kernels, or the driver's per kernel)
+    // and staged mode: a carveout switch between consecutive kernels drains the SM
+    let mut carve_json = Vec::new();
+    for pct in [None, Some(100u8), Some(60)] {
+        gpu.set_carveout(pct).unwrap();
+        for mode in [MvStaged::Off, MvStaged::Auto, MvStaged::All] {
+            gpu.set_mv_staged_mode(mode);
+            let mut s0 = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+            s0.copy_from(&cuda, &st);
+            let dg = cuda.capture_decode(&cfg, &w, &mut s0).unwrap();
+            let mut ts = Vec::new();
+            for rep in 0..4 {
+                s0.copy_from(&cuda, &st);
+                let (ms, t) = cuda.time_graph(&cfg, &dg, &mut s0, first, steps).unwrap();
+                assert_eq!(
+                    t, toks,
+                    "carveout {pct:?} staged {mode:?} changes the tokens"
+                );
+                if rep > 0 {
+                    ts.push(ms as f64);
+                }
+            }
+            ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let ms = ts[ts.len() / 2];
+            println!(
+                "BENCH carveout {pct:?} staged {mode:?}: graph {:.3} ms/token",
+                ms / steps as f64
+            );
+            carve_json.push(format!(
+                "{{\"carveout\": \"{pct:?}\", \"staged\": \"{mode:?}\", \"graph_ms_median\": {ms:.3}}}"
+            ));
+        }
+    }
+    gpu.set_carveout(None).unwrap();
+    gpu.set_mv_staged_mode(MV_STAGED_DEFAULT);
     // the same passes with every launch staged, by ring depth and rows per warp (0: the layout's)
     let staged0 = gpu.mv_staged_mode();
     let mut staged_prof = Vec::new();
@@ -432,7 +467,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_default\": \"{:?}\", \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -444,6 +479,7 @@ fn cuda_decode_bench() {
         cuda.name(),
         cuda.gpu().cubin_source,
         MV_STAGED_DEFAULT,
+        carve_json.join(", "),
         staged_prof.join(", "),
         bw / 1e9,
         prof.join(", "),

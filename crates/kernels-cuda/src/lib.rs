@@ -850,6 +850,10 @@ macro_rules! kernels {
                 $(if f == self.$p { return true; })*
                 false
             }
+            /// Every kernel of the module.
+            fn all(&self) -> Vec<sys::CUfunction> {
+                vec![$(self.$p,)* $(self.$q,)*]
+            }
         }
     };
 }
@@ -1133,6 +1137,8 @@ pub struct Gpu {
     /// The dynamic shared memory limit set on each kernel so far (only ever raised: a lower
     /// limit would fail a later launch, or graph node, that needs more).
     smem_limit: Mutex<Vec<(usize, usize)>>,
+    /// The preferred shared-memory carveout of every kernel ([`Gpu::set_carveout`]).
+    carveout: Mutex<Option<u8>>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
@@ -1208,6 +1214,7 @@ impl Gpu {
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
             smem_limit: Mutex::new(Vec::new()),
+            carveout: Mutex::new(None),
             mv_o8: AtomicBool::new(mv_o8_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
@@ -1221,6 +1228,12 @@ impl Gpu {
                     gpu.mvp_blocks(gpu.mvp_func(kind, r, ks)?)?;
                 }
             }
+        }
+        if let Some(pct) = std::env::var("BONSAI_CUDA_CARVEOUT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u8>().ok())
+        {
+            gpu.set_carveout(Some(pct))?;
         }
         Ok(gpu)
     }
@@ -1739,6 +1752,47 @@ impl Gpu {
         }
     }
 
+    /// Set every kernel's preferred shared-memory carveout (percent of the unified L1 / shared
+    /// memory; `None`: the driver's default). One setting for all kernels means the SMs never
+    /// switch carveout between consecutive kernels (a switch drains the SM, which a kernel that
+    /// asks for much shared memory after one that asks for none would otherwise cause).
+    /// `BONSAI_CUDA_CARVEOUT` (0..=100) sets it when the `Gpu` is made.
+    pub fn set_carveout(&self, pct: Option<u8>) -> Result<()> {
+        self.bind()?;
+        let v = pct.map_or(-1, |p| p.min(100) as i32);
+        for f in self.f.all() {
+            // SAFETY: f is a kernel of our loaded module; the attribute is a scheduling hint.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    v,
+                )
+                .result()
+                .map_err(err("carveout"))?;
+            }
+        }
+        *self.carveout.lock().expect("carveout lock") = pct;
+        Ok(())
+    }
+
+    /// The carveout set by [`Self::set_carveout`] (`None`: the driver's default).
+    pub fn carveout(&self) -> Option<u8> {
+        *self.carveout.lock().expect("carveout lock")
+    }
+
+    /// The most shared memory one block may opt in to (bytes).
+    pub fn smem_optin(&self) -> Result<usize> {
+        self.bind()?;
+        Ok(self
+            .ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(err("shared memory per block"))?
+            .max(0) as usize)
+    }
+
     /// The device's multiprocessor count (binds the context first; at least 1).
     fn sm_count(&self) -> Result<usize> {
         self.bind()?;
@@ -1826,6 +1880,10 @@ impl Gpu {
         let Some((r, _stage, _stages, smem)) = layout else {
             return Ok(false);
         };
+        // a forced ring or row count can ask for more than a block may have
+        if smem + 1024 > self.smem_optin()? {
+            return Ok(false);
+        }
         let aligned = [q, d, s].iter().all(|p| p % 16 == 0)
             && segs
                 .iter()

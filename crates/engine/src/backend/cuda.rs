@@ -1217,6 +1217,7 @@ impl CudaBackend {
                 self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
                 self.gpu.mvs_rows() as u64,
+                self.gpu.carveout().map_or(u64::MAX, u64::from),
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
@@ -2028,6 +2029,7 @@ impl Backend for CudaBackend {
                 self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
                 self.gpu.mvs_rows() as u64,
+                self.gpu.carveout().map_or(u64::MAX, u64::from),
                 row_needed as u64,
             ]);
             if slot.as_ref().is_none_or(|g| g.key != key) {
