@@ -209,8 +209,9 @@ fn cuda_decode_bench() {
             groups.len()
         ));
     }
-    // decode graph by shared-memory carveout (one for all kernels, or the driver's per kernel)
-    // and staged mode: a carveout switch between consecutive kernels drains the SM
+    // decode graph by shared-memory carveout (one for all kernels; None: the driver's per kernel
+    // until a staged launch sets STAGED_CARVEOUT) and staged mode: a carveout switch between
+    // consecutive kernels drains the SM
     let mut carve_json = Vec::new();
     for pct in [None, Some(100u8), Some(60)] {
         gpu.set_carveout(pct).unwrap();

@@ -282,15 +282,24 @@ fn mv_staged_env() -> MvStaged {
 }
 
 /// Which one-row launches take the staged kernel when `BONSAI_CUDA_MV_STAGED` is unset.
-pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Off;
+pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Auto;
 
-/// Whether [`MvStaged::Auto`] stages a one-row launch of `rows` output rows: the launches with
-/// several row tiles per resident block (ffn gate‖up, 34,816 rows, and the head). Launches that
-/// fit in about one wave gain nothing from a ring and pay its set-up (H200, Q2:
-/// bench/results/cuda-decode-27b-q2.json `staged_flipped_profile`).
-pub fn mvs_default_on(_kind: WKind, rows: usize) -> bool {
-    rows >= 32_768
+/// Whether [`MvStaged::Auto`] stages a one-row launch of `rows` output rows of `kind`: the Q2
+/// launches with several row tiles per resident block (ffn gate‖up, 34,816 rows, and the head).
+/// Measured on the H200 (bench/results/cuda-decode-27b-*.json, `carveout_x_staged`): Q2 decode
+/// 3.789 → 3.611 ms/token with these staged (and the carveout of [`Gpu::set_carveout`] at 100 %
+/// for every kernel, which a staged launch sets unless one was chosen); Q1 3.177 → 3.233, so Q1
+/// keeps the plain kernels. Launches that fit in about one wave gain nothing from a ring and pay
+/// its set-up.
+pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
+    kind != WKind::Q1 && rows >= 32_768
 }
+
+/// The shared-memory carveout (percent) every kernel gets once a staged launch runs, unless one
+/// was chosen ([`Gpu::set_carveout`], `BONSAI_CUDA_CARVEOUT`): the staged kernels need most of
+/// the unified L1 as shared memory, and one setting for all kernels spares the SMs a carveout
+/// switch (a drain) before and after each staged launch.
+pub const STAGED_CARVEOUT: u8 = 100;
 
 /// Rows per warp of the staged kernel (`BONSAI_CUDA_MVS_ROWS`: 1, 2 or 4; unset or 0: chosen
 /// per launch by [`mvs_layout`]).
@@ -1137,8 +1146,9 @@ pub struct Gpu {
     /// The dynamic shared memory limit set on each kernel so far (only ever raised: a lower
     /// limit would fail a later launch, or graph node, that needs more).
     smem_limit: Mutex<Vec<(usize, usize)>>,
-    /// The preferred shared-memory carveout of every kernel ([`Gpu::set_carveout`]).
-    carveout: Mutex<Option<u8>>,
+    /// The preferred shared-memory carveout of every kernel ([`Gpu::set_carveout`]) and whether
+    /// it was chosen (then a staged launch leaves it alone).
+    carveout: Mutex<(Option<u8>, bool)>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
@@ -1214,7 +1224,7 @@ impl Gpu {
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
             smem_limit: Mutex::new(Vec::new()),
-            carveout: Mutex::new(None),
+            carveout: Mutex::new((None, false)),
             mv_o8: AtomicBool::new(mv_o8_env()),
             mvp_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
@@ -1757,7 +1767,12 @@ impl Gpu {
     /// switch carveout between consecutive kernels (a switch drains the SM, which a kernel that
     /// asks for much shared memory after one that asks for none would otherwise cause).
     /// `BONSAI_CUDA_CARVEOUT` (0..=100) sets it when the `Gpu` is made.
+    /// `None` also hands the choice back to the staged launches ([`STAGED_CARVEOUT`]).
     pub fn set_carveout(&self, pct: Option<u8>) -> Result<()> {
+        self.apply_carveout(pct, pct.is_some())
+    }
+
+    fn apply_carveout(&self, pct: Option<u8>, chosen: bool) -> Result<()> {
         self.bind()?;
         let v = pct.map_or(-1, |p| p.min(100) as i32);
         for f in self.f.all() {
@@ -1772,13 +1787,22 @@ impl Gpu {
                 .map_err(err("carveout"))?;
             }
         }
-        *self.carveout.lock().expect("carveout lock") = pct;
+        *self.carveout.lock().expect("carveout lock") = (pct, chosen);
         Ok(())
     }
 
-    /// The carveout set by [`Self::set_carveout`] (`None`: the driver's default).
+    /// The carveout every kernel has now (`None`: the driver's default).
     pub fn carveout(&self) -> Option<u8> {
-        *self.carveout.lock().expect("carveout lock")
+        self.carveout.lock().expect("carveout lock").0
+    }
+
+    /// Before a staged launch: [`STAGED_CARVEOUT`] for every kernel unless a carveout was chosen.
+    fn staged_carveout(&self) -> Result<()> {
+        let (cur, chosen) = *self.carveout.lock().expect("carveout lock");
+        if chosen || cur == Some(STAGED_CARVEOUT) {
+            return Ok(());
+        }
+        self.apply_carveout(Some(STAGED_CARVEOUT), false)
     }
 
     /// The most shared memory one block may opt in to (bytes).
@@ -1892,6 +1916,7 @@ impl Gpu {
             return Ok(false);
         }
         let f = self.mvs_func(kind, r, plan.ks)?;
+        self.staged_carveout()?;
         let tile = (MV_WARPS / plan.ks) * r;
         let tiles: usize = segs.iter().map(|sg| sg.n_out.div_ceil(tile)).sum();
         if tiles == 0 {
