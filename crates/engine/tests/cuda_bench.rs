@@ -285,6 +285,8 @@ fn cuda_decode_bench() {
     gpu.set_mv_staged_mode(staged0);
     gpu.set_mvs_stages(0);
     gpu.set_mvs_rows(0);
+    // back to the driver's carveout (the passes above staged every launch, which sets it)
+    gpu.set_carveout(None).unwrap();
     let mut sp = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
     sp.copy_from(&cuda, &st);
     let step_ms = med(cuda.time_step_eager(&cfg, &w, &mut sp, 5).unwrap());

@@ -295,10 +295,11 @@ pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
     kind != WKind::Q1 && rows >= 32_768
 }
 
-/// The shared-memory carveout (percent) every kernel gets once a staged launch runs, unless one
-/// was chosen ([`Gpu::set_carveout`], `BONSAI_CUDA_CARVEOUT`): the staged kernels need most of
-/// the unified L1 as shared memory, and one setting for all kernels spares the SMs a carveout
-/// switch (a drain) before and after each staged launch.
+/// The shared-memory carveout (percent) every kernel but the n-row verify mat-vecs gets once a
+/// staged launch runs, unless one was chosen ([`Gpu::set_carveout`], `BONSAI_CUDA_CARVEOUT`): the
+/// staged kernels need most of the unified L1 as shared memory, and one setting for all decode
+/// kernels spares the SMs a carveout switch (a drain) before and after each staged launch. The
+/// verify mat-vecs keep the driver's choice: they re-read up to 8 activation rows from L1.
 pub const STAGED_CARVEOUT: u8 = 100;
 
 /// Rows per warp of the staged kernel (`BONSAI_CUDA_MVS_ROWS`: 1, 2 or 4; unset or 0: chosen
@@ -859,9 +860,9 @@ macro_rules! kernels {
                 $(if f == self.$p { return true; })*
                 false
             }
-            /// Every kernel of the module.
-            fn all(&self) -> Vec<sys::CUfunction> {
-                vec![$(self.$p,)* $(self.$q,)*]
+            /// Every kernel of the module, with its name.
+            fn all(&self) -> Vec<(&'static str, sys::CUfunction)> {
+                vec![$((stringify!($p), self.$p),)* $((stringify!($q), self.$q),)*]
             }
         }
     };
@@ -1775,7 +1776,14 @@ impl Gpu {
     fn apply_carveout(&self, pct: Option<u8>, chosen: bool) -> Result<()> {
         self.bind()?;
         let v = pct.map_or(-1, |p| p.min(100) as i32);
-        for f in self.f.all() {
+        for (name, f) in self.f.all() {
+            // the automatic setting leaves the n-row verify mat-vecs on the driver's choice: they
+            // re-read up to 8 activation rows from L1 (Q2 verify round 12.5 → 14.5 ms at 100 %)
+            let v = if !chosen && name.contains("_n8_") {
+                -1
+            } else {
+                v
+            };
             // SAFETY: f is a kernel of our loaded module; the attribute is a scheduling hint.
             unsafe {
                 sys::cuFuncSetAttribute(
@@ -1796,7 +1804,8 @@ impl Gpu {
         self.carveout.lock().expect("carveout lock").0
     }
 
-    /// Before a staged launch: [`STAGED_CARVEOUT`] for every kernel unless a carveout was chosen.
+    /// Before a staged launch: [`STAGED_CARVEOUT`] for every kernel but the n-row verify mat-vecs
+    /// (`mv_*_n8_*`) unless a carveout was chosen.
     fn staged_carveout(&self) -> Result<()> {
         let (cur, chosen) = *self.carveout.lock().expect("carveout lock");
         if chosen || cur == Some(STAGED_CARVEOUT) {
