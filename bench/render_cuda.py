@@ -88,11 +88,75 @@ def main() -> None:
         if api.get("commit") and api.get("commit") != meta.get("commit"):
             head[-1] += f" The Python API columns are from commit {api['commit']} (`{api.get('command')}`)."
         head.append("")
+    q2 = load("cuda-decode-27b-q2.json") or {}
+    if head and q2.get("commit") and q2.get("commit") != meta.get("commit"):
+        head[-2] += f" The Q2_0 decode and round columns are from commit {q2['commit']} (`{q2.get('command')}`)."
+    lines += staged_section()
     lines += mma_section()
     lines += pipe_section()
     lines += o8_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
+
+
+def staged_section() -> list[str]:
+    """The staged persistent decode mat-vec (kernels/mvs.cu): per-category µs per launch, plain
+    against every launch staged (cuda-staged-27b-*.json, one run with the staged kernels off by
+    default), and the decode graph by carveout x staged mode (the current decode JSON)."""
+    rows = []
+    meta = None
+    for v in ("q1", "q2"):
+        d = load(f"cuda-staged-27b-{v}.json")
+        if not d:
+            continue
+        meta = meta or d
+        plain = {p["kernel"]: p["us_per_launch"] for p in d.get("profile", [])}
+        runs = {(r["stages"], r["rows"]): r for r in d.get("staged_flipped_profile", [])}
+        cfgs = [(0, 0), (2, 2), (2, 4)]
+        for k, us in plain.items():
+            if k.endswith("_alone"):
+                continue
+            cells = []
+            for c in cfgs:
+                st = {p["kernel"]: p["us_per_launch"] for p in runs.get(c, {}).get("profile", [])}
+                cells.append(f"{st[k]:.2f}" if k in st else "—")
+            best = min(float(x) for x in cells if x != "—")
+            rows.append(f"| {d['weight_type']} | {esc(k)} | {us:.2f} | " + " | ".join(cells) + f" | {us / best:.2f}× |")
+    if not rows:
+        return []
+    out = [
+        "",
+        "Staged persistent decode mat-vec (`kernels/mvs.cu`: row tiles through a shared-memory ring "
+        "filled by the bulk copy engine; same float order as the plain kernel). µs per launch, each "
+        "category back to back over all layers, plain against every launch staged "
+        f"(commit {meta.get('commit')}, `cuda-staged-27b-*.json`). Default since then: staged for the Q2 "
+        "launches of ≥ 32,768 rows (ffn gate‖up, head); Q1 keeps the plain kernels.",
+        "",
+        "| weights | matrices | plain | staged (2 stages, layout rows) | staged (2 stages, 2 rows/warp) | "
+        "staged (2 stages, 4 rows/warp) | best staged speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ] + rows
+    mat = []
+    for v in ("q1", "q2"):
+        d = load(f"cuda-decode-27b-{v}.json") or {}
+        cx = d.get("carveout_x_staged", [])
+        if not cx:
+            continue
+        st = d.get("steps", 128)
+        cells = ", ".join(
+            f"{c['carveout'].replace('Some(', '').replace(')', '')}/{c['staged']} {c['graph_ms_median'] / st:.3f}"
+            for c in cx
+        )
+        mat.append(f"{d['weight_type']} (commit {d.get('commit')}): {cells}")
+    if mat:
+        out += [
+            "",
+            "Decode graph ms/token by shared-memory carveout (one for every kernel; None = the driver's, "
+            "which a staged launch turns into 100 % for all but the verify mat-vecs) / staged mode: "
+            + "; ".join(mat)
+            + ".",
+        ]
+    return out
 
 
 def mma_section() -> list[str]:
