@@ -803,6 +803,22 @@ pub(crate) fn push_seg_args(
     groups
 }
 
+/// The kernel of a family's table by rows per work unit (1, 2, 4) and K split (1, 2, 4).
+fn pick_r_ks(
+    t: [[sys::CUfunction; 3]; 3],
+    family: &str,
+    unit: &str,
+    r: usize,
+    ks: usize,
+) -> Result<sys::CUfunction> {
+    match (r, ks) {
+        (1 | 2 | 4, 1 | 2 | 4) => Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize]),
+        _ => Err(CudaError(format!(
+            "mv_lowbit ({family}): no variant with {r} rows per {unit}, K split {ks}"
+        ))),
+    }
+}
+
 /// The parameter list every low-bit mat-vec family shares (`MV_SEG_ENTRY` in the source) for
 /// `segs` with `rpw` weight rows per work unit, and the number of row groups of `rpw` rows.
 #[allow(clippy::too_many_arguments)]
@@ -1710,14 +1726,7 @@ impl Gpu {
             ],
             _ => return Err(CudaError(format!("mv_lowbit (mvo) on {kind:?}"))),
         };
-        match (r, ks) {
-            (1 | 2 | 4, 1 | 2 | 4) => {
-                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
-            }
-            _ => Err(CudaError(format!(
-                "mv_lowbit (mvo): no variant with {r} rows per lane group, K split {ks}"
-            ))),
-        }
+        pick_r_ks(t, "mvo", "lane group", r, ks)
     }
 
     /// The o8 tensor-core kernel of `kind` (n ≥ 2) with K split `ks`.
@@ -1876,14 +1885,7 @@ impl Gpu {
             ],
             _ => return Err(CudaError(format!("mv_lowbit (mvs) on {kind:?}"))),
         };
-        match (r, ks) {
-            (1 | 2 | 4, 1 | 2 | 4) => {
-                Ok(t[r.trailing_zeros() as usize][ks.trailing_zeros() as usize])
-            }
-            _ => Err(CudaError(format!(
-                "mv_lowbit (mvs): no variant with {r} rows per warp, K split {ks}"
-            ))),
-        }
+        pick_r_ks(t, "mvs", "warp", r, ks)
     }
 
     /// One-row launch of the staged kernel (`kernels/mvs.cu`) under `plan`'s K split; `false`
