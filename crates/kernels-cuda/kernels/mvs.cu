@@ -58,7 +58,7 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, 
 }
 
 // Bytes of one stage: codes then scales of G·R rows, each part rounded up to 16 bytes. The
-// launcher uses the same formula (mvs_stage_bytes in lib.rs).
+// launcher uses the same formula (`mvs_layout` in lib.rs).
 __device__ __forceinline__ u32 mvs_code_bytes(int kind, int rows, int n_in) {
     return (u32)rows * (u32)(kind == 1 ? n_in / 8 : n_in / 4);
 }
