@@ -2968,6 +2968,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn staged_by_default_only_for_the_long_q2_launches() {
+        // ffn gate‖up (2 × 17,408 rows) and the head (248,320) of Q2 / Q2 g64; nothing of Q1
+        for kind in [WKind::Q2, WKind::Q2G64] {
+            assert!(mvs_default_on(kind, 34_816));
+            assert!(mvs_default_on(kind, 248_320));
+            assert!(!mvs_default_on(kind, 16_480)); // gdn q‖z‖b‖a
+            assert!(!mvs_default_on(kind, 5_120)); // ssm_out, attn_out, ffn_down
+        }
+        assert!(!mvs_default_on(WKind::Q1, 248_320));
+        assert_eq!(MvStaged::from_u8(MvStaged::Auto as u8), MvStaged::Auto);
+        assert_eq!(MvStaged::from_u8(7), MvStaged::Off);
+    }
+
+    #[test]
     fn mvs_layout_of_the_27b_shapes() {
         // Q1 5120-wide, 4 rows per warp, no K split: tiles of 16 rows (10,240 code bytes + 1,280
         // scale bytes), activations 5120 + 8·160 bytes, 4 stages under 75 KiB
