@@ -292,7 +292,22 @@ pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Auto;
 /// keeps the plain kernels. Launches that fit in about one wave gain nothing from a ring and pay
 /// its set-up.
 pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
-    kind != WKind::Q1 && rows >= 32_768
+    mvs_auto(kind, rows, MVS_MIN_ROWS)
+}
+
+/// The fewest rows of a Q2 launch that [`MvStaged::Auto`] stages (`BONSAI_CUDA_MVS_MIN_ROWS`
+/// overrides it).
+pub const MVS_MIN_ROWS: usize = 32_768;
+
+fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
+    kind != WKind::Q1 && rows >= min_rows
+}
+
+fn mvs_min_rows_env() -> usize {
+    std::env::var("BONSAI_CUDA_MVS_MIN_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(MVS_MIN_ROWS)
 }
 
 /// The shared-memory carveout (percent) every kernel but the n-row verify mat-vecs gets once a
@@ -1160,6 +1175,8 @@ pub struct Gpu {
     mvs_stages: AtomicUsize,
     /// Rows per warp of the staged kernels (0: per launch; `BONSAI_CUDA_MVS_ROWS`).
     mvs_rows: AtomicUsize,
+    /// The fewest rows of a Q2 launch that the automatic mode stages.
+    mvs_min_rows: AtomicUsize,
     /// The dynamic shared memory limit set on each kernel so far (only ever raised: a lower
     /// limit would fail a later launch, or graph node, that needs more).
     smem_limit: Mutex<Vec<(usize, usize)>>,
@@ -1240,6 +1257,7 @@ impl Gpu {
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
+            mvs_min_rows: AtomicUsize::new(mvs_min_rows_env()),
             smem_limit: Mutex::new(Vec::new()),
             carveout: Mutex::new((None, false)),
             mv_o8: AtomicBool::new(mv_o8_env()),
@@ -1904,14 +1922,14 @@ impl Gpu {
         accumulate: bool,
         plan: MvPlan,
     ) -> Result<bool> {
-        let layout = mvs_layout(
-            kind,
-            n_in,
-            plan.r,
-            plan.ks,
-            self.mvs_stages(),
-            self.mvs_rows(),
-        );
+        // launches under 32,768 rows at 2 rows per warp (Q2 gdn q‖z‖b‖a 9.86 → 8.61 µs, attn
+        // q‖k‖v 9.51 → 8.69 against 4; cuda-staged-27b-q2.json), unless rows per warp were chosen
+        let total: usize = segs.iter().map(|sg| sg.n_out).sum();
+        let rows = match self.mvs_rows() {
+            0 if total < 32_768 => 2,
+            r => r,
+        };
+        let layout = mvs_layout(kind, n_in, plan.r, plan.ks, self.mvs_stages(), rows);
         let Some((r, _stage, _stages, smem)) = layout else {
             return Ok(false);
         };
@@ -2186,9 +2204,19 @@ impl Gpu {
     fn staged_for(&self, kind: WKind, rows: usize) -> bool {
         match self.mv_staged_mode() {
             MvStaged::Off => false,
-            MvStaged::Auto => mvs_default_on(kind, rows),
+            MvStaged::Auto => mvs_auto(kind, rows, self.mvs_min_rows()),
             MvStaged::All => true,
         }
+    }
+
+    /// The fewest rows of a Q2 launch that [`MvStaged::Auto`] stages (default [`MVS_MIN_ROWS`]).
+    pub fn mvs_min_rows(&self) -> usize {
+        self.mvs_min_rows.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvs_min_rows`].
+    pub fn set_mvs_min_rows(&self, rows: usize) {
+        self.mvs_min_rows.store(rows, Ordering::Relaxed);
     }
 
     /// Rows per warp of the staged kernel (0: chosen per launch by [`mvs_layout`]).

@@ -1217,6 +1217,7 @@ impl CudaBackend {
                 self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
                 self.gpu.mvs_rows() as u64,
+                self.gpu.mvs_min_rows() as u64,
                 self.gpu.carveout().map_or(u64::MAX, u64::from),
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
@@ -2029,6 +2030,7 @@ impl Backend for CudaBackend {
                 self.gpu.mv_staged_mode() as u64,
                 self.gpu.mvs_stages() as u64,
                 self.gpu.mvs_rows() as u64,
+                self.gpu.mvs_min_rows() as u64,
                 self.gpu.carveout().map_or(u64::MAX, u64::from),
                 row_needed as u64,
             ]);
