@@ -296,7 +296,9 @@ pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
 }
 
 /// The fewest rows of a Q2 launch that [`MvStaged::Auto`] stages (`BONSAI_CUDA_MVS_MIN_ROWS`
-/// overrides it).
+/// overrides it). Measured on the H200: from 8,192 rows (the GDN / attention in-projections too,
+/// at 2 rows per warp) the Q2 decode graph took 3.614 against 3.607 ms/token
+/// (bench/results/cuda-staged-min-rows-27b-q2.json).
 pub const MVS_MIN_ROWS: usize = 32_768;
 
 fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
@@ -1922,14 +1924,14 @@ impl Gpu {
         accumulate: bool,
         plan: MvPlan,
     ) -> Result<bool> {
-        // launches under 32,768 rows at 2 rows per warp (Q2 gdn q‖z‖b‖a 9.86 → 8.61 µs, attn
-        // q‖k‖v 9.51 → 8.69 against 4; cuda-staged-27b-q2.json), unless rows per warp were chosen
-        let total: usize = segs.iter().map(|sg| sg.n_out).sum();
-        let rows = match self.mvs_rows() {
-            0 if total < 32_768 => 2,
-            r => r,
-        };
-        let layout = mvs_layout(kind, n_in, plan.r, plan.ks, self.mvs_stages(), rows);
+        let layout = mvs_layout(
+            kind,
+            n_in,
+            plan.r,
+            plan.ks,
+            self.mvs_stages(),
+            self.mvs_rows(),
+        );
         let Some((r, _stage, _stages, smem)) = layout else {
             return Ok(false);
         };

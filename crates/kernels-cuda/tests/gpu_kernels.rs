@@ -457,13 +457,10 @@ fn matvec_staged_equals_plain() {
                             let (plain, ran_p) = run(false, acc);
                             let (staged, ran_s) = run(true, acc);
                             assert!(!ran_p, "the plain launch ran a staged kernel");
-                            // (launches under 32,768 rows take 2 rows per warp unless chosen)
-                            let rows_eff = if rows == 0 && n_out < 32_768 { 2 } else { rows };
-                            let smem = bonsai_kernels_cuda::mvs_layout(
-                                rt.kind, n_in, r, ks, stages, rows_eff,
-                            )
-                            .expect("layout")
-                            .3;
+                            let smem =
+                                bonsai_kernels_cuda::mvs_layout(rt.kind, n_in, r, ks, stages, rows)
+                                    .expect("layout")
+                                    .3;
                             let fits = smem + 1024 <= g.smem_optin().unwrap();
                             assert_eq!(
                                 ran_s, fits,
