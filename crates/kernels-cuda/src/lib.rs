@@ -306,10 +306,12 @@ fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
 }
 
 fn mvs_min_rows_env() -> usize {
-    std::env::var("BONSAI_CUDA_MVS_MIN_ROWS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(MVS_MIN_ROWS)
+    env_usize("BONSAI_CUDA_MVS_MIN_ROWS").unwrap_or(MVS_MIN_ROWS)
+}
+
+/// An environment variable read as an unsigned integer (`None`: unset or not a number).
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 /// The shared-memory carveout (percent) every kernel but the n-row verify mat-vecs gets once a
@@ -322,9 +324,7 @@ pub const STAGED_CARVEOUT: u8 = 100;
 /// Rows per warp of the staged kernel (`BONSAI_CUDA_MVS_ROWS`: 1, 2 or 4; unset or 0: chosen
 /// per launch by [`mvs_layout`]).
 fn mvs_rows_env() -> usize {
-    std::env::var("BONSAI_CUDA_MVS_ROWS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    env_usize("BONSAI_CUDA_MVS_ROWS")
         .filter(|r| matches!(r, 1 | 2 | 4))
         .unwrap_or(0)
 }
@@ -332,9 +332,7 @@ fn mvs_rows_env() -> usize {
 /// Stages of the staged decode mat-vec's shared-memory ring (`BONSAI_CUDA_MVS_STAGES`, 1 to 8;
 /// unset or 0: chosen per launch by [`mvs_layout`]).
 fn mvs_stages_env() -> usize {
-    std::env::var("BONSAI_CUDA_MVS_STAGES")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    env_usize("BONSAI_CUDA_MVS_STAGES")
         .filter(|&s| s <= 8)
         .unwrap_or(0)
 }
@@ -820,6 +818,12 @@ pub(crate) fn push_seg_args(
     groups
 }
 
+/// How many workers (≤ `cap`, at least 1 unit each) share `units` so that each takes the same
+/// number of units ± 1: the grid of the persistent mat-vec kernels.
+fn balanced_count(units: usize, cap: usize) -> usize {
+    units.div_ceil(units.div_ceil(cap.max(1)))
+}
+
 /// The kernel of a family's table by rows per work unit (1, 2, 4) and K split (1, 2, 4).
 fn pick_r_ks(
     t: [[sys::CUfunction; 3]; 3],
@@ -1182,13 +1186,15 @@ pub struct Gpu {
     /// The dynamic shared memory limit set on each kernel so far (only ever raised: a lower
     /// limit would fail a later launch, or graph node, that needs more).
     smem_limit: Mutex<Vec<(usize, usize)>>,
+    /// The most shared memory one block may opt in to ([`Gpu::smem_optin`], read once).
+    smem_optin: std::sync::OnceLock<usize>,
     /// The preferred shared-memory carveout of every kernel ([`Gpu::set_carveout`]) and whether
     /// it was chosen (then a staged launch leaves it alone).
     carveout: Mutex<(Option<u8>, bool)>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
-    mvp_capacity: Mutex<Vec<(usize, usize)>>,
+    resident_capacity: Mutex<Vec<((usize, usize), usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
     /// to `MAX_ROWS · n_in` u32 ([`Gpu::mv_lowbit_multi`]).
     b1_scratch: Mutex<Option<DevBuf>>,
@@ -1261,9 +1267,10 @@ impl Gpu {
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
             mvs_min_rows: AtomicUsize::new(mvs_min_rows_env()),
             smem_limit: Mutex::new(Vec::new()),
+            smem_optin: std::sync::OnceLock::new(),
             carveout: Mutex::new((None, false)),
             mv_o8: AtomicBool::new(mv_o8_env()),
-            mvp_capacity: Mutex::new(Vec::new()),
+            resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
         };
@@ -1845,14 +1852,34 @@ impl Gpu {
 
     /// The most shared memory one block may opt in to (bytes).
     pub fn smem_optin(&self) -> Result<usize> {
+        if let Some(&v) = self.smem_optin.get() {
+            return Ok(v);
+        }
         self.bind()?;
-        Ok(self
+        let v = self
             .ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(err("shared memory per block"))?
-            .max(0) as usize)
+            .max(0) as usize;
+        Ok(*self.smem_optin.get_or_init(|| v))
+    }
+
+    /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
+    /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
+    pub fn launch_mode_key(&self) -> [u64; 9] {
+        [
+            self.pdl() as u64,
+            self.mv_mma() as u64,
+            self.mv_pipe() as u64,
+            self.mv_o8() as u64,
+            self.mv_staged_mode() as u64,
+            self.mvs_stages() as u64,
+            self.mvs_rows() as u64,
+            self.mvs_min_rows() as u64,
+            self.carveout().map_or(u64::MAX, u64::from),
+        ]
     }
 
     /// The device's multiprocessor count (binds the context first; at least 1).
@@ -1868,15 +1895,23 @@ impl Gpu {
     /// How many blocks of the pipelined kernel `f` fit on the GPU at once (SMs × resident blocks
     /// per SM), queried once per kernel.
     fn mvp_blocks(&self, f: sys::CUfunction) -> Result<usize> {
-        let key = f as usize;
-        let mut cap = self.mvp_capacity.lock().expect("mvp capacity lock");
+        self.resident_blocks(f, 0)
+    }
+
+    /// How many blocks of `MV_WARPS` warps of kernel `f` with `smem` bytes of dynamic shared
+    /// memory fit on the GPU at once (SMs × resident blocks per SM), queried once per kernel and
+    /// size (the kernel's shared-memory limit raised to `smem` first).
+    fn resident_blocks(&self, f: sys::CUfunction, smem: usize) -> Result<usize> {
+        let key = (f as usize, smem);
+        let mut cap = self.resident_capacity.lock().expect("capacity lock");
         if let Some(&(_, b)) = cap.iter().find(|(k, _)| *k == key) {
             return Ok(b);
         }
         let sms = self.sm_count()?;
-        // SAFETY: f is a kernel of our loaded module; no dynamic shared memory.
+        self.raise_smem_limit(f, smem)?;
+        // SAFETY: f is a kernel of our loaded module, its limit covers `smem`.
         let per_sm = unsafe {
-            cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, 0)
+            cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, smem)
         }
         .map_err(err("occupancy"))?
         .max(1) as usize;
@@ -1953,9 +1988,7 @@ impl Gpu {
         if tiles == 0 {
             return Ok(true);
         }
-        let cap = self.mvs_blocks(f, smem)?;
-        let per_block = tiles.div_ceil(cap);
-        let blocks = tiles.div_ceil(per_block);
+        let blocks = balanced_count(tiles, self.resident_blocks(f, smem)?);
         let (args, _) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
         self.launch_smem(
             f,
@@ -1965,26 +1998,6 @@ impl Gpu {
             &args,
         )?;
         Ok(true)
-    }
-
-    /// How many blocks of the staged kernel `f` with `smem` bytes of dynamic shared memory fit on
-    /// the GPU at once (SMs × resident blocks per SM), queried once per kernel and size.
-    fn mvs_blocks(&self, f: sys::CUfunction, smem: usize) -> Result<usize> {
-        let key = (f as usize) ^ (smem << 48);
-        let mut cap = self.mvp_capacity.lock().expect("mvp capacity lock");
-        if let Some(&(_, b)) = cap.iter().find(|(k, _)| *k == key) {
-            return Ok(b);
-        }
-        let sms = self.sm_count()?;
-        self.raise_smem_limit(f, smem)?;
-        // SAFETY: f is a kernel of our loaded module.
-        let per_sm = unsafe {
-            cu::occupancy::max_active_block_per_multiprocessor(f, (MV_WARPS * 32) as i32, smem)
-        }
-        .map_err(err("occupancy"))?
-        .max(1) as usize;
-        cap.push((key, sms * per_sm));
-        Ok(sms * per_sm)
     }
 
     /// Launch the pipelined decode kernel `f` over `segs` (groups of `r` rows): as few warps as
@@ -2006,9 +2019,7 @@ impl Gpu {
         if groups == 0 {
             return Ok(());
         }
-        let max_warps = self.mvp_blocks(f)? * MV_WARPS;
-        let per_warp = groups.div_ceil(max_warps);
-        let warps = groups.div_ceil(per_warp);
+        let warps = balanced_count(groups, self.mvp_blocks(f)? * MV_WARPS);
         self.launch(
             f,
             (cdiv(warps, MV_WARPS), 1, 1),
@@ -2996,6 +3007,16 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balanced_grid_gives_every_worker_the_same_units_plus_minus_one() {
+        // 2,176 tiles over at most 924 blocks: 3 tiles each, 726 blocks
+        assert_eq!(balanced_count(2176, 924), 726);
+        assert_eq!(balanced_count(100, 1000), 100);
+        assert_eq!(balanced_count(1000, 1000), 1000);
+        assert_eq!(balanced_count(1001, 1000), 501);
+        assert_eq!(balanced_count(5, 0), 1);
+    }
 
     #[test]
     fn staged_by_default_only_for_the_long_q2_launches() {

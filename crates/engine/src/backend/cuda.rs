@@ -1207,24 +1207,15 @@ impl CudaBackend {
         let stats = self.with_scratch(cfg, n, |sc| {
             let recp: Vec<u64> = recs.iter().map(|r| r.buf.ptr()).collect();
             // the kind tag first (the copy and rollback keys start with theirs)
-            let mut key = vec![
-                KEY_VERIFY,
-                n as u64,
-                self.gpu.pdl() as u64,
-                self.gpu.mv_mma() as u64,
-                self.gpu.mv_pipe() as u64,
-                self.gpu.mv_o8() as u64,
-                self.gpu.mv_staged_mode() as u64,
-                self.gpu.mvs_stages() as u64,
-                self.gpu.mvs_rows() as u64,
-                self.gpu.mvs_min_rows() as u64,
-                self.gpu.carveout().map_or(u64::MAX, u64::from),
+            let mut key = vec![KEY_VERIFY, n as u64];
+            key.extend(self.gpu.launch_mode_key());
+            key.extend([
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
                 n_taps as u64,
                 rows_needed as u64,
-            ];
+            ]);
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
             key.extend(Self::step_key(cfg, w, st, sc.gen));
@@ -2022,18 +2013,8 @@ impl Backend for CudaBackend {
             let mut key = Self::step_key(cfg, w, st, sc.gen);
             // a graph bakes in the launch mode (PDL edges or full ones), the mat-vec family and
             // whether it copies the row
-            key.extend([
-                self.gpu.pdl() as u64,
-                self.gpu.mv_mma() as u64,
-                self.gpu.mv_pipe() as u64,
-                self.gpu.mv_o8() as u64,
-                self.gpu.mv_staged_mode() as u64,
-                self.gpu.mvs_stages() as u64,
-                self.gpu.mvs_rows() as u64,
-                self.gpu.mvs_min_rows() as u64,
-                self.gpu.carveout().map_or(u64::MAX, u64::from),
-                row_needed as u64,
-            ]);
+            key.extend(self.gpu.launch_mode_key());
+            key.push(row_needed as u64);
             if slot.as_ref().is_none_or(|g| g.key != key) {
                 *slot = None;
                 *slot = Some(self.capture_step(sc, cfg, w, st, key, row_needed)?);
