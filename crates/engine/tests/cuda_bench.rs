@@ -225,23 +225,13 @@ fn cuda_decode_bench() {
         gpu.set_carveout(pct).unwrap();
         for mode in [MvStaged::Off, MvStaged::Auto, MvStaged::All] {
             gpu.set_mv_staged_mode(mode);
-            let mut s0 = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-            s0.copy_from(&cuda, &st);
-            let dg = cuda.capture_decode(&cfg, &w, &mut s0).unwrap();
-            let mut ts = Vec::new();
-            for rep in 0..4 {
-                s0.copy_from(&cuda, &st);
-                let (ms, t) = cuda.time_graph(&cfg, &dg, &mut s0, first, steps).unwrap();
+            let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+            for t in &runs {
                 assert_eq!(
-                    t, toks,
+                    t, &toks,
                     "carveout {pct:?} staged {mode:?} changes the tokens"
                 );
-                if rep > 0 {
-                    ts.push(ms as f64);
-                }
             }
-            ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let ms = ts[ts.len() / 2];
             println!(
                 "BENCH carveout {pct:?} staged {mode:?}: graph {:.3} ms/token",
                 ms / steps as f64
@@ -511,6 +501,34 @@ fn cuda_decode_bench() {
 /// summation order, so a near-tie on a random synthetic model may flip). Returns a JSON object with
 /// both medians.
 #[allow(clippy::too_many_arguments)]
+/// The decode graph captured afresh under the current settings and replayed 4 times from `st`
+/// (`steps` tokens after `first`): the median ms of the last 3 and the tokens of every replay.
+fn graph_runs(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    st: &SeqState<CudaBackend>,
+    first: u32,
+    steps: usize,
+) -> (f64, Vec<Vec<u32>>) {
+    let mut s0 = SeqState::new(cuda, cfg, st.n_ctx).unwrap();
+    s0.copy_from(cuda, st);
+    let dg = cuda.capture_decode(cfg, w, &mut s0).unwrap();
+    let mut times = Vec::new();
+    let mut runs = Vec::new();
+    for rep in 0..4 {
+        // the graph works in s0's buffers (their addresses are baked in): reset them each time
+        s0.copy_from(cuda, st);
+        let (ms, t) = cuda.time_graph(cfg, &dg, &mut s0, first, steps).unwrap();
+        if rep > 0 {
+            times.push(ms as f64);
+        }
+        runs.push(t);
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (times[times.len() / 2], runs)
+}
+
 fn graph_ab(
     label: &str,
     (get, set): (&dyn Fn() -> bool, &dyn Fn(bool)),
@@ -524,26 +542,15 @@ fn graph_ab(
 ) -> String {
     let a = get();
     set(!a);
-    let mut s0 = SeqState::new(cuda, cfg, st.n_ctx).unwrap();
-    s0.copy_from(cuda, st);
-    let dg = cuda.capture_decode(cfg, w, &mut s0).unwrap();
-    let mut times = Vec::new();
+    let (med_b, runs) = graph_runs(cuda, cfg, w, st, first, steps);
     let mut agree = steps;
-    for rep in 0..4 {
-        s0.copy_from(cuda, st);
-        let (ms, t) = cuda.time_graph(cfg, &dg, &mut s0, first, steps).unwrap();
+    for t in &runs {
         if same_tokens {
             assert_eq!(t, toks_a, "{label} on and off give different tokens");
         }
         agree = t.iter().zip(toks_a).take_while(|(x, y)| x == y).count();
-        if rep > 0 {
-            times.push(ms as f64);
-        }
     }
-    drop(dg);
     set(a);
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let med_b = times[times.len() / 2];
     let (on, off) = if a { (med_a, med_b) } else { (med_b, med_a) };
     println!(
         "BENCH {label}: graph {:.3} ms/token on, {:.3} off ({:+.1}% on vs off); tokens agree for {agree} of {steps}",
