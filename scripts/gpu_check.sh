@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"]
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;;
+  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -107,7 +107,7 @@ if [[ $BENCH == 1 ]]; then
     f=/tmp/27b-$v.gguf
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "[${SECONDS}s] 27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
-    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
+    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
     # speculative round cost R on CUDA; the drafter is sparse (zeros): its timing does not depend on values
     d=/tmp/27b-$v-dspark.gguf
@@ -119,6 +119,16 @@ if [[ $BENCH == 1 ]]; then
       BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
+  done
+fi
+if [[ $WHATIF == 1 ]]; then
+  # what each family of launches costs inside the decode graph (the graph without it)
+  for v in $VARIANTS; do
+    late "what-if $v" && continue
+    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    echo "[${SECONDS}s] == launch what-if $v =="
+    BONSAI_BENCH_MODEL=$f BONSAI_WHATIF_OUT="$OUT/whatif-$v.json" .device/bin/cuda_bench --include-ignored --exact cuda_launch_what_if --nocapture 2>&1 | tee "$OUT/whatif-$v.log" | grep -E "WHATIF without|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 if [[ $SWEEP == 1 ]]; then

@@ -495,6 +495,112 @@ fn cuda_decode_bench() {
     }
 }
 
+/// What each family of launches costs inside the decode graph: the graph captured again with
+/// those launches dropped (the tokens are then meaningless; only the time is kept), against the
+/// full graph in the same process. Writes JSON to `$BONSAI_WHATIF_OUT`. Runs only when
+/// `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
+fn cuda_launch_what_if() {
+    let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
+        eprintln!("SKIPPED cuda_launch_what_if: BONSAI_BENCH_MODEL not set (not counted as run)");
+        return;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED cuda_launch_what_if: no CUDA device (not counted as run)");
+        return;
+    }
+    let steps = 128;
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
+    let prompt: Vec<u32> = (0..8u32)
+        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
+        .collect();
+    let mut logits = Vec::new();
+    forward(
+        &cuda,
+        &cfg,
+        &w,
+        &mut st,
+        &prompt,
+        GdnMode::Recurrent,
+        LogitRows::Last,
+        &mut logits,
+        Capture::none(),
+    )
+    .unwrap();
+    let first = 0u32;
+    let gpu = cuda.gpu();
+    let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+    let names = gpu.kernel_names();
+    let matvec: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("mv"))
+        .collect();
+    let small = [
+        "rmsnorm_quant",
+        "swiglu_quant",
+        "gdn_conv",
+        "gdn_step",
+        "gated_norm_quant",
+        "attn_prep",
+        "attn_chunks_hd256",
+        "attn_merge_quant",
+        "argmax_rows",
+        "embed_rows",
+    ];
+    let sets: Vec<(&str, Vec<&str>)> = vec![
+        ("rmsnorm_quant", vec!["rmsnorm_quant"]),
+        ("swiglu_quant", vec!["swiglu_quant"]),
+        ("gdn_conv", vec!["gdn_conv"]),
+        ("gdn_step", vec!["gdn_step"]),
+        ("gated_norm_quant", vec!["gated_norm_quant"]),
+        (
+            "attention (prep, chunks, merge)",
+            vec!["attn_prep", "attn_chunks_hd256", "attn_merge_quant"],
+        ),
+        ("argmax_rows", vec!["argmax_rows"]),
+        ("embed_rows", vec!["embed_rows"]),
+        ("every non-mat-vec kernel", small.to_vec()),
+        ("every mat-vec", matvec.clone()),
+    ];
+    let mut rows = Vec::new();
+    for (label, set) in &sets {
+        gpu.set_skip_kernels(set).unwrap();
+        let (ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+        gpu.set_skip_kernels(&[]).unwrap();
+        let per_step = |m: f64| m / steps as f64;
+        let saved = per_step(base_ms) - per_step(ms);
+        println!(
+            "WHATIF without {label:<34} graph {:.3} ms/token (full {:.3}): {saved:+.3} ms",
+            per_step(ms),
+            per_step(base_ms)
+        );
+        rows.push(format!(
+            "{{\"skipped\": \"{label}\", \"graph_ms_per_token\": {:.4}, \"saved_ms_per_token\": {saved:.4}}}",
+            per_step(ms)
+        ));
+    }
+    // the full graph again: the spread of the baseline
+    let (again_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"graph_ms_per_token\": {:.4}, \"graph_ms_per_token_again\": {:.4}, \"without\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        base_ms / steps as f64,
+        again_ms / steps as f64,
+        rows.join(", ")
+    );
+    println!("WHATIF {json}");
+    if let Ok(out) = std::env::var("BONSAI_WHATIF_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// The same graph decode captured again with one switch flipped (A/B in one process): `get`
 /// reads the switch, `set` flips it. The tokens must match when `same_tokens` (the switch changes
 /// scheduling only); otherwise the agreeing prefix is reported (the switch changes a kernel's

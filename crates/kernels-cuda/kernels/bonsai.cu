@@ -461,13 +461,18 @@ extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __re
 
 // x[t] = dequant(row ids[t]) from a re-tiled table. kind as above, 0 = f32 table. grid n, block 256.
 extern "C" __global__ void embed_rows(int kind, const u8* codes, const u16* scales, const float* f32tab,
-                                      const int* ids, int n_in, float* x) {
+                                      const int* ids, int n_rows, int n_in, float* x) {
     PDL_ENTRY();
     int t = blockIdx.x;
-    size_t row = (size_t)ids[t];
+    // an id outside the table (an argmax over a row with no finite logit gives 0x7fffffff) reads
+    // nothing and embeds zeros
+    bool inside = (unsigned)ids[t] < (unsigned)n_rows;
+    size_t row = inside ? (size_t)ids[t] : 0;
     for (int e = threadIdx.x; e < n_in; e += blockDim.x) {
         float v;
-        if (kind == 0) {
+        if (!inside) {
+            v = 0.f;
+        } else if (kind == 0) {
             v = f32tab[row * n_in + e];
         } else if (kind == 1) {
             // re-tiled Q1 word: element 4i + b of a 32-element word is bit i of byte b
@@ -835,63 +840,139 @@ extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k,
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-// ids[t] = argmax logits[t] (lowest index on ties). grid rows, block 1024.
-extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids) {
+// ---- row statistics over the vocabulary (argmax, log-sum-exp) -----------------------------------
+//
+// grid (nb, rows), block 256: block b of row t scans the slice [b·chunk, (b+1)·chunk) of the row
+// (chunk = ⌈nv / 4 / nb⌉·4, so a slice starts 16-byte aligned when the row does), each thread its
+// indices in increasing order, then merges with its warp (fixed xor tree) and the block's warps
+// (in warp order). The block writes its partial to `part [rows, nb, 4]` and counts itself in
+// `cnt[t]`; the last block of the row to arrive merges the nb partials in a fixed order (lane l
+// takes partials l and l + 32, then the xor tree) and resets the counter for the next launch. nb
+// depends on nv alone (the launcher), so a row's result never depends on how many rows a launch
+// has. nb <= 64.
+
+// Visits slice [i0, i1) of row `l` in increasing index order per thread: f(v, i) per element.
+// `vec` (every row 16-byte aligned: an aligned base and nv % 4 == 0) takes float4 loads; either
+// way the path is a property of the launch's nv and base alone, the same for every row.
+template <typename F>
+__device__ __forceinline__ void visit_slice(const float* l, int i0, int i1, bool vec, F f) {
+    if (vec) {
+        int n4 = (i1 - i0) >> 2;
+        const float4* l4 = (const float4*)(l + i0);
+#pragma unroll 4
+        for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+            float4 v = l4[c];
+            int i = i0 + 4 * c;
+            f(v.x, i);
+            f(v.y, i + 1);
+            f(v.z, i + 2);
+            f(v.w, i + 3);
+        }
+        for (int i = i0 + 4 * n4 + threadIdx.x; i < i1; i += blockDim.x) f(l[i], i);
+    } else {
+        for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) f(l[i], i);
+    }
+}
+
+// Last-block handshake: publish this block's partial (written by thread 0 before the call), count
+// the block; true in the block that arrives last (which then sees every partial).
+__device__ __forceinline__ bool last_block_of_row(unsigned* cnt, int nb) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned old = atomicAdd(cnt, 1u);
+        last = old == (unsigned)(nb - 1);
+        if (last) *cnt = 0u;  // every block of the row has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+__device__ __forceinline__ void argmax_merge(float& b, int& bi, float v, int i) {
+    if (v > b || (v == b && i < bi)) { b = v; bi = i; }
+}
+
+// ids[t] = argmax logits[t] (lowest index on ties; NaN never wins; 0x7fffffff when nothing beats
+// −inf). grid (nb, rows), block 256; part [rows, nb, 4] u32, cnt [rows] (zero between launches).
+extern "C" __global__ void argmax_rows(const float* logits, int nv, int* ids, u32* part, unsigned* cnt) {
     PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int bi[32];
-    int t = blockIdx.x;
+    int t = blockIdx.y, nb = gridDim.x, b = blockIdx.x;
+    int chunk = ((nv + 3) / 4 + nb - 1) / nb * 4;
+    int i0 = min(nv, b * chunk), i1 = min(nv, i0 + chunk);
     const float* l = logits + (size_t)t * nv;
     float best = NEG_INF;
     int bidx = 0x7fffffff;
-    // each thread visits its indices in increasing order (strict > keeps the first of equals)
-    int nv4 = (((size_t)l) & 15) == 0 ? (nv >> 2) : 0;
-    const float4* l4 = (const float4*)l;
-#pragma unroll 8
-    for (int c = threadIdx.x; c < nv4; c += blockDim.x) {
-        float4 v = l4[c];
-        if (v.x > best) { best = v.x; bidx = 4 * c; }
-        if (v.y > best) { best = v.y; bidx = 4 * c + 1; }
-        if (v.z > best) { best = v.z; bidx = 4 * c + 2; }
-        if (v.w > best) { best = v.w; bidx = 4 * c + 3; }
-    }
-    for (int i = 4 * nv4 + threadIdx.x; i < nv; i += blockDim.x) {
-        float v = l[i];
+    visit_slice(l, i0, i1, (nv & 3) == 0 && (((size_t)logits) & 15) == 0, [&](float v, int i) {
         if (v > best) { best = v; bidx = i; }
-    }
+    });
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-        if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(best, bidx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bidx, o));
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) { bv[w] = best; bi[w] = bidx; }
     __syncthreads();
+    u32* pr = part + (size_t)t * nb * 4;
     if (threadIdx.x == 0) {
-        float b = bv[0];
-        int bj = bi[0];
-        for (int i = 1; i < (int)(blockDim.x >> 5); ++i)
-            if (bv[i] > b || (bv[i] == b && bi[i] < bj)) { b = bv[i]; bj = bi[i]; }
-        ids[t] = bj;
+        for (int i = 1; i < (int)(blockDim.x >> 5); ++i) argmax_merge(best, bidx, bv[i], bi[i]);
+        pr[4 * b] = __float_as_uint(best);
+        pr[4 * b + 1] = (u32)bidx;
+    }
+    if (!last_block_of_row(cnt + t, nb) || w != 0) return;
+    best = NEG_INF;
+    bidx = 0x7fffffff;
+    for (int j = lane; j < nb; j += 32)
+        argmax_merge(best, bidx, __uint_as_float(__ldcg(pr + 4 * j)), (int)__ldcg(pr + 4 * j + 1));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(best, bidx, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bidx, o));
+    if (lane == 0) ids[t] = bidx;
+}
+
+// merge (m, s, i) with (m2, s2, i2) of an online (max, Σ exp(v − max), first argmax): the larger
+// max wins, ties to the lower index
+__device__ __forceinline__ void lse_merge(float& m, float& s, int& i, float m2, float s2, int i2) {
+    if (m2 == NEG_INF) return;
+    if (m == NEG_INF) {
+        m = m2; s = s2; i = i2;
+        return;
+    }
+    float M = fmaxf(m, m2);
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    if (m2 > m || (m2 == m && i2 < i)) i = i2;
+    m = M;
+}
+
+__device__ __forceinline__ void lse_warp_merge(float& m, float& s, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        lse_merge(m, s, i, m2, s2, i2);
     }
 }
 
 // Per logits row: the first maximum (NaN never wins, like the host sampler's NaN → −inf), its
-// value, and the log-sum-exp. grid rows, block 1024. out [rows, 4] u32: argmax (0x7fffffff when
-// no finite maximum), max (f32 bits), lse (f64 bits, low word first). Each thread keeps an online
-// (max, Σ exp(v − max)) over its indices in increasing order; warps and then the block merge in a
-// fixed order, so the result is deterministic.
-extern "C" __global__ void logit_stats_rows(const float* logits, int nv, u32* out) {
+// value, and the log-sum-exp. grid (nb, rows), block 256; part [rows, nb, 4] u32, cnt [rows].
+// out [rows, 4] u32: argmax (0x7fffffff when no finite maximum), max (f32 bits), lse (f64 bits,
+// low word first). Each thread keeps an online (max, Σ exp(v − max)) over its indices in
+// increasing order; warps, the block and then the row's blocks merge in a fixed order, so the
+// result is deterministic.
+extern "C" __global__ void logit_stats_rows(const float* logits, int nv, u32* out, u32* part, unsigned* cnt) {
     PDL_ENTRY();
     __shared__ float bm[32], bs[32];
     __shared__ int bi[32];
-    int t = blockIdx.x;
+    int t = blockIdx.y, nb = gridDim.x, b = blockIdx.x;
+    int chunk = ((nv + 3) / 4 + nb - 1) / nb * 4;
+    int i0 = min(nv, b * chunk), i1 = min(nv, i0 + chunk);
     const float* l = logits + (size_t)t * nv;
     float best = NEG_INF, sum = 0.f;
     int bidx = 0x7fffffff;
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float v = l[i];
+    visit_slice(l, i0, i1, (nv & 3) == 0 && (((size_t)logits) & 15) == 0, [&](float v, int i) {
         if (v > best) {
             sum = (best == NEG_INF ? 0.f : sum * expf(best - v)) + 1.0f;
             best = v;
@@ -899,33 +980,26 @@ extern "C" __global__ void logit_stats_rows(const float* logits, int nv, u32* ou
         } else if (v > NEG_INF) {
             sum += expf(v - best);
         }
-    }
-    // merge (m1, s1, i1) with (m2, s2, i2): the larger max wins, ties to the lower index
-    auto merge = [](float& m, float& s, int& i, float m2, float s2, int i2) {
-        if (m2 == NEG_INF) return;
-        if (m == NEG_INF) {
-            m = m2; s = s2; i = i2;
-            return;
-        }
-        float M = fmaxf(m, m2);
-        s = s * expf(m - M) + s2 * expf(m2 - M);
-        if (m2 > m || (m2 == m && i2 < i)) i = i2;
-        m = M;
-    };
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, best, o);
-        float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, bidx, o);
-        merge(best, sum, bidx, m2, s2, i2);
-    }
+    });
+    lse_warp_merge(best, sum, bidx);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) { bm[w] = best; bs[w] = sum; bi[w] = bidx; }
     __syncthreads();
+    u32* pr = part + (size_t)t * nb * 4;
     if (threadIdx.x == 0) {
-        float m = bm[0], s = bs[0];
-        int i = bi[0];
-        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) merge(m, s, i, bm[k], bs[k], bi[k]);
+        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) lse_merge(best, sum, bidx, bm[k], bs[k], bi[k]);
+        pr[4 * b] = __float_as_uint(best);
+        pr[4 * b + 1] = __float_as_uint(sum);
+        pr[4 * b + 2] = (u32)bidx;
+    }
+    if (!last_block_of_row(cnt + t, nb) || w != 0) return;
+    float m = NEG_INF, s = 0.f;
+    int i = 0x7fffffff;
+    for (int j = lane; j < nb; j += 32)
+        lse_merge(m, s, i, __uint_as_float(__ldcg(pr + 4 * j)), __uint_as_float(__ldcg(pr + 4 * j + 1)),
+                  (int)__ldcg(pr + 4 * j + 2));
+    lse_warp_merge(m, s, i);
+    if (lane == 0) {
         double lse = m == NEG_INF ? (double)NEG_INF : (double)m + log((double)s);
         unsigned long long lb = (unsigned long long)__double_as_longlong(lse);
         u32* o = out + (size_t)t * 4;

@@ -1200,6 +1200,26 @@ pub struct Gpu {
     b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
+    /// The row-statistics kernels' block partials `[ROW_STATS_ROWS, ROW_STATS_MAX_BLOCKS, 4]` u32
+    /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
+    /// with the GPU so that a captured launch can use them.
+    row_stats: std::sync::OnceLock<DevBuf>,
+    /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
+    skip: Mutex<Vec<&'static str>>,
+    /// Whether `skip` is non-empty (checked on every launch without the lock).
+    skip_any: AtomicBool,
+}
+
+/// Rows one launch of a row-statistics kernel covers (longer launches go in chunks of this).
+const ROW_STATS_ROWS: usize = 64;
+/// The most blocks a row-statistics kernel splits one row over (the last block's merge takes two
+/// partials per lane).
+const ROW_STATS_MAX_BLOCKS: usize = 64;
+
+/// Blocks per row of the row-statistics kernels: from the row length alone (never from the row
+/// count), about 4,096 logits per block.
+fn row_stats_blocks(nv: usize) -> u32 {
+    nv.div_ceil(4096).clamp(1, ROW_STATS_MAX_BLOCKS) as u32
 }
 
 // SAFETY: CUfunction/CUmodule handles are immutable after load and valid from any thread once the
@@ -1273,7 +1293,12 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
+            row_stats: std::sync::OnceLock::new(),
+            skip: Mutex::new(Vec::new()),
+            skip_any: AtomicBool::new(false),
         };
+        let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
+        let _ = gpu.row_stats.set(rs);
         // the pipelined kernels' resident capacity, queried now rather than on a first launch
         // that may happen inside a graph capture
         for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
@@ -1467,6 +1492,15 @@ impl Gpu {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         self.bind()?;
+        if self.skip_any.load(Ordering::Relaxed)
+            && self
+                .skip
+                .lock()
+                .expect("skip lock")
+                .contains(&self.f.name(f))
+        {
+            return Ok(());
+        }
         if smem > 48 * 1024 {
             self.raise_smem_limit(f, smem as usize)?;
         }
@@ -1866,10 +1900,39 @@ impl Gpu {
         Ok(*self.smem_optin.get_or_init(|| v))
     }
 
+    /// The names of every kernel in the module.
+    pub fn kernel_names(&self) -> Vec<&'static str> {
+        self.f.all().into_iter().map(|(n, _)| n).collect()
+    }
+
+    /// Drop every launch of the named kernels (an empty list restores them): a benchmark knob
+    /// that measures what those launches cost inside the decode graph. The results are wrong while
+    /// any kernel is skipped. Unknown names are an error.
+    pub fn set_skip_kernels(&self, names: &[&str]) -> Result<()> {
+        let all = self.f.all();
+        let mut v = Vec::new();
+        for n in names {
+            match all.iter().find(|(k, _)| k == n) {
+                Some((k, _)) => v.push(*k),
+                None => return Err(CudaError(format!("set_skip_kernels: no kernel named {n}"))),
+            }
+        }
+        self.skip_any.store(!v.is_empty(), Ordering::Relaxed);
+        *self.skip.lock().expect("skip lock") = v;
+        Ok(())
+    }
+
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 9] {
+    pub fn launch_mode_key(&self) -> [u64; 10] {
+        let skipped = self.skip.lock().expect("skip lock");
         [
+            skipped
+                .iter()
+                .flat_map(|n| n.bytes())
+                .fold(skipped.len() as u64, |h, b| {
+                    h.wrapping_mul(131).wrapping_add(b as u64)
+                }),
             self.pdl() as u64,
             self.mv_mma() as u64,
             self.mv_pipe() as u64,
@@ -2459,6 +2522,7 @@ impl Gpu {
         f32tab: u64,
         ids: u64,
         n: usize,
+        n_rows: usize,
         n_in: usize,
         x: u64,
     ) -> Result<()> {
@@ -2472,6 +2536,7 @@ impl Gpu {
                 Arg::P(scales),
                 Arg::P(f32tab),
                 Arg::P(ids),
+                Arg::I(n_rows.min(i32::MAX as usize) as i32),
                 Arg::I(n_in as i32),
                 Arg::P(x),
             ],
@@ -2870,25 +2935,48 @@ impl Gpu {
         )
     }
 
-    /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.
     /// Per row of `logits [rows, nv]`: argmax (first maximum), max and log-sum-exp into
     /// `out [rows, 4]` u32 (see `logit_stats_rows` in bonsai.cu; [`LogitRowStats::from_words`]).
     pub fn logit_stats_rows(&self, logits: u64, rows: usize, nv: usize, out: u64) -> Result<()> {
-        self.launch(
-            self.f.logit_stats_rows,
-            (rows as u32, 1, 1),
-            (1024, 1, 1),
-            &[Arg::P(logits), Arg::I(nv as i32), Arg::P(out)],
-        )
+        self.row_stats_launch(self.f.logit_stats_rows, logits, rows, nv, out, 16)
     }
 
+    /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.
     pub fn argmax_rows(&self, logits: u64, rows: usize, nv: usize, ids: u64) -> Result<()> {
-        self.launch(
-            self.f.argmax_rows,
-            (rows as u32, 1, 1),
-            (1024, 1, 1),
-            &[Arg::P(logits), Arg::I(nv as i32), Arg::P(ids)],
-        )
+        self.row_stats_launch(self.f.argmax_rows, logits, rows, nv, ids, 4)
+    }
+
+    /// A row-statistics kernel over `rows` rows of `nv` logits, `out_row` output bytes per row:
+    /// [`row_stats_blocks`] blocks per row, at most [`ROW_STATS_ROWS`] rows per launch.
+    fn row_stats_launch(
+        &self,
+        f: sys::CUfunction,
+        logits: u64,
+        rows: usize,
+        nv: usize,
+        out: u64,
+        out_row: usize,
+    ) -> Result<()> {
+        let rs = self.row_stats.get().expect("row-stats scratch");
+        let cnt = rs.at(ROW_STATS_ROWS * ROW_STATS_MAX_BLOCKS * 16);
+        let mut t0 = 0;
+        while t0 < rows {
+            let nr = (rows - t0).min(ROW_STATS_ROWS);
+            self.launch(
+                f,
+                (row_stats_blocks(nv), nr as u32, 1),
+                (256, 1, 1),
+                &[
+                    Arg::P(logits + (t0 * nv * 4) as u64),
+                    Arg::I(nv as i32),
+                    Arg::P(out + (t0 * out_row) as u64),
+                    Arg::P(rs.ptr()),
+                    Arg::P(cnt),
+                ],
+            )?;
+            t0 += nr;
+        }
+        Ok(())
     }
 
     /// `hist[*pos] = *tok; *pos += 1` (the tail of a captured decode step).

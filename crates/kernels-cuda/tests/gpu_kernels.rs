@@ -943,24 +943,30 @@ fn embed_rows_bit_exact() {
         let rt = retile(qt, &raw, n_in, n_out);
         let codes = g.upload(&rt.codes).unwrap();
         let scales = g.upload(&rt.scales).unwrap();
-        let ids = [3i32, 63, 0];
+        // the last two ids are outside the table: they read nothing and embed zeros
+        let ids = [3i32, 63, 0, 64, i32::MAX];
         let ib = g.upload(&ids).unwrap();
-        let x = g.alloc(3 * n_in * 4).unwrap();
+        let x = g.alloc(ids.len() * n_in * 4).unwrap();
         g.embed_rows(
             rt.kind,
             codes.ptr(),
             scales.ptr(),
             0,
             ib.ptr(),
-            3,
+            ids.len(),
+            n_out,
             n_in,
             x.ptr(),
         )
         .unwrap();
-        let got: Vec<f32> = down(g, &x, 3 * n_in);
+        let got: Vec<f32> = down(g, &x, ids.len() * n_in);
+        assert!(
+            got[3 * n_in..].iter().all(|&v| v.to_bits() == 0),
+            "{qt:?}: ids outside the table embed zeros"
+        );
         let rb = qt.row_bytes(n_in).unwrap();
         let mut want = vec![0f32; n_in];
-        for (t, &id) in ids.iter().enumerate() {
+        for (t, &id) in ids[..3].iter().enumerate() {
             let id = id as usize;
             dequantize_row(qt, &raw[id * rb..(id + 1) * rb], &mut want);
             for i in 0..n_in {
@@ -1462,20 +1468,71 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
     assert!(e < 2e-3, "attention max rel {e}");
 }
 
+/// Host argmax: first maximum, NaN never wins, `0x7fffffff` when nothing beats −inf.
+fn host_argmax(row: &[f32]) -> i32 {
+    let mut best = f32::NEG_INFINITY;
+    let mut bi = 0x7fff_ffff;
+    for (i, &x) in row.iter().enumerate() {
+        if x > best {
+            best = x;
+            bi = i as i32;
+        }
+    }
+    bi
+}
+
+/// `argmax_rows` (several blocks per row, the last block merges): lowest index on ties, also across
+/// blocks; the 27B vocabulary and odd lengths (the scalar path); a row's result is the same in a
+/// one-row launch and in a 70-row launch (two launches of the row chunk); repeated launches (the
+/// arrival counters reset themselves).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn argmax_lowest_index_on_ties() {
     let g = need_gpu!("argmax_lowest_index_on_ties");
     let nv = 248320;
     let mut rng = Rng(51);
-    let mut l = rng.vec(2 * nv, 1.0);
+    let mut l = rng.vec(3 * nv, 1.0);
     l[1000] = 5.0;
-    l[200000] = 5.0; // tie: lowest index wins
-    l[nv + 248319] = 9.0;
+    l[200000] = 5.0; // tie in different blocks: lowest index wins
+    l[nv + 248319] = 9.0; // last index
+    l[2 * nv + 4096 * 3 + 1] = f32::NAN; // NaN never wins
+    l[2 * nv + 4096 * 3 + 2] = 7.0;
+    l[2 * nv + 4096 * 3 + 3] = 7.0;
     let lb = g.upload(&l).unwrap();
-    let ids = g.alloc(8).unwrap();
-    g.argmax_rows(lb.ptr(), 2, nv, ids.ptr()).unwrap();
-    assert_eq!(down::<i32>(g, &ids, 2), vec![1000, 248319]);
+    let ids = g.alloc(12).unwrap();
+    for rep in 0..3 {
+        g.argmax_rows(lb.ptr(), 3, nv, ids.ptr()).unwrap();
+        let want = vec![1000, 248319, 4096 * 3 + 2];
+        assert_eq!(down::<i32>(g, &ids, 3), want, "repeat {rep}");
+    }
+    for (nv, rows) in [(1001usize, 70usize), (7, 3), (4096 * 64 + 5, 2)] {
+        let mut l = rng.vec(rows * nv, 3.0);
+        // ties at the row's first and last element in some rows
+        for t in (0..rows).step_by(3) {
+            l[t * nv] = 50.0;
+            l[t * nv + nv - 1] = 50.0;
+        }
+        let lb = g.upload(&l).unwrap();
+        let ids = g.alloc(rows * 4).unwrap();
+        g.argmax_rows(lb.ptr(), rows, nv, ids.ptr()).unwrap();
+        let got: Vec<i32> = down(g, &ids, rows);
+        for t in 0..rows {
+            assert_eq!(
+                got[t],
+                host_argmax(&l[t * nv..(t + 1) * nv]),
+                "nv {nv} row {t}"
+            );
+        }
+        // the last row alone gives the same answer
+        let one = g.alloc(4).unwrap();
+        g.argmax_rows(lb.ptr() + ((rows - 1) * nv * 4) as u64, 1, nv, one.ptr())
+            .unwrap();
+        assert_eq!(
+            down::<i32>(g, &one, 1)[0],
+            got[rows - 1],
+            "nv {nv}: one-row launch"
+        );
+    }
 }
 
 /// `logit_stats_rows`: first maximum (NaN never wins), its value and the log-sum-exp, vs the host
@@ -1536,6 +1593,18 @@ fn logit_stats_rows_vs_host() {
         eprintln!(
             "logit stats row {r}: argmax {best}, lse {:.6} vs host {lse:.6}",
             st.lse
+        );
+    }
+    // each row alone gives the same words (a row's blocks never depend on the row count), and a
+    // repeated launch too (the arrival counters reset themselves)
+    let one = g.alloc(16).unwrap();
+    for r in 0..rows {
+        g.logit_stats_rows(lb.ptr() + (r * nv * 4) as u64, 1, nv, one.ptr())
+            .unwrap();
+        assert_eq!(
+            down::<u32>(g, &one, 4),
+            w[r * 4..r * 4 + 4].to_vec(),
+            "row {r} alone"
         );
     }
 }

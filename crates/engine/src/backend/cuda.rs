@@ -840,7 +840,17 @@ impl CudaBackend {
             ),
         };
         self.gpu
-            .embed_rows(table.kind, codes, scales, f32tab, ids, n, table.n_in, x)
+            .embed_rows(
+                table.kind,
+                codes,
+                scales,
+                f32tab,
+                ids,
+                n,
+                table.n_out,
+                table.n_in,
+                x,
+            )
             .map_err(be)
     }
 
