@@ -94,6 +94,14 @@ pub struct CudaGdn {
 
 /// Per-call temporaries, sized for `cap` rows; the decode graph captures their addresses, so they
 /// are only ever grown (reallocated) by a larger step, never shrunk.
+/// What a projection reads: the scratch input xq/xd/xs as the op before it quantized it, or the
+/// split norm in nq/nd/ns (with its Σ x² in nss and this epsilon: the mat-vec applies rstd).
+#[derive(Clone, Copy, Debug)]
+enum ProjIn {
+    Plain,
+    Norm(f32),
+}
+
 struct Scratch {
     cap: usize,
     kmax: usize,
@@ -102,6 +110,18 @@ struct Scratch {
     xq: DevBuf,
     xd: DevBuf,
     xs: DevBuf,
+    // the split RMS norm of up to MV_ROWS rows of x (n_embd wide), the input of the projections
+    // after a norm: nq i8 [MV_ROWS, n_embd], nd f32 / ns i32 / nss f32 (Σ x² per 32-block)
+    // [MV_ROWS, n_embd/32], and the residual mat-vec tail's arrival counters ncnt u32 [n_embd/32].
+    // Apart from xq/xd/xs because the residual mat-vec that writes them through its tail reads those.
+    nq: DevBuf,
+    nd: DevBuf,
+    ns: DevBuf,
+    nss: DevBuf,
+    ncnt: DevBuf,
+    /// (norm weight, x, rows) whose split norm the last residual mat-vec's tail wrote into
+    /// nq/nd/ns/nss (0s: none): the next [`CudaBackend::norm_in`] of that norm skips its launch.
+    norm_ready: std::cell::Cell<(u64, u64, usize)>,
     // projection outputs, each f32 [cap, pmax]
     p: [DevBuf; 4],
     // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
@@ -129,6 +149,16 @@ struct Scratch {
     /// The model dimensions the buffers were sized for ([`scratch_dims`]): another model on the
     /// same backend gets new scratch.
     dims: [usize; 10],
+}
+
+/// The norm that reads the residual stream after layer `il`'s MLP: the next layer's input norm, or
+/// the output norm after the last layer.
+fn next_norm(w: &Weights<CudaBackend>, il: usize) -> &CudaVec {
+    match w.layers.get(il + 1).map(|l| &l.mixer) {
+        Some(Mixer::Gdn(g)) => &g.attn_norm,
+        Some(Mixer::Attn(a)) => &a.attn_norm,
+        None => &w.output_norm,
+    }
 }
 
 /// Every model dimension a [`Scratch`] buffer size depends on.
@@ -398,6 +428,12 @@ impl CudaBackend {
             xq: a(cap * kmax)?,
             xd: a(cap * kmax / 32 * f)?,
             xs: a(cap * kmax / 32 * f)?,
+            nq: a(MV_ROWS * cfg.n_embd)?,
+            nd: a(MV_ROWS * cfg.n_embd / 32 * f)?,
+            ns: a(MV_ROWS * cfg.n_embd / 32 * f)?,
+            nss: a(MV_ROWS * cfg.n_embd / 32 * f)?,
+            ncnt: a(cfg.n_embd / 32 * f)?,
+            norm_ready: std::cell::Cell::new((0, 0, 0)),
             p: [
                 a(cap * pmax * f)?,
                 a(cap * pmax * f)?,
@@ -430,12 +466,27 @@ impl CudaBackend {
         n > MV_ROWS && kc::gemm_supported(m.kind, m.n_in)
     }
 
-    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`): one GEMM
-    /// launch when [`Self::use_gemm`], else in groups of at most 8 rows.
-    fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
+    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input `input` (width `m.n_in`): one GEMM
+    /// launch when [`Self::use_gemm`], else in groups of at most 8 rows. With `tail` (a residual
+    /// update, `accumulate`, whose output rows feed that norm next) the split norm of the updated
+    /// rows is written on the way when the norm will be split ([`Self::split_norm`]), and the next
+    /// [`Self::norm_in`] of it skips its launch.
+    #[allow(clippy::too_many_arguments)]
+    fn proj(
+        &self,
+        sc: &Scratch,
+        m: &CudaMat,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+        input: ProjIn,
+        tail: Option<&CudaVec>,
+    ) -> Result<()> {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
+        sc.norm_ready.set((0, 0, 0));
         if Self::use_gemm(m, n) {
+            debug_assert!(matches!(input, ProjIn::Plain));
             return self
                 .gpu
                 .gemm_lowbit(
@@ -452,38 +503,101 @@ impl CudaBackend {
                 )
                 .map_err(be);
         }
+        let tail =
+            tail.filter(|_| accumulate && m.kind != WKind::F32 && self.split_norm(sc, n, m.n_out));
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
             let yo = y + (t0 * m.n_out * 4) as u64;
             match m.kind {
-                WKind::F32 => self.gpu.mv_f32(
-                    m.codes.ptr(),
-                    sc.xf.at(t0 * k * 4),
-                    yo,
-                    k,
-                    m.n_out,
-                    nr,
-                    accumulate,
-                ),
-                kind => self.gpu.mv_lowbit(
-                    kind,
-                    m.codes.ptr(),
-                    m.scales.as_ref().expect("scales").ptr(),
-                    sc.xq.at(t0 * k),
-                    sc.xd.at(t0 * k / 32 * 4),
-                    sc.xs.at(t0 * k / 32 * 4),
-                    yo,
-                    k,
-                    m.n_out,
-                    nr,
-                    accumulate,
-                ),
+                WKind::F32 => {
+                    debug_assert!(matches!(input, ProjIn::Plain));
+                    self.gpu.mv_f32(
+                        m.codes.ptr(),
+                        sc.xf.at(t0 * k * 4),
+                        yo,
+                        k,
+                        m.n_out,
+                        nr,
+                        accumulate,
+                    )
+                }
+                kind => {
+                    let (q, d, s, nm) = self.proj_input(sc, input, t0, k, tail);
+                    self.gpu.mv_lowbit_multi_norm(
+                        kind,
+                        &[kc::MvSeg {
+                            codes: m.codes.ptr(),
+                            scales: m.scales.as_ref().expect("scales").ptr(),
+                            y: yo,
+                            n_out: m.n_out,
+                        }],
+                        q,
+                        d,
+                        s,
+                        k,
+                        nr,
+                        accumulate,
+                        &nm,
+                    )
+                }
             }
             .map_err(be)?;
             t0 += nr;
         }
+        if let Some(t) = tail {
+            sc.norm_ready.set((t.buf.ptr(), y, n));
+        }
         Ok(())
+    }
+
+    /// The activation pointers (q, d, s) of rows `t0..` of a `k`-wide projection input and the
+    /// split norm's operands for its mat-vec (a `tail` only where [`Self::proj`] allows one).
+    fn proj_input(
+        &self,
+        sc: &Scratch,
+        input: ProjIn,
+        t0: usize,
+        k: usize,
+        tail: Option<&CudaVec>,
+    ) -> (u64, u64, u64, kc::MvNorm) {
+        let tail = tail.map(|t| kc::NormTail {
+            w: t.buf.ptr(),
+            q: sc.nq.ptr(),
+            d: sc.nd.ptr(),
+            s: sc.ns.ptr(),
+            ss: sc.nss.ptr(),
+            cnt: sc.ncnt.ptr(),
+        });
+        match input {
+            ProjIn::Plain => (
+                sc.xq.at(t0 * k),
+                sc.xd.at(t0 * k / 32 * 4),
+                sc.xs.at(t0 * k / 32 * 4),
+                kc::MvNorm {
+                    tail,
+                    ..Default::default()
+                },
+            ),
+            ProjIn::Norm(eps) => (
+                sc.nq.at(t0 * k),
+                sc.nd.at(t0 * k / 32 * 4),
+                sc.ns.at(t0 * k / 32 * 4),
+                kc::MvNorm {
+                    rstd_ss: sc.nss.at(t0 * k / 32 * 4),
+                    eps,
+                    tail,
+                },
+            ),
+        }
+    }
+
+    /// Whether the norm of `n` rows `k` wide is split ([`kc::Gpu::rmsnorm_quant_split`]: the
+    /// mat-vecs after it apply rstd) rather than folded into the scales: rows that go through the
+    /// mat-vec (not the GEMM), the model width, and mat-vec families that apply it. The answer is
+    /// the same for a decode step and a verify of up to 8 rows, so their rows stay equal.
+    fn split_norm(&self, sc: &Scratch, n: usize, k: usize) -> bool {
+        n <= MV_ROWS && k * MV_ROWS <= sc.nq.bytes() && self.gpu.split_norm_ok()
     }
 
     /// Several projections of the same input (`(matrix, y)` pairs): one grouped launch (the GEMM
@@ -496,7 +610,9 @@ impl CudaBackend {
         mats: &[(&CudaMat, u64)],
         n: usize,
         accumulate: bool,
+        input: ProjIn,
     ) -> Result<()> {
+        sc.norm_ready.set((0, 0, 0));
         let (m0, _) = mats[0];
         let groupable = mats.len() <= kc::MAX_SEGS
             && m0.kind != WKind::F32
@@ -505,7 +621,7 @@ impl CudaBackend {
                 .all(|(m, _)| m.kind == m0.kind && m.n_in == m0.n_in);
         if !groupable {
             for &(m, y) in mats {
-                self.proj(sc, m, n, y, accumulate)?;
+                self.proj(sc, m, n, y, accumulate, input, None)?;
             }
             return Ok(());
         }
@@ -537,23 +653,20 @@ impl CudaBackend {
                     n_out: m.n_out,
                 })
                 .collect();
+            let (q, d, s, nm) = self.proj_input(sc, input, t0, k, None);
             self.gpu
-                .mv_lowbit_multi(
-                    m0.kind,
-                    &segs,
-                    sc.xq.at(t0 * k),
-                    sc.xd.at(t0 * k / 32 * 4),
-                    sc.xs.at(t0 * k / 32 * 4),
-                    k,
-                    nr,
-                    accumulate,
-                )
+                .mv_lowbit_multi_norm(m0.kind, &segs, q, d, s, k, nr, accumulate, &nm)
                 .map_err(be)?;
             t0 += nr;
         }
         Ok(())
     }
 
+    /// The norm `w` of the `n` rows of `x` (`k` wide) as the input of the projections `mats`:
+    /// split ([`Self::split_norm`], into nq/nd/ns/nss; nothing to launch when the residual
+    /// mat-vec before it wrote them through its tail) or folded into the scales (into xf/xq/xd/xs;
+    /// prefill, F32 matrices, the tensor-core families). Returns which, for the projections.
+    #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
         sc: &Scratch,
@@ -562,7 +675,26 @@ impl CudaBackend {
         eps: f32,
         n: usize,
         k: usize,
-    ) -> Result<()> {
+        mats: &[&CudaMat],
+    ) -> Result<ProjIn> {
+        let ready = sc.norm_ready.replace((0, 0, 0));
+        if self.split_norm(sc, n, k) && mats.iter().all(|m| m.kind != WKind::F32) {
+            if ready != (w.buf.ptr(), x, n) {
+                self.gpu
+                    .rmsnorm_quant_split(
+                        x,
+                        w.buf.ptr(),
+                        n,
+                        k,
+                        sc.nq.ptr(),
+                        sc.nd.ptr(),
+                        sc.ns.ptr(),
+                        sc.nss.ptr(),
+                    )
+                    .map_err(be)?;
+            }
+            return Ok(ProjIn::Norm(eps));
+        }
         self.gpu
             .rmsnorm_quant(
                 x,
@@ -575,7 +707,8 @@ impl CudaBackend {
                 sc.xd.ptr(),
                 sc.xs.ptr(),
             )
-            .map_err(be)
+            .map_err(be)?;
+        Ok(ProjIn::Plain)
     }
 
     fn set_pos(&self, sc: &mut Scratch, pos: usize, n: usize) -> Result<()> {
@@ -595,8 +728,9 @@ impl CudaBackend {
         st: &mut CudaGdn,
         x: u64,
         n: usize,
+        next: Option<&CudaVec>,
     ) -> Result<()> {
-        self.gdn_impl_rec(sc, cfg, w, st, x, n, None)
+        self.gdn_impl_rec(sc, cfg, w, st, x, n, None, next)
     }
 
     /// [`Self::gdn_impl`]; with `rec` (a device `[≥ n, gdn_rec_width]` f32 buffer), also writes each
@@ -612,18 +746,28 @@ impl CudaBackend {
         x: u64,
         n: usize,
         rec: Option<u64>,
+        next: Option<&CudaVec>,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
         let dv = cfg.ssm_head_v_dim();
-        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        let input = self.norm_in(
+            sc,
+            x,
+            &w.attn_norm,
+            eps,
+            n,
+            e,
+            &[&w.qkv, &w.gate, &w.beta, &w.alpha],
+        )?;
         let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
         self.proj_multi(
             sc,
             &[(&w.qkv, mixed), (&w.gate, z), (&w.beta, bb), (&w.alpha, aa)],
             n,
             false,
+            input,
         )?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
@@ -714,7 +858,7 @@ impl CudaBackend {
             sc.xs.ptr(),
         )
         .map_err(be)?;
-        self.proj(sc, &w.ssm_out, n, x, true)
+        self.proj(sc, &w.ssm_out, n, x, true, ProjIn::Plain, next)
     }
 
     fn attn_impl(
@@ -725,13 +869,14 @@ impl CudaBackend {
         kv: &CudaKv,
         x: u64,
         n: usize,
+        next: Option<&CudaVec>,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        let input = self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
-        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
+        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, input)?;
         let g = &self.gpu;
         g.attn_prep(
             qf,
@@ -801,7 +946,7 @@ impl CudaBackend {
             g.dtod(sc.xf.ptr(), sc.att.ptr(), n * nh * hd * 4)
                 .map_err(be)?;
         }
-        self.proj(sc, &w.out, n, x, true)
+        self.proj(sc, &w.out, n, x, true, ProjIn::Plain, next)
     }
 
     fn mlp_impl(
@@ -811,10 +956,19 @@ impl CudaBackend {
         w: &MlpWeights<Self>,
         x: u64,
         n: usize,
+        next: Option<&CudaVec>,
     ) -> Result<()> {
-        self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
+        let input = self.norm_in(
+            sc,
+            x,
+            &w.post_norm,
+            cfg.rms_eps,
+            n,
+            cfg.n_embd,
+            &[&w.gate, &w.up],
+        )?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
-        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
+        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false, input)?;
         self.gpu
             .swiglu_quant(
                 gt,
@@ -827,7 +981,7 @@ impl CudaBackend {
                 sc.xs.ptr(),
             )
             .map_err(be)?;
-        self.proj(sc, &w.down, n, x, true)
+        self.proj(sc, &w.down, n, x, true, ProjIn::Plain, next)
     }
 
     fn embed_impl(&self, table: &CudaMat, ids: u64, n: usize, x: u64) -> Result<()> {
@@ -864,8 +1018,8 @@ impl CudaBackend {
         x: u64,
         nr: usize,
     ) -> Result<()> {
-        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd)?;
-        self.proj(sc, out, nr, sc.logits.ptr(), false)
+        let input = self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd, &[out])?;
+        self.proj(sc, out, nr, sc.logits.ptr(), false, input, None)
     }
 
     /// Greedy decode of `steps` tokens after the committed state, eagerly (no graph), with the
@@ -935,18 +1089,19 @@ impl CudaBackend {
     ) -> Result<()> {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
         let (mut ia, mut ig) = (0, 0);
-        for layer in &w.layers {
+        for (il, layer) in w.layers.iter().enumerate() {
+            let post = Some(&layer.mlp.post_norm);
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1)?;
+                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1, post)?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1, post)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, 1)?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, 1, Some(next_norm(w, il)))?;
         }
         self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)
     }
@@ -1101,17 +1256,19 @@ impl CudaBackend {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), n, x)?;
         let (mut ia, mut ig) = (0, 0);
         for (il, layer) in w.layers.iter().enumerate() {
+            let post = Some(&layer.mlp.post_norm);
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]))?;
+                    let rec = Some(recs[ig]);
+                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, rec, post)?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n, post)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, n)?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, n, Some(next_norm(w, il)))?;
             for (j, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == il) {
                 g.dtod(io.taps_dev.at(j * n * e * 4), x, n * e * 4)
                     .map_err(be)?;
@@ -1432,7 +1589,7 @@ impl CudaBackend {
                                     }
                                 })
                                 .collect();
-                            self.proj_multi(sc, &mats, n, false)
+                            self.proj_multi(sc, &mats, n, false, ProjIn::Plain)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1472,7 +1629,7 @@ impl CudaBackend {
                         for g in groups {
                             let mats: Vec<(&CudaMat, u64)> =
                                 g.iter().zip(outs).map(|(&m, y)| (m, y)).collect();
-                            self.proj_multi(sc, &mats, n, false)
+                            self.proj_multi(sc, &mats, n, false, ProjIn::Plain)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1687,7 +1844,7 @@ impl Backend for CudaBackend {
         let n = x.n;
         let recp = rec.buf.ptr();
         self.with_scratch(cfg, n, |sc| {
-            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp))
+            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp), None)
         })?;
         // rows of the record that are valid (the buffer keeps its capacity)
         rec.n = s.n;
@@ -1892,7 +2049,9 @@ impl Backend for CudaBackend {
         s: &Step,
     ) -> Result<()> {
         let n = x.n;
-        self.with_scratch(cfg, n, |sc| self.gdn_impl(sc, cfg, w, st, x.buf.ptr(), s.n))
+        self.with_scratch(cfg, n, |sc| {
+            self.gdn_impl(sc, cfg, w, st, x.buf.ptr(), s.n, None)
+        })
     }
 
     fn attn_block(
@@ -1918,7 +2077,7 @@ impl Backend for CudaBackend {
         }
         self.with_scratch(cfg, s.n, |sc| {
             self.set_pos(sc, s.pos, s.n)?;
-            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n)
+            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n, None)
         })?;
         kv.len = s.pos + s.n;
         Ok(())
@@ -1926,7 +2085,7 @@ impl Backend for CudaBackend {
 
     fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut CudaAct) -> Result<()> {
         let n = x.n;
-        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n))
+        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n, None))
     }
 
     fn head(
