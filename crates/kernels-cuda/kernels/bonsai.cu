@@ -110,9 +110,7 @@ __device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s, float 
 // (quant32 on u = x·w), plus the block's Σ x² (`ss`); the mat-vec that reads them multiplies each
 // output by rstd, which it computes from the ss of the row (norm_rstd). The pieces per block are
 // made by the residual mat-vec's tail (mv_lowbit with a norm tail) or by rmsnorm_quant_split, with
-// the same float operations. Off by default (BONSAI_CUDA_SPLIT_NORM=1: on the H200 the tail's
-// chain of fences, counts and reloads cost more than the norm launch it replaces); rmsnorm_quant
-// normalizes first and quantizes the normed values (default, prefill, tensor-core families).
+// the same float operations. rmsnorm_quant folds rstd into the scales instead (prefill).
 
 // One 32-block of the split norm, one full warp (lane j: element j): codes, scale, code sum and Σ x².
 __device__ __forceinline__ void norm_group(float x, float w, i8* q, float* d, int* s, float* ss) {
@@ -121,10 +119,17 @@ __device__ __forceinline__ void norm_group(float x, float w, i8* q, float* d, in
     if ((threadIdx.x & 31) == 0) *ss = sq;
 }
 
+// This lane's share of a row's Σ x²: blocks lane, lane + 32, ... of ss [ng], in increasing order.
+__device__ __forceinline__ float norm_ss_lane(const float* ss, int ng) {
+    float a = 0.f;
+    for (int g = threadIdx.x & 31; g < ng; g += 32) a += ss[g];
+    return a;
+}
+
 // A mat-vec's lane holds NSS_LANE of a row's Σ x² blocks (lane + 32 i), so rows up to 32·32·5 =
 // 5,120 wide take the split norm (SPLIT_NORM_MAX_K in lib.rs). Loaded as independent loads and
-// summed later, in increasing block order (zeros past ng add nothing: the share is a sum of
-// squares, never −0).
+// summed later (zeros past ng add nothing: the share is a sum of squares, never −0), in the order of
+// norm_ss_lane.
 #define NSS_LANE 5
 struct NssLane {
     float v[NSS_LANE];
@@ -160,48 +165,41 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-// xn = rmsnorm(x[t]) ⊙ w (rstd folded into the values), written as f32 (xf, may be null) and
-// quantized. grid (ceil(k/256), n),
-// block 256: every block computes the row's sum of squares itself (same fixed order in every
-// block, so all agree bit for bit), then normalizes and quantizes its own 256 elements (one
-// 32-block per warp). Many short blocks instead of one long one.
+#define RMS_MAX_BLOCKS 1024  // k <= 32768 (the launchers check)
+
+// xn = rmsnorm(x[t]) ⊙ w with rstd folded into the scales, written as f32 (xf, may be null) and
+// quantized. grid (ceil(k/256), n), block 256: every block computes the row's Σ x² itself, per
+// 32-block as norm_group does and over the blocks as norm_ss_lane / norm_rstd do (so every block,
+// and every mat-vec applying the split norm, gets the same rstd bit for bit), then quantizes its
+// own 256 elements (one 32-block per warp) with scale (amax / 127)·rstd.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
     PDL_ENTRY();
-    __shared__ float red[32];
+    __shared__ float ssb[RMS_MAX_BLOCKS];
+    __shared__ float rs;
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
-    int nb = k >> 5, lane = threadIdx.x & 31;
-    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    bool act = b < nb;
-    int i = b * 32 + lane;
-    // this thread's own element, loaded together with the sum-of-squares stream
-    float xv = act ? xr[i] : 0.f, wv = act ? w[i] : 0.f;
-    float ss = 0.f;
-    if ((((size_t)xr) & 15) == 0) {
-        const float4* x4 = (const float4*)xr;
-#pragma unroll 8
-        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x) {
-            float4 v = x4[c];
-            ss = fmaf(v.x, v.x, ss);
-            ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss);
-            ss = fmaf(v.w, v.w, ss);
-        }
-    } else {
-        // same order as the vector path
-        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x)
-            for (int e = 0; e < 4; ++e) ss = fmaf(xr[4 * c + e], xr[4 * c + e], ss);
+    int nb = k >> 5, lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    // Σ x² per 32-block: four independent warp sums in flight per warp
+#pragma unroll 4
+    for (int g = wi; g < nb; g += nw) {
+        float v = xr[g * 32 + lane];
+        float sq = warp_sum(__fmul_rn(v, v));
+        if (lane == 0) ssb[g] = sq;
     }
-    ss = block_sum(ss, red);
-    float inv = 1.0f / sqrtf(ss / (float)k + eps);
-    if (!act) return;
-    float v = xv * inv * wv;
-    if (xf) xf[(size_t)t * k + i] = v;
-    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+    __syncthreads();
+    if (wi == 0) {
+        float r = norm_rstd(norm_ss_lane(ssb, nb), k, eps);
+        if (lane == 0) rs = r;
+    }
+    __syncthreads();
+    int b = blockIdx.x * nw + wi;
+    if (b >= nb) return;
+    int i = b * 32 + lane;
+    float u = __fmul_rn(xr[i], w[i]);
+    if (xf) xf[(size_t)t * k + i] = __fmul_rn(u, rs);
+    quant32(u, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b, rs);
 }
-
-// ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
 
 // The split norm of x [n, k] (see norm_group): codes q [n, k], scales d, code sums s and Σ x² ss,
 // each [n, k/32]. grid (ceil(k/256), n), block 256: one 32-block per warp.

@@ -249,11 +249,6 @@ fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
 
-/// Whether `BONSAI_CUDA_SPLIT_NORM=1` asks for the split RMS norm (read once per `Gpu`).
-fn split_norm_env() -> bool {
-    std::env::var("BONSAI_CUDA_SPLIT_NORM").is_ok_and(|v| v == "1")
-}
-
 /// Which one-row launches take the staged decode mat-vec (`kernels/mvs.cu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MvStaged {
@@ -1242,9 +1237,6 @@ pub struct Gpu {
     carveout: Mutex<(Option<u8>, bool)>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
-    /// The engine's norms before the mat-vecs are split ([`Gpu::split_norm_ok`];
-    /// `BONSAI_CUDA_SPLIT_NORM=1`; off).
-    split_norm: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     resident_capacity: Mutex<Vec<((usize, usize), usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
@@ -1342,7 +1334,6 @@ impl Gpu {
             smem_optin: std::sync::OnceLock::new(),
             carveout: Mutex::new((None, false)),
             mv_o8: AtomicBool::new(mv_o8_env()),
-            split_norm: AtomicBool::new(split_norm_env()),
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
@@ -1698,6 +1689,7 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
+        assert!(k <= 32768, "rmsnorm_quant: k = {k} (at most 32,768)");
         self.launch(
             self.f.rmsnorm_quant,
             (cdiv(k, 256), n as u32, 1),
@@ -1798,27 +1790,11 @@ impl Gpu {
         self.mv_lowbit_multi_norm(kind, segs, q, d, s, n_in, n, accumulate, &MvNorm::default())
     }
 
-    /// Whether the split norm is asked for ([`Gpu::set_split_norm`]).
-    pub fn split_norm(&self) -> bool {
-        self.split_norm.load(Ordering::Relaxed)
-    }
-
-    /// Ask for the split RMS norm (bonsai.cu, `norm_group`): the norm before a projection writes
-    /// the codes of x ⊙ w and each block's Σ x², the residual mat-vec before it does that in its
-    /// tail (no norm launch), and the projections multiply their outputs by rstd. Off by default:
-    /// on the H200 (27B, decode graph) Q1_0 3.27 ms per token against 3.14 without, Q2_0 3.56
-    /// against 3.59 (`bench/results/cuda-whatif-27b-*-split-norm.json`).
-    pub fn set_split_norm(&self, on: bool) {
-        self.split_norm.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the engine splits the norms before its n ≤ 8 row mat-vecs ([`MvNorm::rstd_ss`]):
-    /// asked for ([`Gpu::split_norm`]), and default plans of every n (decode and verify) that
-    /// apply it: the dp4a families (plain, staged, pipelined) do; the tensor-core, o8 and b1 ones
-    /// do not, so with those the norm is not split.
+    /// Whether the default plans of every n (decode and verify) apply the split norm
+    /// ([`MvNorm::rstd_ss`]): the dp4a families (plain, staged, pipelined) do; the tensor-core,
+    /// o8 and b1 ones do not, so with those the norm is folded into the scales instead.
     pub fn split_norm_ok(&self) -> bool {
-        self.split_norm()
-            && !self.mv_mma()
+        !self.mv_mma()
             && !self.mv_o8()
             && self
                 .mv_override
@@ -2093,10 +2069,9 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 11] {
+    pub fn launch_mode_key(&self) -> [u64; 10] {
         let skipped = self.skip.lock().expect("skip lock");
         [
-            self.split_norm() as u64,
             skipped
                 .iter()
                 .flat_map(|n| n.bytes())
@@ -3253,7 +3228,7 @@ pub fn host_warp_sum(v: &[f32; 32]) -> f32 {
     a[0]
 }
 
-/// Host twin of the split RMS norm (bonsai.cu `norm_group`, `norm_ss_load` / `norm_ss_sum`, `norm_rstd`) of the
+/// Host twin of the split RMS norm (bonsai.cu `norm_group`, `norm_ss_lane`, `norm_rstd`) of the
 /// rows of `x` (`k` wide) with weight `w`: codes, scales, code sums and Σ x² per 32-block
 /// (`[rows, k / 32]`), and each row's rstd. Bit for bit what the device computes.
 #[allow(clippy::type_complexity)]
@@ -3275,7 +3250,7 @@ pub fn host_norm_split(
     (q, d, s, ss, rstd)
 }
 
-/// Host twin of `norm_rstd(norm_ss_sum(..))`: lane l sums blocks l, l + 32, .. in order, then the
+/// Host twin of `norm_rstd(norm_ss_lane(ss))`: lane l sums blocks l, l + 32, .. in order, then the
 /// xor tree, then 1 / sqrt(Σ / k + eps).
 pub fn host_rstd(ss: &[f32], k: usize, eps: f32) -> f32 {
     let lanes: [f32; 32] = std::array::from_fn(|l| {
