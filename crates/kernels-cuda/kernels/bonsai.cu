@@ -126,26 +126,11 @@ __device__ __forceinline__ float norm_ss_lane(const float* ss, int ng) {
     return a;
 }
 
-// A mat-vec's lane holds NSS_LANE of a row's Σ x² blocks (lane + 32 i), so rows up to 32·32·5 =
-// 5,120 wide take the split norm (SPLIT_NORM_MAX_K in lib.rs). Loaded as independent loads and
-// summed later (zeros past ng add nothing: the share is a sum of squares, never −0), in the order of
-// norm_ss_lane.
-#define NSS_LANE 5
-struct NssLane {
-    float v[NSS_LANE];
-};
-__device__ __forceinline__ NssLane norm_ss_load(const float* ss, int ng) {
-    NssLane r;
+// Ask L1 for a row's Σ x² blocks (ng floats) early, so that norm_ss_lane at the end of the
+// mat-vec finds them there instead of stalling the warp on L2 round trips.
+__device__ __forceinline__ void norm_ss_prefetch(const float* ss, int ng) {
     int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < NSS_LANE; ++i) r.v[i] = (ss && lane + 32 * i < ng) ? ss[lane + 32 * i] : 0.f;
-    return r;
-}
-__device__ __forceinline__ float norm_ss_sum(const NssLane& r) {
-    float a = 0.f;
-#pragma unroll
-    for (int i = 0; i < NSS_LANE; ++i) a += r.v[i];
-    return a;
+    if (lane * 32 < ng) asm volatile("prefetch.global.L1 [%0];" ::"l"(ss + lane * 32));
 }
 
 // rstd from the lanes' shares (fixed xor tree). Warp-wide; every lane gets it.
@@ -443,9 +428,9 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         PDL_ENTRY();
         if (valid) load_w(jfirst);
     }
-    // the split norm's Σ x² blocks: loaded now for one row (used at the end: no stall), at the
-    // end for several (registers)
-    NssLane nsl = norm_ss_load(NT == 1 ? nm.nss : nullptr, nsb);
+    // the split norm's Σ x² blocks into L1 now; rstd from them at the end
+    if (nm.nss)
+        for (int t = 0; t < n; ++t) norm_ss_prefetch(nm.nss + (size_t)t * nsb, nsb);
     for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
         if (j0 != jfirst) load_w(j0);
         // activation bases of this batch: codes [n, n_in] i8, d and s [n, nsb]
@@ -482,10 +467,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     float rsv[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t)
-        rsv[t] = (nm.nss && t < n)
-                     ? norm_rstd(norm_ss_sum(NT == 1 ? nsl : norm_ss_load(nm.nss + (size_t)t * nsb, nsb)), n_in,
-                                 nm.neps)
-                     : 1.0f;
+        rsv[t] = (nm.nss && t < n) ? norm_rstd(norm_ss_lane(nm.nss + (size_t)t * nsb, nsb), n_in, nm.neps) : 1.0f;
     bool stored = false;  // this lane stored an output row
 #pragma unroll
     for (int t = 0; t < NT; ++t) {

@@ -135,7 +135,7 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     PDL_ENTRY();
     if (!pre && threadIdx.x == 0)
         for (int i = 0; i < min(S, mine); ++i) issue(first + i * step, i);
-    NssLane nsl = norm_ss_load(nm.nss, nsb);  // the split norm's Σ x² blocks (summed below)
+    if (nm.nss) norm_ss_prefetch(nm.nss, nsb);
     // activations into shared memory (16 bytes at a time; q with the half swap)
     for (int i = threadIdx.x; i < n_in / 16; i += blockDim.x) {
         int j = i >> 1, h = i & 1;
@@ -148,8 +148,8 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
     __syncthreads();
     // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does (its Σ x²
-    // blocks loaded before the activation copy)
-    float rsv = nm.nss ? norm_rstd(norm_ss_sum(nsl), n_in, nm.neps) : 1.0f;
+    // blocks asked for before the activation copy)
+    float rsv = nm.nss ? norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps) : 1.0f;
 
     for (int i = 0; i < mine; ++i) {
         int st = i % S;

@@ -418,10 +418,6 @@ pub struct MvSeg {
     pub n_out: usize,
 }
 
-/// The widest input a mat-vec can apply the split norm to ([`MvNorm::rstd_ss`]): each lane holds
-/// 5 of the row's Σ x² blocks (`NSS_LANE` in bonsai.cu).
-pub const SPLIT_NORM_MAX_K: usize = 32 * 32 * 5;
-
 /// The split RMS norm's operands of a low-bit mat-vec launch (`MvNorm` in bonsai.cu; see
 /// [`Gpu::mv_lowbit_multi_norm`]). `Default` is none.
 #[derive(Clone, Copy, Debug, Default)]
@@ -1831,10 +1827,10 @@ impl Gpu {
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
-        if nm.rstd_ss != 0 && (plan.mma || plan.o8 || plan.b1 || n_in > SPLIT_NORM_MAX_K) {
-            return Err(CudaError(format!(
-                "mv_lowbit: the split norm on a tensor-core / o8 / b1 plan or {n_in} > {SPLIT_NORM_MAX_K} wide"
-            )));
+        if nm.rstd_ss != 0 && (plan.mma || plan.o8 || plan.b1) {
+            return Err(CudaError(
+                "mv_lowbit: the split norm on a tensor-core / o8 / b1 plan".into(),
+            ));
         }
         if let Some(t) = nm.tail {
             if segs.len() != 1 || !accumulate || segs[0].n_out % 32 != 0 {

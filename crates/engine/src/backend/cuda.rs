@@ -596,12 +596,8 @@ impl CudaBackend {
     /// mat-vecs after it apply rstd) rather than folded into the scales: rows that go through the
     /// mat-vec (not the GEMM), the model width, and mat-vec families that apply it. The answer is
     /// the same for a decode step and a verify of up to 8 rows, so their rows stay equal.
-    /// (Rows wider than [`kc::SPLIT_NORM_MAX_K`] fold.)
     fn split_norm(&self, sc: &Scratch, n: usize, k: usize) -> bool {
-        n <= MV_ROWS
-            && k * MV_ROWS <= sc.nq.bytes()
-            && k <= kc::SPLIT_NORM_MAX_K
-            && self.gpu.split_norm_ok()
+        n <= MV_ROWS && k * MV_ROWS <= sc.nq.bytes() && self.gpu.split_norm_ok()
     }
 
     /// Several projections of the same input (`(matrix, y)` pairs): one grouped launch (the GEMM
