@@ -126,13 +126,6 @@ __device__ __forceinline__ float norm_ss_lane(const float* ss, int ng) {
     return a;
 }
 
-// Ask L1 for a row's Σ x² blocks (ng floats) early, so that norm_ss_lane at the end of the
-// mat-vec finds them there instead of stalling the warp on L2 round trips.
-__device__ __forceinline__ void norm_ss_prefetch(const float* ss, int ng) {
-    int lane = threadIdx.x & 31;
-    if (lane * 32 < ng) asm volatile("prefetch.global.L1 [%0];" ::"l"(ss + lane * 32));
-}
-
 // rstd from the lanes' shares (fixed xor tree). Warp-wide; every lane gets it.
 __device__ __forceinline__ float norm_rstd(float lane_share, int k, float eps) {
     return 1.0f / sqrtf(warp_sum(lane_share) / (float)k + eps);
@@ -215,28 +208,26 @@ struct MvNorm {
     unsigned* tcnt;
 };
 
-// The tail of a residual mat-vec warp that has just stored output rows [o0, o0 + rows) of y
-// [n, n_out] (all n activation rows; `stored`: this lane stored some of them): the warp counts its
-// rows in their 32-row group, and the warp that completes the group writes the group's split norm
-// for every activation row. Warp-wide (every lane calls it); no block barrier. The rows of one
-// call lie in one group (rows divides 32) and n_out is a multiple of 32 (the launcher checks).
-__device__ __forceinline__ void norm_tail(const MvNorm& nm, const float* y, int n_out, int n, int o0, int rows,
-                                          bool stored) {
-    int lane = threadIdx.x & 31, grp = o0 >> 5;
-    if (stored) __threadfence();  // this lane's stores, device-wide before the count below
-    __syncwarp();
-    unsigned old = 0;
-    if (lane == 0) {
-        __threadfence();
-        old = atomicAdd(nm.tcnt + grp, (unsigned)rows);
+// The tail of a residual mat-vec block whose output rows [r0, r0 + rb) of y [n, n_out] are final:
+// the block counts itself in its 32-row group, and the last of the group's 32 / rb blocks to arrive
+// writes the group's split norm for every activation row (one warp per row, rows w, w + warps, ..).
+// rb divides 32 and n_out is a multiple of 32 (the launcher checks).
+__device__ __forceinline__ void norm_tail(const MvNorm& nm, const float* y, int n_out, int n, int r0, int rb) {
+    __shared__ bool last;
+    int grp = r0 >> 5;
+    __threadfence();  // this thread's output stores, device-wide before the count below
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned old = atomicAdd(nm.tcnt + grp, 1u);
+        last = old == (unsigned)(32 / rb - 1);
+        if (last) nm.tcnt[grp] = 0u;  // the whole group has counted: ready for the next launch
     }
-    old = __shfl_sync(0xffffffffu, old, 0);
-    if (old + (unsigned)rows != 32u) return;
-    if (lane == 0) nm.tcnt[grp] = 0u;  // every row of the group has counted: ready for the next launch
+    __syncthreads();
+    if (!last) return;
     __threadfence();
-    int nb = n_out >> 5, i = grp * 32 + lane;
+    int lane = threadIdx.x & 31, nb = n_out >> 5, i = grp * 32 + lane;
     float wv = nm.tw[i];
-    for (int t = 0; t < n; ++t) {
+    for (int t = threadIdx.x >> 5; t < n; t += blockDim.x >> 5) {
         size_t o = (size_t)t * nb + grp;
         norm_group(__ldcg(y + (size_t)t * n_out + i), wv, nm.tq + (size_t)t * n_out + grp * 32, nm.td + o,
                    nm.ts + o, nm.tss + o);
@@ -369,7 +360,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     } else {
         valid = false;
     }
-    if (!valid && KS == 1) return;  // no block barrier below when KS == 1
+    if (!valid && KS == 1 && !nm.tw) return;  // no block barrier below when KS == 1 (or no tail)
     int o0 = gw * MV_R;
     int nsb = n_in >> 5, nblk = n_in / BE;
     // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
@@ -428,9 +419,11 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         PDL_ENTRY();
         if (valid) load_w(jfirst);
     }
-    // the split norm's Σ x² blocks into L1 now; rstd from them at the end
-    if (nm.nss)
-        for (int t = 0; t < n; ++t) norm_ss_prefetch(nm.nss + (size_t)t * nsb, nsb);
+    // the split norm's rstd per activation row: this lane's share of Σ x² now, the warp sum at
+    // the end (the loads overlap the main loop)
+    float nshare[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) nshare[t] = (nm.nss && t < n) ? norm_ss_lane(nm.nss + (size_t)t * nsb, nsb) : 0.f;
     for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
         if (j0 != jfirst) load_w(j0);
         // activation bases of this batch: codes [n, n_in] i8, d and s [n, nsb]
@@ -466,9 +459,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     // split norm (1 without one: exact)
     float rsv[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-        rsv[t] = (nm.nss && t < n) ? norm_rstd(norm_ss_lane(nm.nss + (size_t)t * nsb, nsb), n_in, nm.neps) : 1.0f;
-    bool stored = false;  // this lane stored an output row
+    for (int t = 0; t < NT; ++t) rsv[t] = (nm.nss && t < n) ? norm_rstd(nshare[t], n_in, nm.neps) : 1.0f;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         if (t < n) {
@@ -480,7 +471,6 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                         float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
                         v = __fmul_rn(v, rsv[t]);  // not contracted with the add below
                         *yp = accumulate ? *yp + v : v;
-                        stored = true;
                     }
                 } else if (lane == 0) {
                     part[w][r][t] = v;
@@ -490,8 +480,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
     if (KS > 1) {
         __syncthreads();
-        if (kp != 0) return;
-        if (valid && lane < MV_R && o0 + lane < sg.n_out) {
+        if (valid && kp == 0 && lane < MV_R && o0 + lane < sg.n_out) {
             int r = lane;
             for (int t = 0; t < n; ++t) {
                 float v = part[w][r][t];
@@ -501,11 +490,10 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 v = __fmul_rn(v, rsv[t]);
                 *yp = accumulate ? *yp + v : v;
             }
-            stored = true;
         }
     }
-    // residual update feeding the next norm (single segment): the warp's rows into their group
-    if (nm.tw && valid) norm_tail(nm, s0.y, s0.n_out, n, o0, MV_R, stored);
+    // residual update feeding the next norm: its split norm, per 32-row group (single segment)
+    if (nm.tw) norm_tail(nm, s0.y, s0.n_out, n, blockIdx.x * G * MV_R, G * MV_R);
 }
 
 // The parameter list every low-bit mat-vec family shares (the launcher passes 8-byte slots): per

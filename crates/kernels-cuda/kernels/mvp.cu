@@ -106,11 +106,8 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int d = 0; d < D; ++d) issue(d);
     }
-    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does: the Σ x²
-    // blocks into L1 now, rstd at the first output
-    if (nm.nss) norm_ss_prefetch(nm.nss, nsb);
-    float rsv = 1.0f;
-    bool have_rsv = false;
+    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does
+    float rsv = nm.nss ? norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps) : 1.0f;
 
     // consumer: group cg, chunk cc; per row, KS partial sums
     int cg = wid, cc = 0;
@@ -141,10 +138,6 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             MvSeg sg = s0;
             int o0 = 0;
             mv_seg_group<R>(cg, s0, s1, s2, s3, sg, o0);
-            if (nm.nss && !have_rsv) {
-                rsv = norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps);
-                have_rsv = true;
-            }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float v = warp_sum(acc[0][r]);

@@ -135,7 +135,6 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     PDL_ENTRY();
     if (!pre && threadIdx.x == 0)
         for (int i = 0; i < min(S, mine); ++i) issue(first + i * step, i);
-    if (nm.nss) norm_ss_prefetch(nm.nss, nsb);
     // activations into shared memory (16 bytes at a time; q with the half swap)
     for (int i = threadIdx.x; i < n_in / 16; i += blockDim.x) {
         int j = i >> 1, h = i & 1;
@@ -146,10 +145,9 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         ((int4*)d_s)[i] = __ldg((const int4*)da + i);
         ((int4*)s_s)[i] = __ldg((const int4*)sa + i);
     }
-    __syncthreads();
-    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does (its Σ x²
-    // blocks asked for before the activation copy)
+    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does
     float rsv = nm.nss ? norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps) : 1.0f;
+    __syncthreads();
 
     for (int i = 0; i < mine; ++i) {
         int st = i % S;
