@@ -86,9 +86,8 @@ __device__ float block_max(float v, float* red) {
     return t;
 }
 
-// One 32-element block quantized by one full warp: lane j holds element j. The stored scale is
-// the block's own (amax / 127) times `dscale` (1 leaves it exact).
-__device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s, float dscale = 1.0f) {
+// One 32-element block quantized by one full warp: lane j holds element j.
+__device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s) {
     int lane = threadIdx.x & 31;
     float amax = warp_max(fabsf(v));
     float db = amax / 127.0f;
@@ -98,37 +97,9 @@ __device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s, float 
     q[lane] = (i8)qi;
     int sum = warp_sum_i(qi);
     if (lane == 0) {
-        *d = db * dscale;
+        *d = db;
         *s = sum;
     }
-}
-
-// ---- the split RMS norm -------------------------------------------------------------------------
-//
-// rmsnorm(x) ⊙ w = rstd · (x ⊙ w), rstd = 1 / sqrt(Σ x² / k + eps). The int8 codes of a 32-block
-// do not depend on the scalar rstd, so the norm is split: the codes and scale of x ⊙ w per block
-// (quant32 on u = x·w), plus the block's Σ x² (`ss`); the mat-vec that reads them multiplies each
-// output by rstd, which it computes from the ss of the row (norm_rstd). The pieces per block are
-// made by the residual mat-vec's tail (mv_lowbit with a norm tail) or by rmsnorm_quant_split, with
-// the same float operations. rmsnorm_quant folds rstd into the scales instead (prefill).
-
-// One 32-block of the split norm, one full warp (lane j: element j): codes, scale, code sum and Σ x².
-__device__ __forceinline__ void norm_group(float x, float w, i8* q, float* d, int* s, float* ss) {
-    quant32(__fmul_rn(x, w), q, d, s);
-    float sq = warp_sum(__fmul_rn(x, x));  // never contracted into an FMA: the same bits everywhere
-    if ((threadIdx.x & 31) == 0) *ss = sq;
-}
-
-// This lane's share of a row's Σ x²: blocks lane, lane + 32, ... of ss [ng], in increasing order.
-__device__ __forceinline__ float norm_ss_lane(const float* ss, int ng) {
-    float a = 0.f;
-    for (int g = threadIdx.x & 31; g < ng; g += 32) a += ss[g];
-    return a;
-}
-
-// rstd from the lanes' shares (fixed xor tree). Warp-wide; every lane gets it.
-__device__ __forceinline__ float norm_rstd(float lane_share, int k, float eps) {
-    return 1.0f / sqrtf(warp_sum(lane_share) / (float)k + eps);
 }
 
 // ---- activation quantization --------------------------------------------------------------------
@@ -143,95 +114,44 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-#define RMS_MAX_BLOCKS 1024  // k <= 32768 (the launchers check)
-
-// xn = rmsnorm(x[t]) ⊙ w with rstd folded into the scales, written as f32 (xf, may be null) and
-// quantized. grid (ceil(k/256), n), block 256: every block computes the row's Σ x² itself, per
-// 32-block as norm_group does and over the blocks as norm_ss_lane / norm_rstd do (so every block,
-// and every mat-vec applying the split norm, gets the same rstd bit for bit), then quantizes its
-// own 256 elements (one 32-block per warp) with scale (amax / 127)·rstd.
+// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid (ceil(k/256), n),
+// block 256: every block computes the row's sum of squares itself (same fixed order in every
+// block, so all agree bit for bit), then normalizes and quantizes its own 256 elements (one
+// 32-block per warp). Many short blocks instead of one long one.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
     PDL_ENTRY();
-    __shared__ float ssb[RMS_MAX_BLOCKS];
-    __shared__ float rs;
+    __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
-    int nb = k >> 5, lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    // Σ x² per 32-block: four independent warp sums in flight per warp
-#pragma unroll 4
-    for (int g = wi; g < nb; g += nw) {
-        float v = xr[g * 32 + lane];
-        float sq = warp_sum(__fmul_rn(v, v));
-        if (lane == 0) ssb[g] = sq;
-    }
-    __syncthreads();
-    if (wi == 0) {
-        float r = norm_rstd(norm_ss_lane(ssb, nb), k, eps);
-        if (lane == 0) rs = r;
-    }
-    __syncthreads();
-    int b = blockIdx.x * nw + wi;
-    if (b >= nb) return;
-    int i = b * 32 + lane;
-    float u = __fmul_rn(xr[i], w[i]);
-    if (xf) xf[(size_t)t * k + i] = __fmul_rn(u, rs);
-    quant32(u, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b, rs);
-}
-
-// The split norm of x [n, k] (see norm_group): codes q [n, k], scales d, code sums s and Σ x² ss,
-// each [n, k/32]. grid (ceil(k/256), n), block 256: one 32-block per warp.
-extern "C" __global__ void rmsnorm_quant_split(const float* x, const float* w, int k, i8* q, float* d, int* s,
-                                               float* ss) {
-    PDL_ENTRY();
-    int t = blockIdx.y, nb = k >> 5, lane = threadIdx.x & 31;
+    int nb = k >> 5, lane = threadIdx.x & 31;
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (b >= nb) return;
+    bool act = b < nb;
     int i = b * 32 + lane;
-    size_t o = (size_t)t * nb + b;
-    norm_group(x[(size_t)t * k + i], w[i], q + (size_t)t * k + b * 32, d + o, s + o, ss + o);
-}
-
-// The split norm's operands of a mat-vec launch (the launcher passes null pointers for none):
-// `nss` [n, n_in/32]: the input is the split norm of a row whose Σ x² blocks are these (multiply
-// every output by that row's rstd, eps `neps`); `tw` (with tq, td, ts, tss [n, n_out(/32)] and
-// tcnt [n_out/32], zero between launches): this launch is a residual update whose output rows are
-// the next norm's input, with weight tw; the tail writes their split norm (mv_lowbit only).
-struct MvNorm {
-    const float* nss;
-    float neps;
-    const float* tw;
-    i8* tq;
-    float* td;
-    int* ts;
-    float* tss;
-    unsigned* tcnt;
-};
-
-// The tail of a residual mat-vec block whose output rows [r0, r0 + rb) of y [n, n_out] are final:
-// the block counts itself in its 32-row group, and the last of the group's 32 / rb blocks to arrive
-// writes the group's split norm for every activation row (one warp per row, rows w, w + warps, ..).
-// rb divides 32 and n_out is a multiple of 32 (the launcher checks).
-__device__ __forceinline__ void norm_tail(const MvNorm& nm, const float* y, int n_out, int n, int r0, int rb) {
-    __shared__ bool last;
-    int grp = r0 >> 5;
-    __threadfence();  // this thread's output stores, device-wide before the count below
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned old = atomicAdd(nm.tcnt + grp, 1u);
-        last = old == (unsigned)(32 / rb - 1);
-        if (last) nm.tcnt[grp] = 0u;  // the whole group has counted: ready for the next launch
+    // this thread's own element, loaded together with the sum-of-squares stream
+    float xv = act ? xr[i] : 0.f, wv = act ? w[i] : 0.f;
+    float ss = 0.f;
+    if ((((size_t)xr) & 15) == 0) {
+        const float4* x4 = (const float4*)xr;
+#pragma unroll 8
+        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x) {
+            float4 v = x4[c];
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+        }
+    } else {
+        // same order as the vector path
+        for (int c = threadIdx.x; c < (k >> 2); c += blockDim.x)
+            for (int e = 0; e < 4; ++e) ss = fmaf(xr[4 * c + e], xr[4 * c + e], ss);
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    int lane = threadIdx.x & 31, nb = n_out >> 5, i = grp * 32 + lane;
-    float wv = nm.tw[i];
-    for (int t = threadIdx.x >> 5; t < n; t += blockDim.x >> 5) {
-        size_t o = (size_t)t * nb + grp;
-        norm_group(__ldcg(y + (size_t)t * n_out + i), wv, nm.tq + (size_t)t * n_out + grp * 32, nm.td + o,
-                   nm.ts + o, nm.tss + o);
-    }
+    ss = block_sum(ss, red);
+    float inv = 1.0f / sqrtf(ss / (float)k + eps);
+    if (!act) return;
+    float v = xv * inv * wv;
+    if (xf) xf[(size_t)t * k + i] = v;
+    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------
@@ -335,7 +255,7 @@ __device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
 template <int KIND, int NT, int MV_R, int MV_U, int KS>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
-                                          int n_in, int n, int accumulate, int pre, const MvNorm& nm) {
+                                          int n_in, int n, int accumulate, int pre) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
@@ -360,7 +280,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     } else {
         valid = false;
     }
-    if (!valid && KS == 1 && !nm.tw) return;  // no block barrier below when KS == 1 (or no tail)
+    if (!valid && KS == 1) return;  // no block barrier below when KS == 1
     int o0 = gw * MV_R;
     int nsb = n_in >> 5, nblk = n_in / BE;
     // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
@@ -419,11 +339,6 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         PDL_ENTRY();
         if (valid) load_w(jfirst);
     }
-    // the split norm's rstd per activation row: this lane's share of Σ x² now, the warp sum at
-    // the end (the loads overlap the main loop)
-    float nshare[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) nshare[t] = (nm.nss && t < n) ? norm_ss_lane(nm.nss + (size_t)t * nsb, nsb) : 0.f;
     for (int j0 = jfirst; valid && j0 < nsb; j0 += STEP * MV_U) {
         if (j0 != jfirst) load_w(j0);
         // activation bases of this batch: codes [n, n_in] i8, d and s [n, nsb]
@@ -455,11 +370,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             }
         }
     }
-    // lane sums → warp (fixed xor-tree) → K parts in order kp = 0, 1, .. (fixed) → × rstd of the
-    // split norm (1 without one: exact)
-    float rsv[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) rsv[t] = (nm.nss && t < n) ? norm_rstd(nshare[t], n_in, nm.neps) : 1.0f;
+    // lane sums → warp (fixed xor-tree) → K parts in order kp = 0, 1, .. (fixed)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         if (t < n) {
@@ -467,9 +378,8 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             for (int r = 0; r < MV_R; ++r) {
                 float v = warp_sum(acc[r][t]);
                 if (KS == 1) {
-                    if (valid && lane == r && o0 + r < sg.n_out) {
+                    if (lane == r && o0 + r < sg.n_out) {
                         float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
-                        v = __fmul_rn(v, rsv[t]);  // not contracted with the add below
                         *yp = accumulate ? *yp + v : v;
                     }
                 } else if (lane == 0) {
@@ -487,13 +397,10 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #pragma unroll
                 for (int k2 = 1; k2 < KS; ++k2) v += part[w + k2][r][t];
                 float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
-                v = __fmul_rn(v, rsv[t]);
                 *yp = accumulate ? *yp + v : v;
             }
         }
     }
-    // residual update feeding the next norm: its split norm, per 32-row group (single segment)
-    if (nm.tw) norm_tail(nm, s0.y, s0.n_out, n, blockIdx.x * G * MV_R, G * MV_R);
 }
 
 // The parameter list every low-bit mat-vec family shares (the launcher passes 8-byte slots): per
@@ -505,17 +412,14 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         const void* c0, const u16* sc0, float* y0, int n0, const void* c1, const u16* sc1, float* y1,  \
         int n1, const void* c2, const u16* sc2, float* y2, int n2, const void* c3, const u16* sc3,     \
         float* y3, int n3, XT X, const float* da, const int* sa, int n_in, int n, int accumulate,      \
-        int pre, const float* nss, float neps, const float* tw, i8* tq, float* td, int* ts, float* tss, \
-        unsigned* tcnt) {                                                                             \
+        int pre) {                                                                                    \
         MvSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                  \
               s3 = {c3, sc3, y3, n3};                                                                 \
-        MvNorm nm = {nss, neps, tw, tq, td, ts, tss, tcnt};                                           \
-        (void)nm;                                                                                     \
         __VA_ARGS__;                                                                                  \
     }
 #define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
-                 mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre, nm))
+                 mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp; `_n1` (decode)
 // take one, with R = 2 or 4 weight rows per warp (register caps chosen so nothing spills). `_kKS`
 // splits each row's K range over KS warps of the block. R and U never change a row's float ops;

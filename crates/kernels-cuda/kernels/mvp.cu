@@ -43,7 +43,7 @@ __device__ __forceinline__ bool mv_seg_group(int g, MvSeg s0, MvSeg s1, MvSeg s2
 template <int KIND, int R, int D, int KS>
 __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                         const float* __restrict__ da, const int* __restrict__ sa,
-                                        int n_in, int accumulate, int pre, const MvNorm& nm) {
+                                        int n_in, int accumulate, int pre) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     int lane = threadIdx.x & 31;
@@ -106,8 +106,6 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int d = 0; d < D; ++d) issue(d);
     }
-    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does
-    float rsv = nm.nss ? norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps) : 1.0f;
 
     // consumer: group cg, chunk cc; per row, KS partial sums
     int cg = wid, cc = 0;
@@ -145,7 +143,6 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
                 for (int p = 1; p < KS; ++p) v += warp_sum(acc[p][r]);
                 if (lane == r && o0 + r < sg.n_out) {
                     float* yp = sg.y + o0 + r;
-                    v = __fmul_rn(v, rsv);
                     *yp = accumulate ? *yp + v : v;
                 }
 #pragma unroll
@@ -172,7 +169,7 @@ __device__ __forceinline__ void mv_pipe(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 // launcher sizes the grid to the resident capacity.
 #define MVP_ENTRY(NAME, KIND, R, D, KS, MINB)        \
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q, \
-                 mv_pipe<KIND, R, D, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre, nm))
+                 mv_pipe<KIND, R, D, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre))
 #define MVP_KIND_ENTRIES(K, KIND)                 \
     MVP_ENTRY(mvp_##K##_r2_k1, KIND, 2, 8, 1, 4)  \
     MVP_ENTRY(mvp_##K##_r2_k2, KIND, 2, 8, 2, 4)  \

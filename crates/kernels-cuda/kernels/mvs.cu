@@ -69,7 +69,7 @@ __device__ __forceinline__ u32 mvs_scale_bytes(int kind, int rows, int n_in) {
 template <int KIND, int R, int KS>
 __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa, int n_in,
-                                          int accumulate, int pre, const MvNorm& nm) {
+                                          int accumulate, int pre) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
@@ -145,8 +145,6 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         ((int4*)d_s)[i] = __ldg((const int4*)da + i);
         ((int4*)s_s)[i] = __ldg((const int4*)sa + i);
     }
-    // × rstd of the split norm on every output (1 without one: exact), as mv_lowbit does
-    float rsv = nm.nss ? norm_rstd(norm_ss_lane(nm.nss, nsb), n_in, nm.neps) : 1.0f;
     __syncthreads();
 
     for (int i = 0; i < mine; ++i) {
@@ -202,7 +200,6 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             if (KS == 1) {
                 if (lane == r && g * R + r < rows) {
                     float* yp = sg.y + o0 + g * R + r;
-                    v = __fmul_rn(v, rsv);
                     *yp = accumulate ? *yp + v : v;
                 }
             } else if (lane == 0) {
@@ -216,7 +213,6 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #pragma unroll
                 for (int k2 = 1; k2 < KS; ++k2) v += part[w + k2][lane];
                 float* yp = sg.y + o0 + g * R + lane;
-                v = __fmul_rn(v, rsv);
                 *yp = accumulate ? *yp + v : v;
             }
         }
@@ -233,7 +229,7 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 // `n` must be 1; the launcher sizes the grid and the shared memory.
 #define MVS_ENTRY(NAME, KIND, R, KS)                 \
     MV_SEG_ENTRY(NAME, MV_WARPS, 4, const i8*, q, \
-                 mv_staged<KIND, R, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre, nm))
+                 mv_staged<KIND, R, KS>(s0, s1, s2, s3, q, da, sa, n_in, accumulate, pre))
 #define MVS_KIND_ENTRIES(K, KIND)       \
     MVS_ENTRY(mvs_##K##_r1_k1, KIND, 1, 1) \
     MVS_ENTRY(mvs_##K##_r1_k2, KIND, 1, 2) \

@@ -418,35 +418,6 @@ pub struct MvSeg {
     pub n_out: usize,
 }
 
-/// The split RMS norm's operands of a low-bit mat-vec launch (`MvNorm` in bonsai.cu; see
-/// [`Gpu::mv_lowbit_multi_norm`]). `Default` is none.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MvNorm {
-    /// The input is a split norm ([`Gpu::rmsnorm_quant_split`]) whose Σ x² blocks are at this
-    /// address (`[n, n_in / 32]` f32; 0: the input is not normed): every output is multiplied by
-    /// its row's rstd.
-    pub rstd_ss: u64,
-    /// The norm's epsilon (with `rstd_ss`).
-    pub eps: f32,
-    /// This launch is a residual update (`accumulate`, one matrix) whose output rows are the input
-    /// of the next norm: write that norm's split form too.
-    pub tail: Option<NormTail>,
-}
-
-/// Where the tail of a residual mat-vec writes the split norm of its output `y [n, n_out]`: the
-/// norm weight `w [n_out]`, codes `q [n, n_out]` i8, scales `d`, code sums `s` and Σ x² `ss`
-/// (`[n, n_out / 32]`), and the per-32-row arrival counters `cnt [n_out / 32]` u32 (zero before
-/// the first launch; each launch leaves them zero).
-#[derive(Clone, Copy, Debug)]
-pub struct NormTail {
-    pub w: u64,
-    pub q: u64,
-    pub d: u64,
-    pub s: u64,
-    pub ss: u64,
-    pub cnt: u64,
-}
-
 /// A CUDA-side failure, with context.
 #[derive(Debug)]
 pub struct CudaError(pub String);
@@ -882,11 +853,9 @@ fn mv_seg_args(
     n: usize,
     accumulate: bool,
     plan: MvPlan,
-    nm: &MvNorm,
 ) -> (Vec<Arg>, usize) {
-    let mut args = Vec::with_capacity(4 * MAX_SEGS + 15);
+    let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
     let groups = push_seg_args(&mut args, segs, MAX_SEGS, rpw);
-    let t = nm.tail;
     args.extend([
         Arg::P(x),
         Arg::P(d),
@@ -895,14 +864,6 @@ fn mv_seg_args(
         Arg::I(n as i32),
         Arg::I(accumulate as i32),
         Arg::I(plan.pre as i32),
-        Arg::P(nm.rstd_ss),
-        Arg::F(nm.eps),
-        Arg::P(t.map_or(0, |t| t.w)),
-        Arg::P(t.map_or(0, |t| t.q)),
-        Arg::P(t.map_or(0, |t| t.d)),
-        Arg::P(t.map_or(0, |t| t.s)),
-        Arg::P(t.map_or(0, |t| t.ss)),
-        Arg::P(t.map_or(0, |t| t.cnt)),
     ]);
     (args, groups)
 }
@@ -950,7 +911,6 @@ kernels!(
     pdl: [
         quant_rows,
         rmsnorm_quant,
-        rmsnorm_quant_split,
         mv_q1_n8_k1,
         mv_q1_n8_k2,
         mv_q1_n8_k4,
@@ -1685,7 +1645,6 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
-        assert!(k <= 32768, "rmsnorm_quant: k = {k} (at most 32,768)");
         self.launch(
             self.f.rmsnorm_quant,
             (cdiv(k, 256), n as u32, 1),
@@ -1699,38 +1658,6 @@ impl Gpu {
                 Arg::P(q),
                 Arg::P(d),
                 Arg::P(s),
-            ],
-        )
-    }
-
-    /// The split RMS norm of `x [n, k]` with weight `w [k]` (bonsai.cu, `norm_group`): codes
-    /// `q [n, k]` i8 of x ⊙ w per 32-block, their scales `d`, code sums `s` and the blocks' Σ x²
-    /// `ss` (`[n, k / 32]`). A mat-vec given `ss` ([`MvNorm::rstd_ss`]) applies the rstd.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_quant_split(
-        &self,
-        x: u64,
-        w: u64,
-        n: usize,
-        k: usize,
-        q: u64,
-        d: u64,
-        s: u64,
-        ss: u64,
-    ) -> Result<()> {
-        assert_eq!(k % 32, 0);
-        self.launch(
-            self.f.rmsnorm_quant_split,
-            (cdiv(k, 256), n as u32, 1),
-            (256, 1, 1),
-            &[
-                Arg::P(x),
-                Arg::P(w),
-                Arg::I(k as i32),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
-                Arg::P(ss),
             ],
         )
     }
@@ -1783,41 +1710,6 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        self.mv_lowbit_multi_norm(kind, segs, q, d, s, n_in, n, accumulate, &MvNorm::default())
-    }
-
-    /// Whether the default plans of every n (decode and verify) apply the split norm
-    /// ([`MvNorm::rstd_ss`]): the dp4a families (plain, staged, pipelined) do; the tensor-core,
-    /// o8 and b1 ones do not, so with those the norm is folded into the scales instead.
-    pub fn split_norm_ok(&self) -> bool {
-        !self.mv_mma()
-            && !self.mv_o8()
-            && self
-                .mv_override
-                .lock()
-                .expect("mv override lock")
-                .is_none_or(|p| !p.mma && !p.o8 && !p.b1)
-    }
-
-    /// [`Self::mv_lowbit_multi`] with the split norm's operands `nm`: with `rstd_ss` every output
-    /// is multiplied by its row's rstd (an error on a plan that cannot, see
-    /// [`Self::split_norm_ok`]); with a tail (one matrix, `accumulate`, `n_out` a multiple of 32)
-    /// the split norm of the updated rows is written too: by the plain kernel's last blocks of
-    /// each 32-row group, or else by [`Self::rmsnorm_quant_split`] after the launch (the same
-    /// values either way).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_lowbit_multi_norm(
-        &self,
-        kind: WKind,
-        segs: &[MvSeg],
-        q: u64,
-        d: u64,
-        s: u64,
-        n_in: usize,
-        n: usize,
-        accumulate: bool,
-        nm: &MvNorm,
-    ) -> Result<()> {
         assert!((1..=MAX_ROWS).contains(&n), "mv_lowbit: n = {n}");
         assert!(
             (1..=MAX_SEGS).contains(&segs.len()),
@@ -1827,39 +1719,6 @@ impl Gpu {
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
-        if nm.rstd_ss != 0 && (plan.mma || plan.o8 || plan.b1) {
-            return Err(CudaError(
-                "mv_lowbit: the split norm on a tensor-core / o8 / b1 plan".into(),
-            ));
-        }
-        if let Some(t) = nm.tail {
-            if segs.len() != 1 || !accumulate || segs[0].n_out % 32 != 0 {
-                return Err(CudaError(format!(
-                    "mv_lowbit: a norm tail needs one matrix, accumulate and n_out % 32 == 0 ({} segments, accumulate {accumulate}, n_out {})",
-                    segs.len(),
-                    segs[0].n_out
-                )));
-            }
-            let other = plan.mma
-                || plan.o8
-                || plan.b1
-                || (n == 1 && (plan.pipe || self.staged_for(kind, rows)));
-            if other {
-                // another family: the launch, then the split norm of its output
-                let head = MvNorm { tail: None, ..*nm };
-                self.mv_lowbit_multi_norm(kind, segs, q, d, s, n_in, n, accumulate, &head)?;
-                return self.rmsnorm_quant_split(
-                    segs[0].y,
-                    t.w,
-                    n,
-                    segs[0].n_out,
-                    t.q,
-                    t.d,
-                    t.s,
-                    t.ss,
-                );
-            }
-        }
         if plan.b1 {
             return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan);
         }
@@ -1894,17 +1753,17 @@ impl Gpu {
             }
         } else if n == 1
             && self.staged_for(kind, rows)
-            && self.launch_mv_staged(kind, segs, q, d, s, n_in, accumulate, plan, nm)?
+            && self.launch_mv_staged(kind, segs, q, d, s, n_in, accumulate, plan)?
         {
             return Ok(());
         } else if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
-            return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan, nm);
+            return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
             let rpw = if n == 1 { plan.r } else { 2 };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
-        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan, nm)
+        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
     }
 
     /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
@@ -2162,7 +2021,6 @@ impl Gpu {
         n_in: usize,
         accumulate: bool,
         plan: MvPlan,
-        nm: &MvNorm,
     ) -> Result<bool> {
         let layout = mvs_layout(
             kind,
@@ -2194,7 +2052,7 @@ impl Gpu {
             return Ok(true);
         }
         let blocks = balanced_count(tiles, self.resident_blocks(f, smem)?);
-        let (args, _) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan, nm);
+        let (args, _) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
         self.launch_smem(
             f,
             (blocks as u32, 1, 1),
@@ -2219,9 +2077,8 @@ impl Gpu {
         n_in: usize,
         accumulate: bool,
         plan: MvPlan,
-        nm: &MvNorm,
     ) -> Result<()> {
-        let (args, groups) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan, nm);
+        let (args, groups) = mv_seg_args(segs, r, q, d, s, n_in, 1, accumulate, plan);
         if groups == 0 {
             return Ok(());
         }
@@ -2251,9 +2108,8 @@ impl Gpu {
         n: usize,
         accumulate: bool,
         plan: MvPlan,
-        nm: &MvNorm,
     ) -> Result<()> {
-        let (args, groups) = mv_seg_args(segs, rpw, x, d, s, n_in, n, accumulate, plan, nm);
+        let (args, groups) = mv_seg_args(segs, rpw, x, d, s, n_in, n, accumulate, plan);
         if groups == 0 {
             return Ok(());
         }
@@ -2313,7 +2169,6 @@ impl Gpu {
             n,
             accumulate,
             plan,
-            &MvNorm::default(),
         )
     }
 
@@ -3209,54 +3064,6 @@ impl Gpu {
         }
         r
     }
-}
-
-/// Host twin of the device's `warp_sum` (the xor butterfly over 32 lanes; every lane ends with the
-/// same value).
-pub fn host_warp_sum(v: &[f32; 32]) -> f32 {
-    let mut a = *v;
-    for o in [16, 8, 4, 2, 1] {
-        let b = a;
-        for j in 0..32 {
-            a[j] = b[j] + b[j ^ o];
-        }
-    }
-    a[0]
-}
-
-/// Host twin of the split RMS norm (bonsai.cu `norm_group`, `norm_ss_lane`, `norm_rstd`) of the
-/// rows of `x` (`k` wide) with weight `w`: codes, scales, code sums and Σ x² per 32-block
-/// (`[rows, k / 32]`), and each row's rstd. Bit for bit what the device computes.
-#[allow(clippy::type_complexity)]
-pub fn host_norm_split(
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    eps: f32,
-) -> (Vec<i8>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<f32>) {
-    assert_eq!(k % 32, 0);
-    let u: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v * w[i % k]).collect();
-    let (q, d, s) = host_quant(&u, k);
-    let ss: Vec<f32> = x
-        .chunks_exact(32)
-        .map(|c| host_warp_sum(&std::array::from_fn(|j| c[j] * c[j])))
-        .collect();
-    let nb = k / 32;
-    let rstd = ss.chunks_exact(nb).map(|r| host_rstd(r, k, eps)).collect();
-    (q, d, s, ss, rstd)
-}
-
-/// Host twin of `norm_rstd(norm_ss_lane(ss))`: lane l sums blocks l, l + 32, .. in order, then the
-/// xor tree, then 1 / sqrt(Σ / k + eps).
-pub fn host_rstd(ss: &[f32], k: usize, eps: f32) -> f32 {
-    let lanes: [f32; 32] = std::array::from_fn(|l| {
-        let mut a = 0f32;
-        for v in ss.iter().skip(l).step_by(32) {
-            a += *v;
-        }
-        a
-    });
-    1.0 / (host_warp_sum(&lanes) / k as f32 + eps).sqrt()
 }
 
 /// Quantize activations on the host exactly as the kernels do (per 32: `d = amax/127` f32,

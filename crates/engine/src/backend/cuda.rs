@@ -94,14 +94,6 @@ pub struct CudaGdn {
 
 /// Per-call temporaries, sized for `cap` rows; the decode graph captures their addresses, so they
 /// are only ever grown (reallocated) by a larger step, never shrunk.
-/// What a projection reads: the scratch input xq/xd/xs as the op before it quantized it, or the
-/// split norm in nq/nd/ns (with its Σ x² in nss and this epsilon: the mat-vec applies rstd).
-#[derive(Clone, Copy, Debug)]
-enum ProjIn {
-    Plain,
-    Norm(f32),
-}
-
 struct Scratch {
     cap: usize,
     kmax: usize,
@@ -110,18 +102,6 @@ struct Scratch {
     xq: DevBuf,
     xd: DevBuf,
     xs: DevBuf,
-    // the split RMS norm of up to MV_ROWS rows of x (n_embd wide), the input of the projections
-    // after a norm: nq i8 [MV_ROWS, n_embd], nd f32 / ns i32 / nss f32 (Σ x² per 32-block)
-    // [MV_ROWS, n_embd/32], and the residual mat-vec tail's arrival counters ncnt u32 [n_embd/32].
-    // Apart from xq/xd/xs because the residual mat-vec that writes them through its tail reads those.
-    nq: DevBuf,
-    nd: DevBuf,
-    ns: DevBuf,
-    nss: DevBuf,
-    ncnt: DevBuf,
-    /// (norm weight, x, rows) whose split norm the last residual mat-vec's tail wrote into
-    /// nq/nd/ns/nss (0s: none): the next [`CudaBackend::norm_in`] of that norm skips its launch.
-    norm_ready: std::cell::Cell<(u64, u64, usize)>,
     // projection outputs, each f32 [cap, pmax]
     p: [DevBuf; 4],
     // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
@@ -149,16 +129,6 @@ struct Scratch {
     /// The model dimensions the buffers were sized for ([`scratch_dims`]): another model on the
     /// same backend gets new scratch.
     dims: [usize; 10],
-}
-
-/// The norm that reads the residual stream after layer `il`'s MLP: the next layer's input norm, or
-/// the output norm after the last layer.
-fn next_norm(w: &Weights<CudaBackend>, il: usize) -> &CudaVec {
-    match w.layers.get(il + 1).map(|l| &l.mixer) {
-        Some(Mixer::Gdn(g)) => &g.attn_norm,
-        Some(Mixer::Attn(a)) => &a.attn_norm,
-        None => &w.output_norm,
-    }
 }
 
 /// Every model dimension a [`Scratch`] buffer size depends on.
@@ -428,12 +398,6 @@ impl CudaBackend {
             xq: a(cap * kmax)?,
             xd: a(cap * kmax / 32 * f)?,
             xs: a(cap * kmax / 32 * f)?,
-            nq: a(MV_ROWS * cfg.n_embd)?,
-            nd: a(MV_ROWS * cfg.n_embd / 32 * f)?,
-            ns: a(MV_ROWS * cfg.n_embd / 32 * f)?,
-            nss: a(MV_ROWS * cfg.n_embd / 32 * f)?,
-            ncnt: a(cfg.n_embd / 32 * f)?,
-            norm_ready: std::cell::Cell::new((0, 0, 0)),
             p: [
                 a(cap * pmax * f)?,
                 a(cap * pmax * f)?,
@@ -466,27 +430,12 @@ impl CudaBackend {
         n > MV_ROWS && kc::gemm_supported(m.kind, m.n_in)
     }
 
-    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input `input` (width `m.n_in`): one GEMM
-    /// launch when [`Self::use_gemm`], else in groups of at most 8 rows. With `tail` (a residual
-    /// update, `accumulate`, whose output rows feed that norm next) the split norm of the updated
-    /// rows is written on the way when the norm will be split ([`Self::split_norm`]), and the next
-    /// [`Self::norm_in`] of it skips its launch.
-    #[allow(clippy::too_many_arguments)]
-    fn proj(
-        &self,
-        sc: &Scratch,
-        m: &CudaMat,
-        n: usize,
-        y: u64,
-        accumulate: bool,
-        input: ProjIn,
-        tail: Option<&CudaVec>,
-    ) -> Result<()> {
+    /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`): one GEMM
+    /// launch when [`Self::use_gemm`], else in groups of at most 8 rows.
+    fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
-        sc.norm_ready.set((0, 0, 0));
         if Self::use_gemm(m, n) {
-            debug_assert!(matches!(input, ProjIn::Plain));
             return self
                 .gpu
                 .gemm_lowbit(
@@ -503,101 +452,38 @@ impl CudaBackend {
                 )
                 .map_err(be);
         }
-        let tail =
-            tail.filter(|_| accumulate && m.kind != WKind::F32 && self.split_norm(sc, n, m.n_out));
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
             let yo = y + (t0 * m.n_out * 4) as u64;
             match m.kind {
-                WKind::F32 => {
-                    debug_assert!(matches!(input, ProjIn::Plain));
-                    self.gpu.mv_f32(
-                        m.codes.ptr(),
-                        sc.xf.at(t0 * k * 4),
-                        yo,
-                        k,
-                        m.n_out,
-                        nr,
-                        accumulate,
-                    )
-                }
-                kind => {
-                    let (q, d, s, nm) = self.proj_input(sc, input, t0, k, tail);
-                    self.gpu.mv_lowbit_multi_norm(
-                        kind,
-                        &[kc::MvSeg {
-                            codes: m.codes.ptr(),
-                            scales: m.scales.as_ref().expect("scales").ptr(),
-                            y: yo,
-                            n_out: m.n_out,
-                        }],
-                        q,
-                        d,
-                        s,
-                        k,
-                        nr,
-                        accumulate,
-                        &nm,
-                    )
-                }
+                WKind::F32 => self.gpu.mv_f32(
+                    m.codes.ptr(),
+                    sc.xf.at(t0 * k * 4),
+                    yo,
+                    k,
+                    m.n_out,
+                    nr,
+                    accumulate,
+                ),
+                kind => self.gpu.mv_lowbit(
+                    kind,
+                    m.codes.ptr(),
+                    m.scales.as_ref().expect("scales").ptr(),
+                    sc.xq.at(t0 * k),
+                    sc.xd.at(t0 * k / 32 * 4),
+                    sc.xs.at(t0 * k / 32 * 4),
+                    yo,
+                    k,
+                    m.n_out,
+                    nr,
+                    accumulate,
+                ),
             }
             .map_err(be)?;
             t0 += nr;
         }
-        if let Some(t) = tail {
-            sc.norm_ready.set((t.buf.ptr(), y, n));
-        }
         Ok(())
-    }
-
-    /// The activation pointers (q, d, s) of rows `t0..` of a `k`-wide projection input and the
-    /// split norm's operands for its mat-vec (a `tail` only where [`Self::proj`] allows one).
-    fn proj_input(
-        &self,
-        sc: &Scratch,
-        input: ProjIn,
-        t0: usize,
-        k: usize,
-        tail: Option<&CudaVec>,
-    ) -> (u64, u64, u64, kc::MvNorm) {
-        let tail = tail.map(|t| kc::NormTail {
-            w: t.buf.ptr(),
-            q: sc.nq.ptr(),
-            d: sc.nd.ptr(),
-            s: sc.ns.ptr(),
-            ss: sc.nss.ptr(),
-            cnt: sc.ncnt.ptr(),
-        });
-        match input {
-            ProjIn::Plain => (
-                sc.xq.at(t0 * k),
-                sc.xd.at(t0 * k / 32 * 4),
-                sc.xs.at(t0 * k / 32 * 4),
-                kc::MvNorm {
-                    tail,
-                    ..Default::default()
-                },
-            ),
-            ProjIn::Norm(eps) => (
-                sc.nq.at(t0 * k),
-                sc.nd.at(t0 * k / 32 * 4),
-                sc.ns.at(t0 * k / 32 * 4),
-                kc::MvNorm {
-                    rstd_ss: sc.nss.at(t0 * k / 32 * 4),
-                    eps,
-                    tail,
-                },
-            ),
-        }
-    }
-
-    /// Whether the norm of `n` rows `k` wide is split ([`kc::Gpu::rmsnorm_quant_split`]: the
-    /// mat-vecs after it apply rstd) rather than folded into the scales: rows that go through the
-    /// mat-vec (not the GEMM), the model width, and mat-vec families that apply it. The answer is
-    /// the same for a decode step and a verify of up to 8 rows, so their rows stay equal.
-    fn split_norm(&self, sc: &Scratch, n: usize, k: usize) -> bool {
-        n <= MV_ROWS && k * MV_ROWS <= sc.nq.bytes() && self.gpu.split_norm_ok()
     }
 
     /// Several projections of the same input (`(matrix, y)` pairs): one grouped launch (the GEMM
@@ -610,9 +496,7 @@ impl CudaBackend {
         mats: &[(&CudaMat, u64)],
         n: usize,
         accumulate: bool,
-        input: ProjIn,
     ) -> Result<()> {
-        sc.norm_ready.set((0, 0, 0));
         let (m0, _) = mats[0];
         let groupable = mats.len() <= kc::MAX_SEGS
             && m0.kind != WKind::F32
@@ -621,7 +505,7 @@ impl CudaBackend {
                 .all(|(m, _)| m.kind == m0.kind && m.n_in == m0.n_in);
         if !groupable {
             for &(m, y) in mats {
-                self.proj(sc, m, n, y, accumulate, input, None)?;
+                self.proj(sc, m, n, y, accumulate)?;
             }
             return Ok(());
         }
@@ -653,20 +537,23 @@ impl CudaBackend {
                     n_out: m.n_out,
                 })
                 .collect();
-            let (q, d, s, nm) = self.proj_input(sc, input, t0, k, None);
             self.gpu
-                .mv_lowbit_multi_norm(m0.kind, &segs, q, d, s, k, nr, accumulate, &nm)
+                .mv_lowbit_multi(
+                    m0.kind,
+                    &segs,
+                    sc.xq.at(t0 * k),
+                    sc.xd.at(t0 * k / 32 * 4),
+                    sc.xs.at(t0 * k / 32 * 4),
+                    k,
+                    nr,
+                    accumulate,
+                )
                 .map_err(be)?;
             t0 += nr;
         }
         Ok(())
     }
 
-    /// The norm `w` of the `n` rows of `x` (`k` wide) as the input of the projections `mats`:
-    /// split ([`Self::split_norm`], into nq/nd/ns/nss; nothing to launch when the residual
-    /// mat-vec before it wrote them through its tail) or folded into the scales (into xf/xq/xd/xs;
-    /// prefill, F32 matrices, the tensor-core families). Returns which, for the projections.
-    #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
         sc: &Scratch,
@@ -675,26 +562,7 @@ impl CudaBackend {
         eps: f32,
         n: usize,
         k: usize,
-        mats: &[&CudaMat],
-    ) -> Result<ProjIn> {
-        let ready = sc.norm_ready.replace((0, 0, 0));
-        if self.split_norm(sc, n, k) && mats.iter().all(|m| m.kind != WKind::F32) {
-            if ready != (w.buf.ptr(), x, n) {
-                self.gpu
-                    .rmsnorm_quant_split(
-                        x,
-                        w.buf.ptr(),
-                        n,
-                        k,
-                        sc.nq.ptr(),
-                        sc.nd.ptr(),
-                        sc.ns.ptr(),
-                        sc.nss.ptr(),
-                    )
-                    .map_err(be)?;
-            }
-            return Ok(ProjIn::Norm(eps));
-        }
+    ) -> Result<()> {
         self.gpu
             .rmsnorm_quant(
                 x,
@@ -707,8 +575,7 @@ impl CudaBackend {
                 sc.xd.ptr(),
                 sc.xs.ptr(),
             )
-            .map_err(be)?;
-        Ok(ProjIn::Plain)
+            .map_err(be)
     }
 
     fn set_pos(&self, sc: &mut Scratch, pos: usize, n: usize) -> Result<()> {
@@ -728,9 +595,8 @@ impl CudaBackend {
         st: &mut CudaGdn,
         x: u64,
         n: usize,
-        next: Option<&CudaVec>,
     ) -> Result<()> {
-        self.gdn_impl_rec(sc, cfg, w, st, x, n, None, next)
+        self.gdn_impl_rec(sc, cfg, w, st, x, n, None)
     }
 
     /// [`Self::gdn_impl`]; with `rec` (a device `[≥ n, gdn_rec_width]` f32 buffer), also writes each
@@ -746,28 +612,18 @@ impl CudaBackend {
         x: u64,
         n: usize,
         rec: Option<u64>,
-        next: Option<&CudaVec>,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
         let dv = cfg.ssm_head_v_dim();
-        let input = self.norm_in(
-            sc,
-            x,
-            &w.attn_norm,
-            eps,
-            n,
-            e,
-            &[&w.qkv, &w.gate, &w.beta, &w.alpha],
-        )?;
+        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
         let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
         self.proj_multi(
             sc,
             &[(&w.qkv, mixed), (&w.gate, z), (&w.beta, bb), (&w.alpha, aa)],
             n,
             false,
-            input,
         )?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
@@ -858,7 +714,7 @@ impl CudaBackend {
             sc.xs.ptr(),
         )
         .map_err(be)?;
-        self.proj(sc, &w.ssm_out, n, x, true, ProjIn::Plain, next)
+        self.proj(sc, &w.ssm_out, n, x, true)
     }
 
     fn attn_impl(
@@ -869,14 +725,13 @@ impl CudaBackend {
         kv: &CudaKv,
         x: u64,
         n: usize,
-        next: Option<&CudaVec>,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        let input = self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
+        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
-        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, input)?;
+        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
         let g = &self.gpu;
         g.attn_prep(
             qf,
@@ -946,7 +801,7 @@ impl CudaBackend {
             g.dtod(sc.xf.ptr(), sc.att.ptr(), n * nh * hd * 4)
                 .map_err(be)?;
         }
-        self.proj(sc, &w.out, n, x, true, ProjIn::Plain, next)
+        self.proj(sc, &w.out, n, x, true)
     }
 
     fn mlp_impl(
@@ -956,19 +811,10 @@ impl CudaBackend {
         w: &MlpWeights<Self>,
         x: u64,
         n: usize,
-        next: Option<&CudaVec>,
     ) -> Result<()> {
-        let input = self.norm_in(
-            sc,
-            x,
-            &w.post_norm,
-            cfg.rms_eps,
-            n,
-            cfg.n_embd,
-            &[&w.gate, &w.up],
-        )?;
+        self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
-        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false, input)?;
+        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
         self.gpu
             .swiglu_quant(
                 gt,
@@ -981,7 +827,7 @@ impl CudaBackend {
                 sc.xs.ptr(),
             )
             .map_err(be)?;
-        self.proj(sc, &w.down, n, x, true, ProjIn::Plain, next)
+        self.proj(sc, &w.down, n, x, true)
     }
 
     fn embed_impl(&self, table: &CudaMat, ids: u64, n: usize, x: u64) -> Result<()> {
@@ -1018,8 +864,8 @@ impl CudaBackend {
         x: u64,
         nr: usize,
     ) -> Result<()> {
-        let input = self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd, &[out])?;
-        self.proj(sc, out, nr, sc.logits.ptr(), false, input, None)
+        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd)?;
+        self.proj(sc, out, nr, sc.logits.ptr(), false)
     }
 
     /// Greedy decode of `steps` tokens after the committed state, eagerly (no graph), with the
@@ -1089,19 +935,18 @@ impl CudaBackend {
     ) -> Result<()> {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
         let (mut ia, mut ig) = (0, 0);
-        for (il, layer) in w.layers.iter().enumerate() {
-            let post = Some(&layer.mlp.post_norm);
+        for layer in &w.layers {
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1, post)?;
+                    self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1)?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1, post)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, 1)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, 1, Some(next_norm(w, il)))?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, 1)?;
         }
         self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, 1)
     }
@@ -1256,19 +1101,17 @@ impl CudaBackend {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), n, x)?;
         let (mut ia, mut ig) = (0, 0);
         for (il, layer) in w.layers.iter().enumerate() {
-            let post = Some(&layer.mlp.post_norm);
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    let rec = Some(recs[ig]);
-                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, rec, post)?;
+                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]))?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
-                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n, post)?;
+                    self.attn_impl(sc, cfg, aw, &st.kv[ia], x, n)?;
                     ia += 1;
                 }
             }
-            self.mlp_impl(sc, cfg, &layer.mlp, x, n, Some(next_norm(w, il)))?;
+            self.mlp_impl(sc, cfg, &layer.mlp, x, n)?;
             for (j, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == il) {
                 g.dtod(io.taps_dev.at(j * n * e * 4), x, n * e * 4)
                     .map_err(be)?;
@@ -1589,7 +1432,7 @@ impl CudaBackend {
                                     }
                                 })
                                 .collect();
-                            self.proj_multi(sc, &mats, n, false, ProjIn::Plain)
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1629,7 +1472,7 @@ impl CudaBackend {
                         for g in groups {
                             let mats: Vec<(&CudaMat, u64)> =
                                 g.iter().zip(outs).map(|(&m, y)| (m, y)).collect();
-                            self.proj_multi(sc, &mats, n, false, ProjIn::Plain)
+                            self.proj_multi(sc, &mats, n, false)
                                 .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
@@ -1844,7 +1687,7 @@ impl Backend for CudaBackend {
         let n = x.n;
         let recp = rec.buf.ptr();
         self.with_scratch(cfg, n, |sc| {
-            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp), None)
+            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp))
         })?;
         // rows of the record that are valid (the buffer keeps its capacity)
         rec.n = s.n;
@@ -2049,9 +1892,7 @@ impl Backend for CudaBackend {
         s: &Step,
     ) -> Result<()> {
         let n = x.n;
-        self.with_scratch(cfg, n, |sc| {
-            self.gdn_impl(sc, cfg, w, st, x.buf.ptr(), s.n, None)
-        })
+        self.with_scratch(cfg, n, |sc| self.gdn_impl(sc, cfg, w, st, x.buf.ptr(), s.n))
     }
 
     fn attn_block(
@@ -2077,7 +1918,7 @@ impl Backend for CudaBackend {
         }
         self.with_scratch(cfg, s.n, |sc| {
             self.set_pos(sc, s.pos, s.n)?;
-            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n, None)
+            self.attn_impl(sc, cfg, w, kv, x.buf.ptr(), s.n)
         })?;
         kv.len = s.pos + s.n;
         Ok(())
@@ -2085,7 +1926,7 @@ impl Backend for CudaBackend {
 
     fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut CudaAct) -> Result<()> {
         let n = x.n;
-        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n, None))
+        self.with_scratch(cfg, n, |sc| self.mlp_impl(sc, cfg, w, x.buf.ptr(), n))
     }
 
     fn head(
