@@ -91,12 +91,35 @@ def main() -> None:
     q2 = load("cuda-decode-27b-q2.json") or {}
     if head and q2.get("commit") and q2.get("commit") != meta.get("commit"):
         head[-2] += f" The Q2_0 decode and round columns are from commit {q2['commit']} (`{q2.get('command')}`)."
+    lines += whatif_section()
     lines += staged_section()
     lines += mma_section()
     lines += pipe_section()
     lines += o8_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
+
+
+def whatif_section() -> list[str]:
+    """What each family of launches costs inside the decode graph (cuda_launch_what_if)."""
+    runs = {v: load(f"cuda-whatif-27b-{v}.json") for v in ("q1", "q2")}
+    if not all(runs.values()):
+        return []
+    q1, q2 = runs["q1"], runs["q2"]
+    out = [
+        "",
+        "Decode graph without one family of launches (`cuda_bench::cuda_launch_what_if`: captured again "
+        "with those launches dropped, against the full graph in the same process; the tokens are then "
+        f"meaningless). ms per token saved, of {q1['graph_ms_per_token']:.3f} (Q1_0) / "
+        f"{q2['graph_ms_per_token']:.3f} (Q2_0); commit {q1.get('commit')}, `{q1.get('command')}`.",
+        "",
+        "| launches left out | Q1_0 | Q2_0 |",
+        "|---|---|---|",
+    ]
+    saved2 = {r["skipped"]: r["saved_ms_per_token"] for r in q2["without"]}
+    for r in q1["without"]:
+        out.append(f"| {r['skipped']} | {r['saved_ms_per_token']:.3f} | {saved2.get(r['skipped'], float('nan')):.3f} |")
+    return out
 
 
 def staged_section() -> list[str]:
