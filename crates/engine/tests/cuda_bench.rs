@@ -70,32 +70,9 @@ fn cuda_decode_bench() {
     let bytes_per_token = mat_bytes + state_rw;
 
     // prompt (8 tokens), then capture the decode graph
-    let prompt: Vec<u32> = (0..8u32)
-        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
-        .collect();
-    let mut logits = Vec::new();
     let t2 = Instant::now();
-    forward(
-        &cuda,
-        &cfg,
-        &w,
-        &mut st,
-        &prompt,
-        GdnMode::Recurrent,
-        LogitRows::Last,
-        &mut logits,
-        Capture::none(),
-    )
-    .unwrap();
+    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let t_prefill = t2.elapsed().as_secs_f64();
-    let first = logits
-        .iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0 as u32;
     let (free1, _) = cuda.gpu().mem_info().unwrap();
 
     // eager decode (one launch per kernel) for comparison
@@ -495,6 +472,40 @@ fn cuda_decode_bench() {
     }
 }
 
+/// The benches' prompt: 8 fixed token ids run through `st` (recurrent GDN), returning the greedy
+/// next token (the first maximum of the last row's logits).
+fn prefill_prompt8(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    st: &mut SeqState<CudaBackend>,
+) -> u32 {
+    let prompt: Vec<u32> = (0..8u32)
+        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
+        .collect();
+    let mut logits = Vec::new();
+    forward(
+        cuda,
+        cfg,
+        w,
+        st,
+        &prompt,
+        GdnMode::Recurrent,
+        LogitRows::Last,
+        &mut logits,
+        Capture::none(),
+    )
+    .unwrap();
+    logits
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32
+}
+
 /// What each family of launches costs inside the decode graph: the graph captured again with
 /// those launches dropped (the tokens are then meaningless; only the time is kept), against the
 /// full graph in the same process. Writes JSON to `$BONSAI_WHATIF_OUT`. Runs only when
@@ -516,23 +527,7 @@ fn cuda_launch_what_if() {
     let cfg = TargetConfig::from_gguf(&g).unwrap();
     let w = Weights::load(&cuda, &g, &cfg).unwrap();
     let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
-    let prompt: Vec<u32> = (0..8u32)
-        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
-        .collect();
-    let mut logits = Vec::new();
-    forward(
-        &cuda,
-        &cfg,
-        &w,
-        &mut st,
-        &prompt,
-        GdnMode::Recurrent,
-        LogitRows::Last,
-        &mut logits,
-        Capture::none(),
-    )
-    .unwrap();
-    let first = 0u32;
+    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let gpu = cuda.gpu();
     let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
     let names = gpu.kernel_names();
