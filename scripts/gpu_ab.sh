@@ -27,11 +27,11 @@ for v in $VARIANTS; do
   for b in main alt; do
     dir=.device/bin; [[ $b == alt ]] && dir=.device/alt
     echo "[${SECONDS}s] == $b: round cost $v"
-    BONSAI_SPEC_BENCH_OUT="$OUT/ab-$b-spec-$v.json" BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d $dir/cuda_spec_bench --include-ignored --nocapture > "$OUT/ab-$b-spec-$v.log" 2>&1
+    BONSAI_SPEC_BENCH_OUT="$OUT/ab-$b-spec-$v.json" BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d $dir/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture > "$OUT/ab-$b-spec-$v.log" 2>&1
     rc=$((rc|$?))
     grep -E "BENCH (plain|ngram|dspark \(GPU drafter, round graph true)" "$OUT/ab-$b-spec-$v.log" | cut -c1-200
     if [[ $DECODE == 1 ]]; then
-      BONSAI_BENCH_OUT="$OUT/ab-$b-decode-$v.json" BONSAI_BENCH_MODEL=$f $dir/cuda_bench --include-ignored --nocapture > "$OUT/ab-$b-decode-$v.log" 2>&1
+      BONSAI_BENCH_OUT="$OUT/ab-$b-decode-$v.json" BONSAI_BENCH_MODEL=$f $dir/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture > "$OUT/ab-$b-decode-$v.log" 2>&1
       rc=$((rc|$?))
       grep -E "^BENCH (PDL|prefill)|PROFILE eager" "$OUT/ab-$b-decode-$v.log" | cut -c1-160
     fi

@@ -112,11 +112,11 @@ if [[ $BENCH == 1 ]]; then
     # speculative round cost R on CUDA; the drafter is sparse (zeros): its timing does not depend on values
     d=/tmp/27b-$v-dspark.gguf
     [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
-    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
     if [[ $O8 == 1 ]] && ! late "o8 spec bench $v"; then
       # the same round cost with the o8 family (shared float order, tensor-core verify)
-      BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+      BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
   done
@@ -128,6 +128,9 @@ if [[ $WHATIF == 1 ]]; then
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "[${SECONDS}s] == launch what-if $v =="
     BONSAI_BENCH_MODEL=$f BONSAI_WHATIF_OUT="$OUT/whatif-$v.json" .device/bin/cuda_bench --include-ignored --exact cuda_launch_what_if --nocapture 2>&1 | tee "$OUT/whatif-$v.log" | grep -E "WHATIF without|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
+    # the same for a verify round and the plain greedy step
+    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_WHATIF_OUT="$OUT/whatif-round-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_round_what_if --nocapture 2>&1 | tee "$OUT/whatif-round-$v.log" | grep -E "WHATIF round|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

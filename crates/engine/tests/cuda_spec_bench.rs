@@ -114,6 +114,189 @@ fn timed<T>(cuda: &CudaBackend, f: impl FnOnce() -> T) -> (T, f64) {
     (r, t.elapsed().as_secs_f64())
 }
 
+/// The target model of a round bench: loaded, and a 32-token prompt of ids below `text` run
+/// through `base` (chunked GDN) with its last logits row `lg0`.
+struct Target {
+    cuda: CudaBackend,
+    g: Arc<Gguf>,
+    cfg: TargetConfig,
+    w: Weights<CudaBackend>,
+    n_ctx: usize,
+    text: u32,
+    prompt: Vec<u32>,
+    base: SeqState<CudaBackend>,
+    lg0: Vec<f32>,
+}
+
+impl Target {
+    fn load(path: &str) -> Target {
+        let cuda = CudaBackend::new(0).unwrap();
+        let g = Arc::new(Gguf::open(std::path::Path::new(path)).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let w = Weights::load(&cuda, &g, &cfg).unwrap();
+        let n_ctx = 1024;
+        let text = 8000.min(cfg.n_vocab as u32 - 8);
+        let prompt: Vec<u32> = (0..32u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(13)) % text)
+            .collect();
+        let mut base = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+        let mut lg0 = Vec::new();
+        forward(
+            &cuda,
+            &cfg,
+            &w,
+            &mut base,
+            &prompt,
+            GdnMode::Chunked,
+            LogitRows::Last,
+            &mut lg0,
+            Capture::none(),
+        )
+        .unwrap();
+        Target {
+            cuda,
+            g,
+            cfg,
+            w,
+            n_ctx,
+            text,
+            prompt,
+            base,
+            lg0,
+        }
+    }
+}
+
+/// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
+/// 4 drafts of which the first is wrong: a 5-row verify, then the rollback to 1 row) and in the
+/// plain greedy step (the decode graph without the logits row): both captured again with the
+/// family's launches dropped (the tokens are then meaningless; only the time is kept), against
+/// the full ones in the same process. Writes JSON to `$BONSAI_WHATIF_OUT`.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
+fn cuda_round_what_if() {
+    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
+        eprintln!(
+            "SKIPPED cuda_round_what_if: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)"
+        );
+        return;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED cuda_round_what_if: no CUDA device (not counted as run)");
+        return;
+    }
+    let t = Target::load(&path);
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let gpu = cuda.gpu();
+    cuda.set_round_graph(true);
+    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
+    // (round ms, plain step ms), medians over ROUNDS rounds / steps after one warm-up each
+    let measure = || -> (f64, f64) {
+        let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+        st.copy_from(cuda, &t.base);
+        let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let mut id_last = first;
+        let mut tr = Vec::new();
+        for r in 0..=ROUNDS {
+            // drafts that the target rejects at once (not its greedy continuation, whatever the
+            // launches left out make of the logits)
+            let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+            let (out, secs) = timed(cuda, || {
+                verify_round(
+                    cuda,
+                    cfg,
+                    w,
+                    &mut st,
+                    &mut bufs,
+                    &mut s,
+                    id_last,
+                    &draft,
+                    None,
+                    Rollback::Replay,
+                )
+                .unwrap()
+            });
+            id_last = out.tokens.last().map_or(id_last, |x| x.id);
+            if r > 0 {
+                tr.push(secs);
+            }
+        }
+        let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+        st.copy_from(cuda, &t.base);
+        let mut lg = Vec::new();
+        let mut tp = Vec::new();
+        let mut id = first;
+        for i in 0..=ROUNDS {
+            let (stats, secs) = timed(cuda, || {
+                cuda.decode_step_stats(cfg, w, &mut st, id, &mut lg, false)
+                    .unwrap()
+            });
+            id = stats.map_or(0, |x| x.argmax) % t.text;
+            if i > 0 {
+                tp.push(secs);
+            }
+        }
+        (median_ms(&mut tr), median_ms(&mut tp))
+    };
+    let (round0, step0) = measure();
+    let names = gpu.kernel_names();
+    let matvec: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("mv"))
+        .collect();
+    let other: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
+        .collect();
+    let sets: Vec<(&str, Vec<&str>)> = vec![
+        ("every mat-vec", matvec),
+        ("every other kernel", other),
+        ("rmsnorm_quant", vec!["rmsnorm_quant"]),
+        (
+            "GDN (conv, step, gated norm, record)",
+            vec!["gdn_conv", "gdn_step", "gated_norm_quant", "gdn_rec_write"],
+        ),
+        (
+            "attention (prep, chunks, merge)",
+            vec!["attn_prep", "attn_chunks_hd256", "attn_merge_quant"],
+        ),
+        ("swiglu_quant", vec!["swiglu_quant"]),
+        ("rollback replay (gdn_replay)", vec!["gdn_replay"]),
+        ("logit_stats_rows", vec!["logit_stats_rows"]),
+    ];
+    let mut rows = Vec::new();
+    for (label, set) in &sets {
+        let known: Vec<&str> = set.iter().copied().filter(|n| names.contains(n)).collect();
+        gpu.set_skip_kernels(&known).unwrap();
+        let (round, step) = measure();
+        gpu.set_skip_kernels(&[]).unwrap();
+        println!(
+            "WHATIF round without {label:<38} round {round:.3} ms (full {round0:.3}): {:+.3} ms; step {step:.3} ms (full {step0:.3}): {:+.3} ms",
+            round0 - round,
+            step0 - step
+        );
+        rows.push(format!(
+            "{{\"skipped\": \"{label}\", \"kernels\": {known:?}, \"round_ms\": {round:.4}, \"round_saved_ms\": {:.4}, \"step_ms\": {step:.4}, \"step_saved_ms\": {:.4}}}",
+            round0 - round,
+            step0 - step
+        ));
+    }
+    let (round1, step1) = measure();
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        rows.join(", ")
+    );
+    println!("WHATIF {json}");
+    if let Ok(out) = std::env::var("BONSAI_WHATIF_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_spec_round_cost() {
@@ -127,10 +310,17 @@ fn cuda_spec_round_cost() {
         eprintln!("SKIPPED cuda_spec_round_cost: no CUDA device (not counted as run)");
         return;
     }
-    let cuda = CudaBackend::new(0).unwrap();
-    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
-    let cfg = TargetConfig::from_gguf(&g).unwrap();
-    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let Target {
+        cuda,
+        g,
+        cfg,
+        w,
+        n_ctx,
+        text,
+        prompt,
+        base,
+        lg0,
+    } = Target::load(&path);
     let drafter = std::env::var("BONSAI_SPEC_BENCH_DRAFTER").ok().map(|p| {
         let h = Drafter::load(std::path::Path::new(&p), &g, &cfg).unwrap();
         if std::env::var("BONSAI_GPU_DRAFTER").is_ok_and(|v| v == "0") {
@@ -146,25 +336,6 @@ fn cuda_spec_round_cost() {
             .map(|j| (1.0 + j as f64 * (cfg.n_layer - 4) as f64 / 4.0).round() as usize)
             .collect(),
     };
-    let n_ctx = 1024;
-    let text = 8000.min(cfg.n_vocab as u32 - 8);
-    let prompt: Vec<u32> = (0..32u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(13)) % text)
-        .collect();
-    let mut base = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-    let mut lg0 = Vec::new();
-    forward(
-        &cuda,
-        &cfg,
-        &w,
-        &mut base,
-        &prompt,
-        GdnMode::Chunked,
-        LogitRows::Last,
-        &mut lg0,
-        Capture::none(),
-    )
-    .unwrap();
 
     // 1. plain steps: the oracle continuation, timed per step (graph replay + host sampling)
     // enough for ROUNDS + 1 fully accepted rounds (plus slack), and the plain-step samples
