@@ -119,6 +119,25 @@ def whatif_section() -> list[str]:
     saved2 = {r["skipped"]: r["saved_ms_per_token"] for r in q2["without"]}
     for r in q1["without"]:
         out.append(f"| {r['skipped']} | {r['saved_ms_per_token']:.3f} | {saved2.get(r['skipped'], float('nan')):.3f} |")
+    rounds = {v: load(f"cuda-whatif-round-27b-{v}.json") for v in ("q1", "q2")}
+    if all(rounds.values()):
+        r1, r2 = rounds["q1"], rounds["q2"]
+        out += [
+            "",
+            f"The same for a speculative round (`cuda_spec_bench::cuda_round_what_if`: {r1['round']}) and the "
+            f"greedy step measured beside it: ms saved, of a {r1['round_ms']:.2f} / {r2['round_ms']:.2f} ms round "
+            f"and a {r1['step_ms']:.2f} / {r2['step_ms']:.2f} ms step (Q1_0 / Q2_0; commit {r1.get('commit')}).",
+            "",
+            "| launches left out | round Q1_0 | round Q2_0 | step Q1_0 | step Q2_0 |",
+            "|---|---|---|---|---|",
+        ]
+        by2 = {r["skipped"]: r for r in r2["without"]}
+        for r in r1["without"]:
+            o = by2.get(r["skipped"], {})
+            out.append(
+                f"| {r['skipped']} | {r['round_saved_ms']:.3f} | {o.get('round_saved_ms', float('nan')):.3f} | "
+                f"{r['step_saved_ms']:.3f} | {o.get('step_saved_ms', float('nan')):.3f} |"
+            )
     return out
 
 
