@@ -530,12 +530,7 @@ fn cuda_launch_what_if() {
     let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let gpu = cuda.gpu();
     let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
-    let names = gpu.kernel_names();
-    let matvec: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.starts_with("mv"))
-        .collect();
+    let matvec = gpu.matvec_kernel_names();
     let small = [
         "rmsnorm_quant",
         "swiglu_quant",

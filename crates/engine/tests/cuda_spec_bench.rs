@@ -114,6 +114,20 @@ fn timed<T>(cuda: &CudaBackend, f: impl FnOnce() -> T) -> (T, f64) {
     (r, t.elapsed().as_secs_f64())
 }
 
+/// `$BONSAI_SPEC_BENCH_MODEL` when it is set and a CUDA device exists; otherwise says why `test`
+/// is skipped (it then counts as not run) and gives None.
+fn bench_model(test: &str) -> Option<String> {
+    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
+        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)");
+        return None;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED {test}: no CUDA device (not counted as run)");
+        return None;
+    }
+    Some(path)
+}
+
 /// The target model of a round bench: loaded, and a 32-token prompt of ids below `text` run
 /// through `base` (chunked GDN) with its last logits row `lg0`.
 struct Target {
@@ -175,16 +189,9 @@ impl Target {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_round_what_if() {
-    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
-        eprintln!(
-            "SKIPPED cuda_round_what_if: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)"
-        );
+    let Some(path) = bench_model("cuda_round_what_if") else {
         return;
     };
-    if !CudaBackend::available() {
-        eprintln!("SKIPPED cuda_round_what_if: no CUDA device (not counted as run)");
-        return;
-    }
     let t = Target::load(&path);
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let gpu = cuda.gpu();
@@ -241,11 +248,7 @@ fn cuda_round_what_if() {
     };
     let (round0, step0) = measure();
     let names = gpu.kernel_names();
-    let matvec: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.starts_with("mv"))
-        .collect();
+    let matvec = gpu.matvec_kernel_names();
     let other: Vec<&str> = names
         .iter()
         .copied()
@@ -300,16 +303,9 @@ fn cuda_round_what_if() {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_spec_round_cost() {
-    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
-        eprintln!(
-            "SKIPPED cuda_spec_round_cost: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)"
-        );
+    let Some(path) = bench_model("cuda_spec_round_cost") else {
         return;
     };
-    if !CudaBackend::available() {
-        eprintln!("SKIPPED cuda_spec_round_cost: no CUDA device (not counted as run)");
-        return;
-    }
     let Target {
         cuda,
         g,

@@ -1905,6 +1905,14 @@ impl Gpu {
         self.f.all().into_iter().map(|(n, _)| n).collect()
     }
 
+    /// The names of the module's mat-vec kernels (every family: `mv*`).
+    pub fn matvec_kernel_names(&self) -> Vec<&'static str> {
+        self.kernel_names()
+            .into_iter()
+            .filter(|n| n.starts_with("mv"))
+            .collect()
+    }
+
     /// Drop every launch of the named kernels (an empty list restores them): a benchmark knob
     /// that measures what those launches cost inside the decode graph. The results are wrong while
     /// any kernel is skipped. Unknown names are an error.
