@@ -32,7 +32,34 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "tests")]
 
 import reference as ref  # noqa: E402
 
-MODES = ["q8_0", "q8_g32", "q8_g64", "q8_g128"]
+MODES = ["q8_0", "q8_g32", "q8_g64", "q8_g128", "q8_g128m8", "q8_g128m16"]
+
+
+def quantize(x: np.ndarray, mode: str) -> np.ndarray:
+    group, f16, levels = ref.ACT_QUANT[mode]
+    if levels:
+        return ref.quantize_act_q8_sub(x, group, 32, levels)
+    return ref.quantize_act_q8(x, group, f16_scale=f16)
+
+
+def one_matrix(rows: int = 1024, k: int = 5120, samples: int = 64) -> list[dict]:
+    """NMSE of y = W·x with int8 activations against exact x, for one ±1·scale (Q1_0-like) matrix
+    and three activation laws: Gaussian, Student t with 3 degrees of freedom (heavy tails), and
+    Gaussian with 8 outlier channels at 30σ (what real models have and random synthetic ones lack)."""
+    rng = np.random.default_rng(11)
+    w = np.where(rng.random((rows, k)) < 0.5, -1.0, 1.0) * rng.uniform(0.01, 0.03, (rows, k // 128)).repeat(128, 1)
+    laws = {
+        "gaussian": rng.standard_normal((samples, k)),
+        "student_t3": rng.standard_t(3, (samples, k)),
+        "outliers8": rng.standard_normal((samples, k)),
+    }
+    laws["outliers8"][:, rng.choice(k, 8, replace=False)] *= 30.0
+    out = []
+    for law, x in laws.items():
+        y = x @ w.T
+        for mode in MODES:
+            out.append({"law": law, "mode": mode, "nmse": ref.nmse(quantize(x, mode) @ w.T, y)})
+    return out
 
 
 def synth(models: Path, preset: str, variant: str) -> Path:
@@ -70,6 +97,7 @@ def main() -> None:
                         "mode": mode,
                         "group": ref.ACT_QUANT[mode][0],
                         "f16_scale": ref.ACT_QUANT[mode][1],
+                        "sub_scale_levels": ref.ACT_QUANT[mode][2],
                         "logits_nmse": ref.nmse(got, exact),
                         "top1_equal": int((got.argmax(1) == exact.argmax(1)).sum()),
                         "rows": len(ids),
@@ -82,6 +110,9 @@ def main() -> None:
                     f"{r['model']:9s} {mode:8s} NMSE {r['logits_nmse']:.2e}  top-1 {r['top1_equal']}/{r['rows']}  "
                     f"max |d| {r['max_abs_diff']:.3f}"
                 )
+    mat = one_matrix()
+    for r in mat:
+        print(f"one matrix {r['law']:10s} {r['mode']:10s} NMSE {r['nmse']:.2e}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     out = {
         "command": "python3 bench/act_group.py" + "".join(f" {a}" for a in sys.argv[1:]),
@@ -89,6 +120,7 @@ def main() -> None:
         "device": "cpu (NumPy float64 reference)",
         "tokens": args.tokens,
         "rows": rows,
+        "one_matrix": mat,
     }
     res = ROOT / "bench" / "results"
     (res / "act-group-cpu.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -96,7 +128,9 @@ def main() -> None:
         "Logit error of int8 activation quantization by scale group, NumPy reference on the synthetic "
         f"models, {args.tokens} prompt positions (commit {out['commit']}, `{out['command']}`). NMSE and top-1 "
         "agreement against the exact float64 run; `q8_0` is llama.cpp's (per 32, f16 scale), `q8_gN` "
-        "this engine's (f32 scale) with N elements per scale.",
+        "this engine's (f32 scale) with N elements per scale; `q8_g128mL`: one f32 scale per 128 and an "
+        "integer sub-scale 1..L per 32 (`reference.quantize_act_q8_sub`: sub-block products add up "
+        "exactly in int32 inside a 128 block, one float rescale per block).",
         "",
         "| model | mode | logits NMSE | top-1 equal | max abs diff |",
         "|---|---|---|---|---|",
@@ -106,6 +140,19 @@ def main() -> None:
         f"{r['max_abs_diff']:.3f} |"
         for r in rows
     ]
+    laws = list(dict.fromkeys(r["law"] for r in mat))
+    md += [
+        "",
+        "One 5120-wide ±1·scale matrix (1024 rows, 64 activation vectors): NMSE of W·x with int8 "
+        "activations against exact x, by activation law (Student t with 3 degrees of freedom; 8 "
+        "outlier channels at 30σ).",
+        "",
+        "| mode | " + " | ".join(laws) + " |",
+        "|---|" + "---|" * len(laws),
+    ]
+    for mode in MODES:
+        cells = [f"{r['nmse']:.2e}" for law in laws for r in mat if r["law"] == law and r["mode"] == mode]
+        md.append(f"| {mode} | " + " | ".join(cells) + " |")
     (res / "act-group-cpu.md").write_text("\n".join(md) + "\n")
 
 

@@ -258,8 +258,34 @@ def quantize_act_q8(x: np.ndarray, group: int, f16_scale: bool = False) -> np.nd
     return (q * d).reshape(n, k)
 
 
-# act_quant modes of Reference: None (exact) and these (name -> group, f16 scale)
-ACT_QUANT = {"q8_0": (32, True), "q8_g32": (32, False), "q8_g64": (64, False), "q8_g128": (128, False)}
+def quantize_act_q8_sub(x: np.ndarray, group: int = 128, sub: int = 32, levels: int = 16) -> np.ndarray:
+    """Round rows of x [n, k] to int8 with one f32 scale per `group` elements and an integer
+    sub-scale m_j in 1..levels per `sub`-element sub-block: the sub-block's step is
+    (amax_group / 127)·m_j / levels with m_j = ceil(levels·amax_sub / amax_group), so its codes
+    still span ±127 of its own range (to within 1 / m_j) while the sub-block dot products of a group
+    add up exactly in int32 (Σ_j m_j·isum_j) before a single float rescale per group."""
+    n, k = x.shape
+    xg = x.reshape(n, k // group, group // sub, sub)
+    a_sub = np.abs(xg).max(axis=3, keepdims=True)
+    a_grp = a_sub.max(axis=2, keepdims=True)
+    safe = np.where(a_grp > 0, a_grp, 1.0)
+    m = np.clip(np.ceil(levels * a_sub / safe), 1, levels)
+    d = a_grp / 127.0 * m / levels
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    q = np.clip(np.round(xg * inv), -127, 127)
+    return (q * d).reshape(n, k)
+
+
+# act_quant modes of Reference: None (exact) and these (name -> group, f16 scale, integer sub-scale
+# levels per 32 elements or 0 for none)
+ACT_QUANT = {
+    "q8_0": (32, True, 0),
+    "q8_g32": (32, False, 0),
+    "q8_g64": (64, False, 0),
+    "q8_g128": (128, False, 0),
+    "q8_g128m8": (128, False, 8),
+    "q8_g128m16": (128, False, 16),
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -453,7 +479,8 @@ class Reference:
     """float64 qwen35 forward over one sequence, with recurrent state.
 
     `act_quant`: None (exact), "q8_0" (round the input of each low-bit matmul like llama.cpp's CPU path),
-    or "q8_g32" / "q8_g64" / "q8_g128" (int8 with an f32 scale per 32 / 64 / 128 elements).
+    or "q8_g32" / "q8_g64" / "q8_g128" (int8 with an f32 scale per 32 / 64 / 128 elements), or
+    "q8_g128m8" / "q8_g128m16" (per 128 with integer sub-scales per 32, `quantize_act_q8_sub`).
     """
 
     def __init__(self, path: str | os.PathLike, act_quant: str | None = None):
@@ -484,8 +511,11 @@ class Reference:
     def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
         """y = x · Wᵀ. x: [n, in]; W stored [in, out] (out rows of in). Returns [n, out]."""
         if self.act_quant is not None and self.gguf.tensors[name].kind in LOWBIT:
-            group, f16 = ACT_QUANT[self.act_quant]
-            x = quantize_act_q8(x, group, f16_scale=f16)
+            group, f16, levels = ACT_QUANT[self.act_quant]
+            if levels:
+                x = quantize_act_q8_sub(x, group, 32, levels)
+            else:
+                x = quantize_act_q8(x, group, f16_scale=f16)
         return x @ self.w(name).T
 
     # -- state ----------------------------------------------------------------------------------
