@@ -114,21 +114,23 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid (ceil(k/256), n),
-// block 256: every block computes the row's sum of squares itself (same fixed order in every
-// block, so all agree bit for bit), then normalizes and quantizes its own 256 elements (one
-// 32-block per warp). Many short blocks instead of one long one.
+// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid (gx, n), block 256:
+// every block computes the row's sum of squares itself (same fixed order in every block, so all
+// agree bit for bit), then normalizes and quantizes the 256-element segments blockIdx.x,
+// blockIdx.x + gx, ... (one 32-block per warp). Decode launches take one segment per block (many
+// short blocks); long prefill launches a few segments per block, so that the row is not re-read
+// once per segment. Every element's value is the same whatever gx.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
     PDL_ENTRY();
     __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
-    int nb = k >> 5, lane = threadIdx.x & 31;
-    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int nb = k >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int b = blockIdx.x * nw + (threadIdx.x >> 5);
     bool act = b < nb;
     int i = b * 32 + lane;
-    // this thread's own element, loaded together with the sum-of-squares stream
+    // this thread's first element, loaded together with the sum-of-squares stream
     float xv = act ? xr[i] : 0.f, wv = act ? w[i] : 0.f;
     float ss = 0.f;
     if ((((size_t)xr) & 15) == 0) {
@@ -148,10 +150,16 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
     }
     ss = block_sum(ss, red);
     float inv = 1.0f / sqrtf(ss / (float)k + eps);
-    if (!act) return;
-    float v = xv * inv * wv;
-    if (xf) xf[(size_t)t * k + i] = v;
-    quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+    for (int it = 0; b < nb; ++it, b += gridDim.x * nw) {
+        i = b * 32 + lane;
+        if (it > 0) {
+            xv = xr[i];
+            wv = w[i];
+        }
+        float v = xv * inv * wv;
+        if (xf) xf[(size_t)t * k + i] = v;
+        quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+    }
 }
 
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------

@@ -319,3 +319,339 @@ GM_ENTRY(gemm_q2g64, 3, 8)
 GM_ENTRY(gemm_q1_n32, 1, 4)
 GM_ENTRY(gemm_q2_n32, 2, 4)
 GM_ENTRY(gemm_q2g64_n32, 3, 4)
+
+// ---- f16 tensor-core GEMM (the default prefill path) -------------------------------------------
+//
+// The int8 GEMM above spends most of its issue slots on the per-32 rescale after every MMA (the
+// activation scale changes every 32 elements: 2 float ops per output per MMA). Here the scales
+// leave the inner loop:
+//   * activations: act_q8_to_f16p turns a row's int8 codes into f16 values q·d·2^-e_t, with one
+//     power of two per row (xs[t] = 2^e_t) that puts the row's largest |value| in (2^13, 2^14]
+//     (no f16 overflow or underflow whatever the activations' range), stored in "pair order":
+//     every 4 elements x0 x1 x2 x3 as x0 x2 x1 x3;
+//   * weights: each A register is made straight from the re-tiled code word with the weight
+//     scale folded in, exactly: Q1 ±d (a sign flip of −d), Q2 (c − 1)·d (c − 1 ∈ {−1, 0, 1, 2});
+//   * mma.m16n8k16 f16 × f16 → f32 accumulates over all of K; the epilogue multiplies by xs[t].
+// Per output the order is fixed (k16 steps in increasing order, chained in the accumulator), so
+// results do not depend on the grid, the tile width, the grouping or n. They differ from the
+// int8 path by the f16 rounding of q·d (relative 2^-11 per element).
+//
+// Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (PTX ISA), g = lane >> 2,
+// tg = lane & 3; register halves: low = the lower k.
+//   A 16x16: a0 = row g, k 2tg, 2tg+1   a1 = row g+8, k 2tg, 2tg+1   a2 = row g, k 2tg+8, +9
+//            a3 = row g+8, k 2tg+8, +9
+//   B 16x8:  b0 = col g, k 2tg, 2tg+1   b1 = col g, k 2tg+8, +9      (ldmatrix of an [n][k] tile)
+//   C 16x8:  c0, c1 = row g, cols 2tg, 2tg+1;  c2, c3 = row g+8, cols 2tg, 2tg+1
+// Within a 32-element sub-block, stored f16 pair P (positions 2P, 2P+1 of the pair-ordered row)
+// holds elements e0 = 4(P>>1) + (P&1) and e0 + 2. k16 step h of the sub-block covers pairs
+// 8h..8h+7: a thread's b0 is pair 8h + tg, its b1 pair 8h + 4 + tg, and a0/a2 must hold the
+// weights of the same two pairs. In the code words those two elements sit 16 bits apart:
+//   Q1 (element 4i + b at bit 8b + i): pair P -> bits 8b + i and 8b + i + 16 (i = P>>1, b = P&1),
+//      so (w << (15 − 8b − i)) & 0x80008000 has them in the f16 sign bits; XOR onto −d.
+//   Q2 (word h of the sub-block; element 4s + i of the word in bits 8i + 2s, +1): pair 8h + tg
+//      -> s = tg>>1, i = tg&1; pair 8h + 4 + tg -> s = 2 + (tg>>1); fields at r and r + 16 with
+//      r = 8i + 2s, so ((w >> r) & 0x00030003) | 0x64006400 is f16 (1024 + c), minus 1025 -> c − 1
+//      exactly, times d exactly.
+// CTA: 4 warps along M (32 weight rows each: 2 m16 tiles) x BN = 8·NT activation rows (every warp
+// all of them: NT n8 tiles), k in chunks of 128 through a GH_STAGES-deep cp.async ring in dynamic
+// shared memory.
+
+#define GH_WARPS 4
+#define GH_THREADS (GH_WARPS * 32)
+#define GH_BM (GH_WARPS * 32)
+#define GH_KC 128
+#define GH_STAGES 3
+// activation row stride in shared memory: 256 bytes of f16 + 16 pad, so the 8 row addresses of an
+// ldmatrix hit 8 distinct 16-byte bank groups
+#define GH_XST 272
+
+__device__ __forceinline__ void mma_f16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+// (a & 0x80008000) ^ c in one LOP3
+__device__ __forceinline__ u32 sign_xor(u32 a, u32 c) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(d) : "r"(a), "r"(0x80008000u), "r"(c));
+    return d;
+}
+// Q2 f16x2 of (c − 1)·d for the two 2-bit fields at bits r and r + 16 of w; dd = d | d << 16
+__device__ __forceinline__ u32 q2_h2(u32 w, int r, u32 dd) {
+    u32 v = ((w >> r) & 0x00030003u) | 0x64006400u;
+    u32 o;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(o) : "r"(v), "r"(0x64016401u));
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(v) : "r"(o), "r"(dd));
+    return v;
+}
+// two floats -> f16x2 (lo in the low half), round to nearest even
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// Row exponent of act_q8_to_f16p: e with amax·2^-e in (2^13, 2^14] for a normal positive amax,
+// clamped to ±100 (so 2^±e are normal floats); 0 for amax 0, inf or NaN. Host twin:
+// gemm::f16p_row_exp.
+__device__ __forceinline__ int f16p_row_exp(float amax) {
+    u32 bits = __float_as_uint(amax);
+    int E = (int)((bits >> 23) & 0xffu);
+    if (!(amax > 0.0f) || E == 0xff) return 0;
+    return min(max(max(E, 1) - 140, -100), 100);
+}
+
+// q [n, n_in] i8 + d [n, n_in/32] f32 -> xh [n, n_in] f16 bits (pair order), xs [n] = 2^e_t.
+// grid n, block 256. n_in a multiple of 32; xh 16-byte aligned rows (n_in % 8 == 0).
+extern "C" __global__ void act_q8_to_f16p(const i8* q, const float* d, int n_in, u16* xh, float* xs) {
+    __shared__ float red[32];
+    const int t = blockIdx.x, nsb = n_in >> 5;
+    const float* dr = d + (size_t)t * nsb;
+    float m = 0.0f;
+    for (int j = threadIdx.x; j < nsb; j += blockDim.x) m = fmaxf(m, dr[j]);
+    m = block_max(m, red);
+    const int e = f16p_row_exp(m * 127.0f);
+    const float down = __uint_as_float((u32)(127 - e) << 23);
+    if (threadIdx.x == 0) xs[t] = __uint_as_float((u32)(127 + e) << 23);
+    const i8* qr = q + (size_t)t * n_in;
+    uint4* xr = (uint4*)(xh + (size_t)t * n_in);
+    for (int c = threadIdx.x; c < (n_in >> 3); c += blockDim.x) {
+        uint2 v = *(const uint2*)(qr + 8 * c);
+        float s = dr[c >> 2] * down;
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[i] = (float)(int)(signed char)(v.x >> (8 * i)) * s;
+            x[4 + i] = (float)(int)(signed char)(v.y >> (8 * i)) * s;
+        }
+        xr[c] = make_uint4(pack_h2(x[0], x[2]), pack_h2(x[1], x[3]), pack_h2(x[4], x[6]), pack_h2(x[5], x[7]));
+    }
+}
+
+// Dynamic shared memory of a gemmh launch: per stage BN activation rows + GH_BM weight rows.
+#define GH_WROW(KIND) ((KIND) == 1 ? 16 : 48)
+#define GH_SMEM(KIND, NT) (GH_STAGES * (8 * (NT) * GH_XST + GH_BM * GH_WROW(KIND)))
+
+template <int KIND, int NT>
+__device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
+                                             const float* __restrict__ xs, int n_in, int n, int accumulate) {
+    extern __shared__ __align__(16) u8 gh_smem[];
+    const int BN = NT * 8;
+    const int CB = KIND == 1 ? 16 : 32;  // code bytes per weight row per chunk
+    const int WS = GH_WROW(KIND);        // their stride in shared memory (Q2 padded: no conflicts)
+    const int SPC = KIND == 3 ? 2 : 1;   // scale blocks per chunk
+    const int XSTAGE = BN * GH_XST, WSTAGE = GH_BM * WS;
+    u8* s_x = gh_smem;                        // [GH_STAGES][BN][GH_XST]
+    u8* s_w = gh_smem + GH_STAGES * XSTAGE;   // [GH_STAGES][GH_BM][WS]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    int mt = blockIdx.y;
+    int t0 = (s0.n_out + GH_BM - 1) / GH_BM, t1 = (s1.n_out + GH_BM - 1) / GH_BM,
+        t2 = (s2.n_out + GH_BM - 1) / GH_BM, t3 = (s3.n_out + GH_BM - 1) / GH_BM;
+    GmSeg sg;
+    if (mt < t0) {
+        sg = s0;
+    } else if ((mt -= t0) < t1) {
+        sg = s1;
+    } else if ((mt -= t1) < t2) {
+        sg = s2;
+    } else if ((mt -= t2) < t3) {
+        sg = s3;
+    } else {
+        return;
+    }
+    const int m0 = mt * GH_BM;
+    const int n0 = blockIdx.x * BN;
+    const int n_out = sg.n_out;
+    const int nc = n_in / GH_KC;
+    const size_t wrow = (size_t)nc * CB;
+
+    auto load_chunk = [&](int c, int st) {
+        u8* sx = s_x + st * XSTAGE;
+#pragma unroll
+        for (int i = tid; i < BN * 16; i += GH_THREADS) {
+            int r = i >> 4, p = i & 15;
+            int t = min(n0 + r, n - 1);
+            cp_async16(sx + r * GH_XST + p * 16, (const u8*)(xh + (size_t)t * n_in + (size_t)c * GH_KC) + p * 16);
+        }
+        u8* sw = s_w + st * WSTAGE;
+#pragma unroll
+        for (int i = tid; i < GH_BM * (CB / 16); i += GH_THREADS) {
+            int r = i / (CB / 16), p = i % (CB / 16);
+            int o = min(m0 + r, n_out - 1);
+            cp_async16(sw + r * WS + p * 16, sg.codes + (size_t)o * wrow + (size_t)c * CB + p * 16);
+        }
+    };
+
+    // this thread's 4 weight rows: local row lr[k] = warp·32 + 16·(k>>1) + g + 8·(k&1)
+    // (k = 2·mi + half: A rows g / g+8 of m-tile mi)
+    int lr[4];
+    // scale index of each row's first block, in units of this chunk's scale load (u16; g64 u32)
+    u32 wsi[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        lr[k] = warp * 32 + 16 * (k >> 1) + g + 8 * (k & 1);
+        wsi[k] = (u32)min(m0 + lr[k], n_out - 1) * (u32)nc;
+    }
+    auto ld_scale = [&](int k, int c) -> u32 {
+        return SPC == 1 ? (u32)__ldg(sg.scales + wsi[k] + c) : __ldg((const u32*)sg.scales + wsi[k] + c);
+    };
+    u32 sw[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sw[k] = ld_scale(k, 0);
+
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][j][e] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < GH_STAGES - 1; ++st) {
+        if (st < nc) load_chunk(st, st);
+        cp_async_commit();
+    }
+
+    // ldmatrix roles: matrix lane >> 3 (0: tile j k 0-7, 1: tile j k 8-15, 2/3: tile j+1), row lane & 7
+    const u32 ld_off = (u32)((8 * ((lane >> 4) & 1) + (lane & 7)) * GH_XST + 16 * ((lane >> 3) & 1));
+    // Q1 shifts of pairs 8h + tg (a0/a1) and 8h + 4 + tg (a2/a3) at h = 0; h = 1 is 4 less
+    const int q1s = 15 - 8 * (tg & 1) - (tg >> 1);
+    // Q2 right shifts of the same pairs
+    const int q2r = 8 * (tg & 1) + 2 * (tg >> 1);
+
+    for (int c = 0; c < nc; ++c) {
+        cp_async_wait<GH_STAGES - 2>();
+        __syncthreads();
+        {
+            int cn = c + GH_STAGES - 1;
+            if (cn < nc) load_chunk(cn, cn % GH_STAGES);
+            cp_async_commit();
+        }
+        u32 nsw[4] = {0, 0, 0, 0};
+        if (c + 1 < nc) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) nsw[k] = ld_scale(k, c + 1);
+        }
+        const int st = c % GH_STAGES;
+        const u32 xbase = smem_u32(s_x + st * XSTAGE) + ld_off;
+        const u8* wbase = s_w + st * WSTAGE;
+        // per row the f16x2 base of this chunk's scale block(s): Q1 −d (a set bit flips it to d),
+        // Q2 d; g64: [0] for sub-blocks 0-1, [1] for 2-3
+        u32 base[4][2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                u32 h = (SPC == 1 || b == 0) ? (sw[k] & 0xffffu) : (sw[k] >> 16);
+                if (KIND == 1) h ^= 0x8000u;  // −d
+                base[k][b] = h * 0x00010001u;
+            }
+        }
+#pragma unroll 1
+        for (int sb = 0; sb < 4; ++sb) {
+            // code words of this sub-block for the 4 rows (Q2: words 2sb, 2sb+1)
+            u32 w0[4], w1[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                if (KIND == 1) {
+                    w0[k] = *(const u32*)(wbase + lr[k] * WS + 4 * sb);
+                    w1[k] = w0[k];
+                } else {
+                    uint2 v = *(const uint2*)(wbase + lr[k] * WS + 8 * sb);
+                    w0[k] = v.x;
+                    w1[k] = v.y;
+                }
+            }
+            // this sub-block's scale bases (g64: the chunk's second block from sub-block 2)
+            u32 bs[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) bs[k] = (SPC == 2 && sb >= 2) ? base[k][1] : base[k][0];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int kk = 2 * sb + h;
+                u32 b[NT][2];
+#pragma unroll
+                for (int jp = 0; jp < NT / 2; ++jp) {
+                    u32 r[4];
+                    ldsm_x4(r, xbase + (u32)(16 * jp * GH_XST + 32 * kk));
+                    b[2 * jp][0] = r[0];
+                    b[2 * jp][1] = r[1];
+                    b[2 * jp + 1][0] = r[2];
+                    b[2 * jp + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    u32 a[4];
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf) {
+                        const int k = 2 * mi + hf;
+                        if (KIND == 1) {
+                            const int s = q1s - 4 * h;
+                            a[hf] = sign_xor(w0[k] << s, bs[k]);
+                            a[2 + hf] = sign_xor(w0[k] << (s - 2), bs[k]);
+                        } else {
+                            const u32 w = h == 0 ? w0[k] : w1[k];
+                            a[hf] = q2_h2(w, q2r, bs[k]);
+                            a[2 + hf] = q2_h2(w, q2r + 4, bs[k]);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_f16(acc[mi][j], a[0], a[1], a[2], a[3], b[j][0], b[j][1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sw[k] = nsw[k];
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int t = n0 + 8 * j + 2 * tg + e2;
+            if (t >= n) continue;
+            const float sc = xs[t];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int o = m0 + lr[2 * mi + hf];
+                    if (o < n_out) {
+                        float* yp = sg.y + (size_t)t * n_out + o;
+                        float v = acc[mi][j][2 * hf + e2] * sc;
+                        *yp = accumulate ? *yp + v : v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Parameters as GM_ENTRY with xh [n, n_in] f16 (pair order) and xs [n] instead of q and d.
+// grid (ceil(n / (8·NT)), Σ ceil(n_out_i / GH_BM)), block GH_THREADS, GH_SMEM(KIND, NT) bytes of
+// dynamic shared memory.
+#define GH_ENTRY(NAME, KIND, NT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GH_THREADS, 3) NAME(                                   \
+        const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
+        int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
+        float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate) {            \
+        GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
+              s3 = {c3, sc3, y3, n3};                                                                   \
+        gemmh_lowbit<KIND, NT>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate);                             \
+    }
+GH_ENTRY(gemmh_q1, 1, 8)
+GH_ENTRY(gemmh_q2, 2, 8)
+GH_ENTRY(gemmh_q2g64, 3, 8)
+GH_ENTRY(gemmh_q1_n32, 1, 4)
+GH_ENTRY(gemmh_q2_n32, 2, 4)
+GH_ENTRY(gemmh_q2g64_n32, 3, 4)

@@ -1,5 +1,11 @@
-//! Prefill launchers: the int8 tensor-core low-bit GEMM of `kernels/gemm.cu` for n > [`MAX_ROWS`]
+//! Prefill launchers: the tensor-core low-bit GEMMs of `kernels/gemm.cu` for n > [`MAX_ROWS`]
 //! activation rows (one launch for all rows, each weight byte read once per CTA of up to 64 rows).
+//! Two paths with the same interface (int8 activations `q`, per-32 scales `d`):
+//! - **f16** (default): `act_q8_to_f16p` turns the activations into f16 rows (one power of two per
+//!   row, pair order) in a scratch this `Gpu` owns, then `gemmh_*` runs `mma.m16n8k16` with the
+//!   weight scales folded into the A fragments: no per-block rescale in the inner loop.
+//! - **int8** (`BONSAI_CUDA_GEMM=i8`, [`Gpu::set_gemm_f16`]): `gemm_*`, one `mma.m16n8k32` per
+//!   32-element sub-block, rescaled per sub-block in f32.
 //!
 //! Unlike the mat-vec kernels these are not batch-invariant with the n ≤ 8 path (the float
 //! summation differs: per scale block, then times the weight scale), only equal within f32
@@ -18,6 +24,45 @@ pub const GEMM_BM: usize = 128;
 pub const GEMM_KC: usize = 128;
 /// Threads per GEMM CTA (`GM_THREADS`).
 const GEMM_THREADS: u32 = 256;
+/// Threads per f16 GEMM CTA (`GH_THREADS`).
+const GEMMH_THREADS: u32 = 128;
+
+/// Whether the prefill GEMM takes the f16 path: yes unless `BONSAI_CUDA_GEMM=i8`.
+pub(crate) fn gemm_f16_env() -> bool {
+    std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| v.trim() != "i8")
+}
+
+/// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): 3 stages of `bn`
+/// activation rows (272 bytes) and 128 weight rows (16 code bytes for Q1, 48 for Q2 kinds).
+fn gemmh_smem(kind: WKind, bn: usize) -> usize {
+    let wrow = if kind == WKind::Q1 { 16 } else { 48 };
+    3 * (bn * 272 + 128 * wrow)
+}
+
+/// The row exponent of `act_q8_to_f16p` (host twin of `f16p_row_exp`): `e` with `amax · 2^-e` in
+/// (2^13, 2^14] for a positive normal `amax`, clamped to ±100; 0 for 0, inf or NaN.
+pub fn f16p_row_exp(amax: f32) -> i32 {
+    let e = ((amax.to_bits() >> 23) & 0xff) as i32;
+    if amax.is_nan() || amax <= 0.0 || e == 0xff {
+        return 0;
+    }
+    (e.max(1) - 140).clamp(-100, 100)
+}
+
+/// Host twin of `act_q8_to_f16p` for one row: the f16 values in pair order (every 4 elements
+/// x0 x2 x1 x3) and the row factor `2^e`.
+pub fn f16p_row(q: &[i8], d: &[f32]) -> (Vec<half::f16>, f32) {
+    let m = d.iter().fold(0f32, |m, &v| m.max(v));
+    let e = f16p_row_exp(m * 127.0);
+    let down = f32::from_bits(((127 - e) as u32) << 23);
+    let mut out = vec![half::f16::ZERO; q.len()];
+    for (c, (q4, o4)) in q.chunks_exact(4).zip(out.chunks_exact_mut(4)).enumerate() {
+        let s = d[c / 8] * down;
+        let h = |i: usize| half::f16::from_f32(q4[i] as f32 * s);
+        o4.copy_from_slice(&[h(0), h(2), h(1), h(3)]);
+    }
+    (out, f32::from_bits(((127 + e) as u32) << 23))
+}
 
 /// SM count and resident CTAs per SM of the BN = 64 and BN = 32 variants (same for every kind:
 /// the launcher takes the smallest over kinds).
@@ -59,6 +104,114 @@ pub fn gemm_pick_bn(tiles_m: usize, n: usize, sms: usize, occ64: usize, occ32: u
 }
 
 impl Gpu {
+    /// Whether prefill GEMMs take the f16 path (see the module docs).
+    pub fn gemm_f16(&self) -> bool {
+        self.gemm_f16.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Switch the prefill GEMM between the f16 (true) and the int8 path.
+    pub fn set_gemm_f16(&self, on: bool) {
+        self.gemm_f16
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn gemmh_occ(&self) -> Result<GemmOcc> {
+        if let Some(o) = self.gemmh_occ.get() {
+            return Ok(*o);
+        }
+        let sms = self.sm_count()?;
+        let occ = |bn: usize, fs: [(WKind, sys::CUfunction); 3]| -> Result<usize> {
+            let mut m = usize::MAX;
+            for (kind, f) in fs {
+                let smem = gemmh_smem(kind, bn);
+                self.raise_smem_limit(f, smem)?;
+                // SAFETY: f is a kernel of our loaded module, its dynamic shared memory limit
+                // raised to `smem` above.
+                let o = unsafe {
+                    cu::occupancy::max_active_block_per_multiprocessor(
+                        f,
+                        GEMMH_THREADS as i32,
+                        smem,
+                    )
+                }
+                .map_err(err("occupancy"))?;
+                m = m.min(o.max(1) as usize);
+            }
+            Ok(m)
+        };
+        let o = GemmOcc {
+            sms,
+            occ64: occ(
+                64,
+                [
+                    (WKind::Q1, self.f.gemmh_q1),
+                    (WKind::Q2, self.f.gemmh_q2),
+                    (WKind::Q2G64, self.f.gemmh_q2g64),
+                ],
+            )?,
+            occ32: occ(
+                32,
+                [
+                    (WKind::Q1, self.f.gemmh_q1_n32),
+                    (WKind::Q2, self.f.gemmh_q2_n32),
+                    (WKind::Q2G64, self.f.gemmh_q2g64_n32),
+                ],
+            )?,
+        };
+        Ok(*self.gemmh_occ.get_or_init(|| o))
+    }
+
+    /// The f16 activations of `q`/`d` (`[n, n_in]`) in this `Gpu`'s scratch: returns (xh, xs).
+    fn gemm_f16_acts(&self, q: u64, d: u64, n_in: usize, n: usize) -> Result<(u64, u64)> {
+        let hbytes = (n * n_in * 2).next_multiple_of(256);
+        let need = hbytes + n * 4;
+        let mut scratch = self.gemm_f16_scratch.lock().expect("gemm scratch lock");
+        if scratch.as_ref().is_none_or(|b| b.bytes() < need) {
+            // earlier launches may still read the old buffer
+            self.sync()?;
+            *scratch = None;
+            *scratch = Some(self.alloc(need)?);
+        }
+        let base = scratch.as_ref().expect("gemm scratch").ptr();
+        let (xh, xs) = (base, base + hbytes as u64);
+        self.act_q8_to_f16p(q, d, n_in, n, xh, xs)?;
+        Ok((xh, xs))
+    }
+
+    /// The f16 GEMM's activations: `xh [n, n_in]` f16 (pair order, 16-byte aligned rows) and
+    /// `xs [n]` f32 row factors from int8 `q [n, n_in]` and per-32 scales `d` (host twin
+    /// [`f16p_row`]).
+    pub fn act_q8_to_f16p(
+        &self,
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        xh: u64,
+        xs: u64,
+    ) -> Result<()> {
+        if n_in % 32 != 0 || q % 8 != 0 || d % 4 != 0 || xh % 16 != 0 || xs % 4 != 0 {
+            return Err(CudaError(format!(
+                "act_q8_to_f16p: n_in = {n_in}, q {q:#x}, d {d:#x}, xh {xh:#x}, xs {xs:#x}"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.launch(
+            self.f.act_q8_to_f16p,
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(q),
+                Arg::P(d),
+                Arg::I(n_in as i32),
+                Arg::P(xh),
+                Arg::P(xs),
+            ],
+        )
+    }
+
     fn gemm_occ(&self) -> Result<GemmOcc> {
         if let Some(o) = self.gemm_occ.get() {
             return Ok(*o);
@@ -167,16 +320,52 @@ impl Gpu {
         if tiles_m == 0 {
             return Ok(());
         }
+        if tiles_m > 65_535 {
+            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
+        }
+        let f16 = self.gemm_f16();
         let bn = match bn {
             Some(b) => {
                 assert!(b == 32 || b == 64, "gemm_lowbit: bn = {b}");
                 b
             }
             None => {
-                let o = self.gemm_occ()?;
+                let o = if f16 {
+                    self.gemmh_occ()?
+                } else {
+                    self.gemm_occ()?
+                };
                 gemm_pick_bn(tiles_m, n, o.sms, o.occ64, o.occ32)
             }
         };
+        if f16 {
+            let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
+            let f = match (kind, bn) {
+                (WKind::Q1, 64) => self.f.gemmh_q1,
+                (WKind::Q2, 64) => self.f.gemmh_q2,
+                (WKind::Q2G64, 64) => self.f.gemmh_q2g64,
+                (WKind::Q1, _) => self.f.gemmh_q1_n32,
+                (WKind::Q2, _) => self.f.gemmh_q2_n32,
+                (WKind::Q2G64, _) => self.f.gemmh_q2g64_n32,
+                (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
+            };
+            let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
+            push_seg_args(&mut args, segs, MAX_SEGS, GEMM_BM);
+            args.extend([
+                Arg::P(xh),
+                Arg::P(xs),
+                Arg::I(n_in as i32),
+                Arg::I(n as i32),
+                Arg::I(accumulate as i32),
+            ]);
+            return self.launch_smem(
+                f,
+                (cdiv(n, bn), tiles_m as u32, 1),
+                (GEMMH_THREADS, 1, 1),
+                gemmh_smem(kind, bn) as u32,
+                &args,
+            );
+        }
         let f = match (kind, bn) {
             (WKind::Q1, 64) => self.f.gemm_q1,
             (WKind::Q2, 64) => self.f.gemm_q2,
@@ -195,9 +384,6 @@ impl Gpu {
             Arg::I(n as i32),
             Arg::I(accumulate as i32),
         ]);
-        if tiles_m > 65_535 {
-            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
-        }
         self.launch(
             f,
             (cdiv(n, bn), tiles_m as u32, 1),

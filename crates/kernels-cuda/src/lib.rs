@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
-pub use gemm::{gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
+pub use gemm::{f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
 pub use spec::{
@@ -1117,6 +1117,13 @@ kernels!(
         gemm_q1_n32,
         gemm_q2_n32,
         gemm_q2g64_n32,
+        act_q8_to_f16p,
+        gemmh_q1,
+        gemmh_q2,
+        gemmh_q2g64,
+        gemmh_q1_n32,
+        gemmh_q2_n32,
+        gemmh_q2g64_n32,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
@@ -1200,6 +1207,12 @@ pub struct Gpu {
     b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
+    /// The same for the f16 GEMM.
+    gemmh_occ: std::sync::OnceLock<gemm::GemmOcc>,
+    /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
+    gemm_f16: AtomicBool,
+    /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
+    gemm_f16_scratch: Mutex<Option<DevBuf>>,
     /// The row-statistics kernels' block partials `[ROW_STATS_ROWS, ROW_STATS_MAX_BLOCKS, 4]` u32
     /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
     /// with the GPU so that a captured launch can use them.
@@ -1293,6 +1306,9 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
+            gemmh_occ: std::sync::OnceLock::new(),
+            gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
+            gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
             skip: Mutex::new(Vec::new()),
             skip_any: AtomicBool::new(false),
@@ -1645,9 +1661,17 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
+        // segments of 256 per block: one for short launches, else enough blocks for ~2,048 in
+        // all (values do not depend on the split)
+        let segs = k.div_ceil(256);
+        let gx = if n <= MAX_ROWS {
+            segs
+        } else {
+            segs.min(2048usize.div_ceil(n)).max(1)
+        };
         self.launch(
             self.f.rmsnorm_quant,
-            (cdiv(k, 256), n as u32, 1),
+            (gx as u32, n as u32, 1),
             (256, 1, 1),
             &[
                 Arg::P(x),

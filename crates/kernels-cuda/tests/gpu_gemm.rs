@@ -3,15 +3,24 @@
 //! activations at the real Bonsai-27B shapes. Skips (and says so) when no CUDA device exists; a
 //! skipped test proves nothing and is reported as SKIPPED on stderr.
 //!
-//! Tolerances: the GEMM sums per sub-block `xd · isum` (isum exact in int32), per scale block
-//! times the weight scale, all in f32 with a fixed order. Against the f64 emulation of the same
-//! quantized product the max abs error, relative to the largest |y| of the compared set, must be
-//! < 1e-5; against the mat-vec path (a different f32 order) < 2e-5. Grid variants (tile width,
-//! grouping, n) must agree bit for bit, as must accumulate mode with `y0 + y` computed on the host.
+//! Both GEMM paths run every check (`Gpu::set_gemm_f16`):
+//! - int8: sums per sub-block `xd · isum` (isum exact in int32), per scale block times the weight
+//!   scale, in f32 with a fixed order. Against the f64 emulation of the same quantized product the
+//!   max abs error, relative to the largest |y| of the compared set, must be < 1e-5; against the
+//!   mat-vec path (a different f32 order) < 2e-5.
+//! - f16: the activations become f16 (`f16p_row`, host twin of the device conversion, checked bit
+//!   for bit), the weights exact f16, the products summed in f32 by the tensor cores. Against the
+//!   f64 emulation of that product (same f16 activations) < 2e-5; against the mat-vec path (which
+//!   uses the unrounded q·d) < 2e-3, the f16 rounding of the activations (2^-11 per element).
+//!
+//! Grid variants (tile width, grouping, n) must agree bit for bit, as must accumulate mode with
+//! `y0 + y` computed on the host.
 
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{host_quant, retile, DevBuf, Gpu, MvSeg, Retiled, WKind, MAX_ROWS};
+use bonsai_kernels_cuda::{
+    f16p_row, host_quant, retile, DevBuf, Gpu, MvSeg, Retiled, WKind, MAX_ROWS,
+};
 use half::f16;
 use rayon::prelude::*;
 
@@ -103,6 +112,63 @@ impl Mat {
                 acc as f32
             })
             .collect()
+    }
+    /// f64 emulation of the f16 path: the activation rows as the device converts them.
+    fn emulate_f16(&self, q: &[i8], d: &[f32], pairs: &[(usize, usize)]) -> Vec<f32> {
+        let n_in = self.rt.n_in;
+        let rb = self.qt.row_bytes(n_in).unwrap();
+        let mut rows: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+        rows.dedup();
+        let conv: Vec<(usize, (Vec<f16>, f32))> = rows
+            .iter()
+            .map(|&t| {
+                let r = f16p_row(
+                    &q[t * n_in..(t + 1) * n_in],
+                    &d[t * n_in / 32..(t + 1) * n_in / 32],
+                );
+                (t, r)
+            })
+            .collect();
+        pairs
+            .par_iter()
+            .map(|&(t, o)| {
+                let (xh, xs) = &conv.iter().find(|c| c.0 == t).unwrap().1;
+                let mut row = vec![0f32; n_in];
+                dequantize_row(self.qt, &self.raw[o * rb..(o + 1) * rb], &mut row);
+                let mut acc = 0f64;
+                for i in 0..n_in {
+                    // pair order: x0 x2 x1 x3 (its own inverse)
+                    let p = (i & !3) | [0, 2, 1, 3][i & 3];
+                    acc += row[i] as f64 * xh[p].to_f64();
+                }
+                (acc * *xs as f64) as f32
+            })
+            .collect()
+    }
+    /// The emulation of the path `g` is on.
+    fn emulate_path(&self, g: &Gpu, q: &[i8], d: &[f32], pairs: &[(usize, usize)]) -> Vec<f32> {
+        if g.gemm_f16() {
+            self.emulate_f16(q, d, pairs)
+        } else {
+            self.emulate(q, d, pairs)
+        }
+    }
+}
+
+/// Tolerances of the path `g` is on: (vs its emulation, vs the mat-vec path).
+fn tols(g: &Gpu) -> (f32, f32) {
+    if g.gemm_f16() {
+        (2e-5, 2e-3)
+    } else {
+        (1e-5, 2e-5)
+    }
+}
+
+fn path(g: &Gpu) -> &'static str {
+    if g.gemm_f16() {
+        "f16"
+    } else {
+        "int8"
     }
 }
 
@@ -230,9 +296,20 @@ fn sample_pairs(rng: &mut Rng, n: usize, n_out: usize) -> Vec<(usize, usize)> {
     p
 }
 
-/// One (type, shape): every n in `ns` (prefixes of one activation set), vs emulation and
-/// mat-vec; BN 32 == BN 64 == auto; rows independent of n; accumulate mode.
+/// [`run_shape_path`] on both GEMM paths (the default one last, so it stays set).
 fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], seed: u64) {
+    let dflt = g.gemm_f16();
+    for f16 in [!dflt, dflt] {
+        g.set_gemm_f16(f16);
+        run_shape_path(g, qt, n_in, n_out, ns, seed);
+    }
+}
+
+/// One (type, shape) on the path `g` is on: every n in `ns` (prefixes of one activation set), vs
+/// emulation and mat-vec; BN 32 == BN 64 == auto; rows independent of n; accumulate mode.
+fn run_shape_path(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], seed: u64) {
+    let (tol_em, tol_mv) = tols(g);
+    let p = path(g);
     let mut rng = Rng(seed);
     let m = Mat::new(g, &mut rng, qt, n_in, n_out, false);
     let nmax = *ns.iter().max().unwrap();
@@ -250,7 +327,7 @@ fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], se
                 &y,
                 n,
                 n_out,
-                &format!("{qt:?} [{n_in}x{n_out}] n={n} bn={bn:?}"),
+                &format!("{p} {qt:?} [{n_in}x{n_out}] n={n} bn={bn:?}"),
             );
             outs.push(down::<f32>(g, &y, n * n_out));
         }
@@ -261,7 +338,7 @@ fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], se
                 .all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(
                 same,
-                "{qt:?} [{n_in}x{n_out}] n={n}: tile variant {i} differs from auto"
+                "{p} {qt:?} [{n_in}x{n_out}] n={n}: tile variant {i} differs from auto"
             );
         }
         let yg = &outs[0];
@@ -271,7 +348,7 @@ fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], se
                 let same = yg.iter().zip(f).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(
                     same,
-                    "{qt:?} [{n_in}x{n_out}] n={n}: rows differ from the n={nmax} launch"
+                    "{p} {qt:?} [{n_in}x{n_out}] n={n}: rows differ from the n={nmax} launch"
                 );
             }
         }
@@ -279,20 +356,20 @@ fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], se
         let mv = &mv_all[..n * n_out];
         let e_mv = max_rel(yg, mv);
         assert!(
-            e_mv < 2e-5,
-            "{qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec max rel {e_mv}"
+            e_mv < tol_mv,
+            "{p} {qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec max rel {e_mv}"
         );
         // vs the exact emulation (sampled outputs)
         let pairs = sample_pairs(&mut rng, n, n_out);
-        let em = m.emulate(&a.hq, &a.hd, &pairs);
+        let em = m.emulate_path(g, &a.hq, &a.hd, &pairs);
         let got: Vec<f32> = pairs.iter().map(|&(t, o)| yg[t * n_out + o]).collect();
         let e_em = max_rel(&got, &em);
         assert!(
-            e_em < 1e-5,
-            "{qt:?} [{n_in}x{n_out}] n={n}: vs emulation max rel {e_em}"
+            e_em < tol_em,
+            "{p} {qt:?} [{n_in}x{n_out}] n={n}: vs emulation max rel {e_em}"
         );
         eprintln!(
-            "gemm {qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec {e_mv:.2e}, vs emulation {e_em:.2e} ({} samples), bn 32 == 64 == auto, rows == n={nmax}",
+            "gemm {p} {qt:?} [{n_in}x{n_out}] n={n}: vs mat-vec {e_mv:.2e}, vs emulation {e_em:.2e} ({} samples), bn 32 == 64 == auto, rows == n={nmax}",
             pairs.len()
         );
     }
@@ -310,7 +387,7 @@ fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], se
         assert_eq!(
             ya[i].to_bits(),
             (y0[i] + plain[i]).to_bits(),
-            "{qt:?} accumulate at {i}"
+            "{p} {qt:?} accumulate at {i}"
         );
     }
 }
@@ -353,7 +430,12 @@ fn gemm_ragged_shapes() {
         run_shape(g, qt, 512, 1, &[10], s + 3);
     }
     // Q2 code 3 (+2d) is legal: the expansion maps it to +2
-    for qt in [QuantType::Q2_0G128, QuantType::Q2_0G64] {
+    for (qt, f16) in [QuantType::Q2_0G128, QuantType::Q2_0G64]
+        .into_iter()
+        .flat_map(|qt| [(qt, false), (qt, true)])
+    {
+        let dflt = g.gemm_f16();
+        g.set_gemm_f16(f16);
         let mut rng = Rng(77);
         let m = Mat::new(g, &mut rng, qt, 1024, 300, true);
         assert!(m.raw.iter().any(|&b| b & 3 == 3), "no code 3 generated");
@@ -365,10 +447,12 @@ fn gemm_ragged_shapes() {
         let pairs: Vec<(usize, usize)> = (0..40)
             .flat_map(|t| (0..300).map(move |o| (t, o)))
             .collect();
-        let em = m.emulate(&a.hq, &a.hd, &pairs);
+        let em = m.emulate_path(g, &a.hq, &a.hd, &pairs);
         let e = max_rel(&yg, &em);
-        assert!(e < 1e-5, "{qt:?} code 3: max rel {e}");
-        eprintln!("gemm {qt:?} with code 3: vs emulation {e:.2e}");
+        let p = path(g);
+        assert!(e < tols(g).0, "{p} {qt:?} code 3: max rel {e}");
+        eprintln!("gemm {p} {qt:?} with code 3: vs emulation {e:.2e}");
+        g.set_gemm_f16(dflt);
     }
 }
 
@@ -378,6 +462,15 @@ fn gemm_ragged_shapes() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gemm_grouped_segments() {
     let g = need_gpu!("gemm_grouped_segments");
+    let dflt = g.gemm_f16();
+    for f16 in [!dflt, dflt] {
+        g.set_gemm_f16(f16);
+        grouped_segments(g);
+    }
+}
+
+fn grouped_segments(g: &Gpu) {
+    let p = path(g);
     for (i, qt) in KINDS.into_iter().enumerate() {
         let mut rng = Rng(400 + i as u64);
         let k = 5120;
@@ -405,10 +498,10 @@ fn gemm_grouped_segments() {
                     .all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(
                     same,
-                    "{qt:?} n={n}: grouped segment [{k}x{no}] differs from its own launch"
+                    "{p} {qt:?} n={n}: grouped segment [{k}x{no}] differs from its own launch"
                 );
             }
-            eprintln!("gemm {qt:?} grouped [5120 -> 10240|6144|48|48] n={n}: each segment == single launch");
+            eprintln!("gemm {p} {qt:?} grouped [5120 -> 10240|6144|48|48] n={n}: each segment == single launch");
         }
         // the same matrix twice plus another: outputs of the repeated one are identical
         let n = 64;
@@ -441,7 +534,10 @@ fn gemm_grouped_segments() {
 fn gemm_throughput_report() {
     let g = need_gpu!("gemm_throughput_report");
     let n = 512;
-    for qt in KINDS {
+    let dflt = g.gemm_f16();
+    for (qt, f16) in KINDS.into_iter().flat_map(|qt| [(qt, false), (qt, true)]) {
+        g.set_gemm_f16(f16);
+        let p = path(g);
         let mut rng = Rng(500);
         for (k, n_out) in [
             (5120, 16480),
@@ -478,7 +574,61 @@ fn gemm_throughput_report() {
             ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let ms = ts[ts.len() / 2];
             let tops = 2.0 * (n * n_out * k) as f64 / (ms / 1e3) / 1e12;
-            eprintln!("gemm {qt:?} [{k}x{n_out}] n={n}: {:.1} us, {tops:.0} TOPS (int8 ops, L2-warm weights)", ms * 1e3);
+            eprintln!("gemm {p} {qt:?} [{k}x{n_out}] n={n}: {:.1} us, {tops:.0} TOPS (multiply-adds x 2, activation conversion included, L2-warm weights)", ms * 1e3);
         }
+    }
+    g.set_gemm_f16(dflt);
+}
+
+/// The f16 path's activation conversion equals its host twin bit for bit, on rows of very
+/// different ranges (the row factor keeps every value finite and normal-range): ordinary, huge
+/// (|x| ~ 1e6, past f16's 65504), tiny (1e-30), all zero, and one lone large element.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_f16_activation_conversion() {
+    let g = need_gpu!("gemm_f16_activation_conversion");
+    let mut rng = Rng(900);
+    let k = 5120;
+    let scales = [1.0f32, 1e6, 1e-30, 0.0, 1.0];
+    let n = scales.len();
+    let mut x = Vec::with_capacity(n * k);
+    for (t, &sc) in scales.iter().enumerate() {
+        let mut r = rng.vec(k, sc);
+        if t == 4 {
+            r[1234] = 3.0e5;
+        }
+        x.extend(r);
+    }
+    let xb = g.upload(&x).unwrap();
+    let q = g.alloc(n * k).unwrap();
+    let d = g.alloc(n * k / 32 * 4).unwrap();
+    let s = g.alloc(n * k / 32 * 4).unwrap();
+    g.quant_rows(xb.ptr(), n, k, q.ptr(), d.ptr(), s.ptr())
+        .unwrap();
+    let (hq, hd, _) = host_quant(&x, k);
+    let xh = g.alloc(n * k * 2).unwrap();
+    let xs = g.alloc(n * 4).unwrap();
+    g.act_q8_to_f16p(q.ptr(), d.ptr(), k, n, xh.ptr(), xs.ptr())
+        .unwrap();
+    let got_h: Vec<u16> = down(g, &xh, n * k);
+    let got_s: Vec<f32> = down(g, &xs, n);
+    for t in 0..n {
+        let (want_h, want_s) = f16p_row(&hq[t * k..(t + 1) * k], &hd[t * k / 32..(t + 1) * k / 32]);
+        assert_eq!(got_s[t].to_bits(), want_s.to_bits(), "row {t}: factor");
+        let bad = (0..k)
+            .filter(|&i| got_h[t * k + i] != want_h[i].to_bits())
+            .count();
+        assert_eq!(
+            bad, 0,
+            "row {t}: {bad} f16 values differ from the host twin"
+        );
+        assert!(
+            want_h.iter().all(|h| h.is_finite()),
+            "row {t}: a non-finite f16 value"
+        );
+        eprintln!(
+            "act_q8_to_f16p row {t} (scale {:e}): factor {:e}, {k} values == host twin",
+            scales[t], want_s
+        );
     }
 }

@@ -1025,6 +1025,57 @@ fn rmsnorm_quant_vs_reference() {
     let (hq, _, hs) = host_quant(&got, k);
     assert_eq!(down::<i8>(g, &q, n * k), hq);
     assert_eq!(down::<i32>(g, &s, n * k / 32), hs);
+
+    // prefill-sized launches split a row into fewer blocks (several segments each, uneven at
+    // k = 6144, n = 100): every row equals the decode launch's bit for bit
+    for (k, nbig) in [(5120usize, 300usize), (6144, 100), (17408, 64)] {
+        let x = rng.vec(nbig * k, 3.0);
+        let w: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 1.0 + v * 0.5).collect();
+        let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+        let run = |n: usize, off: usize| {
+            let xf = g.alloc(n * k * 4).unwrap();
+            let q = g.alloc(n * k).unwrap();
+            let d = g.alloc(n * k / 32 * 4).unwrap();
+            let s = g.alloc(n * k / 32 * 4).unwrap();
+            g.rmsnorm_quant(
+                xb.at(off * k * 4),
+                wb.ptr(),
+                1e-6,
+                n,
+                k,
+                xf.ptr(),
+                q.ptr(),
+                d.ptr(),
+                s.ptr(),
+            )
+            .unwrap();
+            (
+                down::<u32>(g, &xf, n * k),
+                down::<i8>(g, &q, n * k),
+                down::<u32>(g, &d, n * k / 32),
+                down::<i32>(g, &s, n * k / 32),
+            )
+        };
+        let big = run(nbig, 0);
+        for t0 in (0..nbig).step_by(nbig / 5) {
+            let nr = bonsai_kernels_cuda::MAX_ROWS.min(nbig - t0);
+            let small = run(nr, t0);
+            let (a, b) = (t0 * k, (t0 + nr) * k);
+            assert_eq!(small.0[..], big.0[a..b], "k={k} rows {t0}..: xf differs");
+            assert_eq!(small.1[..], big.1[a..b], "k={k} rows {t0}..: q differs");
+            assert_eq!(
+                small.2[..],
+                big.2[a / 32..b / 32],
+                "k={k} rows {t0}..: d differs"
+            );
+            assert_eq!(
+                small.3[..],
+                big.3[a / 32..b / 32],
+                "k={k} rows {t0}..: s differs"
+            );
+        }
+        eprintln!("rmsnorm_quant k={k}: an n={nbig} launch equals n<=8 launches bit for bit");
+    }
 }
 
 #[test]
