@@ -848,6 +848,41 @@ extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k,
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
+// swiglu_quant for long launches (prefill): 4 elements per thread with 16-byte loads, 8 lanes per
+// 32-element block (xor shuffles 1, 2, 4), the same per-element operations as swiglu_quant and
+// quant32 (exact max, exact integer sum), so the same bits. grid (ceil(k/1024), n), block 256;
+// k % 32 == 0, gt / up / hf rows 16-byte aligned.
+extern "C" __global__ void swiglu_quant_v4(const float* gt, const float* up, int k, float* hf, i8* q, float* d,
+                                           int* s) {
+    PDL_ENTRY();
+    int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;  // 4-element piece of the row
+    int nb = k >> 5;
+    int b = c >> 3;  // the 8 lanes of a group share b (a warp is 4 whole groups)
+    if (b >= nb) return;
+    size_t i = (size_t)t * k + 4 * (size_t)c;
+    float4 g4 = *(const float4*)(gt + i), u4 = *(const float4*)(up + i);
+    float v[4] = {siluf_(g4.x) * u4.x, siluf_(g4.y) * u4.y, siluf_(g4.z) * u4.z, siluf_(g4.w) * u4.w};
+    if (hf) *(float4*)(hf + i) = make_float4(v[0], v[1], v[2], v[3]);
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    int qi[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        qi[e] = (int)fminf(fmaxf(roundf(v[e] * id), -127.0f), 127.0f);
+        sum += qi[e];
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    *(u32*)(q + i) = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
+    if ((threadIdx.x & 7) == 0) {
+        d[(size_t)t * nb + b] = db;
+        s[(size_t)t * nb + b] = sum;
+    }
+}
+
 // ---- row statistics over the vocabulary (argmax, log-sum-exp) -----------------------------------
 //
 // grid (nb, rows), block 256: block b of row t scans the slice [b·chunk, (b+1)·chunk) of the row

@@ -556,57 +556,60 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
                 base[k][b] = h * 0x00010001u;
             }
         }
-#pragma unroll 1
-        for (int sb = 0; sb < 4; ++sb) {
-            // code words of this sub-block for the 4 rows (Q2: words 2sb, 2sb+1)
-            u32 w0[4], w1[4];
+        // every code word of the chunk for the 4 rows (Q1: sub-block sb = word sb; Q2: words 2sb,
+        // 2sb+1), then the k16 steps with the B fragments of step kk+1 loaded before the MMAs of
+        // step kk (two register sets), so no MMA waits on its own ldmatrix
+        constexpr int NW = KIND == 1 ? 4 : 8;
+        u32 cw[4][NW];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                if (KIND == 1) {
-                    w0[k] = *(const u32*)(wbase + lr[k] * WS + 4 * sb);
-                    w1[k] = w0[k];
-                } else {
-                    uint2 v = *(const uint2*)(wbase + lr[k] * WS + 8 * sb);
-                    w0[k] = v.x;
-                    w1[k] = v.y;
-                }
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int v = 0; v < NW / 4; ++v) {
+                uint4 x = *(const uint4*)(wbase + lr[k] * WS + 16 * v);
+                cw[k][4 * v] = x.x;
+                cw[k][4 * v + 1] = x.y;
+                cw[k][4 * v + 2] = x.z;
+                cw[k][4 * v + 3] = x.w;
             }
-            // this sub-block's scale bases (g64: the chunk's second block from sub-block 2)
-            u32 bs[4];
+        }
+        u32 bf[2][NT][2];
+        auto load_b = [&](int kk, u32 (*b)[2]) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) bs[k] = (SPC == 2 && sb >= 2) ? base[k][1] : base[k][0];
+            for (int jp = 0; jp < NT / 2; ++jp) {
+                u32 r[4];
+                ldsm_x4(r, xbase + (u32)(16 * jp * GH_XST + 32 * kk));
+                b[2 * jp][0] = r[0];
+                b[2 * jp][1] = r[1];
+                b[2 * jp + 1][0] = r[2];
+                b[2 * jp + 1][1] = r[3];
+            }
+        };
+        load_b(0, bf[0]);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int kk = 2 * sb + h;
-                u32 b[NT][2];
+        for (int kk = 0; kk < 8; ++kk) {
+            if (kk + 1 < 8) load_b(kk + 1, bf[(kk + 1) & 1]);
+            const int sb = kk >> 1, h = kk & 1;
+            // g64: the chunk's second scale block from sub-block 2
+            const int bi = (SPC == 2 && sb >= 2) ? 1 : 0;
 #pragma unroll
-                for (int jp = 0; jp < NT / 2; ++jp) {
-                    u32 r[4];
-                    ldsm_x4(r, xbase + (u32)(16 * jp * GH_XST + 32 * kk));
-                    b[2 * jp][0] = r[0];
-                    b[2 * jp][1] = r[1];
-                    b[2 * jp + 1][0] = r[2];
-                    b[2 * jp + 1][1] = r[3];
-                }
+            for (int mi = 0; mi < 2; ++mi) {
+                u32 a[4];
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
-                    u32 a[4];
-#pragma unroll
-                    for (int hf = 0; hf < 2; ++hf) {
-                        const int k = 2 * mi + hf;
-                        if (KIND == 1) {
-                            const int s = q1s - 4 * h;
-                            a[hf] = sign_xor(w0[k] << s, bs[k]);
-                            a[2 + hf] = sign_xor(w0[k] << (s - 2), bs[k]);
-                        } else {
-                            const u32 w = h == 0 ? w0[k] : w1[k];
-                            a[hf] = q2_h2(w, q2r, bs[k]);
-                            a[2 + hf] = q2_h2(w, q2r + 4, bs[k]);
-                        }
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int k = 2 * mi + hf;
+                    if (KIND == 1) {
+                        const int s = q1s - 4 * h;
+                        a[hf] = sign_xor(cw[k][sb] << s, base[k][bi]);
+                        a[2 + hf] = sign_xor(cw[k][sb] << (s - 2), base[k][bi]);
+                    } else {
+                        const u32 w = cw[k][2 * sb + h];
+                        a[hf] = q2_h2(w, q2r, base[k][bi]);
+                        a[2 + hf] = q2_h2(w, q2r + 4, base[k][bi]);
                     }
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_f16(acc[mi][j], a[0], a[1], a[2], a[3], b[j][0], b[j][1]);
                 }
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    mma_f16(acc[mi][j], a[0], a[1], a[2], a[3], bf[kk & 1][j][0], bf[kk & 1][j][1]);
             }
         }
 #pragma unroll

@@ -949,6 +949,7 @@ kernels!(
         attn_chunks_hd256,
         attn_merge_quant,
         swiglu_quant,
+        swiglu_quant_v4,
         argmax_rows,
         logit_stats_rows,
         step_advance,
@@ -2951,6 +2952,23 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
+        if n > MAX_ROWS && (g | u | hf) % 16 == 0 && q % 4 == 0 {
+            // prefill: 16-byte loads, same bits
+            return self.launch(
+                self.f.swiglu_quant_v4,
+                (cdiv(k, 1024), n as u32, 1),
+                (256, 1, 1),
+                &[
+                    Arg::P(g),
+                    Arg::P(u),
+                    Arg::I(k as i32),
+                    Arg::P(hf),
+                    Arg::P(q),
+                    Arg::P(d),
+                    Arg::P(s),
+                ],
+            );
+        }
         self.launch(
             self.f.swiglu_quant,
             (cdiv(k / 32, 8), n as u32, 1),

@@ -10,7 +10,8 @@
 //!   mat-vec path (a different f32 order) < 2e-5.
 //! - f16: the activations become f16 (`f16p_row`, host twin of the device conversion, checked bit
 //!   for bit), the weights exact f16, the products summed in f32 by the tensor cores. Against the
-//!   f64 emulation of that product (same f16 activations) < 2e-5; against the mat-vec path (which
+//!   f64 emulation of that product (same f16 activations) < 1e-4 (the tensor cores' f32 sums over
+//!   K/16 steps: 2.5e-5 measured at K = 17,408); against the mat-vec path (which
 //!   uses the unrounded q·d) < 2e-3, the f16 rounding of the activations (2^-11 per element).
 //!
 //! Grid variants (tile width, grouping, n) must agree bit for bit, as must accumulate mode with
@@ -158,7 +159,7 @@ impl Mat {
 /// Tolerances of the path `g` is on: (vs its emulation, vs the mat-vec path).
 fn tols(g: &Gpu) -> (f32, f32) {
     if g.gemm_f16() {
-        (2e-5, 2e-3)
+        (1e-4, 2e-3)
     } else {
         (1e-5, 2e-5)
     }

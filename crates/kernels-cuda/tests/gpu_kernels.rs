@@ -1330,6 +1330,51 @@ fn gated_norm_and_swiglu_vs_reference() {
     let want: Vec<f32> = gt.iter().zip(&up).map(|(a, b)| r::silu(*a) * b).collect();
     let got: Vec<f32> = down(g, &hf, n * ff);
     assert!(max_rel(&got, &want) < 1e-5);
+
+    // a prefill-sized launch (the 16-byte-load kernel): the same bits as the short launch on the
+    // shared rows, and the host quantization of its own output everywhere
+    let nl = 40;
+    let mut gt_l = gt.clone();
+    gt_l.extend(rng.vec((nl - n) * ff, 3.0));
+    let mut up_l = up.clone();
+    up_l.extend(rng.vec((nl - n) * ff, 3.0));
+    let (gbl, ubl) = (g.upload(&gt_l).unwrap(), g.upload(&up_l).unwrap());
+    let hfl = g.alloc(nl * ff * 4).unwrap();
+    let ql = g.alloc(nl * ff).unwrap();
+    let dl = g.alloc(nl * ff / 32 * 4).unwrap();
+    let sl = g.alloc(nl * ff / 32 * 4).unwrap();
+    g.swiglu_quant(
+        gbl.ptr(),
+        ubl.ptr(),
+        nl,
+        ff,
+        hfl.ptr(),
+        ql.ptr(),
+        dl.ptr(),
+        sl.ptr(),
+    )
+    .unwrap();
+    let got_l: Vec<f32> = down(g, &hfl, nl * ff);
+    assert!(
+        got_l[..n * ff]
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "swiglu: long launch f32 rows differ from the short launch"
+    );
+    let (hq, hd, hs) = host_quant(&got_l, ff);
+    assert_eq!(down::<i8>(g, &ql, nl * ff), hq, "swiglu long: codes");
+    assert_eq!(
+        down::<u32>(g, &dl, nl * ff / 32),
+        hd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "swiglu long: scales"
+    );
+    assert_eq!(down::<i32>(g, &sl, nl * ff / 32), hs, "swiglu long: sums");
+    assert_eq!(
+        down::<i8>(g, &q2, n * ff)[..],
+        down::<i8>(g, &ql, nl * ff)[..n * ff],
+        "swiglu: long launch codes differ from the short launch"
+    );
 }
 
 #[test]
