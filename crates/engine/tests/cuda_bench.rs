@@ -344,50 +344,68 @@ fn cuda_decode_bench() {
     let pp_med = pp_ms[pp_ms.len() / 2];
     let pp_tps = pp as f64 / (pp_med / 1e3);
     let gemm_f16 = cuda.gpu().gemm_f16();
-    println!(
-        "BENCH prefill pp{pp} ({} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})",
-        if gemm_f16 { "f16" } else { "int8" }
-    );
-    // the same with the other GEMM path (A/B in one process), and how far its last-row logits are
-    // from the default path's
-    cuda.gpu().set_gemm_f16(!gemm_f16);
-    let mut alt_ms = Vec::new();
-    let mut alt_logits = Vec::new();
-    for rep in 0..4 {
-        spp.reset(&cuda);
-        cuda.gpu().sync().unwrap();
-        let t = Instant::now();
-        forward(
-            &cuda,
-            &cfg,
-            &w,
-            &mut spp,
-            &prompt_pp,
-            GdnMode::Chunked,
-            LogitRows::Last,
-            &mut alt_logits,
-            Capture::none(),
-        )
-        .unwrap();
-        if rep > 0 {
-            alt_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    let gemmh_w = cuda.gpu().gemmh_warps();
+    let cfg_name = |f16: bool, w: usize| {
+        if f16 {
+            format!("f16-w{w}")
+        } else {
+            "int8".to_string()
         }
+    };
+    let dflt_name = cfg_name(gemm_f16, gemmh_w);
+    println!("BENCH prefill pp{pp} ({dflt_name} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
+    // the other GEMM configurations (A/B in one process), and how far their last-row logits are
+    // from the default's
+    let alts: Vec<(bool, usize)> = [(false, gemmh_w), (true, 4), (true, 8)]
+        .into_iter()
+        .filter(|&(f, w)| cfg_name(f, w) != dflt_name)
+        .collect();
+    let mut alt_json = Vec::new();
+    for &(f16, wp) in &alts {
+        cuda.gpu().set_gemm_f16(f16);
+        cuda.gpu().set_gemmh_warps(wp);
+        let mut alt_ms = Vec::new();
+        let mut alt_logits = Vec::new();
+        for rep in 0..4 {
+            spp.reset(&cuda);
+            cuda.gpu().sync().unwrap();
+            let t = Instant::now();
+            forward(
+                &cuda,
+                &cfg,
+                &w,
+                &mut spp,
+                &prompt_pp,
+                GdnMode::Chunked,
+                LogitRows::Last,
+                &mut alt_logits,
+                Capture::none(),
+            )
+            .unwrap();
+            if rep > 0 {
+                alt_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        alt_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let alt_med = alt_ms[alt_ms.len() / 2];
+        let (num, den) = pp_logits
+            .iter()
+            .zip(&alt_logits)
+            .fold((0f64, 0f64), |(n, d), (&a, &b)| {
+                (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
+            });
+        let nmse = num / den.max(1e-30);
+        let name = cfg_name(f16, wp);
+        println!(
+            "BENCH prefill pp{pp} ({name} GEMM): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {dflt_name} {nmse:.2e}",
+            pp as f64 / (alt_med / 1e3)
+        );
+        alt_json.push(format!(
+            "{{\"gemm\": \"{name}\", \"pp512_ms_median\": {alt_med:.2}, \"pp512_ms_all\": {alt_ms:?}, \"last_logit_nmse_vs_default\": {nmse:.3e}}}"
+        ));
     }
     cuda.gpu().set_gemm_f16(gemm_f16);
-    alt_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let alt_med = alt_ms[alt_ms.len() / 2];
-    let (num, den) = pp_logits
-        .iter()
-        .zip(&alt_logits)
-        .fold((0f64, 0f64), |(n, d), (&a, &b)| {
-            (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
-        });
-    let alt_nmse = num / den.max(1e-30);
-    let alt_name = if gemm_f16 { "int8" } else { "f16" };
-    println!(
-        "BENCH prefill pp{pp} ({alt_name} GEMM): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE between the paths {alt_nmse:.2e}",
-        pp as f64 / (alt_med / 1e3)
-    );
+    cuda.gpu().set_gemmh_warps(gemmh_w);
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
@@ -438,25 +456,31 @@ fn cuda_decode_bench() {
     println!(
         "GEMM n={pp} all projections {gemm_total_ms:.2} ms of the {pp_med:.2} ms pp{pp} forward"
     );
-    // the other path's GEMMs alone
-    cuda.gpu().set_gemm_f16(!gemm_f16);
+    // the other configurations' GEMMs alone
     let mut alt_gemm_json = Vec::new();
-    let mut alt_gemm_total_ms = 0.0;
-    for (name, groups) in &gcats {
-        let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
-        let ms = med(cuda.time_proj_pass(&cfg, groups, pp, 3).unwrap());
-        alt_gemm_total_ms += ms;
-        let tops = 2.0 * macs as f64 / (ms / 1e3) / 1e12;
-        println!(
-            "GEMM ({alt_name}) n={pp} {name:<20} {:8.1} us/launch {tops:7.1} TOPS",
-            ms * 1e3 / groups.len() as f64
-        );
-        alt_gemm_json.push(format!(
-            "{{\"group\": \"{name}\", \"us_per_launch\": {:.1}, \"TOPS\": {tops:.1}}}",
-            ms * 1e3 / groups.len() as f64
-        ));
+    for &(f16, wp) in &alts {
+        cuda.gpu().set_gemm_f16(f16);
+        cuda.gpu().set_gemmh_warps(wp);
+        let name = cfg_name(f16, wp);
+        let mut total = 0.0;
+        for (gname, groups) in &gcats {
+            let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
+            let ms = med(cuda.time_proj_pass(&cfg, groups, pp, 3).unwrap());
+            total += ms;
+            let tops = 2.0 * macs as f64 / (ms / 1e3) / 1e12;
+            println!(
+                "GEMM ({name}) n={pp} {gname:<20} {:8.1} us/launch {tops:7.1} TOPS",
+                ms * 1e3 / groups.len() as f64
+            );
+            alt_gemm_json.push(format!(
+                "{{\"gemm\": \"{name}\", \"group\": \"{gname}\", \"us_per_launch\": {:.1}, \"TOPS\": {tops:.1}}}",
+                ms * 1e3 / groups.len() as f64
+            ));
+        }
+        println!("GEMM ({name}) n={pp} all projections {total:.2} ms");
     }
     cuda.gpu().set_gemm_f16(gemm_f16);
+    cuda.gpu().set_gemmh_warps(gemmh_w);
 
     // per-kernel profile of one pp512 forward (each launch timed alone)
     spp.reset(&cuda);
@@ -513,10 +537,8 @@ fn cuda_decode_bench() {
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
          \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \
-         \"prefill_pp512_tok_s\": {pp_tps:.1}, \"prefill_gemm\": \"{}\", \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
-         \"gemm_n512\": [{}], \"prefill_alt_gemm\": \"{alt_name}\", \"prefill_alt_pp512_ms_median\": {alt_med:.2}, \
-         \"prefill_alt_pp512_ms_all\": {alt_ms:?}, \"prefill_alt_last_logit_nmse\": {alt_nmse:.3e}, \
-         \"alt_gemm_n512_total_ms\": {alt_gemm_total_ms:.3}, \"alt_gemm_n512\": [{}], \
+         \"prefill_pp512_tok_s\": {pp_tps:.1}, \"prefill_gemm\": \"{dflt_name}\", \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
+         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"alt_gemm_n512\": [{}], \
          \"prefill_kernel_profile_total_us\": {ptotal:.1}, \
          \"prefill_kernel_profile\": [{}]}}",
         cfg.weight_type.name(),
@@ -529,8 +551,8 @@ fn cuda_decode_bench() {
         prof.join(", "),
         kprof.join(", "),
         &toks[..toks.len().min(8)],
-        if gemm_f16 { "f16" } else { "int8" },
         gemm_json.join(", "),
+        alt_json.join(", "),
         alt_gemm_json.join(", "),
         pp_prof.join(", ")
     );

@@ -356,9 +356,6 @@ GM_ENTRY(gemm_q2g64_n32, 3, 4)
 // all of them: NT n8 tiles), k in chunks of 128 through a GH_STAGES-deep cp.async ring in dynamic
 // shared memory.
 
-#define GH_WARPS 4
-#define GH_THREADS (GH_WARPS * 32)
-#define GH_BM (GH_WARPS * 32)
 #define GH_KC 128
 #define GH_STAGES 3
 // activation row stride in shared memory: 256 bytes of f16 + 16 pad, so the 8 row addresses of an
@@ -435,14 +432,17 @@ extern "C" __global__ void act_q8_to_f16p(const i8* q, const float* d, int n_in,
     }
 }
 
-// Dynamic shared memory of a gemmh launch: per stage BN activation rows + GH_BM weight rows.
+// Dynamic shared memory of a gemmh launch: per stage BN activation rows + 32·W weight rows.
 #define GH_WROW(KIND) ((KIND) == 1 ? 16 : 48)
-#define GH_SMEM(KIND, NT) (GH_STAGES * (8 * (NT) * GH_XST + GH_BM * GH_WROW(KIND)))
+#define GH_SMEM(KIND, NT, W) (GH_STAGES * (8 * (NT) * GH_XST + 32 * (W) * GH_WROW(KIND)))
 
-template <int KIND, int NT>
+// W warps per CTA (GH_BM = 32·W weight rows: more rows per CTA read each activation tile from L2
+// fewer times), NT n8 tiles per warp.
+template <int KIND, int NT, int W>
 __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                              const float* __restrict__ xs, int n_in, int n, int accumulate) {
     extern __shared__ __align__(16) u8 gh_smem[];
+    constexpr int GH_BM = 32 * W, GH_THREADS = 32 * W;
     const int BN = NT * 8;
     const int CB = KIND == 1 ? 16 : 32;  // code bytes per weight row per chunk
     const int WS = GH_WROW(KIND);        // their stride in shared memory (Q2 padded: no conflicts)
@@ -641,20 +641,27 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
 }
 
 // Parameters as GM_ENTRY with xh [n, n_in] f16 (pair order) and xs [n] instead of q and d.
-// grid (ceil(n / (8·NT)), Σ ceil(n_out_i / GH_BM)), block GH_THREADS, GH_SMEM(KIND, NT) bytes of
+// grid (ceil(n / (8·NT)), Σ ceil(n_out_i / (32·W))), block 32·W, GH_SMEM(KIND, NT, W) bytes of
 // dynamic shared memory.
-#define GH_ENTRY(NAME, KIND, NT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(GH_THREADS, 3) NAME(                                   \
+#define GH_ENTRY(NAME, KIND, NT, W, MINB)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * (W), MINB) NAME(                                  \
         const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
         int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
         float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate) {            \
         GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
               s3 = {c3, sc3, y3, n3};                                                                   \
-        gemmh_lowbit<KIND, NT>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate);                             \
+        gemmh_lowbit<KIND, NT, W>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate);                          \
     }
-GH_ENTRY(gemmh_q1, 1, 8)
-GH_ENTRY(gemmh_q2, 2, 8)
-GH_ENTRY(gemmh_q2g64, 3, 8)
-GH_ENTRY(gemmh_q1_n32, 1, 4)
-GH_ENTRY(gemmh_q2_n32, 2, 4)
-GH_ENTRY(gemmh_q2g64_n32, 3, 4)
+// 4 warps (128 weight rows) and 8 warps (256) per CTA; BN 64 and 32
+GH_ENTRY(gemmh_q1, 1, 8, 4, 3)
+GH_ENTRY(gemmh_q2, 2, 8, 4, 3)
+GH_ENTRY(gemmh_q2g64, 3, 8, 4, 3)
+GH_ENTRY(gemmh_q1_n32, 1, 4, 4, 3)
+GH_ENTRY(gemmh_q2_n32, 2, 4, 4, 3)
+GH_ENTRY(gemmh_q2g64_n32, 3, 4, 4, 3)
+GH_ENTRY(gemmh_q1_w8, 1, 8, 8, 1)
+GH_ENTRY(gemmh_q2_w8, 2, 8, 8, 1)
+GH_ENTRY(gemmh_q2g64_w8, 3, 8, 8, 1)
+GH_ENTRY(gemmh_q1_w8_n32, 1, 4, 8, 2)
+GH_ENTRY(gemmh_q2_w8_n32, 2, 4, 8, 2)
+GH_ENTRY(gemmh_q2g64_w8_n32, 3, 4, 8, 2)

@@ -24,8 +24,21 @@ pub const GEMM_BM: usize = 128;
 pub const GEMM_KC: usize = 128;
 /// Threads per GEMM CTA (`GM_THREADS`).
 const GEMM_THREADS: u32 = 256;
-/// Threads per f16 GEMM CTA (`GH_THREADS`).
-const GEMMH_THREADS: u32 = 128;
+/// Default warps per f16 GEMM CTA (32 weight rows each).
+pub const GEMMH_WARPS_DEFAULT: usize = 4;
+
+/// `BONSAI_CUDA_GEMMH_WARPS` (4 or 8), else the default.
+pub(crate) fn gemmh_warps_env() -> usize {
+    match std::env::var("BONSAI_CUDA_GEMMH_WARPS")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("8") => 8,
+        Some("4") => 4,
+        _ => GEMMH_WARPS_DEFAULT,
+    }
+}
 
 /// Whether the prefill GEMM takes the f16 path: yes unless `BONSAI_CUDA_GEMM=i8`.
 pub(crate) fn gemm_f16_env() -> bool {
@@ -33,10 +46,10 @@ pub(crate) fn gemm_f16_env() -> bool {
 }
 
 /// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): 3 stages of `bn`
-/// activation rows (272 bytes) and 128 weight rows (16 code bytes for Q1, 48 for Q2 kinds).
-fn gemmh_smem(kind: WKind, bn: usize) -> usize {
+/// activation rows (272 bytes) and 32 weight rows per warp (16 code bytes for Q1, 48 for Q2).
+fn gemmh_smem(kind: WKind, bn: usize, warps: usize) -> usize {
     let wrow = if kind == WKind::Q1 { 16 } else { 48 };
-    3 * (bn * 272 + 128 * wrow)
+    3 * (bn * 272 + 32 * warps * wrow)
 }
 
 /// The row exponent of `act_q8_to_f16p` (host twin of `f16p_row_exp`): `e` with `amax · 2^-e` in
@@ -115,24 +128,54 @@ impl Gpu {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn gemmh_occ(&self) -> Result<GemmOcc> {
-        if let Some(o) = self.gemmh_occ.get() {
+    /// Warps (32 weight rows each) per f16 GEMM CTA.
+    pub fn gemmh_warps(&self) -> usize {
+        self.gemmh_warps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Set the warps per f16 GEMM CTA: 4 or 8 (results do not depend on it).
+    pub fn set_gemmh_warps(&self, warps: usize) {
+        assert!(warps == 4 || warps == 8, "gemmh warps {warps}");
+        self.gemmh_warps
+            .store(warps, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The f16 GEMM kernel of a kind, tile width and warp count.
+    fn gemmh_func(&self, kind: WKind, bn: usize, warps: usize) -> sys::CUfunction {
+        let f = &self.f;
+        match (kind, bn, warps) {
+            (WKind::Q1, 64, 4) => f.gemmh_q1,
+            (WKind::Q2, 64, 4) => f.gemmh_q2,
+            (WKind::Q2G64, 64, 4) => f.gemmh_q2g64,
+            (WKind::Q1, _, 4) => f.gemmh_q1_n32,
+            (WKind::Q2, _, 4) => f.gemmh_q2_n32,
+            (WKind::Q2G64, _, 4) => f.gemmh_q2g64_n32,
+            (WKind::Q1, 64, _) => f.gemmh_q1_w8,
+            (WKind::Q2, 64, _) => f.gemmh_q2_w8,
+            (WKind::Q2G64, 64, _) => f.gemmh_q2g64_w8,
+            (WKind::Q1, _, _) => f.gemmh_q1_w8_n32,
+            (WKind::Q2, _, _) => f.gemmh_q2_w8_n32,
+            (WKind::Q2G64, _, _) => f.gemmh_q2g64_w8_n32,
+            (WKind::F32 | WKind::Q41, _, _) => unreachable!("checked by gemm_supported"),
+        }
+    }
+
+    fn gemmh_occ(&self, warps: usize) -> Result<GemmOcc> {
+        let slot = &self.gemmh_occ[usize::from(warps == 8)];
+        if let Some(o) = slot.get() {
             return Ok(*o);
         }
         let sms = self.sm_count()?;
-        let occ = |bn: usize, fs: [(WKind, sys::CUfunction); 3]| -> Result<usize> {
+        let occ = |bn: usize| -> Result<usize> {
             let mut m = usize::MAX;
-            for (kind, f) in fs {
-                let smem = gemmh_smem(kind, bn);
+            for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
+                let f = self.gemmh_func(kind, bn, warps);
+                let smem = gemmh_smem(kind, bn, warps);
                 self.raise_smem_limit(f, smem)?;
                 // SAFETY: f is a kernel of our loaded module, its dynamic shared memory limit
                 // raised to `smem` above.
                 let o = unsafe {
-                    cu::occupancy::max_active_block_per_multiprocessor(
-                        f,
-                        GEMMH_THREADS as i32,
-                        smem,
-                    )
+                    cu::occupancy::max_active_block_per_multiprocessor(f, (32 * warps) as i32, smem)
                 }
                 .map_err(err("occupancy"))?;
                 m = m.min(o.max(1) as usize);
@@ -141,24 +184,10 @@ impl Gpu {
         };
         let o = GemmOcc {
             sms,
-            occ64: occ(
-                64,
-                [
-                    (WKind::Q1, self.f.gemmh_q1),
-                    (WKind::Q2, self.f.gemmh_q2),
-                    (WKind::Q2G64, self.f.gemmh_q2g64),
-                ],
-            )?,
-            occ32: occ(
-                32,
-                [
-                    (WKind::Q1, self.f.gemmh_q1_n32),
-                    (WKind::Q2, self.f.gemmh_q2_n32),
-                    (WKind::Q2G64, self.f.gemmh_q2g64_n32),
-                ],
-            )?,
+            occ64: occ(64)?,
+            occ32: occ(32)?,
         };
-        Ok(*self.gemmh_occ.get_or_init(|| o))
+        Ok(*slot.get_or_init(|| o))
     }
 
     /// The f16 activations of `q`/`d` (`[n, n_in]`) in this `Gpu`'s scratch: returns (xh, xs).
@@ -316,14 +345,16 @@ impl Gpu {
         if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
             return Err(CudaError(format!("gemm_lowbit: n = {n}, n_in = {n_in}")));
         }
-        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(GEMM_BM)).sum();
+        let f16 = self.gemm_f16();
+        let warps = self.gemmh_warps();
+        let bm = if f16 { 32 * warps } else { GEMM_BM };
+        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(bm)).sum();
         if tiles_m == 0 {
             return Ok(());
         }
         if tiles_m > 65_535 {
             return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
         }
-        let f16 = self.gemm_f16();
         let bn = match bn {
             Some(b) => {
                 assert!(b == 32 || b == 64, "gemm_lowbit: bn = {b}");
@@ -331,7 +362,7 @@ impl Gpu {
             }
             None => {
                 let o = if f16 {
-                    self.gemmh_occ()?
+                    self.gemmh_occ(warps)?
                 } else {
                     self.gemm_occ()?
                 };
@@ -340,17 +371,9 @@ impl Gpu {
         };
         if f16 {
             let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-            let f = match (kind, bn) {
-                (WKind::Q1, 64) => self.f.gemmh_q1,
-                (WKind::Q2, 64) => self.f.gemmh_q2,
-                (WKind::Q2G64, 64) => self.f.gemmh_q2g64,
-                (WKind::Q1, _) => self.f.gemmh_q1_n32,
-                (WKind::Q2, _) => self.f.gemmh_q2_n32,
-                (WKind::Q2G64, _) => self.f.gemmh_q2g64_n32,
-                (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
-            };
+            let f = self.gemmh_func(kind, bn, warps);
             let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
-            push_seg_args(&mut args, segs, MAX_SEGS, GEMM_BM);
+            push_seg_args(&mut args, segs, MAX_SEGS, bm);
             args.extend([
                 Arg::P(xh),
                 Arg::P(xs),
@@ -361,8 +384,8 @@ impl Gpu {
             return self.launch_smem(
                 f,
                 (cdiv(n, bn), tiles_m as u32, 1),
-                (GEMMH_THREADS, 1, 1),
-                gemmh_smem(kind, bn) as u32,
+                ((32 * warps) as u32, 1, 1),
+                gemmh_smem(kind, bn, warps) as u32,
                 &args,
             );
         }

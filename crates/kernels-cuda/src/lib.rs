@@ -1125,6 +1125,12 @@ kernels!(
         gemmh_q1_n32,
         gemmh_q2_n32,
         gemmh_q2g64_n32,
+        gemmh_q1_w8,
+        gemmh_q2_w8,
+        gemmh_q2g64_w8,
+        gemmh_q1_w8_n32,
+        gemmh_q2_w8_n32,
+        gemmh_q2g64_w8_n32,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
@@ -1208,8 +1214,10 @@ pub struct Gpu {
     b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
-    /// The same for the f16 GEMM.
-    gemmh_occ: std::sync::OnceLock<gemm::GemmOcc>,
+    /// The same for the f16 GEMM with 4 and with 8 warps per CTA.
+    gemmh_occ: [std::sync::OnceLock<gemm::GemmOcc>; 2],
+    /// Warps per f16 GEMM CTA, 4 or 8 ([`Gpu::set_gemmh_warps`], `BONSAI_CUDA_GEMMH_WARPS`).
+    gemmh_warps: AtomicUsize,
     /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
     gemm_f16: AtomicBool,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1307,7 +1315,8 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
-            gemmh_occ: std::sync::OnceLock::new(),
+            gemmh_occ: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
+            gemmh_warps: AtomicUsize::new(gemm::gemmh_warps_env()),
             gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),

@@ -165,11 +165,11 @@ fn tols(g: &Gpu) -> (f32, f32) {
     }
 }
 
-fn path(g: &Gpu) -> &'static str {
+fn path(g: &Gpu) -> String {
     if g.gemm_f16() {
-        "f16"
+        format!("f16-w{}", g.gemmh_warps())
     } else {
-        "int8"
+        "int8".into()
     }
 }
 
@@ -297,13 +297,21 @@ fn sample_pairs(rng: &mut Rng, n: usize, n_out: usize) -> Vec<(usize, usize)> {
     p
 }
 
-/// [`run_shape_path`] on both GEMM paths (the default one last, so it stays set).
-fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], seed: u64) {
-    let dflt = g.gemm_f16();
-    for f16 in [!dflt, dflt] {
+/// Every GEMM configuration: int8, f16 with 8 warps per CTA, f16 with 4; then the defaults again.
+fn each_config(g: &Gpu, mut f: impl FnMut(&Gpu)) {
+    let (dflt_f16, dflt_w) = (g.gemm_f16(), g.gemmh_warps());
+    for (f16, w) in [(false, dflt_w), (true, 8), (true, 4)] {
         g.set_gemm_f16(f16);
-        run_shape_path(g, qt, n_in, n_out, ns, seed);
+        g.set_gemmh_warps(w);
+        f(g);
     }
+    g.set_gemm_f16(dflt_f16);
+    g.set_gemmh_warps(dflt_w);
+}
+
+/// [`run_shape_path`] on every GEMM configuration.
+fn run_shape(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, ns: &[usize], seed: u64) {
+    each_config(g, |g| run_shape_path(g, qt, n_in, n_out, ns, seed));
 }
 
 /// One (type, shape) on the path `g` is on: every n in `ns` (prefixes of one activation set), vs
@@ -431,12 +439,13 @@ fn gemm_ragged_shapes() {
         run_shape(g, qt, 512, 1, &[10], s + 3);
     }
     // Q2 code 3 (+2d) is legal: the expansion maps it to +2
-    for (qt, f16) in [QuantType::Q2_0G128, QuantType::Q2_0G64]
-        .into_iter()
-        .flat_map(|qt| [(qt, false), (qt, true)])
+    for qt in [QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        each_config(g, |g| code3(g, qt));
+    }
+}
+
+fn code3(g: &Gpu, qt: QuantType) {
     {
-        let dflt = g.gemm_f16();
-        g.set_gemm_f16(f16);
         let mut rng = Rng(77);
         let m = Mat::new(g, &mut rng, qt, 1024, 300, true);
         assert!(m.raw.iter().any(|&b| b & 3 == 3), "no code 3 generated");
@@ -453,7 +462,6 @@ fn gemm_ragged_shapes() {
         let p = path(g);
         assert!(e < tols(g).0, "{p} {qt:?} code 3: max rel {e}");
         eprintln!("gemm {p} {qt:?} with code 3: vs emulation {e:.2e}");
-        g.set_gemm_f16(dflt);
     }
 }
 
@@ -463,11 +471,7 @@ fn gemm_ragged_shapes() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gemm_grouped_segments() {
     let g = need_gpu!("gemm_grouped_segments");
-    let dflt = g.gemm_f16();
-    for f16 in [!dflt, dflt] {
-        g.set_gemm_f16(f16);
-        grouped_segments(g);
-    }
+    each_config(g, grouped_segments);
 }
 
 fn grouped_segments(g: &Gpu) {
@@ -535,10 +539,15 @@ fn grouped_segments(g: &Gpu) {
 fn gemm_throughput_report() {
     let g = need_gpu!("gemm_throughput_report");
     let n = 512;
-    let dflt = g.gemm_f16();
-    for (qt, f16) in KINDS.into_iter().flat_map(|qt| [(qt, false), (qt, true)]) {
-        g.set_gemm_f16(f16);
-        let p = path(g);
+    let (dflt_f16, dflt_w) = (g.gemm_f16(), g.gemmh_warps());
+    // (f16, warps, forced tile width): int8 auto, then every f16 variant
+    let mut configs = vec![(false, 4, None)];
+    for w in [4, 8] {
+        for bn in [None, Some(32), Some(64)] {
+            configs.push((true, w, bn));
+        }
+    }
+    for qt in KINDS {
         let mut rng = Rng(500);
         for (k, n_out) in [
             (5120, 16480),
@@ -550,35 +559,44 @@ fn gemm_throughput_report() {
             let m = Mat::new(g, &mut rng, qt, k, n_out, false);
             let a = make_act(g, &mut rng, n, k);
             let y = g.alloc(n * n_out * 4).unwrap();
-            let mut ts = Vec::new();
-            for rep in 0..6 {
-                let ms = g
-                    .time_ms(|| {
-                        g.gemm_lowbit(
-                            m.rt.kind,
-                            m.codes.ptr(),
-                            m.scales.ptr(),
-                            a.q.ptr(),
-                            a.d.ptr(),
-                            y.ptr(),
-                            k,
-                            n_out,
-                            n,
-                            false,
-                        )
-                    })
-                    .unwrap();
-                if rep > 0 {
-                    ts.push(ms as f64);
+            let mut line = format!("gemm {qt:?} [{k}x{n_out}] n={n} us:");
+            for &(f16, w, bn) in &configs {
+                g.set_gemm_f16(f16);
+                g.set_gemmh_warps(w);
+                let mut ts = Vec::new();
+                for rep in 0..6 {
+                    let ms = g
+                        .time_ms(|| {
+                            g.gemm_lowbit_multi_bn(
+                                m.rt.kind,
+                                &[m.seg(y.ptr())],
+                                a.q.ptr(),
+                                a.d.ptr(),
+                                k,
+                                n,
+                                false,
+                                bn,
+                            )
+                        })
+                        .unwrap();
+                    if rep > 0 {
+                        ts.push(ms as f64);
+                    }
                 }
+                ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let ms = ts[ts.len() / 2];
+                let tops = 2.0 * (n * n_out * k) as f64 / (ms / 1e3) / 1e12;
+                let bn = bn.map_or("auto".to_string(), |b| b.to_string());
+                line += &format!(" {}/bn{bn} {:.1} ({tops:.0} TOPS)", path(g), ms * 1e3);
             }
-            ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let ms = ts[ts.len() / 2];
-            let tops = 2.0 * (n * n_out * k) as f64 / (ms / 1e3) / 1e12;
-            eprintln!("gemm {p} {qt:?} [{k}x{n_out}] n={n}: {:.1} us, {tops:.0} TOPS (multiply-adds x 2, activation conversion included, L2-warm weights)", ms * 1e3);
+            eprintln!("{line}");
         }
     }
-    g.set_gemm_f16(dflt);
+    eprintln!(
+        "(TOPS = multiply-adds x 2 per second, activation conversion included, L2-warm weights)"
+    );
+    g.set_gemm_f16(dflt_f16);
+    g.set_gemmh_warps(dflt_w);
 }
 
 /// The f16 path's activation conversion equals its host twin bit for bit, on rows of very
