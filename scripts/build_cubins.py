@@ -70,8 +70,9 @@ def compile_cubin(lib: ctypes.CDLL, src: bytes, arch: int) -> bytes:
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"bonsai.cu", 0, None, None) != 0:
         raise RuntimeError("nvrtcCreateProgram failed")
-    # the options of lib.rs's `compile_cubin`
-    opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--std=c++17", b"--fmad=true"]
+    # the options of lib.rs's `compile_cubin` (sm_90 as sm_90a: the wgmma kernels need it)
+    name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    opts = [f"--gpu-architecture={name}".encode(), b"--std=c++17", b"--fmad=true"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     if rc != 0:

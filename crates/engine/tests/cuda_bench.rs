@@ -343,27 +343,39 @@ fn cuda_decode_bench() {
     pp_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pp_med = pp_ms[pp_ms.len() / 2];
     let pp_tps = pp as f64 / (pp_med / 1e3);
-    let gemm_f16 = cuda.gpu().gemm_f16();
-    let gemmh_w = cuda.gpu().gemmh_warps();
-    let cfg_name = |f16: bool, w: usize| {
-        if f16 {
-            format!("f16-w{w}")
-        } else {
+    let gpu = cuda.gpu();
+    // GEMM configurations: (f16, warps, wgmma)
+    let dflt_cfg = (gpu.gemm_f16(), gpu.gemmh_warps(), gpu.gemm_wgmma());
+    let set_cfg = |(f16, w, wg): (bool, usize, bool)| {
+        gpu.set_gemm_f16(f16);
+        gpu.set_gemmh_warps(w);
+        gpu.set_gemm_wgmma(wg);
+    };
+    let cfg_name = |(f16, w, wg): (bool, usize, bool)| {
+        if !f16 {
             "int8".to_string()
+        } else if wg && gpu.gemmw_available() {
+            "f16-wgmma".to_string()
+        } else {
+            format!("f16-w{w}")
         }
     };
-    let dflt_name = cfg_name(gemm_f16, gemmh_w);
+    let dflt_name = cfg_name(dflt_cfg);
     println!("BENCH prefill pp{pp} ({dflt_name} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
     // the other GEMM configurations (A/B in one process), and how far their last-row logits are
     // from the default's
-    let alts: Vec<(bool, usize)> = [(false, gemmh_w), (true, 4), (true, 8)]
-        .into_iter()
-        .filter(|&(f, w)| cfg_name(f, w) != dflt_name)
-        .collect();
+    let alts: Vec<(bool, usize, bool)> = [
+        (false, 4, false),
+        (true, 4, false),
+        (true, 8, false),
+        (true, 4, true),
+    ]
+    .into_iter()
+    .filter(|&c| cfg_name(c) != dflt_name && (!c.2 || gpu.gemmw_available()))
+    .collect();
     let mut alt_json = Vec::new();
-    for &(f16, wp) in &alts {
-        cuda.gpu().set_gemm_f16(f16);
-        cuda.gpu().set_gemmh_warps(wp);
+    for &c in &alts {
+        set_cfg(c);
         let mut alt_ms = Vec::new();
         let mut alt_logits = Vec::new();
         for rep in 0..4 {
@@ -395,7 +407,7 @@ fn cuda_decode_bench() {
                 (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
             });
         let nmse = num / den.max(1e-30);
-        let name = cfg_name(f16, wp);
+        let name = cfg_name(c);
         println!(
             "BENCH prefill pp{pp} ({name} GEMM): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {dflt_name} {nmse:.2e}",
             pp as f64 / (alt_med / 1e3)
@@ -404,8 +416,7 @@ fn cuda_decode_bench() {
             "{{\"gemm\": \"{name}\", \"pp512_ms_median\": {alt_med:.2}, \"pp512_ms_all\": {alt_ms:?}, \"last_logit_nmse_vs_default\": {nmse:.3e}}}"
         ));
     }
-    cuda.gpu().set_gemm_f16(gemm_f16);
-    cuda.gpu().set_gemmh_warps(gemmh_w);
+    set_cfg(dflt_cfg);
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
@@ -458,10 +469,9 @@ fn cuda_decode_bench() {
     );
     // the other configurations' GEMMs alone
     let mut alt_gemm_json = Vec::new();
-    for &(f16, wp) in &alts {
-        cuda.gpu().set_gemm_f16(f16);
-        cuda.gpu().set_gemmh_warps(wp);
-        let name = cfg_name(f16, wp);
+    for &c in &alts {
+        set_cfg(c);
+        let name = cfg_name(c);
         let mut total = 0.0;
         for (gname, groups) in &gcats {
             let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
@@ -479,8 +489,7 @@ fn cuda_decode_bench() {
         }
         println!("GEMM ({name}) n={pp} all projections {total:.2} ms");
     }
-    cuda.gpu().set_gemm_f16(gemm_f16);
-    cuda.gpu().set_gemmh_warps(gemmh_w);
+    set_cfg(dflt_cfg);
 
     // per-kernel profile of one pp512 forward (each launch timed alone)
     spp.reset(&cuda);

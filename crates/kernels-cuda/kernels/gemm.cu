@@ -665,3 +665,253 @@ GH_ENTRY(gemmh_q2g64_w8, 3, 8, 8, 1)
 GH_ENTRY(gemmh_q1_w8_n32, 1, 4, 8, 2)
 GH_ENTRY(gemmh_q2_w8_n32, 2, 4, 8, 2)
 GH_ENTRY(gemmh_q2g64_w8_n32, 3, 4, 8, 2)
+
+// ---- f16 GEMM on Hopper warpgroup MMA (sm_90a; the default prefill path where available) ------
+//
+// Same activations (act_q8_to_f16p), weights (A fragments from the code words, scales folded) and
+// fragment mapping as gemmh above, but the products run as wgmma.mma_async.m64n64k16 with A from
+// registers and B (the activations) read by the tensor cores straight from shared memory, so no
+// ldmatrix and no per-MMA issue for B. CTA = one warpgroup (4 warps, 128 threads): 128 weight rows
+// as two m64 halves (warp w holds rows 16w + g, +8 of each half) x BN = 64 activation rows
+// (N = 64). k in chunks of 128 through a GW_STAGES-deep cp.async ring, loaded 2 chunks ahead.
+// Shared activation stage: the canonical no-swizzle K-major layout of wgmma, core matrices of 8
+// rows x 16 bytes: byte offset of (row n, 8-element k block kb) = kb·1024 + (n >> 3)·128 +
+// (n & 7)·16; the descriptor of k16 step kk starts at 2kk·1024 with 1024 between k-adjacent and
+// 128 between n-adjacent core matrices. Per k16 step: wait until at most one earlier wgmma group
+// is in flight (its A registers are then free: two register sets alternate), unpack, fence, two
+// wgmmas (one per half), commit. Each output's sum runs over the k16 steps in order in the
+// accumulator, so results do not depend on the grid or n (but they are not bit-equal to gemmh:
+// the tensor cores' internal summation order differs between the two instructions).
+
+#define GW_KC 128
+#define GW_STAGES 4
+#define GW_XSTAGE (64 * GW_KC * 2)
+#define GW_SMEM(KIND) (GW_STAGES * (GW_XSTAGE + 128 * GH_WROW(KIND)))
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// d[32] += A (4 f16x2 registers) x B (descriptor), m64n64k16, f32 accumulate
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, const u32* a, unsigned long long desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+#endif
+
+// 1 where this cubin has the wgmma kernels (compiled for sm_90a), else 0.
+extern "C" __global__ void gemmw_available(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+template <int KIND>
+__device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
+                                             const float* __restrict__ xs, int n_in, int n, int accumulate,
+                                             int desc_swap) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) u8 gw_smem[];
+    const int CB = KIND == 1 ? 16 : 32;
+    const int WS = GH_WROW(KIND);
+    const int SPC = KIND == 3 ? 2 : 1;
+    const int WSTAGE = 128 * WS;
+    u8* s_x = gw_smem;                          // [GW_STAGES][GW_XSTAGE] (core-matrix layout)
+    u8* s_w = gw_smem + GW_STAGES * GW_XSTAGE;  // [GW_STAGES][128][WS]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    int mt = blockIdx.y;
+    int t0 = (s0.n_out + 127) / 128, t1 = (s1.n_out + 127) / 128, t2 = (s2.n_out + 127) / 128,
+        t3 = (s3.n_out + 127) / 128;
+    GmSeg sg;
+    if (mt < t0) {
+        sg = s0;
+    } else if ((mt -= t0) < t1) {
+        sg = s1;
+    } else if ((mt -= t1) < t2) {
+        sg = s2;
+    } else if ((mt -= t2) < t3) {
+        sg = s3;
+    } else {
+        return;
+    }
+    const int m0 = mt * 128;
+    const int n0 = blockIdx.x * 64;
+    const int n_out = sg.n_out;
+    const int nc = n_in / GW_KC;
+    const size_t wrow = (size_t)nc * CB;
+
+    auto load_chunk = [&](int c, int st) {
+        u8* sx = s_x + st * GW_XSTAGE;
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+            int p = tid + 128 * m;
+            int r8 = p & 7, kb = (p >> 3) & 15, ng = p >> 7;
+            int t = min(n0 + 8 * ng + r8, n - 1);
+            cp_async16(sx + kb * 1024 + ng * 128 + r8 * 16,
+                       (const u8*)(xh + (size_t)t * n_in + (size_t)c * GW_KC + 8 * kb));
+        }
+        u8* sw = s_w + st * WSTAGE;
+#pragma unroll
+        for (int i = tid; i < 128 * (CB / 16); i += 128) {
+            int r = i / (CB / 16), q = i % (CB / 16);
+            int o = min(m0 + r, n_out - 1);
+            cp_async16(sw + r * WS + q * 16, sg.codes + (size_t)o * wrow + (size_t)c * CB + q * 16);
+        }
+    };
+
+    // this thread's 4 weight rows: k = 2·half + hf -> 64·half + 16·warp + g + 8·hf
+    int lr[4];
+    u32 wsi[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        lr[k] = 64 * (k >> 1) + 16 * warp + g + 8 * (k & 1);
+        wsi[k] = (u32)min(m0 + lr[k], n_out - 1) * (u32)nc;
+    }
+    auto ld_scale = [&](int k, int c) -> u32 {
+        return SPC == 1 ? (u32)__ldg(sg.scales + wsi[k] + c) : __ldg((const u32*)sg.scales + wsi[k] + c);
+    };
+    u32 sw[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sw[k] = ld_scale(k, 0);
+
+    float acc[2][32];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) acc[h][e] = 0.f;
+
+    load_chunk(0, 0);
+    cp_async_commit();
+    if (1 < nc) load_chunk(1, 1);
+    cp_async_commit();
+
+    const int q1s = 15 - 8 * (tg & 1) - (tg >> 1);
+    const int q2r = 8 * (tg & 1) + 2 * (tg >> 1);
+    // descriptor fields: 1024 bytes between k-adjacent core matrices, 128 between n-adjacent ones
+    // (desc_swap puts them in each other's field: a switch for the first hardware check)
+    const unsigned long long lbo = desc_swap ? 128 : 1024, sbo = desc_swap ? 1024 : 128;
+    const unsigned long long desc_hi = ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
+    u32 a[2][2][4];  // [register set][half][4]
+
+    wgmma_fence();
+    for (int c = 0; c < nc; ++c) {
+        cp_async_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (c + 2 < nc) load_chunk(c + 2, (c + 2) % GW_STAGES);
+        cp_async_commit();
+        u32 nsw[4] = {0, 0, 0, 0};
+        if (c + 1 < nc) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) nsw[k] = ld_scale(k, c + 1);
+        }
+        const int st = c % GW_STAGES;
+        const u32 xaddr = smem_u32(s_x + st * GW_XSTAGE);
+        const u8* wbase = s_w + st * WSTAGE;
+        u32 base[4][2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                u32 h = (SPC == 1 || b == 0) ? (sw[k] & 0xffffu) : (sw[k] >> 16);
+                if (KIND == 1) h ^= 0x8000u;
+                base[k][b] = h * 0x00010001u;
+            }
+        }
+        constexpr int NW = KIND == 1 ? 4 : 8;
+        u32 cw[4][NW];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int v = 0; v < NW / 4; ++v) {
+                uint4 x = *(const uint4*)(wbase + lr[k] * WS + 16 * v);
+                cw[k][4 * v] = x.x;
+                cw[k][4 * v + 1] = x.y;
+                cw[k][4 * v + 2] = x.z;
+                cw[k][4 * v + 3] = x.w;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const int sb = kk >> 1, h = kk & 1, rs = kk & 1;
+            const int bi = (SPC == 2 && sb >= 2) ? 1 : 0;
+            // register set rs was read by the group of two steps ago: wait for it
+            wgmma_wait<1>();
+#pragma unroll
+            for (int hm = 0; hm < 2; ++hm) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int k = 2 * hm + hf;
+                    if (KIND == 1) {
+                        const int s = q1s - 4 * h;
+                        a[rs][hm][hf] = sign_xor(cw[k][sb] << s, base[k][bi]);
+                        a[rs][hm][2 + hf] = sign_xor(cw[k][sb] << (s - 2), base[k][bi]);
+                    } else {
+                        const u32 w = cw[k][2 * sb + h];
+                        a[rs][hm][hf] = q2_h2(w, q2r, base[k][bi]);
+                        a[rs][hm][2 + hf] = q2_h2(w, q2r + 4, base[k][bi]);
+                    }
+                }
+            }
+            wgmma_fence();
+            const unsigned long long desc =
+                desc_hi | (unsigned long long)(((xaddr + (u32)(2 * kk * 1024)) >> 4) & 0x3fffu);
+            wgmma_m64n64k16(acc[0], a[rs][0], desc);
+            wgmma_m64n64k16(acc[1], a[rs][1], desc);
+            wgmma_commit();
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sw[k] = nsw[k];
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int t = n0 + 8 * j + 2 * tg + e2;
+            if (t >= n) continue;
+            const float sc = xs[t];
+#pragma unroll
+            for (int hm = 0; hm < 2; ++hm) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int o = m0 + lr[2 * hm + hf];
+                    if (o < n_out) {
+                        float* yp = sg.y + (size_t)t * n_out + o;
+                        float v = acc[hm][4 * j + 2 * hf + e2] * sc;
+                        *yp = accumulate ? *yp + v : v;
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
+// Parameters as GH_ENTRY plus desc_swap. grid (ceil(n / 64), Σ ceil(n_out_i / 128)), block 128,
+// GW_SMEM(KIND) bytes of dynamic shared memory. Empty unless compiled for sm_90a.
+#define GW_ENTRY(NAME, KIND)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                          \
+        const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
+        int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
+        float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate,             \
+        int desc_swap) {                                                                                \
+        GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
+              s3 = {c3, sc3, y3, n3};                                                                   \
+        gemmw_lowbit<KIND>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap);                      \
+    }
+GW_ENTRY(gemmw_q1, 1)
+GW_ENTRY(gemmw_q2, 2)
+GW_ENTRY(gemmw_q2g64, 3)

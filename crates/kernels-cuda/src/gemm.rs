@@ -45,6 +45,19 @@ pub(crate) fn gemm_f16_env() -> bool {
     std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| v.trim() != "i8")
 }
 
+/// Whether the f16 path may use the warpgroup-MMA kernels: yes unless `BONSAI_CUDA_GEMM=f16`
+/// (mma.sync) or `i8`.
+pub(crate) fn gemm_wgmma_env() -> bool {
+    std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| !matches!(v.trim(), "f16" | "i8"))
+}
+
+/// Dynamic shared memory of a warpgroup-MMA GEMM launch (`GW_SMEM`): 4 stages of 64 activation
+/// rows x 128 f16 and 128 weight rows.
+fn gemmw_smem(kind: WKind) -> usize {
+    let wrow = if kind == WKind::Q1 { 16 } else { 48 };
+    4 * (64 * 128 * 2 + 128 * wrow)
+}
+
 /// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): 3 stages of `bn`
 /// activation rows (272 bytes) and 32 weight rows per warp (16 code bytes for Q1, 48 for Q2).
 fn gemmh_smem(kind: WKind, bn: usize, warps: usize) -> usize {
@@ -128,6 +141,44 @@ impl Gpu {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether the kernels include the warpgroup-MMA GEMM (a cubin for sm_90a).
+    pub fn gemmw_available(&self) -> bool {
+        self.gemmw_ok
+    }
+
+    /// Ask the cubin whether its wgmma kernels are real (compiled for sm_90a).
+    pub(crate) fn probe_gemmw(&self) -> Result<bool> {
+        let b = self.alloc(4)?;
+        self.launch(
+            self.f.gemmw_available,
+            (1, 1, 1),
+            (1, 1, 1),
+            &[Arg::P(b.ptr())],
+        )?;
+        let mut v = [0i32];
+        self.dtoh(&b, 0, &mut v)?;
+        Ok(v[0] == 1)
+    }
+
+    /// Whether the f16 path runs on the warpgroup-MMA kernels (set and available).
+    pub fn gemm_wgmma(&self) -> bool {
+        self.gemmw_ok && self.gemm_wgmma.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Let the f16 path use the warpgroup-MMA kernels where the cubin has them (true), or keep it
+    /// on mma.sync (false).
+    pub fn set_gemm_wgmma(&self, on: bool) {
+        self.gemm_wgmma
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Swap the stride fields of the wgmma shared-memory descriptor (hardware check only: the
+    /// wrong setting gives wrong products).
+    pub fn set_gemmw_desc_swap(&self, on: bool) {
+        self.gemmw_desc_swap
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Warps (32 weight rows each) per f16 GEMM CTA.
     pub fn gemmh_warps(&self) -> usize {
         self.gemmh_warps.load(std::sync::atomic::Ordering::Relaxed)
@@ -158,36 +209,6 @@ impl Gpu {
             (WKind::Q2G64, _, _) => f.gemmh_q2g64_w8_n32,
             (WKind::F32 | WKind::Q41, _, _) => unreachable!("checked by gemm_supported"),
         }
-    }
-
-    fn gemmh_occ(&self, warps: usize) -> Result<GemmOcc> {
-        let slot = &self.gemmh_occ[usize::from(warps == 8)];
-        if let Some(o) = slot.get() {
-            return Ok(*o);
-        }
-        let sms = self.sm_count()?;
-        let occ = |bn: usize| -> Result<usize> {
-            let mut m = usize::MAX;
-            for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
-                let f = self.gemmh_func(kind, bn, warps);
-                let smem = gemmh_smem(kind, bn, warps);
-                self.raise_smem_limit(f, smem)?;
-                // SAFETY: f is a kernel of our loaded module, its dynamic shared memory limit
-                // raised to `smem` above.
-                let o = unsafe {
-                    cu::occupancy::max_active_block_per_multiprocessor(f, (32 * warps) as i32, smem)
-                }
-                .map_err(err("occupancy"))?;
-                m = m.min(o.max(1) as usize);
-            }
-            Ok(m)
-        };
-        let o = GemmOcc {
-            sms,
-            occ64: occ(64)?,
-            occ32: occ(32)?,
-        };
-        Ok(*slot.get_or_init(|| o))
     }
 
     /// The f16 activations of `q`/`d` (`[n, n_in]`) in this `Gpu`'s scratch: returns (xh, xs).
@@ -238,6 +259,54 @@ impl Gpu {
                 Arg::P(xh),
                 Arg::P(xs),
             ],
+        )
+    }
+
+    /// The warpgroup-MMA GEMM: 128 weight rows x 64 activation rows per CTA.
+    #[allow(clippy::too_many_arguments)]
+    fn gemmw_launch(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
+        if tiles_m == 0 {
+            return Ok(());
+        }
+        if tiles_m > 65_535 {
+            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
+        }
+        let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
+        let f = match kind {
+            WKind::Q1 => self.f.gemmw_q1,
+            WKind::Q2 => self.f.gemmw_q2,
+            WKind::Q2G64 => self.f.gemmw_q2g64,
+            WKind::F32 | WKind::Q41 => unreachable!("checked by gemm_supported"),
+        };
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
+        push_seg_args(&mut args, segs, MAX_SEGS, 128);
+        args.extend([
+            Arg::P(xh),
+            Arg::P(xs),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(
+                self.gemmw_desc_swap
+                    .load(std::sync::atomic::Ordering::Relaxed) as i32,
+            ),
+        ]);
+        self.launch_smem(
+            f,
+            (cdiv(n, 64), tiles_m as u32, 1),
+            (128, 1, 1),
+            gemmw_smem(kind) as u32,
+            &args,
         )
     }
 
@@ -346,6 +415,9 @@ impl Gpu {
             return Err(CudaError(format!("gemm_lowbit: n = {n}, n_in = {n_in}")));
         }
         let f16 = self.gemm_f16();
+        if f16 && self.gemm_wgmma() {
+            return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate);
+        }
         let warps = self.gemmh_warps();
         let bm = if f16 { 32 * warps } else { GEMM_BM };
         let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(bm)).sum();
@@ -361,12 +433,18 @@ impl Gpu {
                 b
             }
             None => {
-                let o = if f16 {
-                    self.gemmh_occ(warps)?
+                if f16 {
+                    // measured on the H200 at n = 512: 64 rows beat 32 on every 27B shape, even
+                    // where 32 fills more of the machine (attn q|k|v 238 vs 274 µs)
+                    if n <= 32 {
+                        32
+                    } else {
+                        64
+                    }
                 } else {
-                    self.gemm_occ()?
-                };
-                gemm_pick_bn(tiles_m, n, o.sms, o.occ64, o.occ32)
+                    let o = self.gemm_occ()?;
+                    gemm_pick_bn(tiles_m, n, o.sms, o.occ64, o.occ32)
+                }
             }
         };
         if f16 {

@@ -495,13 +495,16 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((a, b))
 }
 
-/// Compile `src` to a cubin for `sm_{major}{minor}` with NVRTC. Returns the cubin bytes.
+/// Compile `src` to a cubin for `sm_{major}{minor}` with NVRTC (sm_90 as `sm_90a`, the target
+/// with the warpgroup MMA the prefill GEMM uses; such a cubin runs on compute capability 9.0
+/// only, which is the device it is built for). Returns the cubin bytes.
 pub fn compile_cubin(src: &str, major: i32, minor: i32) -> Result<Vec<u8>> {
     let csrc = CString::new(src).map_err(err("kernel source"))?;
     let prog =
         nvrtc_r::create_program(&csrc, Some(c"bonsai.cu")).map_err(err("nvrtcCreateProgram"))?;
+    let suffix = if (major, minor) == (9, 0) { "a" } else { "" };
     let mut opts = vec![
-        format!("--gpu-architecture=sm_{major}{minor}"),
+        format!("--gpu-architecture=sm_{major}{minor}{suffix}"),
         "--std=c++17".to_string(),
         "--fmad=true".to_string(),
     ];
@@ -1131,6 +1134,10 @@ kernels!(
         gemmh_q1_w8_n32,
         gemmh_q2_w8_n32,
         gemmh_q2g64_w8_n32,
+        gemmw_available,
+        gemmw_q1,
+        gemmw_q2,
+        gemmw_q2g64,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
@@ -1214,10 +1221,15 @@ pub struct Gpu {
     b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
-    /// The same for the f16 GEMM with 4 and with 8 warps per CTA.
-    gemmh_occ: [std::sync::OnceLock<gemm::GemmOcc>; 2],
     /// Warps per f16 GEMM CTA, 4 or 8 ([`Gpu::set_gemmh_warps`], `BONSAI_CUDA_GEMMH_WARPS`).
     gemmh_warps: AtomicUsize,
+    /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
+    gemmw_ok: bool,
+    /// The f16 path uses the warpgroup-MMA GEMM where `gemmw_ok` (default; `BONSAI_CUDA_GEMM=f16`
+    /// keeps the mma.sync one).
+    gemm_wgmma: AtomicBool,
+    /// Swap the two stride fields of the wgmma shared-memory descriptor (a hardware check).
+    gemmw_desc_swap: AtomicBool,
     /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
     gemm_f16: AtomicBool,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1315,8 +1327,10 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
-            gemmh_occ: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
             gemmh_warps: AtomicUsize::new(gemm::gemmh_warps_env()),
+            gemmw_ok: false,
+            gemm_wgmma: AtomicBool::new(gemm::gemm_wgmma_env()),
+            gemmw_desc_swap: AtomicBool::new(false),
             gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
@@ -1325,6 +1339,8 @@ impl Gpu {
         };
         let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
         let _ = gpu.row_stats.set(rs);
+        let mut gpu = gpu;
+        gpu.gemmw_ok = gpu.probe_gemmw()?;
         // the pipelined kernels' resident capacity, queried now rather than on a first launch
         // that may happen inside a graph capture
         for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
