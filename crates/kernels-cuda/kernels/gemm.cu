@@ -677,9 +677,9 @@ GH_ENTRY(gemmh_q2g64_w8_n32, 3, 4, 8, 2)
 // Shared activation stage: the canonical no-swizzle K-major layout of wgmma, core matrices of 8
 // rows x 16 bytes: byte offset of (row n, 8-element k block kb) = kb·1024 + (n >> 3)·128 +
 // (n & 7)·16; the descriptor of k16 step kk starts at 2kk·1024 with 1024 between k-adjacent and
-// 128 between n-adjacent core matrices. Per k16 step: wait until at most one earlier wgmma group
-// is in flight (its A registers are then free: two register sets alternate), unpack, fence, two
-// wgmmas (one per half), commit. Each output's sum runs over the k16 steps in order in the
+// 128 between n-adjacent core matrices. Per k16 step: wait until at most NSETS - 1 earlier wgmma
+// groups are in flight (the A register set about to be rewritten is then free: NSETS sets
+// rotate), unpack, fence, two wgmmas (one per half), commit. Each output's sum runs over the k16 steps in order in the
 // accumulator, so results do not depend on the grid or n (but they are not bit-equal to gemmh:
 // the tensor cores' internal summation order differs between the two instructions).
 
@@ -715,7 +715,7 @@ extern "C" __global__ void gemmw_available(int* out) {
 #endif
 }
 
-template <int KIND>
+template <int KIND, int NSETS>
 __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                              const float* __restrict__ xs, int n_in, int n, int accumulate,
                                              int desc_swap) {
@@ -801,7 +801,7 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
     // (desc_swap puts them in each other's field: a switch for the first hardware check)
     const unsigned long long lbo = desc_swap ? 128 : 1024, sbo = desc_swap ? 1024 : 128;
     const unsigned long long desc_hi = ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
-    u32 a[2][2][4];  // [register set][half][4]
+    u32 a[NSETS][2][4];  // [register set][half][4]
 
     wgmma_fence();
     for (int c = 0; c < nc; ++c) {
@@ -843,10 +843,11 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         }
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            const int sb = kk >> 1, h = kk & 1, rs = kk & 1;
+            const int sb = kk >> 1, h = kk & 1, rs = kk % NSETS;
             const int bi = (SPC == 2 && sb >= 2) ? 1 : 0;
-            // register set rs was read by the group of two steps ago: wait for it
-            wgmma_wait<1>();
+            // register set rs was read by the group NSETS steps ago: wait for it (NSETS - 1
+            // groups may stay in flight)
+            wgmma_wait<NSETS - 1>();
 #pragma unroll
             for (int hm = 0; hm < 2; ++hm) {
 #pragma unroll
@@ -902,7 +903,7 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
 
 // Parameters as GH_ENTRY plus desc_swap. grid (ceil(n / 64), Σ ceil(n_out_i / 128)), block 128,
 // GW_SMEM(KIND) bytes of dynamic shared memory. Empty unless compiled for sm_90a.
-#define GW_ENTRY(NAME, KIND)                                                                            \
+#define GW_ENTRY(NAME, KIND, NSETS)                                                                     \
     extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                          \
         const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
         int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
@@ -910,8 +911,12 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         int desc_swap) {                                                                                \
         GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
               s3 = {c3, sc3, y3, n3};                                                                   \
-        gemmw_lowbit<KIND>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap);                      \
+        gemmw_lowbit<KIND, NSETS>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap);               \
     }
-GW_ENTRY(gemmw_q1, 1)
-GW_ENTRY(gemmw_q2, 2)
-GW_ENTRY(gemmw_q2g64, 3)
+// 2 or 4 A register sets (1 or 3 wgmma groups left in flight at each step)
+GW_ENTRY(gemmw_q1, 1, 2)
+GW_ENTRY(gemmw_q2, 2, 2)
+GW_ENTRY(gemmw_q2g64, 3, 2)
+GW_ENTRY(gemmw_q1_s4, 1, 4)
+GW_ENTRY(gemmw_q2_s4, 2, 4)
+GW_ENTRY(gemmw_q2g64_s4, 3, 4)

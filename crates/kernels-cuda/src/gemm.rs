@@ -45,10 +45,10 @@ pub(crate) fn gemm_f16_env() -> bool {
     std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| v.trim() != "i8")
 }
 
-/// Whether the f16 path may use the warpgroup-MMA kernels: yes unless `BONSAI_CUDA_GEMM=f16`
-/// (mma.sync) or `i8`.
+/// Whether the f16 path uses the warpgroup-MMA kernels: only with `BONSAI_CUDA_GEMM=wgmma`
+/// (measured slower than mma.sync so far, `bench/results/cuda-27b.md`).
 pub(crate) fn gemm_wgmma_env() -> bool {
-    std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| !matches!(v.trim(), "f16" | "i8"))
+    std::env::var("BONSAI_CUDA_GEMM").is_ok_and(|v| v.trim() == "wgmma")
 }
 
 /// Dynamic shared memory of a warpgroup-MMA GEMM launch (`GW_SMEM`): 4 stages of 64 activation
@@ -179,6 +179,18 @@ impl Gpu {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// A register sets of the wgmma GEMM (2 or 4).
+    pub fn gemmw_sets(&self) -> usize {
+        self.gemmw_sets.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Set the A register sets of the wgmma GEMM: 2 or 4 (1 or 3 groups left in flight).
+    pub fn set_gemmw_sets(&self, sets: usize) {
+        assert!(sets == 2 || sets == 4, "gemmw sets {sets}");
+        self.gemmw_sets
+            .store(sets, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Warps (32 weight rows each) per f16 GEMM CTA.
     pub fn gemmh_warps(&self) -> usize {
         self.gemmh_warps.load(std::sync::atomic::Ordering::Relaxed)
@@ -282,11 +294,14 @@ impl Gpu {
             return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
         }
         let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-        let f = match kind {
-            WKind::Q1 => self.f.gemmw_q1,
-            WKind::Q2 => self.f.gemmw_q2,
-            WKind::Q2G64 => self.f.gemmw_q2g64,
-            WKind::F32 | WKind::Q41 => unreachable!("checked by gemm_supported"),
+        let f = match (kind, self.gemmw_sets()) {
+            (WKind::Q1, 2) => self.f.gemmw_q1,
+            (WKind::Q2, 2) => self.f.gemmw_q2,
+            (WKind::Q2G64, 2) => self.f.gemmw_q2g64,
+            (WKind::Q1, _) => self.f.gemmw_q1_s4,
+            (WKind::Q2, _) => self.f.gemmw_q2_s4,
+            (WKind::Q2G64, _) => self.f.gemmw_q2g64_s4,
+            (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
         };
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
         push_seg_args(&mut args, segs, MAX_SEGS, 128);

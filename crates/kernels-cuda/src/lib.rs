@@ -1138,6 +1138,9 @@ kernels!(
         gemmw_q1,
         gemmw_q2,
         gemmw_q2g64,
+        gemmw_q1_s4,
+        gemmw_q2_s4,
+        gemmw_q2g64_s4,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
@@ -1225,11 +1228,13 @@ pub struct Gpu {
     gemmh_warps: AtomicUsize,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
     gemmw_ok: bool,
-    /// The f16 path uses the warpgroup-MMA GEMM where `gemmw_ok` (default; `BONSAI_CUDA_GEMM=f16`
-    /// keeps the mma.sync one).
+    /// The f16 path uses the warpgroup-MMA GEMM where `gemmw_ok` (`BONSAI_CUDA_GEMM=wgmma`;
+    /// mma.sync by default).
     gemm_wgmma: AtomicBool,
     /// Swap the two stride fields of the wgmma shared-memory descriptor (a hardware check).
     gemmw_desc_swap: AtomicBool,
+    /// A register sets of the wgmma kernels (2 or 4; [`Gpu::set_gemmw_sets`]).
+    gemmw_sets: AtomicUsize,
     /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
     gemm_f16: AtomicBool,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1331,6 +1336,7 @@ impl Gpu {
             gemmw_ok: false,
             gemm_wgmma: AtomicBool::new(gemm::gemm_wgmma_env()),
             gemmw_desc_swap: AtomicBool::new(false),
+            gemmw_sets: AtomicUsize::new(4),
             gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),

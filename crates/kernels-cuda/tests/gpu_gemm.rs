@@ -166,10 +166,12 @@ fn tols(g: &Gpu) -> (f32, f32) {
 }
 
 fn path(g: &Gpu) -> String {
-    if g.gemm_f16() {
-        format!("f16-w{}", g.gemmh_warps())
-    } else {
+    if !g.gemm_f16() {
         "int8".into()
+    } else if g.gemm_wgmma() {
+        format!("f16-wgmma{}", g.gemmw_sets())
+    } else {
+        format!("f16-w{}", g.gemmh_warps())
     }
 }
 
@@ -297,16 +299,46 @@ fn sample_pairs(rng: &mut Rng, n: usize, n_out: usize) -> Vec<(usize, usize)> {
     p
 }
 
-/// Every GEMM configuration: int8, f16 with 8 warps per CTA, f16 with 4; then the defaults again.
+/// Every GEMM configuration (int8, f16 mma.sync with 8 and 4 warps per CTA, f16 wgmma with 2 and
+/// 4 register sets where the cubin has it); then the defaults again.
 fn each_config(g: &Gpu, mut f: impl FnMut(&Gpu)) {
-    let (dflt_f16, dflt_w) = (g.gemm_f16(), g.gemmh_warps());
-    for (f16, w) in [(false, dflt_w), (true, 8), (true, 4)] {
-        g.set_gemm_f16(f16);
-        g.set_gemmh_warps(w);
+    let dflt = default_config(g);
+    for c in configs(g) {
+        set_config(g, c);
         f(g);
     }
-    g.set_gemm_f16(dflt_f16);
-    g.set_gemmh_warps(dflt_w);
+    set_config(g, dflt);
+}
+
+/// (f16, warps, wgmma register sets: 0 = mma.sync)
+type Config = (bool, usize, usize);
+
+fn configs(g: &Gpu) -> Vec<Config> {
+    let mut v = vec![(false, 4, 0), (true, 8, 0), (true, 4, 0)];
+    if g.gemmw_available() {
+        v.push((true, 4, 2));
+        v.push((true, 4, 4));
+    } else {
+        eprintln!("gemm: this cubin has no wgmma kernels (not sm_90a): that path is not checked");
+    }
+    v
+}
+
+fn default_config(g: &Gpu) -> Config {
+    (
+        g.gemm_f16(),
+        g.gemmh_warps(),
+        if g.gemm_wgmma() { g.gemmw_sets() } else { 0 },
+    )
+}
+
+fn set_config(g: &Gpu, (f16, w, sets): Config) {
+    g.set_gemm_f16(f16);
+    g.set_gemmh_warps(w);
+    g.set_gemm_wgmma(sets > 0);
+    if sets > 0 {
+        g.set_gemmw_sets(sets);
+    }
 }
 
 /// [`run_shape_path`] on every GEMM configuration.
@@ -539,13 +571,17 @@ fn grouped_segments(g: &Gpu) {
 fn gemm_throughput_report() {
     let g = need_gpu!("gemm_throughput_report");
     let n = 512;
-    let (dflt_f16, dflt_w) = (g.gemm_f16(), g.gemmh_warps());
-    // (f16, warps, forced tile width): int8 auto, then every f16 variant
-    let mut configs = vec![(false, 4, None)];
+    let dflt = default_config(g);
+    // (config, forced tile width): int8, the mma.sync f16 variants, wgmma
+    let mut configs = vec![((false, 4, 0), None)];
     for w in [4, 8] {
-        for bn in [None, Some(32), Some(64)] {
-            configs.push((true, w, bn));
+        for bn in [Some(32), Some(64)] {
+            configs.push(((true, w, 0), bn));
         }
+    }
+    if g.gemmw_available() {
+        configs.push(((true, 4, 2), None));
+        configs.push(((true, 4, 4), None));
     }
     for qt in KINDS {
         let mut rng = Rng(500);
@@ -560,9 +596,8 @@ fn gemm_throughput_report() {
             let a = make_act(g, &mut rng, n, k);
             let y = g.alloc(n * n_out * 4).unwrap();
             let mut line = format!("gemm {qt:?} [{k}x{n_out}] n={n} us:");
-            for &(f16, w, bn) in &configs {
-                g.set_gemm_f16(f16);
-                g.set_gemmh_warps(w);
+            for &(c, bn) in &configs {
+                set_config(g, c);
                 let mut ts = Vec::new();
                 for rep in 0..6 {
                     let ms = g
@@ -595,8 +630,51 @@ fn gemm_throughput_report() {
     eprintln!(
         "(TOPS = multiply-adds x 2 per second, activation conversion included, L2-warm weights)"
     );
-    g.set_gemm_f16(dflt_f16);
-    g.set_gemmh_warps(dflt_w);
+    set_config(g, dflt);
+}
+
+/// The wgmma shared-memory descriptor: with the stride fields as the kernel sets them the products
+/// match the emulation; with them swapped they do not (so the check can tell a wrong layout).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_wgmma_descriptor_fields() {
+    let g = need_gpu!("gemm_wgmma_descriptor_fields");
+    if !g.gemmw_available() {
+        eprintln!("SKIPPED gemm_wgmma_descriptor_fields: no wgmma kernels in this cubin (not counted as run)");
+        return;
+    }
+    let dflt = default_config(g);
+    set_config(g, (true, 4, 4));
+    let mut rng = Rng(950);
+    let (k, n_out, n) = (1024, 256, 70);
+    let m = Mat::new(g, &mut rng, QuantType::Q1_0, k, n_out, false);
+    let a = make_act(g, &mut rng, n, k);
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .flat_map(|t| (0..n_out).map(move |o| (t, o)))
+        .collect();
+    let em = m.emulate_f16(&a.hq, &a.hd, &pairs);
+    let mut errs = Vec::new();
+    for swap in [false, true] {
+        g.set_gemmw_desc_swap(swap);
+        let y = poisoned(g, n, n_out);
+        gemm(g, &m, &a, y.ptr(), n, false, None);
+        let got: Vec<f32> = down(g, &y, n * n_out);
+        let e = max_rel(&got, &em);
+        eprintln!("wgmma descriptor strides swapped={swap}: vs emulation max rel {e:.2e}");
+        errs.push(e);
+    }
+    g.set_gemmw_desc_swap(false);
+    set_config(g, dflt);
+    assert!(
+        errs[0] < 1e-4,
+        "wgmma with the kernel's descriptor: max rel {}",
+        errs[0]
+    );
+    assert!(
+        errs[1].is_nan() || errs[1] > 1e-2,
+        "swapped strides should give wrong products: {}",
+        errs[1]
+    );
 }
 
 /// The f16 path's activation conversion equals its host twin bit for bit, on rows of very
