@@ -344,18 +344,26 @@ fn cuda_decode_bench() {
     let pp_med = pp_ms[pp_ms.len() / 2];
     let pp_tps = pp as f64 / (pp_med / 1e3);
     let gpu = cuda.gpu();
-    // GEMM configurations: (f16, warps, wgmma)
-    let dflt_cfg = (gpu.gemm_f16(), gpu.gemmh_warps(), gpu.gemm_wgmma());
-    let set_cfg = |(f16, w, wg): (bool, usize, bool)| {
+    // GEMM configurations: (f16, warps, wgmma, 2 stages at 4 CTAs per SM)
+    let dflt_cfg = (
+        gpu.gemm_f16(),
+        gpu.gemmh_warps(),
+        gpu.gemm_wgmma(),
+        gpu.gemmh_o4(),
+    );
+    let set_cfg = |(f16, w, wg, o4): (bool, usize, bool, bool)| {
         gpu.set_gemm_f16(f16);
         gpu.set_gemmh_warps(w);
         gpu.set_gemm_wgmma(wg);
+        gpu.set_gemmh_o4(o4);
     };
-    let cfg_name = |(f16, w, wg): (bool, usize, bool)| {
+    let cfg_name = |(f16, w, wg, o4): (bool, usize, bool, bool)| {
         if !f16 {
             "int8".to_string()
         } else if wg && gpu.gemmw_available() {
             "f16-wgmma".to_string()
+        } else if o4 && w == 4 {
+            "f16-w4-o4".to_string()
         } else {
             format!("f16-w{w}")
         }
@@ -364,11 +372,12 @@ fn cuda_decode_bench() {
     println!("BENCH prefill pp{pp} ({dflt_name} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
     // the other GEMM configurations (A/B in one process), and how far their last-row logits are
     // from the default's
-    let alts: Vec<(bool, usize, bool)> = [
-        (false, 4, false),
-        (true, 4, false),
-        (true, 8, false),
-        (true, 4, true),
+    let alts: Vec<(bool, usize, bool, bool)> = [
+        (false, 4, false, false),
+        (true, 4, false, false),
+        (true, 4, false, true),
+        (true, 8, false, false),
+        (true, 4, true, false),
     ]
     .into_iter()
     .filter(|&c| cfg_name(c) != dflt_name && (!c.2 || gpu.gemmw_available()))

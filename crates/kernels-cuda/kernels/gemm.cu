@@ -357,7 +357,6 @@ GM_ENTRY(gemm_q2g64_n32, 3, 4)
 // shared memory.
 
 #define GH_KC 128
-#define GH_STAGES 3
 // activation row stride in shared memory: 256 bytes of f16 + 16 pad, so the 8 row addresses of an
 // ldmatrix hit 8 distinct 16-byte bank groups
 #define GH_XST 272
@@ -434,11 +433,11 @@ extern "C" __global__ void act_q8_to_f16p(const i8* q, const float* d, int n_in,
 
 // Dynamic shared memory of a gemmh launch: per stage BN activation rows + 32·W weight rows.
 #define GH_WROW(KIND) ((KIND) == 1 ? 16 : 48)
-#define GH_SMEM(KIND, NT, W) (GH_STAGES * (8 * (NT) * GH_XST + 32 * (W) * GH_WROW(KIND)))
+#define GH_SMEM(KIND, NT, W, ST) ((ST) * (8 * (NT) * GH_XST + 32 * (W) * GH_WROW(KIND)))
 
 // W warps per CTA (GH_BM = 32·W weight rows: more rows per CTA read each activation tile from L2
-// fewer times), NT n8 tiles per warp.
-template <int KIND, int NT, int W>
+// fewer times), NT n8 tiles per warp, GH_STAGES ring stages.
+template <int KIND, int NT, int W, int GH_STAGES>
 __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                              const float* __restrict__ xs, int n_in, int n, int accumulate) {
     extern __shared__ __align__(16) u8 gh_smem[];
@@ -643,28 +642,32 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
 // Parameters as GM_ENTRY with xh [n, n_in] f16 (pair order) and xs [n] instead of q and d.
 // grid (ceil(n / (8·NT)), Σ ceil(n_out_i / (32·W))), block 32·W, GH_SMEM(KIND, NT, W) bytes of
 // dynamic shared memory.
-#define GH_ENTRY(NAME, KIND, NT, W, MINB)                                                               \
+#define GH_ENTRY(NAME, KIND, NT, W, ST, MINB)                                                           \
     extern "C" __global__ void __launch_bounds__(32 * (W), MINB) NAME(                                  \
         const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
         int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
         float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate) {            \
         GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
               s3 = {c3, sc3, y3, n3};                                                                   \
-        gemmh_lowbit<KIND, NT, W>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate);                          \
+        gemmh_lowbit<KIND, NT, W, ST>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate);                      \
     }
-// 4 warps (128 weight rows) and 8 warps (256) per CTA; BN 64 and 32
-GH_ENTRY(gemmh_q1, 1, 8, 4, 3)
-GH_ENTRY(gemmh_q2, 2, 8, 4, 3)
-GH_ENTRY(gemmh_q2g64, 3, 8, 4, 3)
-GH_ENTRY(gemmh_q1_n32, 1, 4, 4, 3)
-GH_ENTRY(gemmh_q2_n32, 2, 4, 4, 3)
-GH_ENTRY(gemmh_q2g64_n32, 3, 4, 4, 3)
-GH_ENTRY(gemmh_q1_w8, 1, 8, 8, 1)
-GH_ENTRY(gemmh_q2_w8, 2, 8, 8, 1)
-GH_ENTRY(gemmh_q2g64_w8, 3, 8, 8, 1)
-GH_ENTRY(gemmh_q1_w8_n32, 1, 4, 8, 2)
-GH_ENTRY(gemmh_q2_w8_n32, 2, 4, 8, 2)
-GH_ENTRY(gemmh_q2g64_w8_n32, 3, 4, 8, 2)
+// 4 warps (128 weight rows) and 8 warps (256) per CTA; BN 64 and 32; 3 stages, and (_o4) 2 stages
+// at 4 CTAs per SM (128 registers)
+GH_ENTRY(gemmh_q1, 1, 8, 4, 3, 3)
+GH_ENTRY(gemmh_q2, 2, 8, 4, 3, 3)
+GH_ENTRY(gemmh_q2g64, 3, 8, 4, 3, 3)
+GH_ENTRY(gemmh_q1_n32, 1, 4, 4, 3, 3)
+GH_ENTRY(gemmh_q2_n32, 2, 4, 4, 3, 3)
+GH_ENTRY(gemmh_q2g64_n32, 3, 4, 4, 3, 3)
+GH_ENTRY(gemmh_q1_w8, 1, 8, 8, 3, 1)
+GH_ENTRY(gemmh_q2_w8, 2, 8, 8, 3, 1)
+GH_ENTRY(gemmh_q2g64_w8, 3, 8, 8, 3, 1)
+GH_ENTRY(gemmh_q1_w8_n32, 1, 4, 8, 3, 2)
+GH_ENTRY(gemmh_q2_w8_n32, 2, 4, 8, 3, 2)
+GH_ENTRY(gemmh_q2g64_w8_n32, 3, 4, 8, 3, 2)
+GH_ENTRY(gemmh_q1_o4, 1, 8, 4, 2, 4)
+GH_ENTRY(gemmh_q2_o4, 2, 8, 4, 2, 4)
+GH_ENTRY(gemmh_q2g64_o4, 3, 8, 4, 2, 4)
 
 // ---- f16 GEMM on Hopper warpgroup MMA (sm_90a; the default prefill path where available) ------
 //

@@ -117,12 +117,12 @@ extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, floa
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
 }
-extern "C" __global__ void __launch_bounds__(128) gdn_step_seq(float* S, const float* __restrict__ q,
-                                                               const float* __restrict__ k,
-                                                               const float* __restrict__ v,
-                                                               const float* __restrict__ g,
-                                                               const float* __restrict__ beta, int hk,
-                                                               int hv, int dk, int dv, int n, float* out) {
+// NMC: dk / 32 fixed at compile time (the 27B heads: 4), or 0 for any dk (read at run time).
+template <int NMC>
+__device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restrict__ q, const float* __restrict__ k,
+                                                  const float* __restrict__ v, const float* __restrict__ g,
+                                                  const float* __restrict__ beta, int hk, int hv, int dk, int dv,
+                                                  int n, float* out) {
     PDL_ENTRY();
     __shared__ __align__(16) float ks[2][GS_TR][128];
     __shared__ __align__(16) float qs[2][GS_TR][128];
@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_step_seq(float* S, const f
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int ii = lane & 7, jl = w * 4 + (lane >> 3);
     int j0 = blockIdx.y * 16, j = j0 + jl;
-    int kap = h % hk, nm = dk >> 5;
+    int kap = h % hk, nm = NMC ? NMC : dk >> 5;
     float* Sh = S + (size_t)h * dk * dv;
     float s[16];
 #pragma unroll
@@ -224,6 +224,15 @@ extern "C" __global__ void __launch_bounds__(128) gdn_step_seq(float* S, const f
         for (int e = 0; e < 4; ++e)
             if (m < nm) Sh[(size_t)(32 * m + 4 * ii + e) * dv + j] = s[4 * m + e];
 }
+#define GS_ENTRY(NAME, NMC)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                                   \
+        NAME(float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
+             const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv, int dk, int dv, \
+             int n, float* out) {                                                                       \
+        gdn_step_seq_impl<NMC>(S, q, k, v, g, beta, hk, hv, dk, dv, n, out);                             \
+    }
+GS_ENTRY(gdn_step_seq, 0)
+GS_ENTRY(gdn_step_seq_d128, 4)
 
 // ---- causal prefill attention -------------------------------------------------------------------
 

@@ -58,11 +58,11 @@ fn gemmw_smem(kind: WKind) -> usize {
     4 * (64 * 128 * 2 + 128 * wrow)
 }
 
-/// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): 3 stages of `bn`
+/// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): `stages` of `bn`
 /// activation rows (272 bytes) and 32 weight rows per warp (16 code bytes for Q1, 48 for Q2).
-fn gemmh_smem(kind: WKind, bn: usize, warps: usize) -> usize {
+fn gemmh_smem(kind: WKind, bn: usize, warps: usize, stages: usize) -> usize {
     let wrow = if kind == WKind::Q1 { 16 } else { 48 };
-    3 * (bn * 272 + 32 * warps * wrow)
+    stages * (bn * 272 + 32 * warps * wrow)
 }
 
 /// The row exponent of `act_q8_to_f16p` (host twin of `f16p_row_exp`): `e` with `amax · 2^-e` in
@@ -203,10 +203,31 @@ impl Gpu {
             .store(warps, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The f16 GEMM kernel of a kind, tile width and warp count.
-    fn gemmh_func(&self, kind: WKind, bn: usize, warps: usize) -> sys::CUfunction {
+    /// Whether the 4-warp, 64-row f16 GEMM runs as 2 stages at 4 CTAs per SM.
+    pub fn gemmh_o4(&self) -> bool {
+        self.gemmh_o4.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Switch the 4-warp, 64-row f16 GEMM between 3 stages at 3 CTAs per SM and 2 stages at 4
+    /// (results do not depend on it).
+    pub fn set_gemmh_o4(&self, on: bool) {
+        self.gemmh_o4
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The f16 GEMM kernel of a kind, tile width and warp count, and its ring stages.
+    fn gemmh_func(&self, kind: WKind, bn: usize, warps: usize) -> (sys::CUfunction, usize) {
         let f = &self.f;
-        match (kind, bn, warps) {
+        if warps == 4 && bn == 64 && self.gemmh_o4() {
+            let k = match kind {
+                WKind::Q1 => f.gemmh_q1_o4,
+                WKind::Q2 => f.gemmh_q2_o4,
+                WKind::Q2G64 => f.gemmh_q2g64_o4,
+                WKind::F32 | WKind::Q41 => unreachable!("checked by gemm_supported"),
+            };
+            return (k, 2);
+        }
+        let k = match (kind, bn, warps) {
             (WKind::Q1, 64, 4) => f.gemmh_q1,
             (WKind::Q2, 64, 4) => f.gemmh_q2,
             (WKind::Q2G64, 64, 4) => f.gemmh_q2g64,
@@ -220,7 +241,8 @@ impl Gpu {
             (WKind::Q2, _, _) => f.gemmh_q2_w8_n32,
             (WKind::Q2G64, _, _) => f.gemmh_q2g64_w8_n32,
             (WKind::F32 | WKind::Q41, _, _) => unreachable!("checked by gemm_supported"),
-        }
+        };
+        (k, 3)
     }
 
     /// The f16 activations of `q`/`d` (`[n, n_in]`) in this `Gpu`'s scratch: returns (xh, xs).
@@ -464,7 +486,7 @@ impl Gpu {
         };
         if f16 {
             let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-            let f = self.gemmh_func(kind, bn, warps);
+            let (f, stages) = self.gemmh_func(kind, bn, warps);
             let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
             push_seg_args(&mut args, segs, MAX_SEGS, bm);
             args.extend([
@@ -478,7 +500,7 @@ impl Gpu {
                 f,
                 (cdiv(n, bn), tiles_m as u32, 1),
                 ((32 * warps) as u32, 1, 1),
-                gemmh_smem(kind, bn, warps) as u32,
+                gemmh_smem(kind, bn, warps, stages) as u32,
                 &args,
             );
         }

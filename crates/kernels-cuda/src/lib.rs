@@ -960,6 +960,7 @@ kernels!(
         gdn_conv_rows,
         gdn_conv_window,
         gdn_step_seq,
+        gdn_step_seq_d128,
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
@@ -1134,6 +1135,9 @@ kernels!(
         gemmh_q1_w8_n32,
         gemmh_q2_w8_n32,
         gemmh_q2g64_w8_n32,
+        gemmh_q1_o4,
+        gemmh_q2_o4,
+        gemmh_q2g64_o4,
         gemmw_available,
         gemmw_q1,
         gemmw_q2,
@@ -1235,6 +1239,10 @@ pub struct Gpu {
     gemmw_desc_swap: AtomicBool,
     /// A register sets of the wgmma kernels (2 or 4; [`Gpu::set_gemmw_sets`]).
     gemmw_sets: AtomicUsize,
+    /// The 4-warp, 64-row f16 GEMM as 2 stages at 4 CTAs per SM ([`Gpu::set_gemmh_o4`]).
+    gemmh_o4: AtomicBool,
+    /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
+    gdn_seq_generic: AtomicBool,
     /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
     gemm_f16: AtomicBool,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1337,6 +1345,10 @@ impl Gpu {
             gemm_wgmma: AtomicBool::new(gemm::gemm_wgmma_env()),
             gemmw_desc_swap: AtomicBool::new(false),
             gemmw_sets: AtomicUsize::new(4),
+            gdn_seq_generic: AtomicBool::new(false),
+            gemmh_o4: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GEMMH_O4").is_ok_and(|v| v == "1"),
+            ),
             gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
@@ -2878,6 +2890,12 @@ impl Gpu {
         )
     }
 
+    /// Make [`Self::gdn_step_seq`] take the kernel for any head dim even at dk = 128 (tests: the
+    /// specialized kernel must give the same bits).
+    pub fn set_gdn_seq_generic(&self, on: bool) {
+        self.gdn_seq_generic.store(on, Ordering::Relaxed);
+    }
+
     /// Prefill form of [`Self::gdn_step`] (same arguments and layouts): equal within f32 rounding,
     /// no block barrier per row. Needs [`gdn_prefill_supported`]`(dk, dv)`.
     pub fn gdn_step_seq(
@@ -2896,8 +2914,15 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         assert!(gdn_prefill_supported(dk, dv) && n > 0);
+        // the 27B head (dk 128) with its loop bounds compiled in; same operations, same bits
+        // (`set_gdn_seq_generic` turns it off for the test that checks this)
+        let f = if dk == 128 && !self.gdn_seq_generic.load(Ordering::Relaxed) {
+            self.f.gdn_step_seq_d128
+        } else {
+            self.f.gdn_step_seq
+        };
         self.launch(
-            self.f.gdn_step_seq,
+            f,
             (hv as u32, (dv / 16) as u32, 1),
             (128, 1, 1),
             &[

@@ -170,6 +170,8 @@ fn path(g: &Gpu) -> String {
         "int8".into()
     } else if g.gemm_wgmma() {
         format!("f16-wgmma{}", g.gemmw_sets())
+    } else if g.gemmh_o4() && g.gemmh_warps() == 4 {
+        "f16-w4-o4".into()
     } else {
         format!("f16-w{}", g.gemmh_warps())
     }
@@ -310,14 +312,19 @@ fn each_config(g: &Gpu, mut f: impl FnMut(&Gpu)) {
     set_config(g, dflt);
 }
 
-/// (f16, warps, wgmma register sets: 0 = mma.sync)
-type Config = (bool, usize, usize);
+/// (f16, warps, wgmma register sets: 0 = mma.sync, 2 stages at 4 CTAs per SM)
+type Config = (bool, usize, usize, bool);
 
 fn configs(g: &Gpu) -> Vec<Config> {
-    let mut v = vec![(false, 4, 0), (true, 8, 0), (true, 4, 0)];
+    let mut v = vec![
+        (false, 4, 0, false),
+        (true, 8, 0, false),
+        (true, 4, 0, true),
+        (true, 4, 0, false),
+    ];
     if g.gemmw_available() {
-        v.push((true, 4, 2));
-        v.push((true, 4, 4));
+        v.push((true, 4, 2, false));
+        v.push((true, 4, 4, false));
     } else {
         eprintln!("gemm: this cubin has no wgmma kernels (not sm_90a): that path is not checked");
     }
@@ -329,12 +336,14 @@ fn default_config(g: &Gpu) -> Config {
         g.gemm_f16(),
         g.gemmh_warps(),
         if g.gemm_wgmma() { g.gemmw_sets() } else { 0 },
+        g.gemmh_o4(),
     )
 }
 
-fn set_config(g: &Gpu, (f16, w, sets): Config) {
+fn set_config(g: &Gpu, (f16, w, sets, o4): Config) {
     g.set_gemm_f16(f16);
     g.set_gemmh_warps(w);
+    g.set_gemmh_o4(o4);
     g.set_gemm_wgmma(sets > 0);
     if sets > 0 {
         g.set_gemmw_sets(sets);
@@ -573,15 +582,16 @@ fn gemm_throughput_report() {
     let n = 512;
     let dflt = default_config(g);
     // (config, forced tile width): int8, the mma.sync f16 variants, wgmma
-    let mut configs = vec![((false, 4, 0), None)];
+    let mut configs = vec![((false, 4, 0, false), None)];
     for w in [4, 8] {
         for bn in [Some(32), Some(64)] {
-            configs.push(((true, w, 0), bn));
+            configs.push(((true, w, 0, false), bn));
         }
     }
+    configs.push(((true, 4, 0, true), Some(64)));
     if g.gemmw_available() {
-        configs.push(((true, 4, 2), None));
-        configs.push(((true, 4, 4), None));
+        configs.push(((true, 4, 2, false), None));
+        configs.push(((true, 4, 4, false), None));
     }
     for qt in KINDS {
         let mut rng = Rng(500);
@@ -644,7 +654,7 @@ fn gemm_wgmma_descriptor_fields() {
         return;
     }
     let dflt = default_config(g);
-    set_config(g, (true, 4, 4));
+    set_config(g, (true, 4, 4, false));
     let mut rng = Rng(950);
     let (k, n_out, n) = (1024, 256, 70);
     let m = Mat::new(g, &mut rng, QuantType::Q1_0, k, n_out, false);

@@ -2087,6 +2087,39 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
                 bits_eq(&c, &down::<f32>(g, &outb, n * vd)),
                 "{tag}: split step out"
             );
+            // the kernel for any head dim gives the same bits as the dk = 128 one
+            if dk == 128 {
+                let sd = up(&s0);
+                let outd = nan(n * vd);
+                g.set_gdn_seq_generic(true);
+                g.gdn_step_seq(
+                    sd.ptr(),
+                    oa[0].ptr(),
+                    oa[1].ptr(),
+                    oa[2].ptr(),
+                    oa[4].ptr(),
+                    oa[3].ptr(),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    n,
+                    outd.ptr(),
+                )
+                .unwrap();
+                g.set_gdn_seq_generic(false);
+                assert!(
+                    bits_eq(
+                        &down::<f32>(g, &outd, n * vd),
+                        &down::<f32>(g, &outb, n * vd)
+                    ),
+                    "{tag}: generic gdn_step_seq out differs from the dk = 128 kernel"
+                );
+                assert!(
+                    bits_eq(&down::<f32>(g, &sd, hv * dk * dv), &b),
+                    "{tag}: generic gdn_step_seq S differs from the dk = 128 kernel"
+                );
+            }
             assert!(
                 bits_eq(&down::<f32>(g, &sc, hv * dk * dv), &b),
                 "{tag}: split step S"
