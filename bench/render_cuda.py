@@ -91,6 +91,7 @@ def main() -> None:
     q2 = load("cuda-decode-27b-q2.json") or {}
     if head and q2.get("commit") and q2.get("commit") != meta.get("commit"):
         head[-2] += f" The Q2_0 decode and round columns are from commit {q2['commit']} (`{q2.get('command')}`)."
+    lines += prefill_section()
     lines += whatif_section()
     lines += staged_section()
     lines += mma_section()
@@ -98,6 +99,58 @@ def main() -> None:
     lines += o8_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
+
+
+def prefill_section() -> list[str]:
+    """pp512 by prefill GEMM configuration (one process: the default, then each alternative), the
+    GEMMs alone per projection group, and the largest kernels of one pp512 forward."""
+    runs = {v: load(f"cuda-decode-27b-{v}.json") or {} for v in ("q1", "q2")}
+    if not any("prefill_alt" in d for d in runs.values()):
+        return []
+    names = {
+        "int8": "int8 `mma.m16n8k32`, rescale per 32 (`BONSAI_CUDA_GEMM=i8`)",
+        "f16-w4": "f16 `mma.m16n8k16`, 4 warps, 3 stages (default)",
+        "f16-w4-o4": "f16 `mma.m16n8k16`, 4 warps, 2 stages, 4 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=1`)",
+        "f16-w8": "f16 `mma.m16n8k16`, 8 warps (`BONSAI_CUDA_GEMMH_WARPS=8`)",
+        "f16-wgmma": "f16 `wgmma.m64n64k16`, A from registers (`BONSAI_CUDA_GEMM=wgmma`)",
+    }
+    out = [
+        "",
+        "Prefill pp512 by GEMM configuration (`cuda_bench`: the default, then each alternative in the same "
+        "process; ms per 512-token forward, tok/s, and every projection's GEMM alone, ms per forward), "
+        + ", ".join(f"{d.get('weight_type')} at {d.get('commit')}" for d in runs.values() if d)
+        + ".",
+        "",
+        "| GEMM | Q1_0 pp512 ms | Q1_0 tok/s | Q1_0 GEMMs ms | Q2_0 pp512 ms | Q2_0 tok/s | Q2_0 GEMMs ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows: dict[str, list[str]] = {}
+    for v, d in runs.items():
+        if not d:
+            continue
+        alt_gemm: dict[str, float] = {}
+        for g in d.get("alt_gemm_n512", []):
+            alt_gemm[g["gemm"]] = alt_gemm.get(g["gemm"], 0.0) + g["us_per_launch"] * 1e-3 * (
+                next((x["launches"] for x in d["gemm_n512"] if x["group"] == g["group"]), 0)
+            )
+        entries = [(d["prefill_gemm"], d["prefill_pp512_ms_median"], d["gemm_n512_total_ms"])]
+        entries += [(a["gemm"], a["pp512_ms_median"], alt_gemm.get(a["gemm"], float("nan"))) for a in d["prefill_alt"]]
+        for name, ms, gms in entries:
+            rows.setdefault(name, ["—"] * 6)
+            i = 0 if v == "q1" else 3
+            rows[name][i : i + 3] = [f"{ms:.1f}", f"{512e3 / ms:.0f}", f"{gms:.1f}"]
+    for name, cells in rows.items():
+        out.append(f"| {names.get(name, name)} | " + " | ".join(cells) + " |")
+    prof = []
+    for d in runs.values():
+        pk = d.get("prefill_kernel_profile", [])
+        tot = d.get("prefill_kernel_profile_total_us", 0.0) or 1.0
+        if pk:
+            top = ", ".join(f"{k['kernel']} {k['us'] / 1e3:.1f} ({100 * k['us'] / tot:.0f}%)" for k in pk[:7])
+            prof.append(f"{d.get('weight_type')}: {top}")
+    if prof:
+        out += ["", "Largest kernels of one pp512 forward (ms, each launch timed alone): " + "; ".join(prof) + "."]
+    return out
 
 
 def whatif_section() -> list[str]:
