@@ -117,10 +117,8 @@ extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, floa
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
 }
-// LPC lanes split the key dim of a column (8: any dk; 16: dk = 128, twice the threads and half the
-// state per lane, one more xor round), so a block of 4 warps covers CPB = 128 / LPC columns.
-// NMC: dk / (4·LPC) fixed at compile time, or 0 for any dk (read at run time).
-template <int NMC, int LPC>
+// NMC: dk / 32 fixed at compile time (the 27B heads: 4), or 0 for any dk (read at run time).
+template <int NMC>
 __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restrict__ q, const float* __restrict__ k,
                                                   const float* __restrict__ v, const float* __restrict__ g,
                                                   const float* __restrict__ beta, int hk, int hv, int dk, int dv,
@@ -128,20 +126,18 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
     PDL_ENTRY();
     __shared__ __align__(16) float ks[2][GS_TR][128];
     __shared__ __align__(16) float qs[2][GS_TR][128];
-    constexpr int CPB = 128 / LPC, MMAX = 128 / (4 * LPC);
-    __shared__ __align__(16) float vs[2][GS_TR][CPB];
+    __shared__ __align__(16) float vs[2][GS_TR][16];
     __shared__ float gs[2][GS_TR], bs[2][GS_TR], kq[GS_TR], dec[GS_TR];
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    int ii = lane & (LPC - 1), jl = w * (32 / LPC) + lane / LPC;
-    int j0 = blockIdx.y * CPB, j = j0 + jl;
-    int kap = h % hk, nm = NMC ? NMC : dk / (4 * LPC);
+    int ii = lane & 7, jl = w * 4 + (lane >> 3);
+    int j0 = blockIdx.y * 16, j = j0 + jl;
+    int kap = h % hk, nm = NMC ? NMC : dk >> 5;
     float* Sh = S + (size_t)h * dk * dv;
-    float s[4 * MMAX];
+    float s[16];
 #pragma unroll
-    for (int m = 0; m < MMAX; ++m)
+    for (int m = 0; m < 4; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            s[4 * m + e] = m < nm ? Sh[(size_t)(4 * LPC * m + 4 * ii + e) * dv + j] : 0.f;
+        for (int e = 0; e < 4; ++e) s[4 * m + e] = m < nm ? Sh[(size_t)(32 * m + 4 * ii + e) * dv + j] : 0.f;
     float scale = 1.0f / sqrtf((float)dk);
     int ntile = (n + GS_TR - 1) / GS_TR;
     int cpr = dk >> 2;  // 16-byte chunks per k/q row
@@ -155,12 +151,12 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
             const float* src = (which ? q : k) + ((size_t)t * hk + kap) * dk + 4 * cc;
             cp_async16(which ? &qs[b][r][4 * cc] : &ks[b][r][4 * cc], src);
         }
-        if (tid < GS_TR * (CPB / 4)) {
-            int r = tid / (CPB / 4), cc = tid % (CPB / 4);
+        if (tid < GS_TR * 4) {
+            int r = tid >> 2, cc = tid & 3;
             int t = min(c * GS_TR + r, n - 1);
             cp_async16(&vs[b][r][4 * cc], v + ((size_t)t * hv + h) * dv + j0 + 4 * cc);
-        } else if (tid < GS_TR * (CPB / 4 + 1)) {
-            int r = tid - GS_TR * (CPB / 4);
+        } else if (tid < GS_TR * 5) {
+            int r = tid - GS_TR * 4;
             int t = min(c * GS_TR + r, n - 1);
             cp_async4(&gs[b][r], g + (size_t)t * hv + h);
             cp_async4(&bs[b][r], beta + (size_t)t * hv + h);
@@ -189,11 +185,11 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
         for (int r = 0; r < rows; ++r) {
             const float4* k4 = (const float4*)ks[b][r];
             const float4* q4 = (const float4*)qs[b][r];
-            float kr[4 * MMAX], u0 = 0.f, u1 = 0.f, a0 = 0.f, a1 = 0.f;
+            float kr[16], u0 = 0.f, u1 = 0.f, a0 = 0.f, a1 = 0.f;
 #pragma unroll
-            for (int m = 0; m < MMAX; ++m) {
+            for (int m = 0; m < 4; ++m) {
                 if (m < nm) {
-                    float4 kk = k4[LPC * m + ii], qq = q4[LPC * m + ii];
+                    float4 kk = k4[8 * m + ii], qq = q4[8 * m + ii];
                     kr[4 * m] = kk.x; kr[4 * m + 1] = kk.y; kr[4 * m + 2] = kk.z; kr[4 * m + 3] = kk.w;
                     u0 = fmaf(s[4 * m], kk.x, u0);
                     u1 = fmaf(s[4 * m + 1], kk.y, u1);
@@ -209,7 +205,7 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
             }
             float u = u0 + u1, a = a0 + a1;
 #pragma unroll
-            for (int o = 1; o < LPC; o <<= 1) {
+            for (int o = 1; o < 8; o <<= 1) {
                 u += __shfl_xor_sync(0xffffffffu, u, o);
                 a += __shfl_xor_sync(0xffffffffu, a, o);
             }
@@ -217,27 +213,26 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
             float delta = bs[b][r] * (vs[b][r][jl] - dcy * u);
             float o = (dcy * a + delta * kq[r]) * scale;
 #pragma unroll
-            for (int x = 0; x < 4 * MMAX; ++x) s[x] = fmaf(kr[x], delta, s[x] * dcy);
+            for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * dcy);
             if (ii == 0) out[((size_t)(c * GS_TR + r) * hv + h) * dv + j] = o;
         }
         __syncthreads();  // buffer b is refilled by the next iteration's issue(c + 2)
     }
 #pragma unroll
-    for (int m = 0; m < MMAX; ++m)
+    for (int m = 0; m < 4; ++m)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            if (m < nm) Sh[(size_t)(4 * LPC * m + 4 * ii + e) * dv + j] = s[4 * m + e];
+            if (m < nm) Sh[(size_t)(32 * m + 4 * ii + e) * dv + j] = s[4 * m + e];
 }
-#define GS_ENTRY(NAME, NMC, LPC)                                                                        \
+#define GS_ENTRY(NAME, NMC)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                   \
         NAME(float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
              const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv, int dk, int dv, \
              int n, float* out) {                                                                       \
-        gdn_step_seq_impl<NMC, LPC>(S, q, k, v, g, beta, hk, hv, dk, dv, n, out);                        \
+        gdn_step_seq_impl<NMC>(S, q, k, v, g, beta, hk, hv, dk, dv, n, out);                             \
     }
-// grid (hv, dv / 16) for gdn_step_seq (8 lanes per column), (hv, dv / 8) for _d128 (16 lanes)
-GS_ENTRY(gdn_step_seq, 0, 8)
-GS_ENTRY(gdn_step_seq_d128, 2, 16)
+GS_ENTRY(gdn_step_seq, 0)
+GS_ENTRY(gdn_step_seq_d128, 4)
 
 // ---- causal prefill attention -------------------------------------------------------------------
 
