@@ -14,7 +14,7 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
-use bonsai_kernels_cuda::{MvStaged, MV_STAGED_DEFAULT};
+use bonsai_kernels_cuda::{GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -313,81 +313,11 @@ fn cuda_decode_bench() {
         .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
         .collect();
     let mut spp = SeqState::new(&cuda, &cfg, n_ctx.max(pp + 8)).unwrap();
-    let mut pp_ms = Vec::new();
-    let mut pp_logits = Vec::new();
-    for rep in 0..6 {
-        spp.reset(&cuda);
-        cuda.gpu().sync().unwrap();
-        let t = Instant::now();
-        forward(
-            &cuda,
-            &cfg,
-            &w,
-            &mut spp,
-            &prompt_pp,
-            GdnMode::Chunked,
-            LogitRows::Last,
-            &mut pp_logits,
-            Capture::none(),
-        )
-        .unwrap();
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        if rep > 0 {
-            pp_ms.push(ms);
-        }
-    }
-    assert!(
-        pp_logits.iter().all(|v| v.is_finite()),
-        "pp512 logits not finite"
-    );
-    pp_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let pp_med = pp_ms[pp_ms.len() / 2];
-    let pp_tps = pp as f64 / (pp_med / 1e3);
-    let gpu = cuda.gpu();
-    // GEMM configurations: (f16, warps, wgmma, 2 stages at 4 CTAs per SM)
-    let dflt_cfg = (
-        gpu.gemm_f16(),
-        gpu.gemmh_warps(),
-        gpu.gemm_wgmma(),
-        gpu.gemmh_o4(),
-    );
-    let set_cfg = |(f16, w, wg, o4): (bool, usize, bool, bool)| {
-        gpu.set_gemm_f16(f16);
-        gpu.set_gemmh_warps(w);
-        gpu.set_gemm_wgmma(wg);
-        gpu.set_gemmh_o4(o4);
-    };
-    let cfg_name = |(f16, w, wg, o4): (bool, usize, bool, bool)| {
-        if !f16 {
-            "int8".to_string()
-        } else if wg && gpu.gemmw_available() {
-            "f16-wgmma".to_string()
-        } else if o4 && w == 4 {
-            "f16-w4-o4".to_string()
-        } else {
-            format!("f16-w{w}")
-        }
-    };
-    let dflt_name = cfg_name(dflt_cfg);
-    println!("BENCH prefill pp{pp} ({dflt_name} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
-    // the other GEMM configurations (A/B in one process), and how far their last-row logits are
-    // from the default's
-    let alts: Vec<(bool, usize, bool, bool)> = [
-        (false, 4, false, false),
-        (true, 4, false, false),
-        (true, 4, false, true),
-        (true, 8, false, false),
-        (true, 4, true, false),
-    ]
-    .into_iter()
-    .filter(|&c| cfg_name(c) != dflt_name && (!c.2 || gpu.gemmw_available()))
-    .collect();
-    let mut alt_json = Vec::new();
-    for &c in &alts {
-        set_cfg(c);
-        let mut alt_ms = Vec::new();
-        let mut alt_logits = Vec::new();
-        for rep in 0..4 {
+    // `runs` timed pp512 forwards after one warm-up, fresh state each: (sorted ms, last logits)
+    let mut time_pp = |runs: usize| {
+        let mut ms = Vec::new();
+        let mut logits = Vec::new();
+        for rep in 0..=runs {
             spp.reset(&cuda);
             cuda.gpu().sync().unwrap();
             let t = Instant::now();
@@ -399,15 +329,50 @@ fn cuda_decode_bench() {
                 &prompt_pp,
                 GdnMode::Chunked,
                 LogitRows::Last,
-                &mut alt_logits,
+                &mut logits,
                 Capture::none(),
             )
             .unwrap();
             if rep > 0 {
-                alt_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
-        alt_ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        ms.sort_by(|a: &f64, b| a.partial_cmp(b).unwrap());
+        (ms, logits)
+    };
+    let (pp_ms, mut pp_logits) = time_pp(5);
+    assert!(
+        pp_logits.iter().all(|v| v.is_finite()),
+        "pp512 logits not finite"
+    );
+    let pp_med = pp_ms[pp_ms.len() / 2];
+    let pp_tps = pp as f64 / (pp_med / 1e3);
+    let gpu = cuda.gpu();
+    let dflt_cfg = gpu.gemm_config();
+    let dflt_name = dflt_cfg.name();
+    println!("BENCH prefill pp{pp} ({dflt_name} GEMM): {pp_med:.2} ms median -> {pp_tps:.0} tok/s (runs {pp_ms:?})");
+    // the other GEMM configurations (A/B in one process), and how far their last-row logits are
+    // from the default's
+    let mk = |path, warps, o4| GemmConfig {
+        path,
+        warps,
+        o4,
+        wgmma_sets: 4,
+    };
+    let alts: Vec<GemmConfig> = [
+        mk(GemmPath::Int8, 4, false),
+        mk(GemmPath::F16, 4, false),
+        mk(GemmPath::F16, 4, true),
+        mk(GemmPath::F16, 8, false),
+        mk(GemmPath::Wgmma, 4, false),
+    ]
+    .into_iter()
+    .filter(|c| c.name() != dflt_name && (c.path != GemmPath::Wgmma || gpu.gemmw_available()))
+    .collect();
+    let mut alt_json = Vec::new();
+    for &c in &alts {
+        gpu.set_gemm_config(c);
+        let (alt_ms, alt_logits) = time_pp(3);
         let alt_med = alt_ms[alt_ms.len() / 2];
         let (num, den) = pp_logits
             .iter()
@@ -416,7 +381,7 @@ fn cuda_decode_bench() {
                 (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
             });
         let nmse = num / den.max(1e-30);
-        let name = cfg_name(c);
+        let name = c.name();
         println!(
             "BENCH prefill pp{pp} ({name} GEMM): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {dflt_name} {nmse:.2e}",
             pp as f64 / (alt_med / 1e3)
@@ -425,7 +390,7 @@ fn cuda_decode_bench() {
             "{{\"gemm\": \"{name}\", \"pp512_ms_median\": {alt_med:.2}, \"pp512_ms_all\": {alt_ms:?}, \"last_logit_nmse_vs_default\": {nmse:.3e}}}"
         ));
     }
-    set_cfg(dflt_cfg);
+    gpu.set_gemm_config(dflt_cfg);
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
@@ -479,8 +444,8 @@ fn cuda_decode_bench() {
     // the other configurations' GEMMs alone
     let mut alt_gemm_json = Vec::new();
     for &c in &alts {
-        set_cfg(c);
-        let name = cfg_name(c);
+        gpu.set_gemm_config(c);
+        let name = c.name();
         let mut total = 0.0;
         for (gname, groups) in &gcats {
             let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
@@ -498,7 +463,7 @@ fn cuda_decode_bench() {
         }
         println!("GEMM ({name}) n={pp} all projections {total:.2} ms");
     }
-    set_cfg(dflt_cfg);
+    gpu.set_gemm_config(dflt_cfg);
 
     // per-kernel profile of one pp512 forward (each launch timed alone)
     spp.reset(&cuda);

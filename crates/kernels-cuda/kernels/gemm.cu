@@ -90,6 +90,26 @@ struct GmSeg {
     int n_out;
 };
 
+// The segment of CTA row tile `mt` (tiles of `bm` weight rows, segments in order; tiles never
+// straddle two): false past the last one. On return `mt` is the tile index inside the segment.
+__device__ __forceinline__ bool gm_segment(const GmSeg& s0, const GmSeg& s1, const GmSeg& s2, const GmSeg& s3,
+                                           int bm, int& mt, GmSeg& sg) {
+    const int t0 = (s0.n_out + bm - 1) / bm, t1 = (s1.n_out + bm - 1) / bm, t2 = (s2.n_out + bm - 1) / bm,
+              t3 = (s3.n_out + bm - 1) / bm;
+    if (mt < t0) {
+        sg = s0;
+    } else if ((mt -= t0) < t1) {
+        sg = s1;
+    } else if ((mt -= t1) < t2) {
+        sg = s2;
+    } else if ((mt -= t2) < t3) {
+        sg = s3;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 template <int KIND, int NT>
 __device__ __forceinline__ void gemm_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const i8* __restrict__ xq,
                                             const float* __restrict__ xd, int n_in, int n, int accumulate) {
@@ -105,20 +125,8 @@ __device__ __forceinline__ void gemm_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
     // this CTA's weight tile: global m-tile blockIdx.y, segments in order (tiles never straddle)
     int mt = blockIdx.y;
-    int t0 = (s0.n_out + GM_BM - 1) / GM_BM, t1 = (s1.n_out + GM_BM - 1) / GM_BM,
-        t2 = (s2.n_out + GM_BM - 1) / GM_BM, t3 = (s3.n_out + GM_BM - 1) / GM_BM;
     GmSeg sg;
-    if (mt < t0) {
-        sg = s0;
-    } else if ((mt -= t0) < t1) {
-        sg = s1;
-    } else if ((mt -= t1) < t2) {
-        sg = s2;
-    } else if ((mt -= t2) < t3) {
-        sg = s3;
-    } else {
-        return;
-    }
+    if (!gm_segment(s0, s1, s2, s3, GM_BM, mt, sg)) return;
     const int m0 = mt * GM_BM;
     const int n0 = blockIdx.x * BN;
     const int n_out = sg.n_out;
@@ -431,8 +439,103 @@ extern "C" __global__ void act_q8_to_f16p(const i8* q, const float* d, int n_in,
     }
 }
 
-// Dynamic shared memory of a gemmh launch: per stage BN activation rows + 32·W weight rows.
+// weight code bytes per row of a shared-memory stage (Q2 kinds padded 32 -> 48: no bank conflicts)
 #define GH_WROW(KIND) ((KIND) == 1 ? 16 : 48)
+
+// ---- pieces shared by the two f16 GEMMs (gemmh: mma.sync, gemmw: wgmma) ---------------------
+// A thread owns 4 weight rows k = 2·mi + hf (A rows g / g + 8 of m-tile or half mi), local row
+// lr[k] of the CTA tile.
+
+// Scale index of each row's first block, in units of one chunk's scale load (u16; g64: u32).
+template <int KIND>
+__device__ __forceinline__ u32 f16g_load_scale(const GmSeg& sg, const u32* wsi, int k, int c) {
+    return KIND != 3 ? (u32)__ldg(sg.scales + wsi[k] + c) : __ldg((const u32*)sg.scales + wsi[k] + c);
+}
+
+// Per row the f16x2 base of a chunk's scale block(s) from its raw scales `sw`: Q1 −d (a set bit
+// flips it to d), Q2 d; g64: [0] for sub-blocks 0-1, [1] for 2-3.
+template <int KIND>
+__device__ __forceinline__ void f16g_bases(const u32* sw, u32 (*base)[2]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            u32 h = (KIND != 3 || b == 0) ? (sw[k] & 0xffffu) : (sw[k] >> 16);
+            if (KIND == 1) h ^= 0x8000u;  // −d
+            base[k][b] = h * 0x00010001u;
+        }
+    }
+}
+
+// Every code word of a chunk for the 4 rows (Q1: sub-block sb = word sb; Q2: words 2sb, 2sb+1)
+// from the shared-memory stage `wbase` (row stride GH_WROW(KIND)).
+template <int KIND>
+__device__ __forceinline__ void f16g_code_words(const u8* wbase, const int* lr, u32 (*cw)[KIND == 1 ? 4 : 8]) {
+    constexpr int NW = KIND == 1 ? 4 : 8;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+        for (int v = 0; v < NW / 4; ++v) {
+            uint4 x = *(const uint4*)(wbase + lr[k] * GH_WROW(KIND) + 16 * v);
+            cw[k][4 * v] = x.x;
+            cw[k][4 * v + 1] = x.y;
+            cw[k][4 * v + 2] = x.z;
+            cw[k][4 * v + 3] = x.w;
+        }
+    }
+}
+
+// The A fragment (4 f16x2 registers, the mma.m16n8k16 / wgmma m64nNk16 layout) of rows 2mi, 2mi+1
+// at k16 step kk of a chunk. q1s / q2r: the thread's shifts (see the layout notes above).
+template <int KIND>
+__device__ __forceinline__ void f16g_a_frag(const u32 (*cw)[KIND == 1 ? 4 : 8], const u32 (*base)[2], int kk, int mi,
+                                            int q1s, int q2r, u32* a) {
+    const int sb = kk >> 1, h = kk & 1;
+    const int bi = (KIND == 3 && sb >= 2) ? 1 : 0;  // g64: the chunk's second scale block
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int k = 2 * mi + hf;
+        if (KIND == 1) {
+            const int s = q1s - 4 * h;
+            a[hf] = sign_xor(cw[k][sb] << s, base[k][bi]);
+            a[2 + hf] = sign_xor(cw[k][sb] << (s - 2), base[k][bi]);
+        } else {
+            const u32 w = cw[k][2 * sb + h];
+            a[hf] = q2_h2(w, q2r, base[k][bi]);
+            a[2 + hf] = q2_h2(w, q2r + 4, base[k][bi]);
+        }
+    }
+}
+
+// y[t, o] (+)= acc · xs[t] for the 2 x NJ n8 blocks of accumulators (C layout: [4j + 2hf + e2] is
+// row lr[2mi + hf], activation row n0 + 8j + 2tg + e2).
+template <int NJ>
+__device__ __forceinline__ void f16g_store(const float (*acc)[4 * NJ], const GmSeg& sg, const int* lr, int m0, int n0,
+                                           int tg, const float* __restrict__ xs, int n, int accumulate) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int t = n0 + 8 * j + 2 * tg + e2;
+            if (t >= n) continue;
+            const float sc = xs[t];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int o = m0 + lr[2 * mi + hf];
+                    if (o < sg.n_out) {
+                        float* yp = sg.y + (size_t)t * sg.n_out + o;
+                        float v = acc[mi][4 * j + 2 * hf + e2] * sc;
+                        *yp = accumulate ? *yp + v : v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Dynamic shared memory of a gemmh launch: per stage BN activation rows + 32·W weight rows.
 #define GH_SMEM(KIND, NT, W, ST) ((ST) * (8 * (NT) * GH_XST + 32 * (W) * GH_WROW(KIND)))
 
 // W warps per CTA (GH_BM = 32·W weight rows: more rows per CTA read each activation tile from L2
@@ -445,27 +548,14 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
     const int BN = NT * 8;
     const int CB = KIND == 1 ? 16 : 32;  // code bytes per weight row per chunk
     const int WS = GH_WROW(KIND);        // their stride in shared memory (Q2 padded: no conflicts)
-    const int SPC = KIND == 3 ? 2 : 1;   // scale blocks per chunk
     const int XSTAGE = BN * GH_XST, WSTAGE = GH_BM * WS;
     u8* s_x = gh_smem;                        // [GH_STAGES][BN][GH_XST]
     u8* s_w = gh_smem + GH_STAGES * XSTAGE;   // [GH_STAGES][GH_BM][WS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
     int mt = blockIdx.y;
-    int t0 = (s0.n_out + GH_BM - 1) / GH_BM, t1 = (s1.n_out + GH_BM - 1) / GH_BM,
-        t2 = (s2.n_out + GH_BM - 1) / GH_BM, t3 = (s3.n_out + GH_BM - 1) / GH_BM;
     GmSeg sg;
-    if (mt < t0) {
-        sg = s0;
-    } else if ((mt -= t0) < t1) {
-        sg = s1;
-    } else if ((mt -= t1) < t2) {
-        sg = s2;
-    } else if ((mt -= t2) < t3) {
-        sg = s3;
-    } else {
-        return;
-    }
+    if (!gm_segment(s0, s1, s2, s3, GH_BM, mt, sg)) return;
     const int m0 = mt * GH_BM;
     const int n0 = blockIdx.x * BN;
     const int n_out = sg.n_out;
@@ -499,20 +589,15 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         lr[k] = warp * 32 + 16 * (k >> 1) + g + 8 * (k & 1);
         wsi[k] = (u32)min(m0 + lr[k], n_out - 1) * (u32)nc;
     }
-    auto ld_scale = [&](int k, int c) -> u32 {
-        return SPC == 1 ? (u32)__ldg(sg.scales + wsi[k] + c) : __ldg((const u32*)sg.scales + wsi[k] + c);
-    };
     u32 sw[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sw[k] = ld_scale(k, 0);
+    for (int k = 0; k < 4; ++k) sw[k] = f16g_load_scale<KIND>(sg, wsi, k, 0);
 
-    float acc[2][NT][4];
+    float acc[2][4 * NT];  // [m-tile][4j + e]: n8 tile j's C registers
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][j][e] = 0.f;
+        for (int e = 0; e < 4 * NT; ++e) acc[mi][e] = 0.f;
 
 #pragma unroll
     for (int st = 0; st < GH_STAGES - 1; ++st) {
@@ -538,39 +623,16 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         u32 nsw[4] = {0, 0, 0, 0};
         if (c + 1 < nc) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) nsw[k] = ld_scale(k, c + 1);
+            for (int k = 0; k < 4; ++k) nsw[k] = f16g_load_scale<KIND>(sg, wsi, k, c + 1);
         }
         const int st = c % GH_STAGES;
         const u32 xbase = smem_u32(s_x + st * XSTAGE) + ld_off;
-        const u8* wbase = s_w + st * WSTAGE;
-        // per row the f16x2 base of this chunk's scale block(s): Q1 −d (a set bit flips it to d),
-        // Q2 d; g64: [0] for sub-blocks 0-1, [1] for 2-3
         u32 base[4][2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                u32 h = (SPC == 1 || b == 0) ? (sw[k] & 0xffffu) : (sw[k] >> 16);
-                if (KIND == 1) h ^= 0x8000u;  // −d
-                base[k][b] = h * 0x00010001u;
-            }
-        }
-        // every code word of the chunk for the 4 rows (Q1: sub-block sb = word sb; Q2: words 2sb,
-        // 2sb+1), then the k16 steps with the B fragments of step kk+1 loaded before the MMAs of
-        // step kk (two register sets), so no MMA waits on its own ldmatrix
-        constexpr int NW = KIND == 1 ? 4 : 8;
-        u32 cw[4][NW];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int v = 0; v < NW / 4; ++v) {
-                uint4 x = *(const uint4*)(wbase + lr[k] * WS + 16 * v);
-                cw[k][4 * v] = x.x;
-                cw[k][4 * v + 1] = x.y;
-                cw[k][4 * v + 2] = x.z;
-                cw[k][4 * v + 3] = x.w;
-            }
-        }
+        f16g_bases<KIND>(sw, base);
+        // every code word of the chunk, then the k16 steps with the B fragments of step kk+1
+        // loaded before the MMAs of step kk (two register sets), so no MMA waits on its own ldmatrix
+        u32 cw[4][KIND == 1 ? 4 : 8];
+        f16g_code_words<KIND>(s_w + st * WSTAGE, lr, cw);
         u32 bf[2][NT][2];
         auto load_b = [&](int kk, u32 (*b)[2]) {
 #pragma unroll
@@ -587,56 +649,20 @@ __device__ __forceinline__ void gemmh_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             if (kk + 1 < 8) load_b(kk + 1, bf[(kk + 1) & 1]);
-            const int sb = kk >> 1, h = kk & 1;
-            // g64: the chunk's second scale block from sub-block 2
-            const int bi = (SPC == 2 && sb >= 2) ? 1 : 0;
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
                 u32 a[4];
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int k = 2 * mi + hf;
-                    if (KIND == 1) {
-                        const int s = q1s - 4 * h;
-                        a[hf] = sign_xor(cw[k][sb] << s, base[k][bi]);
-                        a[2 + hf] = sign_xor(cw[k][sb] << (s - 2), base[k][bi]);
-                    } else {
-                        const u32 w = cw[k][2 * sb + h];
-                        a[hf] = q2_h2(w, q2r, base[k][bi]);
-                        a[2 + hf] = q2_h2(w, q2r + 4, base[k][bi]);
-                    }
-                }
+                f16g_a_frag<KIND>(cw, base, kk, mi, q1s, q2r, a);
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
-                    mma_f16(acc[mi][j], a[0], a[1], a[2], a[3], bf[kk & 1][j][0], bf[kk & 1][j][1]);
+                    mma_f16(&acc[mi][4 * j], a[0], a[1], a[2], a[3], bf[kk & 1][j][0], bf[kk & 1][j][1]);
             }
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) sw[k] = nsw[k];
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const int t = n0 + 8 * j + 2 * tg + e2;
-            if (t >= n) continue;
-            const float sc = xs[t];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int o = m0 + lr[2 * mi + hf];
-                    if (o < n_out) {
-                        float* yp = sg.y + (size_t)t * n_out + o;
-                        float v = acc[mi][j][2 * hf + e2] * sc;
-                        *yp = accumulate ? *yp + v : v;
-                    }
-                }
-            }
-        }
-    }
+    f16g_store<NT>(acc, sg, lr, m0, n0, tg, xs, n, accumulate);
 }
 
 // Parameters as GM_ENTRY with xh [n, n_in] f16 (pair order) and xs [n] instead of q and d.
@@ -726,27 +752,14 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
     extern __shared__ __align__(1024) u8 gw_smem[];
     const int CB = KIND == 1 ? 16 : 32;
     const int WS = GH_WROW(KIND);
-    const int SPC = KIND == 3 ? 2 : 1;
     const int WSTAGE = 128 * WS;
     u8* s_x = gw_smem;                          // [GW_STAGES][GW_XSTAGE] (core-matrix layout)
     u8* s_w = gw_smem + GW_STAGES * GW_XSTAGE;  // [GW_STAGES][128][WS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
     int mt = blockIdx.y;
-    int t0 = (s0.n_out + 127) / 128, t1 = (s1.n_out + 127) / 128, t2 = (s2.n_out + 127) / 128,
-        t3 = (s3.n_out + 127) / 128;
     GmSeg sg;
-    if (mt < t0) {
-        sg = s0;
-    } else if ((mt -= t0) < t1) {
-        sg = s1;
-    } else if ((mt -= t1) < t2) {
-        sg = s2;
-    } else if ((mt -= t2) < t3) {
-        sg = s3;
-    } else {
-        return;
-    }
+    if (!gm_segment(s0, s1, s2, s3, 128, mt, sg)) return;
     const int m0 = mt * 128;
     const int n0 = blockIdx.x * 64;
     const int n_out = sg.n_out;
@@ -780,12 +793,9 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         lr[k] = 64 * (k >> 1) + 16 * warp + g + 8 * (k & 1);
         wsi[k] = (u32)min(m0 + lr[k], n_out - 1) * (u32)nc;
     }
-    auto ld_scale = [&](int k, int c) -> u32 {
-        return SPC == 1 ? (u32)__ldg(sg.scales + wsi[k] + c) : __ldg((const u32*)sg.scales + wsi[k] + c);
-    };
     u32 sw[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sw[k] = ld_scale(k, 0);
+    for (int k = 0; k < 4; ++k) sw[k] = f16g_load_scale<KIND>(sg, wsi, k, 0);
 
     float acc[2][32];
 #pragma unroll
@@ -816,57 +826,22 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
         u32 nsw[4] = {0, 0, 0, 0};
         if (c + 1 < nc) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) nsw[k] = ld_scale(k, c + 1);
+            for (int k = 0; k < 4; ++k) nsw[k] = f16g_load_scale<KIND>(sg, wsi, k, c + 1);
         }
         const int st = c % GW_STAGES;
         const u32 xaddr = smem_u32(s_x + st * GW_XSTAGE);
-        const u8* wbase = s_w + st * WSTAGE;
         u32 base[4][2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                u32 h = (SPC == 1 || b == 0) ? (sw[k] & 0xffffu) : (sw[k] >> 16);
-                if (KIND == 1) h ^= 0x8000u;
-                base[k][b] = h * 0x00010001u;
-            }
-        }
-        constexpr int NW = KIND == 1 ? 4 : 8;
-        u32 cw[4][NW];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int v = 0; v < NW / 4; ++v) {
-                uint4 x = *(const uint4*)(wbase + lr[k] * WS + 16 * v);
-                cw[k][4 * v] = x.x;
-                cw[k][4 * v + 1] = x.y;
-                cw[k][4 * v + 2] = x.z;
-                cw[k][4 * v + 3] = x.w;
-            }
-        }
+        f16g_bases<KIND>(sw, base);
+        u32 cw[4][KIND == 1 ? 4 : 8];
+        f16g_code_words<KIND>(s_w + st * WSTAGE, lr, cw);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            const int sb = kk >> 1, h = kk & 1, rs = kk % NSETS;
-            const int bi = (SPC == 2 && sb >= 2) ? 1 : 0;
+            const int rs = kk % NSETS;
             // register set rs was read by the group NSETS steps ago: wait for it (NSETS - 1
             // groups may stay in flight)
             wgmma_wait<NSETS - 1>();
 #pragma unroll
-            for (int hm = 0; hm < 2; ++hm) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int k = 2 * hm + hf;
-                    if (KIND == 1) {
-                        const int s = q1s - 4 * h;
-                        a[rs][hm][hf] = sign_xor(cw[k][sb] << s, base[k][bi]);
-                        a[rs][hm][2 + hf] = sign_xor(cw[k][sb] << (s - 2), base[k][bi]);
-                    } else {
-                        const u32 w = cw[k][2 * sb + h];
-                        a[rs][hm][hf] = q2_h2(w, q2r, base[k][bi]);
-                        a[rs][hm][2 + hf] = q2_h2(w, q2r + 4, base[k][bi]);
-                    }
-                }
-            }
+            for (int hm = 0; hm < 2; ++hm) f16g_a_frag<KIND>(cw, base, kk, hm, q1s, q2r, a[rs][hm]);
             wgmma_fence();
             const unsigned long long desc =
                 desc_hi | (unsigned long long)(((xaddr + (u32)(2 * kk * 1024)) >> 4) & 0x3fffu);
@@ -879,28 +854,7 @@ __device__ __forceinline__ void gemmw_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const int t = n0 + 8 * j + 2 * tg + e2;
-            if (t >= n) continue;
-            const float sc = xs[t];
-#pragma unroll
-            for (int hm = 0; hm < 2; ++hm) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int o = m0 + lr[2 * hm + hf];
-                    if (o < n_out) {
-                        float* yp = sg.y + (size_t)t * n_out + o;
-                        float v = acc[hm][4 * j + 2 * hf + e2] * sc;
-                        *yp = accumulate ? *yp + v : v;
-                    }
-                }
-            }
-        }
-    }
+    f16g_store<8>(acc, sg, lr, m0, n0, tg, xs, n, accumulate);
 #endif
 }
 

@@ -4,7 +4,7 @@
 //! - **f16** (default): `act_q8_to_f16p` turns the activations into f16 rows (one power of two per
 //!   row, pair order) in a scratch this `Gpu` owns, then `gemmh_*` runs `mma.m16n8k16` with the
 //!   weight scales folded into the A fragments: no per-block rescale in the inner loop.
-//! - **int8** (`BONSAI_CUDA_GEMM=i8`, [`Gpu::set_gemm_f16`]): `gemm_*`, one `mma.m16n8k32` per
+//! - **int8** (`BONSAI_CUDA_GEMM=i8`, [`Gpu::set_gemm_config`]): `gemm_*`, one `mma.m16n8k32` per
 //!   32-element sub-block, rescaled per sub-block in f32.
 //!
 //! Unlike the mat-vec kernels these are not batch-invariant with the n ≤ 8 path (the float
@@ -24,31 +24,68 @@ pub const GEMM_BM: usize = 128;
 pub const GEMM_KC: usize = 128;
 /// Threads per GEMM CTA (`GM_THREADS`).
 const GEMM_THREADS: u32 = 256;
-/// Default warps per f16 GEMM CTA (32 weight rows each).
-pub const GEMMH_WARPS_DEFAULT: usize = 4;
+/// Which kernels the prefill GEMM runs on (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPath {
+    /// `gemm_*`: int8 `mma.m16n8k32`, rescaled per 32-element sub-block.
+    Int8,
+    /// `gemmh_*`: f16 `mma.m16n8k16` on converted activations (the default).
+    F16,
+    /// `gemmw_*`: f16 `wgmma` (only where [`Gpu::gemmw_available`]; else as `F16`).
+    Wgmma,
+}
 
-/// `BONSAI_CUDA_GEMMH_WARPS` (4 or 8), else the default.
-pub(crate) fn gemmh_warps_env() -> usize {
-    match std::env::var("BONSAI_CUDA_GEMMH_WARPS")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
-        Some("8") => 8,
-        Some("4") => 4,
-        _ => GEMMH_WARPS_DEFAULT,
+/// The prefill GEMM configuration: the path and its variant knobs. Results depend on the path
+/// only (every variant of one path gives the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmConfig {
+    pub path: GemmPath,
+    /// `F16`: warps (32 weight rows each) per CTA, 4 or 8.
+    pub warps: usize,
+    /// `F16` with 4 warps: 2 ring stages at 4 CTAs per SM instead of 3 at 3.
+    pub o4: bool,
+    /// `Wgmma`: A register sets, 2 or 4 (1 or 3 wgmma groups in flight).
+    pub wgmma_sets: usize,
+}
+
+impl Default for GemmConfig {
+    fn default() -> Self {
+        GemmConfig {
+            path: GemmPath::F16,
+            warps: 4,
+            o4: false,
+            wgmma_sets: 4,
+        }
     }
 }
 
-/// Whether the prefill GEMM takes the f16 path: yes unless `BONSAI_CUDA_GEMM=i8`.
-pub(crate) fn gemm_f16_env() -> bool {
-    std::env::var("BONSAI_CUDA_GEMM").map_or(true, |v| v.trim() != "i8")
-}
+impl GemmConfig {
+    /// The default, changed by `BONSAI_CUDA_GEMM=i8|f16|wgmma`, `BONSAI_CUDA_GEMMH_WARPS=4|8` and
+    /// `BONSAI_CUDA_GEMMH_O4=1`.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_string());
+        let mut c = GemmConfig::default();
+        match var("BONSAI_CUDA_GEMM").as_deref() {
+            Some("i8") => c.path = GemmPath::Int8,
+            Some("wgmma") => c.path = GemmPath::Wgmma,
+            _ => {}
+        }
+        if var("BONSAI_CUDA_GEMMH_WARPS").as_deref() == Some("8") {
+            c.warps = 8;
+        }
+        c.o4 = var("BONSAI_CUDA_GEMMH_O4").as_deref() == Some("1");
+        c
+    }
 
-/// Whether the f16 path uses the warpgroup-MMA kernels: only with `BONSAI_CUDA_GEMM=wgmma`
-/// (measured slower than mma.sync so far, `bench/results/cuda-27b.md`).
-pub(crate) fn gemm_wgmma_env() -> bool {
-    std::env::var("BONSAI_CUDA_GEMM").is_ok_and(|v| v.trim() == "wgmma")
+    /// A short name for benchmark tables (`int8`, `f16-w4`, `f16-w4-o4`, `f16-w8`, `f16-wgmma4`).
+    pub fn name(&self) -> String {
+        match self.path {
+            GemmPath::Int8 => "int8".into(),
+            GemmPath::Wgmma => format!("f16-wgmma{}", self.wgmma_sets),
+            GemmPath::F16 if self.o4 && self.warps == 4 => "f16-w4-o4".into(),
+            GemmPath::F16 => format!("f16-w{}", self.warps),
+        }
+    }
 }
 
 /// Dynamic shared memory of a warpgroup-MMA GEMM launch (`GW_SMEM`): 4 stages of 64 activation
@@ -130,15 +167,26 @@ pub fn gemm_pick_bn(tiles_m: usize, n: usize, sms: usize, occ64: usize, occ32: u
 }
 
 impl Gpu {
-    /// Whether prefill GEMMs take the f16 path (see the module docs).
-    pub fn gemm_f16(&self) -> bool {
-        self.gemm_f16.load(std::sync::atomic::Ordering::Relaxed)
+    /// The prefill GEMM configuration in force ([`GemmConfig`]), with `Wgmma` read as `F16` where
+    /// this cubin has no wgmma kernels.
+    pub fn gemm_config(&self) -> GemmConfig {
+        let mut c = *self.gemm_config.lock().expect("gemm config lock");
+        if c.path == GemmPath::Wgmma && !self.gemmw_ok {
+            c.path = GemmPath::F16;
+        }
+        c
     }
 
-    /// Switch the prefill GEMM between the f16 (true) and the int8 path.
-    pub fn set_gemm_f16(&self, on: bool) {
-        self.gemm_f16
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+    /// Set the prefill GEMM configuration (benchmarks and tests; `warps` 4 or 8, `wgmma_sets` 2 or
+    /// 4).
+    pub fn set_gemm_config(&self, c: GemmConfig) {
+        assert!(c.warps == 4 || c.warps == 8, "gemmh warps {}", c.warps);
+        assert!(
+            c.wgmma_sets == 2 || c.wgmma_sets == 4,
+            "gemmw sets {}",
+            c.wgmma_sets
+        );
+        *self.gemm_config.lock().expect("gemm config lock") = c;
     }
 
     /// Whether the kernels include the warpgroup-MMA GEMM (a cubin for sm_90a).
@@ -160,18 +208,6 @@ impl Gpu {
         Ok(v[0] == 1)
     }
 
-    /// Whether the f16 path runs on the warpgroup-MMA kernels (set and available).
-    pub fn gemm_wgmma(&self) -> bool {
-        self.gemmw_ok && self.gemm_wgmma.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Let the f16 path use the warpgroup-MMA kernels where the cubin has them (true), or keep it
-    /// on mma.sync (false).
-    pub fn set_gemm_wgmma(&self, on: bool) {
-        self.gemm_wgmma
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Swap the stride fields of the wgmma shared-memory descriptor (hardware check only: the
     /// wrong setting gives wrong products).
     pub fn set_gemmw_desc_swap(&self, on: bool) {
@@ -179,46 +215,16 @@ impl Gpu {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// A register sets of the wgmma GEMM (2 or 4).
-    pub fn gemmw_sets(&self) -> usize {
-        self.gemmw_sets.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Set the A register sets of the wgmma GEMM: 2 or 4 (1 or 3 groups left in flight).
-    pub fn set_gemmw_sets(&self, sets: usize) {
-        assert!(sets == 2 || sets == 4, "gemmw sets {sets}");
-        self.gemmw_sets
-            .store(sets, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Warps (32 weight rows each) per f16 GEMM CTA.
-    pub fn gemmh_warps(&self) -> usize {
-        self.gemmh_warps.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Set the warps per f16 GEMM CTA: 4 or 8 (results do not depend on it).
-    pub fn set_gemmh_warps(&self, warps: usize) {
-        assert!(warps == 4 || warps == 8, "gemmh warps {warps}");
-        self.gemmh_warps
-            .store(warps, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the 4-warp, 64-row f16 GEMM runs as 2 stages at 4 CTAs per SM.
-    pub fn gemmh_o4(&self) -> bool {
-        self.gemmh_o4.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Switch the 4-warp, 64-row f16 GEMM between 3 stages at 3 CTAs per SM and 2 stages at 4
-    /// (results do not depend on it).
-    pub fn set_gemmh_o4(&self, on: bool) {
-        self.gemmh_o4
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// The f16 GEMM kernel of a kind, tile width and warp count, and its ring stages.
-    fn gemmh_func(&self, kind: WKind, bn: usize, warps: usize) -> (sys::CUfunction, usize) {
+    fn gemmh_func(
+        &self,
+        kind: WKind,
+        bn: usize,
+        warps: usize,
+        o4: bool,
+    ) -> (sys::CUfunction, usize) {
         let f = &self.f;
-        if warps == 4 && bn == 64 && self.gemmh_o4() {
+        if warps == 4 && bn == 64 && o4 {
             let k = match kind {
                 WKind::Q1 => f.gemmh_q1_o4,
                 WKind::Q2 => f.gemmh_q2_o4,
@@ -307,6 +313,7 @@ impl Gpu {
         n_in: usize,
         n: usize,
         accumulate: bool,
+        sets: usize,
     ) -> Result<()> {
         let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
         if tiles_m == 0 {
@@ -316,7 +323,7 @@ impl Gpu {
             return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
         }
         let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-        let f = match (kind, self.gemmw_sets()) {
+        let f = match (kind, sets) {
             (WKind::Q1, 2) => self.f.gemmw_q1,
             (WKind::Q2, 2) => self.f.gemmw_q2,
             (WKind::Q2G64, 2) => self.f.gemmw_q2g64,
@@ -451,11 +458,12 @@ impl Gpu {
         if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
             return Err(CudaError(format!("gemm_lowbit: n = {n}, n_in = {n_in}")));
         }
-        let f16 = self.gemm_f16();
-        if f16 && self.gemm_wgmma() {
-            return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate);
+        let cfg = self.gemm_config();
+        if cfg.path == GemmPath::Wgmma {
+            return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate, cfg.wgmma_sets);
         }
-        let warps = self.gemmh_warps();
+        let f16 = cfg.path == GemmPath::F16;
+        let warps = cfg.warps;
         let bm = if f16 { 32 * warps } else { GEMM_BM };
         let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(bm)).sum();
         if tiles_m == 0 {
@@ -486,7 +494,7 @@ impl Gpu {
         };
         if f16 {
             let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-            let (f, stages) = self.gemmh_func(kind, bn, warps);
+            let (f, stages) = self.gemmh_func(kind, bn, warps, cfg.o4);
             let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
             push_seg_args(&mut args, segs, MAX_SEGS, bm);
             args.extend([

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
-pub use gemm::{f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, GEMM_BM, GEMM_KC};
+pub use gemm::{
+    f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, GemmConfig, GemmPath, GEMM_BM, GEMM_KC,
+};
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
 pub use spec::{
@@ -1228,23 +1230,14 @@ pub struct Gpu {
     b1_scratch: Mutex<Option<DevBuf>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
-    /// Warps per f16 GEMM CTA, 4 or 8 ([`Gpu::set_gemmh_warps`], `BONSAI_CUDA_GEMMH_WARPS`).
-    gemmh_warps: AtomicUsize,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
     gemmw_ok: bool,
-    /// The f16 path uses the warpgroup-MMA GEMM where `gemmw_ok` (`BONSAI_CUDA_GEMM=wgmma`;
-    /// mma.sync by default).
-    gemm_wgmma: AtomicBool,
     /// Swap the two stride fields of the wgmma shared-memory descriptor (a hardware check).
     gemmw_desc_swap: AtomicBool,
-    /// A register sets of the wgmma kernels (2 or 4; [`Gpu::set_gemmw_sets`]).
-    gemmw_sets: AtomicUsize,
-    /// The 4-warp, 64-row f16 GEMM as 2 stages at 4 CTAs per SM ([`Gpu::set_gemmh_o4`]).
-    gemmh_o4: AtomicBool,
     /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
     gdn_seq_generic: AtomicBool,
-    /// Prefill GEMMs run on the f16 path (default; `BONSAI_CUDA_GEMM=i8` picks the int8 one).
-    gemm_f16: AtomicBool,
+    /// Which prefill GEMM kernels run ([`Gpu::set_gemm_config`]; `BONSAI_CUDA_GEMM*`).
+    gemm_config: Mutex<gemm::GemmConfig>,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
     gemm_f16_scratch: Mutex<Option<DevBuf>>,
     /// The row-statistics kernels' block partials `[ROW_STATS_ROWS, ROW_STATS_MAX_BLOCKS, 4]` u32
@@ -1340,16 +1333,10 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
-            gemmh_warps: AtomicUsize::new(gemm::gemmh_warps_env()),
             gemmw_ok: false,
-            gemm_wgmma: AtomicBool::new(gemm::gemm_wgmma_env()),
             gemmw_desc_swap: AtomicBool::new(false),
-            gemmw_sets: AtomicUsize::new(4),
             gdn_seq_generic: AtomicBool::new(false),
-            gemmh_o4: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GEMMH_O4").is_ok_and(|v| v == "1"),
-            ),
-            gemm_f16: AtomicBool::new(gemm::gemm_f16_env()),
+            gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
             skip: Mutex::new(Vec::new()),
@@ -3008,26 +2995,15 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
-        if n > MAX_ROWS && (g | u | hf) % 16 == 0 && q % 4 == 0 {
-            // prefill: 16-byte loads, same bits
-            return self.launch(
-                self.f.swiglu_quant_v4,
-                (cdiv(k, 1024), n as u32, 1),
-                (256, 1, 1),
-                &[
-                    Arg::P(g),
-                    Arg::P(u),
-                    Arg::I(k as i32),
-                    Arg::P(hf),
-                    Arg::P(q),
-                    Arg::P(d),
-                    Arg::P(s),
-                ],
-            );
-        }
+        // prefill: 16-byte loads, 8 lanes per block (same bits)
+        let (f, grid) = if n > MAX_ROWS && (g | u | hf) % 16 == 0 && q % 4 == 0 {
+            (self.f.swiglu_quant_v4, (cdiv(k, 1024), n as u32, 1))
+        } else {
+            (self.f.swiglu_quant, (cdiv(k / 32, 8), n as u32, 1))
+        };
         self.launch(
-            self.f.swiglu_quant,
-            (cdiv(k / 32, 8), n as u32, 1),
+            f,
+            grid,
             (256, 1, 1),
             &[
                 Arg::P(g),

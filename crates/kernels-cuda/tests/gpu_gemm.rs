@@ -1,9 +1,10 @@
-//! The prefill GEMM (`gemm_lowbit`, int8 tensor cores) against an exact host emulation of the
-//! integer-activation product and against the n-row mat-vec path, on random weights and
+//! The prefill GEMM (`gemm_lowbit`, tensor cores) against an exact host emulation of the
+//! product of its own inputs and against the n-row mat-vec path, on random weights and
 //! activations at the real Bonsai-27B shapes. Skips (and says so) when no CUDA device exists; a
 //! skipped test proves nothing and is reported as SKIPPED on stderr.
 //!
-//! Both GEMM paths run every check (`Gpu::set_gemm_f16`):
+//! Every GEMM configuration runs every check (`Gpu::set_gemm_config`; the f16 ones share the
+//! f16 tolerances):
 //! - int8: sums per sub-block `xd · isum` (isum exact in int32), per scale block times the weight
 //!   scale, in f32 with a fixed order. Against the f64 emulation of the same quantized product the
 //!   max abs error, relative to the largest |y| of the compared set, must be < 1e-5; against the
@@ -20,7 +21,8 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    f16p_row, host_quant, retile, DevBuf, Gpu, MvSeg, Retiled, WKind, MAX_ROWS,
+    f16p_row, host_quant, retile, DevBuf, GemmConfig, GemmPath, Gpu, MvSeg, Retiled, WKind,
+    MAX_ROWS,
 };
 use half::f16;
 use rayon::prelude::*;
@@ -148,7 +150,7 @@ impl Mat {
     }
     /// The emulation of the path `g` is on.
     fn emulate_path(&self, g: &Gpu, q: &[i8], d: &[f32], pairs: &[(usize, usize)]) -> Vec<f32> {
-        if g.gemm_f16() {
+        if g.gemm_config().path != GemmPath::Int8 {
             self.emulate_f16(q, d, pairs)
         } else {
             self.emulate(q, d, pairs)
@@ -158,7 +160,7 @@ impl Mat {
 
 /// Tolerances of the path `g` is on: (vs its emulation, vs the mat-vec path).
 fn tols(g: &Gpu) -> (f32, f32) {
-    if g.gemm_f16() {
+    if g.gemm_config().path != GemmPath::Int8 {
         (1e-4, 2e-3)
     } else {
         (1e-5, 2e-5)
@@ -166,15 +168,7 @@ fn tols(g: &Gpu) -> (f32, f32) {
 }
 
 fn path(g: &Gpu) -> String {
-    if !g.gemm_f16() {
-        "int8".into()
-    } else if g.gemm_wgmma() {
-        format!("f16-wgmma{}", g.gemmw_sets())
-    } else if g.gemmh_o4() && g.gemmh_warps() == 4 {
-        "f16-w4-o4".into()
-    } else {
-        format!("f16-w{}", g.gemmh_warps())
-    }
+    g.gemm_config().name()
 }
 
 /// Device int8 activations [n, k] of random f32 rows, checked against the host quantization.
@@ -301,53 +295,40 @@ fn sample_pairs(rng: &mut Rng, n: usize, n_out: usize) -> Vec<(usize, usize)> {
     p
 }
 
-/// Every GEMM configuration (int8, f16 mma.sync with 8 and 4 warps per CTA, f16 wgmma with 2 and
-/// 4 register sets where the cubin has it); then the defaults again.
+/// Every GEMM configuration (int8; f16 mma.sync with 8 warps, 4 warps at 2 and at 3 stages; f16
+/// wgmma with 2 and 4 register sets where the cubin has it); then the default again.
 fn each_config(g: &Gpu, mut f: impl FnMut(&Gpu)) {
-    let dflt = default_config(g);
+    let dflt = g.gemm_config();
     for c in configs(g) {
-        set_config(g, c);
+        g.set_gemm_config(c);
         f(g);
     }
-    set_config(g, dflt);
+    g.set_gemm_config(dflt);
 }
 
-/// (f16, warps, wgmma register sets: 0 = mma.sync, 2 stages at 4 CTAs per SM)
-type Config = (bool, usize, usize, bool);
+fn cfg(path: GemmPath, warps: usize, o4: bool, wgmma_sets: usize) -> GemmConfig {
+    GemmConfig {
+        path,
+        warps,
+        o4,
+        wgmma_sets,
+    }
+}
 
-fn configs(g: &Gpu) -> Vec<Config> {
+fn configs(g: &Gpu) -> Vec<GemmConfig> {
     let mut v = vec![
-        (false, 4, 0, false),
-        (true, 8, 0, false),
-        (true, 4, 0, true),
-        (true, 4, 0, false),
+        cfg(GemmPath::Int8, 4, false, 4),
+        cfg(GemmPath::F16, 8, false, 4),
+        cfg(GemmPath::F16, 4, true, 4),
+        cfg(GemmPath::F16, 4, false, 4),
     ];
     if g.gemmw_available() {
-        v.push((true, 4, 2, false));
-        v.push((true, 4, 4, false));
+        v.push(cfg(GemmPath::Wgmma, 4, false, 2));
+        v.push(cfg(GemmPath::Wgmma, 4, false, 4));
     } else {
         eprintln!("gemm: this cubin has no wgmma kernels (not sm_90a): that path is not checked");
     }
     v
-}
-
-fn default_config(g: &Gpu) -> Config {
-    (
-        g.gemm_f16(),
-        g.gemmh_warps(),
-        if g.gemm_wgmma() { g.gemmw_sets() } else { 0 },
-        g.gemmh_o4(),
-    )
-}
-
-fn set_config(g: &Gpu, (f16, w, sets, o4): Config) {
-    g.set_gemm_f16(f16);
-    g.set_gemmh_warps(w);
-    g.set_gemmh_o4(o4);
-    g.set_gemm_wgmma(sets > 0);
-    if sets > 0 {
-        g.set_gemmw_sets(sets);
-    }
 }
 
 /// [`run_shape_path`] on every GEMM configuration.
@@ -580,18 +561,18 @@ fn grouped_segments(g: &Gpu) {
 fn gemm_throughput_report() {
     let g = need_gpu!("gemm_throughput_report");
     let n = 512;
-    let dflt = default_config(g);
+    let dflt = g.gemm_config();
     // (config, forced tile width): int8, the mma.sync f16 variants, wgmma
-    let mut configs = vec![((false, 4, 0, false), None)];
+    let mut configs = vec![(cfg(GemmPath::Int8, 4, false, 4), None)];
     for w in [4, 8] {
         for bn in [Some(32), Some(64)] {
-            configs.push(((true, w, 0, false), bn));
+            configs.push((cfg(GemmPath::F16, w, false, 4), bn));
         }
     }
-    configs.push(((true, 4, 0, true), Some(64)));
+    configs.push((cfg(GemmPath::F16, 4, true, 4), Some(64)));
     if g.gemmw_available() {
-        configs.push(((true, 4, 2, false), None));
-        configs.push(((true, 4, 4, false), None));
+        configs.push((cfg(GemmPath::Wgmma, 4, false, 2), None));
+        configs.push((cfg(GemmPath::Wgmma, 4, false, 4), None));
     }
     for qt in KINDS {
         let mut rng = Rng(500);
@@ -607,7 +588,7 @@ fn gemm_throughput_report() {
             let y = g.alloc(n * n_out * 4).unwrap();
             let mut line = format!("gemm {qt:?} [{k}x{n_out}] n={n} us:");
             for &(c, bn) in &configs {
-                set_config(g, c);
+                g.set_gemm_config(c);
                 let mut ts = Vec::new();
                 for rep in 0..6 {
                     let ms = g
@@ -640,7 +621,7 @@ fn gemm_throughput_report() {
     eprintln!(
         "(TOPS = multiply-adds x 2 per second, activation conversion included, L2-warm weights)"
     );
-    set_config(g, dflt);
+    g.set_gemm_config(dflt);
 }
 
 /// The wgmma shared-memory descriptor: with the stride fields as the kernel sets them the products
@@ -653,8 +634,8 @@ fn gemm_wgmma_descriptor_fields() {
         eprintln!("SKIPPED gemm_wgmma_descriptor_fields: no wgmma kernels in this cubin (not counted as run)");
         return;
     }
-    let dflt = default_config(g);
-    set_config(g, (true, 4, 4, false));
+    let dflt = g.gemm_config();
+    g.set_gemm_config(cfg(GemmPath::Wgmma, 4, false, 4));
     let mut rng = Rng(950);
     let (k, n_out, n) = (1024, 256, 70);
     let m = Mat::new(g, &mut rng, QuantType::Q1_0, k, n_out, false);
@@ -674,7 +655,7 @@ fn gemm_wgmma_descriptor_fields() {
         errs.push(e);
     }
     g.set_gemmw_desc_swap(false);
-    set_config(g, dflt);
+    g.set_gemm_config(dflt);
     assert!(
         errs[0] < 1e-4,
         "wgmma with the kernel's descriptor: max rel {}",
