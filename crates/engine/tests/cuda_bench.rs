@@ -19,14 +19,9 @@ use bonsai_kernels_cuda::{GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT};
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_decode_bench() {
-    let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
-        eprintln!("SKIPPED cuda_decode_bench: BONSAI_BENCH_MODEL not set (not counted as run)");
+    let Some(path) = common::cuda_bench_model("cuda_decode_bench", "BONSAI_BENCH_MODEL") else {
         return;
     };
-    if !CudaBackend::available() {
-        eprintln!("SKIPPED cuda_decode_bench: no CUDA device (not counted as run)");
-        return;
-    }
     let steps: usize = std::env::var("BONSAI_BENCH_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -586,14 +581,9 @@ fn prefill_prompt8(
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_launch_what_if() {
-    let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
-        eprintln!("SKIPPED cuda_launch_what_if: BONSAI_BENCH_MODEL not set (not counted as run)");
+    let Some(path) = common::cuda_bench_model("cuda_launch_what_if", "BONSAI_BENCH_MODEL") else {
         return;
     };
-    if !CudaBackend::available() {
-        eprintln!("SKIPPED cuda_launch_what_if: no CUDA device (not counted as run)");
-        return;
-    }
     let steps = 128;
     let cuda = CudaBackend::new(0).unwrap();
     let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());

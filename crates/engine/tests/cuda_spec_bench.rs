@@ -28,6 +28,8 @@
 //! marks each round entry with `round_graph`; `ngram.R_by_k_replay_graph` and `dspark_graph` are
 //! the graph side; `BENCH round graph gain` lines give eager / graph per k.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -114,20 +116,6 @@ fn timed<T>(cuda: &CudaBackend, f: impl FnOnce() -> T) -> (T, f64) {
     (r, t.elapsed().as_secs_f64())
 }
 
-/// `$BONSAI_SPEC_BENCH_MODEL` when it is set and a CUDA device exists; otherwise says why `test`
-/// is skipped (it then counts as not run) and gives None.
-fn bench_model(test: &str) -> Option<String> {
-    let Ok(path) = std::env::var("BONSAI_SPEC_BENCH_MODEL") else {
-        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_MODEL not set (not counted as run)");
-        return None;
-    };
-    if !CudaBackend::available() {
-        eprintln!("SKIPPED {test}: no CUDA device (not counted as run)");
-        return None;
-    }
-    Some(path)
-}
-
 /// The target model of a round bench: loaded, and a 32-token prompt of ids below `text` run
 /// through `base` (chunked GDN) with its last logits row `lg0`.
 struct Target {
@@ -189,7 +177,8 @@ impl Target {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_round_what_if() {
-    let Some(path) = bench_model("cuda_round_what_if") else {
+    let Some(path) = common::cuda_bench_model("cuda_round_what_if", "BONSAI_SPEC_BENCH_MODEL")
+    else {
         return;
     };
     let t = Target::load(&path);
@@ -303,7 +292,8 @@ fn cuda_round_what_if() {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_spec_round_cost() {
-    let Some(path) = bench_model("cuda_spec_round_cost") else {
+    let Some(path) = common::cuda_bench_model("cuda_spec_round_cost", "BONSAI_SPEC_BENCH_MODEL")
+    else {
         return;
     };
     let Target {

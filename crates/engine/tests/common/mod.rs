@@ -576,3 +576,17 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
     num / den.max(1e-30)
 }
+
+/// The model a CUDA benchmark runs on: `$var` names a GGUF and a CUDA device exists; otherwise
+/// `None`, after saying on stderr that `test` was skipped (a skipped bench proves nothing).
+pub fn cuda_bench_model(test: &str, var: &str) -> Option<String> {
+    let Ok(path) = std::env::var(var) else {
+        eprintln!("SKIPPED {test}: {var} not set (not counted as run)");
+        return None;
+    };
+    if !bonsai_engine::backend::cuda::CudaBackend::available() {
+        eprintln!("SKIPPED {test}: no CUDA device (not counted as run)");
+        return None;
+    }
+    Some(path)
+}
