@@ -191,13 +191,19 @@ fn make_act(g: &Gpu, rng: &mut Rng, n: usize, k: usize) -> Act {
         }
         x.extend(r);
     }
-    let xb = g.upload(&x).unwrap();
+    quantize(g, &x, k)
+}
+
+/// Device int8 activations of the rows `x` (width `k`), checked against the host quantization.
+fn quantize(g: &Gpu, x: &[f32], k: usize) -> Act {
+    let n = x.len() / k;
+    let xb = g.upload(x).unwrap();
     let q = g.alloc(n * k).unwrap();
     let d = g.alloc(n * k / 32 * 4).unwrap();
     let s = g.alloc(n * k / 32 * 4).unwrap();
     g.quant_rows(xb.ptr(), n, k, q.ptr(), d.ptr(), s.ptr())
         .unwrap();
-    let (hq, hd, hs) = host_quant(&x, k);
+    let (hq, hd, hs) = host_quant(x, k);
     assert_eq!(down::<i8>(g, &q, n * k), hq, "int8 codes");
     assert_eq!(down::<f32>(g, &d, n * k / 32), hd, "scales");
     assert_eq!(down::<i32>(g, &s, n * k / 32), hs, "sums");
@@ -687,13 +693,7 @@ fn gemm_f16_activation_conversion() {
         }
         x.extend(r);
     }
-    let xb = g.upload(&x).unwrap();
-    let q = g.alloc(n * k).unwrap();
-    let d = g.alloc(n * k / 32 * 4).unwrap();
-    let s = g.alloc(n * k / 32 * 4).unwrap();
-    g.quant_rows(xb.ptr(), n, k, q.ptr(), d.ptr(), s.ptr())
-        .unwrap();
-    let (hq, hd, _) = host_quant(&x, k);
+    let Act { q, d, hq, hd, .. } = quantize(g, &x, k);
     let xh = g.alloc(n * k * 2).unwrap();
     let xs = g.alloc(n * 4).unwrap();
     g.act_q8_to_f16p(q.ptr(), d.ptr(), k, n, xh.ptr(), xs.ptr())

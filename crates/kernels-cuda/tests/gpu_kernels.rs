@@ -993,23 +993,8 @@ fn rmsnorm_quant_vs_reference() {
         .map(|v| 1.0 + v * 0.5)
         .collect::<Vec<_>>();
     let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
-    let xf = g.alloc(n * k * 4).unwrap();
-    let q = g.alloc(n * k).unwrap();
-    let d = g.alloc(n * k / 32 * 4).unwrap();
-    let s = g.alloc(n * k / 32 * 4).unwrap();
-    g.rmsnorm_quant(
-        xb.ptr(),
-        wb.ptr(),
-        1e-6,
-        n,
-        k,
-        xf.ptr(),
-        q.ptr(),
-        d.ptr(),
-        s.ptr(),
-    )
-    .unwrap();
-    let got: Vec<f32> = down(g, &xf, n * k);
+    let (xf, q, _, s) = rmsnorm_rows(g, &xb, &wb, 0, n, k);
+    let got: Vec<f32> = xf.iter().map(|&b| f32::from_bits(b)).collect();
     let mut want = vec![0f32; n * k];
     for t in 0..n {
         r::rmsnorm(
@@ -1023,8 +1008,8 @@ fn rmsnorm_quant_vs_reference() {
     assert!(e < 1e-5, "rmsnorm max rel {e}");
     // the quantized codes are the host quantization of the device's own f32 output
     let (hq, _, hs) = host_quant(&got, k);
-    assert_eq!(down::<i8>(g, &q, n * k), hq);
-    assert_eq!(down::<i32>(g, &s, n * k / 32), hs);
+    assert_eq!(q, hq);
+    assert_eq!(s, hs);
 
     // prefill-sized launches split a row into fewer blocks (several segments each, uneven at
     // k = 6144, n = 100): every row equals the decode launch's bit for bit
@@ -1032,34 +1017,10 @@ fn rmsnorm_quant_vs_reference() {
         let x = rng.vec(nbig * k, 3.0);
         let w: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 1.0 + v * 0.5).collect();
         let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
-        let run = |n: usize, off: usize| {
-            let xf = g.alloc(n * k * 4).unwrap();
-            let q = g.alloc(n * k).unwrap();
-            let d = g.alloc(n * k / 32 * 4).unwrap();
-            let s = g.alloc(n * k / 32 * 4).unwrap();
-            g.rmsnorm_quant(
-                xb.at(off * k * 4),
-                wb.ptr(),
-                1e-6,
-                n,
-                k,
-                xf.ptr(),
-                q.ptr(),
-                d.ptr(),
-                s.ptr(),
-            )
-            .unwrap();
-            (
-                down::<u32>(g, &xf, n * k),
-                down::<i8>(g, &q, n * k),
-                down::<u32>(g, &d, n * k / 32),
-                down::<i32>(g, &s, n * k / 32),
-            )
-        };
-        let big = run(nbig, 0);
+        let big = rmsnorm_rows(g, &xb, &wb, 0, nbig, k);
         for t0 in (0..nbig).step_by(nbig / 5) {
             let nr = bonsai_kernels_cuda::MAX_ROWS.min(nbig - t0);
-            let small = run(nr, t0);
+            let small = rmsnorm_rows(g, &xb, &wb, t0, nr, k);
             let (a, b) = (t0 * k, (t0 + nr) * k);
             assert_eq!(small.0[..], big.0[a..b], "k={k} rows {t0}..: xf differs");
             assert_eq!(small.1[..], big.1[a..b], "k={k} rows {t0}..: q differs");
@@ -1076,6 +1037,40 @@ fn rmsnorm_quant_vs_reference() {
         }
         eprintln!("rmsnorm_quant k={k}: an n={nbig} launch equals n<=8 launches bit for bit");
     }
+}
+
+/// One `rmsnorm_quant` launch (eps 1e-6) over rows `off..off + n` of `xb` (width `k`): the f32
+/// output as bits, the codes, the scales as bits and the sums.
+fn rmsnorm_rows(
+    g: &Gpu,
+    xb: &DevBuf,
+    wb: &DevBuf,
+    off: usize,
+    n: usize,
+    k: usize,
+) -> (Vec<u32>, Vec<i8>, Vec<u32>, Vec<i32>) {
+    let xf = g.alloc(n * k * 4).unwrap();
+    let q = g.alloc(n * k).unwrap();
+    let d = g.alloc(n * k / 32 * 4).unwrap();
+    let s = g.alloc(n * k / 32 * 4).unwrap();
+    g.rmsnorm_quant(
+        xb.at(off * k * 4),
+        wb.ptr(),
+        1e-6,
+        n,
+        k,
+        xf.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+    )
+    .unwrap();
+    (
+        down::<u32>(g, &xf, n * k),
+        down::<i8>(g, &q, n * k),
+        down::<u32>(g, &d, n * k / 32),
+        down::<i32>(g, &s, n * k / 32),
+    )
 }
 
 #[test]
