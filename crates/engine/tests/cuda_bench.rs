@@ -410,13 +410,17 @@ fn cuda_decode_bench() {
         gcats[4].1.push(vec![&l.mlp.gate, &l.mlp.up]);
         gcats[5].1.push(vec![&l.mlp.down]);
     }
+    // one category's GEMMs back to back: (median ms, TOPS)
+    let time_cat = |groups: &[Vec<&<CudaBackend as Backend>::Mat>], reps: usize| {
+        let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
+        let ms = med(cuda.time_proj_pass(&cfg, groups, pp, reps).unwrap());
+        (ms, 2.0 * macs as f64 / (ms / 1e3) / 1e12)
+    };
     let mut gemm_json = Vec::new();
     let mut gemm_total_ms = 0.0;
     for (name, groups) in &gcats {
-        let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
-        let ms = med(cuda.time_proj_pass(&cfg, groups, pp, 5).unwrap());
+        let (ms, tops) = time_cat(groups, 5);
         gemm_total_ms += ms;
-        let tops = 2.0 * macs as f64 / (ms / 1e3) / 1e12;
         let shape = groups[0]
             .iter()
             .map(|m| format!("{}x{}", m.n_in, m.n_out))
@@ -443,10 +447,8 @@ fn cuda_decode_bench() {
         let name = c.name();
         let mut total = 0.0;
         for (gname, groups) in &gcats {
-            let macs: usize = groups.iter().flatten().map(|m| m.n_in * m.n_out * pp).sum();
-            let ms = med(cuda.time_proj_pass(&cfg, groups, pp, 3).unwrap());
+            let (ms, tops) = time_cat(groups, 3);
             total += ms;
-            let tops = 2.0 * macs as f64 / (ms / 1e3) / 1e12;
             println!(
                 "GEMM ({name}) n={pp} {gname:<20} {:8.1} us/launch {tops:7.1} TOPS",
                 ms * 1e3 / groups.len() as f64
