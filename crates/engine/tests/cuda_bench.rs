@@ -386,6 +386,33 @@ fn cuda_decode_bench() {
         ));
     }
     gpu.set_gemm_config(dflt_cfg);
+    // the GDN recurrence row by row instead of chunked (A/B in the same process)
+    let gdn_alt_json = {
+        let dflt = gpu.gdn_chunked();
+        gpu.set_gdn_chunked(!dflt);
+        let (alt_ms, alt_logits) = time_pp(3);
+        gpu.set_gdn_chunked(dflt);
+        let alt_med = alt_ms[alt_ms.len() / 2];
+        let (num, den) = pp_logits
+            .iter()
+            .zip(&alt_logits)
+            .fold((0f64, 0f64), |(n, d), (&a, &b)| {
+                (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
+            });
+        let nmse = num / den.max(1e-30);
+        let (name, alt_name) = if dflt {
+            ("chunked", "row-by-row")
+        } else {
+            ("row-by-row", "chunked")
+        };
+        println!(
+            "BENCH prefill pp{pp} ({alt_name} GDN recurrence): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {name} {nmse:.2e}",
+            pp as f64 / (alt_med / 1e3)
+        );
+        format!(
+            "{{\"gdn_default\": \"{name}\", \"gdn\": \"{alt_name}\", \"pp512_ms_median\": {alt_med:.2}, \"pp512_ms_all\": {alt_ms:?}, \"last_logit_nmse_vs_default\": {nmse:.3e}}}"
+        )
+    };
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
@@ -518,7 +545,7 @@ fn cuda_decode_bench() {
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
          \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \
          \"prefill_pp512_tok_s\": {pp_tps:.1}, \"prefill_gemm\": \"{dflt_name}\", \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
-         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"alt_gemm_n512\": [{}], \
+         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"prefill_gdn_alt\": {gdn_alt_json}, \"alt_gemm_n512\": [{}], \
          \"prefill_kernel_profile_total_us\": {ptotal:.1}, \
          \"prefill_kernel_profile\": [{}]}}",
         cfg.weight_type.name(),

@@ -234,6 +234,274 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
 GS_ENTRY(gdn_step_seq, 0)
 GS_ENTRY(gdn_step_seq_d128, 4)
 
+// ---- GDN recurrence over many rows, chunked (dk = dv = 128) -------------------------------------
+
+// The recurrence of gdn_step_seq in chunks of GK_C = 64 rows, equal to it within f32 rounding (the
+// sums run in another order). Within a chunk (local rows t, s; L_t = Σ_{r<=t} g_r, γ_t = e^{L_t}),
+// the per-row update S_t = e^{g_t} S_{t-1} + k_t δ_tᵀ unrolls to
+//   S_t = γ_t S0 + Σ_{s<=t} e^{L_t - L_s} k_s δ_sᵀ,   δ_t = β_t (v_t - e^{g_t} S_{t-1}ᵀ k_t),
+// so the δ of a chunk solve one unit lower-triangular system (I + A) Δ = β ⊙ V - (β γ ⊙ K) S0 with
+// A[t][s] = β_t e^{L_t - L_s} (k_t · k_s) for s < t. With T = (I + A)^-1:
+//   U0 = T (β ⊙ V),  W = T (β γ ⊙ K)      (gdn_chunk_prep: every chunk in parallel)
+//   Δ = U0 - W S0
+//   O = (γ ⊙ (Q S0) + P Δ) / √dk,  P[t][s] = e^{L_t - L_s} (q_t · k_s) for s <= t
+//   S ← γ_63 S0 + Σ_s e^{L_63 - L_s} k_s δ_sᵀ   (gdn_chunk_scan: chunks in order, value columns
+//                                               in parallel)
+// Rows past n are padded with g = β = 0 and k = q = v = 0: their δ is 0 and γ_63 = γ_{last row}.
+// Exponents are always <= 0 (no overflow). Scratch per v-head h (npad = 64 ⌈n/64⌉ rows):
+//   u0 [hv, npad, dv], wk [hv, npad, dk], pm [hv, nch, 64, 64], gam (γ_t) [hv, npad],
+//   dl (e^{L_63 - L_t}) [hv, npad].
+#define GK_C 64     // rows per chunk
+#define GK_D 128    // dk = dv
+#define GK_KST 132  // K / Q tile row stride (floats): 16-byte reads of 8 rows hit 32 banks
+#define GK_AST 68   // A row stride (16-byte aligned rows)
+#define GK_JS 16    // value columns per gdn_chunk_scan block
+#define GK_WST 68   // W / Q half-tile row stride
+
+// grid (hv, nch), block 256; dynamic shared memory (gdn_chunk_prep_smem):
+//   K [64][132] | Q [64][132] | A [64][68] | L [64] | γ [64] | β [64]
+extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv, int n, float* __restrict__ u0,
+    float* __restrict__ wk, float* __restrict__ pm, float* __restrict__ gam, float* __restrict__ dl) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) float gk_sm[];
+    float* Ks = gk_sm;
+    float* Qs = Ks + GK_C * GK_KST;
+    float* As = Qs + GK_C * GK_KST;
+    float* Ls = As + GK_C * GK_AST;
+    float* Gs = Ls + GK_C;
+    float* Bs = Gs + GK_C;
+    int h = blockIdx.x, c = blockIdx.y, nch = gridDim.y, tid = threadIdx.x;
+    int kap = h % hk, t0 = c * GK_C, nr = min(GK_C, n - t0);
+    size_t npad = (size_t)nch * GK_C;
+    for (int x = tid; x < GK_C * (GK_D / 4); x += 256) {
+        int r = x >> 5, c4 = (x & 31) * 4;
+        float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq = kk;
+        if (r < nr) {
+            size_t o = ((size_t)(t0 + r) * hk + kap) * GK_D + c4;
+            kk = *(const float4*)(k + o);
+            qq = *(const float4*)(q + o);
+        }
+        *(float4*)(Ks + r * GK_KST + c4) = kk;
+        *(float4*)(Qs + r * GK_KST + c4) = qq;
+    }
+    if (tid < GK_C) {  // inclusive prefix sum of the log decay, per warp of 32 rows
+        int lane = tid & 31;
+        float x = tid < nr ? g[(size_t)(t0 + tid) * hv + h] : 0.f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        Ls[tid] = x;
+        Bs[tid] = tid < nr ? beta[(size_t)(t0 + tid) * hv + h] : 0.f;
+    }
+    __syncthreads();
+    if (tid < GK_C) {
+        float x = Ls[tid] + (tid >= 32 ? Ls[31] : 0.f);
+        __syncwarp();
+        if (tid >= 32) Ls[tid] = x;
+    }
+    __syncthreads();
+    if (tid < GK_C) Gs[tid] = expf(Ls[tid]);
+    // k·k and q·k over the chunk: thread (tr, tc) takes rows tr + 16x, columns tc + 16y
+    int tr = tid >> 4, tc = tid & 15;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int y = 0; y < 4; ++y) kk[x][y] = qk[x][y] = 0.f;
+#pragma unroll 2
+    for (int i = 0; i < GK_D; i += 4) {
+        float4 a[4], b[4], cc[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            a[m] = *(const float4*)(Ks + (tr + 16 * m) * GK_KST + i);
+            b[m] = *(const float4*)(Qs + (tr + 16 * m) * GK_KST + i);
+            cc[m] = *(const float4*)(Ks + (tc + 16 * m) * GK_KST + i);
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+#pragma unroll
+            for (int y = 0; y < 4; ++y) {
+                kk[x][y] = fmaf(a[x].x, cc[y].x, kk[x][y]);
+                kk[x][y] = fmaf(a[x].y, cc[y].y, kk[x][y]);
+                kk[x][y] = fmaf(a[x].z, cc[y].z, kk[x][y]);
+                kk[x][y] = fmaf(a[x].w, cc[y].w, kk[x][y]);
+                qk[x][y] = fmaf(b[x].x, cc[y].x, qk[x][y]);
+                qk[x][y] = fmaf(b[x].y, cc[y].y, qk[x][y]);
+                qk[x][y] = fmaf(b[x].z, cc[y].z, qk[x][y]);
+                qk[x][y] = fmaf(b[x].w, cc[y].w, qk[x][y]);
+            }
+    }
+    float* Pc = pm + ((size_t)h * nch + c) * GK_C * GK_C;
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int y = 0; y < 4; ++y) {
+            int t = tr + 16 * x, s = tc + 16 * y;
+            float e = s <= t ? expf(Ls[t] - Ls[s]) : 0.f;
+            As[t * GK_AST + s] = s < t ? Bs[t] * e * kk[x][y] : 0.f;
+            Pc[t * GK_C + s] = e * qk[x][y];
+        }
+    __syncthreads();
+    // forward substitution, one right-hand column per thread: columns 0..127 are β ⊙ V (→ U0),
+    // 128..255 β γ ⊙ K (→ W); the column lives in registers
+    float xr[GK_C];
+    int j = tid & (GK_D - 1);
+    if (tid < GK_D) {
+#pragma unroll
+        for (int t = 0; t < GK_C; ++t)
+            xr[t] = t < nr ? Bs[t] * v[((size_t)(t0 + t) * hv + h) * GK_D + j] : 0.f;
+    } else {
+#pragma unroll
+        for (int t = 0; t < GK_C; ++t) xr[t] = Bs[t] * Gs[t] * Ks[t * GK_KST + j];
+    }
+#pragma unroll
+    for (int t = 1; t < GK_C; ++t) {
+        const float* Ar = As + t * GK_AST;
+        float a0 = xr[t], a1 = 0.f;
+#pragma unroll
+        for (int s = 0; s < t; s += 4) {
+            float4 av = *(const float4*)(Ar + s);
+            a0 = fmaf(-av.x, xr[s], a0);
+            if (s + 1 < t) a1 = fmaf(-av.y, xr[s + 1], a1);
+            if (s + 2 < t) a0 = fmaf(-av.z, xr[s + 2], a0);
+            if (s + 3 < t) a1 = fmaf(-av.w, xr[s + 3], a1);
+        }
+        xr[t] = a0 + a1;
+    }
+    float* dst = (tid < GK_D ? u0 : wk) + ((size_t)h * npad + t0) * GK_D + j;
+#pragma unroll
+    for (int t = 0; t < GK_C; ++t) dst[(size_t)t * GK_D] = xr[t];
+    if (tid < GK_C) {
+        gam[h * npad + t0 + tid] = Gs[tid];
+        dl[h * npad + t0 + tid] = expf(Ls[GK_C - 1] - Ls[tid]);
+    }
+}
+
+// grid (hv, dv / 16), block 256; dynamic shared memory (gdn_chunk_scan_smem):
+//   S [128][16] (the block's state columns) | W, Q half tiles [2][64][68] (then K [64][132]) |
+//   Δ [64][16] | Δ scaled to the chunk end [64][16]
+// Per chunk: thread (t = tid / 4, 4 columns) forms row t of W S0 and Q S0 over two 64-key halves,
+// then Δ and O; then thread (key si = tid / 2, 8 columns) updates its state entries.
+extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
+    float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0,
+    const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,
+    const float* __restrict__ dl, int hk, int hv, int n, float* out) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) float gk_sm[];
+    float* Ss = gk_sm;
+    float* WQ = Ss + GK_D * GK_JS;
+    float* Ds = WQ + 2 * GK_C * GK_WST;
+    float* Dts = Ds + GK_C * GK_JS;
+    int h = blockIdx.x, j0 = blockIdx.y * GK_JS, tid = threadIdx.x;
+    int kap = h % hk, nch = (n + GK_C - 1) / GK_C;
+    size_t npad = (size_t)nch * GK_C;
+    float* Sh = S + (size_t)h * GK_D * GK_D;
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Ss + i * GK_JS + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
+    }
+    int t = tid >> 2, c4 = (tid & 3) * 4;
+    int si = tid >> 1, c8 = (tid & 1) * 8;
+    float scale = 1.0f / sqrtf((float)GK_D);
+    for (int c = 0; c < nch; ++c) {
+        int t0 = c * GK_C, nr = min(GK_C, n - t0);
+        float aw[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int half = 0; half < 2; ++half) {
+            __syncthreads();  // Ss written, WQ / K tile of the last pass read
+            for (int x = tid; x < GK_C * 16; x += 256) {
+                int r = x >> 4, cc = (x & 15) * 4, i = half * 64 + cc;
+                float4 wv = *(const float4*)(wk + ((size_t)h * npad + t0 + r) * GK_D + i);
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < nr) qv = *(const float4*)(q + ((size_t)(t0 + r) * hk + kap) * GK_D + i);
+                *(float4*)(WQ + r * GK_WST + cc) = wv;
+                *(float4*)(WQ + (GK_C + r) * GK_WST + cc) = qv;
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int i = 0; i < 64; i += 4) {
+                float4 w4 = *(const float4*)(WQ + t * GK_WST + i);
+                float4 q4 = *(const float4*)(WQ + (GK_C + t) * GK_WST + i);
+                float wv[4] = {w4.x, w4.y, w4.z, w4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float4 s4 = *(const float4*)(Ss + (half * 64 + i + e) * GK_JS + c4);
+                    aw[0] = fmaf(wv[e], s4.x, aw[0]);
+                    aw[1] = fmaf(wv[e], s4.y, aw[1]);
+                    aw[2] = fmaf(wv[e], s4.z, aw[2]);
+                    aw[3] = fmaf(wv[e], s4.w, aw[3]);
+                    aq[0] = fmaf(qv[e], s4.x, aq[0]);
+                    aq[1] = fmaf(qv[e], s4.y, aq[1]);
+                    aq[2] = fmaf(qv[e], s4.z, aq[2]);
+                    aq[3] = fmaf(qv[e], s4.w, aq[3]);
+                }
+            }
+        }
+        __syncthreads();  // WQ read: the K tile takes its place
+        float4 uv = *(const float4*)(u0 + ((size_t)h * npad + t0 + t) * GK_D + j0 + c4);
+        float d[4] = {uv.x - aw[0], uv.y - aw[1], uv.z - aw[2], uv.w - aw[3]};
+        float dlt = dl[h * npad + t0 + t];
+        *(float4*)(Ds + t * GK_JS + c4) = make_float4(d[0], d[1], d[2], d[3]);
+        *(float4*)(Dts + t * GK_JS + c4) = make_float4(dlt * d[0], dlt * d[1], dlt * d[2], dlt * d[3]);
+        float* Ksm = WQ;
+        for (int x = tid; x < GK_C * (GK_D / 4); x += 256) {
+            int r = x >> 5, cc = (x & 31) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
+            *(float4*)(Ksm + r * GK_KST + cc) = kv;
+        }
+        __syncthreads();
+        // O = (γ ⊙ Q S0 + P Δ) / √dk; P[t][s] = 0 for s > t
+        float gt = gam[h * npad + t0 + t];
+        float o[4] = {gt * aq[0], gt * aq[1], gt * aq[2], gt * aq[3]};
+        const float* Pr = pm + (((size_t)h * nch + c) * GK_C + t) * GK_C;
+        for (int s = 0; s <= t; s += 4) {
+            float4 p4 = *(const float4*)(Pr + s);
+            float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float4 d4 = *(const float4*)(Ds + (s + e) * GK_JS + c4);
+                o[0] = fmaf(pv[e], d4.x, o[0]);
+                o[1] = fmaf(pv[e], d4.y, o[1]);
+                o[2] = fmaf(pv[e], d4.z, o[2]);
+                o[3] = fmaf(pv[e], d4.w, o[3]);
+            }
+        }
+        if (t < nr)
+            *(float4*)(out + ((size_t)(t0 + t) * hv + h) * GK_D + j0 + c4) =
+                make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+        // S ← γ_63 S0 + Kᵀ Δ̃
+        float gl = gam[h * npad + t0 + GK_C - 1];
+        float sn[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) sn[x] = gl * Ss[si * GK_JS + c8 + x];
+#pragma unroll 4
+        for (int s = 0; s < GK_C; ++s) {
+            float kv = Ksm[s * GK_KST + si];
+            float4 d0 = *(const float4*)(Dts + s * GK_JS + c8);
+            float4 d1 = *(const float4*)(Dts + s * GK_JS + c8 + 4);
+            sn[0] = fmaf(kv, d0.x, sn[0]);
+            sn[1] = fmaf(kv, d0.y, sn[1]);
+            sn[2] = fmaf(kv, d0.z, sn[2]);
+            sn[3] = fmaf(kv, d0.w, sn[3]);
+            sn[4] = fmaf(kv, d1.x, sn[4]);
+            sn[5] = fmaf(kv, d1.y, sn[5]);
+            sn[6] = fmaf(kv, d1.z, sn[6]);
+            sn[7] = fmaf(kv, d1.w, sn[7]);
+        }
+#pragma unroll
+        for (int x = 0; x < 8; ++x) Ss[si * GK_JS + c8 + x] = sn[x];
+    }
+    __syncthreads();
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * GK_JS + cc);
+    }
+}
+
 // ---- causal prefill attention -------------------------------------------------------------------
 
 // Flash attention on CUDA cores for n > MAXN query rows (f32 math, f16 K/V cache). Row t (position

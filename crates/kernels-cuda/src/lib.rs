@@ -78,6 +78,38 @@ pub fn gdn_prefill_supported(dk: usize, dv: usize) -> bool {
     dk % 32 == 0 && (32..=128).contains(&dk) && dv % 16 == 0 && dv > 0
 }
 
+/// Rows per chunk of the chunked GDN prefill (`GK_C` in the source).
+const GDN_CHUNK: usize = 64;
+/// Value columns per `gdn_chunk_scan` block (`GK_JS`).
+const GDN_CHUNK_COLS: usize = 16;
+
+/// Whether the chunked GDN prefill ([`Gpu::gdn_step_chunked`]) takes head dims `dk`, `dv`: the
+/// 27B head (128, 128), compiled in.
+pub fn gdn_chunked_supported(dk: usize, dv: usize) -> bool {
+    dk == 128 && dv == 128
+}
+
+/// f32 elements of the scratch [`Gpu::gdn_step_chunked`] needs for `n` rows of `hv` heads of
+/// `dk` (= dv): U0 and W [hv, npad, dk] each, P [hv, ⌈n/64⌉, 64, 64], γ and the decay to the chunk
+/// end [hv, npad] each (npad = 64 ⌈n/64⌉).
+pub fn gdn_chunk_scratch_floats(hv: usize, dk: usize, n: usize) -> usize {
+    let nch = n.div_ceil(GDN_CHUNK);
+    let npad = nch * GDN_CHUNK;
+    hv * npad * (2 * dk + 2) + hv * nch * GDN_CHUNK * GDN_CHUNK
+}
+
+/// Dynamic shared memory of `gdn_chunk_prep_d128`: K, Q [64, 132] | A [64, 68] | L, γ, β [64].
+const GDN_CHUNK_PREP_SMEM: usize = (2 * GDN_CHUNK * 132 + GDN_CHUNK * 68 + 3 * GDN_CHUNK) * 4;
+/// Dynamic shared memory of `gdn_chunk_scan_d128`: S [128, 16] | W, Q half tiles [2, 64, 68]
+/// (then K [64, 132]) | Δ, Δ scaled [64, 16] each.
+const GDN_CHUNK_SCAN_SMEM: usize =
+    (128 * GDN_CHUNK_COLS + 2 * GDN_CHUNK * 68 + 2 * GDN_CHUNK * GDN_CHUNK_COLS) * 4;
+// Two prep blocks and four scan blocks fit one H200 SM (228 KiB, 1 KiB reserved per block), and
+// the scan's K tile [64, 132] fits where its W / Q half tiles [2, 64, 68] were.
+const _: () = assert!(2 * (GDN_CHUNK_PREP_SMEM + 1024) <= 228 * 1024);
+const _: () = assert!(4 * (GDN_CHUNK_SCAN_SMEM + 1024) <= 228 * 1024);
+const _: () = assert!(GDN_CHUNK * 132 <= 2 * GDN_CHUNK * 68);
+
 /// Warps per mat-vec block (`MV_WARPS` in the source).
 const MV_WARPS: usize = 4;
 
@@ -963,6 +995,8 @@ kernels!(
         gdn_conv_window,
         gdn_step_seq,
         gdn_step_seq_d128,
+        gdn_chunk_prep_d128,
+        gdn_chunk_scan_d128,
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
@@ -1236,6 +1270,9 @@ pub struct Gpu {
     gemmw_desc_swap: AtomicBool,
     /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
     gdn_seq_generic: AtomicBool,
+    /// Prefill GDN recurrence in chunks of 64 rows where the head allows it
+    /// ([`Gpu::set_gdn_chunked`]; `BONSAI_CUDA_GDN_CHUNKED=0` keeps the row-by-row kernel).
+    gdn_chunked: AtomicBool,
     /// Which prefill GEMM kernels run ([`Gpu::set_gemm_config`]; `BONSAI_CUDA_GEMM*`).
     gemm_config: Mutex<gemm::GemmConfig>,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1336,6 +1373,9 @@ impl Gpu {
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
             gdn_seq_generic: AtomicBool::new(false),
+            gdn_chunked: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GDN_CHUNKED").map_or(true, |v| v != "0"),
+            ),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
@@ -2877,6 +2917,103 @@ impl Gpu {
         )
     }
 
+    /// Whether the prefill GDN recurrence runs chunked ([`Self::gdn_step_chunked`], on by
+    /// default) where [`gdn_chunked_supported`]; otherwise row by row ([`Self::gdn_step_seq`]).
+    pub fn gdn_chunked(&self) -> bool {
+        self.gdn_chunked.load(Ordering::Relaxed)
+    }
+
+    /// Choose the chunked or the row-by-row prefill GDN recurrence (benchmarks compare both).
+    pub fn set_gdn_chunked(&self, on: bool) {
+        self.gdn_chunked.store(on, Ordering::Relaxed);
+    }
+
+    /// Prefill form of [`Self::gdn_step`] in chunks of 64 rows (same arguments and layouts as
+    /// [`Self::gdn_step_seq`], equal to it within f32 rounding; `prefill.cu` has the math): one
+    /// launch solves every chunk's triangular system in parallel (`gdn_chunk_prep_d128`, grid
+    /// (hv, ⌈n/64⌉)), a second walks the chunks in order, 16 value columns per block
+    /// (`gdn_chunk_scan_d128`, grid (hv, dv/16)). `scratch` holds at least
+    /// [`gdn_chunk_scratch_floats`]`(hv, dk, n)` f32. Needs [`gdn_chunked_supported`]`(dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_step_chunked(
+        &self,
+        s: u64,
+        q: u64,
+        k: u64,
+        v: u64,
+        g: u64,
+        beta: u64,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        n: usize,
+        out: u64,
+        scratch: u64,
+        scratch_floats: usize,
+    ) -> Result<()> {
+        if !gdn_chunked_supported(dk, dv) || n == 0 || hk == 0 || hv % hk != 0 {
+            return Err(CudaError(format!(
+                "chunked GDN: heads hk {hk} hv {hv} dk {dk} dv {dv}, n {n} not supported"
+            )));
+        }
+        let need = gdn_chunk_scratch_floats(hv, dk, n);
+        if scratch_floats < need {
+            return Err(CudaError(format!(
+                "chunked GDN: scratch of {scratch_floats} f32 < {need} needed for {n} rows"
+            )));
+        }
+        let nch = n.div_ceil(GDN_CHUNK);
+        let npad = nch * GDN_CHUNK;
+        // scratch: U0 | W | P | γ | decay to the chunk end (every region 16-byte aligned)
+        let u0 = scratch;
+        let wk = u0 + (hv * npad * dk * 4) as u64;
+        let pm = wk + (hv * npad * dk * 4) as u64;
+        let gam = pm + (hv * nch * GDN_CHUNK * GDN_CHUNK * 4) as u64;
+        let dl = gam + (hv * npad * 4) as u64;
+        self.launch_smem(
+            self.f.gdn_chunk_prep_d128,
+            (hv as u32, nch as u32, 1),
+            (256, 1, 1),
+            GDN_CHUNK_PREP_SMEM as u32,
+            &[
+                Arg::P(q),
+                Arg::P(k),
+                Arg::P(v),
+                Arg::P(g),
+                Arg::P(beta),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(n as i32),
+                Arg::P(u0),
+                Arg::P(wk),
+                Arg::P(pm),
+                Arg::P(gam),
+                Arg::P(dl),
+            ],
+        )?;
+        self.launch_smem(
+            self.f.gdn_chunk_scan_d128,
+            (hv as u32, (dv / GDN_CHUNK_COLS) as u32, 1),
+            (256, 1, 1),
+            GDN_CHUNK_SCAN_SMEM as u32,
+            &[
+                Arg::P(s),
+                Arg::P(q),
+                Arg::P(k),
+                Arg::P(u0),
+                Arg::P(wk),
+                Arg::P(pm),
+                Arg::P(gam),
+                Arg::P(dl),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(n as i32),
+                Arg::P(out),
+            ],
+        )
+    }
+
     /// Make [`Self::gdn_step_seq`] take the kernel for any head dim even at dk = 128 (tests: the
     /// specialized kernel must give the same bits).
     pub fn set_gdn_seq_generic(&self, on: bool) {
@@ -3270,6 +3407,19 @@ mod tests {
         assert!(3 * attn_prefill_smem(256) <= 228 * 1024);
         assert!(gdn_prefill_supported(128, 128) && gdn_prefill_supported(64, 64));
         assert!(!gdn_prefill_supported(256, 256) && !gdn_prefill_supported(128, 8));
+    }
+
+    #[test]
+    fn gdn_chunked_smem_and_scratch() {
+        assert!(gdn_chunked_supported(128, 128) && !gdn_chunked_supported(64, 64));
+        // 27B heads, one 512-row prefill chunk: 8 chunks
+        let f = gdn_chunk_scratch_floats(48, 128, 512);
+        assert_eq!(f, 48 * 512 * 258 + 48 * 8 * 4096);
+        // a partial chunk pads to 64 rows
+        assert_eq!(
+            gdn_chunk_scratch_floats(48, 128, 65),
+            gdn_chunk_scratch_floats(48, 128, 128)
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg,
-    Retiled, WKind,
+    b1_planes_host, gdn_chunk_scratch_floats, gdn_chunked_supported, host_quant, mv_b1_host,
+    mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg, Retiled, WKind,
 };
 use half::f16;
 
@@ -2119,7 +2119,83 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
                 bits_eq(&down::<f32>(g, &sc, hv * dk * dv), &b),
                 "{tag}: split step S"
             );
+            if gdn_chunked_supported(dk, dv) {
+                let want_o: Vec<f32> = down(g, &outa, n * vd);
+                let want_s: Vec<f32> = down(g, &sa, hv * dk * dv);
+                gdn_chunked_vs(
+                    g,
+                    &tag,
+                    &s0,
+                    [&oa[0], &oa[1], &oa[2], &oa[4], &oa[3]],
+                    (hk, hv, dk, n),
+                    (&want_o, &want_s),
+                );
+            }
         }
+    }
+}
+
+/// `gdn_step_chunked` on the inputs of [`gdn_prefill_kernels_vs_decode_kernels`] against the
+/// decode kernel's outputs `want` (out, final S): one launch, then the rows split at a point that
+/// is not a chunk boundary (two launches, the state carried between them). `inp`: q, k, v, g, β.
+fn gdn_chunked_vs(
+    g: &Gpu,
+    tag: &str,
+    s0: &[f32],
+    inp: [&DevBuf; 5],
+    (hk, hv, dk, n): (usize, usize, usize, usize),
+    want: (&[f32], &[f32]),
+) {
+    let dv = dk;
+    let (qk, vd) = (hk * dk, hv * dv);
+    let floats = gdn_chunk_scratch_floats(hv, dk, n);
+    let scratch = g.upload(&vec![f32::NAN; floats]).unwrap();
+    let (want_o, want_s) = want;
+    for split in [None, Some(n / 2 + 1)] {
+        let st = g.upload(s0).unwrap();
+        let out = g.upload(&vec![f32::NAN; n * vd]).unwrap();
+        let parts: Vec<(usize, usize)> = match split {
+            None => vec![(0, n)],
+            Some(m) => vec![(0, m), (m, n)],
+        };
+        for (r0, r1) in parts {
+            g.gdn_step_chunked(
+                st.ptr(),
+                inp[0].at(r0 * qk * 4),
+                inp[1].at(r0 * qk * 4),
+                inp[2].at(r0 * vd * 4),
+                inp[3].at(r0 * hv * 4),
+                inp[4].at(r0 * hv * 4),
+                hk,
+                hv,
+                dk,
+                dv,
+                r1 - r0,
+                out.at(r0 * vd * 4),
+                scratch.ptr(),
+                floats,
+            )
+            .unwrap();
+        }
+        let o: Vec<f32> = down(g, &out, n * vd);
+        let s: Vec<f32> = down(g, &st, hv * dk * dv);
+        assert!(
+            o.iter().chain(&s).all(|x| x.is_finite()),
+            "{tag}: chunked (split {split:?}) not finite / not written"
+        );
+        let (eo, mo) = (max_rel(&o, want_o), nmse(&o, want_o));
+        let (es, ms) = (max_rel(&s, want_s), nmse(&s, want_s));
+        eprintln!(
+            "gdn chunked {tag} split {split:?}: o max rel {eo:.2e} nmse {mo:.2e}; S max rel {es:.2e} nmse {ms:.2e}"
+        );
+        assert!(
+            eo < 1e-4 && mo < 1e-10,
+            "{tag}: chunked o max rel {eo}, nmse {mo}"
+        );
+        assert!(
+            es < 1e-4 && ms < 1e-10,
+            "{tag}: chunked S max rel {es}, nmse {ms}"
+        );
     }
 }
 
