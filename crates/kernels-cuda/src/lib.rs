@@ -100,7 +100,7 @@ pub fn gdn_chunk_scratch_floats(hv: usize, dk: usize, n: usize) -> usize {
 
 /// Dynamic shared memory of `gdn_chunk_prep_d128`: K, Q [64, 132] | A [64, 68] | L, γ, β [64].
 const GDN_CHUNK_PREP_SMEM: usize = (2 * GDN_CHUNK * 132 + GDN_CHUNK * 68 + 3 * GDN_CHUNK) * 4;
-/// Dynamic shared memory of `gdn_chunk_scan_d128`: S [128, 16] | W, Q half tiles [2, 64, 68]
+/// Dynamic shared memory of `gdn_chunk_scan_d128`: S [128, 16] | [W; Q] half tile [128, 68]
 /// (then K [64, 132]) | Δ, Δ scaled [64, 16] each.
 const GDN_CHUNK_SCAN_SMEM: usize =
     (128 * GDN_CHUNK_COLS + 2 * GDN_CHUNK * 68 + 2 * GDN_CHUNK * GDN_CHUNK_COLS) * 4;
@@ -2931,8 +2931,8 @@ impl Gpu {
     /// Prefill form of [`Self::gdn_step`] in chunks of 64 rows (same arguments and layouts as
     /// [`Self::gdn_step_seq`], equal to it within f32 rounding; `prefill.cu` has the math): one
     /// launch solves every chunk's triangular system in parallel (`gdn_chunk_prep_d128`, grid
-    /// (hv, ⌈n/64⌉)), a second walks the chunks in order, 16 value columns per block
-    /// (`gdn_chunk_scan_d128`, grid (hv, dv/16)). `scratch` holds at least
+    /// (hv, ⌈n/64⌉), 256 threads), a second walks the chunks in order, 16 value columns per
+    /// block (`gdn_chunk_scan_d128`, grid (hv, dv/16), 128 threads). `scratch` holds at least
     /// [`gdn_chunk_scratch_floats`]`(hv, dk, n)` f32. Needs [`gdn_chunked_supported`]`(dk, dv)`.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_step_chunked(
@@ -2995,7 +2995,7 @@ impl Gpu {
         self.launch_smem(
             self.f.gdn_chunk_scan_d128,
             (hv as u32, (dv / GDN_CHUNK_COLS) as u32, 1),
-            (256, 1, 1),
+            (128, 1, 1),
             GDN_CHUNK_SCAN_SMEM as u32,
             &[
                 Arg::P(s),

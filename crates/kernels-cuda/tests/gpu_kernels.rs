@@ -2197,6 +2197,59 @@ fn gdn_chunked_vs(
             "{tag}: chunked S max rel {es}, nmse {ms}"
         );
     }
+    // one layer's recurrence at a prefill chunk of 512 rows: row by row against chunked (timing
+    // only, state and outputs overwritten)
+    if n == 512 {
+        let st = g.upload(s0).unwrap();
+        let out = g.upload(&vec![0f32; n * vd]).unwrap();
+        let reps = 20;
+        let mut us = [0f32; 2];
+        for (i, chunked) in [false, true].into_iter().enumerate() {
+            let run = || {
+                if chunked {
+                    g.gdn_step_chunked(
+                        st.ptr(),
+                        inp[0].ptr(),
+                        inp[1].ptr(),
+                        inp[2].ptr(),
+                        inp[3].ptr(),
+                        inp[4].ptr(),
+                        hk,
+                        hv,
+                        dk,
+                        dv,
+                        n,
+                        out.ptr(),
+                        scratch.ptr(),
+                        floats,
+                    )
+                } else {
+                    g.gdn_step_seq(
+                        st.ptr(),
+                        inp[0].ptr(),
+                        inp[1].ptr(),
+                        inp[2].ptr(),
+                        inp[3].ptr(),
+                        inp[4].ptr(),
+                        hk,
+                        hv,
+                        dk,
+                        dv,
+                        n,
+                        out.ptr(),
+                    )
+                }
+            };
+            run().unwrap();
+            us[i] = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
+        }
+        eprintln!(
+            "GDNTIME {tag}: row by row {:.1} us, chunked {:.1} us per launch ({:.2}x)",
+            us[0],
+            us[1],
+            us[0] / us[1]
+        );
+    }
 }
 
 /// The causal prefill attention (`attn_prefill`, one launch over all rows) against the decode
