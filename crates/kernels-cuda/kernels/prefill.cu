@@ -124,6 +124,9 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
                                                   const float* __restrict__ beta, int hk, int hv, int dk, int dv,
                                                   int n, float* out) {
     PDL_ENTRY();
+    // with NMC the head dim is a compile-time constant: the tile copy's index divisions become
+    // shifts (they were ~a quarter of the instructions per row)
+    if (NMC) dk = 32 * NMC;
     __shared__ __align__(16) float ks[2][GS_TR][128];
     __shared__ __align__(16) float qs[2][GS_TR][128];
     __shared__ __align__(16) float vs[2][GS_TR][16];

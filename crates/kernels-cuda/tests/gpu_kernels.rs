@@ -1921,12 +1921,20 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
 /// update) equals `gdn_conv` (v, gates and conv window bit for bit, q/k within 1e-6 and reported
 /// when not bit-exact), and `gdn_step_seq` equals `gdn_step` within f32 rounding over n rows; a
 /// split launch (rows 0..m, then m..n) gives the one-launch outputs and state bit for bit. Outputs
-/// are poisoned with NaN first. The 27B and the tiny-preset head shapes, n ∈ {9, 100, 512}.
+/// are poisoned with NaN first. Where the head has it (dk = dv = 128), `gdn_step_chunked` equals
+/// `gdn_step` within the same bounds, in one launch and split ([`gdn_chunked_vs`]). The 27B and
+/// the tiny-preset head shapes, n ∈ {9, 100, 512}, and the 27B heads with a hard decay.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gdn_prefill_kernels_vs_decode_kernels() {
     let g = need_gpu!("gdn_prefill_kernels_vs_decode_kernels");
-    for &(hk, hv, dk, kconv) in &[(16usize, 48usize, 128usize, 4usize), (2, 6, 64, 4)] {
+    // the last case decays hard (ssm_a × 80: log decays down to about -400 per row, so the
+    // decay products underflow within a row or two)
+    for &(hk, hv, dk, kconv, a_mul) in &[
+        (16usize, 48usize, 128usize, 4usize, 1f32),
+        (2, 6, 64, 4, 1.0),
+        (16, 48, 128, 4, 80.0),
+    ] {
         for &n in &[9usize, 100, 512] {
             let mut rng = Rng(91 + n as u64 + dk as u64);
             let dv = dk;
@@ -1939,7 +1947,11 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
             let bb = rng.vec(n * hv, 2.0);
             let aa = rng.vec(n * hv, 2.0);
             let dt_bias = rng.vec(hv, 1.0);
-            let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+            let ssm_a: Vec<f32> = rng
+                .vec(hv, 1.0)
+                .iter()
+                .map(|v| -(v.abs() + 0.1) * a_mul)
+                .collect();
             let s0 = rng.vec(hv * dk * dv, 0.1);
             let up = |v: &[f32]| g.upload(v).unwrap();
             let nan = |k: usize| g.upload(&vec![f32::NAN; k]).unwrap();
@@ -1992,7 +2004,7 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
                 )
                 .unwrap();
             }
-            let tag = format!("hk {hk} hv {hv} dk {dk} n {n}");
+            let tag = format!("hk {hk} hv {hv} dk {dk} n {n} a×{a_mul}");
             let lens = [n * qk, n * qk, n * vd, n * hv, n * hv];
             for (i, name) in ["q", "k", "v", "beta", "g"].iter().enumerate() {
                 let (a, b): (Vec<f32>, Vec<f32>) =
