@@ -296,8 +296,8 @@ fn cuda_prefill_gemm_matches_cpu() {
         }
         // split prefill (100 + 60 rows) vs one step of 160 on CUDA. With the GDN recurrence row by
         // row, every kernel of a step > 8 rows computes a row independently of the step's size and
-        // of the row's place in it, so the logits are bit-identical. The chunked recurrence (the
-        // default for 128-wide heads) cuts chunks at the step's row 0, so a split step sums in
+        // of the row's place in it, so the logits are bit-identical. The chunked recurrence (an
+        // option for 128-wide heads) cuts chunks at the step's row 0, so a split step sums in
         // another order: then the split must stay as close to the one step as the row-by-row
         // recurrence is to the chunked one (both within the CPU tolerance above), top-1 equal.
         let prompt: Vec<u32> = (0..160u32).map(|i| (i * 104729 + 7) % nv as u32).collect();

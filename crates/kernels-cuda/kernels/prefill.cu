@@ -109,7 +109,9 @@ extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, floa
 // i = 32m + 4ii + e (m < dk/32, e < 4) in registers for the whole launch. Per row, from the old
 // state: u = Σ_i S k, a = Σ_i S q (lane partials, xor-tree over the 8 lanes of the column), then
 //   δ = β (v − e^g u),  o = (e^g a + δ (k·q)) / √dk,  S ← e^g S + k δ
-// (o = Σ_i S_new q expanded), so each row needs no block barrier. Rows come in tiles of GS_TR:
+// (o = Σ_i S_new q expanded), so each row needs no block barrier; within a tile the registers
+// hold S divided by the tile's running decay product (one fma per entry and row, see below). Rows
+// come in tiles of GS_TR:
 // k, q, v (the block's 16 columns), g, β of tile c+1 are copied to shared memory with cp.async
 // while tile c runs (two buffers); k·q and e^g of a tile are computed once per tile.
 //   S [hv, dk, dv]; q/k [n, hk, dk]; v [n, hv, dv]; g/beta [n, hv]; out [n, hv, dv].
@@ -131,6 +133,7 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
     __shared__ __align__(16) float qs[2][GS_TR][128];
     __shared__ __align__(16) float vs[2][GS_TR][16];
     __shared__ float gs[2][GS_TR], bs[2][GS_TR], kq[GS_TR], dec[GS_TR];
+    __shared__ float gdec[GS_TR], ginv[GS_TR], gend[1];
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int ii = lane & 7, jl = w * 4 + (lane >> 3);
     int j0 = blockIdx.y * 16, j = j0 + jl;
@@ -185,6 +188,33 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
         }
         __syncthreads();
         int rows = min(GS_TR, n - c * GS_TR);
+        // the decay folded out of the per-row state update: within the tile the registers hold
+        // S / Γ_r (Γ_r = product of e^g over the tile's rows up to r), so a row updates them with
+        // one fma per entry (S/Γ += k δ/Γ) instead of a multiply and an fma, and the tile end
+        // multiplies by Γ once. A tile whose products leave [1e-30, 1e30] keeps the plain update
+        // (gdec = e^g, ginv = 0). Warp 0 scans the products (lanes past the tile's rows: 1).
+        if (w == 0) {
+            float x = lane < rows ? dec[lane] : 1.f;
+#pragma unroll
+            for (int o = 1; o < GS_TR; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x *= y;
+            }
+            float lo = lane < GS_TR ? x : 1.f, hi = lo;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+                hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+            }
+            bool scaled = lo >= 1e-30f && hi <= 1e30f;
+            float last = __shfl_sync(0xffffffffu, x, GS_TR - 1);
+            if (lane < GS_TR) {
+                gdec[lane] = scaled ? x : dec[lane];
+                ginv[lane] = scaled ? 1.0f / x : 0.f;
+            }
+            if (lane == 0) gend[0] = scaled ? last : 1.f;
+        }
+        __syncthreads();
         for (int r = 0; r < rows; ++r) {
             const float4* k4 = (const float4*)ks[b][r];
             const float4* q4 = (const float4*)qs[b][r];
@@ -212,12 +242,24 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
                 u += __shfl_xor_sync(0xffffffffu, u, o);
                 a += __shfl_xor_sync(0xffffffffu, a, o);
             }
-            float dcy = dec[r];
-            float delta = bs[b][r] * (vs[b][r][jl] - dcy * u);
-            float o = (dcy * a + delta * kq[r]) * scale;
+            // u, a were formed from S / Γ_{r-1}: Γ_r = Γ_{r-1} e^g scales them to the decayed state
+            float gr = gdec[r], gi = ginv[r];
+            float delta = bs[b][r] * (vs[b][r][jl] - gr * u);
+            float o = (gr * a + delta * kq[r]) * scale;
+            if (gi != 0.f) {
+                float f = delta * gi;
 #pragma unroll
-            for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * dcy);
+                for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], f, s[x]);
+            } else {
+#pragma unroll
+                for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * gr);
+            }
             if (ii == 0) out[((size_t)(c * GS_TR + r) * hv + h) * dv + j] = o;
+        }
+        float ge = gend[0];
+        if (ge != 1.f) {
+#pragma unroll
+            for (int x = 0; x < 16; ++x) s[x] *= ge;
         }
         __syncthreads();  // buffer b is refilled by the next iteration's issue(c + 2)
     }
@@ -261,8 +303,10 @@ GS_ENTRY(gdn_step_seq_d128, 4)
 #define GK_JS 16    // value columns per gdn_chunk_scan block
 #define GK_WST 68   // W / Q half-tile row stride
 
-// grid (hv, nch), block 256; dynamic shared memory (gdn_chunk_prep_smem):
-//   K [64][132] | Q [64][132] | A [64][68] | L [64] | γ [64] | β [64]
+// grid (hv, nch), block 256; dynamic shared memory (GDN_CHUNK_PREP_SMEM in lib.rs):
+//   K [64][132] | Q [64][132] | A [64][68] | L [64] (f64) | γ [64] | β [64]
+// L is summed in f64: the decay between rows s <= t is e^{L_t - L_s}, and with strong decays
+// (|L| in the hundreds) an f32 prefix sum would lose that difference's low bits.
 extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ g, const float* __restrict__ beta, int hk, int hv, int n, float* __restrict__ u0,
@@ -272,8 +316,8 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     float* Ks = gk_sm;
     float* Qs = Ks + GK_C * GK_KST;
     float* As = Qs + GK_C * GK_KST;
-    float* Ls = As + GK_C * GK_AST;
-    float* Gs = Ls + GK_C;
+    double* Ls = (double*)(As + GK_C * GK_AST);  // 8-byte aligned: the offset is 21248 floats
+    float* Gs = (float*)(Ls + GK_C);
     float* Bs = Gs + GK_C;
     int h = blockIdx.x, c = blockIdx.y, nch = gridDim.y, tid = threadIdx.x;
     int kap = h % hk, t0 = c * GK_C, nr = min(GK_C, n - t0);
@@ -291,10 +335,10 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     }
     if (tid < GK_C) {  // inclusive prefix sum of the log decay, per warp of 32 rows
         int lane = tid & 31;
-        float x = tid < nr ? g[(size_t)(t0 + tid) * hv + h] : 0.f;
+        double x = tid < nr ? (double)g[(size_t)(t0 + tid) * hv + h] : 0.0;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            float y = __shfl_up_sync(0xffffffffu, x, o);
+            double y = __shfl_up_sync(0xffffffffu, x, o);
             if (lane >= o) x += y;
         }
         Ls[tid] = x;
@@ -302,12 +346,12 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     }
     __syncthreads();
     if (tid < GK_C) {
-        float x = Ls[tid] + (tid >= 32 ? Ls[31] : 0.f);
+        double x = Ls[tid] + (tid >= 32 ? Ls[31] : 0.0);
         __syncwarp();
         if (tid >= 32) Ls[tid] = x;
     }
     __syncthreads();
-    if (tid < GK_C) Gs[tid] = expf(Ls[tid]);
+    if (tid < GK_C) Gs[tid] = expf((float)Ls[tid]);
     // k·k and q·k over the chunk: thread (tr, tc) takes rows tr + 16x, columns tc + 16y
     int tr = tid >> 4, tc = tid & 15;
     float kk[4][4], qk[4][4];
@@ -344,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
 #pragma unroll
         for (int y = 0; y < 4; ++y) {
             int t = tr + 16 * x, s = tc + 16 * y;
-            float e = s <= t ? expf(Ls[t] - Ls[s]) : 0.f;
+            float e = s <= t ? expf((float)(Ls[t] - Ls[s])) : 0.f;
             As[t * GK_AST + s] = s < t ? Bs[t] * e * kk[x][y] : 0.f;
             Pc[t * GK_C + s] = e * qk[x][y];
         }
@@ -380,144 +424,126 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     for (int t = 0; t < GK_C; ++t) dst[(size_t)t * GK_D] = xr[t];
     if (tid < GK_C) {
         gam[h * npad + t0 + tid] = Gs[tid];
-        dl[h * npad + t0 + tid] = expf(Ls[GK_C - 1] - Ls[tid]);
+        dl[h * npad + t0 + tid] = expf((float)(Ls[GK_C - 1] - Ls[tid]));
     }
 }
 
-// grid (hv, dv / 16), block 128; dynamic shared memory (GDN_CHUNK_SCAN_SMEM in lib.rs):
-//   S [128][16] (the block's state columns) | [W; Q] half tile [128][68] (rows 0..63 W, 64..127 Q,
-//   one 64-key half; then the K tile [64][132]) | Δ [64][16] | Δ scaled to the chunk end [64][16]
-// Every thread holds a 4 × 4 register tile in each product (4 rows or keys × 4 columns c4..c4+3):
-// rows rg, rg + 32 of W S0 and of Q S0 (then of Δ and O), keys i0..i0+3 of the new state.
-extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_d128(
+// grid (hv, dv / 16), block 256; dynamic shared memory (GDN_CHUNK_SCAN_SMEM in lib.rs):
+//   S [128][16] (the block's state columns) | W, Q half tiles [2][64][68] (then K [64][132]) |
+//   Δ [64][16] | Δ scaled to the chunk end [64][16]
+// Per chunk: thread (t = tid / 4, 4 columns) forms row t of W S0 and Q S0 over two 64-key halves,
+// then Δ and O; then thread (key si = tid / 2, 8 columns) updates its state entries.
+extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
     float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0,
     const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,
     const float* __restrict__ dl, int hk, int hv, int n, float* out) {
     PDL_ENTRY();
     extern __shared__ __align__(16) float gk_sm[];
     float* Ss = gk_sm;
-    float* Xs = Ss + GK_D * GK_JS;
-    float* Ds = Xs + 2 * GK_C * GK_WST;
+    float* WQ = Ss + GK_D * GK_JS;
+    float* Ds = WQ + 2 * GK_C * GK_WST;
     float* Dts = Ds + GK_C * GK_JS;
     int h = blockIdx.x, j0 = blockIdx.y * GK_JS, tid = threadIdx.x;
     int kap = h % hk, nch = (n + GK_C - 1) / GK_C;
     size_t npad = (size_t)nch * GK_C;
     float* Sh = S + (size_t)h * GK_D * GK_D;
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
         int i = x >> 2, cc = (x & 3) * 4;
         *(float4*)(Ss + i * GK_JS + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
     }
-    int rg = tid >> 2, c4 = (tid & 3) * 4, i0 = rg * 4;
+    int t = tid >> 2, c4 = (tid & 3) * 4;
+    int si = tid >> 1, c8 = (tid & 1) * 8;
     float scale = 1.0f / sqrtf((float)GK_D);
     for (int c = 0; c < nch; ++c) {
         int t0 = c * GK_C, nr = min(GK_C, n - t0);
-        float aw[2][4], aq[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int b = 0; b < 4; ++b) aw[m][b] = aq[m][b] = 0.f;
+        float aw[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
         for (int half = 0; half < 2; ++half) {
-            __syncthreads();  // Ss written, the last tile (or K tile) read
-            for (int x = tid; x < 2 * GK_C * 16; x += 128) {
+            __syncthreads();  // Ss written, WQ / K tile of the last pass read
+            for (int x = tid; x < GK_C * 16; x += 256) {
                 int r = x >> 4, cc = (x & 15) * 4, i = half * 64 + cc;
-                float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (r < GK_C)
-                    xv = *(const float4*)(wk + ((size_t)h * npad + t0 + r) * GK_D + i);
-                else if (r - GK_C < nr)
-                    xv = *(const float4*)(q + ((size_t)(t0 + r - GK_C) * hk + kap) * GK_D + i);
-                *(float4*)(Xs + r * GK_WST + cc) = xv;
+                float4 wv = *(const float4*)(wk + ((size_t)h * npad + t0 + r) * GK_D + i);
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < nr) qv = *(const float4*)(q + ((size_t)(t0 + r) * hk + kap) * GK_D + i);
+                *(float4*)(WQ + r * GK_WST + cc) = wv;
+                *(float4*)(WQ + (GK_C + r) * GK_WST + cc) = qv;
             }
             __syncthreads();
-#pragma unroll 2
-            for (int ii = 0; ii < 64; ii += 4) {
-                float4 x4[4];
-#pragma unroll
-                for (int m = 0; m < 4; ++m) x4[m] = *(const float4*)(Xs + (rg + 32 * m) * GK_WST + ii);
+#pragma unroll 4
+            for (int i = 0; i < 64; i += 4) {
+                float4 w4 = *(const float4*)(WQ + t * GK_WST + i);
+                float4 q4 = *(const float4*)(WQ + (GK_C + t) * GK_WST + i);
+                float wv[4] = {w4.x, w4.y, w4.z, w4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float4 s4 = *(const float4*)(Ss + (half * 64 + ii + e) * GK_JS + c4);
-                    float sv[4] = {s4.x, s4.y, s4.z, s4.w};
-                    float xe[4];
-#pragma unroll
-                    for (int m = 0; m < 4; ++m) xe[m] = e == 0 ? x4[m].x : e == 1 ? x4[m].y : e == 2 ? x4[m].z : x4[m].w;
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) {
-                        aw[0][b] = fmaf(xe[0], sv[b], aw[0][b]);
-                        aw[1][b] = fmaf(xe[1], sv[b], aw[1][b]);
-                        aq[0][b] = fmaf(xe[2], sv[b], aq[0][b]);
-                        aq[1][b] = fmaf(xe[3], sv[b], aq[1][b]);
-                    }
+                    float4 s4 = *(const float4*)(Ss + (half * 64 + i + e) * GK_JS + c4);
+                    aw[0] = fmaf(wv[e], s4.x, aw[0]);
+                    aw[1] = fmaf(wv[e], s4.y, aw[1]);
+                    aw[2] = fmaf(wv[e], s4.z, aw[2]);
+                    aw[3] = fmaf(wv[e], s4.w, aw[3]);
+                    aq[0] = fmaf(qv[e], s4.x, aq[0]);
+                    aq[1] = fmaf(qv[e], s4.y, aq[1]);
+                    aq[2] = fmaf(qv[e], s4.z, aq[2]);
+                    aq[3] = fmaf(qv[e], s4.w, aq[3]);
                 }
             }
         }
-        __syncthreads();  // the half tile read: the K tile takes its place
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-            int t = rg + 32 * m;
-            float4 uv = *(const float4*)(u0 + ((size_t)h * npad + t0 + t) * GK_D + j0 + c4);
-            float d[4] = {uv.x - aw[m][0], uv.y - aw[m][1], uv.z - aw[m][2], uv.w - aw[m][3]};
-            float dlt = dl[h * npad + t0 + t];
-            *(float4*)(Ds + t * GK_JS + c4) = make_float4(d[0], d[1], d[2], d[3]);
-            *(float4*)(Dts + t * GK_JS + c4) = make_float4(dlt * d[0], dlt * d[1], dlt * d[2], dlt * d[3]);
-        }
-        float* Ksm = Xs;
-        for (int x = tid; x < GK_C * (GK_D / 4); x += 128) {
+        __syncthreads();  // WQ read: the K tile takes its place
+        float4 uv = *(const float4*)(u0 + ((size_t)h * npad + t0 + t) * GK_D + j0 + c4);
+        float d[4] = {uv.x - aw[0], uv.y - aw[1], uv.z - aw[2], uv.w - aw[3]};
+        float dlt = dl[h * npad + t0 + t];
+        *(float4*)(Ds + t * GK_JS + c4) = make_float4(d[0], d[1], d[2], d[3]);
+        *(float4*)(Dts + t * GK_JS + c4) = make_float4(dlt * d[0], dlt * d[1], dlt * d[2], dlt * d[3]);
+        float* Ksm = WQ;
+        for (int x = tid; x < GK_C * (GK_D / 4); x += 256) {
             int r = x >> 5, cc = (x & 31) * 4;
             float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
             if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
             *(float4*)(Ksm + r * GK_KST + cc) = kv;
         }
         __syncthreads();
-        // O = (γ ⊙ Q S0 + P Δ) / √dk for rows rg, rg + 32; P[t][s] = 0 for s > t
+        // O = (γ ⊙ Q S0 + P Δ) / √dk; P[t][s] = 0 for s > t
+        float gt = gam[h * npad + t0 + t];
+        float o[4] = {gt * aq[0], gt * aq[1], gt * aq[2], gt * aq[3]};
+        const float* Pr = pm + (((size_t)h * nch + c) * GK_C + t) * GK_C;
+        for (int s = 0; s <= t; s += 4) {
+            float4 p4 = *(const float4*)(Pr + s);
+            float pv[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-            int t = rg + 32 * m;
-            float gt = gam[h * npad + t0 + t];
-            float o[4] = {gt * aq[m][0], gt * aq[m][1], gt * aq[m][2], gt * aq[m][3]};
-            const float* Pr = pm + (((size_t)h * nch + c) * GK_C + t) * GK_C;
-            for (int s = 0; s <= t; s += 4) {
-                float4 p4 = *(const float4*)(Pr + s);
-                float pv[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float4 d4 = *(const float4*)(Ds + (s + e) * GK_JS + c4);
-                    o[0] = fmaf(pv[e], d4.x, o[0]);
-                    o[1] = fmaf(pv[e], d4.y, o[1]);
-                    o[2] = fmaf(pv[e], d4.z, o[2]);
-                    o[3] = fmaf(pv[e], d4.w, o[3]);
-                }
+            for (int e = 0; e < 4; ++e) {
+                float4 d4 = *(const float4*)(Ds + (s + e) * GK_JS + c4);
+                o[0] = fmaf(pv[e], d4.x, o[0]);
+                o[1] = fmaf(pv[e], d4.y, o[1]);
+                o[2] = fmaf(pv[e], d4.z, o[2]);
+                o[3] = fmaf(pv[e], d4.w, o[3]);
             }
-            if (t < nr)
-                *(float4*)(out + ((size_t)(t0 + t) * hv + h) * GK_D + j0 + c4) =
-                    make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
         }
-        // S ← γ_63 S0 + Kᵀ Δ̃ for keys i0..i0+3
+        if (t < nr)
+            *(float4*)(out + ((size_t)(t0 + t) * hv + h) * GK_D + j0 + c4) =
+                make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+        // S ← γ_63 S0 + Kᵀ Δ̃
         float gl = gam[h * npad + t0 + GK_C - 1];
-        float sn[4][4];
+        float sn[8];
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            float4 s4 = *(const float4*)(Ss + (i0 + a) * GK_JS + c4);
-            sn[a][0] = gl * s4.x;
-            sn[a][1] = gl * s4.y;
-            sn[a][2] = gl * s4.z;
-            sn[a][3] = gl * s4.w;
-        }
+        for (int x = 0; x < 8; ++x) sn[x] = gl * Ss[si * GK_JS + c8 + x];
 #pragma unroll 4
         for (int s = 0; s < GK_C; ++s) {
-            float4 kv = *(const float4*)(Ksm + s * GK_KST + i0);
-            float4 dv = *(const float4*)(Dts + s * GK_JS + c4);
-            float ka[4] = {kv.x, kv.y, kv.z, kv.w}, db[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) sn[a][b] = fmaf(ka[a], db[b], sn[a][b]);
+            float kv = Ksm[s * GK_KST + si];
+            float4 d0 = *(const float4*)(Dts + s * GK_JS + c8);
+            float4 d1 = *(const float4*)(Dts + s * GK_JS + c8 + 4);
+            sn[0] = fmaf(kv, d0.x, sn[0]);
+            sn[1] = fmaf(kv, d0.y, sn[1]);
+            sn[2] = fmaf(kv, d0.z, sn[2]);
+            sn[3] = fmaf(kv, d0.w, sn[3]);
+            sn[4] = fmaf(kv, d1.x, sn[4]);
+            sn[5] = fmaf(kv, d1.y, sn[5]);
+            sn[6] = fmaf(kv, d1.z, sn[6]);
+            sn[7] = fmaf(kv, d1.w, sn[7]);
         }
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
-            *(float4*)(Ss + (i0 + a) * GK_JS + c4) = make_float4(sn[a][0], sn[a][1], sn[a][2], sn[a][3]);
+        for (int x = 0; x < 8; ++x) Ss[si * GK_JS + c8 + x] = sn[x];
     }
     __syncthreads();
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
         int i = x >> 2, cc = (x & 3) * 4;
         *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * GK_JS + cc);
     }

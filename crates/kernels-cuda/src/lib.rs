@@ -83,6 +83,10 @@ const GDN_CHUNK: usize = 64;
 /// Value columns per `gdn_chunk_scan` block (`GK_JS`).
 const GDN_CHUNK_COLS: usize = 16;
 
+/// Whether prefill runs the GDN recurrence chunked by default (where [`gdn_chunked_supported`]).
+/// Off: on the H200 the row-by-row kernel measures faster (`bench/results/cuda-27b.md`).
+pub const GDN_CHUNKED_DEFAULT: bool = false;
+
 /// Whether the chunked GDN prefill ([`Gpu::gdn_step_chunked`]) takes head dims `dk`, `dv`: the
 /// 27B head (128, 128), compiled in.
 pub fn gdn_chunked_supported(dk: usize, dv: usize) -> bool {
@@ -98,9 +102,10 @@ pub fn gdn_chunk_scratch_floats(hv: usize, dk: usize, n: usize) -> usize {
     hv * npad * (2 * dk + 2) + hv * nch * GDN_CHUNK * GDN_CHUNK
 }
 
-/// Dynamic shared memory of `gdn_chunk_prep_d128`: K, Q [64, 132] | A [64, 68] | L, γ, β [64].
-const GDN_CHUNK_PREP_SMEM: usize = (2 * GDN_CHUNK * 132 + GDN_CHUNK * 68 + 3 * GDN_CHUNK) * 4;
-/// Dynamic shared memory of `gdn_chunk_scan_d128`: S [128, 16] | [W; Q] half tile [128, 68]
+/// Dynamic shared memory of `gdn_chunk_prep_d128`: K, Q [64, 132] f32 | A [64, 68] f32 | L [64]
+/// f64 | γ, β [64] f32.
+const GDN_CHUNK_PREP_SMEM: usize = (2 * GDN_CHUNK * 132 + GDN_CHUNK * 68 + 4 * GDN_CHUNK) * 4;
+/// Dynamic shared memory of `gdn_chunk_scan_d128`: S [128, 16] | W, Q half tiles [2, 64, 68]
 /// (then K [64, 132]) | Δ, Δ scaled [64, 16] each.
 const GDN_CHUNK_SCAN_SMEM: usize =
     (128 * GDN_CHUNK_COLS + 2 * GDN_CHUNK * 68 + 2 * GDN_CHUNK * GDN_CHUNK_COLS) * 4;
@@ -1271,7 +1276,7 @@ pub struct Gpu {
     /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
     gdn_seq_generic: AtomicBool,
     /// Prefill GDN recurrence in chunks of 64 rows where the head allows it
-    /// ([`Gpu::set_gdn_chunked`]; `BONSAI_CUDA_GDN_CHUNKED=0` keeps the row-by-row kernel).
+    /// ([`Gpu::set_gdn_chunked`]; default [`GDN_CHUNKED_DEFAULT`], `BONSAI_CUDA_GDN_CHUNKED=0|1`).
     gdn_chunked: AtomicBool,
     /// Which prefill GEMM kernels run ([`Gpu::set_gemm_config`]; `BONSAI_CUDA_GEMM*`).
     gemm_config: Mutex<gemm::GemmConfig>,
@@ -1374,7 +1379,7 @@ impl Gpu {
             gemmw_desc_swap: AtomicBool::new(false),
             gdn_seq_generic: AtomicBool::new(false),
             gdn_chunked: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_CHUNKED").map_or(true, |v| v != "0"),
+                std::env::var("BONSAI_CUDA_GDN_CHUNKED").map_or(GDN_CHUNKED_DEFAULT, |v| v == "1"),
             ),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
@@ -2917,8 +2922,9 @@ impl Gpu {
         )
     }
 
-    /// Whether the prefill GDN recurrence runs chunked ([`Self::gdn_step_chunked`], on by
-    /// default) where [`gdn_chunked_supported`]; otherwise row by row ([`Self::gdn_step_seq`]).
+    /// Whether the prefill GDN recurrence runs chunked ([`Self::gdn_step_chunked`], default
+    /// [`GDN_CHUNKED_DEFAULT`]) where [`gdn_chunked_supported`]; otherwise row by row
+    /// ([`Self::gdn_step_seq`]).
     pub fn gdn_chunked(&self) -> bool {
         self.gdn_chunked.load(Ordering::Relaxed)
     }
@@ -2932,7 +2938,7 @@ impl Gpu {
     /// [`Self::gdn_step_seq`], equal to it within f32 rounding; `prefill.cu` has the math): one
     /// launch solves every chunk's triangular system in parallel (`gdn_chunk_prep_d128`, grid
     /// (hv, ⌈n/64⌉), 256 threads), a second walks the chunks in order, 16 value columns per
-    /// block (`gdn_chunk_scan_d128`, grid (hv, dv/16), 128 threads). `scratch` holds at least
+    /// block (`gdn_chunk_scan_d128`, grid (hv, dv/16), 256 threads). `scratch` holds at least
     /// [`gdn_chunk_scratch_floats`]`(hv, dk, n)` f32. Needs [`gdn_chunked_supported`]`(dk, dv)`.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_step_chunked(
@@ -2995,7 +3001,7 @@ impl Gpu {
         self.launch_smem(
             self.f.gdn_chunk_scan_d128,
             (hv as u32, (dv / GDN_CHUNK_COLS) as u32, 1),
-            (128, 1, 1),
+            (256, 1, 1),
             GDN_CHUNK_SCAN_SMEM as u32,
             &[
                 Arg::P(s),

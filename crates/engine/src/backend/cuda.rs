@@ -689,9 +689,9 @@ impl CudaBackend {
             )
             .map_err(be)?;
         }
-        // Prefill runs the recurrence in chunks of 64 rows where the head has that kernel (the
-        // 27B and small heads, dk = dv = 128), else row by row; both equal the decode kernel
-        // within f32 rounding, and decode / verify never take them.
+        // Prefill runs the recurrence row by row, or in chunks of 64 rows when chosen
+        // (`Gpu::set_gdn_chunked`) and the head has that kernel (dk = dv = 128); both equal the
+        // decode kernel within f32 rounding, and decode / verify never take them.
         if prefill && g.gdn_chunked() && kc::gdn_chunked_supported(dk, dv) {
             g.gdn_step_chunked(
                 st.s.ptr(),
