@@ -109,9 +109,7 @@ extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, floa
 // i = 32m + 4ii + e (m < dk/32, e < 4) in registers for the whole launch. Per row, from the old
 // state: u = Σ_i S k, a = Σ_i S q (lane partials, xor-tree over the 8 lanes of the column), then
 //   δ = β (v − e^g u),  o = (e^g a + δ (k·q)) / √dk,  S ← e^g S + k δ
-// (o = Σ_i S_new q expanded), so each row needs no block barrier; within a tile the registers
-// hold S divided by the tile's running decay product (one fma per entry and row, see below). Rows
-// come in tiles of GS_TR:
+// (o = Σ_i S_new q expanded), so each row needs no block barrier. Rows come in tiles of GS_TR:
 // k, q, v (the block's 16 columns), g, β of tile c+1 are copied to shared memory with cp.async
 // while tile c runs (two buffers); k·q and e^g of a tile are computed once per tile.
 //   S [hv, dk, dv]; q/k [n, hk, dk]; v [n, hv, dv]; g/beta [n, hv]; out [n, hv, dv].
@@ -133,7 +131,6 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
     __shared__ __align__(16) float qs[2][GS_TR][128];
     __shared__ __align__(16) float vs[2][GS_TR][16];
     __shared__ float gs[2][GS_TR], bs[2][GS_TR], kq[GS_TR], dec[GS_TR];
-    __shared__ float gdec[GS_TR], ginv[GS_TR], gend[1];
     int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int ii = lane & 7, jl = w * 4 + (lane >> 3);
     int j0 = blockIdx.y * 16, j = j0 + jl;
@@ -188,33 +185,6 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
         }
         __syncthreads();
         int rows = min(GS_TR, n - c * GS_TR);
-        // the decay folded out of the per-row state update: within the tile the registers hold
-        // S / Γ_r (Γ_r = product of e^g over the tile's rows up to r), so a row updates them with
-        // one fma per entry (S/Γ += k δ/Γ) instead of a multiply and an fma, and the tile end
-        // multiplies by Γ once. A tile whose products leave [1e-30, 1e30] keeps the plain update
-        // (gdec = e^g, ginv = 0). Warp 0 scans the products (lanes past the tile's rows: 1).
-        if (w == 0) {
-            float x = lane < rows ? dec[lane] : 1.f;
-#pragma unroll
-            for (int o = 1; o < GS_TR; o <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, x, o);
-                if (lane >= o) x *= y;
-            }
-            float lo = lane < GS_TR ? x : 1.f, hi = lo;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-                hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-            }
-            bool scaled = lo >= 1e-30f && hi <= 1e30f;
-            float last = __shfl_sync(0xffffffffu, x, GS_TR - 1);
-            if (lane < GS_TR) {
-                gdec[lane] = scaled ? x : dec[lane];
-                ginv[lane] = scaled ? 1.0f / x : 0.f;
-            }
-            if (lane == 0) gend[0] = scaled ? last : 1.f;
-        }
-        __syncthreads();
         for (int r = 0; r < rows; ++r) {
             const float4* k4 = (const float4*)ks[b][r];
             const float4* q4 = (const float4*)qs[b][r];
@@ -242,24 +212,12 @@ __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restr
                 u += __shfl_xor_sync(0xffffffffu, u, o);
                 a += __shfl_xor_sync(0xffffffffu, a, o);
             }
-            // u, a were formed from S / Γ_{r-1}: Γ_r = Γ_{r-1} e^g scales them to the decayed state
-            float gr = gdec[r], gi = ginv[r];
-            float delta = bs[b][r] * (vs[b][r][jl] - gr * u);
-            float o = (gr * a + delta * kq[r]) * scale;
-            if (gi != 0.f) {
-                float f = delta * gi;
+            float dcy = dec[r];
+            float delta = bs[b][r] * (vs[b][r][jl] - dcy * u);
+            float o = (dcy * a + delta * kq[r]) * scale;
 #pragma unroll
-                for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], f, s[x]);
-            } else {
-#pragma unroll
-                for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * gr);
-            }
+            for (int x = 0; x < 16; ++x) s[x] = fmaf(kr[x], delta, s[x] * dcy);
             if (ii == 0) out[((size_t)(c * GS_TR + r) * hv + h) * dv + j] = o;
-        }
-        float ge = gend[0];
-        if (ge != 1.f) {
-#pragma unroll
-            for (int x = 0; x < 16; ++x) s[x] *= ge;
         }
         __syncthreads();  // buffer b is refilled by the next iteration's issue(c + 2)
     }
