@@ -112,7 +112,8 @@ def prefill_section() -> list[str]:
         "f16-w4": "f16 `mma.m16n8k16`, 4 warps, 3 stages (default)",
         "f16-w4-o4": "f16 `mma.m16n8k16`, 4 warps, 2 stages, 4 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=1`)",
         "f16-w8": "f16 `mma.m16n8k16`, 8 warps (`BONSAI_CUDA_GEMMH_WARPS=8`)",
-        "f16-wgmma": "f16 `wgmma.m64n64k16`, A from registers (`BONSAI_CUDA_GEMM=wgmma`)",
+        "f16-wgmma4": "f16 `wgmma.m64n64k16`, A from registers, 4 register sets (`BONSAI_CUDA_GEMM=wgmma`)",
+        "f16-wgmma2": "f16 `wgmma.m64n64k16`, A from registers, 2 register sets",
     }
     out = [
         "",
@@ -141,6 +142,35 @@ def prefill_section() -> list[str]:
             rows[name][i : i + 3] = [f"{ms:.1f}", f"{512e3 / ms:.0f}", f"{gms:.1f}"]
     for name, cells in rows.items():
         out.append(f"| {names.get(name, name)} | " + " | ".join(cells) + " |")
+    gdn = {v: d["prefill_gdn_alt"] for v, d in runs.items() if d and "prefill_gdn_alt" in d}
+    if gdn:
+        out += [
+            "",
+            "Prefill GDN recurrence (`cuda_bench`, same process): the default against the other kernel; pp512 "
+            "ms, tok/s, and the last row's logit NMSE between the two (f32 reorderings, amplified by the "
+            "random synthetic weights).",
+            "",
+            "| GDN recurrence | Q1_0 pp512 ms | Q1_0 tok/s | Q2_0 pp512 ms | Q2_0 tok/s |",
+            "|---|---|---|---|---|",
+        ]
+        labels = {
+            "row-by-row": "row by row (`gdn_step_seq_d128`)",
+            "chunked": "chunked, 64 rows (`gdn_chunk_prep_d128` + `gdn_chunk_scan_d128`)",
+        }
+        first = next(iter(gdn.values()))
+        for which, key in ((first["gdn_default"], None), (first["gdn"], "alt")):
+            cells = []
+            for v in ("q1", "q2"):
+                d, a = runs.get(v) or {}, gdn.get(v)
+                if not a:
+                    cells += ["—", "—"]
+                    continue
+                ms = a["pp512_ms_median"] if key else d["prefill_pp512_ms_median"]
+                cells += [f"{ms:.2f}", f"{512e3 / ms:.0f}"]
+            tag = " (default)" if key is None else ""
+            out.append(f"| {labels.get(which, which)}{tag} | " + " | ".join(cells) + " |")
+        nm = ", ".join(f"{runs[v].get('weight_type')} {a['last_logit_nmse_vs_default']:.2e}" for v, a in gdn.items())
+        out += ["", f"Last-row logit NMSE, chunked vs row by row: {nm}."]
     prof = []
     for d in runs.values():
         pk = d.get("prefill_kernel_profile", [])
