@@ -633,6 +633,63 @@ extern "C" __global__ void gated_norm_quant(const float* o, const float* z, cons
     quant32(y, q + (b << 5), d + b, s + b);
 }
 
+// gated_norm_quant for long launches (prefill), dv = 128: one warp per (row, head), 4 consecutive
+// elements per lane (16-byte loads, 8 warps per block instead of one 128-thread block per head)
+// and the same bits as gated_norm_quant. Σ x² follows block_sum's tree over the 128 threads: within
+// a 32-element group the xor levels j^16, j^8, j^4 are lane xor 4, 2, 1 here, then j^2, j^1 are
+// the in-lane pairs (e, e^2), (e, e^1) (addition commutes, so every element's partner sums alike);
+// the four group sums are then added to 0 in group order. The quantization is quant32's on 8-lane
+// groups (exact max, exact integer sum), as in swiglu_quant_v4.
+// grid ceil(n·hv / 8), block 256; o / z / yf / w 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) gated_norm_quant_v4(const float* o, const float* z,
+                                                                      const float* w, float eps, int n,
+                                                                      int hv, float* yf, i8* q, float* d,
+                                                                      int* s) {
+    PDL_ENTRY();
+    int lane = threadIdx.x & 31;
+    int p = blockIdx.x * 8 + (threadIdx.x >> 5);  // p = t·hv + h
+    if (p >= n * hv) return;
+    size_t i = (size_t)p * 128 + 4 * lane;
+    float4 x4 = *(const float4*)(o + i);
+    float x[4] = {x4.x, x4.y, x4.z, x4.w};
+    float sq[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sq[e] = x[e] * x[e];
+#pragma unroll
+    for (int l = 4; l > 0; l >>= 1)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], l);
+    float r = (sq[0] + sq[2]) + (sq[1] + sq[3]);  // this lane's 32-element group (lane >> 3)
+    float ss = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) ss += __shfl_sync(0xffffffffu, r, 8 * gi);
+    float inv = 1.0f / sqrtf(ss / (float)128 + eps);
+    float4 z4 = *(const float4*)(z + i), w4 = *(const float4*)(w + 4 * lane);
+    float zz[4] = {z4.x, z4.y, z4.z, z4.w}, ww[4] = {w4.x, w4.y, w4.z, w4.w};
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = x[e] * inv * ww[e] * siluf_(zz[e]);
+    if (yf) *(float4*)(yf + i) = make_float4(v[0], v[1], v[2], v[3]);
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int l = 1; l < 8; l <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    int qi[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        qi[e] = (int)fminf(fmaxf(roundf(v[e] * id), -127.0f), 127.0f);
+        sum += qi[e];
+    }
+#pragma unroll
+    for (int l = 1; l < 8; l <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, l);
+    *(u32*)(q + i) = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
+    if ((lane & 7) == 0) {
+        d[i >> 5] = db;
+        s[i >> 5] = sum;
+    }
+}
+
 // ---- gated attention ----------------------------------------------------------------------------
 
 // Split q ‖ gate, per-head RMSNorm (q_norm / k_norm), partial NEOX RoPE, K/V append (f16).

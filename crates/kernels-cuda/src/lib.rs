@@ -985,6 +985,7 @@ kernels!(
         gdn_conv,
         gdn_step,
         gated_norm_quant,
+        gated_norm_quant_v4,
         attn_prep,
         attn_chunks_hd64,
         attn_chunks_hd128,
@@ -2723,7 +2724,8 @@ impl Gpu {
         )
     }
 
-    /// Per-head `rmsnorm(o) ⊙ w ⊙ SiLU(z)`, f32 to `yf` (unless 0) and quantized.
+    /// Per-head `rmsnorm(o) ⊙ w ⊙ SiLU(z)`, f32 to `yf` (unless 0) and quantized. Launches of
+    /// more than `MAX_ROWS` rows with dv = 128 take `gated_norm_quant_v4` (same bits).
     pub fn gated_norm_quant(
         &self,
         o: u64,
@@ -2739,6 +2741,27 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert!(dv % 32 == 0 && dv <= 1024);
+        // long launches (prefill) with 128-wide heads: one warp per (row, head), 16-byte loads,
+        // the same bits (`gated_norm_quant_v4`)
+        if n > MAX_ROWS && dv == 128 && (o | z | w | yf) % 16 == 0 && q % 4 == 0 {
+            return self.launch(
+                self.f.gated_norm_quant_v4,
+                (cdiv(n * hv, 8), 1, 1),
+                (256, 1, 1),
+                &[
+                    Arg::P(o),
+                    Arg::P(z),
+                    Arg::P(w),
+                    Arg::F(eps),
+                    Arg::I(n as i32),
+                    Arg::I(hv as i32),
+                    Arg::P(yf),
+                    Arg::P(q),
+                    Arg::P(d),
+                    Arg::P(s),
+                ],
+            );
+        }
         self.launch(
             self.f.gated_norm_quant,
             (hv as u32, n as u32, 1),

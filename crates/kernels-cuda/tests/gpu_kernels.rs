@@ -1302,6 +1302,59 @@ fn gated_norm_and_swiglu_vs_reference() {
         max_rel(&got, &want)
     );
     assert_eq!(down::<i8>(g, &q, n * k), host_quant(&got, k).0);
+    // a prefill-sized launch (the one-warp-per-head kernel): on the shared rows the same bits as
+    // the short launch (f32 output, codes, scales, sums), everywhere the host quantization of its
+    // own output; then without the f32 output, the same codes
+    {
+        let nl = 300;
+        let mut o_l = o.clone();
+        o_l.extend(rng.vec((nl - n) * k, 1.0));
+        let mut z_l = zz.clone();
+        z_l.extend(rng.vec((nl - n) * k, 2.0));
+        let (obl, zbl) = (g.upload(&o_l).unwrap(), g.upload(&z_l).unwrap());
+        let yfl = g.alloc(nl * k * 4).unwrap();
+        let ql = g.alloc(nl * k).unwrap();
+        let dl = g.alloc(nl * k / 32 * 4).unwrap();
+        let sl = g.alloc(nl * k / 32 * 4).unwrap();
+        for with_f32 in [true, false] {
+            g.gated_norm_quant(
+                obl.ptr(),
+                zbl.ptr(),
+                wb.ptr(),
+                1e-6,
+                nl,
+                hv,
+                dv,
+                if with_f32 { yfl.ptr() } else { 0 },
+                ql.ptr(),
+                dl.ptr(),
+                sl.ptr(),
+            )
+            .unwrap();
+            let got_l: Vec<f32> = down(g, &yfl, nl * k);
+            assert!(
+                bits_eq(&got_l[..n * k], &got),
+                "gated norm: long launch f32 rows differ from the short launch"
+            );
+            let (hq, hd, hs) = host_quant(&got_l, k);
+            assert_eq!(down::<i8>(g, &ql, nl * k), hq, "gated norm long: codes");
+            assert_eq!(
+                down::<u32>(g, &dl, nl * k / 32),
+                hd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "gated norm long: scales"
+            );
+            assert_eq!(
+                down::<i32>(g, &sl, nl * k / 32),
+                hs,
+                "gated norm long: sums"
+            );
+            assert_eq!(
+                down::<i32>(g, &s, n * k / 32)[..],
+                down::<i32>(g, &sl, nl * k / 32)[..n * k / 32],
+                "gated norm: long launch sums differ from the short launch"
+            );
+        }
+    }
 
     let ff = 17408;
     let gt = rng.vec(n * ff, 3.0);

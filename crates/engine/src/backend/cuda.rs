@@ -566,6 +566,20 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The f32 copy of a projection input (`sc.xf`) when one of its `consumers` reads it (an f32
+    /// matrix: `mv_f32`), else 0: the low-bit mat-vecs and GEMMs read only the int8 codes, so the
+    /// producing kernel then skips the f32 write (a third of a prefill norm's memory traffic).
+    fn f32_input(sc: &Scratch, consumers: &[&CudaMat]) -> u64 {
+        if consumers.iter().any(|m| m.kind == WKind::F32) {
+            sc.xf.ptr()
+        } else {
+            0
+        }
+    }
+
+    /// RMSNorm of `n` rows into the projection input (int8 codes; the f32 copy only when one of
+    /// `consumers` needs it).
+    #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
         sc: &Scratch,
@@ -574,6 +588,7 @@ impl CudaBackend {
         eps: f32,
         n: usize,
         k: usize,
+        consumers: &[&CudaMat],
     ) -> Result<()> {
         self.gpu
             .rmsnorm_quant(
@@ -582,7 +597,7 @@ impl CudaBackend {
                 eps,
                 n,
                 k,
-                sc.xf.ptr(),
+                Self::f32_input(sc, consumers),
                 sc.xq.ptr(),
                 sc.xd.ptr(),
                 sc.xs.ptr(),
@@ -629,7 +644,15 @@ impl CudaBackend {
         let eps = cfg.rms_eps;
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
         let dv = cfg.ssm_head_v_dim();
-        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        self.norm_in(
+            sc,
+            x,
+            &w.attn_norm,
+            eps,
+            n,
+            e,
+            &[&w.qkv, &w.gate, &w.beta, &w.alpha],
+        )?;
         let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
         self.proj_multi(
             sc,
@@ -741,7 +764,7 @@ impl CudaBackend {
             n,
             hv,
             dv,
-            sc.xf.ptr(),
+            Self::f32_input(sc, &[&w.ssm_out]),
             sc.xq.ptr(),
             sc.xd.ptr(),
             sc.xs.ptr(),
@@ -762,7 +785,7 @@ impl CudaBackend {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        self.norm_in(sc, x, &w.attn_norm, eps, n, e)?;
+        self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
         self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
         let g = &self.gpu;
@@ -798,7 +821,12 @@ impl CudaBackend {
                 nkv,
                 hd,
                 sc.pos.ptr(),
-                sc.att.ptr(),
+                // the f32 output only for an f32 out-projection (copied into xf below)
+                if w.out.kind == WKind::F32 {
+                    sc.att.ptr()
+                } else {
+                    0
+                },
                 sc.xq.ptr(),
                 sc.xd.ptr(),
                 sc.xs.ptr(),
@@ -845,7 +873,15 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
-        self.norm_in(sc, x, &w.post_norm, cfg.rms_eps, n, cfg.n_embd)?;
+        self.norm_in(
+            sc,
+            x,
+            &w.post_norm,
+            cfg.rms_eps,
+            n,
+            cfg.n_embd,
+            &[&w.gate, &w.up],
+        )?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
         self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
         self.gpu
@@ -854,7 +890,7 @@ impl CudaBackend {
                 up,
                 n,
                 cfg.n_ff,
-                sc.xf.ptr(),
+                Self::f32_input(sc, &[&w.down]),
                 sc.xq.ptr(),
                 sc.xd.ptr(),
                 sc.xs.ptr(),
@@ -897,7 +933,7 @@ impl CudaBackend {
         x: u64,
         nr: usize,
     ) -> Result<()> {
-        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd)?;
+        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd, &[out])?;
         self.proj(sc, out, nr, sc.logits.ptr(), false)
     }
 
