@@ -87,6 +87,12 @@ def main() -> None:
         )
         if api.get("commit") and api.get("commit") != meta.get("commit"):
             head[-1] += f" The Python API columns are from commit {api['commit']} (`{api.get('command')}`)."
+        spec = load("cuda-spec-27b-q1.json") or {}
+        if spec.get("commit") and spec.get("commit") != meta.get("commit"):
+            head[-1] += (
+                f" The round columns (n-gram, DSpark) are from commit {spec['commit']} "
+                f"(`{spec.get('command')}`), R against this table's decode step."
+            )
         head.append("")
     q2 = load("cuda-decode-27b-q2.json") or {}
     if head and q2.get("commit") and q2.get("commit") != meta.get("commit"):
