@@ -369,13 +369,7 @@ fn cuda_decode_bench() {
         gpu.set_gemm_config(c);
         let (alt_ms, alt_logits) = time_pp(3);
         let alt_med = alt_ms[alt_ms.len() / 2];
-        let (num, den) = pp_logits
-            .iter()
-            .zip(&alt_logits)
-            .fold((0f64, 0f64), |(n, d), (&a, &b)| {
-                (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
-            });
-        let nmse = num / den.max(1e-30);
+        let nmse = logit_nmse(&alt_logits, &pp_logits);
         let name = c.name();
         println!(
             "BENCH prefill pp{pp} ({name} GEMM): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {dflt_name} {nmse:.2e}",
@@ -386,20 +380,14 @@ fn cuda_decode_bench() {
         ));
     }
     gpu.set_gemm_config(dflt_cfg);
-    // the GDN recurrence row by row instead of chunked (A/B in the same process)
+    // the other GDN recurrence (chunked or row by row; A/B in the same process)
     let gdn_alt_json = {
         let dflt = gpu.gdn_chunked();
         gpu.set_gdn_chunked(!dflt);
         let (alt_ms, alt_logits) = time_pp(3);
         gpu.set_gdn_chunked(dflt);
         let alt_med = alt_ms[alt_ms.len() / 2];
-        let (num, den) = pp_logits
-            .iter()
-            .zip(&alt_logits)
-            .fold((0f64, 0f64), |(n, d), (&a, &b)| {
-                (n + ((a - b) as f64).powi(2), d + (b as f64).powi(2))
-            });
-        let nmse = num / den.max(1e-30);
+        let nmse = logit_nmse(&alt_logits, &pp_logits);
         let (name, alt_name) = if dflt {
             ("chunked", "row-by-row")
         } else {
@@ -567,6 +555,14 @@ fn cuda_decode_bench() {
     if let Ok(out) = std::env::var("BONSAI_BENCH_OUT") {
         std::fs::write(out, &json).unwrap();
     }
+}
+
+/// NMSE of logits `a` against `b` (f64 sums).
+fn logit_nmse(a: &[f32], b: &[f32]) -> f64 {
+    let (num, den) = a.iter().zip(b).fold((0f64, 0f64), |(n, d), (&x, &y)| {
+        (n + ((x - y) as f64).powi(2), d + (y as f64).powi(2))
+    });
+    num / den.max(1e-30)
 }
 
 /// The benches' prompt: 8 fixed token ids run through `st` (recurrent GDN), returning the greedy

@@ -102,6 +102,30 @@ __device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s) {
     }
 }
 
+// quant32 for a 32-element block spread over 8 lanes of 4 consecutive elements each (lanes 8g..8g+7
+// of a warp hold block g): the same scale (exact max), codes and integer sum. Writes the four
+// codes at q4 (4-byte aligned) and, from the group's first lane, the scale and the sum.
+__device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, int* s) {
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int l = 1; l < 8; l <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    int qi[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        qi[e] = (int)fminf(fmaxf(roundf(v[e] * id), -127.0f), 127.0f);
+        sum += qi[e];
+    }
+#pragma unroll
+    for (int l = 1; l < 8; l <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, l);
+    *(u32*)q4 = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
+    if ((threadIdx.x & 7) == 0) {
+        *d = db;
+        *s = sum;
+    }
+}
+
 // ---- activation quantization --------------------------------------------------------------------
 
 // x [n, k] f32 -> q, d, s. grid (ceil(k/32/8), n), block 256: warp w quantizes block 8·bx + w.
@@ -670,24 +694,7 @@ extern "C" __global__ void __launch_bounds__(256) gated_norm_quant_v4(const floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = x[e] * inv * ww[e] * siluf_(zz[e]);
     if (yf) *(float4*)(yf + i) = make_float4(v[0], v[1], v[2], v[3]);
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int l = 1; l < 8; l <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
-    float db = amax / 127.0f;
-    float id = db != 0.0f ? 1.0f / db : 0.0f;
-    int qi[4], sum = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        qi[e] = (int)fminf(fmaxf(roundf(v[e] * id), -127.0f), 127.0f);
-        sum += qi[e];
-    }
-#pragma unroll
-    for (int l = 1; l < 8; l <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, l);
-    *(u32*)(q + i) = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
-    if ((lane & 7) == 0) {
-        d[i >> 5] = db;
-        s[i >> 5] = sum;
-    }
+    quant32_x4(v, q + i, d + (i >> 5), s + (i >> 5));
 }
 
 // ---- gated attention ----------------------------------------------------------------------------
@@ -920,24 +927,7 @@ extern "C" __global__ void swiglu_quant_v4(const float* gt, const float* up, int
     float4 g4 = *(const float4*)(gt + i), u4 = *(const float4*)(up + i);
     float v[4] = {siluf_(g4.x) * u4.x, siluf_(g4.y) * u4.y, siluf_(g4.z) * u4.z, siluf_(g4.w) * u4.w};
     if (hf) *(float4*)(hf + i) = make_float4(v[0], v[1], v[2], v[3]);
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float db = amax / 127.0f;
-    float id = db != 0.0f ? 1.0f / db : 0.0f;
-    int qi[4], sum = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        qi[e] = (int)fminf(fmaxf(roundf(v[e] * id), -127.0f), 127.0f);
-        sum += qi[e];
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    *(u32*)(q + i) = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
-    if ((threadIdx.x & 7) == 0) {
-        d[(size_t)t * nb + b] = db;
-        s[(size_t)t * nb + b] = sum;
-    }
+    quant32_x4(v, q + i, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
 // ---- row statistics over the vocabulary (argmax, log-sum-exp) -----------------------------------

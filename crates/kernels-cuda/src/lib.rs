@@ -1279,6 +1279,9 @@ pub struct Gpu {
     /// Prefill GDN recurrence in chunks of 64 rows where the head allows it
     /// ([`Gpu::set_gdn_chunked`]; default [`GDN_CHUNKED_DEFAULT`], `BONSAI_CUDA_GDN_CHUNKED=0|1`).
     gdn_chunked: AtomicBool,
+    /// The chunked GDN recurrence's scratch (U0, W, P, decays), grown on demand
+    /// ([`Gpu::gdn_step_chunked`], [`gdn_chunk_scratch_floats`]).
+    gdn_chunk_scratch: Mutex<Option<DevBuf>>,
     /// Which prefill GEMM kernels run ([`Gpu::set_gemm_config`]; `BONSAI_CUDA_GEMM*`).
     gemm_config: Mutex<gemm::GemmConfig>,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
@@ -1382,6 +1385,7 @@ impl Gpu {
             gdn_chunked: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_CHUNKED").map_or(GDN_CHUNKED_DEFAULT, |v| v == "1"),
             ),
+            gdn_chunk_scratch: Mutex::new(None),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
@@ -2961,8 +2965,10 @@ impl Gpu {
     /// [`Self::gdn_step_seq`], equal to it within f32 rounding; `prefill.cu` has the math): one
     /// launch solves every chunk's triangular system in parallel (`gdn_chunk_prep_d128`, grid
     /// (hv, ⌈n/64⌉), 256 threads), a second walks the chunks in order, 16 value columns per
-    /// block (`gdn_chunk_scan_d128`, grid (hv, dv/16), 256 threads). `scratch` holds at least
-    /// [`gdn_chunk_scratch_floats`]`(hv, dk, n)` f32. Needs [`gdn_chunked_supported`]`(dk, dv)`.
+    /// block (`gdn_chunk_scan_d128`, grid (hv, dv/16), 256 threads). Its scratch
+    /// ([`gdn_chunk_scratch_floats`]`(hv, dk, n)` f32) is the GPU's own, grown on demand (so not
+    /// while a graph is being captured: prefill never is). Needs
+    /// [`gdn_chunked_supported`]`(dk, dv)`.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_step_chunked(
         &self,
@@ -2978,24 +2984,24 @@ impl Gpu {
         dv: usize,
         n: usize,
         out: u64,
-        scratch: u64,
-        scratch_floats: usize,
     ) -> Result<()> {
         if !gdn_chunked_supported(dk, dv) || n == 0 || hk == 0 || hv % hk != 0 {
             return Err(CudaError(format!(
                 "chunked GDN: heads hk {hk} hv {hv} dk {dk} dv {dv}, n {n} not supported"
             )));
         }
-        let need = gdn_chunk_scratch_floats(hv, dk, n);
-        if scratch_floats < need {
-            return Err(CudaError(format!(
-                "chunked GDN: scratch of {scratch_floats} f32 < {need} needed for {n} rows"
-            )));
+        let need = gdn_chunk_scratch_floats(hv, dk, n) * 4;
+        let mut scratch = self.gdn_chunk_scratch.lock().expect("gdn scratch lock");
+        if scratch.as_ref().is_none_or(|b| b.bytes() < need) {
+            // earlier launches may still read the old buffer
+            self.sync()?;
+            *scratch = None;
+            *scratch = Some(self.alloc(need)?);
         }
         let nch = n.div_ceil(GDN_CHUNK);
         let npad = nch * GDN_CHUNK;
         // scratch: U0 | W | P | γ | decay to the chunk end (every region 16-byte aligned)
-        let u0 = scratch;
+        let u0 = scratch.as_ref().expect("gdn scratch").ptr();
         let wk = u0 + (hv * npad * dk * 4) as u64;
         let pm = wk + (hv * npad * dk * 4) as u64;
         let gam = pm + (hv * nch * GDN_CHUNK * GDN_CHUNK * 4) as u64;

@@ -6,8 +6,8 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, gdn_chunk_scratch_floats, gdn_chunked_supported, host_quant, mv_b1_host,
-    mv_default_plan, retile, DevBuf, Gpu, MvPlan, MvSeg, Retiled, WKind,
+    b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
+    Gpu, MvPlan, MvSeg, Retiled, WKind,
 };
 use half::f16;
 
@@ -2213,8 +2213,6 @@ fn gdn_chunked_vs(
 ) {
     let dv = dk;
     let (qk, vd) = (hk * dk, hv * dv);
-    let floats = gdn_chunk_scratch_floats(hv, dk, n);
-    let scratch = g.upload(&vec![f32::NAN; floats]).unwrap();
     let (want_o, want_s) = want;
     for split in [None, Some(n / 2 + 1)] {
         let st = g.upload(s0).unwrap();
@@ -2237,8 +2235,6 @@ fn gdn_chunked_vs(
                 dv,
                 r1 - r0,
                 out.at(r0 * vd * 4),
-                scratch.ptr(),
-                floats,
             )
             .unwrap();
         }
@@ -2270,40 +2266,27 @@ fn gdn_chunked_vs(
         let reps = 20;
         let mut us = [0f32; 2];
         for (i, chunked) in [false, true].into_iter().enumerate() {
+            let step = if chunked {
+                Gpu::gdn_step_chunked
+            } else {
+                Gpu::gdn_step_seq
+            };
             let run = || {
-                if chunked {
-                    g.gdn_step_chunked(
-                        st.ptr(),
-                        inp[0].ptr(),
-                        inp[1].ptr(),
-                        inp[2].ptr(),
-                        inp[3].ptr(),
-                        inp[4].ptr(),
-                        hk,
-                        hv,
-                        dk,
-                        dv,
-                        n,
-                        out.ptr(),
-                        scratch.ptr(),
-                        floats,
-                    )
-                } else {
-                    g.gdn_step_seq(
-                        st.ptr(),
-                        inp[0].ptr(),
-                        inp[1].ptr(),
-                        inp[2].ptr(),
-                        inp[3].ptr(),
-                        inp[4].ptr(),
-                        hk,
-                        hv,
-                        dk,
-                        dv,
-                        n,
-                        out.ptr(),
-                    )
-                }
+                step(
+                    g,
+                    st.ptr(),
+                    inp[0].ptr(),
+                    inp[1].ptr(),
+                    inp[2].ptr(),
+                    inp[3].ptr(),
+                    inp[4].ptr(),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    n,
+                    out.ptr(),
+                )
             };
             run().unwrap();
             us[i] = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;

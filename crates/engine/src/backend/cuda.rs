@@ -111,10 +111,6 @@ struct Scratch {
     go: DevBuf,
     gbeta: DevBuf,
     gg: DevBuf,
-    // chunked GDN prefill scratch (kc::gdn_chunk_scratch_floats for cap rows; 4 bytes when the
-    // head has no chunked kernel) and its size in f32
-    gch: DevBuf,
-    gch_floats: usize,
     // attention: qo, att [cap, nh·hd]; scores: flash-decode chunk partials
     // [8, nh, ceil(n_ctx/32), hd + 2] f32
     qo: DevBuf,
@@ -395,12 +391,6 @@ impl CudaBackend {
         let a = |bytes: usize| gpu.alloc(bytes).map_err(be);
         let hkdk = cfg.ssm_key_dim();
         let hvdv = cfg.ssm_inner;
-        let gch_floats =
-            if cap > MV_ROWS && kc::gdn_chunked_supported(cfg.ssm_d_state, cfg.ssm_head_v_dim()) {
-                kc::gdn_chunk_scratch_floats(cfg.ssm_dt_rank, cfg.ssm_d_state, cap)
-            } else {
-                0
-            };
         Ok(Scratch {
             cap,
             kmax,
@@ -420,8 +410,6 @@ impl CudaBackend {
             go: a(cap * hvdv * f)?,
             gbeta: a(cap * cfg.ssm_dt_rank * f)?,
             gg: a(cap * cfg.ssm_dt_rank * f)?,
-            gch: a(gch_floats.max(1) * f)?,
-            gch_floats,
             qo: a(cap * cfg.n_head * hd * f)?,
             att: a(cap * cfg.n_head * hd * f)?,
             scores: a(kc::attn_part_floats(MV_ROWS, cfg.n_head, hd, n_ctx) * f)?,
@@ -715,47 +703,29 @@ impl CudaBackend {
         // Prefill runs the recurrence row by row, or in chunks of 64 rows when chosen
         // (`Gpu::set_gdn_chunked`) and the head has that kernel (dk = dv = 128); both equal the
         // decode kernel within f32 rounding, and decode / verify never take them.
-        if prefill && g.gdn_chunked() && kc::gdn_chunked_supported(dk, dv) {
-            g.gdn_step_chunked(
-                st.s.ptr(),
-                sc.gq.ptr(),
-                sc.gk.ptr(),
-                sc.gv.ptr(),
-                sc.gg.ptr(),
-                sc.gbeta.ptr(),
-                hk,
-                hv,
-                dk,
-                dv,
-                n,
-                sc.go.ptr(),
-                sc.gch.ptr(),
-                sc.gch_floats,
-            )
-            .map_err(be)?;
+        let step = if !prefill {
+            kc::Gpu::gdn_step
+        } else if g.gdn_chunked() && kc::gdn_chunked_supported(dk, dv) {
+            kc::Gpu::gdn_step_chunked
         } else {
-            let step = if prefill {
-                kc::Gpu::gdn_step_seq
-            } else {
-                kc::Gpu::gdn_step
-            };
-            step(
-                g,
-                st.s.ptr(),
-                sc.gq.ptr(),
-                sc.gk.ptr(),
-                sc.gv.ptr(),
-                sc.gg.ptr(),
-                sc.gbeta.ptr(),
-                hk,
-                hv,
-                dk,
-                dv,
-                n,
-                sc.go.ptr(),
-            )
-            .map_err(be)?;
-        }
+            kc::Gpu::gdn_step_seq
+        };
+        step(
+            g,
+            st.s.ptr(),
+            sc.gq.ptr(),
+            sc.gk.ptr(),
+            sc.gv.ptr(),
+            sc.gg.ptr(),
+            sc.gbeta.ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            n,
+            sc.go.ptr(),
+        )
+        .map_err(be)?;
         g.gated_norm_quant(
             sc.go.ptr(),
             z,
