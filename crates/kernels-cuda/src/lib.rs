@@ -5,6 +5,8 @@
 //! Everything is loaded at run time (`dynamic-loading`): this crate builds and its host-side tests
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
+#[cfg(test)]
+mod gdn_chunk_emu;
 mod gemm;
 mod mvb;
 #[cfg(test)]
