@@ -189,8 +189,7 @@ fn cuda_matches_cpu_full_model() {
 /// 8 rows): prompt logits of every row against the CPU engine for prompts of 9, 100 and 160 tokens in
 /// one step and for a 200-row second step at positions 40..240, and a 160-token prompt
 /// prefilled in steps of 100 + 60 against the one-step CUDA prefill. Same tolerance as
-/// `cuda_matches_cpu_full_model` (per-row NMSE < 5e-3, top-1 equal except at near-ties), except
-/// for the 200-row second step (median row < 5e-3, worst row < 1e-2: see there why).
+/// `cuda_matches_cpu_full_model` (per-row NMSE < 5e-3, top-1 equal except at near-ties).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_prefill_gemm_matches_cpu() {
@@ -265,10 +264,11 @@ fn cuda_prefill_gemm_matches_cpu() {
             let lc = run_forward(&cpu, &cfg, &wc, &mut sc, &prompt[40..], LogitRows::All);
             let lg = run_forward(&cuda, &cfg, &wg, &mut sg, &prompt[40..], LogitRows::All);
             assert!(lg.iter().all(|v| v.is_finite()), "non-finite CUDA logits");
-            // The synthetic models amplify f32 reorderings: on CUDA alone, the chunked and the
-            // row-by-row GDN recurrence (both within 2e-6 of each other per kernel output) give
-            // last-row logits 1.4e-3 apart in NMSE (measured, small-q1). The worst of these 200
-            // rows therefore gets 1e-2; their median keeps the one-step prompts' 5e-3 bound.
+            // Every row within the one-step bound. The synthetic models amplify f32 reorderings
+            // (the chunked and the row-by-row GDN recurrence, within 2e-6 of each other per kernel
+            // output, give last-row logits 1.4e-3 apart in NMSE), so this bound has little slack:
+            // with the chunked recurrence small-q2's worst row measured 5.4e-3, with the default
+            // row-by-row one 4.3e-3 (H200, 168528e).
             let mut rows: Vec<f64> = Vec::with_capacity(200);
             let mut violations = 0;
             for t in 0..200 {
@@ -283,7 +283,7 @@ fn cuda_prefill_gemm_matches_cpu() {
                 p.display()
             );
             assert!(
-                median < 5e-3 && worst < 1e-2,
+                worst < 5e-3,
                 "{}: prefill 40 + 200: NMSE median {median}, worst {worst}",
                 p.display()
             );
