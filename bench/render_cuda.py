@@ -148,35 +148,46 @@ def prefill_section() -> list[str]:
             rows[name][i : i + 3] = [f"{ms:.1f}", f"{512e3 / ms:.0f}", f"{gms:.1f}"]
     for name, cells in rows.items():
         out.append(f"| {names.get(name, name)} | " + " | ".join(cells) + " |")
-    gdn = {v: d["prefill_gdn_alt"] for v, d in runs.items() if d and "prefill_gdn_alt" in d}
+    # the other GDN recurrences: a list of A/B records (one dict in files before chunked-tc)
+    gdn: dict[str, list[dict]] = {}
+    for v, d in runs.items():
+        alt = (d or {}).get("prefill_gdn_alt")
+        if alt:
+            gdn[v] = alt if isinstance(alt, list) else [alt]
     if gdn:
         out += [
             "",
-            "Prefill GDN recurrence (`cuda_bench`, same process): the default against the other kernel; pp512 "
-            "ms, tok/s, and the last row's logit NMSE between the two (f32 reorderings, amplified by the "
-            "random synthetic weights).",
+            "Prefill GDN recurrence (`cuda_bench`, same process): the default against the others; pp512 "
+            "ms, tok/s, and the last row's logit NMSE against the default (f32 reorderings, amplified by "
+            "the random synthetic weights).",
             "",
-            "| GDN recurrence | Q1_0 pp512 ms | Q1_0 tok/s | Q2_0 pp512 ms | Q2_0 tok/s |",
-            "|---|---|---|---|---|",
+            "| GDN recurrence | Q1_0 pp512 ms | Q1_0 tok/s | Q2_0 pp512 ms | Q2_0 tok/s "
+            "| logit NMSE vs default (Q1_0, Q2_0) |",
+            "|---|---|---|---|---|---|",
         ]
         labels = {
             "row-by-row": "row by row (`gdn_step_seq_d128`)",
             "chunked": "chunked, 64 rows (`gdn_chunk_prep_d128` + `gdn_chunk_scan_d128`)",
+            "chunked-tc": "chunked, tensor-core walk (`gdn_chunk_scan_tc_d128`, 3×TF32)",
         }
-        first = next(iter(gdn.values()))
-        for which, key in ((first["gdn_default"], None), (first["gdn"], "alt")):
-            cells = []
+        first = next(iter(gdn.values()))[0]
+        names = [first["gdn_default"]] + [a["gdn"] for a in next(iter(gdn.values()))]
+        for which in names:
+            cells, nm = [], []
             for v in ("q1", "q2"):
-                d, a = runs.get(v) or {}, gdn.get(v)
-                if not a:
+                d = runs.get(v) or {}
+                recs = {a["gdn"]: a for a in gdn.get(v, [])}
+                if which == first["gdn_default"] and d:
+                    ms = d["prefill_pp512_ms_median"]
+                elif which in recs:
+                    ms = recs[which]["pp512_ms_median"]
+                    nm.append(f"{recs[which]['last_logit_nmse_vs_default']:.2e}")
+                else:
                     cells += ["—", "—"]
                     continue
-                ms = a["pp512_ms_median"] if key else d["prefill_pp512_ms_median"]
                 cells += [f"{ms:.2f}", f"{512e3 / ms:.0f}"]
-            tag = " (default)" if key is None else ""
-            out.append(f"| {labels.get(which, which)}{tag} | " + " | ".join(cells) + " |")
-        nm = ", ".join(f"{runs[v].get('weight_type')} {a['last_logit_nmse_vs_default']:.2e}" for v, a in gdn.items())
-        out += ["", f"Last-row logit NMSE, chunked vs row by row: {nm}."]
+            tag = " (default)" if which == first["gdn_default"] else ""
+            out.append(f"| {labels.get(which, which)}{tag} | " + " | ".join(cells) + f" | {', '.join(nm) or '—'} |")
     prof = []
     for d in runs.values():
         pk = d.get("prefill_kernel_profile", [])

@@ -14,7 +14,7 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
-use bonsai_kernels_cuda::{GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT};
+use bonsai_kernels_cuda::{GdnPrefill, GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -380,27 +380,26 @@ fn cuda_decode_bench() {
         ));
     }
     gpu.set_gemm_config(dflt_cfg);
-    // the other GDN recurrence (chunked or row by row; A/B in the same process)
-    let gdn_alt_json = {
-        let dflt = gpu.gdn_chunked();
-        gpu.set_gdn_chunked(!dflt);
+    // the other GDN recurrences (row by row, chunked, chunked on tensor cores; A/B in the same
+    // process, each against the default's last-row logits)
+    let gdn_dflt = gpu.gdn_prefill();
+    let mut gdn_alt = Vec::new();
+    for mode in GdnPrefill::ALL.into_iter().filter(|&m| m != gdn_dflt) {
+        gpu.set_gdn_prefill(mode);
         let (alt_ms, alt_logits) = time_pp(3);
-        gpu.set_gdn_chunked(dflt);
+        gpu.set_gdn_prefill(gdn_dflt);
         let alt_med = alt_ms[alt_ms.len() / 2];
         let nmse = logit_nmse(&alt_logits, &pp_logits);
-        let (name, alt_name) = if dflt {
-            ("chunked", "row-by-row")
-        } else {
-            ("row-by-row", "chunked")
-        };
+        let (name, alt_name) = (gdn_dflt.name(), mode.name());
         println!(
             "BENCH prefill pp{pp} ({alt_name} GDN recurrence): {alt_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {name} {nmse:.2e}",
             pp as f64 / (alt_med / 1e3)
         );
-        format!(
+        gdn_alt.push(format!(
             "{{\"gdn_default\": \"{name}\", \"gdn\": \"{alt_name}\", \"pp512_ms_median\": {alt_med:.2}, \"pp512_ms_all\": {alt_ms:?}, \"last_logit_nmse_vs_default\": {nmse:.3e}}}"
-        )
-    };
+        ));
+    }
+    let gdn_alt_json = format!("[{}]", gdn_alt.join(", "));
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![

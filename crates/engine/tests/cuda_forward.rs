@@ -13,6 +13,7 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{decode_step_eager, forward, Capture, LogitRows, SeqState, Weights};
+use bonsai_kernels_cuda::GdnPrefill;
 
 fn models() -> Option<Vec<PathBuf>> {
     let dir = std::env::var("BONSAI_CUDA_MODELS").ok()?;
@@ -302,10 +303,14 @@ fn cuda_prefill_gemm_matches_cpu() {
         // recurrence is to the chunked one (both within the CPU tolerance above), top-1 equal.
         let prompt: Vec<u32> = (0..160u32).map(|i| (i * 104729 + 7) % nv as u32).collect();
         let gpu = cuda.gpu();
-        let dflt = gpu.gdn_chunked();
-        let mut last = Vec::new();
-        for chunked in [false, true] {
-            gpu.set_gdn_chunked(chunked);
+        let dflt = gpu.gdn_prefill();
+        let mut rowwise = Vec::new();
+        for mode in [
+            GdnPrefill::RowByRow,
+            GdnPrefill::Chunked,
+            GdnPrefill::ChunkedTc,
+        ] {
+            gpu.set_gdn_prefill(mode);
             let mut s1 = SeqState::new(&cuda, &cfg, 512).unwrap();
             let mut s2 = SeqState::new(&cuda, &cfg, 512).unwrap();
             let one = run_forward(&cuda, &cfg, &wg, &mut s1, &prompt, LogitRows::Last);
@@ -319,29 +324,31 @@ fn cuda_prefill_gemm_matches_cpu() {
             eprintln!(
                 "{}: prefill 160 in one step vs 100 + 60 (GDN {}): NMSE {e:.3e}, bit-identical {same}",
                 p.display(),
-                if chunked { "chunked" } else { "row by row" }
+                mode.name()
             );
-            if chunked {
-                let e_alt = row_stats(&last, &one);
-                eprintln!(
-                    "{}: prefill 160, chunked vs row-by-row GDN: NMSE {e_alt:.3e}",
-                    p.display()
-                );
-                assert!(
-                    e < 5e-3 && e_alt < 5e-3 && !choice_violation(&one, &two),
-                    "{}: chunked split prefill NMSE {e:.3e} (chunked vs row by row {e_alt:.3e})",
-                    p.display()
-                );
-            } else {
+            if mode == GdnPrefill::RowByRow {
                 assert!(
                     same,
                     "{}: split prefill differs (NMSE {e:.3e})",
                     p.display()
                 );
+                rowwise = one;
+            } else {
+                let e_alt = row_stats(&rowwise, &one);
+                eprintln!(
+                    "{}: prefill 160, {} vs row-by-row GDN: NMSE {e_alt:.3e}",
+                    p.display(),
+                    mode.name()
+                );
+                assert!(
+                    e < 5e-3 && e_alt < 5e-3 && !choice_violation(&one, &two),
+                    "{}: {} split prefill NMSE {e:.3e} (vs row by row {e_alt:.3e})",
+                    p.display(),
+                    mode.name()
+                );
             }
-            last = one;
         }
-        gpu.set_gdn_chunked(dflt);
+        gpu.set_gdn_prefill(dflt);
     }
 }
 

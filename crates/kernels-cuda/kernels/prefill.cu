@@ -507,6 +507,211 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
     }
 }
 
+// ---- the chunk walk on tensor cores (3xTF32) — opt-in, NOT YET RUN ON A GPU ------------------------
+
+// gdn_chunk_scan_d128's three products per chunk on mma.m16n8k8 TF32 with the 3xTF32 split
+// (x = hi + lo, hi = tf32(x), lo = tf32(x - hi); D += lo·hi + hi·lo + hi·hi: products near f32).
+// Fragments (g = lane / 4, q = lane % 4): A a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4);
+// B b0 (k q, n g), b1 (k q+4, n g); C c0 (g, 2q), c1 (g, 2q+1), c2 (g+8, 2q), c3 (g+8, 2q+1).
+// grid (hv, dv / 16), block 128 (4 warps); dynamic shared memory (GDN_CHUNK_TC_SMEM in lib.rs):
+//   S [128][24] | [W; Q] half tile [128][68] (then the K tile [64][136]) | Δ [64][24] | Δ̃ [64][24]
+// Per chunk: [W; Q] S with warp w on rows 32w..32w+31 (2 m-tiles × 2 n-tiles); warps 0-1 then
+// write Δ = U0 - W S (and Δ̃ = Δ e^{L_63 - L_t}) and form S ← γ_63 S + Kᵀ Δ̃ on keys 64w..64w+63;
+// warps 2-3 form O = (γ ⊙ Q S + P Δ) / √dk from their accumulators (P from global, k-steps past
+// the m-tile's diagonal skipped). Strides: every fragment load hits 32 distinct banks
+// (68: 4g + q; 24: 24q + g; 136: 8q + g, mod 32). `gdn_chunk_emu.rs` replays the indexing.
+#define GT_SST 24   // S / Δ / Δ̃ row stride
+#define GT_XST 68   // [W; Q] half-tile row stride
+#define GT_KST 136  // K tile row stride
+__device__ __forceinline__ u32 tf32_rna(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// c += a · b in 3xTF32 (a: 4 A-fragment values, b: 2 B-fragment values, f32)
+__device__ __forceinline__ void mma_3xtf32(float* c, const float* a, const float* b) {
+    u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ah[i] = tf32_rna(a[i]);
+        al[i] = tf32_rna(a[i] - __uint_as_float(ah[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        bh[i] = tf32_rna(b[i]);
+        bl[i] = tf32_rna(b[i] - __uint_as_float(bh[i]));
+    }
+    mma_tf32(c, al, bh);
+    mma_tf32(c, ah, bl);
+    mma_tf32(c, ah, bh);
+}
+extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_tc_d128(
+    float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0,
+    const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,
+    const float* __restrict__ dl, int hk, int hv, int n, float* out) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) float gk_sm[];
+    float* Ss = gk_sm;
+    float* Xs = Ss + GK_D * GT_SST;
+    float* Ds = Xs + 2 * GK_C * GT_XST;
+    float* Dts = Ds + GK_C * GT_SST;
+    int h = blockIdx.x, j0 = blockIdx.y * GK_JS, tid = threadIdx.x;
+    int lane = tid & 31, w = tid >> 5, g = lane >> 2, qd = lane & 3;
+    int kap = h % hk, nch = (n + GK_C - 1) / GK_C;
+    size_t npad = (size_t)nch * GK_C;
+    float* Sh = S + (size_t)h * GK_D * GK_D;
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Ss + i * GT_SST + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
+    }
+    float scale = 1.0f / sqrtf((float)GK_D);
+    for (int c = 0; c < nch; ++c) {
+        int t0 = c * GK_C, nr = min(GK_C, n - t0);
+        float acc[2][2][4];  // [m-tile][n-tile][fragment]: rows 32w + 16mt of [W; Q] S
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+        for (int half = 0; half < 2; ++half) {
+            __syncthreads();  // Ss written, the last tile (or K tile) read
+            for (int x = tid; x < 2 * GK_C * 16; x += 128) {
+                int r = x >> 4, cc = (x & 15) * 4, i = half * 64 + cc;
+                float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < GK_C)
+                    xv = *(const float4*)(wk + ((size_t)h * npad + t0 + r) * GK_D + i);
+                else if (r - GK_C < nr)
+                    xv = *(const float4*)(q + ((size_t)(t0 + r - GK_C) * hk + kap) * GK_D + i);
+                *(float4*)(Xs + r * GT_XST + cc) = xv;
+            }
+            __syncthreads();
+#pragma unroll 2
+            for (int ks = 0; ks < 8; ++ks) {
+                float bf[2][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    bf[nt][0] = Ss[(half * 64 + 8 * ks + qd) * GT_SST + 8 * nt + g];
+                    bf[nt][1] = Ss[(half * 64 + 8 * ks + qd + 4) * GT_SST + 8 * nt + g];
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    const float* xr = Xs + (32 * w + 16 * mt + g) * GT_XST + 8 * ks + qd;
+                    float af[4] = {xr[0], xr[8 * GT_XST], xr[4], xr[8 * GT_XST + 4]};
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) mma_3xtf32(acc[mt][nt], af, bf[nt]);
+                }
+            }
+        }
+        __syncthreads();  // the half tile read: the K tile takes its place
+        if (w < 2) {
+            // Δ = U0 - W S for rows 32w + 16mt + g (+8), columns 8nt + 2qd (+1)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    int t = 32 * w + 16 * mt + g + 8 * hh;
+                    float dlt = dl[h * npad + t0 + t];
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        int col = 8 * nt + 2 * qd;
+                        float2 uv = *(const float2*)(u0 + ((size_t)h * npad + t0 + t) * GK_D + j0 + col);
+                        float d0 = uv.x - acc[mt][nt][2 * hh], d1 = uv.y - acc[mt][nt][2 * hh + 1];
+                        *(float2*)(Ds + t * GT_SST + col) = make_float2(d0, d1);
+                        *(float2*)(Dts + t * GT_SST + col) = make_float2(dlt * d0, dlt * d1);
+                    }
+                }
+        }
+        float* Ksm = Xs;
+        for (int x = tid; x < GK_C * (GK_D / 4); x += 128) {
+            int r = x >> 5, cc = (x & 31) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
+            *(float4*)(Ksm + r * GT_KST + cc) = kv;
+        }
+        __syncthreads();
+        if (w >= 2) {
+            // O = (γ ⊙ Q S + P Δ) / √dk for Q rows 32(w-2) + 16mt + g (+8)
+            const float* Pc = pm + ((size_t)h * nch + c) * GK_C * GK_C;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                int r0 = 32 * (w - 2) + 16 * mt;
+                float ga = gam[h * npad + t0 + r0 + g], gb = gam[h * npad + t0 + r0 + g + 8];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    acc[mt][nt][0] *= ga;
+                    acc[mt][nt][1] *= ga;
+                    acc[mt][nt][2] *= gb;
+                    acc[mt][nt][3] *= gb;
+                }
+                for (int ks = 0; 8 * ks <= r0 + 15; ++ks) {  // P[t][s] = 0 for s > t
+                    const float* pr = Pc + (size_t)(r0 + g) * GK_C + 8 * ks + qd;
+                    float af[4] = {pr[0], pr[8 * GK_C], pr[4], pr[8 * GK_C + 4]};
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        float bf[2] = {Ds[(8 * ks + qd) * GT_SST + 8 * nt + g], Ds[(8 * ks + qd + 4) * GT_SST + 8 * nt + g]};
+                        mma_3xtf32(acc[mt][nt], af, bf);
+                    }
+                }
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    int t = r0 + g + 8 * hh;
+                    if (t < nr) {
+#pragma unroll
+                        for (int nt = 0; nt < 2; ++nt)
+                            *(float2*)(out + ((size_t)(t0 + t) * hv + h) * GK_D + j0 + 8 * nt + 2 * qd) =
+                                make_float2(acc[mt][nt][2 * hh] * scale, acc[mt][nt][2 * hh + 1] * scale);
+                    }
+                }
+            }
+        } else {
+            // S ← γ_63 S + Kᵀ Δ̃ for keys 64w + 16mt + g (+8)
+            float gl = gam[h * npad + t0 + GK_C - 1];
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+                int i0 = 64 * w + 16 * mt;
+                float sn[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    int col = 8 * nt + 2 * qd;
+                    sn[nt][0] = gl * Ss[(i0 + g) * GT_SST + col];
+                    sn[nt][1] = gl * Ss[(i0 + g) * GT_SST + col + 1];
+                    sn[nt][2] = gl * Ss[(i0 + g + 8) * GT_SST + col];
+                    sn[nt][3] = gl * Ss[(i0 + g + 8) * GT_SST + col + 1];
+                }
+#pragma unroll 2
+                for (int ks = 0; ks < 8; ++ks) {
+                    const float* kr = Ksm + (8 * ks + qd) * GT_KST + i0 + g;
+                    float af[4] = {kr[0], kr[8], kr[4 * GT_KST], kr[4 * GT_KST + 8]};
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        float bf[2] = {Dts[(8 * ks + qd) * GT_SST + 8 * nt + g], Dts[(8 * ks + qd + 4) * GT_SST + 8 * nt + g]};
+                        mma_3xtf32(sn[nt], af, bf);
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    int col = 8 * nt + 2 * qd;
+                    *(float2*)(Ss + (i0 + g) * GT_SST + col) = make_float2(sn[nt][0], sn[nt][1]);
+                    *(float2*)(Ss + (i0 + g + 8) * GT_SST + col) = make_float2(sn[nt][2], sn[nt][3]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * GT_SST + cc);
+    }
+}
+
 // ---- causal prefill attention -------------------------------------------------------------------
 
 // Flash attention on CUDA cores for n > MAXN query rows (f32 math, f16 K/V cache). Row t (position

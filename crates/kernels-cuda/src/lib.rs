@@ -85,9 +85,45 @@ const GDN_CHUNK: usize = 64;
 /// Value columns per `gdn_chunk_scan` block (`GK_JS`).
 const GDN_CHUNK_COLS: usize = 16;
 
-/// Whether prefill runs the GDN recurrence chunked by default (where [`gdn_chunked_supported`]).
-/// Off: on the H200 the row-by-row kernel measures faster (`bench/results/cuda-27b.md`).
-pub const GDN_CHUNKED_DEFAULT: bool = false;
+/// How prefill runs the GDN recurrence ([`Gpu::set_gdn_prefill`]; `BONSAI_CUDA_GDN_CHUNKED=1`
+/// for [`GdnPrefill::Chunked`], `=tc` for [`GdnPrefill::ChunkedTc`]). The chunked forms apply
+/// where [`gdn_chunked_supported`]; elsewhere prefill runs row by row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnPrefill {
+    /// `gdn_step_seq` (the default: on the H200 it ties the chunked form inside a forward, and a
+    /// prefill split at any row gives the one-launch bits).
+    RowByRow,
+    /// `gdn_chunk_prep_d128` + the FP32 chunk walk `gdn_chunk_scan_d128`.
+    Chunked,
+    /// `gdn_chunk_prep_d128` + the tensor-core (3×TF32) chunk walk `gdn_chunk_scan_tc_d128`.
+    /// NOT YET RUN ON A GPU: its indexing is replayed on the host (`gdn_chunk_emu.rs`).
+    ChunkedTc,
+}
+
+impl GdnPrefill {
+    /// Every mode, the default first.
+    pub const ALL: [GdnPrefill; 3] = [
+        GdnPrefill::RowByRow,
+        GdnPrefill::Chunked,
+        GdnPrefill::ChunkedTc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GdnPrefill::RowByRow => "row-by-row",
+            GdnPrefill::Chunked => "chunked",
+            GdnPrefill::ChunkedTc => "chunked-tc",
+        }
+    }
+
+    fn from_env() -> Self {
+        match std::env::var("BONSAI_CUDA_GDN_CHUNKED").as_deref() {
+            Ok("1") => GdnPrefill::Chunked,
+            Ok("tc") => GdnPrefill::ChunkedTc,
+            _ => GdnPrefill::RowByRow,
+        }
+    }
+}
 
 /// Whether the chunked GDN prefill ([`Gpu::gdn_step_chunked`]) takes head dims `dk`, `dv`: the
 /// 27B head (128, 128), compiled in.
@@ -111,6 +147,11 @@ const GDN_CHUNK_PREP_SMEM: usize = (2 * GDN_CHUNK * 132 + GDN_CHUNK * 68 + 4 * G
 /// (then K [64, 132]) | Δ, Δ scaled [64, 16] each.
 const GDN_CHUNK_SCAN_SMEM: usize =
     (128 * GDN_CHUNK_COLS + 2 * GDN_CHUNK * 68 + 2 * GDN_CHUNK * GDN_CHUNK_COLS) * 4;
+/// Dynamic shared memory of `gdn_chunk_scan_tc_d128`: S [128, 24] | [W; Q] half tile [128, 68]
+/// (then K [64, 136]) | Δ, Δ scaled [64, 24] each.
+const GDN_CHUNK_TC_SMEM: usize = (128 * 24 + 2 * GDN_CHUNK * 68 + 2 * GDN_CHUNK * 24) * 4;
+const _: () = assert!(3 * (GDN_CHUNK_TC_SMEM + 1024) <= 228 * 1024);
+const _: () = assert!(GDN_CHUNK * 136 <= 2 * GDN_CHUNK * 68);
 // Two prep blocks and four scan blocks fit one H200 SM (228 KiB, 1 KiB reserved per block), and
 // the scan's K tile [64, 132] fits where its W / Q half tiles [2, 64, 68] were.
 const _: () = assert!(2 * (GDN_CHUNK_PREP_SMEM + 1024) <= 228 * 1024);
@@ -1005,6 +1046,7 @@ kernels!(
         gdn_step_seq_d128,
         gdn_chunk_prep_d128,
         gdn_chunk_scan_d128,
+        gdn_chunk_scan_tc_d128,
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
@@ -1278,9 +1320,8 @@ pub struct Gpu {
     gemmw_desc_swap: AtomicBool,
     /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
     gdn_seq_generic: AtomicBool,
-    /// Prefill GDN recurrence in chunks of 64 rows where the head allows it
-    /// ([`Gpu::set_gdn_chunked`]; default [`GDN_CHUNKED_DEFAULT`], `BONSAI_CUDA_GDN_CHUNKED=0|1`).
-    gdn_chunked: AtomicBool,
+    /// How prefill runs the GDN recurrence ([`GdnPrefill`] as u8; [`Gpu::set_gdn_prefill`]).
+    gdn_prefill: AtomicU8,
     /// The chunked GDN recurrence's scratch (U0, W, P, decays), grown on demand
     /// ([`Gpu::gdn_step_chunked`], [`gdn_chunk_scratch_floats`]).
     gdn_chunk_scratch: Mutex<Option<DevBuf>>,
@@ -1384,9 +1425,7 @@ impl Gpu {
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
             gdn_seq_generic: AtomicBool::new(false),
-            gdn_chunked: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_CHUNKED").map_or(GDN_CHUNKED_DEFAULT, |v| v == "1"),
-            ),
+            gdn_prefill: AtomicU8::new(GdnPrefill::from_env() as u8),
             gdn_chunk_scratch: Mutex::new(None),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
@@ -2951,16 +2990,16 @@ impl Gpu {
         )
     }
 
-    /// Whether the prefill GDN recurrence runs chunked ([`Self::gdn_step_chunked`], default
-    /// [`GDN_CHUNKED_DEFAULT`]) where [`gdn_chunked_supported`]; otherwise row by row
-    /// ([`Self::gdn_step_seq`]).
-    pub fn gdn_chunked(&self) -> bool {
-        self.gdn_chunked.load(Ordering::Relaxed)
+    /// How prefill runs the GDN recurrence (default [`GdnPrefill::RowByRow`]).
+    pub fn gdn_prefill(&self) -> GdnPrefill {
+        GdnPrefill::ALL[self.gdn_prefill.load(Ordering::Relaxed) as usize]
     }
 
-    /// Choose the chunked or the row-by-row prefill GDN recurrence (benchmarks compare both).
-    pub fn set_gdn_chunked(&self, on: bool) {
-        self.gdn_chunked.store(on, Ordering::Relaxed);
+    /// Choose how prefill runs the GDN recurrence (benchmarks compare the modes). The chunk walk
+    /// of [`Self::gdn_step_chunked`] follows it too: the tensor-core walk for
+    /// [`GdnPrefill::ChunkedTc`], else the FP32 one.
+    pub fn set_gdn_prefill(&self, mode: GdnPrefill) {
+        self.gdn_prefill.store(mode as u8, Ordering::Relaxed);
     }
 
     /// Prefill form of [`Self::gdn_step`] in chunks of 64 rows (same arguments and layouts as
@@ -3029,11 +3068,16 @@ impl Gpu {
                 Arg::P(dl),
             ],
         )?;
+        let (walk, threads, smem) = if self.gdn_prefill() == GdnPrefill::ChunkedTc {
+            (self.f.gdn_chunk_scan_tc_d128, 128, GDN_CHUNK_TC_SMEM)
+        } else {
+            (self.f.gdn_chunk_scan_d128, 256, GDN_CHUNK_SCAN_SMEM)
+        };
         self.launch_smem(
-            self.f.gdn_chunk_scan_d128,
+            walk,
             (hv as u32, (dv / GDN_CHUNK_COLS) as u32, 1),
-            (256, 1, 1),
-            GDN_CHUNK_SCAN_SMEM as u32,
+            (threads, 1, 1),
+            smem as u32,
             &[
                 Arg::P(s),
                 Arg::P(q),

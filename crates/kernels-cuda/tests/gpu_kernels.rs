@@ -7,7 +7,7 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
-    Gpu, MvPlan, MvSeg, Retiled, WKind,
+    GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, WKind,
 };
 use half::f16;
 
@@ -2200,9 +2200,11 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
     }
 }
 
-/// `gdn_step_chunked` on the inputs of [`gdn_prefill_kernels_vs_decode_kernels`] against the
-/// decode kernel's outputs `want` (out, final S): one launch, then the rows split at a point that
-/// is not a chunk boundary (two launches, the state carried between them). `inp`: q, k, v, g, β.
+/// `gdn_step_chunked` with both chunk walks (FP32, tensor-core) on the inputs of
+/// [`gdn_prefill_kernels_vs_decode_kernels`] against the decode kernel's outputs `want` (out,
+/// final S): one launch, then the rows split at a point that is not a chunk boundary (two
+/// launches, the state carried between them); then every mode's time per launch at n = 512.
+/// `inp`: q, k, v, g, β.
 fn gdn_chunked_vs(
     g: &Gpu,
     tag: &str,
@@ -2214,7 +2216,12 @@ fn gdn_chunked_vs(
     let dv = dk;
     let (qk, vd) = (hk * dk, hv * dv);
     let (want_o, want_s) = want;
-    for split in [None, Some(n / 2 + 1)] {
+    let dflt = g.gdn_prefill();
+    for (mode, split) in [GdnPrefill::Chunked, GdnPrefill::ChunkedTc]
+        .into_iter()
+        .flat_map(|m| [(m, None), (m, Some(n / 2 + 1))])
+    {
+        g.set_gdn_prefill(mode);
         let st = g.upload(s0).unwrap();
         let out = g.upload(&vec![f32::NAN; n * vd]).unwrap();
         let parts: Vec<(usize, usize)> = match split {
@@ -2242,34 +2249,40 @@ fn gdn_chunked_vs(
         let s: Vec<f32> = down(g, &st, hv * dk * dv);
         assert!(
             o.iter().chain(&s).all(|x| x.is_finite()),
-            "{tag}: chunked (split {split:?}) not finite / not written"
+            "{tag}: {} (split {split:?}) not finite / not written",
+            mode.name()
         );
         let (eo, mo) = (max_rel(&o, want_o), nmse(&o, want_o));
         let (es, ms) = (max_rel(&s, want_s), nmse(&s, want_s));
         eprintln!(
-            "gdn chunked {tag} split {split:?}: o max rel {eo:.2e} nmse {mo:.2e}; S max rel {es:.2e} nmse {ms:.2e}"
+            "gdn {} {tag} split {split:?}: o max rel {eo:.2e} nmse {mo:.2e}; S max rel {es:.2e} nmse {ms:.2e}",
+            mode.name()
         );
         assert!(
             eo < 1e-4 && mo < 1e-10,
-            "{tag}: chunked o max rel {eo}, nmse {mo}"
+            "{tag}: {} o max rel {eo}, nmse {mo}",
+            mode.name()
         );
         assert!(
             es < 1e-4 && ms < 1e-10,
-            "{tag}: chunked S max rel {es}, nmse {ms}"
+            "{tag}: {} S max rel {es}, nmse {ms}",
+            mode.name()
         );
     }
-    // one layer's recurrence at a prefill chunk of 512 rows: row by row against chunked (timing
-    // only, state and outputs overwritten)
+    g.set_gdn_prefill(dflt);
+    // one layer's recurrence at a prefill chunk of 512 rows, every mode (timing only, state and
+    // outputs overwritten)
     if n == 512 {
         let st = g.upload(s0).unwrap();
         let out = g.upload(&vec![0f32; n * vd]).unwrap();
         let reps = 20;
-        let mut us = [0f32; 2];
-        for (i, chunked) in [false, true].into_iter().enumerate() {
-            let step = if chunked {
-                Gpu::gdn_step_chunked
-            } else {
+        let mut times = Vec::new();
+        for mode in GdnPrefill::ALL {
+            g.set_gdn_prefill(mode);
+            let step = if mode == GdnPrefill::RowByRow {
                 Gpu::gdn_step_seq
+            } else {
+                Gpu::gdn_step_chunked
             };
             let run = || {
                 step(
@@ -2289,14 +2302,11 @@ fn gdn_chunked_vs(
                 )
             };
             run().unwrap();
-            us[i] = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
+            let us = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
+            times.push(format!("{} {us:.1} us", mode.name()));
         }
-        eprintln!(
-            "GDNTIME {tag}: row by row {:.1} us, chunked {:.1} us per launch ({:.2}x)",
-            us[0],
-            us[1],
-            us[0] / us[1]
-        );
+        g.set_gdn_prefill(dflt);
+        eprintln!("GDNTIME {tag}: per launch {}", times.join(", "));
     }
 }
 

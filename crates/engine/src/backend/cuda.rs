@@ -701,11 +701,11 @@ impl CudaBackend {
             .map_err(be)?;
         }
         // Prefill runs the recurrence row by row, or in chunks of 64 rows when chosen
-        // (`Gpu::set_gdn_chunked`) and the head has that kernel (dk = dv = 128); both equal the
+        // (`Gpu::set_gdn_prefill`) and the head has that kernel (dk = dv = 128); both equal the
         // decode kernel within f32 rounding, and decode / verify never take them.
         let step = if !prefill {
             kc::Gpu::gdn_step
-        } else if g.gdn_chunked() && kc::gdn_chunked_supported(dk, dv) {
+        } else if g.gdn_prefill() != kc::GdnPrefill::RowByRow && kc::gdn_chunked_supported(dk, dv) {
             kc::Gpu::gdn_step_chunked
         } else {
             kc::Gpu::gdn_step_seq
