@@ -831,6 +831,38 @@ impl Arg {
     }
 }
 
+/// The parameter list `gdn_step` and `gdn_step_seq*` share (see [`Gpu::gdn_step`]).
+#[allow(clippy::too_many_arguments)]
+fn gdn_step_args(
+    s: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    beta: u64,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    n: usize,
+    out: u64,
+) -> [Arg; 12] {
+    [
+        Arg::P(s),
+        Arg::P(q),
+        Arg::P(k),
+        Arg::P(v),
+        Arg::P(g),
+        Arg::P(beta),
+        Arg::I(hk as i32),
+        Arg::I(hv as i32),
+        Arg::I(dk as i32),
+        Arg::I(dv as i32),
+        Arg::I(n as i32),
+        Arg::P(out),
+    ]
+}
+
 /// The parameter list `gdn_conv` and `gdn_conv_rows` share (see [`Gpu::gdn_conv`]).
 #[allow(clippy::too_many_arguments)]
 fn gdn_conv_args(
@@ -2752,20 +2784,7 @@ impl Gpu {
             self.f.gdn_step,
             (hv as u32, (dv / 32) as u32, 1),
             (256, 1, 1),
-            &[
-                Arg::P(s),
-                Arg::P(q),
-                Arg::P(k),
-                Arg::P(v),
-                Arg::P(g),
-                Arg::P(beta),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(dv as i32),
-                Arg::I(n as i32),
-                Arg::P(out),
-            ],
+            &gdn_step_args(s, q, k, v, g, beta, hk, hv, dk, dv, n, out),
         )
     }
 
@@ -3130,20 +3149,7 @@ impl Gpu {
             f,
             (hv as u32, (dv / 16) as u32, 1),
             (128, 1, 1),
-            &[
-                Arg::P(s),
-                Arg::P(q),
-                Arg::P(k),
-                Arg::P(v),
-                Arg::P(g),
-                Arg::P(beta),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(dv as i32),
-                Arg::I(n as i32),
-                Arg::P(out),
-            ],
+            &gdn_step_args(s, q, k, v, g, beta, hk, hv, dk, dv, n, out),
         )
     }
 

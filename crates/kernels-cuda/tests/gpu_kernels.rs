@@ -2082,31 +2082,13 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
             assert!(bits_eq(&wa, &wb2), "{tag}: conv window differs");
 
             // recurrence on the decode conv's outputs
+            // q, k, v, g, β
+            let inp = [&oa[0], &oa[1], &oa[2], &oa[4], &oa[3]];
+            let dims = (hk, hv, dk, dv);
             let (sa, sb) = (up(&s0), up(&s0));
             let (outa, outb) = (nan(n * vd), nan(n * vd));
-            for (prefill, s, o) in [(false, &sa, &outa), (true, &sb, &outb)] {
-                let f = if prefill {
-                    Gpu::gdn_step_seq
-                } else {
-                    Gpu::gdn_step
-                };
-                f(
-                    g,
-                    s.ptr(),
-                    oa[0].ptr(),
-                    oa[1].ptr(),
-                    oa[2].ptr(),
-                    oa[4].ptr(),
-                    oa[3].ptr(),
-                    hk,
-                    hv,
-                    dk,
-                    dv,
-                    n,
-                    o.ptr(),
-                )
-                .unwrap();
-            }
+            gdn_rows(g, Gpu::gdn_step, &sa, inp, dims, (0, n), &outa);
+            gdn_rows(g, Gpu::gdn_step_seq, &sb, inp, dims, (0, n), &outb);
             let (a, b): (Vec<f32>, Vec<f32>) = (down(g, &outa, n * vd), down(g, &outb, n * vd));
             assert!(
                 b.iter().all(|x| x.is_finite()),
@@ -2125,22 +2107,8 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
             let m1 = n / 2 + 1;
             let sc = up(&s0);
             let outc = nan(n * vd);
-            for (r0, r1) in [(0, m1), (m1, n)] {
-                g.gdn_step_seq(
-                    sc.ptr(),
-                    oa[0].at(r0 * qk * 4),
-                    oa[1].at(r0 * qk * 4),
-                    oa[2].at(r0 * vd * 4),
-                    oa[4].at(r0 * hv * 4),
-                    oa[3].at(r0 * hv * 4),
-                    hk,
-                    hv,
-                    dk,
-                    dv,
-                    r1 - r0,
-                    outc.at(r0 * vd * 4),
-                )
-                .unwrap();
+            for rows in [(0, m1), (m1, n)] {
+                gdn_rows(g, Gpu::gdn_step_seq, &sc, inp, dims, rows, &outc);
             }
             let c: Vec<f32> = down(g, &outc, n * vd);
             assert!(
@@ -2152,21 +2120,7 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
                 let sd = up(&s0);
                 let outd = nan(n * vd);
                 g.set_gdn_seq_generic(true);
-                g.gdn_step_seq(
-                    sd.ptr(),
-                    oa[0].ptr(),
-                    oa[1].ptr(),
-                    oa[2].ptr(),
-                    oa[4].ptr(),
-                    oa[3].ptr(),
-                    hk,
-                    hv,
-                    dk,
-                    dv,
-                    n,
-                    outd.ptr(),
-                )
-                .unwrap();
+                gdn_rows(g, Gpu::gdn_step_seq, &sd, inp, dims, (0, n), &outd);
                 g.set_gdn_seq_generic(false);
                 assert!(
                     bits_eq(
@@ -2187,17 +2141,57 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
             if gdn_chunked_supported(dk, dv) {
                 let want_o: Vec<f32> = down(g, &outa, n * vd);
                 let want_s: Vec<f32> = down(g, &sa, hv * dk * dv);
-                gdn_chunked_vs(
-                    g,
-                    &tag,
-                    &s0,
-                    [&oa[0], &oa[1], &oa[2], &oa[4], &oa[3]],
-                    (hk, hv, dk, n),
-                    (&want_o, &want_s),
-                );
+                gdn_chunked_vs(g, &tag, &s0, inp, (hk, hv, dk, n), (&want_o, &want_s));
             }
         }
     }
+}
+
+/// The signature `gdn_step`, `gdn_step_seq` and `gdn_step_chunked` share.
+type GdnStep = fn(
+    &Gpu,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    u64,
+) -> bonsai_kernels_cuda::Result<()>;
+
+/// `step` over rows `r0..r1` of `inp` (q, k, v, g, β; heads `(hk, hv, dk, dv)`), the state in
+/// `s`, rows `r0..r1` of `out` written.
+fn gdn_rows(
+    g: &Gpu,
+    step: GdnStep,
+    s: &DevBuf,
+    inp: [&DevBuf; 5],
+    (hk, hv, dk, dv): (usize, usize, usize, usize),
+    (r0, r1): (usize, usize),
+    out: &DevBuf,
+) {
+    let (qk, vd) = (hk * dk, hv * dv);
+    step(
+        g,
+        s.ptr(),
+        inp[0].at(r0 * qk * 4),
+        inp[1].at(r0 * qk * 4),
+        inp[2].at(r0 * vd * 4),
+        inp[3].at(r0 * hv * 4),
+        inp[4].at(r0 * hv * 4),
+        hk,
+        hv,
+        dk,
+        dv,
+        r1 - r0,
+        out.at(r0 * vd * 4),
+    )
+    .unwrap();
 }
 
 /// `gdn_step_chunked` with both chunk walks (FP32, tensor-core) on the inputs of
@@ -2214,7 +2208,7 @@ fn gdn_chunked_vs(
     want: (&[f32], &[f32]),
 ) {
     let dv = dk;
-    let (qk, vd) = (hk * dk, hv * dv);
+    let vd = hv * dv;
     let (want_o, want_s) = want;
     let dflt = g.gdn_prefill();
     for (mode, split) in [GdnPrefill::Chunked, GdnPrefill::ChunkedTc]
@@ -2228,22 +2222,16 @@ fn gdn_chunked_vs(
             None => vec![(0, n)],
             Some(m) => vec![(0, m), (m, n)],
         };
-        for (r0, r1) in parts {
-            g.gdn_step_chunked(
-                st.ptr(),
-                inp[0].at(r0 * qk * 4),
-                inp[1].at(r0 * qk * 4),
-                inp[2].at(r0 * vd * 4),
-                inp[3].at(r0 * hv * 4),
-                inp[4].at(r0 * hv * 4),
-                hk,
-                hv,
-                dk,
-                dv,
-                r1 - r0,
-                out.at(r0 * vd * 4),
-            )
-            .unwrap();
+        for rows in parts {
+            gdn_rows(
+                g,
+                Gpu::gdn_step_chunked,
+                &st,
+                inp,
+                (hk, hv, dk, dv),
+                rows,
+                &out,
+            );
         }
         let o: Vec<f32> = down(g, &out, n * vd);
         let s: Vec<f32> = down(g, &st, hv * dk * dv);
@@ -2279,27 +2267,14 @@ fn gdn_chunked_vs(
         let mut times = Vec::new();
         for mode in GdnPrefill::ALL {
             g.set_gdn_prefill(mode);
-            let step = if mode == GdnPrefill::RowByRow {
+            let step: GdnStep = if mode == GdnPrefill::RowByRow {
                 Gpu::gdn_step_seq
             } else {
                 Gpu::gdn_step_chunked
             };
-            let run = || {
-                step(
-                    g,
-                    st.ptr(),
-                    inp[0].ptr(),
-                    inp[1].ptr(),
-                    inp[2].ptr(),
-                    inp[3].ptr(),
-                    inp[4].ptr(),
-                    hk,
-                    hv,
-                    dk,
-                    dv,
-                    n,
-                    out.ptr(),
-                )
+            let run = || -> bonsai_kernels_cuda::Result<()> {
+                gdn_rows(g, step, &st, inp, (hk, hv, dk, dv), (0, n), &out);
+                Ok(())
             };
             run().unwrap();
             let us = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
