@@ -386,6 +386,49 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_prep_d128(
     }
 }
 
+// Shared pieces of the two chunk walks (NT threads per block).
+// The block's state columns j0..j0+15 of head h: global S [dk, dv] <-> shared [128][sst].
+template <int NT>
+__device__ __forceinline__ void gk_state_load(float* Ss, int sst, const float* Sh, int j0) {
+    for (int x = threadIdx.x; x < GK_D * GK_JS / 4; x += NT) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Ss + i * sst + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
+    }
+}
+template <int NT>
+__device__ __forceinline__ void gk_state_store(const float* Ss, int sst, float* Sh, int j0) {
+    for (int x = threadIdx.x; x < GK_D * GK_JS / 4; x += NT) {
+        int i = x >> 2, cc = (x & 3) * 4;
+        *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * sst + cc);
+    }
+}
+// One 64-key half of the [W; Q] tile at row stride GK_WST: rows 0..63 the chunk's W rows (from
+// row `wrow0` of wk), rows 64..127 its q rows (zero past nr); a W row and a q row per step. The
+// tensor-core walk fills the same layout one row per step: with this loop ptxas spills there.
+template <int NT>
+__device__ __forceinline__ void gk_fill_wq_half(float* X, const float* __restrict__ wk, const float* __restrict__ q,
+                                                size_t wrow0, int t0, int nr, int hk, int kap, int half) {
+    for (int x = threadIdx.x; x < GK_C * 16; x += NT) {
+        int r = x >> 4, cc = (x & 15) * 4, i = half * 64 + cc;
+        float4 wv = *(const float4*)(wk + (wrow0 + r) * GK_D + i);
+        float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nr) qv = *(const float4*)(q + ((size_t)(t0 + r) * hk + kap) * GK_D + i);
+        *(float4*)(X + r * GK_WST + cc) = wv;
+        *(float4*)(X + (GK_C + r) * GK_WST + cc) = qv;
+    }
+}
+// The chunk's k rows at row stride kst (zero past nr).
+template <int NT>
+__device__ __forceinline__ void gk_fill_k(float* K, int kst, const float* __restrict__ k, int t0, int nr, int hk,
+                                          int kap) {
+    for (int x = threadIdx.x; x < GK_C * (GK_D / 4); x += NT) {
+        int r = x >> 5, cc = (x & 31) * 4;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
+        *(float4*)(K + r * kst + cc) = kv;
+    }
+}
+
 // grid (hv, dv / 16), block 256; dynamic shared memory (GDN_CHUNK_SCAN_SMEM in lib.rs):
 //   S [128][16] (the block's state columns) | W, Q half tiles [2][64][68] (then K [64][132]) |
 //   Δ [64][16] | Δ scaled to the chunk end [64][16]
@@ -405,10 +448,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
     int kap = h % hk, nch = (n + GK_C - 1) / GK_C;
     size_t npad = (size_t)nch * GK_C;
     float* Sh = S + (size_t)h * GK_D * GK_D;
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
-        int i = x >> 2, cc = (x & 3) * 4;
-        *(float4*)(Ss + i * GK_JS + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
-    }
+    gk_state_load<256>(Ss, GK_JS, Sh, j0);
     int t = tid >> 2, c4 = (tid & 3) * 4;
     int si = tid >> 1, c8 = (tid & 1) * 8;
     float scale = 1.0f / sqrtf((float)GK_D);
@@ -417,14 +457,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
         float aw[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
         for (int half = 0; half < 2; ++half) {
             __syncthreads();  // Ss written, WQ / K tile of the last pass read
-            for (int x = tid; x < GK_C * 16; x += 256) {
-                int r = x >> 4, cc = (x & 15) * 4, i = half * 64 + cc;
-                float4 wv = *(const float4*)(wk + ((size_t)h * npad + t0 + r) * GK_D + i);
-                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (r < nr) qv = *(const float4*)(q + ((size_t)(t0 + r) * hk + kap) * GK_D + i);
-                *(float4*)(WQ + r * GK_WST + cc) = wv;
-                *(float4*)(WQ + (GK_C + r) * GK_WST + cc) = qv;
-            }
+            gk_fill_wq_half<256>(WQ, wk, q, (size_t)h * npad + t0, t0, nr, hk, kap, half);
             __syncthreads();
 #pragma unroll 4
             for (int i = 0; i < 64; i += 4) {
@@ -452,12 +485,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
         *(float4*)(Ds + t * GK_JS + c4) = make_float4(d[0], d[1], d[2], d[3]);
         *(float4*)(Dts + t * GK_JS + c4) = make_float4(dlt * d[0], dlt * d[1], dlt * d[2], dlt * d[3]);
         float* Ksm = WQ;
-        for (int x = tid; x < GK_C * (GK_D / 4); x += 256) {
-            int r = x >> 5, cc = (x & 31) * 4;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
-            *(float4*)(Ksm + r * GK_KST + cc) = kv;
-        }
+        gk_fill_k<256>(Ksm, GK_KST, k, t0, nr, hk, kap);
         __syncthreads();
         // O = (γ ⊙ Q S0 + P Δ) / √dk; P[t][s] = 0 for s > t
         float gt = gam[h * npad + t0 + t];
@@ -501,10 +529,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
         for (int x = 0; x < 8; ++x) Ss[si * GK_JS + c8 + x] = sn[x];
     }
     __syncthreads();
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 256) {
-        int i = x >> 2, cc = (x & 3) * 4;
-        *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * GK_JS + cc);
-    }
+    gk_state_store<256>(Ss, GK_JS, Sh, j0);
 }
 
 // ---- the chunk walk on tensor cores (3xTF32) — opt-in, NOT YET RUN ON A GPU ------------------------
@@ -567,10 +592,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_tc_d128(
     int kap = h % hk, nch = (n + GK_C - 1) / GK_C;
     size_t npad = (size_t)nch * GK_C;
     float* Sh = S + (size_t)h * GK_D * GK_D;
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
-        int i = x >> 2, cc = (x & 3) * 4;
-        *(float4*)(Ss + i * GT_SST + cc) = *(const float4*)(Sh + (size_t)i * GK_D + j0 + cc);
-    }
+    gk_state_load<128>(Ss, GT_SST, Sh, j0);
     float scale = 1.0f / sqrtf((float)GK_D);
     for (int c = 0; c < nch; ++c) {
         int t0 = c * GK_C, nr = min(GK_C, n - t0);
@@ -630,12 +652,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_tc_d128(
                 }
         }
         float* Ksm = Xs;
-        for (int x = tid; x < GK_C * (GK_D / 4); x += 128) {
-            int r = x >> 5, cc = (x & 31) * 4;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < nr) kv = *(const float4*)(k + ((size_t)(t0 + r) * hk + kap) * GK_D + cc);
-            *(float4*)(Ksm + r * GT_KST + cc) = kv;
-        }
+        gk_fill_k<128>(Ksm, GT_KST, k, t0, nr, hk, kap);
         __syncthreads();
         if (w >= 2) {
             // O = (γ ⊙ Q S + P Δ) / √dk for Q rows 32(w-2) + 16mt + g (+8)
@@ -706,10 +723,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_tc_d128(
         }
     }
     __syncthreads();
-    for (int x = tid; x < GK_D * GK_JS / 4; x += 128) {
-        int i = x >> 2, cc = (x & 3) * 4;
-        *(float4*)(Sh + (size_t)i * GK_D + j0 + cc) = *(const float4*)(Ss + i * GT_SST + cc);
-    }
+    gk_state_store<128>(Ss, GT_SST, Sh, j0);
 }
 
 // ---- causal prefill attention -------------------------------------------------------------------
