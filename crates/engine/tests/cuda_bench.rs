@@ -355,11 +355,12 @@ fn cuda_decode_bench() {
         wgmma_sets: 4,
     };
     let alts: Vec<GemmConfig> = [
-        mk(GemmPath::Int8, 4, false),
-        mk(GemmPath::F16, 4, false),
-        mk(GemmPath::F16, 4, true),
-        mk(GemmPath::F16, 8, false),
-        mk(GemmPath::Wgmma, 4, false),
+        mk(GemmPath::Int8, 4, None),
+        mk(GemmPath::F16, 4, None),
+        mk(GemmPath::F16, 4, Some(false)),
+        mk(GemmPath::F16, 4, Some(true)),
+        mk(GemmPath::F16, 8, None),
+        mk(GemmPath::Wgmma, 4, None),
     ]
     .into_iter()
     .filter(|c| c.name() != dflt_name && (c.path != GemmPath::Wgmma || gpu.gemmw_available()))
@@ -400,6 +401,25 @@ fn cuda_decode_bench() {
         ));
     }
     let gdn_alt_json = format!("[{}]", gdn_alt.join(", "));
+    // the other prefill attention kernel (tensor cores vs CUDA cores)
+    let attn_tc = gpu.attn_prefill_tc();
+    gpu.set_attn_prefill_tc(!attn_tc);
+    let (attn_ms, attn_logits) = time_pp(3);
+    gpu.set_attn_prefill_tc(attn_tc);
+    let attn_med = attn_ms[attn_ms.len() / 2];
+    let attn_nmse = logit_nmse(&attn_logits, &pp_logits);
+    let attn_name = |tc: bool| if tc { "tensor-core" } else { "fp32" };
+    println!(
+        "BENCH prefill pp{pp} ({} attention): {attn_med:.2} ms median -> {:.0} tok/s; last-row logit NMSE against {} {attn_nmse:.2e}",
+        attn_name(!attn_tc),
+        pp as f64 / (attn_med / 1e3),
+        attn_name(attn_tc)
+    );
+    let attn_alt_json = format!(
+        "{{\"attn_default\": \"{}\", \"attn\": \"{}\", \"pp512_ms_median\": {attn_med:.2}, \"pp512_ms_all\": {attn_ms:?}, \"last_logit_nmse_vs_default\": {attn_nmse:.3e}}}",
+        attn_name(attn_tc),
+        attn_name(!attn_tc)
+    );
 
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
@@ -532,7 +552,7 @@ fn cuda_decode_bench() {
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
          \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \
          \"prefill_pp512_tok_s\": {pp_tps:.1}, \"prefill_gemm\": \"{dflt_name}\", \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
-         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"prefill_gdn_alt\": {gdn_alt_json}, \"alt_gemm_n512\": [{}], \
+         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"prefill_gdn_alt\": {gdn_alt_json}, \"prefill_attn_alt\": {attn_alt_json}, \"alt_gemm_n512\": [{}], \
          \"prefill_kernel_profile_total_us\": {ptotal:.1}, \
          \"prefill_kernel_profile\": [{}]}}",
         cfg.weight_type.name(),

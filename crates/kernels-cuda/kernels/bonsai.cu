@@ -105,7 +105,8 @@ __device__ __forceinline__ void quant32(float v, i8* q, float* d, int* s) {
 // quant32 for a 32-element block spread over 8 lanes of 4 consecutive elements each (lanes 8g..8g+7
 // of a warp hold block g): the same scale (exact max), codes and integer sum. Writes the four
 // codes at q4 (4-byte aligned) and, from the group's first lane, the scale and the sum.
-__device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, int* s) {
+// With `st` false the lane only takes part in the shuffles (its group writes nothing).
+__device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, int* s, bool st = true) {
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
     for (int l = 1; l < 8; l <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
@@ -119,6 +120,7 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
     }
 #pragma unroll
     for (int l = 1; l < 8; l <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, l);
+    if (!st) return;
     *(u32*)q4 = (u32)(qi[0] & 0xff) | (u32)(qi[1] & 0xff) << 8 | (u32)(qi[2] & 0xff) << 16 | (u32)(qi[3] & 0xff) << 24;
     if ((threadIdx.x & 7) == 0) {
         *d = db;
@@ -184,6 +186,63 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
         if (xf) xf[(size_t)t * k + i] = v;
         quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
     }
+}
+
+// rmsnorm_quant for long launches (prefill): one 256-thread block per row, which reads the row
+// once. Σ x² is rmsnorm_quant's (thread c sums float4s c, c + 256, .. in order with fmas, then
+// block_sum), so `inv` has the same bits; each thread then normalizes the float4s it summed (the
+// first RN_CACHE of them kept in registers) and quantizes them with quant32_x4 (8 lanes per
+// 32-block: exact max, exact integer sum), so every output equals rmsnorm_quant's bit for bit.
+// grid n, block 256; k % 128 == 0 (a warp's float4s are all in the row or all past it); x rows,
+// w and xf 16-byte aligned.
+#define RN_CACHE 8
+extern "C" __global__ void __launch_bounds__(256) rmsnorm_quant_rows(const float* x, const float* w, float eps,
+                                                                     int k, float* xf, i8* q, float* d, int* s) {
+    PDL_ENTRY();
+    __shared__ float red[32];
+    const int t = blockIdx.x, k4 = k >> 2;
+    const float4* x4 = (const float4*)(x + (size_t)t * k);
+    float4 xc[RN_CACHE];  // this thread's float4s c = threadIdx.x + 256·it, it < RN_CACHE
+    float ss = 0.f;
+#pragma unroll
+    for (int it = 0; it < RN_CACHE; ++it) {
+        const int c = threadIdx.x + 256 * it;
+        xc[it] = c < k4 ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int it = 0; it < RN_CACHE; ++it) {
+        if (threadIdx.x + 256 * it < k4) {
+            const float4 v = xc[it];
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+        }
+    }
+    for (int c = threadIdx.x + 256 * RN_CACHE; c < k4; c += 256) {
+        const float4 v = x4[c];
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)k + eps);
+    const int nb = k >> 5;
+    auto emit = [&](int c, float4 xv) {
+        const float4 wv = *(const float4*)(w + 4 * c);
+        float v[4] = {xv.x * inv * wv.x, xv.y * inv * wv.y, xv.z * inv * wv.z, xv.w * inv * wv.w};
+        const size_t i = (size_t)t * k + 4 * (size_t)c;
+        if (xf) *(float4*)(xf + i) = make_float4(v[0], v[1], v[2], v[3]);
+        const size_t b = (size_t)t * nb + (c >> 3);
+        quant32_x4(v, q + i, d + b, s + b);
+    };
+#pragma unroll
+    for (int it = 0; it < RN_CACHE; ++it) {
+        const int c = threadIdx.x + 256 * it;
+        if (c < k4) emit(c, xc[it]);
+    }
+    for (int c = threadIdx.x + 256 * RN_CACHE; c < k4; c += 256) emit(c, x4[c]);
 }
 
 // ---- low-bit mat-vec (n <= 8 rows, batch invariant) ------------------------------------------

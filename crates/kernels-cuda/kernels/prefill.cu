@@ -15,6 +15,42 @@
 //   mixed [n, conv_dim]; conv_state [k-1, conv_dim] oldest first (read only); convw [conv_dim, k];
 //   out q/k [n, hk·dk], v [n, hv·dk]; bb/aa/beta_out/g_out [n, hv].
 #define GC_ROWS 32
+
+// The gates of rows t0..t1-1 (the extra block column of both conv kernels).
+__device__ __forceinline__ void gdn_conv_gates(int t0, int t1, int hv, const float* __restrict__ bb,
+                                               const float* __restrict__ aa, const float* __restrict__ dt_bias,
+                                               const float* __restrict__ ssm_a, float* beta_out, float* g_out) {
+    for (int i = t0 * hv + threadIdx.x; i < t1 * hv; i += blockDim.x) {
+        int h = i % hv;
+        beta_out[i] = sigmoidf_(bb[i]);
+        float a = aa[i] + dt_bias[h];
+        float sp = a > 20.f ? a : log1pf(expf(a));
+        g_out[i] = ssm_a[h] * sp;
+    }
+}
+
+// Row t of head `head` from its conv outputs y[m] (channel 32m + lane, m < nm): q / k heads are
+// L2-normalized (gdn_conv's block_sum order: 0 + warp 0 + warp 1 + ..), v heads stored as they are.
+__device__ __forceinline__ void gdn_conv_row_out(const float y[4], int t, int head, int hk, int hv, int dk, int nm,
+                                                 int lane, float eps, float* qo, float* ko, float* vo) {
+    if (head < 2 * hk) {
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+            if (m < nm) ss += warp_sum(y[m] * y[m]);
+        float inv = 1.0f / fmaxf(sqrtf(ss), eps);
+        float* dst = head < hk ? qo : ko;
+        int hh = head < hk ? head : head - hk;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+            if (m < nm) dst[(size_t)t * hk * dk + hh * dk + 32 * m + lane] = y[m] * inv;
+    } else {
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+            if (m < nm) vo[(size_t)t * hv * dk + (head - 2 * hk) * dk + 32 * m + lane] = y[m];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
     const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw,
     int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,
@@ -25,13 +61,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
     int t1 = min(t0 + GC_ROWS, n);
     int conv_dim = 2 * hk * dk + hv * dk;
     if (head == 2 * hk + hv) {
-        for (int i = t0 * hv + threadIdx.x; i < t1 * hv; i += blockDim.x) {
-            int h = i % hv;
-            beta_out[i] = sigmoidf_(bb[i]);
-            float a = aa[i] + dt_bias[h];
-            float sp = a > 20.f ? a : log1pf(expf(a));
-            g_out[i] = ssm_a[h] * sp;
-        }
+        gdn_conv_gates(t0, t1, hv, bb, aa, dt_bias, ssm_a, beta_out, g_out);
         return;
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -53,22 +83,65 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
                 y[m] = siluf_(acc);
             }
         }
-        if (head < 2 * hk) {
-            float ss = 0.f;  // block_sum's order: 0 + warp 0 + warp 1 + ...
+        gdn_conv_row_out(y, t, head, hk, hv, dk, nm, lane, eps, qo, ko, vo);
+    }
+}
+
+// gdn_conv_rows for 4 taps (the model's conv): warp w takes GC4_RW consecutive rows of the block's
+// 8·GC4_RW, loads their inputs and the 3 rows before them at once (every input once per warp, all
+// loads in flight together), then slides over them in registers. Same per-element operations and
+// order as gdn_conv_rows (tap 3 as a product, taps 0..2 as fmas; the same L2-norm tree), so the
+// same bits. grid (2·hk + hv + 1, ceil(n / (8·GC4_RW))), block 256.
+#define GC4_RW 8
+extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows_k4(
+    const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw,
+    int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,
+    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ dt_bias,
+    const float* __restrict__ ssm_a, float* beta_out, float* g_out) {
+    PDL_ENTRY();
+    (void)kconv;  // 4
+    int head = blockIdx.x, t0 = blockIdx.y * (8 * GC4_RW);
+    int t1 = min(t0 + 8 * GC4_RW, n);
+    int conv_dim = 2 * hk * dk + hv * dk;
+    if (head == 2 * hk + hv) {
+        gdn_conv_gates(t0, t1, hv, bb, aa, dt_bias, ssm_a, beta_out, g_out);
+        return;
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nm = dk >> 5;
+    const int ta = t0 + w * GC4_RW, tb = min(ta + GC4_RW, t1);
+    if (ta >= tb) return;  // warp-uniform
+    float cw[4][4];               // [m][tap]
+    float xw[GC4_RW + 3][4];      // [r][m]: input row ta - 3 + r (< 0: the old window)
 #pragma unroll
-            for (int m = 0; m < 4; ++m)
-                if (m < nm) ss += warp_sum(y[m] * y[m]);
-            float inv = 1.0f / fmaxf(sqrtf(ss), eps);
-            float* dst = head < hk ? qo : ko;
-            int hh = head < hk ? head : head - hk;
+    for (int m = 0; m < 4; ++m) {
+        if (m >= nm) continue;
+        const int ch = head * dk + 32 * m + lane;
 #pragma unroll
-            for (int m = 0; m < 4; ++m)
-                if (m < nm) dst[(size_t)t * hk * dk + hh * dk + 32 * m + lane] = y[m] * inv;
-        } else {
+        for (int j = 0; j < 4; ++j) cw[m][j] = convw[ch * 4 + j];
 #pragma unroll
-            for (int m = 0; m < 4; ++m)
-                if (m < nm) vo[(size_t)t * hv * dk + (head - 2 * hk) * dk + 32 * m + lane] = y[m];
+        for (int r = 0; r < GC4_RW + 3; ++r) {
+            const int tt = ta - 3 + r;
+            xw[r][m] = tt >= tb ? 0.f : tt >= 0 ? mixed[(size_t)tt * conv_dim + ch] : conv_state[(tt + 3) * conv_dim + ch];
         }
+    }
+#pragma unroll
+    for (int r = 0; r < GC4_RW; ++r) {
+        const int t = ta + r;
+        if (t >= tb) break;
+        float y[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            y[m] = 0.f;
+            if (m < nm) {
+                float acc = cw[m][3] * xw[r + 3][m];
+                acc = fmaf(cw[m][0], xw[r][m], acc);
+                acc = fmaf(cw[m][1], xw[r + 1][m], acc);
+                acc = fmaf(cw[m][2], xw[r + 2][m], acc);
+                y[m] = siluf_(acc);
+            }
+        }
+        gdn_conv_row_out(y, t, head, hk, hv, dk, nm, lane, eps, qo, ko, vo);
     }
 }
 
@@ -897,6 +970,281 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ qo, 
         quant32(y, q8 + (b << 5), d8 + b, s8 + b);
     }
 }
+
+// ---- causal prefill attention on tensor cores -------------------------------------------------
+//
+// The same attention as attn_prefill_body (row t at position *pos0 + t attends to 0..*pos0 + t;
+// online softmax with expf; O / l ⊙ σ(gate); quant32 per 32-block) with both products on
+// mma.m16n8k16 (f16 in, f32 accumulate) in a two-term split that keeps f32 accuracy: K and V are
+// f16 already (exact operands); Q and P are split into hi = f16(x) and lo = f16(x − hi), and every
+// product runs as hi·B + lo·B (the dropped lo·lo-style error is ~2^-22 relative).
+// CTA = 4 warps, AT_BQ = 64 query rows (warp w: rows 16w..16w+15, one m16 tile), key tiles of
+// AT_BK = 32 positions aligned to position 0. Per key tile a warp computes S = Q·Kᵀ (16 × 32, C
+// fragments in registers), masks and exponentiates it, and feeds P straight from the C layout as
+// the A fragments of O += P·V (FA2's register reuse), O being 16 × HD f32 per warp in registers.
+// A warp skips a key tile that is masked for all its 16 rows (an exact no-op: corr = 1, P = 0), so
+// a row's arithmetic depends only on its own position: a launch split at any row gives the same
+// bits. Shared memory (f16 rows padded to AT_ST = HD + 8: conflict-free ldmatrix):
+//   Qh, Ql [AT_BQ][AT_ST] | K [AT_BK][AT_ST] | V [AT_BK][AT_ST]; the output rows are staged as f32
+//   [AT_BQ][HD] over Qh/Ql at the end.
+// K of tile i+1 loads during P·V of tile i, V of tile i during its scores (cp.async); key loads
+// past L = *pos0 + n are clamped to L − 1 (finite: P·V never meets a NaN).
+// grid (nh, ceil(n / AT_BQ)), block 128, attn_tc_smem(HD) bytes.
+#define AT_BQ 64
+#define AT_BK 32
+#define AT_SMEM(HD) ((2 * AT_BQ + 2 * AT_BK) * ((HD) + 8) * 2)
+__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+// f32 pair -> (hi, lo) f16x2 pairs with hi + lo == the pair to ~2^-22
+__device__ __forceinline__ void split_h2(float x0, float x1, u32& hi, u32& lo) {
+    hi = pack_h2(x0, x1);
+    lo = pack_h2(x0 - lo_h(hi), x1 - hi_h(hi));
+}
+template <int HD>
+__device__ __forceinline__ void attn_prefill_tc_body(const float* __restrict__ qo, const float* __restrict__ qf,
+                                                     const u16* __restrict__ kc, const u16* __restrict__ vc, int n,
+                                                     int nh, int nkv, const int* pos0, float* out, i8* q8, float* d8,
+                                                     int* s8) {
+    constexpr int ST = HD + 8, NJ = HD / 8;  // f16 row stride; n8 tiles of the output
+    extern __shared__ __align__(16) unsigned char at_smem[];
+    u16* Qh = (u16*)at_smem;
+    u16* Ql = Qh + AT_BQ * ST;
+    u16* Ks = Ql + AT_BQ * ST;
+    u16* Vs = Ks + AT_BK * ST;
+    // the heaviest row tiles (the most keys) first: they start on SMs of their own
+    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * AT_BQ;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tg = lane & 3;
+    const int p0 = *pos0;
+    const int L = p0 + n;
+    const int Lt = p0 + min(t0 + AT_BQ, n);
+    const int nkt = (Lt + AT_BK - 1) / AT_BK;
+    const int kvh = h / (nh / nkv), kvw = nkv * HD;
+    const float scale = 1.0f / sqrtf((float)HD);
+    // K / V tile loads: thread tid copies 16-byte chunk tid % CPR of rows tid / CPR + RPI·i
+    constexpr int CPR = HD / 8, RPI = 128 / CPR;  // chunks per row; rows per pass of 128 threads
+    const int ld_r = tid / CPR, ld_c = 8 * (tid % CPR);
+    auto issue = [&](u16* dst, const u16* src, int kt) {
+        const u16* s0 = src + kvh * HD + ld_c;
+        u16* d0 = dst + ld_r * ST + ld_c;
+#pragma unroll
+        for (int i = 0; i < AT_BK / RPI; ++i) {
+            const int p = min(kt * AT_BK + ld_r + RPI * i, L - 1);
+            cp_async16(d0 + RPI * i * ST, s0 + (size_t)p * kvw);
+        }
+    };
+    // Q tile as hi / lo f16 (rows past n: zeros, never stored); unrolled so that several loads
+    // are in flight together
+#pragma unroll 8
+    for (int x = tid; x < AT_BQ * HD / 4; x += 128) {
+        int r = x / (HD / 4), c4 = x % (HD / 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t0 + r < n) v = __ldg((const float4*)(qo + ((size_t)(t0 + r) * nh + h) * HD + 4 * c4));
+        u32 h0, l0, h1, l1;
+        split_h2(v.x, v.y, h0, l0);
+        split_h2(v.z, v.w, h1, l1);
+        *(uint2*)(Qh + r * ST + 4 * c4) = make_uint2(h0, h1);
+        *(uint2*)(Ql + r * ST + 4 * c4) = make_uint2(l0, l1);
+    }
+    // ldmatrix lane addresses: A (Q rows 16w + (l & 7) + 8·((l >> 3) & 1), dims + 8·(l >> 4)),
+    // B from K (keys (l & 7) + 8·(l >> 4), dims + 8·((l >> 3) & 1)), B from V transposed
+    // (keys (l & 7) + 8·((l >> 3) & 1), dims + 8·(l >> 4))
+    const u32 qa_off = (u32)(((16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * ST + 8 * (lane >> 4)) * 2);
+    const u32 qh_base = smem_u32(Qh) + qa_off, ql_base = smem_u32(Ql) + qa_off;
+    const u32 k_base = smem_u32(Ks) + (u32)((((lane & 7) + 8 * (lane >> 4)) * ST + 8 * ((lane >> 3) & 1)) * 2);
+    const u32 v_base = smem_u32(Vs) + (u32)((((lane & 7) + 8 * ((lane >> 3) & 1)) * ST + 8 * (lane >> 4)) * 2);
+    issue(Ks, kc, 0);
+    cp_async_commit();
+    issue(Vs, vc, 0);
+    cp_async_commit();
+    const int prow0 = p0 + t0 + 16 * w + g;  // positions of this thread's rows g and g + 8
+    const int wlast = p0 + t0 + 16 * w + 15;  // the warp's last row position
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int kt = 0; kt < nkt; ++kt) {
+        cp_async_wait<1>();  // K of tile kt
+        __syncthreads();
+        const bool live = kt * AT_BK <= wlast;  // warp-uniform
+        u32 ph[2][4], pl[2][4];                 // P as A fragments, k16 steps 0 / 1 of the tile
+        if (live) {
+            // hi and lo products in separate accumulators (8 independent MMA chains), added at the end
+            float sc[4][4], sl[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[j][e] = sl[j][e] = 0.f;
+#pragma unroll 4
+            for (int kk = 0; kk < HD / 16; ++kk) {
+                u32 ah[4], al[4], b0[4], b1[4];
+                ldsm_x4(ah, qh_base + 32 * kk);
+                ldsm_x4(al, ql_base + 32 * kk);
+                ldsm_x4(b0, k_base + 32 * kk);
+                ldsm_x4(b1, k_base + 32 * kk + 16 * ST * 2);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32* b = j < 2 ? b0 : b1;
+                    mma_f16(sc[j], ah[0], ah[1], ah[2], ah[3], b[2 * (j & 1)], b[2 * (j & 1) + 1]);
+                    mma_f16(sl[j], al[0], al[1], al[2], al[3], b[2 * (j & 1)], b[2 * (j & 1) + 1]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[j][e] += sl[j][e];
+            // mask, online softmax (rows g: e 0-1, g + 8: e 2-3; a row's 32 keys over the quad)
+            float mx[2] = {NEG_INF, NEG_INF};
+            if (kt * AT_BK + AT_BK - 1 <= p0 + t0 + 16 * w) {
+                // every key of the tile is visible to every row of the warp: no mask
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        sc[j][e] *= scale;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+                    }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int pk = kt * AT_BK + 8 * j + 2 * tg + (e & 1);
+                        const float sv = pk <= prow0 + 8 * (e >> 1) ? sc[j][e] * scale : NEG_INF;
+                        sc[j][e] = sv;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], sv);
+                    }
+            }
+            float corr[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is in tile 0 for every row
+                corr[r] = expf(m[r] - mn);
+                m[r] = mn;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pe = expf(sc[j][e] - m[e >> 1]);
+                    sc[j][e] = pe;
+                    rs[e >> 1] += pe;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+                rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+                l[r] = fmaf(l[r], corr[r], rs[r]);
+            }
+            // rescale O unless no row of the warp has a new maximum (a multiply by 1 is exact: skipping
+            // it changes nothing)
+            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) {
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    acc[j][0] *= corr[0];
+                    acc[j][1] *= corr[0];
+                    acc[j][2] *= corr[1];
+                    acc[j][3] *= corr[1];
+                }
+            }
+            // C of n8 tiles 2s, 2s + 1 = the A fragment of k16 step s
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                split_h2(sc[2 * st][0], sc[2 * st][1], ph[st][0], pl[st][0]);
+                split_h2(sc[2 * st][2], sc[2 * st][3], ph[st][1], pl[st][1]);
+                split_h2(sc[2 * st + 1][0], sc[2 * st + 1][1], ph[st][2], pl[st][2]);
+                split_h2(sc[2 * st + 1][2], sc[2 * st + 1][3], ph[st][3], pl[st][3]);
+            }
+        }
+        __syncthreads();  // every warp is done with K
+        if (kt + 1 < nkt) issue(Ks, kc, kt + 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // V of tile kt
+        __syncthreads();
+        if (live) {
+            // groups of PG output tile pairs: PG transposed V loads, then the 2·PG hi products, then
+            // the 2·PG lo ones (each lo product waits on a hi product 2·PG MMAs back, not the one
+            // just issued)
+            constexpr int PG = NJ / 2 < 4 ? NJ / 2 : 4;
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+#pragma unroll
+                for (int jq = 0; jq < NJ / 2; jq += PG) {
+                    u32 b[PG][4];
+#pragma unroll
+                    for (int u = 0; u < PG; ++u) ldsm_x4_t(b[u], v_base + (u32)((16 * st * ST + 16 * (jq + u)) * 2));
+#pragma unroll
+                    for (int u = 0; u < PG; ++u) {
+                        mma_f16(acc[2 * (jq + u)], ph[st][0], ph[st][1], ph[st][2], ph[st][3], b[u][0], b[u][1]);
+                        mma_f16(acc[2 * (jq + u) + 1], ph[st][0], ph[st][1], ph[st][2], ph[st][3], b[u][2], b[u][3]);
+                    }
+#pragma unroll
+                    for (int u = 0; u < PG; ++u) {
+                        mma_f16(acc[2 * (jq + u)], pl[st][0], pl[st][1], pl[st][2], pl[st][3], b[u][0], b[u][1]);
+                        mma_f16(acc[2 * (jq + u) + 1], pl[st][0], pl[st][1], pl[st][2], pl[st][3], b[u][2], b[u][3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with V
+        if (kt + 1 < nkt) issue(Vs, vc, kt + 1);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    // O / l staged as f32 rows over Qh / Ql (every warp is past its last Q read), then gated and
+    // quantized by the same warp: its 16 rows are one contiguous [16·HD] run of Os, taken as
+    // float4 chunks (8 lanes per 32-block, quant32_x4), the gates of 4 chunks loaded ahead
+    float* Os = (float*)at_smem;  // [AT_BQ][HD]
+    const float il[2] = {1.0f / l[0], 1.0f / l[1]};
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 16 * w + g + 8 * r;
+            *(float2*)(Os + row * HD + 8 * j + 2 * tg) =
+                make_float2(acc[j][2 * r] * il[r], acc[j][2 * r + 1] * il[r]);
+        }
+    __syncwarp();
+    const float* Ow = Os + 16 * w * HD;
+    for (int it0 = 0; it0 < HD / 8; it0 += 4) {  // HD/8 chunk iterations of 32 lanes
+        float4 gt[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = 4 * (lane + 32 * (it0 + u)), t = t0 + 16 * w + e / HD;
+            gt[u] = t < n ? *(const float4*)(qf + ((size_t)t * nh + h) * 2 * HD + HD + e % HD)
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = 4 * (lane + 32 * (it0 + u)), t = t0 + 16 * w + e / HD;
+            const float4 o4 = *(const float4*)(Ow + e);
+            float y[4] = {o4.x * sigmoidf_(gt[u].x), o4.y * sigmoidf_(gt[u].y), o4.z * sigmoidf_(gt[u].z),
+                          o4.w * sigmoidf_(gt[u].w)};
+            const size_t idx = ((size_t)t * nh + h) * HD + e % HD;
+            const bool ok = t < n;  // a whole 8-lane group shares the row
+            if (ok && out) *(float4*)(out + idx) = make_float4(y[0], y[1], y[2], y[3]);
+            quant32_x4(y, q8 + idx, d8 + (idx >> 5), s8 + (idx >> 5), ok);
+        }
+    }
+}
+
+#define ATTN_PREFILL_TC_ENTRY(NAME, HD)                                                               \
+    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                       \
+        const float* qo, const float* qf, const u16* kc, const u16* vc, int n, int nh, int nkv,       \
+        const int* pos0, float* out, i8* q, float* d, int* s) {                                       \
+        PDL_ENTRY();                                                                                  \
+        attn_prefill_tc_body<HD>(qo, qf, kc, vc, n, nh, nkv, pos0, out, q, d, s);                     \
+    }
+ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd64, 64)
+ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd128, 128)
+ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd256, 256)
 
 #define ATTN_PREFILL_ENTRY(NAME, HD)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                          \

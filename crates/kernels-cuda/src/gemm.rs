@@ -42,8 +42,9 @@ pub struct GemmConfig {
     pub path: GemmPath,
     /// `F16`: warps (32 weight rows each) per CTA, 4 or 8.
     pub warps: usize,
-    /// `F16` with 4 warps: 2 ring stages at 4 CTAs per SM instead of 3 at 3.
-    pub o4: bool,
+    /// `F16` with 4 warps and 64-row tiles: 2 ring stages at 4 CTAs per SM (`Some(true)`) instead
+    /// of 3 at 3 (`Some(false)`); `None` (the default) picks per launch ([`gemmh_o4_auto`]).
+    pub o4: Option<bool>,
     /// `Wgmma`: A register sets, 2 or 4 (1 or 3 wgmma groups in flight).
     pub wgmma_sets: usize,
 }
@@ -53,7 +54,7 @@ impl Default for GemmConfig {
         GemmConfig {
             path: GemmPath::F16,
             warps: 4,
-            o4: false,
+            o4: None,
             wgmma_sets: 4,
         }
     }
@@ -61,7 +62,7 @@ impl Default for GemmConfig {
 
 impl GemmConfig {
     /// The default, changed by `BONSAI_CUDA_GEMM=i8|f16|wgmma`, `BONSAI_CUDA_GEMMH_WARPS=4|8` and
-    /// `BONSAI_CUDA_GEMMH_O4=1`.
+    /// `BONSAI_CUDA_GEMMH_O4=1|0` (always / never the 2-stage kernels; unset: per launch).
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_string());
         let mut c = GemmConfig::default();
@@ -73,19 +74,34 @@ impl GemmConfig {
         if var("BONSAI_CUDA_GEMMH_WARPS").as_deref() == Some("8") {
             c.warps = 8;
         }
-        c.o4 = var("BONSAI_CUDA_GEMMH_O4").as_deref() == Some("1");
+        c.o4 = match var("BONSAI_CUDA_GEMMH_O4").as_deref() {
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            _ => None,
+        };
         c
     }
 
-    /// A short name for benchmark tables (`int8`, `f16-w4`, `f16-w4-o4`, `f16-w8`, `f16-wgmma4`).
+    /// A short name for benchmark tables (`int8`, `f16-w4` (2 or 3 stages per launch), `f16-w4-o4`,
+    /// `f16-w4-o3`, `f16-w8`, `f16-wgmma4`).
     pub fn name(&self) -> String {
         match self.path {
             GemmPath::Int8 => "int8".into(),
             GemmPath::Wgmma => format!("f16-wgmma{}", self.wgmma_sets),
-            GemmPath::F16 if self.o4 && self.warps == 4 => "f16-w4-o4".into(),
+            GemmPath::F16 if self.o4 == Some(true) && self.warps == 4 => "f16-w4-o4".into(),
+            GemmPath::F16 if self.o4 == Some(false) && self.warps == 4 => "f16-w4-o3".into(),
             GemmPath::F16 => format!("f16-w{}", self.warps),
         }
     }
+}
+
+/// Whether a 4-warp, 64-row f16 GEMM launch takes the 2-stage kernel at 4 CTAs per SM when the
+/// configuration leaves it open. Measured on the H200 at n = 512 (27B shapes, both variants, two
+/// runs): for Q1_0 with n_in = 5120 it is faster (GDN in 270 -> 254 µs, gate|up 571 -> 558 µs),
+/// for n_in = 6144 / 17408 slower (ssm_out 131 -> 133, down 340 -> 352); for Q2_0 slower on
+/// every shape (its unpack needs more registers than 4 CTAs per SM leave). Same bits either way.
+pub fn gemmh_o4_auto(kind: WKind, n_in: usize) -> bool {
+    kind == WKind::Q1 && n_in <= 5120
 }
 
 /// Dynamic shared memory of a warpgroup-MMA GEMM launch (`GW_SMEM`): 4 stages of 64 activation
@@ -494,7 +510,8 @@ impl Gpu {
         };
         if f16 {
             let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
-            let (f, stages) = self.gemmh_func(kind, bn, warps, cfg.o4);
+            let o4 = cfg.o4.unwrap_or_else(|| gemmh_o4_auto(kind, n_in));
+            let (f, stages) = self.gemmh_func(kind, bn, warps, o4);
             let mut args = Vec::with_capacity(4 * MAX_SEGS + 5);
             push_seg_args(&mut args, segs, MAX_SEGS, bm);
             args.extend([

@@ -62,6 +62,8 @@ pub fn attn_part_floats(n: usize, nh: usize, hd: usize, n_ctx: usize) -> usize {
 
 /// Rows per block of `gdn_conv_rows` (`GC_ROWS` in the source).
 const GDN_CONV_ROWS: usize = 32;
+/// Rows per block of `gdn_conv_rows_k4` (8 warps x `GC4_RW`).
+const GDN_CONV4_ROWS: usize = 64;
 /// Query rows per block of the prefill attention (`AP_BQ`); key positions per tile (`AP_BK`).
 const ATTN_PREFILL_ROWS: usize = 32;
 const ATTN_PREFILL_KEYS: usize = 32;
@@ -73,6 +75,17 @@ pub fn attn_prefill_smem(hd: usize) -> usize {
         + ATTN_PREFILL_KEYS * (hd + 8) * 2
         + ATTN_PREFILL_KEYS * hd * 2
         + ATTN_PREFILL_KEYS * (ATTN_PREFILL_ROWS + 4) * 4
+}
+
+/// Query rows per block of the tensor-core prefill attention (`AT_BQ`); key positions per tile
+/// (`AT_BK`).
+const ATTN_TC_ROWS: usize = 64;
+const ATTN_TC_KEYS: usize = 32;
+
+/// Dynamic shared memory of `attn_prefill_tc_hd{hd}`: Q hi and lo [64, hd + 8] f16, K and V
+/// [32, hd + 8] f16 (`AT_SMEM`).
+pub fn attn_prefill_tc_smem(hd: usize) -> usize {
+    (2 * ATTN_TC_ROWS + 2 * ATTN_TC_KEYS) * (hd + 8) * 2
 }
 
 /// Whether the prefill GDN kernels (`gdn_conv_rows`, `gdn_step_seq`) take head dims `dk`, `dv`.
@@ -1028,6 +1041,7 @@ kernels!(
     pdl: [
         quant_rows,
         rmsnorm_quant,
+        rmsnorm_quant_rows,
         mv_q1_n8_k1,
         mv_q1_n8_k2,
         mv_q1_n8_k4,
@@ -1073,6 +1087,7 @@ kernels!(
         step_advance,
         // ---- prefill.cu (n > MAX_ROWS) ----
         gdn_conv_rows,
+        gdn_conv_rows_k4,
         gdn_conv_window,
         gdn_step_seq,
         gdn_step_seq_d128,
@@ -1082,6 +1097,9 @@ kernels!(
         attn_prefill_hd64,
         attn_prefill_hd128,
         attn_prefill_hd256,
+        attn_prefill_tc_hd64,
+        attn_prefill_tc_hd128,
+        attn_prefill_tc_hd256,
         // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default): ring, direct, dp4a n = 1 ----
         mvm_q1_r1_k1,
         mvm_q1_r1_k2,
@@ -1354,6 +1372,9 @@ pub struct Gpu {
     gdn_seq_generic: AtomicBool,
     /// How prefill runs the GDN recurrence ([`GdnPrefill`] as u8; [`Gpu::set_gdn_prefill`]).
     gdn_prefill: AtomicU8,
+    /// Prefill attention on tensor cores ([`Gpu::set_attn_prefill_tc`]; `BONSAI_CUDA_ATTN_TC=0`
+    /// for the FP32 kernels).
+    attn_prefill_tc: AtomicBool,
     /// The chunked GDN recurrence's scratch (U0, W, P, decays), grown on demand
     /// ([`Gpu::gdn_step_chunked`], [`gdn_chunk_scratch_floats`]).
     gdn_chunk_scratch: Mutex<Option<DevBuf>>,
@@ -1458,6 +1479,9 @@ impl Gpu {
             gemmw_desc_swap: AtomicBool::new(false),
             gdn_seq_generic: AtomicBool::new(false),
             gdn_prefill: AtomicU8::new(GdnPrefill::from_env() as u8),
+            attn_prefill_tc: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_ATTN_TC").as_deref() != Ok("0"),
+            ),
             gdn_chunk_scratch: Mutex::new(None),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
@@ -1815,6 +1839,25 @@ impl Gpu {
         s: u64,
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
+        let args = [
+            Arg::P(x),
+            Arg::P(w),
+            Arg::F(eps),
+            Arg::I(k as i32),
+            Arg::P(xf),
+            Arg::P(q),
+            Arg::P(d),
+            Arg::P(s),
+        ];
+        if n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 {
+            // long launches: one block per row, which reads the row once (same bits)
+            return self.launch(
+                self.f.rmsnorm_quant_rows,
+                (n as u32, 1, 1),
+                (256, 1, 1),
+                &args,
+            );
+        }
         // segments of 256 per block: one for short launches, else enough blocks for ~2,048 in
         // all (values do not depend on the split)
         let segs = k.div_ceil(256);
@@ -1827,16 +1870,7 @@ impl Gpu {
             self.f.rmsnorm_quant,
             (gx as u32, n as u32, 1),
             (256, 1, 1),
-            &[
-                Arg::P(x),
-                Arg::P(w),
-                Arg::F(eps),
-                Arg::I(k as i32),
-                Arg::P(xf),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
-            ],
+            &args,
         )
     }
 
@@ -2986,9 +3020,15 @@ impl Gpu {
     ) -> Result<()> {
         assert!(gdn_prefill_supported(dk, dk) && (1..=8).contains(&kconv) && n > 0);
         let conv_dim = 2 * hk * dk + hv * dk;
+        // 4 taps (the model's conv): the sliding-window kernel, 8 rows per warp (same bits)
+        let (f, rows) = if kconv == 4 {
+            (self.f.gdn_conv_rows_k4, GDN_CONV4_ROWS)
+        } else {
+            (self.f.gdn_conv_rows, GDN_CONV_ROWS)
+        };
         self.launch(
-            self.f.gdn_conv_rows,
-            ((2 * hk + hv + 1) as u32, cdiv(n, GDN_CONV_ROWS), 1),
+            f,
+            ((2 * hk + hv + 1) as u32, cdiv(n, rows), 1),
             (256, 1, 1),
             &gdn_conv_args(
                 mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, qo, ko, vo, bb, aa, dt_bias,
@@ -3007,6 +3047,17 @@ impl Gpu {
                 Arg::I(n as i32),
             ],
         )
+    }
+
+    /// Whether prefill attention runs on tensor cores (`attn_prefill_tc_hd*`, the default) or on
+    /// CUDA cores (`attn_prefill_hd*`).
+    pub fn attn_prefill_tc(&self) -> bool {
+        self.attn_prefill_tc.load(Ordering::Relaxed)
+    }
+
+    /// Choose the prefill attention kernels (tests and benchmarks compare the two).
+    pub fn set_attn_prefill_tc(&self, on: bool) {
+        self.attn_prefill_tc.store(on, Ordering::Relaxed);
     }
 
     /// How prefill runs the GDN recurrence (default [`GdnPrefill::RowByRow`]).
@@ -3173,10 +3224,14 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
-        let f = match hd {
-            64 => self.f.attn_prefill_hd64,
-            128 => self.f.attn_prefill_hd128,
-            256 => self.f.attn_prefill_hd256,
+        let tc = self.attn_prefill_tc();
+        let f = match (hd, tc) {
+            (64, false) => self.f.attn_prefill_hd64,
+            (128, false) => self.f.attn_prefill_hd128,
+            (256, false) => self.f.attn_prefill_hd256,
+            (64, true) => self.f.attn_prefill_tc_hd64,
+            (128, true) => self.f.attn_prefill_tc_hd128,
+            (256, true) => self.f.attn_prefill_tc_hd256,
             _ => {
                 return Err(CudaError(format!(
                     "attention: head dim {hd} not in 64/128/256"
@@ -3184,11 +3239,16 @@ impl Gpu {
             }
         };
         assert!(nkv > 0 && nh % nkv == 0 && n > 0);
+        let (rows, smem) = if tc {
+            (ATTN_TC_ROWS, attn_prefill_tc_smem(hd))
+        } else {
+            (ATTN_PREFILL_ROWS, attn_prefill_smem(hd))
+        };
         self.launch_smem(
             f,
-            (nh as u32, cdiv(n, ATTN_PREFILL_ROWS), 1),
+            (nh as u32, cdiv(n, rows), 1),
             (128, 1, 1),
-            attn_prefill_smem(hd) as u32,
+            smem as u32,
             &[
                 Arg::P(qo),
                 Arg::P(qf),
@@ -3492,6 +3552,18 @@ mod tests {
             );
         }
         assert!(3 * attn_prefill_smem(256) <= 228 * 1024);
+        // tensor-core kernel: Qh | Ql | K | V rows of hd + 8 f16 (16-byte aligned regions); the
+        // f32 output staging [64, hd] fits over Qh | Ql; two 27B blocks per SM
+        for hd in [64usize, 128, 256] {
+            let row = (hd + 8) * 2;
+            assert_eq!(row % 16, 0);
+            assert_eq!(
+                attn_prefill_tc_smem(hd),
+                (2 * ATTN_TC_ROWS + 2 * ATTN_TC_KEYS) * row
+            );
+            assert!(ATTN_TC_ROWS * hd * 4 <= 2 * ATTN_TC_ROWS * row);
+        }
+        assert!(2 * (attn_prefill_tc_smem(256) + 1024) <= 228 * 1024);
         assert!(gdn_prefill_supported(128, 128) && gdn_prefill_supported(64, 64));
         assert!(!gdn_prefill_supported(256, 256) && !gdn_prefill_supported(128, 8));
     }

@@ -312,7 +312,7 @@ fn each_config(g: &Gpu, mut f: impl FnMut(&Gpu)) {
     g.set_gemm_config(dflt);
 }
 
-fn cfg(path: GemmPath, warps: usize, o4: bool, wgmma_sets: usize) -> GemmConfig {
+fn cfg(path: GemmPath, warps: usize, o4: Option<bool>, wgmma_sets: usize) -> GemmConfig {
     GemmConfig {
         path,
         warps,
@@ -323,14 +323,15 @@ fn cfg(path: GemmPath, warps: usize, o4: bool, wgmma_sets: usize) -> GemmConfig 
 
 fn configs(g: &Gpu) -> Vec<GemmConfig> {
     let mut v = vec![
-        cfg(GemmPath::Int8, 4, false, 4),
-        cfg(GemmPath::F16, 8, false, 4),
-        cfg(GemmPath::F16, 4, true, 4),
-        cfg(GemmPath::F16, 4, false, 4),
+        cfg(GemmPath::Int8, 4, None, 4),
+        cfg(GemmPath::F16, 8, None, 4),
+        cfg(GemmPath::F16, 4, Some(true), 4),
+        cfg(GemmPath::F16, 4, Some(false), 4),
+        cfg(GemmPath::F16, 4, None, 4),
     ];
     if g.gemmw_available() {
-        v.push(cfg(GemmPath::Wgmma, 4, false, 2));
-        v.push(cfg(GemmPath::Wgmma, 4, false, 4));
+        v.push(cfg(GemmPath::Wgmma, 4, None, 2));
+        v.push(cfg(GemmPath::Wgmma, 4, None, 4));
     } else {
         eprintln!("gemm: this cubin has no wgmma kernels (not sm_90a): that path is not checked");
     }
@@ -569,16 +570,16 @@ fn gemm_throughput_report() {
     let n = 512;
     let dflt = g.gemm_config();
     // (config, forced tile width): int8, the mma.sync f16 variants, wgmma
-    let mut configs = vec![(cfg(GemmPath::Int8, 4, false, 4), None)];
+    let mut configs = vec![(cfg(GemmPath::Int8, 4, None, 4), None)];
     for w in [4, 8] {
         for bn in [Some(32), Some(64)] {
-            configs.push((cfg(GemmPath::F16, w, false, 4), bn));
+            configs.push((cfg(GemmPath::F16, w, Some(false), 4), bn));
         }
     }
-    configs.push((cfg(GemmPath::F16, 4, true, 4), Some(64)));
+    configs.push((cfg(GemmPath::F16, 4, Some(true), 4), Some(64)));
     if g.gemmw_available() {
-        configs.push((cfg(GemmPath::Wgmma, 4, false, 2), None));
-        configs.push((cfg(GemmPath::Wgmma, 4, false, 4), None));
+        configs.push((cfg(GemmPath::Wgmma, 4, None, 2), None));
+        configs.push((cfg(GemmPath::Wgmma, 4, None, 4), None));
     }
     for qt in KINDS {
         let mut rng = Rng(500);
@@ -641,7 +642,7 @@ fn gemm_wgmma_descriptor_fields() {
         return;
     }
     let dflt = g.gemm_config();
-    g.set_gemm_config(cfg(GemmPath::Wgmma, 4, false, 4));
+    g.set_gemm_config(cfg(GemmPath::Wgmma, 4, None, 4));
     let mut rng = Rng(950);
     let (k, n_out, n) = (1024, 256, 70);
     let m = Mat::new(g, &mut rng, QuantType::Q1_0, k, n_out, false);

@@ -993,7 +993,7 @@ fn rmsnorm_quant_vs_reference() {
         .map(|v| 1.0 + v * 0.5)
         .collect::<Vec<_>>();
     let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
-    let (xf, q, _, s) = rmsnorm_rows(g, &xb, &wb, 0, n, k);
+    let (xf, q, _, s) = rmsnorm_rows(g, &xb, &wb, 0, n, k, true);
     let got: Vec<f32> = xf.iter().map(|&b| f32::from_bits(b)).collect();
     let mut want = vec![0f32; n * k];
     for t in 0..n {
@@ -1017,10 +1017,16 @@ fn rmsnorm_quant_vs_reference() {
         let x = rng.vec(nbig * k, 3.0);
         let w: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 1.0 + v * 0.5).collect();
         let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
-        let big = rmsnorm_rows(g, &xb, &wb, 0, nbig, k);
+        let big = rmsnorm_rows(g, &xb, &wb, 0, nbig, k, true);
+        // the long launch without the f32 copy writes the same codes
+        let nof = rmsnorm_rows(g, &xb, &wb, 0, nbig, k, false);
+        assert!(nof.0.is_empty());
+        assert_eq!(nof.1, big.1, "k={k}: codes differ without the f32 output");
+        assert_eq!(nof.2, big.2, "k={k}: scales differ without the f32 output");
+        assert_eq!(nof.3, big.3, "k={k}: sums differ without the f32 output");
         for t0 in (0..nbig).step_by(nbig / 5) {
             let nr = bonsai_kernels_cuda::MAX_ROWS.min(nbig - t0);
-            let small = rmsnorm_rows(g, &xb, &wb, t0, nr, k);
+            let small = rmsnorm_rows(g, &xb, &wb, t0, nr, k, true);
             let (a, b) = (t0 * k, (t0 + nr) * k);
             assert_eq!(small.0[..], big.0[a..b], "k={k} rows {t0}..: xf differs");
             assert_eq!(small.1[..], big.1[a..b], "k={k} rows {t0}..: q differs");
@@ -1040,7 +1046,7 @@ fn rmsnorm_quant_vs_reference() {
 }
 
 /// One `rmsnorm_quant` launch (eps 1e-6) over rows `off..off + n` of `xb` (width `k`): the f32
-/// output as bits, the codes, the scales as bits and the sums.
+/// output as bits (empty without `f32_out`), the codes, the scales as bits and the sums.
 fn rmsnorm_rows(
     g: &Gpu,
     xb: &DevBuf,
@@ -1048,6 +1054,7 @@ fn rmsnorm_rows(
     off: usize,
     n: usize,
     k: usize,
+    f32_out: bool,
 ) -> (Vec<u32>, Vec<i8>, Vec<u32>, Vec<i32>) {
     let xf = g.alloc(n * k * 4).unwrap();
     let q = g.alloc(n * k).unwrap();
@@ -1059,14 +1066,18 @@ fn rmsnorm_rows(
         1e-6,
         n,
         k,
-        xf.ptr(),
+        if f32_out { xf.ptr() } else { 0 },
         q.ptr(),
         d.ptr(),
         s.ptr(),
     )
     .unwrap();
     (
-        down::<u32>(g, &xf, n * k),
+        if f32_out {
+            down::<u32>(g, &xf, n * k)
+        } else {
+            Vec::new()
+        },
         down::<i8>(g, &q, n * k),
         down::<u32>(g, &d, n * k / 32),
         down::<i32>(g, &s, n * k / 32),
@@ -1987,6 +1998,8 @@ fn gdn_prefill_kernels_vs_decode_kernels() {
         (16usize, 48usize, 128usize, 4usize, 1f32),
         (2, 6, 64, 4, 1.0),
         (16, 48, 128, 4, 80.0),
+        // 3 taps: the generic conv kernel (4 taps take the sliding-window one)
+        (2, 6, 64, 3, 1.0),
     ] {
         for &n in &[9usize, 100, 512] {
             let mut rng = Rng(91 + n as u64 + dk as u64);
@@ -2303,7 +2316,13 @@ fn attention_prefill_vs_decode_path() {
         (300, 45, 128, 8, 2),
         (5, 77, 64, 4, 2),
     ] {
-        attention_prefill_case(g, pos0, n, hd, nh, nkv);
+        // both kernels: the tensor-core default and the FP32 one
+        let dflt = g.attn_prefill_tc();
+        for tc in [true, false] {
+            g.set_attn_prefill_tc(tc);
+            attention_prefill_case(g, pos0, n, hd, nh, nkv);
+        }
+        g.set_attn_prefill_tc(dflt);
     }
 }
 
@@ -2417,8 +2436,13 @@ fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, 
     );
     let e = max_rel(&got, &want);
     let m = nmse(&got, &want);
+    let kind = if g.attn_prefill_tc() {
+        "tensor-core"
+    } else {
+        "fp32"
+    };
     eprintln!(
-        "attention prefill pos0 {pos0} n {n} hd {hd}: max rel {e:.2e}, nmse {m:.2e} vs attn_decode"
+        "attention prefill ({kind}) pos0 {pos0} n {n} hd {hd}: max rel {e:.2e}, nmse {m:.2e} vs attn_decode"
     );
     assert!(e < 1e-4, "attention prefill max rel {e}");
     let (hq, hd_, hs) = host_quant(&got, k);
@@ -2461,8 +2485,32 @@ fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, 
     let split: Vec<f32> = down(g, &outc, n * k);
     assert!(
         bits_eq(&split, &got),
-        "attention prefill split launch differs"
+        "attention prefill ({kind}) split launch differs"
     );
+    if n == 512 {
+        // one layer's attention at a prefill chunk of 512 rows (timing only)
+        let reps = 20;
+        let run = || {
+            g.attn_prefill(
+                qo.ptr(),
+                qfb.ptr(),
+                kc.ptr(),
+                vc.ptr(),
+                n,
+                nh,
+                nkv,
+                hd,
+                pb.ptr(),
+                0,
+                qb.ptr(),
+                db.ptr(),
+                sb.ptr(),
+            )
+        };
+        run().unwrap();
+        let us = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
+        eprintln!("ATTNTIME ({kind}) nh {nh} nkv {nkv} hd {hd} n {n}: {us:.1} us per launch");
+    }
 }
 
 /// What one kernel boundary costs inside a captured graph: chains of 512 dependent launches of a
