@@ -115,7 +115,8 @@ def prefill_section() -> list[str]:
         return []
     names = {
         "int8": "int8 `mma.m16n8k32`, rescale per 32 (`BONSAI_CUDA_GEMM=i8`)",
-        "f16-w4": "f16 `mma.m16n8k16`, 4 warps, 3 stages (default)",
+        "f16-w4": "f16 `mma.m16n8k16`, 4 warps, stages per launch: 2 for Q1_0 at n_in 5120, else 3 (default)",
+        "f16-w4-o3": "f16 `mma.m16n8k16`, 4 warps, 3 stages, 3 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=0`)",
         "f16-w4-o4": "f16 `mma.m16n8k16`, 4 warps, 2 stages, 4 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=1`)",
         "f16-w8": "f16 `mma.m16n8k16`, 8 warps (`BONSAI_CUDA_GEMMH_WARPS=8`)",
         "f16-wgmma4": "f16 `wgmma.m64n64k16`, A from registers, 4 register sets (`BONSAI_CUDA_GEMM=wgmma`)",
@@ -188,6 +189,24 @@ def prefill_section() -> list[str]:
                 cells += [f"{ms:.2f}", f"{512e3 / ms:.0f}"]
             tag = " (default)" if which == first["gdn_default"] else ""
             out.append(f"| {labels.get(which, which)}{tag} | " + " | ".join(cells) + f" | {', '.join(nm) or '—'} |")
+    # the other prefill attention kernel (tensor cores vs CUDA cores)
+    att = {v: d["prefill_attn_alt"] for v, d in runs.items() if d and d.get("prefill_attn_alt")}
+    if att:
+        a0 = next(iter(att.values()))
+        cells = []
+        for v in ("q1", "q2"):
+            d, a = runs.get(v) or {}, att.get(v)
+            if a:
+                cells.append(
+                    f"{d.get('weight_type')} {d['prefill_pp512_ms_median']:.2f} ms with {a['attn_default']} "
+                    f"(default), {a['pp512_ms_median']:.2f} ms with {a['attn']} "
+                    f"(last-row logit NMSE {a['last_logit_nmse_vs_default']:.2e})"
+                )
+        out += [
+            "",
+            f"Prefill attention (`cuda_bench`, same process; `{a0['attn_default']}` = `attn_prefill_tc_hd*`, "
+            "`fp32` = `attn_prefill_hd*`, `BONSAI_CUDA_ATTN_TC=0`): pp512 " + "; ".join(cells) + ".",
+        ]
     prof = []
     for d in runs.values():
         pk = d.get("prefill_kernel_profile", [])
