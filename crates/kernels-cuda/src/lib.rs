@@ -6,6 +6,8 @@
 //! run on a machine with no CUDA at all. Call [`cuda_available`] before [`Gpu::new`].
 
 #[cfg(test)]
+mod attn_tc_emu;
+#[cfg(test)]
 mod gdn_chunk_emu;
 mod gemm;
 mod mvb;

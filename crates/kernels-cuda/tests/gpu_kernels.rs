@@ -2315,6 +2315,10 @@ fn attention_prefill_vs_decode_path() {
         (37, 100, 256, 24, 4),
         (300, 45, 128, 8, 2),
         (5, 77, 64, 4, 2),
+        // a key tile ending one past a warp's first row / starting at its last row (the
+        // tensor-core kernel's unmasked and skipped tiles at their edges)
+        (30, 40, 64, 2, 1),
+        (17, 40, 64, 2, 1),
     ] {
         // both kernels: the tensor-core default and the FP32 one
         let dflt = g.attn_prefill_tc();
