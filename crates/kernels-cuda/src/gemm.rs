@@ -43,7 +43,8 @@ pub struct GemmConfig {
     /// `F16`: warps (32 weight rows each) per CTA, 4 or 8.
     pub warps: usize,
     /// `F16` with 4 warps and 64-row tiles: 2 ring stages at 4 CTAs per SM (`Some(true)`) instead
-    /// of 3 at 3 (`Some(false)`); `None` (the default) picks per launch ([`gemmh_o4_auto`]).
+    /// of 3 at 3 (`Some(false)`); `None` (the default) picks per launch (`gemmh_o4_auto`: 2 stages for
+    /// Q1_0 with n_in <= 5120, where they measured faster).
     pub o4: Option<bool>,
     /// `Wgmma`: A register sets, 2 or 4 (1 or 3 wgmma groups in flight).
     pub wgmma_sets: usize,
