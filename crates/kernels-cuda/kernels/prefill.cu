@@ -605,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
     gk_state_store<256>(Ss, GK_JS, Sh, j0);
 }
 
-// ---- the chunk walk on tensor cores (3xTF32) — opt-in, NOT YET RUN ON A GPU ------------------------
+// ---- the chunk walk on tensor cores (3xTF32) — opt-in: as accurate as the FP32 walk, no faster --------
 
 // gdn_chunk_scan_d128's three products per chunk on mma.m16n8k8 TF32 with the 3xTF32 split
 // (x = hi + lo, hi = tf32(x), lo = tf32(x - hi); D += lo·hi + hi·lo + hi·hi: products near f32).

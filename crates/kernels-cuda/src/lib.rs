@@ -111,7 +111,8 @@ pub enum GdnPrefill {
     /// `gdn_chunk_prep_d128` + the FP32 chunk walk `gdn_chunk_scan_d128`.
     Chunked,
     /// `gdn_chunk_prep_d128` + the tensor-core (3×TF32) chunk walk `gdn_chunk_scan_tc_d128`.
-    /// NOT YET RUN ON A GPU: its indexing is replayed on the host (`gdn_chunk_emu.rs`).
+    /// On the H200 as accurate as the FP32 walk (max relative 4.6e-7 against `gdn_step` at
+    /// n = 512) and no faster (274 vs 277 µs per 27B layer with prep; row by row 223).
     ChunkedTc,
 }
 
