@@ -51,11 +51,15 @@ __device__ __forceinline__ void gdn_conv_row_out(const float y[4], int t, int he
     }
 }
 
+// The parameters of both row-parallel conv kernels (gdn_conv_args on the host).
+#define GDN_CONV_ROWS_PARAMS                                                                              \
+    const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw, \
+        int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,           \
+        const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ dt_bias,  \
+        const float* __restrict__ ssm_a, float* beta_out, float* g_out
+
 extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
-    const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw,
-    int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,
-    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ dt_bias,
-    const float* __restrict__ ssm_a, float* beta_out, float* g_out) {
+    GDN_CONV_ROWS_PARAMS) {
     PDL_ENTRY();
     int head = blockIdx.x, t0 = blockIdx.y * GC_ROWS;
     int t1 = min(t0 + GC_ROWS, n);
@@ -94,10 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows(
 // same bits. grid (2·hk + hv + 1, ceil(n / (8·GC4_RW))), block 256.
 #define GC4_RW 8
 extern "C" __global__ void __launch_bounds__(256) gdn_conv_rows_k4(
-    const float* __restrict__ mixed, const float* __restrict__ conv_state, const float* __restrict__ convw,
-    int kconv, int hk, int hv, int dk, int n, float eps, float* qo, float* ko, float* vo,
-    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ dt_bias,
-    const float* __restrict__ ssm_a, float* beta_out, float* g_out) {
+    GDN_CONV_ROWS_PARAMS) {
     PDL_ENTRY();
     (void)kconv;  // 4
     int head = blockIdx.x, t0 = blockIdx.y * (8 * GC4_RW);
@@ -1235,24 +1236,19 @@ __device__ __forceinline__ void attn_prefill_tc_body(const float* __restrict__ q
     }
 }
 
-#define ATTN_PREFILL_TC_ENTRY(NAME, HD)                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                       \
+// Both prefill attentions (attn_prefill_tc_body, attn_prefill_body) per head dim, same parameters;
+// BOUNDS: the kernel's __launch_bounds__.
+#define ATTN_PREFILL_ENTRY(NAME, BODY, HD, BOUNDS)                                                    \
+    extern "C" __global__ void BOUNDS NAME(                                                           \
         const float* qo, const float* qf, const u16* kc, const u16* vc, int n, int nh, int nkv,       \
         const int* pos0, float* out, i8* q, float* d, int* s) {                                       \
         PDL_ENTRY();                                                                                  \
-        attn_prefill_tc_body<HD>(qo, qf, kc, vc, n, nh, nkv, pos0, out, q, d, s);                     \
+        BODY<HD>(qo, qf, kc, vc, n, nh, nkv, pos0, out, q, d, s);                                     \
     }
-ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd64, 64)
-ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd128, 128)
-ATTN_PREFILL_TC_ENTRY(attn_prefill_tc_hd256, 256)
+ATTN_PREFILL_ENTRY(attn_prefill_tc_hd64, attn_prefill_tc_body, 64, __launch_bounds__(128, 2))
+ATTN_PREFILL_ENTRY(attn_prefill_tc_hd128, attn_prefill_tc_body, 128, __launch_bounds__(128, 2))
+ATTN_PREFILL_ENTRY(attn_prefill_tc_hd256, attn_prefill_tc_body, 256, __launch_bounds__(128, 2))
+ATTN_PREFILL_ENTRY(attn_prefill_hd64, attn_prefill_body, 64, __launch_bounds__(128))
+ATTN_PREFILL_ENTRY(attn_prefill_hd128, attn_prefill_body, 128, __launch_bounds__(128))
+ATTN_PREFILL_ENTRY(attn_prefill_hd256, attn_prefill_body, 256, __launch_bounds__(128))
 
-#define ATTN_PREFILL_ENTRY(NAME, HD)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                          \
-        const float* qo, const float* qf, const u16* kc, const u16* vc, int n, int nh, int nkv,       \
-        const int* pos0, float* out, i8* q, float* d, int* s) {                                       \
-        PDL_ENTRY();                                                                                  \
-        attn_prefill_body<HD>(qo, qf, kc, vc, n, nh, nkv, pos0, out, q, d, s);                        \
-    }
-ATTN_PREFILL_ENTRY(attn_prefill_hd64, 64)
-ATTN_PREFILL_ENTRY(attn_prefill_hd128, 128)
-ATTN_PREFILL_ENTRY(attn_prefill_hd256, 256)

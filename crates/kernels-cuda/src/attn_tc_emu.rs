@@ -9,6 +9,7 @@
 //! index expressions. So a wrong address, fragment or mask shows as an O(1) error; the hi / lo
 //! split leaves ~1e-7. `tests/gpu_kernels.rs` checks the kernel itself on the GPU.
 
+use crate::frag_emu::mma_c_add;
 use crate::mvm_emu::Rng;
 use half::f16;
 
@@ -63,14 +64,9 @@ fn mma(c: &mut [[f64; 4]; 32], a: &[[R2; 4]; 32], b: &[[R2; 2]; 32]) {
             bm[2 * q + 8 + e][g] = b[lane][1][e];
         }
     }
-    let prod = |r: usize, col: usize| (0..16).map(|k| am[r][k] * bm[k][col]).sum::<f64>();
-    for lane in 0..32 {
-        let (g, q) = (lane / 4, lane % 4);
-        c[lane][0] += prod(g, 2 * q);
-        c[lane][1] += prod(g, 2 * q + 1);
-        c[lane][2] += prod(g + 8, 2 * q);
-        c[lane][3] += prod(g + 8, 2 * q + 1);
-    }
+    mma_c_add(c, |r, col| {
+        (0..16).map(|k| am[r][k] * bm[k][col]).sum::<f64>()
+    });
 }
 
 /// B fragments of n8 tile `t` from an x4 load's registers (2t, 2t + 1).

@@ -8,6 +8,7 @@
 //! algebra of the chunked form, the padding of a last partial chunk and a launch split at any row;
 //! `tests/gpu_kernels.rs` checks the kernels themselves on the GPU.
 
+use crate::frag_emu::mma_c_add;
 use crate::mvm_emu::Rng;
 
 const C: usize = 64;
@@ -324,14 +325,9 @@ fn mma_m16n8k8(c: &mut [[f64; 4]; 32], a: &[[f64; 4]; 32], b: &[[f64; 2]; 32]) {
         bm[q][g] = b[lane][0];
         bm[q + 4][g] = b[lane][1];
     }
-    let prod = |r: usize, col: usize| (0..8).map(|kk| am[r][kk] * bm[kk][col]).sum::<f64>();
-    for lane in 0..32 {
-        let (g, q) = (lane / 4, lane % 4);
-        c[lane][0] += prod(g, 2 * q);
-        c[lane][1] += prod(g, 2 * q + 1);
-        c[lane][2] += prod(g + 8, 2 * q);
-        c[lane][3] += prod(g + 8, 2 * q + 1);
-    }
+    mma_c_add(c, |r, col| {
+        (0..8).map(|kk| am[r][kk] * bm[kk][col]).sum::<f64>()
+    });
 }
 
 // the kernel's shared-memory strides

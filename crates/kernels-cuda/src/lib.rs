@@ -8,6 +8,8 @@
 #[cfg(test)]
 mod attn_tc_emu;
 #[cfg(test)]
+mod frag_emu;
+#[cfg(test)]
 mod gdn_chunk_emu;
 mod gemm;
 mod mvb;

@@ -2416,22 +2416,25 @@ fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, 
     let qb = g.upload(&vec![0x7fi8; n * k]).unwrap();
     let db = g.upload(&vec![f32::NAN; n * k / 32]).unwrap();
     let sb = g.upload(&vec![i32::MIN; n * k / 32]).unwrap();
-    g.attn_prefill(
-        qo.ptr(),
-        qfb.ptr(),
-        kc.ptr(),
-        vc.ptr(),
-        n,
-        nh,
-        nkv,
-        hd,
-        pb.ptr(),
-        outb.ptr(),
-        qb.ptr(),
-        db.ptr(),
-        sb.ptr(),
-    )
-    .unwrap();
+    // the one-launch prefill over all rows (f32 output to `out`, 0: none)
+    let prefill_all = |out: u64| {
+        g.attn_prefill(
+            qo.ptr(),
+            qfb.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            n,
+            nh,
+            nkv,
+            hd,
+            pb.ptr(),
+            out,
+            qb.ptr(),
+            db.ptr(),
+            sb.ptr(),
+        )
+    };
+    prefill_all(outb.ptr()).unwrap();
     let want: Vec<f32> = down(g, &outa, n * k);
     let got: Vec<f32> = down(g, &outb, n * k);
     assert!(
@@ -2494,25 +2497,12 @@ fn attention_prefill_case(g: &Gpu, pos0: usize, n: usize, hd: usize, nh: usize, 
     if n == 512 {
         // one layer's attention at a prefill chunk of 512 rows (timing only)
         let reps = 20;
-        let run = || {
-            g.attn_prefill(
-                qo.ptr(),
-                qfb.ptr(),
-                kc.ptr(),
-                vc.ptr(),
-                n,
-                nh,
-                nkv,
-                hd,
-                pb.ptr(),
-                0,
-                qb.ptr(),
-                db.ptr(),
-                sb.ptr(),
-            )
-        };
-        run().unwrap();
-        let us = g.time_ms(|| (0..reps).try_for_each(|_| run())).unwrap() * 1e3 / reps as f32;
+        prefill_all(0).unwrap();
+        let us = g
+            .time_ms(|| (0..reps).try_for_each(|_| prefill_all(0)))
+            .unwrap()
+            * 1e3
+            / reps as f32;
         eprintln!("ATTNTIME ({kind}) nh {nh} nkv {nkv} hd {hd} n {n}: {us:.1} us per launch");
     }
 }
