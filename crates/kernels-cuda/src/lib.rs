@@ -1854,7 +1854,7 @@ impl Gpu {
             Arg::P(d),
             Arg::P(s),
         ];
-        if n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 {
+        if n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 && q % 4 == 0 {
             // long launches: one block per row, which reads the row once (same bits)
             return self.launch(
                 self.f.rmsnorm_quant_rows,
