@@ -3229,8 +3229,9 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
-        // the tensor-core kernel moves Q, the gate and the output in 16-byte pieces
-        let tc = self.attn_prefill_tc() && (qo | qf | kc | vc | out) % 16 == 0;
+        // the tensor-core kernel moves Q, the gate and the output in 16-byte pieces and stores
+        // the codes 4 at a time
+        let tc = self.attn_prefill_tc() && (qo | qf | kc | vc | out) % 16 == 0 && q % 4 == 0;
         let f = match (hd, tc) {
             (64, false) => self.f.attn_prefill_hd64,
             (128, false) => self.f.attn_prefill_hd128,
