@@ -207,6 +207,26 @@ def prefill_section() -> list[str]:
             f"Prefill attention (`cuda_bench`, same process; `{a0['attn_default']}` = `attn_prefill_tc_hd*`, "
             "`fp32` = `attn_prefill_hd*`, `BONSAI_CUDA_ATTN_TC=0`): pp512 " + "; ".join(cells) + ".",
         ]
+    # a deep chunk: the 8th 512-row chunk of a 4,096-token prompt, both attention kernels
+    deep = {v: d["prefill_deep_chunk"] for v, d in runs.items() if d and d.get("prefill_deep_chunk")}
+    if deep:
+        cells = []
+        for v, recs in deep.items():
+            wt = runs[v].get("weight_type")
+            cells.append(
+                f"{wt} "
+                + ", ".join(
+                    f"{r['ms_median']:.1f} ms with {r['attn']} (attention {r['attn_kernels_ms']:.1f} ms)" for r in recs
+                )
+            )
+        r0 = next(iter(deep.values()))[0]
+        out += [
+            "",
+            f"A deep prefill chunk (`cuda_bench`: 512 rows at pos0 = {r0['pos0']}, the 8th chunk of a "
+            f"{r0['pos0'] + r0['n']:,}-token prompt; median of 3, attention from one profiled run): "
+            + "; ".join(cells)
+            + ".",
+        ]
     prof = []
     for d in runs.values():
         pk = d.get("prefill_kernel_profile", [])

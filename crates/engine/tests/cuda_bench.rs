@@ -421,6 +421,89 @@ fn cuda_decode_bench() {
         attn_name(!attn_tc)
     );
 
+    // ---- a deep prefill chunk: the 8th 512-row chunk of a 4,096-token prompt (pos0 = 3,584),
+    // where every query row attends to 3.6-4.1 k keys. The 7 chunks before it run once into a base
+    // state; each timed run restores it (not timed) and runs the chunk, with both attention
+    // kernels, then one profiled run gives the attention kernels' share.
+    let depth = 7 * pp;
+    let prompt_deep: Vec<u32> = (0..(depth + pp) as u32)
+        .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
+        .collect();
+    let deep_ctx = depth + pp + 8;
+    let mut base = SeqState::new(&cuda, &cfg, deep_ctx).unwrap();
+    let mut deep_logits = Vec::new();
+    for chunk in prompt_deep[..depth].chunks(pp) {
+        forward(
+            &cuda,
+            &cfg,
+            &w,
+            &mut base,
+            chunk,
+            GdnMode::Chunked,
+            LogitRows::None,
+            &mut deep_logits,
+            Capture::none(),
+        )
+        .unwrap();
+    }
+    let mut sd = SeqState::new(&cuda, &cfg, deep_ctx).unwrap();
+    let mut deep_run = |profile: bool| -> (f64, Vec<(String, f32)>) {
+        sd.copy_from(&cuda, &base);
+        cuda.gpu().sync().unwrap();
+        if profile {
+            cuda.gpu().profile_begin();
+        }
+        let t = Instant::now();
+        forward(
+            &cuda,
+            &cfg,
+            &w,
+            &mut sd,
+            &prompt_deep[depth..],
+            GdnMode::Chunked,
+            LogitRows::Last,
+            &mut deep_logits,
+            Capture::none(),
+        )
+        .unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let prof = if profile {
+            cuda.gpu().profile_end()
+        } else {
+            Vec::new()
+        };
+        (ms, prof)
+    };
+    let mut deep_json = Vec::new();
+    for tc in [attn_tc, !attn_tc] {
+        gpu.set_attn_prefill_tc(tc);
+        let mut ms: Vec<f64> = (0..4).map(|_| deep_run(false).0).skip(1).collect();
+        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let med = ms[ms.len() / 2];
+        let (_, prof) = deep_run(true);
+        let attn_us: f64 = prof
+            .iter()
+            .filter(|(k, _)| k.starts_with("attn_prefill"))
+            .map(|(_, us)| *us as f64)
+            .sum();
+        let all_us: f64 = prof.iter().map(|(_, us)| *us as f64).sum();
+        println!(
+            "BENCH prefill chunk at pos0 {depth} ({} attention): {med:.2} ms median -> {:.0} tok/s; attention kernels {:.2} of {:.2} ms profiled",
+            attn_name(tc),
+            pp as f64 / (med / 1e3),
+            attn_us / 1e3,
+            all_us / 1e3
+        );
+        deep_json.push(format!(
+            "{{\"attn\": \"{}\", \"pos0\": {depth}, \"n\": {pp}, \"ms_median\": {med:.2}, \"ms_all\": {ms:?}, \"attn_kernels_ms\": {:.3}, \"profiled_ms\": {:.3}}}",
+            attn_name(tc),
+            attn_us / 1e3,
+            all_us / 1e3
+        ));
+    }
+    gpu.set_attn_prefill_tc(attn_tc);
+    let deep_json = format!("[{}]", deep_json.join(", "));
+
     // GEMM alone, n = 512, one grouped launch per layer and category, all layers back to back
     let mut gcats: Vec<(&str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)> = vec![
         ("gdn_in(qkv|z|b|a)", vec![]),
@@ -552,7 +635,7 @@ fn cuda_decode_bench() {
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
          \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \
          \"prefill_pp512_tok_s\": {pp_tps:.1}, \"prefill_gemm\": \"{dflt_name}\", \"gemm_n512_total_ms\": {gemm_total_ms:.3}, \
-         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"prefill_gdn_alt\": {gdn_alt_json}, \"prefill_attn_alt\": {attn_alt_json}, \"alt_gemm_n512\": [{}], \
+         \"gemm_n512\": [{}], \"prefill_alt\": [{}], \"prefill_gdn_alt\": {gdn_alt_json}, \"prefill_attn_alt\": {attn_alt_json}, \"prefill_deep_chunk\": {deep_json}, \"alt_gemm_n512\": [{}], \
          \"prefill_kernel_profile_total_us\": {ptotal:.1}, \
          \"prefill_kernel_profile\": [{}]}}",
         cfg.weight_type.name(),
