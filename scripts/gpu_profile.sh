@@ -5,8 +5,9 @@
 #   2. the SASS of the decode mat-vec kernels and their instruction mix (cuobjdump on the cubin),
 #   3. Nsight Compute on a few launches of the Q1 / Q2 decode mat-vec at the 27B shapes (speed of
 #      light, memory workload, warp stall reasons, scheduler statistics, occupancy),
-#   4. compute-sanitizer memcheck and racecheck on the mat-vec kernel tests.
-# (3b: the same Nsight Compute sections on the prefill GEMM at n = 512.)
+#   4. compute-sanitizer memcheck and racecheck on the mat-vec, prefill attention and norm kernel tests.
+# (3b, with BONSAI_PROFILE_PREFILL=1: the same sections on the prefill hot kernels inside the pp512
+# forward.)
 # Build HERE first: scripts/gpu_check.sh --stage (it packs the cubin too). Run THERE (device tool,
 # repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize] (or BONSAI_PROFILE_SANITIZE=0)
 # Reports go to $OUT (or ./bench/out).
@@ -65,24 +66,37 @@ if command -v ncu >/dev/null; then
   done
 fi
 
-# 3b. the prefill GEMM (n = 512 launches of the real-shape GEMM test)
-if command -v ncu >/dev/null; then
-  echo "== ncu gemm_q1 (n = 512, 5120 -> 17408)" | tee -a "$rep"
-  timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^gemm_q1\$" --launch-skip 8 --launch-count 2 --kill yes \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section SchedulerStats --section Occupancy --section InstructionStats \
-    .device/bin/gpu_gemm --include-ignored --test-threads 1 gemm_real_shapes_k5120 > "$OUT/ncu-gemm.txt" 2>&1
-  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Shared|Executed Ipc|Pipe" \
-    "$OUT/ncu-gemm.txt" | head -50 | tee -a "$rep"
+# 3b. the prefill hot kernels inside cuda_bench's pp512 forward (27B q1 and q2): the default GEMM
+# of each variant, the row-by-row GDN recurrence and the tensor-core attention; one ncu run per kernel, stopped after the profiled launch (each runs cuda_bench's
+# decode part first: about a minute per kernel, so only with BONSAI_PROFILE_PREFILL=1)
+if [[ "${BONSAI_PROFILE_PREFILL:-0}" == 1 ]] && command -v ncu >/dev/null; then
+  for v in q1 q2; do
+    f=/tmp/27b-$v.gguf
+    [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    if [[ $v == q1 ]]; then ks="gemmh_q1_o4 gdn_step_seq_d128 attn_prefill_tc_hd256"; else ks="gemmh_q2"; fi
+    for k in $ks; do
+      echo "== ncu $k (27B $v, pp512 forward)" | tee -a "$rep"
+      BONSAI_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
+        --launch-skip 2 --launch-count 1 --kill yes \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section InstructionStats --section ComputeWorkloadAnalysis \
+        .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture > "$OUT/ncu-pp-$v-$k.txt" 2>&1
+      grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Shared|Executed Ipc|Pipe" \
+        "$OUT/ncu-pp-$v-$k.txt" | head -40 | tee -a "$rep"
+    done
+  done
 fi
 
 # 4. memory errors and races in the mat-vec kernels (kernel tests only: the sanitizer is slow)
 if [[ $SANITIZE == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool" | tee -a "$rep"
-    timeout ${BONSAI_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
-      --test-threads 1 matvec_lowbit_real_shapes_vs_reference > "$OUT/sanitize-$tool.txt" 2>&1
-    echo "rc=$? $(grep -E "ERROR SUMMARY|test result" "$OUT/sanitize-$tool.txt" | tr '\n' ' ')" | tee -a "$rep"
+    # the decode mat-vec and the prefill kernels with shared-memory staging
+    for t in matvec_lowbit_real_shapes_vs_reference attention_prefill_vs_decode_path rmsnorm_quant_vs_reference; do
+      timeout ${BONSAI_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
+        --test-threads 1 --exact $t > "$OUT/sanitize-$tool-$t.txt" 2>&1
+      echo "$t rc=$? $(grep -E "ERROR SUMMARY|test result" "$OUT/sanitize-$tool-$t.txt" | tr '\n' ' ')" | tee -a "$rep"
+    done
   done
 fi
 rm -f "$OUT/all.sass"
