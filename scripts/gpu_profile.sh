@@ -67,8 +67,9 @@ if command -v ncu >/dev/null; then
 fi
 
 # 3b. the prefill hot kernels inside cuda_bench's pp512 forward (27B q1 and q2): the default GEMM
-# of each variant, the row-by-row GDN recurrence and the tensor-core attention; one ncu run per kernel, stopped after the profiled launch (each runs cuda_bench's
-# decode part first: about a minute per kernel, so only with BONSAI_PROFILE_PREFILL=1)
+# of each variant, the row-by-row GDN recurrence and the tensor-core attention; one ncu run per
+# kernel, stopped after the profiled launch (each runs cuda_bench's decode part first: about a
+# minute per kernel, so only with BONSAI_PROFILE_PREFILL=1)
 if [[ "${BONSAI_PROFILE_PREFILL:-0}" == 1 ]] && command -v ncu >/dev/null; then
   for v in q1 q2; do
     f=/tmp/27b-$v.gguf
