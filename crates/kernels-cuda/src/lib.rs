@@ -3229,9 +3229,13 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
-        // the tensor-core kernel moves Q, the gate and the output in 16-byte pieces and stores
-        // the codes 4 at a time
-        let tc = self.attn_prefill_tc() && (qo | qf | kc | vc | out) % 16 == 0 && q % 4 == 0;
+        // the tensor-core kernel moves Q, the gate and the output in 16-byte pieces, stores the
+        // codes 4 at a time and needs 99 KiB of shared memory at hd 256 (what sm_86 / sm_89 allow
+        // a block; sm_80 and sm_90 more): else the FP32 kernel
+        let tc = self.attn_prefill_tc()
+            && (qo | qf | kc | vc | out) % 16 == 0
+            && q % 4 == 0
+            && attn_prefill_tc_smem(hd) <= self.smem_optin()?;
         let f = match (hd, tc) {
             (64, false) => self.f.attn_prefill_hd64,
             (128, false) => self.f.attn_prefill_hd128,
