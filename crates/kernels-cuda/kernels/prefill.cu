@@ -983,14 +983,16 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ qo, 
 // AT_BK = 32 positions aligned to position 0. Per key tile a warp computes S = Q·Kᵀ (16 × 32, C
 // fragments in registers), masks and exponentiates it, and feeds P straight from the C layout as
 // the A fragments of O += P·V (FA2's register reuse), O being 16 × HD f32 per warp in registers.
-// A warp skips a key tile that is masked for all its 16 rows (an exact no-op: corr = 1, P = 0), so
-// a row's arithmetic depends only on its own position: a launch split at any row gives the same
-// bits. Shared memory (f16 rows padded to AT_ST = HD + 8: conflict-free ldmatrix):
-//   Qh, Ql [AT_BQ][AT_ST] | K [AT_BK][AT_ST] | V [AT_BK][AT_ST]; the output rows are staged as f32
+// A warp skips a key tile that is masked for all its 16 rows, and the O rescale when no row's
+// maximum moved (exact no-ops: corr = 1, P = 0), so a row's arithmetic depends only on its own
+// position: a launch split at any row gives the same bits. Row tiles run heaviest (most keys)
+// first. Shared memory (f16 rows padded to ST = HD + 8: conflict-free ldmatrix):
+//   Qh, Ql [AT_BQ][ST] | K [AT_BK][ST] | V [AT_BK][ST]; the output rows are staged as f32
 //   [AT_BQ][HD] over Qh/Ql at the end.
 // K of tile i+1 loads during P·V of tile i, V of tile i during its scores (cp.async); key loads
-// past L = *pos0 + n are clamped to L − 1 (finite: P·V never meets a NaN).
-// grid (nh, ceil(n / AT_BQ)), block 128, attn_tc_smem(HD) bytes.
+// past L = *pos0 + n are clamped to L − 1 (finite: P·V never meets a NaN). src/attn_tc_emu.rs
+// replays this kernel lane by lane on the host.
+// grid (nh, ceil(n / AT_BQ)), block 128, AT_SMEM(HD) bytes (attn_prefill_tc_smem on the host).
 #define AT_BQ 64
 #define AT_BK 32
 #define AT_SMEM(HD) ((2 * AT_BQ + 2 * AT_BK) * ((HD) + 8) * 2)
