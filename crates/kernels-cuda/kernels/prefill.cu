@@ -508,10 +508,13 @@ __device__ __forceinline__ void gk_fill_k(float* K, int kst, const float* __rest
 //   Δ [64][16] | Δ scaled to the chunk end [64][16]
 // Per chunk: thread (t = tid / 4, 4 columns) forms row t of W S0 and Q S0 over two 64-key halves,
 // then Δ and O; then thread (key si = tid / 2, 8 columns) updates its state entries.
+// The parameters of both chunk walks (the FP32 one and the tensor-core one).
+#define GK_SCAN_PARAMS                                                                                  \
+    float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0, \
+        const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,     \
+        const float* __restrict__ dl, int hk, int hv, int n, float* out
 extern "C" __global__ void __launch_bounds__(256) gdn_chunk_scan_d128(
-    float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0,
-    const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,
-    const float* __restrict__ dl, int hk, int hv, int n, float* out) {
+    GK_SCAN_PARAMS) {
     PDL_ENTRY();
     extern __shared__ __align__(16) float gk_sm[];
     float* Ss = gk_sm;
@@ -652,9 +655,7 @@ __device__ __forceinline__ void mma_3xtf32(float* c, const float* a, const float
     mma_tf32(c, ah, bh);
 }
 extern "C" __global__ void __launch_bounds__(128) gdn_chunk_scan_tc_d128(
-    float* S, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ u0,
-    const float* __restrict__ wk, const float* __restrict__ pm, const float* __restrict__ gam,
-    const float* __restrict__ dl, int hk, int hv, int n, float* out) {
+    GK_SCAN_PARAMS) {
     PDL_ENTRY();
     extern __shared__ __align__(16) float gk_sm[];
     float* Ss = gk_sm;
