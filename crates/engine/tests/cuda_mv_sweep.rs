@@ -331,3 +331,118 @@ fn cuda_mv_plan_sweep() {
         std::fs::write(out, &json).unwrap();
     }
 }
+
+/// The blk mat-vec family (`kernels/mvk.cu`: one scale block per lane) against the default plan
+/// of the other families (what the engine runs with the blk family off), per matrix category of a
+/// real-shape model: one-row launches with 1 or 2 rows per lane group and every K split, and
+/// 5-row launches (a speculative verify) with every K split; µs per launch, median of 5 passes
+/// of the category's launches back to back. `SWEEP blk` lines; JSON to `$BONSAI_SWEEP_OUT` when
+/// set. Runs only when `$BONSAI_BENCH_MODEL` names a GGUF and a CUDA device exists; otherwise
+/// prints SKIPPED. The default blk plan lives in `mvk_default_plan` (kernels-cuda/src/lib.rs).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_mv_blk_sweep() {
+    let Ok(path) = std::env::var("BONSAI_BENCH_MODEL") else {
+        eprintln!("SKIPPED cuda_mv_blk_sweep: BONSAI_BENCH_MODEL not set (not counted as run)");
+        return;
+    };
+    if !CudaBackend::available() {
+        eprintln!("SKIPPED cuda_mv_blk_sweep: no CUDA device (not counted as run)");
+        return;
+    }
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let cats = common::mat_categories(&w, false);
+    let med = |mut v: Vec<f32>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2] as f64
+    };
+    let gpu = cuda.gpu();
+    let blk0 = cats.first().is_some_and(|c| gpu.mv_blk(c.1[0][0].kind));
+    gpu.set_mv_blk(false);
+    let mut json = Vec::new();
+    let (mut tot_base, mut tot_blk) = ([0f64; 2], [0f64; 2]);
+    for (name, groups) in &cats {
+        let rows: usize = groups[0].iter().map(|m| m.n_out).sum();
+        let n_in = groups[0][0].n_in;
+        let kind = groups[0][0].kind;
+        let per = |ms: f64| ms * 1e3 / groups.len() as f64;
+        let time = |plan: Option<MvPlan>, n: usize| {
+            gpu.set_mv_override(plan);
+            per(med(cuda.time_mv_pass_n(&cfg, groups, n, 5).unwrap()))
+        };
+        let base = [time(None, 1), time(None, 5)];
+        let mut cells = Vec::new();
+        let mut best: [Option<(String, f64)>; 2] = [None, None];
+        for ks in [1, 2, 4] {
+            for r in [1, 2] {
+                let p = MvPlan {
+                    blk: true,
+                    ..MvPlan::dp4a(r, ks, true)
+                };
+                let us = time(Some(p), 1);
+                let tag = format!("n1-r{r}k{ks}");
+                cells.push(format!("\"{tag}\": {us:.2}"));
+                if best[0].as_ref().is_none_or(|b| us < b.1) {
+                    best[0] = Some((tag, us));
+                }
+            }
+            let p = MvPlan {
+                blk: true,
+                ..MvPlan::dp4a(1, ks, true)
+            };
+            let us = time(Some(p), 5);
+            let tag = format!("n5-k{ks}");
+            cells.push(format!("\"{tag}\": {us:.2}"));
+            if best[1].as_ref().is_none_or(|b| us < b.1) {
+                best[1] = Some((tag, us));
+            }
+        }
+        gpu.set_mv_override(None);
+        let (b1, b5) = (best[0].clone().unwrap(), best[1].clone().unwrap());
+        for i in 0..2 {
+            tot_base[i] += base[i] * groups.len() as f64;
+        }
+        tot_blk[0] += b1.1 * groups.len() as f64;
+        tot_blk[1] += b5.1 * groups.len() as f64;
+        println!(
+            "SWEEP blk {name:<18} rows {rows:>6} n_in {n_in:>5} {kind:?} | n=1 default {:7.2} best blk {} {:7.2} ({:.2}x) | n=5 default {:7.2} best blk {} {:7.2} ({:.2}x) | {}",
+            base[0],
+            b1.0,
+            b1.1,
+            base[0] / b1.1,
+            base[1],
+            b5.0,
+            b5.1,
+            base[1] / b5.1,
+            cells.join(" ")
+        );
+        json.push(format!(
+            "{{\"category\": \"{name}\", \"rows\": {rows}, \"n_in\": {n_in}, \"n1_default_us\": {:.2}, \"n5_default_us\": {:.2}, \"n1_best\": \"{}\", \"n5_best\": \"{}\", {}}}",
+            base[0],
+            base[1],
+            b1.0,
+            b5.0,
+            cells.join(", ")
+        ));
+    }
+    gpu.set_mv_blk(blk0);
+    println!(
+        "SWEEP blk total per token (all launches of a step, best plan each): n=1 default {:.1} us, blk {:.1} us | n=5 default {:.1} us, blk {:.1} us",
+        tot_base[0], tot_blk[0], tot_base[1], tot_blk[1]
+    );
+    if let Ok(out) = std::env::var("BONSAI_SWEEP_OUT") {
+        std::fs::write(
+            out,
+            format!(
+                "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"blk\": [{}]}}",
+                cfg.weight_type.name(),
+                cuda.name(),
+                json.join(", ")
+            ),
+        )
+        .unwrap();
+    }
+}
