@@ -49,7 +49,6 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvp.cu"),
     include_str!("../kernels/mvo.cu"),
     include_str!("../kernels/mvs.cu"),
-    include_str!("../kernels/mvk.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -227,11 +226,6 @@ const MV_WARPS: usize = 4;
 /// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`.
 /// Bit-equal between n = 1 and n ≤ 8 on the H200, but slower at both (decode 4.69 against 3.24 ms
 /// on Q1; `mvt` at n = 5 0.44–1.12× dp4a: cuda-mv-sweep-q1.json `o8_vs_dp4a`).
-///
-/// `blk` (`BONSAI_CUDA_MV_BLK`, [`Gpu::set_mv_blk`], or an explicit plan): the `kernels/mvk.cu`
-/// family in its own float order (a lane takes whole scale blocks, 8 lanes per row), the same for
-/// every n: one-row launches with `r` (1 or 2) rows per lane group, n ≥ 2 one row per lane group,
-/// both with K split `ks`. Needs 16-byte aligned codes and activations (the launcher says so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
@@ -243,7 +237,6 @@ pub struct MvPlan {
     pub b1: bool,
     pub pipe: bool,
     pub o8: bool,
-    pub blk: bool,
 }
 
 impl MvPlan {
@@ -261,7 +254,6 @@ impl MvPlan {
             b1: false,
             pipe: false,
             o8: false,
-            blk: false,
         }
     }
 }
@@ -345,29 +337,6 @@ fn mvp_default_on(kind: WKind, rows: usize) -> bool {
 /// cuda-mv-sweep-*.json, `pipe_vs_dp4a` and `all`).
 pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
     4
-}
-
-/// Whether the blk mat-vec family is on for `kind` by default: `BONSAI_CUDA_MV_BLK=1` (every
-/// kind), `=0` (none), else the default [`MV_BLK_DEFAULT_Q1`] for Q1_0 and off for the others.
-fn mv_blk_env() -> u8 {
-    match std::env::var("BONSAI_CUDA_MV_BLK").as_deref() {
-        Ok("1") => 2,
-        Ok("0") => 0,
-        _ => MV_BLK_DEFAULT_Q1 as u8,
-    }
-}
-
-/// Whether Q1_0 models take the blk mat-vec family by default.
-pub const MV_BLK_DEFAULT_Q1: bool = false;
-
-/// The blk family's launch plan for `rows` output rows at one activation row: rows per lane group
-/// and K split (a first guess until the H200 sweep, `cuda_mv_blk_sweep`, replaces it).
-pub fn mvk_default_plan(_kind: WKind, rows: usize, _n_in: usize) -> (usize, usize) {
-    if rows <= 15_000 {
-        (1, 2)
-    } else {
-        (1, 1)
-    }
 }
 
 /// Whether `BONSAI_CUDA_MV_O8=1` asks for the o8 mat-vec family (read once per `Gpu`).
@@ -1284,33 +1253,6 @@ kernels!(
         mvs_q2g64_r4_k1,
         mvs_q2g64_r4_k2,
         mvs_q2g64_r4_k4,
-        mvk_q1_n8_k1,
-        mvk_q1_n8_k2,
-        mvk_q1_n8_k4,
-        mvk_q1_n1_r1_k1,
-        mvk_q1_n1_r1_k2,
-        mvk_q1_n1_r1_k4,
-        mvk_q1_n1_r2_k1,
-        mvk_q1_n1_r2_k2,
-        mvk_q1_n1_r2_k4,
-        mvk_q2_n8_k1,
-        mvk_q2_n8_k2,
-        mvk_q2_n8_k4,
-        mvk_q2_n1_r1_k1,
-        mvk_q2_n1_r1_k2,
-        mvk_q2_n1_r1_k4,
-        mvk_q2_n1_r2_k1,
-        mvk_q2_n1_r2_k2,
-        mvk_q2_n1_r2_k4,
-        mvk_q2g64_n8_k1,
-        mvk_q2g64_n8_k2,
-        mvk_q2g64_n8_k4,
-        mvk_q2g64_n1_r1_k1,
-        mvk_q2g64_n1_r1_k2,
-        mvk_q2g64_n1_r1_k4,
-        mvk_q2g64_n1_r2_k1,
-        mvk_q2g64_n1_r2_k2,
-        mvk_q2g64_n1_r2_k4,
     ],
     plain: [
         spin_ns,
@@ -1420,9 +1362,6 @@ pub struct Gpu {
     carveout: Mutex<(Option<u8>, bool)>,
     /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
     mv_o8: AtomicBool,
-    /// Default plans use the blk family: 0 never, 1 for Q1_0, 2 for every kind
-    /// (`BONSAI_CUDA_MV_BLK`).
-    mv_blk: AtomicU8,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     resident_capacity: Mutex<Vec<((usize, usize), usize)>>,
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
@@ -1538,7 +1477,6 @@ impl Gpu {
             smem_optin: std::sync::OnceLock::new(),
             carveout: Mutex::new((None, false)),
             mv_o8: AtomicBool::new(mv_o8_env()),
-            mv_blk: AtomicU8::new(mv_blk_env()),
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
@@ -2024,23 +1962,6 @@ impl Gpu {
                     self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
                 )
             }
-        } else if plan.blk {
-            // one scale block per lane: 16-byte code vectors, activation scale / sum vectors
-            let be = if kind == WKind::Q2G64 { 64 } else { 128 };
-            let dal = if kind == WKind::Q2G64 { 8 } else { 16 };
-            if n_in % be != 0 {
-                return Err(CudaError(format!(
-                    "mv_lowbit (blk): n_in {n_in} is not a multiple of the {be}-element block"
-                )));
-            }
-            if q % 16 != 0 || d % dal != 0 || s % dal != 0 || segs.iter().any(|g| g.codes % 16 != 0)
-            {
-                return Err(CudaError(format!(
-                    "mv_lowbit (blk): misaligned codes or activations q {q:#x} d {d:#x} s {s:#x}"
-                )));
-            }
-            let rr = if n == 1 { plan.r } else { 1 };
-            (4 * rr, self.mvk_func(kind, n == 1, rr, plan.ks)?)
         } else if plan.o8 {
             if n == 1 {
                 (4 * plan.r, self.mvo_func(kind, plan.r, plan.ks)?)
@@ -2060,54 +1981,6 @@ impl Gpu {
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
-    }
-
-    /// The blk kernel of `kind`: one-row (`n1`, `r` 1 or 2 rows per lane group) or n-row, K split
-    /// `ks`.
-    fn mvk_func(&self, kind: WKind, n1: bool, r: usize, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = match kind {
-            WKind::Q1 => [
-                [f.mvk_q1_n8_k1, f.mvk_q1_n8_k2, f.mvk_q1_n8_k4],
-                [f.mvk_q1_n1_r1_k1, f.mvk_q1_n1_r1_k2, f.mvk_q1_n1_r1_k4],
-                [f.mvk_q1_n1_r2_k1, f.mvk_q1_n1_r2_k2, f.mvk_q1_n1_r2_k4],
-            ],
-            WKind::Q2 => [
-                [f.mvk_q2_n8_k1, f.mvk_q2_n8_k2, f.mvk_q2_n8_k4],
-                [f.mvk_q2_n1_r1_k1, f.mvk_q2_n1_r1_k2, f.mvk_q2_n1_r1_k4],
-                [f.mvk_q2_n1_r2_k1, f.mvk_q2_n1_r2_k2, f.mvk_q2_n1_r2_k4],
-            ],
-            WKind::Q2G64 => [
-                [f.mvk_q2g64_n8_k1, f.mvk_q2g64_n8_k2, f.mvk_q2g64_n8_k4],
-                [
-                    f.mvk_q2g64_n1_r1_k1,
-                    f.mvk_q2g64_n1_r1_k2,
-                    f.mvk_q2g64_n1_r1_k4,
-                ],
-                [
-                    f.mvk_q2g64_n1_r2_k1,
-                    f.mvk_q2g64_n1_r2_k2,
-                    f.mvk_q2g64_n1_r2_k4,
-                ],
-            ],
-            _ => return Err(CudaError(format!("mv_lowbit (blk) on {kind:?}"))),
-        };
-        let ri = match (n1, r) {
-            (false, _) => 0,
-            (true, 1) => 1,
-            (true, 2) => 2,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_lowbit (blk): no one-row variant with {r} rows per lane group"
-                )))
-            }
-        };
-        match ks {
-            1 | 2 | 4 => Ok(t[ri][ks.trailing_zeros() as usize]),
-            _ => Err(CudaError(format!(
-                "mv_lowbit (blk): no variant with K split {ks}"
-            ))),
-        }
     }
 
     /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
@@ -2276,7 +2149,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 11] {
+    pub fn launch_mode_key(&self) -> [u64; 10] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2289,7 +2162,6 @@ impl Gpu {
             self.mv_mma() as u64,
             self.mv_pipe() as u64,
             self.mv_o8() as u64,
-            self.mv_blk.load(Ordering::Relaxed) as u64,
             self.mv_staged_mode() as u64,
             self.mvs_stages() as u64,
             self.mvs_rows() as u64,
@@ -2567,13 +2439,6 @@ impl Gpu {
             return p;
         }
         let mut p = mv_default_plan(kind, n, rows, n_in, self.mv_mma());
-        if !p.mma && !self.mv_o8() && self.mv_blk(kind) {
-            let (r, ks) = mvk_default_plan(kind, rows, n_in);
-            return MvPlan {
-                blk: true,
-                ..MvPlan::dp4a(r, ks, true)
-            };
-        }
         if !p.mma && self.mv_o8() {
             // the same K split and rows per lane group as the dp4a default rows per lane (a first
             // guess for the sweep to replace)
@@ -2594,24 +2459,6 @@ impl Gpu {
     /// any time for correctness, but captured graphs key on it (they bake the launch in).
     pub fn mv_pipe(&self) -> bool {
         self.mv_pipe.load(Ordering::Relaxed)
-    }
-
-    /// Whether the default plans of `kind` use the blk family (`kernels/mvk.cu`;
-    /// `BONSAI_CUDA_MV_BLK`, default [`MV_BLK_DEFAULT_Q1`] for Q1_0, off for the others). The o8
-    /// and tensor-core switches take precedence.
-    pub fn mv_blk(&self, kind: WKind) -> bool {
-        match self.mv_blk.load(Ordering::Relaxed) {
-            0 => false,
-            1 => kind == WKind::Q1,
-            _ => true,
-        }
-    }
-
-    /// Switch the blk family on (for every kind) or off. Applies to every n (decode and verify
-    /// rows must come from the same family), so change it only between requests; captured graphs
-    /// key on it.
-    pub fn set_mv_blk(&self, on: bool) {
-        self.mv_blk.store(if on { 2 } else { 0 }, Ordering::Relaxed);
     }
 
     /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).
@@ -2708,8 +2555,7 @@ impl Gpu {
     }
 
     /// Force one plan for every low-bit mat-vec (benchmark sweeps and tests); `None` restores the
-    /// shape-based defaults. dp4a plans: `r` 2 or 4; tensor-core and blk plans: `r` 1 or 2; `ks` 1,
-    /// 2 or 4.
+    /// shape-based defaults. dp4a plans: `r` 2 or 4; tensor-core plans: `r` 1 or 2; `ks` 1, 2 or 4.
     pub fn set_mv_override(&self, plan: Option<MvPlan>) {
         if let Some(p) = plan {
             let r_ok = if p.b1 {
@@ -2718,8 +2564,6 @@ impl Gpu {
                 matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
             } else if p.o8 {
                 matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct && !p.pipe
-            } else if p.blk {
-                matches!(p.r, 1 | 2) && p.n1_rl == 0 && !p.direct && !p.pipe
             } else if p.pipe {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {

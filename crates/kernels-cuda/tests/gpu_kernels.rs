@@ -380,31 +380,6 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 run_mv_plan(g, qt, 384, 50, n, 60 + i as u64, plan);
             }
         }
-        // the blk family (one scale block per lane): n-row launches equal the one-row launches
-        // bit for bit; 1 or 2 rows per lane group, every K split, ragged shapes (50 rows: a
-        // partial warp unit; 384 = 3 blocks: lanes of a group without a block; 17408 = 136 blocks,
-        // a partial batch)
-        for (i, (r, ks, pre)) in [
-            (1, 1, true),
-            (2, 2, false),
-            (1, 4, true),
-            (2, 1, true),
-            (1, 2, false),
-            (2, 4, true),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let plan = Some(MvPlan {
-                blk: true,
-                ..MvPlan::dp4a(r, ks, pre)
-            });
-            for n in [2, 5, 8] {
-                run_mv_plan(g, qt, 17408, 5120, n, 70 + i as u64, plan);
-                run_mv_plan(g, qt, 5120, 48, n, 80 + i as u64, plan);
-                run_mv_plan(g, qt, 384, 50, n, 90 + i as u64, plan);
-            }
-        }
     }
 }
 
