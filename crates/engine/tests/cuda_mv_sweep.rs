@@ -51,12 +51,12 @@ fn cuda_mv_plan_sweep() {
     // the tensor cores), and the dp4a one-row kernel in the tensor-core float order (mvx, `r` =
     // rows per lane)
     for (mma, direct, x, rs) in [
-        (false, false, false, [2, 4]),
-        (true, false, false, [1, 2]),
-        (true, true, false, [1, 2]),
-        (true, false, true, [1, 2]),
+        (false, false, false, &[2, 4, 8][..]),
+        (true, false, false, &[1, 2]),
+        (true, true, false, &[1, 2]),
+        (true, false, true, &[1, 2]),
     ] {
-        for r in rs {
+        for &r in rs {
             for ks in [1, 2, 4] {
                 for pre in [true, false] {
                     plans.push(MvPlan {
@@ -223,6 +223,7 @@ fn cuda_mv_plan_sweep() {
                 let p = MvPlan {
                     r,
                     o8: true,
+                    pipe: false,
                     ..plain_default
                 };
                 gpu.set_mv_override(Some(p));

@@ -512,11 +512,11 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
                  mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp; `_n1` (decode)
-// take one, with R = 2 or 4 weight rows per warp (register caps chosen so nothing spills). `_kKS`
-// splits each row's K range over KS warps of the block. R and U never change a row's float ops;
-// KS does, so the launcher picks KS from the matrix shape alone (never from n): row t of an n-row
-// launch equals the 1-row launch bit for bit.
-#define MV_KIND_ENTRIES(K, KIND, MB)                                \
+// take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads per weight; the
+// register caps are chosen so nothing spills). `_kKS` splits each row's K range over KS warps of
+// the block. R and U never change a row's float ops; KS does, so the launcher picks KS from the
+// matrix shape alone (never from n): row t of an n-row launch equals the 1-row launch bit for bit.
+#define MV_KIND_ENTRIES(K, KIND, MB, MB8)                           \
     MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 4, 1, 1)              \
     MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 4, 2, 1)              \
     MV_ENTRY(mv_##K##_n8_k4, KIND, MAXN, 2, 4, 4, 1)              \
@@ -525,10 +525,13 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \
     MV_ENTRY(mv_##K##_n1_r4_k1, KIND, 1, 4, 4, 1, MB)              \
     MV_ENTRY(mv_##K##_n1_r4_k2, KIND, 1, 4, 4, 2, 5)              \
-    MV_ENTRY(mv_##K##_n1_r4_k4, KIND, 1, 4, 4, 4, 5)
-MV_KIND_ENTRIES(q1, 1, 6)
-MV_KIND_ENTRIES(q2, 2, 5)
-MV_KIND_ENTRIES(q2g64, 3, 5)
+    MV_ENTRY(mv_##K##_n1_r4_k4, KIND, 1, 4, 4, 4, 5)              \
+    MV_ENTRY(mv_##K##_n1_r8_k1, KIND, 1, 8, 2, 1, MB8)              \
+    MV_ENTRY(mv_##K##_n1_r8_k2, KIND, 1, 8, 2, 2, MB8)              \
+    MV_ENTRY(mv_##K##_n1_r8_k4, KIND, 1, 8, 2, 4, MB8)
+MV_KIND_ENTRIES(q1, 1, 6, 5)
+MV_KIND_ENTRIES(q2, 2, 5, 4)
+MV_KIND_ENTRIES(q2g64, 3, 5, 4)
 
 // f32 weights (other types, dequantized at load), f32 activations. One warp per row.
 extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __restrict__ x, float* y,

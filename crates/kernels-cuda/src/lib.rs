@@ -271,13 +271,17 @@ fn mv_default_ks(_kind: WKind, rows: usize, _n_in: usize) -> usize {
     }
 }
 
-/// Weight rows per warp of an n = 1 launch (the n ≤ 8 variants always take 2): 4 everywhere but
-/// the large Q2 launches, where 2 measured the same or better.
+/// Weight rows per warp of an n = 1 launch (the n ≤ 8 variants always take 2): 4, but 2 for the
+/// large Q2 launches (measured the same or better) and 8 for the large Q1 launches (K split 1),
+/// where each activation load then feeds 8 rows: H200 sweep of the 27B Q1_0 file
+/// (bench/results/cuda-mv-sweep-r8-q1.json), µs per launch r4 → r8: gdn q‖z‖b‖a 8.80 → 8.32,
+/// gate‖up 13.93 → 13.18, head 81.4 → 75.7; the 5120-row outputs and attn q‖k‖v (K split 2)
+/// are slower with 8.
 fn mv_default_r(kind: WKind, rows: usize) -> usize {
-    if kind != WKind::Q1 && rows > 15_000 {
-        2
-    } else {
-        4
+    match (kind, rows > 15_000) {
+        (WKind::Q1, true) => 8,
+        (_, true) => 2,
+        _ => 4,
     }
 }
 
@@ -1056,6 +1060,9 @@ kernels!(
         mv_q1_n1_r4_k1,
         mv_q1_n1_r4_k2,
         mv_q1_n1_r4_k4,
+        mv_q1_n1_r8_k1,
+        mv_q1_n1_r8_k2,
+        mv_q1_n1_r8_k4,
         mv_q2_n8_k1,
         mv_q2_n8_k2,
         mv_q2_n8_k4,
@@ -1065,6 +1072,9 @@ kernels!(
         mv_q2_n1_r4_k1,
         mv_q2_n1_r4_k2,
         mv_q2_n1_r4_k4,
+        mv_q2_n1_r8_k1,
+        mv_q2_n1_r8_k2,
+        mv_q2_n1_r8_k4,
         mv_q2g64_n8_k1,
         mv_q2g64_n8_k2,
         mv_q2g64_n8_k4,
@@ -1074,6 +1084,9 @@ kernels!(
         mv_q2g64_n1_r4_k1,
         mv_q2g64_n1_r4_k2,
         mv_q2g64_n1_r4_k4,
+        mv_q2g64_n1_r8_k1,
+        mv_q2g64_n1_r8_k2,
+        mv_q2g64_n1_r8_k4,
         mv_f32,
         embed_rows,
         gdn_conv,
@@ -2444,7 +2457,7 @@ impl Gpu {
             // guess for the sweep to replace)
             p.o8 = true;
             p.pipe = false;
-            p.r = mv_default_r(kind, rows);
+            p.r = mv_default_r(kind, rows).min(4);
             return p;
         }
         if n == 1 && !p.mma && self.mv_pipe() {
@@ -2567,7 +2580,7 @@ impl Gpu {
             } else if p.pipe {
                 matches!(p.r, 2 | 4) && p.n1_rl == 0 && !p.direct
             } else {
-                matches!(p.r, 2 | 4) && p.n1_rl == 0
+                matches!(p.r, 2 | 4 | 8) && p.n1_rl == 0
             };
             assert!(r_ok && matches!(p.ks, 1 | 2 | 4), "bad plan {p:?}");
         }
@@ -2666,11 +2679,13 @@ impl Gpu {
                 [f.mv_q1_n8_k1, f.mv_q1_n8_k2, f.mv_q1_n8_k4],
                 [f.mv_q1_n1_r2_k1, f.mv_q1_n1_r2_k2, f.mv_q1_n1_r2_k4],
                 [f.mv_q1_n1_r4_k1, f.mv_q1_n1_r4_k2, f.mv_q1_n1_r4_k4],
+                [f.mv_q1_n1_r8_k1, f.mv_q1_n1_r8_k2, f.mv_q1_n1_r8_k4],
             ],
             WKind::Q2 => [
                 [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
                 [f.mv_q2_n1_r2_k1, f.mv_q2_n1_r2_k2, f.mv_q2_n1_r2_k4],
                 [f.mv_q2_n1_r4_k1, f.mv_q2_n1_r4_k2, f.mv_q2_n1_r4_k4],
+                [f.mv_q2_n1_r8_k1, f.mv_q2_n1_r8_k2, f.mv_q2_n1_r8_k4],
             ],
             WKind::Q2G64 => [
                 [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
@@ -2684,6 +2699,11 @@ impl Gpu {
                     f.mv_q2g64_n1_r4_k2,
                     f.mv_q2g64_n1_r4_k4,
                 ],
+                [
+                    f.mv_q2g64_n1_r8_k1,
+                    f.mv_q2g64_n1_r8_k2,
+                    f.mv_q2g64_n1_r8_k4,
+                ],
             ],
             WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
             WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
@@ -2692,6 +2712,7 @@ impl Gpu {
             (false, _) => 0,
             (true, 2) => 1,
             (true, 4) => 2,
+            (true, 8) => 3,
             _ => {
                 return Err(CudaError(format!(
                     "mv_lowbit: no variant with {r} rows per warp"

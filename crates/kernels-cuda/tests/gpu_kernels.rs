@@ -331,8 +331,8 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         run_mv(g, qt, 5120, 48, 5, 4);
         // ragged: n_out not a multiple of the rows per warp, n_in not a multiple of 32 sub-blocks
         run_mv(g, qt, 384, 50, 2, 5);
-        // every variant: K split 1 / 2 / 4, 2 or 4 rows per warp, weights loaded before or after
-        // the PDL wait; the pipelined one-row kernels (`pipe`) with 2 or 4 rows per group
+        // every variant: K split 1 / 2 / 4, 2, 4 or 8 rows per warp, weights loaded before or
+        // after the PDL wait; the pipelined one-row kernels (`pipe`) with 2 or 4 rows per group
         for (i, (r, ks, pre, pipe)) in [
             (2, 1, true, false),
             (4, 2, false, false),
@@ -345,6 +345,9 @@ fn matvec_lowbit_real_shapes_vs_reference() {
             (2, 4, true, true),
             (2, 1, true, true),
             (4, 2, false, true),
+            (8, 1, true, false),
+            (8, 2, false, false),
+            (8, 4, true, false),
         ]
         .into_iter()
         .enumerate()
