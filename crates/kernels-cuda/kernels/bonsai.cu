@@ -511,15 +511,18 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
                  mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
-// Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp; `_n1` (decode)
-// take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads per weight; the
-// register caps are chosen so nothing spills). `_kKS` splits each row's K range over KS warps of
+// Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp (`_n8r4`: 4);
+// `_n1` (decode) take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads
+// per weight; the register caps are chosen so nothing spills). `_kKS` splits each row's K range over KS warps of
 // the block. R and U never change a row's float ops; KS does, so the launcher picks KS from the
 // matrix shape alone (never from n): row t of an n-row launch equals the 1-row launch bit for bit.
 #define MV_KIND_ENTRIES(K, KIND, MB, MB8)                           \
     MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 4, 1, 1)              \
     MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 4, 2, 1)              \
     MV_ENTRY(mv_##K##_n8_k4, KIND, MAXN, 2, 4, 4, 1)              \
+    MV_ENTRY(mv_##K##_n8r4_k1, KIND, MAXN, 4, 2, 1, 1)            \
+    MV_ENTRY(mv_##K##_n8r4_k2, KIND, MAXN, 4, 2, 2, 1)            \
+    MV_ENTRY(mv_##K##_n8r4_k4, KIND, MAXN, 4, 2, 4, 1)            \
     MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \

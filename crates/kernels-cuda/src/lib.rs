@@ -237,6 +237,9 @@ pub struct MvPlan {
     pub b1: bool,
     pub pipe: bool,
     pub o8: bool,
+    /// Weight rows per warp of the n ≥ 2 dp4a launches (`mv_*_n8`, 2; `mv_*_n8r4`, 4). Like `r`
+    /// it never changes a row's float order.
+    pub rn: usize,
 }
 
 impl MvPlan {
@@ -254,6 +257,7 @@ impl MvPlan {
             b1: false,
             pipe: false,
             o8: false,
+            rn: 2,
         }
     }
 }
@@ -349,6 +353,17 @@ fn mv_o8_env() -> bool {
 }
 
 /// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
+/// Weight rows per warp of the n ≥ 2 dp4a launches: `BONSAI_CUDA_MV_RN` (2 or 4), default 4:
+/// each activation load then feeds 4 rows. H200, 27B files, n-gram round with round graphs, replay
+/// rollback, k = 0 (`cuda_spec_bench`, bench/results/cuda-spec-27b-*-rn*.json): Q1_0 11.64 →
+/// 10.59 ms (R 3.74 → 3.40), Q2_0 12.88 → 12.11 ms (R 3.57 → 3.35).
+fn mv_rn_env() -> usize {
+    match std::env::var("BONSAI_CUDA_MV_RN").as_deref() {
+        Ok("2") => 2,
+        _ => 4,
+    }
+}
+
 fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
@@ -1054,6 +1069,9 @@ kernels!(
         mv_q1_n8_k1,
         mv_q1_n8_k2,
         mv_q1_n8_k4,
+        mv_q1_n8r4_k1,
+        mv_q1_n8r4_k2,
+        mv_q1_n8r4_k4,
         mv_q1_n1_r2_k1,
         mv_q1_n1_r2_k2,
         mv_q1_n1_r2_k4,
@@ -1066,6 +1084,9 @@ kernels!(
         mv_q2_n8_k1,
         mv_q2_n8_k2,
         mv_q2_n8_k4,
+        mv_q2_n8r4_k1,
+        mv_q2_n8r4_k2,
+        mv_q2_n8r4_k4,
         mv_q2_n1_r2_k1,
         mv_q2_n1_r2_k2,
         mv_q2_n1_r2_k4,
@@ -1078,6 +1099,9 @@ kernels!(
         mv_q2g64_n8_k1,
         mv_q2g64_n8_k2,
         mv_q2g64_n8_k4,
+        mv_q2g64_n8r4_k1,
+        mv_q2g64_n8r4_k2,
+        mv_q2g64_n8r4_k4,
         mv_q2g64_n1_r2_k1,
         mv_q2g64_n1_r2_k2,
         mv_q2g64_n1_r2_k4,
@@ -1356,6 +1380,8 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
+    /// Rows per warp of the default n ≥ 2 dp4a plans ([`Gpu::set_mv_rn`]).
+    mv_rn: AtomicUsize,
     /// Which one-row dp4a launches use the staged kernels ([`Gpu::mv_staged_mode`], an
     /// [`MvStaged`]).
     mv_staged: AtomicU8,
@@ -1482,6 +1508,7 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
+            mv_rn: AtomicUsize::new(mv_rn_env()),
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
@@ -1990,7 +2017,7 @@ impl Gpu {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
-            let rpw = if n == 1 { plan.r } else { 2 };
+            let rpw = if n == 1 { plan.r } else { plan.rn };
             (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
@@ -2162,7 +2189,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 10] {
+    pub fn launch_mode_key(&self) -> [u64; 11] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2175,6 +2202,7 @@ impl Gpu {
             self.mv_mma() as u64,
             self.mv_pipe() as u64,
             self.mv_o8() as u64,
+            self.mv_rn() as u64,
             self.mv_staged_mode() as u64,
             self.mvs_stages() as u64,
             self.mvs_rows() as u64,
@@ -2460,6 +2488,7 @@ impl Gpu {
             p.r = mv_default_r(kind, rows).min(4);
             return p;
         }
+        p.rn = self.mv_rn();
         if n == 1 && !p.mma && self.mv_pipe() {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
@@ -2472,6 +2501,18 @@ impl Gpu {
     /// any time for correctness, but captured graphs key on it (they bake the launch in).
     pub fn mv_pipe(&self) -> bool {
         self.mv_pipe.load(Ordering::Relaxed)
+    }
+
+    /// Weight rows per warp of the default n ≥ 2 dp4a plans (4, or 2 with `BONSAI_CUDA_MV_RN=2`).
+    pub fn mv_rn(&self) -> usize {
+        self.mv_rn.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mv_rn`] (2, anything else is 4). Verify rows stay equal to decode rows either
+    /// way; captured graphs key on it.
+    pub fn set_mv_rn(&self, rn: usize) {
+        self.mv_rn
+            .store(if rn == 2 { 2 } else { 4 }, Ordering::Relaxed);
     }
 
     /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).
@@ -2582,7 +2623,10 @@ impl Gpu {
             } else {
                 matches!(p.r, 2 | 4 | 8) && p.n1_rl == 0
             };
-            assert!(r_ok && matches!(p.ks, 1 | 2 | 4), "bad plan {p:?}");
+            assert!(
+                r_ok && matches!(p.ks, 1 | 2 | 4) && matches!(p.rn, 2 | 4),
+                "bad plan {p:?}"
+            );
         }
         *self.mv_override.lock().expect("mv override lock") = plan;
     }
@@ -2677,18 +2721,21 @@ impl Gpu {
         let t = match kind {
             WKind::Q1 => [
                 [f.mv_q1_n8_k1, f.mv_q1_n8_k2, f.mv_q1_n8_k4],
+                [f.mv_q1_n8r4_k1, f.mv_q1_n8r4_k2, f.mv_q1_n8r4_k4],
                 [f.mv_q1_n1_r2_k1, f.mv_q1_n1_r2_k2, f.mv_q1_n1_r2_k4],
                 [f.mv_q1_n1_r4_k1, f.mv_q1_n1_r4_k2, f.mv_q1_n1_r4_k4],
                 [f.mv_q1_n1_r8_k1, f.mv_q1_n1_r8_k2, f.mv_q1_n1_r8_k4],
             ],
             WKind::Q2 => [
                 [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
+                [f.mv_q2_n8r4_k1, f.mv_q2_n8r4_k2, f.mv_q2_n8r4_k4],
                 [f.mv_q2_n1_r2_k1, f.mv_q2_n1_r2_k2, f.mv_q2_n1_r2_k4],
                 [f.mv_q2_n1_r4_k1, f.mv_q2_n1_r4_k2, f.mv_q2_n1_r4_k4],
                 [f.mv_q2_n1_r8_k1, f.mv_q2_n1_r8_k2, f.mv_q2_n1_r8_k4],
             ],
             WKind::Q2G64 => [
                 [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
+                [f.mv_q2g64_n8r4_k1, f.mv_q2g64_n8r4_k2, f.mv_q2g64_n8r4_k4],
                 [
                     f.mv_q2g64_n1_r2_k1,
                     f.mv_q2g64_n1_r2_k2,
@@ -2709,10 +2756,11 @@ impl Gpu {
             WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
         };
         let row = match (n1, r) {
-            (false, _) => 0,
-            (true, 2) => 1,
-            (true, 4) => 2,
-            (true, 8) => 3,
+            (false, 2) => 0,
+            (false, 4) => 1,
+            (true, 2) => 2,
+            (true, 4) => 3,
+            (true, 8) => 4,
             _ => {
                 return Err(CudaError(format!(
                     "mv_lowbit: no variant with {r} rows per warp"
