@@ -523,6 +523,12 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_ENTRY(mv_##K##_n8r4_k1, KIND, MAXN, 4, 2, 1, 1)            \
     MV_ENTRY(mv_##K##_n8r4_k2, KIND, MAXN, 4, 2, 2, 1)            \
     MV_ENTRY(mv_##K##_n8r4_k4, KIND, MAXN, 4, 2, 4, 1)            \
+    MV_ENTRY(mv_##K##_n5r4_k1, KIND, 5, 4, 2, 1, 4)               \
+    MV_ENTRY(mv_##K##_n5r4_k2, KIND, 5, 4, 2, 2, 4)               \
+    MV_ENTRY(mv_##K##_n5r4_k4, KIND, 5, 4, 2, 4, 4)               \
+    MV_ENTRY(mv_##K##_n5r8_k1, KIND, 5, 8, 2, 1, 2)               \
+    MV_ENTRY(mv_##K##_n5r8_k2, KIND, 5, 8, 2, 2, 2)               \
+    MV_ENTRY(mv_##K##_n5r8_k4, KIND, 5, 8, 2, 4, 2)               \
     MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \

@@ -237,8 +237,8 @@ pub struct MvPlan {
     pub b1: bool,
     pub pipe: bool,
     pub o8: bool,
-    /// Weight rows per warp of the n ≥ 2 dp4a launches (`mv_*_n8`, 2; `mv_*_n8r4`, 4). Like `r`
-    /// it never changes a row's float order.
+    /// Weight rows per warp of the n ≥ 2 dp4a launches (`mv_*_n8`, 2; `mv_*_n8r4` / `mv_*_n5r4`,
+    /// 4; `mv_*_n5r8`, 8 for n ≤ 5). Like `r` it never changes a row's float order.
     pub rn: usize,
 }
 
@@ -360,8 +360,15 @@ fn mv_o8_env() -> bool {
 fn mv_rn_env() -> usize {
     match std::env::var("BONSAI_CUDA_MV_RN").as_deref() {
         Ok("2") => 2,
+        Ok("8") => 8,
         _ => 4,
     }
+}
+
+/// Whether n-row launches of n ≤ 5 take the 5-row kernels (`mv_*_n5r*`: registers for 5
+/// activation rows, not 8): `BONSAI_CUDA_MV_N5=0` turns them off.
+fn mv_n5_env() -> bool {
+    std::env::var("BONSAI_CUDA_MV_N5").as_deref() != Ok("0")
 }
 
 fn mv_pipe_env() -> bool {
@@ -1072,6 +1079,12 @@ kernels!(
         mv_q1_n8r4_k1,
         mv_q1_n8r4_k2,
         mv_q1_n8r4_k4,
+        mv_q1_n5r4_k1,
+        mv_q1_n5r4_k2,
+        mv_q1_n5r4_k4,
+        mv_q1_n5r8_k1,
+        mv_q1_n5r8_k2,
+        mv_q1_n5r8_k4,
         mv_q1_n1_r2_k1,
         mv_q1_n1_r2_k2,
         mv_q1_n1_r2_k4,
@@ -1087,6 +1100,12 @@ kernels!(
         mv_q2_n8r4_k1,
         mv_q2_n8r4_k2,
         mv_q2_n8r4_k4,
+        mv_q2_n5r4_k1,
+        mv_q2_n5r4_k2,
+        mv_q2_n5r4_k4,
+        mv_q2_n5r8_k1,
+        mv_q2_n5r8_k2,
+        mv_q2_n5r8_k4,
         mv_q2_n1_r2_k1,
         mv_q2_n1_r2_k2,
         mv_q2_n1_r2_k4,
@@ -1102,6 +1121,12 @@ kernels!(
         mv_q2g64_n8r4_k1,
         mv_q2g64_n8r4_k2,
         mv_q2g64_n8r4_k4,
+        mv_q2g64_n5r4_k1,
+        mv_q2g64_n5r4_k2,
+        mv_q2g64_n5r4_k4,
+        mv_q2g64_n5r8_k1,
+        mv_q2g64_n5r8_k2,
+        mv_q2g64_n5r8_k4,
         mv_q2g64_n1_r2_k1,
         mv_q2g64_n1_r2_k2,
         mv_q2g64_n1_r2_k4,
@@ -1382,6 +1407,8 @@ pub struct Gpu {
     mv_pipe: AtomicBool,
     /// Rows per warp of the default n ≥ 2 dp4a plans ([`Gpu::set_mv_rn`]).
     mv_rn: AtomicUsize,
+    /// n-row launches of n ≤ 5 take the 5-row kernels ([`Gpu::set_mv_n5`]).
+    mv_n5: AtomicBool,
     /// Which one-row dp4a launches use the staged kernels ([`Gpu::mv_staged_mode`], an
     /// [`MvStaged`]).
     mv_staged: AtomicU8,
@@ -1509,6 +1536,7 @@ impl Gpu {
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
             mv_rn: AtomicUsize::new(mv_rn_env()),
+            mv_n5: AtomicBool::new(mv_n5_env()),
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
@@ -2017,8 +2045,8 @@ impl Gpu {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
-            let rpw = if n == 1 { plan.r } else { plan.rn };
-            (rpw, self.mv_func(kind, n == 1, rpw, plan.ks)?)
+            let r = if n == 1 { plan.r } else { plan.rn };
+            self.mv_func(kind, n, r, plan.ks, self.mv_n5())?
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
     }
@@ -2189,7 +2217,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 11] {
+    pub fn launch_mode_key(&self) -> [u64; 12] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2203,6 +2231,7 @@ impl Gpu {
             self.mv_pipe() as u64,
             self.mv_o8() as u64,
             self.mv_rn() as u64,
+            self.mv_n5() as u64,
             self.mv_staged_mode() as u64,
             self.mvs_stages() as u64,
             self.mvs_rows() as u64,
@@ -2508,11 +2537,22 @@ impl Gpu {
         self.mv_rn.load(Ordering::Relaxed)
     }
 
-    /// Set [`Self::mv_rn`] (2, anything else is 4). Verify rows stay equal to decode rows either
-    /// way; captured graphs key on it.
+    /// Set [`Self::mv_rn`] (2, 4 or 8; anything else is 4; 8 runs as 4 for n > 5 or without
+    /// [`Self::mv_n5`]). Verify rows stay equal to decode rows either way; captured graphs key on
+    /// it.
     pub fn set_mv_rn(&self, rn: usize) {
-        self.mv_rn
-            .store(if rn == 2 { 2 } else { 4 }, Ordering::Relaxed);
+        let rn = if matches!(rn, 2 | 8) { rn } else { 4 };
+        self.mv_rn.store(rn, Ordering::Relaxed);
+    }
+
+    /// Whether n-row launches of n ≤ 5 run the 5-row kernels (`BONSAI_CUDA_MV_N5`, default on).
+    pub fn mv_n5(&self) -> bool {
+        self.mv_n5.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mv_n5`]; captured graphs key on it.
+    pub fn set_mv_n5(&self, on: bool) {
+        self.mv_n5.store(on, Ordering::Relaxed);
     }
 
     /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).
@@ -2624,7 +2664,7 @@ impl Gpu {
                 matches!(p.r, 2 | 4 | 8) && p.n1_rl == 0
             };
             assert!(
-                r_ok && matches!(p.ks, 1 | 2 | 4) && matches!(p.rn, 2 | 4),
+                r_ok && matches!(p.ks, 1 | 2 | 4) && matches!(p.rn, 2 | 4 | 8),
                 "bad plan {p:?}"
             );
         }
@@ -2716,7 +2756,17 @@ impl Gpu {
         Ok(t[row][col])
     }
 
-    fn mv_func(&self, kind: WKind, n1: bool, r: usize, ks: usize) -> Result<sys::CUfunction> {
+    /// The dp4a kernel of `kind` for `n` activation rows with `r` weight rows per warp and K split
+    /// `ks`: `_n1_rR` for n = 1, `_n5rR` (R 4 or 8) for n ≤ 5 when `n5`, else `_n8` (R 2) or
+    /// `_n8r4` (R 4, also for an asked 8). Returns the rows per warp it runs with.
+    fn mv_func(
+        &self,
+        kind: WKind,
+        n: usize,
+        r: usize,
+        ks: usize,
+        n5: bool,
+    ) -> Result<(usize, sys::CUfunction)> {
         let f = &self.f;
         let t = match kind {
             WKind::Q1 => [
@@ -2725,6 +2775,8 @@ impl Gpu {
                 [f.mv_q1_n1_r2_k1, f.mv_q1_n1_r2_k2, f.mv_q1_n1_r2_k4],
                 [f.mv_q1_n1_r4_k1, f.mv_q1_n1_r4_k2, f.mv_q1_n1_r4_k4],
                 [f.mv_q1_n1_r8_k1, f.mv_q1_n1_r8_k2, f.mv_q1_n1_r8_k4],
+                [f.mv_q1_n5r4_k1, f.mv_q1_n5r4_k2, f.mv_q1_n5r4_k4],
+                [f.mv_q1_n5r8_k1, f.mv_q1_n5r8_k2, f.mv_q1_n5r8_k4],
             ],
             WKind::Q2 => [
                 [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
@@ -2732,6 +2784,8 @@ impl Gpu {
                 [f.mv_q2_n1_r2_k1, f.mv_q2_n1_r2_k2, f.mv_q2_n1_r2_k4],
                 [f.mv_q2_n1_r4_k1, f.mv_q2_n1_r4_k2, f.mv_q2_n1_r4_k4],
                 [f.mv_q2_n1_r8_k1, f.mv_q2_n1_r8_k2, f.mv_q2_n1_r8_k4],
+                [f.mv_q2_n5r4_k1, f.mv_q2_n5r4_k2, f.mv_q2_n5r4_k4],
+                [f.mv_q2_n5r8_k1, f.mv_q2_n5r8_k2, f.mv_q2_n5r8_k4],
             ],
             WKind::Q2G64 => [
                 [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
@@ -2751,16 +2805,20 @@ impl Gpu {
                     f.mv_q2g64_n1_r8_k2,
                     f.mv_q2g64_n1_r8_k4,
                 ],
+                [f.mv_q2g64_n5r4_k1, f.mv_q2g64_n5r4_k2, f.mv_q2g64_n5r4_k4],
+                [f.mv_q2g64_n5r8_k1, f.mv_q2g64_n5r8_k2, f.mv_q2g64_n5r8_k4],
             ],
             WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
             WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
         };
-        let row = match (n1, r) {
-            (false, 2) => 0,
-            (false, 4) => 1,
-            (true, 2) => 2,
-            (true, 4) => 3,
-            (true, 8) => 4,
+        let (row, rpw) = match (n == 1, n5 && n <= 5, r) {
+            (true, _, 2) => (2, 2),
+            (true, _, 4) => (3, 4),
+            (true, _, 8) => (4, 8),
+            (false, true, 4) => (5, 4),
+            (false, true, 8) => (6, 8),
+            (false, _, 2) => (0, 2),
+            (false, _, 4 | 8) => (1, 4),
             _ => {
                 return Err(CudaError(format!(
                     "mv_lowbit: no variant with {r} rows per warp"
@@ -2777,7 +2835,7 @@ impl Gpu {
                 )))
             }
         };
-        Ok(t[row][col])
+        Ok((rpw, t[row][col]))
     }
 
     /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.

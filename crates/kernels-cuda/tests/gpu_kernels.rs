@@ -359,17 +359,31 @@ fn matvec_lowbit_real_shapes_vs_reference() {
             run_mv_plan(g, qt, 17408, 5120, 4, 10 + i as u64, plan);
             run_mv_plan(g, qt, 384, 50, 3, 20 + i as u64, plan);
         }
-        // n-row launches with 4 weight rows per warp (`mv_*_n8r4`) equal the one-row launches too
-        for (i, (r, ks)) in [(4, 1), (8, 2), (2, 4)].into_iter().enumerate() {
+        // n-row launches with 4 or 8 weight rows per warp equal the one-row launches too: n ≤ 5
+        // on the 5-row kernels (`mv_*_n5r4`, `mv_*_n5r8`) or, with those off, on `mv_*_n8r4`;
+        // n = 8 on `mv_*_n8r4`
+        for (i, (r, ks, rn, n5)) in [
+            (4, 1, 4, true),
+            (8, 2, 4, false),
+            (2, 4, 4, true),
+            (8, 1, 8, true),
+            (4, 2, 8, true),
+            (4, 4, 8, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            g.set_mv_n5(n5);
             let plan = Some(MvPlan {
-                rn: 4,
+                rn,
                 ..MvPlan::dp4a(r, ks, true)
             });
             for n in [2, 5, 8] {
                 run_mv_plan(g, qt, 17408, 5120, n, 30 + i as u64, plan);
-                run_mv_plan(g, qt, 384, 50, n, 35 + i as u64, plan);
+                run_mv_plan(g, qt, 384, 50, n, 40 + i as u64, plan);
             }
         }
+        g.set_mv_n5(true);
         // the o8 family: n-row launches on the tensor cores (mvt) equal the one-row dp4a launches
         // (mvo) bit for bit; 1, 2 or 4 rows per lane group, every K split, ragged shapes (50 rows:
         // a partial m16 tile; 384 = 12 sub-blocks: a partial chunk of 8)
