@@ -240,6 +240,9 @@ pub struct MvPlan {
     /// Weight rows per warp of the n ≥ 2 dp4a launches (`mv_*_n8`, 2; `mv_*_n8r4` / `mv_*_n5r4`,
     /// 4; `mv_*_n5r8`, 8 for n ≤ 5). Like `r` it never changes a row's float order.
     pub rn: usize,
+    /// n-row launches of n ≤ 5 run the 5-row kernels (`mv_*_n5r4` / `mv_*_n5r8`); `rn` 8 without
+    /// them (or for n > 5) runs as 4.
+    pub n5: bool,
 }
 
 impl MvPlan {
@@ -258,6 +261,7 @@ impl MvPlan {
             pipe: false,
             o8: false,
             rn: 2,
+            n5: false,
         }
     }
 }
@@ -352,25 +356,41 @@ fn mv_o8_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_O8").is_ok_and(|v| v == "1")
 }
 
-/// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
-/// Weight rows per warp of the n ≥ 2 dp4a launches: `BONSAI_CUDA_MV_RN` (2 or 4), default 4:
-/// each activation load then feeds 4 rows. H200, 27B files, n-gram round with round graphs, replay
-/// rollback, k = 0 (`cuda_spec_bench`, bench/results/cuda-spec-27b-*-rn*.json): Q1_0 11.64 →
-/// 10.59 ms (R 3.74 → 3.40), Q2_0 12.88 → 12.11 ms (R 3.57 → 3.35).
-fn mv_rn_env() -> usize {
-    match std::env::var("BONSAI_CUDA_MV_RN").as_deref() {
-        Ok("2") => 2,
-        Ok("8") => 8,
-        _ => 4,
+/// The default verify (n ≥ 2) dp4a plan of `kind`: weight rows per warp, and whether launches of
+/// n ≤ 5 take the 5-row kernels (`mv_*_n5r*`, registers for 5 activation rows instead of 8). More
+/// rows per warp: each activation load feeds more rows. H200, 27B files, n-gram round with round
+/// graphs, replay rollback, k = 0 (`cuda_spec_bench`, bench/results/cuda-spec-27b-*-rn*.json):
+/// Q1_0 11.64 ms with 2 rows (R 3.74), 10.66 with 4 (`_n8r4`), 10.11 with 4 on `_n5r4`, 9.78 with
+/// 8 on `_n5r8` (R 3.14); Q2_0 12.88 → 12.11 ms with 4 (R 3.57 → 3.35; the 5-row kernels are not
+/// measured on Q2_0 yet, so it keeps `_n8r4`).
+fn mv_verify_default(kind: WKind) -> (usize, bool) {
+    if kind == WKind::Q1 {
+        (8, true)
+    } else {
+        (4, false)
     }
 }
 
-/// Whether n-row launches of n ≤ 5 take the 5-row kernels (`mv_*_n5r*`: registers for 5
-/// activation rows, not 8): `BONSAI_CUDA_MV_N5=0` turns them off.
-fn mv_n5_env() -> bool {
-    std::env::var("BONSAI_CUDA_MV_N5").as_deref() != Ok("0")
+/// `BONSAI_CUDA_MV_RN` (2, 4 or 8): the verify rows per warp for every kind (0: per kind).
+fn mv_rn_env() -> usize {
+    match std::env::var("BONSAI_CUDA_MV_RN").as_deref() {
+        Ok("2") => 2,
+        Ok("4") => 4,
+        Ok("8") => 8,
+        _ => 0,
+    }
 }
 
+/// `BONSAI_CUDA_MV_N5` (0 or 1): the 5-row verify kernels off or on for every kind (2: per kind).
+fn mv_n5_env() -> u8 {
+    match std::env::var("BONSAI_CUDA_MV_N5").as_deref() {
+        Ok("0") => 0,
+        Ok("1") => 1,
+        _ => 2,
+    }
+}
+
+/// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
 fn mv_pipe_env() -> bool {
     std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
 }
@@ -1405,10 +1425,10 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
-    /// Rows per warp of the default n ≥ 2 dp4a plans ([`Gpu::set_mv_rn`]).
+    /// Rows per warp of the default n ≥ 2 dp4a plans, 0: per kind ([`Gpu::set_mv_verify`]).
     mv_rn: AtomicUsize,
-    /// n-row launches of n ≤ 5 take the 5-row kernels ([`Gpu::set_mv_n5`]).
-    mv_n5: AtomicBool,
+    /// The 5-row verify kernels: 0 off, 1 on, 2 per kind ([`Gpu::set_mv_verify`]).
+    mv_n5: AtomicU8,
     /// Which one-row dp4a launches use the staged kernels ([`Gpu::mv_staged_mode`], an
     /// [`MvStaged`]).
     mv_staged: AtomicU8,
@@ -1536,7 +1556,7 @@ impl Gpu {
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
             mv_rn: AtomicUsize::new(mv_rn_env()),
-            mv_n5: AtomicBool::new(mv_n5_env()),
+            mv_n5: AtomicU8::new(mv_n5_env()),
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
             mvs_stages: AtomicUsize::new(mvs_stages_env()),
             mvs_rows: AtomicUsize::new(mvs_rows_env()),
@@ -2046,7 +2066,7 @@ impl Gpu {
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
         } else {
             let r = if n == 1 { plan.r } else { plan.rn };
-            self.mv_func(kind, n, r, plan.ks, self.mv_n5())?
+            self.mv_func(kind, n, r, plan.ks, plan.n5)?
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
     }
@@ -2230,8 +2250,8 @@ impl Gpu {
             self.mv_mma() as u64,
             self.mv_pipe() as u64,
             self.mv_o8() as u64,
-            self.mv_rn() as u64,
-            self.mv_n5() as u64,
+            self.mv_rn.load(Ordering::Relaxed) as u64,
+            self.mv_n5.load(Ordering::Relaxed) as u64,
             self.mv_staged_mode() as u64,
             self.mvs_stages() as u64,
             self.mvs_rows() as u64,
@@ -2517,7 +2537,7 @@ impl Gpu {
             p.r = mv_default_r(kind, rows).min(4);
             return p;
         }
-        p.rn = self.mv_rn();
+        (p.rn, p.n5) = self.mv_verify(kind);
         if n == 1 && !p.mma && self.mv_pipe() {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
@@ -2532,27 +2552,29 @@ impl Gpu {
         self.mv_pipe.load(Ordering::Relaxed)
     }
 
-    /// Weight rows per warp of the default n ≥ 2 dp4a plans (4, or 2 with `BONSAI_CUDA_MV_RN=2`).
-    pub fn mv_rn(&self) -> usize {
-        self.mv_rn.load(Ordering::Relaxed)
+    /// The verify (n ≥ 2) dp4a plan of `kind`'s default plans: weight rows per warp and whether
+    /// n ≤ 5 takes the 5-row kernels (`BONSAI_CUDA_MV_RN`, `BONSAI_CUDA_MV_N5`, else
+    /// [`mv_verify_default`]).
+    pub fn mv_verify(&self, kind: WKind) -> (usize, bool) {
+        let (rn, n5) = mv_verify_default(kind);
+        let rn = match self.mv_rn.load(Ordering::Relaxed) {
+            0 => rn,
+            r => r,
+        };
+        let n5 = match self.mv_n5.load(Ordering::Relaxed) {
+            2 => n5,
+            v => v == 1,
+        };
+        (rn, n5)
     }
 
-    /// Set [`Self::mv_rn`] (2, 4 or 8; anything else is 4; 8 runs as 4 for n > 5 or without
-    /// [`Self::mv_n5`]). Verify rows stay equal to decode rows either way; captured graphs key on
-    /// it.
-    pub fn set_mv_rn(&self, rn: usize) {
-        let rn = if matches!(rn, 2 | 8) { rn } else { 4 };
+    /// Force the verify plan for every kind (`None`: per kind). `rn` 2, 4 or 8 (anything else is
+    /// 4). Verify rows stay equal to decode rows either way; captured graphs key on it.
+    pub fn set_mv_verify(&self, rn: Option<usize>, n5: Option<bool>) {
+        let rn = rn.map_or(0, |r| if matches!(r, 2 | 8) { r } else { 4 });
         self.mv_rn.store(rn, Ordering::Relaxed);
-    }
-
-    /// Whether n-row launches of n ≤ 5 run the 5-row kernels (`BONSAI_CUDA_MV_N5`, default on).
-    pub fn mv_n5(&self) -> bool {
-        self.mv_n5.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mv_n5`]; captured graphs key on it.
-    pub fn set_mv_n5(&self, on: bool) {
-        self.mv_n5.store(on, Ordering::Relaxed);
+        self.mv_n5
+            .store(n5.map_or(2, |on| on as u8), Ordering::Relaxed);
     }
 
     /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).

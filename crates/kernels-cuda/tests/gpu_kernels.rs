@@ -373,9 +373,9 @@ fn matvec_lowbit_real_shapes_vs_reference() {
         .into_iter()
         .enumerate()
         {
-            g.set_mv_n5(n5);
             let plan = Some(MvPlan {
                 rn,
+                n5,
                 ..MvPlan::dp4a(r, ks, true)
             });
             for n in [2, 5, 8] {
@@ -383,7 +383,6 @@ fn matvec_lowbit_real_shapes_vs_reference() {
                 run_mv_plan(g, qt, 384, 50, n, 40 + i as u64, plan);
             }
         }
-        g.set_mv_n5(true);
         // the o8 family: n-row launches on the tensor cores (mvt) equal the one-row dp4a launches
         // (mvo) bit for bit; 1, 2 or 4 rows per lane group, every K split, ragged shapes (50 rows:
         // a partial m16 tile; 384 = 12 sub-blocks: a partial chunk of 8)
