@@ -371,6 +371,36 @@ fn mv_verify_default(kind: WKind) -> (usize, bool) {
     }
 }
 
+/// The dp4a kernel variants of `mv_func`'s table, by row: the name suffix in `MV_KIND_ENTRIES`
+/// (bonsai.cu), its activation rows (NT) and weight rows per warp (R).
+const MV_VARIANTS: [(&str, usize, usize); 7] = [
+    ("n8", 8, 2),
+    ("n8r4", 8, 4),
+    ("n1_r2", 1, 2),
+    ("n1_r4", 1, 4),
+    ("n1_r8", 1, 8),
+    ("n5r4", 5, 4),
+    ("n5r8", 5, 8),
+];
+
+/// The dp4a variant (row of [`MV_VARIANTS`]) and the rows per warp it runs with for `n`
+/// activation rows, `r` asked rows per warp and the 5-row kernels on or off: n = 1 takes `r`
+/// as asked; n ≤ 5 with `n5` takes the 5-row kernel of 4 or 8 rows; otherwise the 8-row kernel of
+/// 2 rows, or of 4 for an asked 4 or 8.
+fn mv_variant(n: usize, r: usize, n5: bool) -> Option<(usize, usize)> {
+    let row = match (n == 1, n5 && n <= 5, r) {
+        (true, _, 2) => 2,
+        (true, _, 4) => 3,
+        (true, _, 8) => 4,
+        (false, true, 4) => 5,
+        (false, true, 8) => 6,
+        (false, _, 2) => 0,
+        (false, _, 4 | 8) => 1,
+        _ => return None,
+    };
+    Some((row, MV_VARIANTS[row].2))
+}
+
 /// `BONSAI_CUDA_MV_RN` (2, 4 or 8): the verify rows per warp for every kind (0: per kind).
 fn mv_rn_env() -> usize {
     match std::env::var("BONSAI_CUDA_MV_RN").as_deref() {
@@ -2833,19 +2863,10 @@ impl Gpu {
             WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
             WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
         };
-        let (row, rpw) = match (n == 1, n5 && n <= 5, r) {
-            (true, _, 2) => (2, 2),
-            (true, _, 4) => (3, 4),
-            (true, _, 8) => (4, 8),
-            (false, true, 4) => (5, 4),
-            (false, true, 8) => (6, 8),
-            (false, _, 2) => (0, 2),
-            (false, _, 4 | 8) => (1, 4),
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_lowbit: no variant with {r} rows per warp"
-                )))
-            }
+        let Some((row, rpw)) = mv_variant(n, r, n5) else {
+            return Err(CudaError(format!(
+                "mv_lowbit: no variant with {r} rows per warp"
+            )));
         };
         let col = match ks {
             1 => 0,
@@ -3620,6 +3641,51 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 
 #[cfg(test)]
 mod tests {
+    /// Every (n, r, n5) the launcher can ask for maps to a kernel whose compiled R is the rows per
+    /// warp the launch grid is sized with, and whose NT covers n (a mismatch would compute rows of
+    /// other warps' groups or drop activation rows, silently).
+    #[test]
+    fn mv_variants_match_the_kernel_source() {
+        use super::{mv_variant, MV_VARIANTS, SOURCE};
+        for (suffix, nt, r) in MV_VARIANTS {
+            for ks in [1, 2, 4] {
+                let name = format!("MV_ENTRY(mv_##K##_{suffix}_k{ks}, KIND, ");
+                let at = SOURCE
+                    .find(&name)
+                    .unwrap_or_else(|| panic!("{name} not in the source"));
+                let args: Vec<&str> = SOURCE[at + name.len()..]
+                    .split(')')
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                let nt_src = if args[0] == "MAXN" {
+                    super::MAX_ROWS
+                } else {
+                    args[0].parse().unwrap()
+                };
+                assert_eq!(nt_src, nt, "{suffix}_k{ks}: NT");
+                assert_eq!(args[1].parse::<usize>().unwrap(), r, "{suffix}_k{ks}: R");
+                assert_eq!(args[3].parse::<usize>().unwrap(), ks, "{suffix}_k{ks}: KS");
+            }
+        }
+        for n in 1..=super::MAX_ROWS {
+            for r in [2, 4, 8] {
+                for n5 in [false, true] {
+                    let (row, rpw) = mv_variant(n, r, n5).expect("variant");
+                    let (_, nt, kr) = MV_VARIANTS[row];
+                    assert_eq!(rpw, kr, "n {n} r {r} n5 {n5}");
+                    assert!(nt >= n, "n {n} r {r} n5 {n5}: NT {nt}");
+                    if n == 1 {
+                        assert_eq!(rpw, r);
+                    }
+                }
+            }
+        }
+        assert!(mv_variant(1, 3, false).is_none());
+    }
+
     use super::*;
 
     #[test]
