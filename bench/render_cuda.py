@@ -103,6 +103,8 @@ def main() -> None:
     lines += mma_section()
     lines += pipe_section()
     lines += o8_section()
+    lines += verify_section()
+    lines += blk_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
 
@@ -467,6 +469,65 @@ def o8_section() -> list[str]:
     ab = decode_ab("mv_o8", "default", "with o8")
     if ab:
         out += ["", "; ".join(ab) + "."]
+    return out
+
+
+def verify_section() -> list[str]:
+    """Verify (n-row) mat-vec plans against each other: the n-gram round of cuda_spec_bench."""
+    out = []
+    for v, label in (("q1", "Q1_0"), ("q2", "Q2_0(g128)")):
+        # by rows per warp, the plain file (before the 5-row kernels) first
+        files = sorted(R.glob(f"cuda-spec-27b-{v}-rn*.json"), key=lambda f: (f.stem.split("-rn")[1][0], len(f.stem)))
+        for f in files:
+            d = json.loads(f.read_text())
+            tag = f.stem.split(f"{v}-")[1]  # rn4, rn4-n51, ...
+            rn = tag.split("-")[0][2:]
+            n5 = "on" if tag.endswith("n51") else "off" if tag.endswith("n50") else "— (before the 5-row kernels)"
+            k0 = [
+                r["round_ms"]
+                for r in d["rounds"]
+                if r["round_graph"] and not r["taps"] and r["rollback"] == "Replay" and r["k"] == 0
+            ]
+            rs = ", ".join(f"{x:.2f}" for x in d["ngram"]["R_by_k_replay_graph"])
+            out.append(f"| {label} | {rn} | {n5} | {d['plain_step_ms']:.3f} | {k0[0]:.2f} | {rs} | {d.get('commit')} |")
+    if not out:
+        return []
+    return [
+        "",
+        "Verify mat-vec plans (`cuda_spec_bench::cuda_spec_round_cost` with `BONSAI_CUDA_MV_RN` / "
+        "`BONSAI_CUDA_MV_N5`: weight rows per warp of the n-row launches, and the 5-row kernels for "
+        "n ≤ 5): the n-gram round with round graphs and replay rollback, k = 0 accepted, and R for "
+        "k = 0..4 (`cuda-spec-27b-*-rn*.json`). Defaults: Q1_0 8 rows on the 5-row kernels, Q2_0 4 "
+        "rows on the 8-row kernels.",
+        "",
+        "| weights | rows per warp | 5-row kernels | greedy step ms | round ms, k = 0 | R, k = 0..4 | commit |",
+        "|---|---|---|---|---|---|---|",
+    ] + out
+
+
+def blk_section() -> list[str]:
+    """The blk family (a lane per scale block; measured, then reverted) against the default plans."""
+    runs = {v: load(f"cuda-mv-blk-sweep-{v}.json") for v in ("q1", "q2")}
+    if not any(runs.values()):
+        return []
+    out = [
+        "",
+        "The blk mat-vec family (a lane per 128-element scale block, 8 lanes per row; b5247f6, "
+        "reverted in the next commit) against the default plans: µs per launch, best blk plan "
+        "(`cuda-mv-blk-sweep-*.json`, `cuda-ncu-blk.txt`).",
+        "",
+        "| weights | matrices | n=1 default | n=1 best blk | n=5 default | n=5 best blk |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in runs.values():
+        if not d:
+            continue
+        for c in d["blk"]:
+            out.append(
+                f"| {d['weight_type']} | {esc(c['category'])} | {c['n1_default_us']:.2f} | "
+                f"{c['n1_best']} {c[c['n1_best']]:.2f} | {c['n5_default_us']:.2f} | "
+                f"{c['n5_best']} {c[c['n5_best']]:.2f} |"
+            )
     return out
 
 

@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;;
+  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -114,6 +114,16 @@ if [[ $BENCH == 1 ]]; then
     [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
     BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
+    if [[ $VPLANS == 1 ]]; then
+      # the verify mat-vec plans against each other (rows per warp, the 5-row kernels): the same
+      # round cost under each; bench/render_cuda.py renders spec-bench-$v-rn*-n5*.json
+      for p in "4 0" "4 1" "8 1"; do
+        set -- $p
+        late "verify plan rn$1 n5$2 $v" && continue
+        BONSAI_CUDA_MV_RN=$1 BONSAI_CUDA_MV_N5=$2 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v-rn$1-n5$2.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-$v-rn$1-n5$2.log" | grep -E "BENCH ngram|SKIPPED|panicked|result"
+        rc=$((rc|${PIPESTATUS[0]}))
+      done
+    fi
     if [[ $O8 == 1 ]] && ! late "o8 spec bench $v"; then
       # the same round cost with the o8 family (shared float order, tensor-core verify)
       BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
