@@ -363,7 +363,7 @@ fn mv_o8_env() -> bool {
 /// Q1_0 11.64 ms with 2 rows (R 3.74), 10.66 with 4 (`_n8r4`), 10.11 with 4 on `_n5r4`, 9.78 with
 /// 8 on `_n5r8` (R 3.14); Q2_0 12.88 → 12.11 ms with 4 (R 3.57 → 3.35; the 5-row kernels are not
 /// measured on Q2_0 yet, so it keeps `_n8r4`).
-fn mv_verify_default(kind: WKind) -> (usize, bool) {
+pub fn mv_verify_default(kind: WKind) -> (usize, bool) {
     if kind == WKind::Q1 {
         (8, true)
     } else {
