@@ -307,7 +307,8 @@ fn mvm_default_plan(_kind: WKind, rows: usize, _n_in: usize) -> (usize, usize) {
 }
 
 /// The shape-based default plan of a low-bit mat-vec over `rows` output rows of width `n_in` with
-/// `n` activation rows, on the dp4a kernels (`mma == false`) or the tensor-core ones.
+/// `n` activation rows, on the dp4a kernels (`mma == false`) or the tensor-core ones; the verify
+/// (n ≥ 2) rows per warp and 5-row kernels are [`mv_verify_default`]'s.
 pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: bool) -> MvPlan {
     if mma {
         let (r, ks) = mvm_default_plan(kind, rows, n_in);
@@ -327,8 +328,11 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
     } else {
         2
     };
+    let (rn, n5) = mv_verify_default(kind);
     MvPlan {
         pipe,
+        rn,
+        n5,
         ..MvPlan::dp4a(r, mv_default_ks(kind, rows, n_in), true)
     }
 }
