@@ -512,10 +512,12 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
                  mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp (`_n8r4`: 4);
-// `_n1` (decode) take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads
-// per weight; the register caps are chosen so nothing spills). `_kKS` splits each row's K range over KS warps of
-// the block. R and U never change a row's float ops; KS does, so the launcher picks KS from the
-// matrix shape alone (never from n): row t of an n-row launch equals the 1-row launch bit for bit.
+// `_n5r4` / `_n5r8` up to 5 rows (registers for 5, so 4 or 8 weight rows per warp fit); `_n1`
+// (decode) take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads per
+// weight). The register caps are chosen so nothing spills. `_kKS` splits each row's K range over
+// KS warps of the block. R, U and NT never change a row's float ops; KS does, so the launcher
+// picks KS from the matrix shape alone (never from n): row t of an n-row launch equals the 1-row
+// launch bit for bit. The launcher's table of these variants is `MV_VARIANTS` (src/lib.rs).
 #define MV_KIND_ENTRIES(K, KIND, MB, MB8)                           \
     MV_ENTRY(mv_##K##_n8_k1, KIND, MAXN, 2, 4, 1, 1)              \
     MV_ENTRY(mv_##K##_n8_k2, KIND, MAXN, 2, 4, 2, 1)              \
