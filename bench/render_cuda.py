@@ -105,6 +105,7 @@ def main() -> None:
     lines += o8_section()
     lines += verify_section()
     lines += blk_section()
+    lines += decode_ab_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
 
@@ -503,6 +504,30 @@ def verify_section() -> list[str]:
         "| weights | rows per warp | 5-row kernels | greedy step ms | round ms, k = 0 | R, k = 0..4 | commit |",
         "|---|---|---|---|---|---|---|",
     ] + out
+
+
+def decode_ab_section() -> list[str]:
+    """Decode-graph A/Bs of the newer switches (same process, same tokens): the GDN conv fused
+    into the recurrence, and the long one-row launches plain with 4 rows per warp."""
+    out = []
+    for key, off, on, what in (
+        (
+            "gdn_fused",
+            "with gdn_conv + gdn_step",
+            "with gdn_conv_step",
+            "GDN conv fused into the recurrence (`BONSAI_CUDA_GDN_FUSED`, default on)",
+        ),
+        (
+            "mv_long_plain_r4",
+            "with the defaults",
+            "with the long launches plain at 4 rows per warp",
+            "long one-row launches (> 15,000 rows) plain with 4 rows per warp (`BONSAI_CUDA_MV_LONG_R=4`, staging off)",
+        ),
+    ):
+        ab = decode_ab(key, off, on, tokens=True)
+        if ab:
+            out += ["", f"{what}: " + "; ".join(ab) + "."]
+    return out
 
 
 def blk_section() -> list[str]:

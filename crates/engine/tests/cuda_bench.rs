@@ -157,6 +157,25 @@ fn cuda_decode_bench() {
         &|on| gpu.set_mv_staged_mode(if on { MvStaged::All } else { MV_STAGED_DEFAULT }),
         true,
     );
+    // the GDN conv fused into the recurrence (one launch fewer per GDN layer, the same bits)
+    let gdn_fused_ms = ab(
+        "GDN_FUSED (conv inside the step)",
+        &|| gpu.gdn_fused(),
+        &|on| gpu.set_gdn_fused(on),
+        true,
+    );
+    // the long one-row launches (> 15,000 rows) plain with 4 rows per warp against the default
+    // (Q1: plain, 8 rows; Q2: staged ffn gate‖up and head, 2 rows otherwise); same float order
+    let staged0 = gpu.mv_staged_mode();
+    let long_r4_ms = ab(
+        "MV long launches plain r4",
+        &|| gpu.mv_long_r() == 4,
+        &|on| {
+            gpu.set_mv_staged_mode(if on { MvStaged::Off } else { staged0 });
+            gpu.set_mv_long_r(if on { 4 } else { 0 });
+        },
+        true,
+    );
 
     // per-kernel profile: each mat-vec category launched back to back over all layers (more bytes
     // than the L2 holds), median of 5 passes; then one eager step for the non-mat-vec remainder.
@@ -629,7 +648,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \

@@ -712,6 +712,157 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
         if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
 }
 
+// gdn_conv fused into gdn_step for decode and verify (n ≤ 8 rows): the same bits as gdn_conv then
+// gdn_step, one launch instead of two, and q / k never leave the block. grid (hv, dv/32), block 256;
+// dk == dv, dk % 32 == 0, dk ≤ 128, 1 ≤ kconv ≤ 8, hv ≥ hk.
+//   Block (h, y) runs the conv of its k-head kap = h mod hk (threads 0..dk-1: q channel kap·dk + i;
+//   threads 128..128+dk-1: k channel hk·dk + kap·dk + i) and of its 32 value columns (every warp
+//   the same column per lane, as gdn_step reads v per warp), the q / k L2 norms (the warp sums and
+//   their in-order total of gdn_conv's block_sum over dk threads), the gates, then gdn_step's row.
+//   Tap j of row t is element t + j of [conv_state rows 0..kconv-2 ‖ mixed rows 0..n-1], read from
+//   the state as it was before the launch: no block writes the q / k window until every block that
+//   reads it has read it. Window update at the end: each block shifts its own 32 value channels;
+//   the q / k channels of head kap are read by the hv/hk·dv/32 blocks sharing kap, so each of them
+//   counts itself on cnt[kap] (after its last window read, behind a fence) and the last one
+//   shifts them and resets the counter (cnt [≥ hk] u32, zero between launches).
+//   ko / vo / beta_out / g_out (L2-normed k [n, hk·dk], v [n, hv·dv], gates [n, hv], as gdn_conv
+//   writes them) only when ko != 0: the verify record reads them.
+extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out) {
+    __shared__ float ks[128], qs[128], red[8][32], wsum[8];
+    __shared__ int last_s;
+    const int dv = dk;
+    int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
+    int j = blockIdx.y * 32 + lane;
+    int R = dk / 8;
+    int kap = h % hk;
+    int conv_dim = 2 * hk * dk + hv * dk;
+    float* Sh = S + (size_t)h * dk * dv;
+    float s[16];
+    // S before the PDL wait, as in gdn_step (only this kernel and the round's rollback write it)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
+    PDL_ENTRY();
+    // this thread's q / k conv channel (qk_ch < 0: none) and its value channel
+    bool is_q = tid < dk, is_k = tid >= 128 && tid < 128 + dk;
+    int qk_ch = is_q ? kap * dk + tid : is_k ? hk * dk + kap * dk + (tid - 128) : -1;
+    int v_ch = 2 * hk * dk + h * dk + j;
+    const int km1 = kconv - 1;
+    // element e of [window rows 0..km1-1 ‖ mixed rows 0..n-1] of channel c
+    auto seq = [&](int e, int c) -> float {
+        return e < km1 ? conv_state[(size_t)e * conv_dim + c] : mixed[(size_t)(e - km1) * conv_dim + c];
+    };
+    auto conv_silu = [&](int t, int c) -> float {
+        float acc = convw[c * kconv + kconv - 1] * mixed[(size_t)t * conv_dim + c];
+        for (int jj = 0; jj < km1; ++jj) acc = fmaf(convw[c * kconv + jj], seq(t + jj, c), acc);
+        return siluf_(acc);
+    };
+    float scale = 1.0f / sqrtf((float)dk);
+    int nw = dk >> 5;
+    bool counted = false;
+    int last = 0;
+    for (int t = 0; t < n; ++t) {
+        // conv + SiLU of the q / k channel and of the value column
+        float y = qk_ch >= 0 ? conv_silu(t, qk_ch) : 0.f;
+        float yv = conv_silu(t, v_ch);
+        float ws = warp_sum(y * y);
+        __syncthreads();  // the previous row's readers of ks / qs / red are done
+        if (lane == 0) wsum[w] = ws;
+        __syncthreads();
+        if (!counted && t + 1 >= min(n, km1)) {
+            // every window read of this block is behind us (taps past row km1-1 come from mixed)
+            counted = true;
+            if (tid == 0) {
+                __threadfence();
+                last = atomicAdd(cnt + kap, 1u) + 1 == (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);
+            }
+        }
+        if (qk_ch >= 0) {
+            int base = is_q ? 0 : 4;
+            float ss = 0.f;
+            for (int i = 0; i < nw; ++i) ss += wsum[base + i];
+            float v = y * (1.0f / fmaxf(sqrtf(ss), eps));
+            if (is_q) {
+                qs[tid] = v;
+            } else {
+                ks[tid - 128] = v;
+                if (ko && h == kap && blockIdx.y == 0) ko[((size_t)t * hk + kap) * dk + tid - 128] = v;
+            }
+        }
+        float a = aa[t * hv + h] + dt_bias[h];
+        float sp = a > 20.f ? a : log1pf(expf(a));
+        float gt = ssm_a[h] * sp;
+        float bt = sigmoidf_(bb[t * hv + h]);
+        if (ko && w == 0) {
+            vo[((size_t)t * hv + h) * dv + j] = yv;
+            if (blockIdx.y == 0 && lane == 0) {
+                beta_out[t * hv + h] = bt;
+                g_out[t * hv + h] = gt;
+            }
+        }
+        __syncthreads();
+        // gdn_step's row t
+        float decay = expf(gt);
+        float u = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) {
+                s[r] *= decay;
+                u = fmaf(s[r], ks[w * R + r], u);
+            }
+        red[w][lane] = u;
+        __syncthreads();
+        float ut = 0.f;
+        for (int i = 0; i < 8; ++i) ut += red[i][lane];
+        float delta = bt * (yv - ut);
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) {
+                s[r] = fmaf(ks[w * R + r], delta, s[r]);
+                o = fmaf(s[r], qs[w * R + r], o);
+            }
+        __syncthreads();
+        red[w][lane] = o;
+        __syncthreads();
+        if (w == 0) {
+            float ot = 0.f;
+            for (int i = 0; i < 8; ++i) ot += red[i][lane];
+            out[((size_t)t * hv + h) * dv + j] = ot * scale;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+        if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
+    // window update: new row i = element n + i of the sequence (read all, then write)
+    float nv_[7];
+    if (w == 0) {
+#pragma unroll
+        for (int i = 0; i < 7; ++i)
+            if (i < km1) nv_[i] = seq(n + i, v_ch);
+#pragma unroll
+        for (int i = 0; i < 7; ++i)
+            if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = nv_[i];
+    }
+    if (tid == 0) last_s = last;
+    __syncthreads();
+    if (last_s) {
+        __threadfence();
+        if (qk_ch >= 0) {
+#pragma unroll
+            for (int i = 0; i < 7; ++i)
+                if (i < km1) nv_[i] = seq(n + i, qk_ch);
+#pragma unroll
+            for (int i = 0; i < 7; ++i)
+                if (i < km1) conv_state[(size_t)i * conv_dim + qk_ch] = nv_[i];
+        }
+        if (tid == 0) cnt[kap] = 0u;
+    }
+}
+
 // y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.
 // grid (hv, n), block dv (a multiple of 32).
 extern "C" __global__ void gated_norm_quant(const float* o, const float* z, const float* w, float eps,

@@ -1194,6 +1194,7 @@ kernels!(
         embed_rows,
         gdn_conv,
         gdn_step,
+        gdn_conv_step,
         gated_norm_quant,
         gated_norm_quant_v4,
         attn_prep,
@@ -1511,10 +1512,33 @@ pub struct Gpu {
     /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
     /// with the GPU so that a captured launch can use them.
     row_stats: std::sync::OnceLock<DevBuf>,
+    /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32 (zero between launches),
+    /// allocated with the GPU so that a captured launch can use them.
+    gdn_cnt: std::sync::OnceLock<DevBuf>,
+    /// Decode / verify GDN layers run the conv fused into the recurrence (`gdn_conv_step`, same
+    /// bits; [`Gpu::set_gdn_fused`], `BONSAI_CUDA_GDN_FUSED=0` turns it off).
+    gdn_fused: AtomicBool,
+    /// Rows per warp of the one-row dp4a launches of more than 15,000 rows when not 0
+    /// ([`Gpu::set_mv_long_r`], `BONSAI_CUDA_MV_LONG_R`; benchmarks compare).
+    mv_long_r: AtomicUsize,
     /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
     skip_any: AtomicBool,
+}
+
+/// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
+const GDN_CNT: usize = 256;
+
+/// Whether [`Gpu::gdn_conv_step`] takes a GDN layer of these dims: dk == dv, dk a multiple of 32
+/// up to 128, 1 ≤ kconv ≤ 8, hk ≤ 256 and hv ≥ hk (every k-head read by some block).
+pub fn gdn_fused_supported(hk: usize, hv: usize, dk: usize, dv: usize, kconv: usize) -> bool {
+    dk == dv
+        && dk % 32 == 0
+        && (32..=128).contains(&dk)
+        && (1..=8).contains(&kconv)
+        && (1..=GDN_CNT).contains(&hk)
+        && hv >= hk
 }
 
 /// Rows one launch of a row-statistics kernel covers (longer launches go in chunks of this).
@@ -1613,11 +1637,24 @@ impl Gpu {
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
+            gdn_cnt: std::sync::OnceLock::new(),
+            gdn_fused: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GDN_FUSED").as_deref() != Ok("0"),
+            ),
+            mv_long_r: AtomicUsize::new(
+                std::env::var("BONSAI_CUDA_MV_LONG_R")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|r| [2, 4, 8].contains(r))
+                    .unwrap_or(0),
+            ),
             skip: Mutex::new(Vec::new()),
             skip_any: AtomicBool::new(false),
         };
         let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
         let _ = gpu.row_stats.set(rs);
+        let gc = gpu.alloc(GDN_CNT * 4)?;
+        let _ = gpu.gdn_cnt.set(gc);
         let mut gpu = gpu;
         gpu.gemmw_ok = gpu.probe_gemmw()?;
         // the pipelined kernels' resident capacity, queried now rather than on a first launch
@@ -2271,7 +2308,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 12] {
+    pub fn launch_mode_key(&self) -> [u64; 14] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2291,6 +2328,8 @@ impl Gpu {
             self.mvs_rows() as u64,
             self.mvs_min_rows() as u64,
             self.carveout().map_or(u64::MAX, u64::from),
+            self.gdn_fused() as u64,
+            self.mv_long_r.load(Ordering::Relaxed) as u64,
         ]
     }
 
@@ -2572,6 +2611,10 @@ impl Gpu {
             return p;
         }
         (p.rn, p.n5) = self.mv_verify(kind);
+        let long_r = self.mv_long_r.load(Ordering::Relaxed);
+        if n == 1 && !p.mma && !p.pipe && long_r != 0 && rows > 15_000 {
+            p.r = long_r;
+        }
         if n == 1 && !p.mma && self.mv_pipe() {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
@@ -2999,6 +3042,89 @@ impl Gpu {
             (256, 1, 1),
             &gdn_step_args(s, q, k, v, g, beta, hk, hv, dk, dv, n, out),
         )
+    }
+
+    /// [`Self::gdn_conv`] fused into [`Self::gdn_step`] (`gdn_conv_step`): the conv window, the
+    /// state `s` and `out` come out bit for bit as from the two launches; q never leaves the
+    /// kernel, and the L2-normed k, v and the gates go to `rec_out` = (k, v, beta, g) when given
+    /// (the verify record reads them). Decode and verify launches (n ≤ 8); needs
+    /// [`gdn_fused_supported`]. Not for two streams at once: the arrival counters are the `Gpu`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_conv_step(
+        &self,
+        s: u64,
+        mixed: u64,
+        conv_state: u64,
+        convw: u64,
+        kconv: usize,
+        (hk, hv, dk, dv): (usize, usize, usize, usize),
+        n: usize,
+        eps: f32,
+        (bb, aa, dt_bias, ssm_a): (u64, u64, u64, u64),
+        out: u64,
+        rec_out: Option<(u64, u64, u64, u64)>,
+    ) -> Result<()> {
+        if !gdn_fused_supported(hk, hv, dk, dv, kconv) {
+            return Err(CudaError(format!(
+                "gdn_conv_step: no kernel for hk {hk}, hv {hv}, dk {dk}, dv {dv}, conv {kconv}"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let cnt = self.gdn_cnt.get().expect("gdn counters").ptr();
+        let (ko, vo, beta, g) = rec_out.unwrap_or((0, 0, 0, 0));
+        self.launch(
+            self.f.gdn_conv_step,
+            (hv as u32, (dv / 32) as u32, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(s),
+                Arg::P(mixed),
+                Arg::P(conv_state),
+                Arg::P(convw),
+                Arg::I(kconv as i32),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(n as i32),
+                Arg::F(eps),
+                Arg::P(bb),
+                Arg::P(aa),
+                Arg::P(dt_bias),
+                Arg::P(ssm_a),
+                Arg::P(cnt),
+                Arg::P(out),
+                Arg::P(ko),
+                Arg::P(vo),
+                Arg::P(beta),
+                Arg::P(g),
+            ],
+        )
+    }
+
+    /// Whether decode / verify GDN layers take [`Self::gdn_conv_step`] (default on;
+    /// `BONSAI_CUDA_GDN_FUSED=0` turns it off). Same bits either way; captured graphs key on it.
+    pub fn gdn_fused(&self) -> bool {
+        self.gdn_fused.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::gdn_fused`].
+    pub fn set_gdn_fused(&self, on: bool) {
+        self.gdn_fused.store(on, Ordering::Relaxed);
+    }
+
+    /// Rows per warp of the default one-row dp4a plans for launches of more than 15,000 rows
+    /// (`0`: the per-kind default; 2, 4 or 8 otherwise; `BONSAI_CUDA_MV_LONG_R`). A staged launch
+    /// ([`Self::mv_staged_mode`]) keeps its own layout.
+    pub fn set_mv_long_r(&self, r: usize) {
+        assert!([0, 2, 4, 8].contains(&r), "rows per warp {r}");
+        self.mv_long_r.store(r, Ordering::Relaxed);
+    }
+
+    /// [`Self::set_mv_long_r`]'s value.
+    pub fn mv_long_r(&self) -> usize {
+        self.mv_long_r.load(Ordering::Relaxed)
     }
 
     /// Per-head `rmsnorm(o) ⊙ w ⊙ SiLU(z)`, f32 to `yf` (unless 0) and quantized. Launches of

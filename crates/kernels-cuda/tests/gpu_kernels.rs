@@ -2004,6 +2004,150 @@ fn gdn_rec_write_and_replay_bit_exact() {
     }
 }
 
+/// `gdn_conv_step` (the conv fused into the recurrence) against `gdn_conv` then `gdn_step` on the
+/// same inputs: the state, the outputs, the conv window afterwards and the side outputs (k, v,
+/// gates: the verify record's) bit for bit, for n = 1..=8 rows, conv widths 4 and 2, the 27B,
+/// tiny and small head shapes. The launches run back to back on one `Gpu`, so a k-head arrival
+/// counter left non-zero would break the next launch's window update.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gdn_conv_step_equals_conv_then_step() {
+    let g = need_gpu!("gdn_conv_step_equals_conv_then_step");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for &(hk, hv, dk, kconv) in &[
+        (16usize, 48usize, 128usize, 4usize),
+        (2, 6, 64, 4),
+        (4, 8, 128, 4),
+        (16, 48, 128, 2),
+        (3, 7, 32, 4),
+    ] {
+        assert!(bonsai_kernels_cuda::gdn_fused_supported(
+            hk, hv, dk, dk, kconv
+        ));
+        let dv = dk;
+        let conv_dim = 2 * hk * dk + hv * dv;
+        let (qk, vd) = (hk * dk, hv * dv);
+        let eps = 1e-6f32;
+        for n in 1..=8usize {
+            let mut rng = Rng(500 + n as u64 + 17 * hk as u64 + kconv as u64);
+            let mixed = rng.vec(n * conv_dim, 1.0);
+            let conv0 = rng.vec((kconv - 1).max(1) * conv_dim, 1.0);
+            let convw = rng.vec(conv_dim * kconv, 0.5);
+            let bb = rng.vec(n * hv, 2.0);
+            let aa = rng.vec(n * hv, 2.0);
+            let dt_bias = rng.vec(hv, 1.0);
+            let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+            let s0 = rng.vec(hv * dk * dv, 0.1);
+            let up = |v: &[f32]| g.upload(v).unwrap();
+            let z = |k: usize| g.alloc(k * 4).unwrap();
+            let (mb, wb, bbb, aab, dtb, ab) = (
+                up(&mixed),
+                up(&convw),
+                up(&bb),
+                up(&aa),
+                up(&dt_bias),
+                up(&ssm_a),
+            );
+            // two launches
+            let (ca, sa) = (up(&conv0), up(&s0));
+            let (qo, ko, vo, beta, gg, outa) = (
+                z(n * qk),
+                z(n * qk),
+                z(n * vd),
+                z(n * hv),
+                z(n * hv),
+                z(n * vd),
+            );
+            g.gdn_conv(
+                mb.ptr(),
+                ca.ptr(),
+                wb.ptr(),
+                kconv,
+                hk,
+                hv,
+                dk,
+                n,
+                eps,
+                qo.ptr(),
+                ko.ptr(),
+                vo.ptr(),
+                bbb.ptr(),
+                aab.ptr(),
+                dtb.ptr(),
+                ab.ptr(),
+                beta.ptr(),
+                gg.ptr(),
+            )
+            .unwrap();
+            g.gdn_step(
+                sa.ptr(),
+                qo.ptr(),
+                ko.ptr(),
+                vo.ptr(),
+                gg.ptr(),
+                beta.ptr(),
+                hk,
+                hv,
+                dk,
+                dv,
+                n,
+                outa.ptr(),
+            )
+            .unwrap();
+            // fused, without and with the side outputs (the second from the first's inputs again)
+            for side in [false, true] {
+                let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
+                let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
+                g.gdn_conv_step(
+                    sb.ptr(),
+                    mb.ptr(),
+                    cb.ptr(),
+                    wb.ptr(),
+                    kconv,
+                    (hk, hv, dk, dv),
+                    n,
+                    eps,
+                    (bbb.ptr(), aab.ptr(), dtb.ptr(), ab.ptr()),
+                    outb.ptr(),
+                    side.then(|| (kb.ptr(), vb.ptr(), betab.ptr(), gb.ptr())),
+                )
+                .unwrap();
+                let tag = format!("hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side}");
+                let cmp = |name: &str, a: &DevBuf, b: &DevBuf, len: usize| {
+                    let (x, y): (Vec<f32>, Vec<f32>) = (down(g, a, len), down(g, b, len));
+                    assert_eq!(bits(&x), bits(&y), "{tag}: {name} differs");
+                };
+                cmp("out", &outa, &outb, n * vd);
+                cmp("S", &sa, &sb, hv * dk * dv);
+                cmp("conv window", &ca, &cb, (kconv - 1) * conv_dim);
+                if side {
+                    cmp("k", &ko, &kb, n * qk);
+                    cmp("v", &vo, &vb, n * vd);
+                    cmp("beta", &beta, &betab, n * hv);
+                    cmp("g", &gg, &gb, n * hv);
+                }
+            }
+        }
+        eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
+    }
+    // shapes it cannot take are refused, not launched
+    assert!(g
+        .gdn_conv_step(
+            0,
+            0,
+            0,
+            0,
+            4,
+            (4, 2, 128, 128),
+            1,
+            1e-6,
+            (0, 0, 0, 0),
+            0,
+            None
+        )
+        .is_err());
+}
+
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }

@@ -656,6 +656,42 @@ impl CudaBackend {
             && rec.is_none()
             && kc::gdn_prefill_supported(dk, dv)
             && (1..=8).contains(&cfg.ssm_conv_kernel);
+        if !prefill && g.gdn_fused() && kc::gdn_fused_supported(hk, hv, dk, dv, cfg.ssm_conv_kernel)
+        {
+            // decode / verify: the conv inside the recurrence (one launch, the same bits); the
+            // verify record takes k, v and the gates from the fused kernel's side outputs
+            g.gdn_conv_step(
+                st.s.ptr(),
+                mixed,
+                st.conv.ptr(),
+                w.conv1d.buf.ptr(),
+                cfg.ssm_conv_kernel,
+                (hk, hv, dk, dv),
+                n,
+                eps,
+                (bb, aa, w.dt_bias.buf.ptr(), w.ssm_a.buf.ptr()),
+                sc.go.ptr(),
+                rec.map(|_| (sc.gk.ptr(), sc.gv.ptr(), sc.gbeta.ptr(), sc.gg.ptr())),
+            )
+            .map_err(be)?;
+            if let Some(rec) = rec {
+                g.gdn_rec_write(
+                    mixed,
+                    sc.gk.ptr(),
+                    sc.gv.ptr(),
+                    sc.gg.ptr(),
+                    sc.gbeta.ptr(),
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    n,
+                    rec,
+                )
+                .map_err(be)?;
+            }
+            return self.gdn_out(sc, cfg, w, z, x, n);
+        }
         let conv = if prefill {
             kc::Gpu::gdn_conv_rows
         } else {
@@ -726,20 +762,36 @@ impl CudaBackend {
             sc.go.ptr(),
         )
         .map_err(be)?;
-        g.gated_norm_quant(
-            sc.go.ptr(),
-            z,
-            w.ssm_norm.buf.ptr(),
-            eps,
-            n,
-            hv,
-            dv,
-            Self::f32_input(sc, &[&w.ssm_out]),
-            sc.xq.ptr(),
-            sc.xd.ptr(),
-            sc.xs.ptr(),
-        )
-        .map_err(be)?;
+        self.gdn_out(sc, cfg, w, z, x, n)
+    }
+
+    /// A GDN layer's tail: the gated norm of the recurrence's output `sc.go` (quantized for the
+    /// out-projection), then `x += ssm_out(·)`.
+    fn gdn_out(
+        &self,
+        sc: &mut Scratch,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        z: u64,
+        x: u64,
+        n: usize,
+    ) -> Result<()> {
+        let (hv, dv) = (cfg.ssm_dt_rank, cfg.ssm_head_v_dim());
+        self.gpu
+            .gated_norm_quant(
+                sc.go.ptr(),
+                z,
+                w.ssm_norm.buf.ptr(),
+                cfg.rms_eps,
+                n,
+                hv,
+                dv,
+                Self::f32_input(sc, &[&w.ssm_out]),
+                sc.xq.ptr(),
+                sc.xd.ptr(),
+                sc.xs.ptr(),
+            )
+            .map_err(be)?;
         self.proj(sc, &w.ssm_out, n, x, true)
     }
 
