@@ -14,7 +14,9 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
-use bonsai_kernels_cuda::{GdnPrefill, GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT};
+use bonsai_kernels_cuda::{
+    GdnFused, GdnPrefill, GemmConfig, GemmPath, MvStaged, MV_STAGED_DEFAULT,
+};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -158,12 +160,26 @@ fn cuda_decode_bench() {
         true,
     );
     // the GDN conv fused into the recurrence (one launch fewer per GDN layer, the same bits)
+    let fused0 = gpu.gdn_fused();
     let gdn_fused_ms = ab(
-        "GDN_FUSED (conv inside the step)",
-        &|| gpu.gdn_fused(),
-        &|on| gpu.set_gdn_fused(on),
+        "GDN_FUSED conv + gated norm (gdn_conv_step_norm_d128) vs off",
+        &|| gpu.gdn_fused() == GdnFused::ConvNorm,
+        &|on| {
+            gpu.set_gdn_fused(if on {
+                GdnFused::ConvNorm
+            } else {
+                GdnFused::Off
+            })
+        },
         true,
     );
+    let gdn_fused_conv_ms = ab(
+        "GDN_FUSED conv only (gdn_conv_step) vs off",
+        &|| gpu.gdn_fused() == GdnFused::Conv,
+        &|on| gpu.set_gdn_fused(if on { GdnFused::Conv } else { GdnFused::Off }),
+        true,
+    );
+    gpu.set_gdn_fused(fused0);
     // the long one-row launches (> 15,000 rows) plain with 4 rows per warp against the default
     // (Q1: plain, 8 rows; Q2: staged ffn gate‖up and head, 2 rows otherwise); same float order
     let staged0 = gpu.mv_staged_mode();
@@ -648,7 +664,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only\": {gdn_fused_conv_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \

@@ -719,20 +719,48 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   threads 128..128+dk-1: k channel hk·dk + kap·dk + i) and of its 32 value columns (every warp
 //   the same column per lane, as gdn_step reads v per warp), the q / k L2 norms (the warp sums and
 //   their in-order total of gdn_conv's block_sum over dk threads), the gates, then gdn_step's row.
-//   Tap j of row t is element t + j of [conv_state rows 0..kconv-2 ‖ mixed rows 0..n-1], read from
-//   the state as it was before the launch: no block writes the q / k window until every block that
-//   reads it has read it. Window update at the end: each block shifts its own 32 value channels;
-//   the q / k channels of head kap are read by the hv/hk·dv/32 blocks sharing kap, so each of them
-//   counts itself on cnt[kap] (after its last window read, behind a fence) and the last one
-//   shifts them and resets the counter (cnt [≥ hk] u32, zero between launches).
+//   Each thread keeps its channel's conv window in registers (read once, before the rows), so the
+//   window update at the end is stores only. The value channels belong to one block each; the
+//   q / k channels of head kap are read by the hv/hk·dv/32 blocks sharing kap, so each of them
+//   counts itself on cnt[kap] once its window loads have been consumed (a release / acquire
+//   atomic) and the last one writes them and resets the counter (cnt [≥ hk] u32, zero between
+//   launches).
 //   ko / vo / beta_out / g_out (L2-normed k [n, hk·dk], v [n, hv·dv], gates [n, hv], as gdn_conv
-//   writes them) only when ko != 0: the verify record reads them.
-extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
+//   writes them) only when ko != 0: the verify record reads them. out [n, hv·dv] unless 0.
+//   NORM (gdn_conv_step_norm_d128: dv = 128, a cluster of the 4 blocks of a head): gated_norm_quant
+//   fused in too — each block's warp 0 holds 32 outputs of head h, the head's Σ o² is the 4 warp
+//   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
+//   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v) {
+    unsigned r;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
+    return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The float at `local` in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(local), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+template <bool NORM>
+__device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out) {
-    __shared__ float ks[128], qs[128], red[8][32], wsum[8];
+    float* g_out, const float* z, const float* nw_, float norm_eps, float* yf, i8* yq, float* yd,
+    int* ys) {
+    __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2];
     __shared__ int last_s;
     const int dv = dk;
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
@@ -751,39 +779,55 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
     int qk_ch = is_q ? kap * dk + tid : is_k ? hk * dk + kap * dk + (tid - 128) : -1;
     int v_ch = 2 * hk * dk + h * dk + j;
     const int km1 = kconv - 1;
-    // element e of [window rows 0..km1-1 ‖ mixed rows 0..n-1] of channel c
-    auto seq = [&](int e, int c) -> float {
-        return e < km1 ? conv_state[(size_t)e * conv_dim + c] : mixed[(size_t)(e - km1) * conv_dim + c];
-    };
-    auto conv_silu = [&](int t, int c) -> float {
-        float acc = convw[c * kconv + kconv - 1] * mixed[(size_t)t * conv_dim + c];
-        for (int jj = 0; jj < km1; ++jj) acc = fmaf(convw[c * kconv + jj], seq(t + jj, c), acc);
+    // conv weights and windows (oldest first) in registers
+    float cw_qk[8], cw_v[8], win_qk[7], win_v[7];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        cw_v[i] = i < kconv ? convw[v_ch * kconv + i] : 0.f;
+        cw_qk[i] = i < kconv && qk_ch >= 0 ? convw[qk_ch * kconv + i] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 7; ++i) {
+        win_v[i] = i < km1 ? conv_state[(size_t)i * conv_dim + v_ch] : 0.f;
+        win_qk[i] = i < km1 && qk_ch >= 0 ? conv_state[(size_t)i * conv_dim + qk_ch] : 0.f;
+    }
+    // acc = w[k-1]·x, then fma over the window oldest first (gdn_conv's order); then slide
+    auto conv_silu = [&](const float* cw, float* win, float x) -> float {
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i == kconv - 1) acc = cw[i] * x;
+#pragma unroll
+        for (int i = 0; i < 7; ++i)
+            if (i < km1) acc = fmaf(cw[i], win[i], acc);
+#pragma unroll
+        for (int i = 0; i < 7; ++i)
+            if (i < km1) win[i] = i + 1 < km1 ? win[i + 1] : x;
         return siluf_(acc);
     };
     float scale = 1.0f / sqrtf((float)dk);
-    int nw = dk >> 5;
-    bool counted = false;
+    int nwq = dk >> 5;
     int last = 0;
     for (int t = 0; t < n; ++t) {
         // conv + SiLU of the q / k channel and of the value column
-        float y = qk_ch >= 0 ? conv_silu(t, qk_ch) : 0.f;
-        float yv = conv_silu(t, v_ch);
+        float xqk = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
+        float xv = mixed[(size_t)t * conv_dim + v_ch];
+        float zt = 0.f;
+        if (NORM && w == 0) zt = z[((size_t)t * hv + h) * dv + j];
+        float y = qk_ch >= 0 ? conv_silu(cw_qk, win_qk, xqk) : 0.f;
+        float yv = conv_silu(cw_v, win_v, xv);
         float ws = warp_sum(y * y);
         __syncthreads();  // the previous row's readers of ks / qs / red are done
         if (lane == 0) wsum[w] = ws;
         __syncthreads();
-        if (!counted && t + 1 >= min(n, km1)) {
-            // every window read of this block is behind us (taps past row km1-1 come from mixed)
-            counted = true;
-            if (tid == 0) {
-                __threadfence();
-                last = atomicAdd(cnt + kap, 1u) + 1 == (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);
-            }
+        if (t == 0 && tid == 0) {
+            // every window load of this block has been consumed (the block barrier above): count
+            last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);
         }
         if (qk_ch >= 0) {
             int base = is_q ? 0 : 4;
             float ss = 0.f;
-            for (int i = 0; i < nw; ++i) ss += wsum[base + i];
+            for (int i = 0; i < nwq; ++i) ss += wsum[base + i];
             float v = y * (1.0f / fmaxf(sqrtf(ss), eps));
             if (is_q) {
                 qs[tid] = v;
@@ -828,39 +872,76 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
         __syncthreads();
         red[w][lane] = o;
         __syncthreads();
+        float ov = 0.f;
         if (w == 0) {
             float ot = 0.f;
             for (int i = 0; i < 8; ++i) ot += red[i][lane];
-            out[((size_t)t * hv + h) * dv + j] = ot * scale;
+            ov = ot * scale;
+            if (out) out[((size_t)t * hv + h) * dv + j] = ov;
+            if (NORM) {
+                float os = warp_sum(ov * ov);
+                if (lane == 0) osum[t & 1] = os;
+            }
+        }
+        if (NORM) {
+            // the head's 4 warp sums, in rank order; the slot of row t is rewritten at row t + 2,
+            // after every block has passed row t + 1's barrier, i.e. finished reading it
+            cluster_sync_all();
+            if (w == 0) {
+                float ss = 0.f;
+                for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[t & 1], rk);
+                float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
+                float yo = ov * inv * nw_[j] * siluf_(zt);
+                size_t idx = ((size_t)t * hv + h) * dv + j;
+                if (yf) yf[idx] = yo;
+                size_t b = idx >> 5;
+                quant32(yo, yq + (b << 5), yd + b, ys + b);
+            }
         }
     }
+    if (NORM) cluster_sync_all();  // no block leaves while a peer may still read its osum
 #pragma unroll
     for (int r = 0; r < 16; ++r)
         if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
-    // window update: new row i = element n + i of the sequence (read all, then write)
-    float nv_[7];
+    // window update: the registers hold the last km1 elements of [window ‖ rows]
     if (w == 0) {
 #pragma unroll
         for (int i = 0; i < 7; ++i)
-            if (i < km1) nv_[i] = seq(n + i, v_ch);
-#pragma unroll
-        for (int i = 0; i < 7; ++i)
-            if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = nv_[i];
+            if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = win_v[i];
     }
     if (tid == 0) last_s = last;
     __syncthreads();
     if (last_s) {
-        __threadfence();
         if (qk_ch >= 0) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
-                if (i < km1) nv_[i] = seq(n + i, qk_ch);
-#pragma unroll
-            for (int i = 0; i < 7; ++i)
-                if (i < km1) conv_state[(size_t)i * conv_dim + qk_ch] = nv_[i];
+                if (i < km1) conv_state[(size_t)i * conv_dim + qk_ch] = win_qk[i];
         }
         if (tid == 0) cnt[kap] = 0u;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out) {
+    gdn_conv_step_body<false>(S, mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, bb, aa, dt_bias,
+                              ssm_a, cnt, out, ko, vo, beta_out, g_out, nullptr, nullptr, 0.f,
+                              nullptr, nullptr, nullptr, nullptr);
+}
+
+// gdn_conv_step with gated_norm_quant fused (dk = dv = 128): z [n, hv·dv] the gate input, nw the
+// ssm_norm weight [dv]; yf (f32, unless 0), yq / yd / ys as gated_norm_quant writes them.
+extern "C" __global__ void __cluster_dims__(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_d128(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out, const float* z, const float* nw, float norm_eps, float* yf, i8* yq, float* yd,
+    int* ys) {
+    gdn_conv_step_body<true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
+                             ssm_a, cnt, out, ko, vo, beta_out, g_out, z, nw, norm_eps, yf, yq, yd,
+                             ys);
 }
 
 // y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.

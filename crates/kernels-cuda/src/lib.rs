@@ -1195,6 +1195,7 @@ kernels!(
         gdn_conv,
         gdn_step,
         gdn_conv_step,
+        gdn_conv_step_norm_d128,
         gated_norm_quant,
         gated_norm_quant_v4,
         attn_prep,
@@ -1515,9 +1516,9 @@ pub struct Gpu {
     /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32 (zero between launches),
     /// allocated with the GPU so that a captured launch can use them.
     gdn_cnt: std::sync::OnceLock<DevBuf>,
-    /// Decode / verify GDN layers run the conv fused into the recurrence (`gdn_conv_step`, same
-    /// bits; [`Gpu::set_gdn_fused`], `BONSAI_CUDA_GDN_FUSED=0` turns it off).
-    gdn_fused: AtomicBool,
+    /// How decode / verify GDN layers fuse their kernels ([`GdnFused`] as u8;
+    /// [`Gpu::set_gdn_fused`], `BONSAI_CUDA_GDN_FUSED=0|1|2`).
+    gdn_fused: AtomicU8,
     /// Rows per warp of the one-row dp4a launches of more than 15,000 rows when not 0
     /// ([`Gpu::set_mv_long_r`], `BONSAI_CUDA_MV_LONG_R`; benchmarks compare).
     mv_long_r: AtomicUsize,
@@ -1525,6 +1526,57 @@ pub struct Gpu {
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
     skip_any: AtomicBool,
+}
+
+/// Which of a decode / verify GDN layer's kernels run fused (the same bits in every mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnFused {
+    /// `gdn_conv`, `gdn_step`, `gated_norm_quant`: three launches.
+    Off = 0,
+    /// `gdn_conv_step` (the conv inside the recurrence), then `gated_norm_quant`.
+    Conv = 1,
+    /// `gdn_conv_step_norm_d128`: the gated norm fused in too, one launch (dv = 128; other
+    /// heads take [`GdnFused::Conv`]).
+    ConvNorm = 2,
+}
+
+impl GdnFused {
+    /// Every mode, by its `u8` value.
+    pub const ALL: [GdnFused; 3] = [GdnFused::Off, GdnFused::Conv, GdnFused::ConvNorm];
+
+    /// `BONSAI_CUDA_GDN_FUSED=0|1|2`, else the default.
+    fn from_env() -> GdnFused {
+        match std::env::var("BONSAI_CUDA_GDN_FUSED").as_deref() {
+            Ok("0") => GdnFused::Off,
+            Ok("1") => GdnFused::Conv,
+            Ok("2") => GdnFused::ConvNorm,
+            _ => GDN_FUSED_DEFAULT,
+        }
+    }
+}
+
+/// The default [`GdnFused`] mode.
+pub const GDN_FUSED_DEFAULT: GdnFused = GdnFused::ConvNorm;
+
+/// Where `gdn_conv_step_norm_d128` writes the gated norm of its output (as
+/// [`Gpu::gated_norm_quant`] does): gate input `z`, norm weight `w`, `eps`, f32 `yf` (unless 0)
+/// and the int8 codes, scales and sums `q`, `d`, `s`.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnNormOut {
+    /// The gate input `[n, hv·dv]` f32.
+    pub z: u64,
+    /// The norm weight `[dv]` f32.
+    pub w: u64,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// f32 output `[n, hv·dv]`, or 0.
+    pub yf: u64,
+    /// int8 codes `[n, hv·dv]`.
+    pub q: u64,
+    /// Scales per 32 `[n, hv·dv / 32]` f32.
+    pub d: u64,
+    /// Code sums per 32 `[n, hv·dv / 32]` i32.
+    pub s: u64,
 }
 
 /// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
@@ -1638,9 +1690,7 @@ impl Gpu {
             gemm_f16_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
-            gdn_fused: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_FUSED").as_deref() != Ok("0"),
-            ),
+            gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
             mv_long_r: AtomicUsize::new(
                 std::env::var("BONSAI_CUDA_MV_LONG_R")
                     .ok()
@@ -3045,10 +3095,13 @@ impl Gpu {
     }
 
     /// [`Self::gdn_conv`] fused into [`Self::gdn_step`] (`gdn_conv_step`): the conv window, the
-    /// state `s` and `out` come out bit for bit as from the two launches; q never leaves the
-    /// kernel, and the L2-normed k, v and the gates go to `rec_out` = (k, v, beta, g) when given
-    /// (the verify record reads them). Decode and verify launches (n ≤ 8); needs
-    /// [`gdn_fused_supported`]. Not for two streams at once: the arrival counters are the `Gpu`'s.
+    /// state `s` and `out` (unless 0) come out bit for bit as from the two launches; q never
+    /// leaves the kernel, and the L2-normed k, v and the gates go to `rec_out` = (k, v, beta, g)
+    /// when given (the verify record reads them). With `norm` (dv = 128 only), the gated norm of
+    /// the output is fused in as well (`gdn_conv_step_norm_d128`, a cluster of the head's 4
+    /// blocks): `norm` receives what [`Self::gated_norm_quant`] would write, bit for bit.
+    /// Decode and verify launches (n ≤ 8); needs [`gdn_fused_supported`]. Not for two streams
+    /// at once: the arrival counters are the `Gpu`'s.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_conv_step(
         &self,
@@ -3063,10 +3116,16 @@ impl Gpu {
         (bb, aa, dt_bias, ssm_a): (u64, u64, u64, u64),
         out: u64,
         rec_out: Option<(u64, u64, u64, u64)>,
+        norm: Option<GdnNormOut>,
     ) -> Result<()> {
-        if !gdn_fused_supported(hk, hv, dk, dv, kconv) {
+        if !gdn_fused_supported(hk, hv, dk, dv, kconv) || (norm.is_some() && dv != 128) {
             return Err(CudaError(format!(
-                "gdn_conv_step: no kernel for hk {hk}, hv {hv}, dk {dk}, dv {dv}, conv {kconv}"
+                "gdn_conv_step: no kernel for hk {hk}, hv {hv}, dk {dk}, dv {dv}, conv {kconv}{}",
+                if norm.is_some() {
+                    " with the gated norm"
+                } else {
+                    ""
+                }
             )));
         }
         if n == 0 {
@@ -3074,44 +3133,55 @@ impl Gpu {
         }
         let cnt = self.gdn_cnt.get().expect("gdn counters").ptr();
         let (ko, vo, beta, g) = rec_out.unwrap_or((0, 0, 0, 0));
-        self.launch(
-            self.f.gdn_conv_step,
-            (hv as u32, (dv / 32) as u32, 1),
-            (256, 1, 1),
-            &[
-                Arg::P(s),
-                Arg::P(mixed),
-                Arg::P(conv_state),
-                Arg::P(convw),
-                Arg::I(kconv as i32),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(n as i32),
-                Arg::F(eps),
-                Arg::P(bb),
-                Arg::P(aa),
-                Arg::P(dt_bias),
-                Arg::P(ssm_a),
-                Arg::P(cnt),
-                Arg::P(out),
-                Arg::P(ko),
-                Arg::P(vo),
-                Arg::P(beta),
-                Arg::P(g),
-            ],
-        )
+        let mut args = vec![
+            Arg::P(s),
+            Arg::P(mixed),
+            Arg::P(conv_state),
+            Arg::P(convw),
+            Arg::I(kconv as i32),
+            Arg::I(hk as i32),
+            Arg::I(hv as i32),
+            Arg::I(dk as i32),
+            Arg::I(n as i32),
+            Arg::F(eps),
+            Arg::P(bb),
+            Arg::P(aa),
+            Arg::P(dt_bias),
+            Arg::P(ssm_a),
+            Arg::P(cnt),
+            Arg::P(out),
+            Arg::P(ko),
+            Arg::P(vo),
+            Arg::P(beta),
+            Arg::P(g),
+        ];
+        let f = match norm {
+            Some(m) => {
+                args.extend([
+                    Arg::P(m.z),
+                    Arg::P(m.w),
+                    Arg::F(m.eps),
+                    Arg::P(m.yf),
+                    Arg::P(m.q),
+                    Arg::P(m.d),
+                    Arg::P(m.s),
+                ]);
+                self.f.gdn_conv_step_norm_d128
+            }
+            None => self.f.gdn_conv_step,
+        };
+        self.launch(f, (hv as u32, (dv / 32) as u32, 1), (256, 1, 1), &args)
     }
 
-    /// Whether decode / verify GDN layers take [`Self::gdn_conv_step`] (default on;
-    /// `BONSAI_CUDA_GDN_FUSED=0` turns it off). Same bits either way; captured graphs key on it.
-    pub fn gdn_fused(&self) -> bool {
-        self.gdn_fused.load(Ordering::Relaxed)
+    /// Which decode / verify GDN kernels run fused (default [`GDN_FUSED_DEFAULT`];
+    /// `BONSAI_CUDA_GDN_FUSED=0|1|2`). The same bits in every mode; captured graphs key on it.
+    pub fn gdn_fused(&self) -> GdnFused {
+        GdnFused::ALL[self.gdn_fused.load(Ordering::Relaxed) as usize]
     }
 
     /// Set [`Self::gdn_fused`].
-    pub fn set_gdn_fused(&self, on: bool) {
-        self.gdn_fused.store(on, Ordering::Relaxed);
+    pub fn set_gdn_fused(&self, mode: GdnFused) {
+        self.gdn_fused.store(mode as u8, Ordering::Relaxed);
     }
 
     /// Rows per warp of the default one-row dp4a plans for launches of more than 15,000 rows

@@ -7,7 +7,7 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
-    GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, WKind,
+    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, WKind,
 };
 use half::f16;
 
@@ -2007,13 +2007,13 @@ fn gdn_rec_write_and_replay_bit_exact() {
 /// `gdn_conv_step` (the conv fused into the recurrence) against `gdn_conv` then `gdn_step` on the
 /// same inputs: the state, the outputs, the conv window afterwards and the side outputs (k, v,
 /// gates: the verify record's) bit for bit, for n = 1..=8 rows, conv widths 4 and 2, the 27B,
-/// tiny and small head shapes. The launches run back to back on one `Gpu`, so a k-head arrival
+/// tiny and small head shapes; and where the head is 128 wide, `gdn_conv_step_norm_d128` (the
+/// gated norm fused in too, a 4-block cluster) against those two then `gated_norm_quant`. The launches run back to back on one `Gpu`, so a k-head arrival
 /// counter left non-zero would break the next launch's window update.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn gdn_conv_step_equals_conv_then_step() {
     let g = need_gpu!("gdn_conv_step_equals_conv_then_step");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for &(hk, hv, dk, kconv) in &[
         (16usize, 48usize, 128usize, 4usize),
         (2, 6, 64, 4),
@@ -2094,37 +2094,82 @@ fn gdn_conv_step_equals_conv_then_step() {
                 outa.ptr(),
             )
             .unwrap();
-            // fused, without and with the side outputs (the second from the first's inputs again)
+            // the gated norm of the two-launch output (gated_norm_quant), f32 and int8
+            let zin = rng.vec(n * vd, 2.0);
+            let nwt = rng.vec(dv, 1.0);
+            let (zb, nwb) = (up(&zin), up(&nwt));
+            let (yfa, yqa, yda, ysa) = (z(n * vd), z(n * vd / 4), z(n * vd / 32), z(n * vd / 32));
+            g.gated_norm_quant(
+                outa.ptr(),
+                zb.ptr(),
+                nwb.ptr(),
+                eps,
+                n,
+                hv,
+                dv,
+                yfa.ptr(),
+                yqa.ptr(),
+                yda.ptr(),
+                ysa.ptr(),
+            )
+            .unwrap();
+            // fused: without / with the side outputs, without / with the gated norm (dv = 128)
             for side in [false, true] {
-                let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
-                let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
-                g.gdn_conv_step(
-                    sb.ptr(),
-                    mb.ptr(),
-                    cb.ptr(),
-                    wb.ptr(),
-                    kconv,
-                    (hk, hv, dk, dv),
-                    n,
-                    eps,
-                    (bbb.ptr(), aab.ptr(), dtb.ptr(), ab.ptr()),
-                    outb.ptr(),
-                    side.then(|| (kb.ptr(), vb.ptr(), betab.ptr(), gb.ptr())),
-                )
-                .unwrap();
-                let tag = format!("hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side}");
-                let cmp = |name: &str, a: &DevBuf, b: &DevBuf, len: usize| {
-                    let (x, y): (Vec<f32>, Vec<f32>) = (down(g, a, len), down(g, b, len));
-                    assert_eq!(bits(&x), bits(&y), "{tag}: {name} differs");
-                };
-                cmp("out", &outa, &outb, n * vd);
-                cmp("S", &sa, &sb, hv * dk * dv);
-                cmp("conv window", &ca, &cb, (kconv - 1) * conv_dim);
-                if side {
-                    cmp("k", &ko, &kb, n * qk);
-                    cmp("v", &vo, &vb, n * vd);
-                    cmp("beta", &beta, &betab, n * hv);
-                    cmp("g", &gg, &gb, n * hv);
+                for norm in [false, true] {
+                    if norm && dv != 128 {
+                        continue;
+                    }
+                    let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
+                    let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
+                    let (yfb, yqb, ydb, ysb) =
+                        (z(n * vd), z(n * vd / 4), z(n * vd / 32), z(n * vd / 32));
+                    g.gdn_conv_step(
+                        sb.ptr(),
+                        mb.ptr(),
+                        cb.ptr(),
+                        wb.ptr(),
+                        kconv,
+                        (hk, hv, dk, dv),
+                        n,
+                        eps,
+                        (bbb.ptr(), aab.ptr(), dtb.ptr(), ab.ptr()),
+                        if norm { 0 } else { outb.ptr() },
+                        side.then(|| (kb.ptr(), vb.ptr(), betab.ptr(), gb.ptr())),
+                        norm.then(|| GdnNormOut {
+                            z: zb.ptr(),
+                            w: nwb.ptr(),
+                            eps,
+                            yf: yfb.ptr(),
+                            q: yqb.ptr(),
+                            d: ydb.ptr(),
+                            s: ysb.ptr(),
+                        }),
+                    )
+                    .unwrap();
+                    let tag = format!(
+                        "hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side} norm {norm}"
+                    );
+                    let cmp = |name: &str, a: &DevBuf, b: &DevBuf, len: usize| {
+                        let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, len), down(g, b, len));
+                        assert_eq!(x, y, "{tag}: {name} differs");
+                    };
+                    if norm {
+                        // (the fused kernel writes no f32 out with the norm)
+                        cmp("gated norm f32", &yfa, &yfb, n * vd);
+                        cmp("gated norm codes", &yqa, &yqb, n * vd / 4);
+                        cmp("gated norm scales", &yda, &ydb, n * vd / 32);
+                        cmp("gated norm sums", &ysa, &ysb, n * vd / 32);
+                    } else {
+                        cmp("out", &outa, &outb, n * vd);
+                    }
+                    cmp("S", &sa, &sb, hv * dk * dv);
+                    cmp("conv window", &ca, &cb, (kconv - 1) * conv_dim);
+                    if side {
+                        cmp("k", &ko, &kb, n * qk);
+                        cmp("v", &vo, &vb, n * vd);
+                        cmp("beta", &beta, &betab, n * hv);
+                        cmp("g", &gg, &gb, n * hv);
+                    }
                 }
             }
         }
@@ -2143,7 +2188,34 @@ fn gdn_conv_step_equals_conv_then_step() {
             1e-6,
             (0, 0, 0, 0),
             0,
+            None,
             None
+        )
+        .is_err());
+    // nor the gated norm for heads other than 128 wide
+    let nz = GdnNormOut {
+        z: 0,
+        w: 0,
+        eps: 1e-6,
+        yf: 0,
+        q: 0,
+        d: 0,
+        s: 0,
+    };
+    assert!(g
+        .gdn_conv_step(
+            0,
+            0,
+            0,
+            0,
+            4,
+            (2, 6, 64, 64),
+            1,
+            1e-6,
+            (0, 0, 0, 0),
+            0,
+            None,
+            Some(nz)
         )
         .is_err());
 }

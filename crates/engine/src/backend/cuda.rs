@@ -656,10 +656,23 @@ impl CudaBackend {
             && rec.is_none()
             && kc::gdn_prefill_supported(dk, dv)
             && (1..=8).contains(&cfg.ssm_conv_kernel);
-        if !prefill && g.gdn_fused() && kc::gdn_fused_supported(hk, hv, dk, dv, cfg.ssm_conv_kernel)
+        let fused = g.gdn_fused();
+        if !prefill
+            && fused != kc::GdnFused::Off
+            && kc::gdn_fused_supported(hk, hv, dk, dv, cfg.ssm_conv_kernel)
         {
-            // decode / verify: the conv inside the recurrence (one launch, the same bits); the
-            // verify record takes k, v and the gates from the fused kernel's side outputs
+            // decode / verify: the conv inside the recurrence, and the gated norm too where the
+            // head is 128 wide (one launch, the same bits); the verify record takes k, v and the
+            // gates from the fused kernel's side outputs
+            let norm = (fused == kc::GdnFused::ConvNorm && dv == 128).then(|| kc::GdnNormOut {
+                z,
+                w: w.ssm_norm.buf.ptr(),
+                eps,
+                yf: Self::f32_input(sc, &[&w.ssm_out]),
+                q: sc.xq.ptr(),
+                d: sc.xd.ptr(),
+                s: sc.xs.ptr(),
+            });
             g.gdn_conv_step(
                 st.s.ptr(),
                 mixed,
@@ -670,8 +683,9 @@ impl CudaBackend {
                 n,
                 eps,
                 (bb, aa, w.dt_bias.buf.ptr(), w.ssm_a.buf.ptr()),
-                sc.go.ptr(),
+                if norm.is_some() { 0 } else { sc.go.ptr() },
                 rec.map(|_| (sc.gk.ptr(), sc.gv.ptr(), sc.gbeta.ptr(), sc.gg.ptr())),
+                norm,
             )
             .map_err(be)?;
             if let Some(rec) = rec {
@@ -689,6 +703,9 @@ impl CudaBackend {
                     rec,
                 )
                 .map_err(be)?;
+            }
+            if norm.is_some() {
+                return self.proj(sc, &w.ssm_out, n, x, true);
             }
             return self.gdn_out(sc, cfg, w, z, x, n);
         }
