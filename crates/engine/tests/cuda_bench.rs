@@ -173,13 +173,21 @@ fn cuda_decode_bench() {
         },
         true,
     );
+    // conv only against the default: "off" here is the default mode (its own run above)
     let gdn_fused_conv_ms = ab(
-        "GDN_FUSED conv only (gdn_conv_step) vs off",
+        "GDN_FUSED conv only (gdn_conv_step) vs the default",
         &|| gpu.gdn_fused() == GdnFused::Conv,
-        &|on| gpu.set_gdn_fused(if on { GdnFused::Conv } else { GdnFused::Off }),
+        &|on| gpu.set_gdn_fused(if on { GdnFused::Conv } else { fused0 }),
         true,
     );
     gpu.set_gdn_fused(fused0);
+    // SwiGLU inside the decode gate‖up launch (where the plan is plain, 8 rows, K split 1)
+    let swiglu_ms = ab(
+        "SWIGLU_FUSED (mv_*_swi)",
+        &|| gpu.swiglu_fused(),
+        &|on| gpu.set_swiglu_fused(on),
+        true,
+    );
     // the long one-row launches (> 15,000 rows) plain with 4 rows per warp against the default
     // (Q1: plain, 8 rows; Q2: staged ffn gate‖up and head, 2 rows otherwise); same float order
     let staged0 = gpu.mv_staged_mode();
@@ -664,7 +672,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only\": {gdn_fused_conv_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \

@@ -343,10 +343,41 @@ __device__ __forceinline__ int sub_dot(uint2 c, const int* qa, int sa) {
     return sub_dot_ops<KIND>(sub_unpack<KIND>(c), qa, sa);
 }
 
-template <int KIND, int NT, int MV_R, int MV_U, int KS>
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v) {
+    unsigned r;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
+    return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The float at `local` in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(local), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Where the SwiGLU-fused gate‖up launch (SWI) writes SiLU(gate) ⊙ up: f32 (hf, unless null) and
+// quantized per 32 (q, d, s), as swiglu_quant does.
+struct SwiOut {
+    float* hf;
+    i8* q;
+    float* d;
+    int* s;
+};
+
+template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
-                                          int n_in, int n, int accumulate, int pre) {
+                                          int n_in, int n, int accumulate, int pre, SwiOut so = {}) {
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
@@ -360,7 +391,14 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         g2 = (s2.n_out + MV_R - 1) / MV_R, g3 = (s3.n_out + MV_R - 1) / MV_R;
     MvSeg sg = s0;
     bool valid = true;
-    if (gw < g0) {
+    // SWI: a cluster of 2 blocks per G·MV_R consecutive outputs, gate rows in rank 0, the same up
+    // rows in rank 1 (blockIdx.x = 2·pair + rank); each row computed as in the plain launch
+    __shared__ float sres[SWI ? MV_WARPS * MV_R : 1];
+    if (SWI) {
+        sg = (blockIdx.x & 1) ? s1 : s0;
+        gw = (blockIdx.x >> 1) * G + w / KS;
+        valid = gw * MV_R < sg.n_out;
+    } else if (gw < g0) {
         sg = s0;
     } else if ((gw -= g0) < g1) {
         sg = s1;
@@ -371,7 +409,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     } else {
         valid = false;
     }
-    if (!valid && KS == 1) return;  // no block barrier below when KS == 1
+    if (!valid && KS == 1 && !SWI) return;  // no block barrier below when KS == 1 (SWI: the cluster's)
     int o0 = gw * MV_R;
     int nsb = n_in >> 5, nblk = n_in / BE;
     // per-row base pointers: codes [n_out, nsb] (u32 or uint2 per sub-block), scales [n_out, nblk]
@@ -468,7 +506,9 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
                 float v = warp_sum(acc[r][t]);
-                if (KS == 1) {
+                if (SWI) {
+                    if (lane == r) sres[(w / KS) * MV_R + r] = v;
+                } else if (KS == 1) {
                     if (lane == r && o0 + r < sg.n_out) {
                         float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
                         *yp = accumulate ? *yp + v : v;
@@ -491,6 +531,22 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 *yp = accumulate ? *yp + v : v;
             }
         }
+    }
+    if (SWI) {
+        // rank 0 combines its gate rows with rank 1's up rows, 32 at a time (swiglu_quant's ops)
+        cluster_sync_all();
+        if ((blockIdx.x & 1) == 0 && w * 32 < G * MV_R) {
+            int o = (blockIdx.x >> 1) * (G * MV_R) + w * 32 + lane;
+            if (o - lane < s0.n_out) {
+                float g = sres[w * 32 + lane];
+                float u = ld_cluster_f32(&sres[w * 32 + lane], 1);
+                float v = siluf_(g) * u;
+                if (so.hf) so.hf[o] = v;
+                int b = o >> 5;
+                quant32(v, so.q + (size_t)b * 32, so.d + b, so.s + b);
+            }
+        }
+        cluster_sync_all();  // rank 1's sres stays until rank 0 has read it
     }
 }
 
@@ -543,6 +599,23 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 MV_KIND_ENTRIES(q1, 1, 6, 5)
 MV_KIND_ENTRIES(q2, 2, 5, 4)
 MV_KIND_ENTRIES(q2g64, 3, 5, 4)
+
+// Decode gate‖up with swiglu_quant fused in (`_swi`): one-row launch, 8 rows per warp, K split 1
+// (the plain `_n1_r8_k1` kernel's rows bit for bit), over two matrices of n_out rows each (gate,
+// up; n_out % 32 == 0); grid 2·n_out/32 in clusters of 2 (rank 0 gate rows, rank 1 the same up
+// rows). Writes SiLU(gate) ⊙ up as swiglu_quant would — hf (unless null), q, d, s — and not the
+// gate / up rows themselves.
+#define MV_SWI_ENTRY(NAME, KIND, MINB)                                                                \
+    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MV_WARPS * 32, MINB) NAME( \
+        const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const i8* q,      \
+        const float* da, const int* sa, int n_in, int pre, float* hf, i8* hq, float* hd, int* hs) {  \
+        MvSeg s0 = {c0, sc0, nullptr, n_out}, s1 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0}; \
+        mv_lowbit<KIND, 1, 8, 2, 1, true>(s0, s1, none, none, q, da, sa, n_in, 1, 0, pre,           \
+                                          SwiOut{hf, hq, hd, hs});                                  \
+    }
+MV_SWI_ENTRY(mv_q1_n1_r8_k1_swi, 1, 5)
+MV_SWI_ENTRY(mv_q2_n1_r8_k1_swi, 2, 4)
+MV_SWI_ENTRY(mv_q2g64_n1_r8_k1_swi, 3, 4)
 
 // f32 weights (other types, dequantized at load), f32 activations. One warp per row.
 extern "C" __global__ void mv_f32(const float* __restrict__ w, const float* __restrict__ x, float* y,
@@ -731,28 +804,6 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   fused in too — each block's warp 0 holds 32 outputs of head h, the head's Σ o² is the 4 warp
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
-__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v) {
-    unsigned r;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
-    return r;
-}
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// The float at `local` in the shared memory of cluster block `rank`.
-__device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(local), ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
 template <bool NORM>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,

@@ -365,13 +365,15 @@ fn mv_o8_env() -> bool {
 /// rows per warp: each activation load feeds more rows. H200, 27B files, n-gram round with round
 /// graphs, replay rollback, k = 0 (`cuda_spec_bench`, bench/results/cuda-spec-27b-*-rn*.json):
 /// Q1_0 11.64 ms with 2 rows (R 3.74), 10.66 with 4 (`_n8r4`), 10.11 with 4 on `_n5r4`, 9.78 with
-/// 8 on `_n5r8` (R 3.14); Q2_0 12.88 → 12.11 ms with 4 (R 3.57 → 3.35; the 5-row kernels are not
-/// measured on Q2_0 yet, so it keeps `_n8r4`).
+/// 8 on `_n5r8` (R 3.14); Q2_0 12.88 → 12.11 ms with 4 (R 3.57 → 3.35), and on 2026-11-30
+/// (afde082, one process per plan) 12.33 ms with 4 on `_n8r4`, 11.15 with 4 on `_n5r4`, 12.02 with
+/// 8 on `_n5r8`: Q2_0 takes 4 rows on the 5-row kernels. Q2_0 with 64-blocks is not measured (no
+/// 27B file of that layout) and keeps `_n8r4`.
 pub fn mv_verify_default(kind: WKind) -> (usize, bool) {
-    if kind == WKind::Q1 {
-        (8, true)
-    } else {
-        (4, false)
+    match kind {
+        WKind::Q1 => (8, true),
+        WKind::Q2 => (4, true),
+        _ => (4, false),
     }
 }
 
@@ -1190,6 +1192,9 @@ kernels!(
         mv_q2g64_n1_r8_k1,
         mv_q2g64_n1_r8_k2,
         mv_q2g64_n1_r8_k4,
+        mv_q1_n1_r8_k1_swi,
+        mv_q2_n1_r8_k1_swi,
+        mv_q2g64_n1_r8_k1_swi,
         mv_f32,
         embed_rows,
         gdn_conv,
@@ -1522,6 +1527,9 @@ pub struct Gpu {
     /// Rows per warp of the one-row dp4a launches of more than 15,000 rows when not 0
     /// ([`Gpu::set_mv_long_r`], `BONSAI_CUDA_MV_LONG_R`; benchmarks compare).
     mv_long_r: AtomicUsize,
+    /// Decode gate‖up launches with the SwiGLU fused in where the plan allows
+    /// ([`Gpu::mv_swiglu`]; `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off).
+    swiglu_fused: AtomicBool,
     /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
@@ -1576,6 +1584,20 @@ pub struct GdnNormOut {
     /// Scales per 32 `[n, hv·dv / 32]` f32.
     pub d: u64,
     /// Code sums per 32 `[n, hv·dv / 32]` i32.
+    pub s: u64,
+}
+
+/// Where [`Gpu::mv_swiglu`] writes SiLU(gate) ⊙ up, as [`Gpu::swiglu_quant`] does: f32 `hf`
+/// (unless 0), int8 codes `q`, scales `d` and code sums `s` per 32.
+#[derive(Clone, Copy, Debug)]
+pub struct SwiOut {
+    /// f32 `[n_out]`, or 0.
+    pub hf: u64,
+    /// int8 codes `[n_out]` (16-byte aligned for the next mat-vec).
+    pub q: u64,
+    /// Scales `[n_out / 32]` f32.
+    pub d: u64,
+    /// Code sums `[n_out / 32]` i32.
     pub s: u64,
 }
 
@@ -1691,6 +1713,9 @@ impl Gpu {
             row_stats: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
+            swiglu_fused: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
+            ),
             mv_long_r: AtomicUsize::new(
                 std::env::var("BONSAI_CUDA_MV_LONG_R")
                     .ok()
@@ -2358,7 +2383,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 14] {
+    pub fn launch_mode_key(&self) -> [u64; 15] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2380,6 +2405,7 @@ impl Gpu {
             self.carveout().map_or(u64::MAX, u64::from),
             self.gdn_fused() as u64,
             self.mv_long_r.load(Ordering::Relaxed) as u64,
+            self.swiglu_fused() as u64,
         ]
     }
 
@@ -3645,6 +3671,81 @@ impl Gpu {
                 Arg::P(s),
             ],
         )
+    }
+
+    /// Decode gate‖up with [`Self::swiglu_quant`] fused in (`mv_*_n1_r8_k1_swi`): one launch
+    /// instead of two, and the gate / up rows never leave the kernel. Each row is the one-row
+    /// dp4a launch's bit for bit (K split 1); `out` receives SiLU(gate) ⊙ up as
+    /// [`Self::swiglu_quant`] writes it (f32 `hf` unless 0, int8 `q` / `d` / `s`). `out` must not
+    /// alias the activations `q` / `d` / `s` (other blocks may still read them). Runs only where
+    /// the launch's plan is the plain dp4a kernel with 8 rows per warp and K split 1, not staged
+    /// (Q1_0's default for gate‖up), `n_out % 32 == 0` and [`Self::swiglu_fused`] is on; otherwise
+    /// returns `Ok(false)` and launches nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_swiglu(
+        &self,
+        kind: WKind,
+        (gate_codes, gate_scales): (u64, u64),
+        (up_codes, up_scales): (u64, u64),
+        n_out: usize,
+        n_in: usize,
+        (q, d, s): (u64, u64, u64),
+        out: SwiOut,
+    ) -> Result<bool> {
+        if !self.swiglu_fused() || n_out % 32 != 0 || n_out == 0 || n_in % 64 != 0 {
+            return Ok(false);
+        }
+        let rows = 2 * n_out;
+        let plan = self.mv_plan(kind, 1, rows, n_in);
+        if plan.mma
+            || plan.o8
+            || plan.pipe
+            || plan.b1
+            || plan.ks != 1
+            || plan.r != 8
+            || self.staged_for(kind, rows)
+        {
+            return Ok(false);
+        }
+        let f = match kind {
+            WKind::Q1 => self.f.mv_q1_n1_r8_k1_swi,
+            WKind::Q2 => self.f.mv_q2_n1_r8_k1_swi,
+            WKind::Q2G64 => self.f.mv_q2g64_n1_r8_k1_swi,
+            _ => return Ok(false),
+        };
+        self.launch(
+            f,
+            ((rows / 32) as u32, 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &[
+                Arg::P(gate_codes),
+                Arg::P(gate_scales),
+                Arg::P(up_codes),
+                Arg::P(up_scales),
+                Arg::I(n_out as i32),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+                Arg::I(n_in as i32),
+                Arg::I(plan.pre as i32),
+                Arg::P(out.hf),
+                Arg::P(out.q),
+                Arg::P(out.d),
+                Arg::P(out.s),
+            ],
+        )?;
+        Ok(true)
+    }
+
+    /// Whether decode gate‖up launches take [`Self::mv_swiglu`] where they can (default on;
+    /// `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off). The same bits either way; graphs key on it.
+    pub fn swiglu_fused(&self) -> bool {
+        self.swiglu_fused.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::swiglu_fused`].
+    pub fn set_swiglu_fused(&self, on: bool) {
+        self.swiglu_fused.store(on, Ordering::Relaxed);
     }
 
     /// `h = SiLU(g) ⊙ u`, f32 to `hf` (unless 0) and quantized.

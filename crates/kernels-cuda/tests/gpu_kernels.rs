@@ -7,7 +7,7 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
-    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, WKind,
+    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, SwiOut, WKind,
 };
 use half::f16;
 
@@ -518,6 +518,148 @@ fn matvec_staged_equals_plain() {
     g.set_mvs_rows(0);
     g.set_mv_staged_mode(staged0);
     eprintln!("mvs: {cases} staged launches equal the plain ones bit for bit");
+}
+
+/// `mv_swiglu` (gate‖up with SwiGLU + quantize fused, a 2-block cluster per 32 outputs) against
+/// the grouped one-row mat-vec then `swiglu_quant`, bit for bit (codes, scales, sums, f32), for
+/// every weight type at the 27B ffn shape and a small one; every plan but 8 rows / K split 1 /
+/// not staged is refused with `Ok(false)` and launches nothing.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_swiglu_equals_matvec_then_swiglu() {
+    let g = need_gpu!("mv_swiglu_equals_matvec_then_swiglu");
+    let staged0 = g.mv_staged_mode();
+    g.set_mv_staged(false);
+    for (qi, qt) in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
+        .into_iter()
+        .enumerate()
+    {
+        for (si, (n_in, n_out)) in [(5120usize, 17408usize), (1024, 96)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut rng = Rng(900 + 10 * qi as u64 + si as u64);
+            let up_ = |v: &[u8]| g.upload(v).unwrap();
+            let (rg, ru) = (
+                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+            );
+            let (gc, gs, uc, us) = (
+                up_(&rg.codes),
+                g.upload(&rg.scales).unwrap(),
+                up_(&ru.codes),
+                g.upload(&ru.scales).unwrap(),
+            );
+            let x = rng.vec(n_in, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let (q, d, s) = (
+                g.alloc(n_in).unwrap(),
+                g.alloc(n_in / 8).unwrap(),
+                g.alloc(n_in / 8).unwrap(),
+            );
+            g.quant_rows(xb.ptr(), 1, n_in, q.ptr(), d.ptr(), s.ptr())
+                .unwrap();
+            let nb = n_out / 32;
+            let outs = || {
+                (
+                    g.alloc(n_out * 4).unwrap(),
+                    g.alloc(n_out).unwrap(),
+                    g.alloc(nb * 4).unwrap(),
+                    g.alloc(nb * 4).unwrap(),
+                )
+            };
+            // two launches
+            g.set_mv_override(Some(MvPlan::dp4a(8, 1, true)));
+            let (yg, yu) = (g.alloc(n_out * 4).unwrap(), g.alloc(n_out * 4).unwrap());
+            let seg = |c: &DevBuf, sc: &DevBuf, y: &DevBuf| MvSeg {
+                codes: c.ptr(),
+                scales: sc.ptr(),
+                y: y.ptr(),
+                n_out,
+            };
+            g.mv_lowbit_multi(
+                rg.kind,
+                &[seg(&gc, &gs, &yg), seg(&uc, &us, &yu)],
+                q.ptr(),
+                d.ptr(),
+                s.ptr(),
+                n_in,
+                1,
+                false,
+            )
+            .unwrap();
+            let (hfa, qa, da, sa) = outs();
+            g.swiglu_quant(
+                yg.ptr(),
+                yu.ptr(),
+                1,
+                n_out,
+                hfa.ptr(),
+                qa.ptr(),
+                da.ptr(),
+                sa.ptr(),
+            )
+            .unwrap();
+            // fused, with and without the f32 output, with the weights before / after the PDL wait
+            for (pre, f32_out) in [(true, true), (false, false)] {
+                g.set_mv_override(Some(MvPlan::dp4a(8, 1, pre)));
+                let (hfb, qb, db, sb) = outs();
+                let ran = g
+                    .mv_swiglu(
+                        rg.kind,
+                        (gc.ptr(), gs.ptr()),
+                        (uc.ptr(), us.ptr()),
+                        n_out,
+                        n_in,
+                        (q.ptr(), d.ptr(), s.ptr()),
+                        SwiOut {
+                            hf: if f32_out { hfb.ptr() } else { 0 },
+                            q: qb.ptr(),
+                            d: db.ptr(),
+                            s: sb.ptr(),
+                        },
+                    )
+                    .unwrap();
+                assert!(ran, "{qt:?}: the fused launch was refused");
+                let tag = format!("{qt:?} [{n_in}x{n_out}] pre {pre}");
+                let cmp = |name: &str, a: &DevBuf, b: &DevBuf, words: usize| {
+                    let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, words), down(g, b, words));
+                    assert_eq!(x, y, "{tag}: {name} differs");
+                };
+                cmp("codes", &qa, &qb, n_out / 4);
+                cmp("scales", &da, &db, nb);
+                cmp("sums", &sa, &sb, nb);
+                if f32_out {
+                    cmp("f32", &hfa, &hfb, n_out);
+                }
+            }
+            // other plans: refused
+            for plan in [MvPlan::dp4a(8, 2, true), MvPlan::dp4a(4, 1, true)] {
+                g.set_mv_override(Some(plan));
+                let (hfb, qb, db, sb) = outs();
+                let ran = g
+                    .mv_swiglu(
+                        rg.kind,
+                        (gc.ptr(), gs.ptr()),
+                        (uc.ptr(), us.ptr()),
+                        n_out,
+                        n_in,
+                        (q.ptr(), d.ptr(), s.ptr()),
+                        SwiOut {
+                            hf: hfb.ptr(),
+                            q: qb.ptr(),
+                            d: db.ptr(),
+                            s: sb.ptr(),
+                        },
+                    )
+                    .unwrap();
+                assert!(!ran, "{qt:?}: plan {plan:?} took the fused kernel");
+            }
+            eprintln!("mv_swiglu {qt:?} [{n_in}x{n_out}]: bit-equal to mat-vec + swiglu_quant");
+        }
+    }
+    g.set_mv_override(None);
+    g.set_mv_staged_mode(staged0);
 }
 
 /// A grouped low-bit mat-vec launch over the quantized activations `q`, `d`, `s` (rows of `n_in`):

@@ -433,6 +433,27 @@ impl CudaBackend {
     /// `y[n, n_out] (+)= x · Wᵀ` from the scratch input (xf/xq/xd/xs, width `m.n_in`): one GEMM
     /// launch when [`Self::use_gemm`], else in groups of at most 8 rows.
     fn proj(&self, sc: &Scratch, m: &CudaMat, n: usize, y: u64, accumulate: bool) -> Result<()> {
+        self.proj_from(
+            sc,
+            m,
+            n,
+            y,
+            accumulate,
+            (sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
+        )
+    }
+
+    /// [`Self::proj`] with the int8 input `(q, d, s)` (`[n, m.n_in]` codes, `[n, m.n_in / 32]`
+    /// scales and sums) taken from there instead of the scratch's (f32 matrices still read `xf`).
+    fn proj_from(
+        &self,
+        sc: &Scratch,
+        m: &CudaMat,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+        (xq, xd, xs): (u64, u64, u64),
+    ) -> Result<()> {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
         if Self::use_gemm(m, n) {
@@ -442,8 +463,8 @@ impl CudaBackend {
                     m.kind,
                     m.codes.ptr(),
                     m.scales.as_ref().expect("scales").ptr(),
-                    sc.xq.ptr(),
-                    sc.xd.ptr(),
+                    xq,
+                    xd,
                     y,
                     k,
                     m.n_out,
@@ -470,9 +491,9 @@ impl CudaBackend {
                     kind,
                     m.codes.ptr(),
                     m.scales.as_ref().expect("scales").ptr(),
-                    sc.xq.at(t0 * k),
-                    sc.xd.at(t0 * k / 32 * 4),
-                    sc.xs.at(t0 * k / 32 * 4),
+                    xq + (t0 * k) as u64,
+                    xd + (t0 * k / 32 * 4) as u64,
+                    xs + (t0 * k / 32 * 4) as u64,
                     yo,
                     k,
                     m.n_out,
@@ -922,7 +943,40 @@ impl CudaBackend {
             &[&w.gate, &w.up],
         )?;
         let [gt, up] = [sc.p[0].ptr(), sc.p[1].ptr()];
-        self.proj_multi(sc, &[(&w.gate, gt), (&w.up, up)], n, false)?;
+        let (g, u) = (&w.gate, &w.up);
+        if n == 1
+            && g.kind != WKind::F32
+            && g.kind == u.kind
+            && (g.n_in, g.n_out) == (u.n_in, u.n_out)
+            && g.n_out == cfg.n_ff
+        {
+            // decode: the SwiGLU inside the gate‖up launch, into p[2] (codes) and p[3] (scales,
+            // then sums): its activations in xq are still being read while it writes
+            let nb = cfg.n_ff / 32;
+            let out = kc::SwiOut {
+                hf: Self::f32_input(sc, &[&w.down]),
+                q: sc.p[2].ptr(),
+                d: sc.p[3].ptr(),
+                s: sc.p[3].at((nb * 4).next_multiple_of(16)),
+            };
+            let sc_of = |m: &CudaMat| (m.codes.ptr(), m.scales.as_ref().expect("scales").ptr());
+            if self
+                .gpu
+                .mv_swiglu(
+                    g.kind,
+                    sc_of(g),
+                    sc_of(u),
+                    cfg.n_ff,
+                    g.n_in,
+                    (sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
+                    out,
+                )
+                .map_err(be)?
+            {
+                return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
+            }
+        }
+        self.proj_multi(sc, &[(g, gt), (u, up)], n, false)?;
         self.gpu
             .swiglu_quant(
                 gt,
