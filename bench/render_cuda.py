@@ -499,7 +499,7 @@ def verify_section() -> list[str]:
         "`BONSAI_CUDA_MV_N5`: weight rows per warp of the n-row launches, and the 5-row kernels for "
         "n ≤ 5): the n-gram round with round graphs and replay rollback, k = 0 accepted, and R for "
         "k = 0..4 (`cuda-spec-27b-*-rn*.json`). Defaults: Q1_0 8 rows on the 5-row kernels, Q2_0 4 "
-        "rows on the 8-row kernels.",
+        "rows on the 5-row kernels (since 08dcbcf; the 8-row kernels before).",
         "",
         "| weights | rows per warp | 5-row kernels | greedy step ms | round ms, k = 0 | R, k = 0..4 | commit |",
         "|---|---|---|---|---|---|---|",
@@ -513,9 +513,23 @@ def decode_ab_section() -> list[str]:
     for key, off, on, what in (
         (
             "gdn_fused",
-            "with gdn_conv + gdn_step",
-            "with gdn_conv_step",
-            "GDN conv fused into the recurrence (`BONSAI_CUDA_GDN_FUSED`, default on)",
+            "with gdn_conv + gdn_step + gated_norm_quant",
+            "with gdn_conv_step_norm_d128",
+            "GDN conv and gated norm fused into the recurrence (`BONSAI_CUDA_GDN_FUSED=2`, the default; "
+            "a 4-block cluster per head)",
+        ),
+        (
+            "gdn_fused_conv_only_vs_default",
+            "with the default (conv and gated norm fused)",
+            "with the conv fused only (gdn_conv_step, then gated_norm_quant)",
+            "GDN conv fused alone (`BONSAI_CUDA_GDN_FUSED=1`)",
+        ),
+        (
+            "swiglu_fused",
+            "with gate‖up then swiglu_quant",
+            "with mv_*_n1_r8_k1_swi",
+            "SwiGLU + quantize fused into the decode gate‖up launch (`BONSAI_CUDA_SWIGLU_FUSED`, default on; "
+            "taken where that launch is plain with 8 rows per warp: Q1_0, not Q2_0's staged one)",
         ),
         (
             "mv_long_plain_r4",
