@@ -532,6 +532,13 @@ def decode_ab_section() -> list[str]:
             "taken where that launch is plain with 8 rows per warp: Q1_0, not Q2_0's staged one)",
         ),
         (
+            "gate_up_plain_r8_swiglu",
+            "with the defaults",
+            "with gate‖up plain at 8 rows per warp (so SwiGLU fused), the head staged",
+            "ffn gate‖up plain with 8 rows per warp and the SwiGLU fused, instead of Q2_0's staged launch "
+            "(`BONSAI_CUDA_MV_LONG_R=8 BONSAI_CUDA_MVS_MIN_ROWS=40000`; Q1_0's default already)",
+        ),
+        (
             "mv_long_plain_r4",
             "with the defaults",
             "with the long launches plain at 4 rows per warp",

@@ -188,6 +188,17 @@ fn cuda_decode_bench() {
         &|on| gpu.set_swiglu_fused(on),
         true,
     );
+    // ffn gate‖up plain with 8 rows per warp (and so with the SwiGLU fused in) instead of staged,
+    // the head still staged (Q2; on Q1 this is the default plan)
+    let gu_r8_ms = ab(
+        "gate‖up plain r8 + SwiGLU fused, head staged",
+        &|| gpu.mv_long_r() == 8,
+        &|on| {
+            gpu.set_mvs_min_rows(if on { 40_000 } else { min_rows0 });
+            gpu.set_mv_long_r(if on { 8 } else { 0 });
+        },
+        true,
+    );
     // the long one-row launches (> 15,000 rows) plain with 4 rows per warp against the default
     // (Q1: plain, 8 rows; Q2: staged ffn gate‖up and head, 2 rows otherwise); same float order
     let staged0 = gpu.mv_staged_mode();
@@ -672,7 +683,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -770,6 +781,8 @@ fn cuda_launch_what_if() {
         "gdn_conv",
         "gdn_step",
         "gated_norm_quant",
+        "gdn_conv_step",
+        "gdn_conv_step_norm_d128",
         "attn_prep",
         "attn_chunks_hd256",
         "attn_merge_quant",
@@ -779,9 +792,17 @@ fn cuda_launch_what_if() {
     let sets: Vec<(&str, Vec<&str>)> = vec![
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         ("swiglu_quant", vec!["swiglu_quant"]),
-        ("gdn_conv", vec!["gdn_conv"]),
-        ("gdn_step", vec!["gdn_step"]),
-        ("gated_norm_quant", vec!["gated_norm_quant"]),
+        // (the defaults fuse them: gdn_conv_step_norm_d128; the others run under other modes)
+        (
+            "GDN conv + step + gated norm",
+            vec![
+                "gdn_conv",
+                "gdn_step",
+                "gated_norm_quant",
+                "gdn_conv_step",
+                "gdn_conv_step_norm_d128",
+            ],
+        ),
         (
             "attention (prep, chunks, merge)",
             vec!["attn_prep", "attn_chunks_hd256", "attn_merge_quant"],

@@ -249,7 +249,14 @@ fn cuda_round_what_if() {
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         (
             "GDN (conv, step, gated norm, record)",
-            vec!["gdn_conv", "gdn_step", "gated_norm_quant", "gdn_rec_write"],
+            vec![
+                "gdn_conv",
+                "gdn_step",
+                "gated_norm_quant",
+                "gdn_conv_step",
+                "gdn_conv_step_norm_d128",
+                "gdn_rec_write",
+            ],
         ),
         (
             "attention (prep, chunks, merge)",
