@@ -532,6 +532,12 @@ def decode_ab_section() -> list[str]:
             "taken where that launch is plain with 8 rows per warp: Q1_0, not Q2_0's staged one)",
         ),
         (
+            "attn_fused",
+            "with attn_prep + attn_chunks + attn_merge_quant",
+            "with attn_decode_fused",
+            "A decode row's attention in one launch (`BONSAI_CUDA_ATTN_FUSED`, default on)",
+        ),
+        (
             "gate_up_plain_r8_swiglu",
             "with the defaults",
             "with gate‖up plain at 8 rows per warp (so SwiGLU fused), the head staged",

@@ -260,7 +260,12 @@ fn cuda_round_what_if() {
         ),
         (
             "attention (prep, chunks, merge)",
-            vec!["attn_prep", "attn_chunks_hd256", "attn_merge_quant"],
+            vec![
+                "attn_prep",
+                "attn_chunks_hd256",
+                "attn_merge_quant",
+                "attn_decode_fused_hd256",
+            ],
         ),
         ("swiglu_quant", vec!["swiglu_quant"]),
         ("rollback replay (gdn_replay)", vec!["gdn_replay"]),

@@ -1117,8 +1117,9 @@ __device__ __forceinline__ void ld_h(const u16* p, u32* w) {
 __device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xffffu)); }
 __device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
 
+// qrow: this block's q row (hd floats; global or shared memory).
 template <int EPL>
-__device__ __forceinline__ void attn_chunks(const float* qo, const u16* kc, const u16* vc, int nh, int nkv,
+__device__ __forceinline__ void attn_chunks(const float* qrow, const u16* kc, const u16* vc, int nh, int nkv,
                                             const int* pos0, int nchunk, float* part) {
     const int HD = EPL * 32, NW = EPL / 2;
     __shared__ float sm[AT_WARPS][HD + 2];
@@ -1129,7 +1130,7 @@ __device__ __forceinline__ void attn_chunks(const float* qo, const u16* kc, cons
     float scale = 1.0f / sqrtf((float)HD);
     float qv[EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) qv[e] = qo[((size_t)t * nh + h) * HD + lane * EPL + e];
+    for (int e = 0; e < EPL; ++e) qv[e] = qrow[lane * EPL + e];
     for (int c = blockIdx.y; c < nc; c += gridDim.y) {
         float m = NEG_INF, l = 0.f, acc[EPL];
 #pragma unroll
@@ -1200,7 +1201,8 @@ __device__ __forceinline__ void attn_chunks(const float* qo, const u16* kc, cons
         const float* qo, const u16* kc, const u16* vc, int nh, int nkv, const int* pos0, int nchunk,  \
         float* part) {                                                                                \
         PDL_ENTRY();                                                                                  \
-        attn_chunks<EPL>(qo, kc, vc, nh, nkv, pos0, nchunk, part);                                    \
+        attn_chunks<EPL>(qo + ((size_t)blockIdx.z * nh + blockIdx.x) * (EPL * 32), kc, vc, nh, nkv, pos0, \
+                         nchunk, part);                                                               \
     }
 ATTN_CHUNKS_ENTRY(attn_chunks_hd64, 2)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd128, 4)
@@ -1233,6 +1235,139 @@ extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, 
     size_t b = idx >> 5;
     quant32(y, q + (b << 5), d + b, s + b);
 }
+
+// attn_prep's per-head path on a 128-thread block: out[j] = RoPE(rmsnorm(x) ⊙ nw)[j] for j < HD,
+// the same bits (Σ x² as block_sum over HD threads: 32-element group sums, added in group order;
+// the NEOX rotation of the first n_rot elements in double). out, gs (≥ HD/32 floats): shared.
+template <int HD>
+__device__ __forceinline__ void head_norm_rope_128(const float* x, const float* nw, float eps, int n_rot,
+                                                   float rope_base, int pos, float* out, float* gs) {
+    constexpr int PER = (HD + 127) / 128;
+    const int tid = threadIdx.x, lane = tid & 31;
+    float xv[PER], r[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = tid + 128 * i;
+        xv[i] = j < HD ? x[j] : 0.f;
+        float sq = warp_sum(xv[i] * xv[i]);  // a warp's lanes are all below HD or all past it
+        if (j < HD && lane == 0) gs[j >> 5] = sq;
+    }
+    __syncthreads();
+    float ss = 0.f;
+    for (int i = 0; i < HD / 32; ++i) ss += gs[i];
+    float inv = 1.0f / sqrtf(ss / (float)HD + eps);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = tid + 128 * i;
+        if (j < HD) out[j] = xv[i] * inv * nw[j];
+    }
+    __syncthreads();
+    int half = n_rot / 2;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = tid + 128 * i;
+        if (j < HD) {
+            r[i] = out[j];
+            if (j < n_rot) {
+                int dd = j < half ? j : j - half;
+                double theta = (double)pos * pow((double)rope_base, -2.0 * dd / (double)n_rot);
+                double sn, cs;
+                sincos(theta, &sn, &cs);
+                double a = out[dd], b = out[dd + half];
+                r[i] = j < half ? (float)(a * cs - b * sn) : (float)(a * sn + b * cs);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = tid + 128 * i;
+        if (j < HD) out[j] = r[i];
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float ld_cg_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// One decode row's attention in one launch: attn_prep + attn_chunks + attn_merge_quant for n = 1,
+// the same bits. grid (nh, gy), block 128. Every block normalizes and rotates its head's q itself
+// (into shared memory); the block whose chunks hold the current position (c = nc − 1) also forms
+// that position's K / V of its kv head and writes them to the cache (the blocks of the group's q
+// heads write the same bytes) before its chunks; then attn_chunks. The head's gy blocks count
+// themselves on cnt[h] after their partials (fenced); the last merges as attn_merge_quant (σ(gate),
+// f32 out unless null, quant32) and resets the counter (cnt [≥ nh] u32, zero between launches).
+// A verify launch (n > 1) cannot take it: a row needs the K / V of the launch's earlier rows.
+template <int EPL>
+__device__ __forceinline__ void attn_decode_fused(const float* qf, const float* kf, const float* vf,
+                                                  const float* qn, const float* kn, float eps, int nh,
+                                                  int nkv, int n_rot, float rope_base, const int* pos0,
+                                                  u16* kc, u16* vc, int nchunk, float* part, unsigned* cnt,
+                                                  float* out, i8* q, float* d, int* s) {
+    constexpr int HD = EPL * 32, PER = (HD + 127) / 128;
+    __shared__ float qs[HD], kb[HD], gs[HD / 32];
+    __shared__ int last_s;
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const int pos = *pos0, L = pos + 1;
+    const int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
+    const int g = h / (nh / nkv), kvw = nkv * HD;
+    head_norm_rope_128<HD>(qf + (size_t)h * 2 * HD, qn, eps, n_rot, rope_base, pos, qs, gs);
+    if ((nc - 1) % (int)gridDim.y == (int)blockIdx.y) {
+        head_norm_rope_128<HD>(kf + (size_t)g * HD, kn, eps, n_rot, rope_base, pos, kb, gs);
+        for (int j = tid; j < HD; j += blockDim.x) {
+            kc[(size_t)pos * kvw + g * HD + j] = f2h(kb[j]);
+            vc[(size_t)pos * kvw + g * HD + j] = f2h(vf[(size_t)g * HD + j]);
+        }
+        __syncthreads();
+    }
+    attn_chunks<EPL>(qs, kc, vc, nh, nkv, pos0, nchunk, part);
+    // the head's last block merges
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last_s = atomicAdd(cnt + h, 1u) + 1 == gridDim.y;
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    const float* pp = part + (size_t)h * nchunk * (HD + 2);
+    float M = NEG_INF;
+    for (int c = 0; c < nc; ++c) M = fmaxf(M, ld_cg_f32(pp + (size_t)c * (HD + 2) + HD));
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        int j = tid + 128 * i;
+        if (j < HD) {  // whole warps
+            float ls = 0.f, o = 0.f;
+            for (int c = 0; c < nc; ++c) {
+                const float* pc = pp + (size_t)c * (HD + 2);
+                float f = expf(ld_cg_f32(pc + HD) - M);
+                ls = fmaf(ld_cg_f32(pc + HD + 1), f, ls);
+                o = fmaf(ld_cg_f32(pc + j), f, o);
+            }
+            float gate = qf[(size_t)h * 2 * HD + HD + j];
+            float y = o / ls * sigmoidf_(gate);
+            size_t idx = (size_t)h * HD + j;
+            if (out) out[idx] = y;
+            size_t b = idx >> 5;
+            quant32(y, q + (b << 5), d + b, s + b);
+        }
+    }
+    if (tid == 0) cnt[h] = 0u;
+}
+
+#define ATTN_FUSED_ENTRY(NAME, EPL)                                                                   \
+    extern "C" __global__ void __launch_bounds__(AT_WARPS * 32) NAME(                                 \
+        const float* qf, const float* kf, const float* vf, const float* qn, const float* kn, float eps, \
+        int nh, int nkv, int n_rot, float rope_base, const int* pos0, u16* kc, u16* vc, int nchunk,   \
+        float* part, unsigned* cnt, float* out, i8* q, float* d, int* s) {                            \
+        PDL_ENTRY();                                                                                  \
+        attn_decode_fused<EPL>(qf, kf, vf, qn, kn, eps, nh, nkv, n_rot, rope_base, pos0, kc, vc,      \
+                               nchunk, part, cnt, out, q, d, s);                                      \
+    }
+ATTN_FUSED_ENTRY(attn_decode_fused_hd64, 2)
+ATTN_FUSED_ENTRY(attn_decode_fused_hd128, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused_hd256, 8)
 
 // Busy-wait about `ns` nanoseconds (profiling: lets the host queue the next launches first).
 extern "C" __global__ void spin_ns(long long ns) {

@@ -1208,6 +1208,9 @@ kernels!(
         attn_chunks_hd128,
         attn_chunks_hd256,
         attn_merge_quant,
+        attn_decode_fused_hd64,
+        attn_decode_fused_hd128,
+        attn_decode_fused_hd256,
         swiglu_quant,
         swiglu_quant_v4,
         argmax_rows,
@@ -1518,8 +1521,9 @@ pub struct Gpu {
     /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
     /// with the GPU so that a captured launch can use them.
     row_stats: std::sync::OnceLock<DevBuf>,
-    /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32 (zero between launches),
-    /// allocated with the GPU so that a captured launch can use them.
+    /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32, then
+    /// `attn_decode_fused`'s per-head ones `[ATTN_CNT]` (zero between launches), allocated with
+    /// the GPU so that a captured launch can use them.
     gdn_cnt: std::sync::OnceLock<DevBuf>,
     /// How decode / verify GDN layers fuse their kernels ([`GdnFused`] as u8;
     /// [`Gpu::set_gdn_fused`], `BONSAI_CUDA_GDN_FUSED=0|1|2`).
@@ -1530,6 +1534,9 @@ pub struct Gpu {
     /// Decode gate‖up launches with the SwiGLU fused in where the plan allows
     /// ([`Gpu::mv_swiglu`]; `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off).
     swiglu_fused: AtomicBool,
+    /// Decode rows' attention in one launch ([`Gpu::attn_decode_fused`];
+    /// `BONSAI_CUDA_ATTN_FUSED=0` turns it off).
+    attn_fused: AtomicBool,
     /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
@@ -1603,6 +1610,8 @@ pub struct SwiOut {
 
 /// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
 const GDN_CNT: usize = 256;
+/// Heads `attn_decode_fused`'s arrival counters cover (after the GDN ones, in the same buffer).
+const ATTN_CNT: usize = 256;
 
 /// Whether [`Gpu::gdn_conv_step`] takes a GDN layer of these dims: dk == dv, dk a multiple of 32
 /// up to 128, 1 ≤ kconv ≤ 8, hk ≤ 256 and hv ≥ hk (every k-head read by some block).
@@ -1713,6 +1722,9 @@ impl Gpu {
             row_stats: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
+            attn_fused: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_ATTN_FUSED").as_deref() != Ok("0"),
+            ),
             swiglu_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
             ),
@@ -1728,7 +1740,7 @@ impl Gpu {
         };
         let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
         let _ = gpu.row_stats.set(rs);
-        let gc = gpu.alloc(GDN_CNT * 4)?;
+        let gc = gpu.alloc((GDN_CNT + ATTN_CNT) * 4)?;
         let _ = gpu.gdn_cnt.set(gc);
         let mut gpu = gpu;
         gpu.gemmw_ok = gpu.probe_gemmw()?;
@@ -2383,7 +2395,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 15] {
+    pub fn launch_mode_key(&self) -> [u64; 16] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2406,6 +2418,7 @@ impl Gpu {
             self.gdn_fused() as u64,
             self.mv_long_r.load(Ordering::Relaxed) as u64,
             self.swiglu_fused() as u64,
+            self.attn_fused() as u64,
         ]
     }
 
@@ -3323,6 +3336,85 @@ impl Gpu {
                 Arg::P(vc),
             ],
         )
+    }
+
+    /// One decode row's attention (`n = 1`) in one launch (`attn_decode_fused_hd*`): what
+    /// [`Self::attn_prep`] then [`Self::attn_decode`] do for that row — the current position's
+    /// K / V appended to the f16 cache, `out` (unless 0), `q`, `d`, `s` — bit for bit. Every chunk
+    /// block recomputes its head's q norm and RoPE, the block holding the current position also
+    /// that position's K / V, and the head's last block to finish merges (a counter per head that
+    /// this `Gpu` owns: not for two streams at once). `part` as for [`Self::attn_decode`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode_fused(
+        &self,
+        (qf, kf, vf): (u64, u64, u64),
+        (qn, kn): (u64, u64),
+        eps: f32,
+        (nh, nkv, hd): (usize, usize, usize),
+        (n_rot, rope_base): (usize, f32),
+        pos0: u64,
+        (kc, vc): (u64, u64),
+        n_ctx: usize,
+        part: u64,
+        (out, q, d, s): (u64, u64, u64, u64),
+    ) -> Result<()> {
+        let f = match hd {
+            64 => self.f.attn_decode_fused_hd64,
+            128 => self.f.attn_decode_fused_hd128,
+            256 => self.f.attn_decode_fused_hd256,
+            _ => {
+                return Err(CudaError(format!(
+                    "attention: head dim {hd} not in 64/128/256"
+                )))
+            }
+        };
+        if nkv == 0 || nh % nkv != 0 || nh > ATTN_CNT || n_rot > hd {
+            return Err(CudaError(format!(
+                "attn_decode_fused: {nh} heads over {nkv} kv heads, {n_rot} rotated of {hd}"
+            )));
+        }
+        let nchunk = n_ctx.div_ceil(ATTN_CHUNK);
+        // the same grid.y as attn_decode (it only bounds the parallelism: chunks are fixed)
+        let gy = nchunk.clamp(1, 32) as u32;
+        let cnt = self.gdn_cnt.get().expect("counters").at(GDN_CNT * 4);
+        self.launch(
+            f,
+            (nh as u32, gy, 1),
+            (128, 1, 1),
+            &[
+                Arg::P(qf),
+                Arg::P(kf),
+                Arg::P(vf),
+                Arg::P(qn),
+                Arg::P(kn),
+                Arg::F(eps),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(n_rot as i32),
+                Arg::F(rope_base),
+                Arg::P(pos0),
+                Arg::P(kc),
+                Arg::P(vc),
+                Arg::I(nchunk as i32),
+                Arg::P(part),
+                Arg::P(cnt),
+                Arg::P(out),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+            ],
+        )
+    }
+
+    /// Whether decode rows take [`Self::attn_decode_fused`] (default on;
+    /// `BONSAI_CUDA_ATTN_FUSED=0` turns it off). The same bits either way; graphs key on it.
+    pub fn attn_fused(&self) -> bool {
+        self.attn_fused.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::attn_fused`].
+    pub fn set_attn_fused(&self, on: bool) {
+        self.attn_fused.store(on, Ordering::Relaxed);
     }
 
     /// Causal attention of `n` rows over the f16 cache (flash-decode: fixed 32-position chunks,

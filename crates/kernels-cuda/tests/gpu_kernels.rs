@@ -1620,6 +1620,129 @@ fn attention_decode_vs_reference_real_shapes() {
     }
 }
 
+/// `attn_decode_fused` (one launch) against `attn_prep` + `attn_decode` for one decode row: the f16
+/// cache row it appends, the f32 output and the int8 codes / scales / sums bit for bit, for head
+/// dims 64 / 128 / 256 at positions on both sides of chunk and grid-stride boundaries (n_ctx 2048:
+/// 64 chunks over 32 blocks per head). The fused launches run back to back, so a head counter
+/// left non-zero would break the next one's merge.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn attn_decode_fused_equals_three_kernels() {
+    let g = need_gpu!("attn_decode_fused_equals_three_kernels");
+    let n_ctx = 2048usize;
+    for &(hd, nh, nkv) in &[(256usize, 24usize, 4usize), (128, 8, 2), (64, 4, 4)] {
+        for &pos in &[0usize, 1, 31, 32, 100, 1023, 1024, 1055, 2047] {
+            let mut rng = Rng(5000 + pos as u64 + hd as u64);
+            let (n_rot, base, eps) = (64usize.min(hd), 1.0e7f32, 1e-6f32);
+            let kvw = nkv * hd;
+            let kc_host: Vec<u16> = (0..n_ctx * kvw)
+                .map(|_| f16::from_f32(rng.f()).to_bits())
+                .collect();
+            let vc_host: Vec<u16> = (0..n_ctx * kvw)
+                .map(|_| f16::from_f32(rng.f()).to_bits())
+                .collect();
+            let qf = rng.vec(nh * 2 * hd, 1.0);
+            let kf = rng.vec(kvw, 1.0);
+            let vf = rng.vec(kvw, 1.0);
+            let qn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+            let kn: Vec<f32> = rng.vec(hd, 0.5).iter().map(|v| 1.0 + v).collect();
+            let b = |v: &[f32]| g.upload(v).unwrap();
+            let (qfb, kfb, vfb, qnb, knb) = (b(&qf), b(&kf), b(&vf), b(&qn), b(&kn));
+            let pb = g.upload(&[pos as i32]).unwrap();
+            let k = nh * hd;
+            let part = g
+                .alloc(bonsai_kernels_cuda::attn_part_floats(1, nh, hd, n_ctx) * 4)
+                .unwrap();
+            let outs = || {
+                (
+                    g.alloc(k * 4).unwrap(),
+                    g.alloc(k).unwrap(),
+                    g.alloc(k / 32 * 4).unwrap(),
+                    g.alloc(k / 32 * 4).unwrap(),
+                )
+            };
+            // three launches
+            let (kca, vca) = (g.upload(&kc_host).unwrap(), g.upload(&vc_host).unwrap());
+            let qo = g.alloc(k * 4).unwrap();
+            g.attn_prep(
+                qfb.ptr(),
+                kfb.ptr(),
+                vfb.ptr(),
+                qnb.ptr(),
+                knb.ptr(),
+                eps,
+                1,
+                nh,
+                nkv,
+                hd,
+                n_rot,
+                base,
+                pb.ptr(),
+                qo.ptr(),
+                kca.ptr(),
+                vca.ptr(),
+            )
+            .unwrap();
+            let (oa, qa, da, sa) = outs();
+            g.attn_decode(
+                qo.ptr(),
+                qfb.ptr(),
+                kca.ptr(),
+                vca.ptr(),
+                1,
+                nh,
+                nkv,
+                hd,
+                pb.ptr(),
+                n_ctx,
+                part.ptr(),
+                oa.ptr(),
+                qa.ptr(),
+                da.ptr(),
+                sa.ptr(),
+            )
+            .unwrap();
+            // one launch, twice (the second from fresh caches again)
+            for rep in 0..2 {
+                let (kcb, vcb) = (g.upload(&kc_host).unwrap(), g.upload(&vc_host).unwrap());
+                let (ob, qb, db, sb) = outs();
+                g.attn_decode_fused(
+                    (qfb.ptr(), kfb.ptr(), vfb.ptr()),
+                    (qnb.ptr(), knb.ptr()),
+                    eps,
+                    (nh, nkv, hd),
+                    (n_rot, base),
+                    pb.ptr(),
+                    (kcb.ptr(), vcb.ptr()),
+                    n_ctx,
+                    part.ptr(),
+                    (
+                        if rep == 0 { ob.ptr() } else { 0 },
+                        qb.ptr(),
+                        db.ptr(),
+                        sb.ptr(),
+                    ),
+                )
+                .unwrap();
+                let tag = format!("hd {hd} nh {nh} nkv {nkv} pos {pos} rep {rep}");
+                let cmp = |name: &str, a: &DevBuf, b: &DevBuf, words: usize| {
+                    let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, words), down(g, b, words));
+                    assert_eq!(x, y, "{tag}: {name} differs");
+                };
+                if rep == 0 {
+                    cmp("f32 out", &oa, &ob, k);
+                }
+                cmp("codes", &qa, &qb, k / 4);
+                cmp("scales", &da, &db, k / 32);
+                cmp("sums", &sa, &sb, k / 32);
+                cmp("K cache", &kca, &kcb, n_ctx * kvw / 2);
+                cmp("V cache", &vca, &vcb, n_ctx * kvw / 2);
+            }
+        }
+        eprintln!("attn_decode_fused hd {hd}: bit-equal to attn_prep + attn_decode at 9 positions");
+    }
+}
+
 fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv: usize) {
     let mut rng = Rng(41 + pos0 as u64);
     let (n_rot, base, eps) = (64usize.min(hd), 1.0e7f32, 1e-6f32);

@@ -849,6 +849,27 @@ impl CudaBackend {
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
         self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
         let g = &self.gpu;
+        let k = nh * hd;
+        if n == 1 && g.attn_fused() {
+            // decode: q / K / V prep, chunks and merge in one launch (the same bits)
+            g.attn_decode_fused(
+                (qf, kf, vf),
+                (w.q_norm.buf.ptr(), w.k_norm.buf.ptr()),
+                eps,
+                (nh, nkv, hd),
+                (cfg.n_rot, cfg.rope_base),
+                sc.pos.ptr(),
+                (kv.k.ptr(), kv.v.ptr()),
+                sc.scores_ctx,
+                sc.scores.ptr(),
+                (sc.att.ptr(), sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
+            )
+            .map_err(be)?;
+            if w.out.kind == WKind::F32 {
+                g.dtod(sc.xf.ptr(), sc.att.ptr(), k * 4).map_err(be)?;
+            }
+            return self.proj(sc, &w.out, n, x, true);
+        }
         g.attn_prep(
             qf,
             kf,
@@ -868,7 +889,6 @@ impl CudaBackend {
             kv.v.ptr(),
         )
         .map_err(be)?;
-        let k = nh * hd;
         if n > MV_ROWS {
             // prefill: one causal flash-attention launch over all rows
             g.attn_prefill(
