@@ -389,11 +389,12 @@ def mma_section() -> list[str]:
     return out
 
 
-def decode_ab(key: str, off: str, on: str, tokens: bool = False) -> list[str]:
-    """One phrase per weight type from the decode bench's graph A/B `key` (ms per token off, on)."""
+def decode_ab(key: str, off: str, on: str, tokens: bool = False, stem: str = "cuda-decode-27b") -> list[str]:
+    """One phrase per weight type from the decode bench's graph A/B `key` (ms per token off, on),
+    read from `{stem}-q1.json` / `-q2.json`."""
     ab = []
     for v in ("q1", "q2"):
-        d = load(f"cuda-decode-27b-{v}.json") or {}
+        d = load(f"{stem}-{v}.json") or {}
         m = d.get(key)
         if isinstance(m, dict) and "graph_ms_median_on" in m:
             st = d.get("steps", 128)
@@ -510,7 +511,7 @@ def decode_ab_section() -> list[str]:
     """Decode-graph A/Bs of the newer switches (same process, same tokens): the GDN conv fused
     into the recurrence, and the long one-row launches plain with 4 rows per warp."""
     out = []
-    for key, off, on, what in (
+    for key, off, on, what, *stem in (
         (
             "gdn_fused",
             "with gdn_conv + gdn_step + gated_norm_quant",
@@ -535,7 +536,9 @@ def decode_ab_section() -> list[str]:
             "attn_fused",
             "with attn_prep + attn_chunks + attn_merge_quant",
             "with attn_decode_fused",
-            "A decode row's attention in one launch (`BONSAI_CUDA_ATTN_FUSED`, default on)",
+            "A decode row's attention in one launch (`BONSAI_CUDA_ATTN_FUSED=1`; off: within noise; "
+            "a one-off run at a5d1ee0, `cuda-attn-fused-ab-27b-*.json`, where it was on)",
+            "cuda-attn-fused-ab-27b",
         ),
         (
             "gate_up_plain_r8_swiglu",
@@ -551,7 +554,7 @@ def decode_ab_section() -> list[str]:
             "long one-row launches (> 15,000 rows) plain with 4 rows per warp (`BONSAI_CUDA_MV_LONG_R=4`, staging off)",
         ),
     ):
-        ab = decode_ab(key, off, on, tokens=True)
+        ab = decode_ab(key, off, on, tokens=True, stem=stem[0] if stem else "cuda-decode-27b")
         if ab:
             out += ["", f"{what}: " + "; ".join(ab) + "."]
     return out

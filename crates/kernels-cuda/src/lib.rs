@@ -1534,8 +1534,8 @@ pub struct Gpu {
     /// Decode gate‖up launches with the SwiGLU fused in where the plan allows
     /// ([`Gpu::mv_swiglu`]; `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off).
     swiglu_fused: AtomicBool,
-    /// Decode rows' attention in one launch ([`Gpu::attn_decode_fused`];
-    /// `BONSAI_CUDA_ATTN_FUSED=0` turns it off).
+    /// Decode rows' attention in one launch ([`Gpu::attn_decode_fused`]; off unless
+    /// `BONSAI_CUDA_ATTN_FUSED=1`).
     attn_fused: AtomicBool,
     /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
     skip: Mutex<Vec<&'static str>>,
@@ -1723,7 +1723,7 @@ impl Gpu {
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
             attn_fused: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_ATTN_FUSED").as_deref() != Ok("0"),
+                std::env::var("BONSAI_CUDA_ATTN_FUSED").as_deref() == Ok("1"),
             ),
             swiglu_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
@@ -3406,8 +3406,10 @@ impl Gpu {
         )
     }
 
-    /// Whether decode rows take [`Self::attn_decode_fused`] (default on;
-    /// `BONSAI_CUDA_ATTN_FUSED=0` turns it off). The same bits either way; graphs key on it.
+    /// Whether decode rows take [`Self::attn_decode_fused`] (off unless
+    /// `BONSAI_CUDA_ATTN_FUSED=1`: the H200 A/B at a5d1ee0 was within noise, Q1_0 3.054 → 3.023 ms
+    /// per token, Q2_0 3.497 → 3.522, `bench/results/cuda-attn-fused-ab-27b-*.json`). The same
+    /// bits either way; graphs key on it.
     pub fn attn_fused(&self) -> bool {
         self.attn_fused.load(Ordering::Relaxed)
     }
