@@ -899,7 +899,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
         __syncthreads();
-        // gdn_step's row t
+        // gdn_step's row t, restated (keep the two, and spec.cu's gdn_replay, in step: the kernel
+        // tests compare them bit for bit)
         float decay = expf(gt);
         float u = 0.f;
 #pragma unroll

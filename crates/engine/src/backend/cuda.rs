@@ -709,22 +709,7 @@ impl CudaBackend {
                 norm,
             )
             .map_err(be)?;
-            if let Some(rec) = rec {
-                g.gdn_rec_write(
-                    mixed,
-                    sc.gk.ptr(),
-                    sc.gv.ptr(),
-                    sc.gg.ptr(),
-                    sc.gbeta.ptr(),
-                    hk,
-                    hv,
-                    dk,
-                    dv,
-                    n,
-                    rec,
-                )
-                .map_err(be)?;
-            }
+            Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
             if norm.is_some() {
                 return self.proj(sc, &w.ssm_out, n, x, true);
             }
@@ -757,23 +742,7 @@ impl CudaBackend {
             sc.gg.ptr(),
         )
         .map_err(be)?;
-        if let Some(rec) = rec {
-            // rec [n, gdn_rec_width]: pre-conv mixed ‖ L2-normed k ‖ v ‖ g (log-decay) ‖ β
-            g.gdn_rec_write(
-                mixed,
-                sc.gk.ptr(),
-                sc.gv.ptr(),
-                sc.gg.ptr(),
-                sc.gbeta.ptr(),
-                hk,
-                hv,
-                dk,
-                dv,
-                n,
-                rec,
-            )
-            .map_err(be)?;
-        }
+        Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
         // Prefill runs the recurrence row by row, or in chunks of 64 rows when chosen
         // (`Gpu::set_gdn_prefill`) and the head has that kernel (dk = dv = 128); both equal the
         // decode kernel within f32 rounding, and decode / verify never take them.
@@ -801,6 +770,35 @@ impl CudaBackend {
         )
         .map_err(be)?;
         self.gdn_out(sc, cfg, w, z, x, n)
+    }
+
+    /// With `rec` (a verify), each row's record `[n, gdn_rec_width]`: pre-conv `mixed` ‖ the
+    /// L2-normed k ‖ v ‖ g (log-decay) ‖ β, from the conv's outputs in the scratch.
+    fn gdn_record(
+        g: &kc::Gpu,
+        sc: &Scratch,
+        mixed: u64,
+        (hk, hv, dk, dv): (usize, usize, usize, usize),
+        n: usize,
+        rec: Option<u64>,
+    ) -> Result<()> {
+        let Some(rec) = rec else {
+            return Ok(());
+        };
+        g.gdn_rec_write(
+            mixed,
+            sc.gk.ptr(),
+            sc.gv.ptr(),
+            sc.gg.ptr(),
+            sc.gbeta.ptr(),
+            hk,
+            hv,
+            dk,
+            dv,
+            n,
+            rec,
+        )
+        .map_err(be)
     }
 
     /// A GDN layer's tail: the gated norm of the recurrence's output `sc.go` (quantized for the
