@@ -782,47 +782,27 @@ fn cuda_launch_what_if() {
     let gpu = cuda.gpu();
     let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
     let matvec = gpu.matvec_kernel_names();
-    let small = [
-        "rmsnorm_quant",
-        "swiglu_quant",
-        "gdn_conv",
-        "gdn_step",
-        "gated_norm_quant",
-        "gdn_conv_step",
-        "gdn_conv_step_norm_d128",
-        "attn_prep",
-        "attn_chunks_hd256",
-        "attn_merge_quant",
-        "attn_decode_fused_hd256",
-        "argmax_rows",
-        "embed_rows",
-    ];
+    let small: Vec<&str> = ["rmsnorm_quant", "swiglu_quant"]
+        .into_iter()
+        .chain(common::GDN_DECODE_KERNELS)
+        .chain(common::ATTN_DECODE_KERNELS)
+        .chain(["argmax_rows", "embed_rows"])
+        .collect();
     let sets: Vec<(&str, Vec<&str>)> = vec![
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         ("swiglu_quant", vec!["swiglu_quant"]),
         // (the defaults fuse them: gdn_conv_step_norm_d128; the others run under other modes)
         (
             "GDN conv + step + gated norm",
-            vec![
-                "gdn_conv",
-                "gdn_step",
-                "gated_norm_quant",
-                "gdn_conv_step",
-                "gdn_conv_step_norm_d128",
-            ],
+            common::GDN_DECODE_KERNELS.to_vec(),
         ),
         (
             "attention (prep, chunks, merge)",
-            vec![
-                "attn_prep",
-                "attn_chunks_hd256",
-                "attn_merge_quant",
-                "attn_decode_fused_hd256",
-            ],
+            common::ATTN_DECODE_KERNELS.to_vec(),
         ),
         ("argmax_rows", vec!["argmax_rows"]),
         ("embed_rows", vec!["embed_rows"]),
-        ("every non-mat-vec kernel", small.to_vec()),
+        ("every non-mat-vec kernel", small),
         ("every mat-vec", matvec.clone()),
     ];
     let mut rows = Vec::new();

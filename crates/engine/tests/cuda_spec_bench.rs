@@ -249,23 +249,11 @@ fn cuda_round_what_if() {
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         (
             "GDN (conv, step, gated norm, record)",
-            vec![
-                "gdn_conv",
-                "gdn_step",
-                "gated_norm_quant",
-                "gdn_conv_step",
-                "gdn_conv_step_norm_d128",
-                "gdn_rec_write",
-            ],
+            [&common::GDN_DECODE_KERNELS[..], &["gdn_rec_write"]].concat(),
         ),
         (
             "attention (prep, chunks, merge)",
-            vec![
-                "attn_prep",
-                "attn_chunks_hd256",
-                "attn_merge_quant",
-                "attn_decode_fused_hd256",
-            ],
+            common::ATTN_DECODE_KERNELS.to_vec(),
         ),
         ("swiglu_quant", vec!["swiglu_quant"]),
         ("rollback replay (gdn_replay)", vec!["gdn_replay"]),

@@ -412,6 +412,25 @@ pub fn tiny_target(wt: QuantType) -> Builder {
 }
 
 /// Tiny drafter geometry.
+/// The kernels of a GDN layer's conv, recurrence and gated norm in every `GdnFused` mode (the
+/// launch what-if benchmarks drop them together).
+pub const GDN_DECODE_KERNELS: [&str; 5] = [
+    "gdn_conv",
+    "gdn_step",
+    "gated_norm_quant",
+    "gdn_conv_step",
+    "gdn_conv_step_norm_d128",
+];
+
+/// The 27B decode attention kernels, unfused and fused (the launch what-if benchmarks drop them
+/// together).
+pub const ATTN_DECODE_KERNELS: [&str; 4] = [
+    "attn_prep",
+    "attn_chunks_hd256",
+    "attn_merge_quant",
+    "attn_decode_fused_hd256",
+];
+
 pub const D_LAYERS: u64 = 2;
 pub const D_TAPS: [u32; 3] = [1, 3, 5];
 pub const D_RANK: u64 = 32;
