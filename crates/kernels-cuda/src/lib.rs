@@ -1573,9 +1573,25 @@ impl GdnFused {
 /// The default [`GdnFused`] mode.
 pub const GDN_FUSED_DEFAULT: GdnFused = GdnFused::ConvNorm;
 
+/// Where a fused kernel writes an activation row set `[n, k]` the next mat-vec reads: f32 `f`
+/// (unless 0) and the int8 codes `q` (16-byte aligned), scales `d` and code sums `s` per 32
+/// (`[n, k / 32]` f32 / i32), as the quantize kernels (`gated_norm_quant`, `swiglu_quant`,
+/// `attn_merge_quant`) write them.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantOut {
+    /// f32 values, or 0.
+    pub f: u64,
+    /// int8 codes.
+    pub q: u64,
+    /// Scales per 32.
+    pub d: u64,
+    /// Code sums per 32.
+    pub s: u64,
+}
+
 /// Where `gdn_conv_step_norm_d128` writes the gated norm of its output (as
-/// [`Gpu::gated_norm_quant`] does): gate input `z`, norm weight `w`, `eps`, f32 `yf` (unless 0)
-/// and the int8 codes, scales and sums `q`, `d`, `s`.
+/// [`Gpu::gated_norm_quant`] does): gate input `z` `[n, hv·dv]`, norm weight `w` `[dv]`, `eps`,
+/// and the output.
 #[derive(Clone, Copy, Debug)]
 pub struct GdnNormOut {
     /// The gate input `[n, hv·dv]` f32.
@@ -1584,28 +1600,8 @@ pub struct GdnNormOut {
     pub w: u64,
     /// The norm's epsilon.
     pub eps: f32,
-    /// f32 output `[n, hv·dv]`, or 0.
-    pub yf: u64,
-    /// int8 codes `[n, hv·dv]`.
-    pub q: u64,
-    /// Scales per 32 `[n, hv·dv / 32]` f32.
-    pub d: u64,
-    /// Code sums per 32 `[n, hv·dv / 32]` i32.
-    pub s: u64,
-}
-
-/// Where [`Gpu::mv_swiglu`] writes SiLU(gate) ⊙ up, as [`Gpu::swiglu_quant`] does: f32 `hf`
-/// (unless 0), int8 codes `q`, scales `d` and code sums `s` per 32.
-#[derive(Clone, Copy, Debug)]
-pub struct SwiOut {
-    /// f32 `[n_out]`, or 0.
-    pub hf: u64,
-    /// int8 codes `[n_out]` (16-byte aligned for the next mat-vec).
-    pub q: u64,
-    /// Scales `[n_out / 32]` f32.
-    pub d: u64,
-    /// Code sums `[n_out / 32]` i32.
-    pub s: u64,
+    /// The normed, gated values `[n, hv·dv]`.
+    pub out: QuantOut,
 }
 
 /// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
@@ -3200,10 +3196,10 @@ impl Gpu {
                     Arg::P(m.z),
                     Arg::P(m.w),
                     Arg::F(m.eps),
-                    Arg::P(m.yf),
-                    Arg::P(m.q),
-                    Arg::P(m.d),
-                    Arg::P(m.s),
+                    Arg::P(m.out.f),
+                    Arg::P(m.out.q),
+                    Arg::P(m.out.d),
+                    Arg::P(m.out.s),
                 ]);
                 self.f.gdn_conv_step_norm_d128
             }
@@ -3340,7 +3336,7 @@ impl Gpu {
 
     /// One decode row's attention (`n = 1`) in one launch (`attn_decode_fused_hd*`): what
     /// [`Self::attn_prep`] then [`Self::attn_decode`] do for that row — the current position's
-    /// K / V appended to the f16 cache, `out` (unless 0), `q`, `d`, `s` — bit for bit. Every chunk
+    /// K / V appended to the f16 cache, and `out` — bit for bit. Every chunk
     /// block recomputes its head's q norm and RoPE, the block holding the current position also
     /// that position's K / V, and the head's last block to finish merges (a counter per head that
     /// this `Gpu` owns: not for two streams at once). `part` as for [`Self::attn_decode`].
@@ -3356,7 +3352,7 @@ impl Gpu {
         (kc, vc): (u64, u64),
         n_ctx: usize,
         part: u64,
-        (out, q, d, s): (u64, u64, u64, u64),
+        out: QuantOut,
     ) -> Result<()> {
         let f = match hd {
             64 => self.f.attn_decode_fused_hd64,
@@ -3398,10 +3394,10 @@ impl Gpu {
                 Arg::I(nchunk as i32),
                 Arg::P(part),
                 Arg::P(cnt),
-                Arg::P(out),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
+                Arg::P(out.f),
+                Arg::P(out.q),
+                Arg::P(out.d),
+                Arg::P(out.s),
             ],
         )
     }
@@ -3770,7 +3766,7 @@ impl Gpu {
     /// Decode gate‖up with [`Self::swiglu_quant`] fused in (`mv_*_n1_r8_k1_swi`): one launch
     /// instead of two, and the gate / up rows never leave the kernel. Each row is the one-row
     /// dp4a launch's bit for bit (K split 1); `out` receives SiLU(gate) ⊙ up as
-    /// [`Self::swiglu_quant`] writes it (f32 `hf` unless 0, int8 `q` / `d` / `s`). `out` must not
+    /// [`Self::swiglu_quant`] writes it (f32 `f` unless 0, int8 `q` / `d` / `s`). `out` must not
     /// alias the activations `q` / `d` / `s` (other blocks may still read them). Runs only where
     /// the launch's plan is the plain dp4a kernel with 8 rows per warp and K split 1, not staged
     /// (Q1_0's default for gate‖up), `n_out % 32 == 0` and [`Self::swiglu_fused`] is on; otherwise
@@ -3784,7 +3780,7 @@ impl Gpu {
         n_out: usize,
         n_in: usize,
         (q, d, s): (u64, u64, u64),
-        out: SwiOut,
+        out: QuantOut,
     ) -> Result<bool> {
         if !self.swiglu_fused() || n_out % 32 != 0 || n_out == 0 || n_in % 64 != 0 {
             return Ok(false);
@@ -3822,7 +3818,7 @@ impl Gpu {
                 Arg::P(s),
                 Arg::I(n_in as i32),
                 Arg::I(plan.pre as i32),
-                Arg::P(out.hf),
+                Arg::P(out.f),
                 Arg::P(out.q),
                 Arg::P(out.d),
                 Arg::P(out.s),

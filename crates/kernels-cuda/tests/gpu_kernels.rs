@@ -7,7 +7,7 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
-    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, Retiled, SwiOut, WKind,
+    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -612,8 +612,8 @@ fn mv_swiglu_equals_matvec_then_swiglu() {
                         n_out,
                         n_in,
                         (q.ptr(), d.ptr(), s.ptr()),
-                        SwiOut {
-                            hf: if f32_out { hfb.ptr() } else { 0 },
+                        QuantOut {
+                            f: if f32_out { hfb.ptr() } else { 0 },
                             q: qb.ptr(),
                             d: db.ptr(),
                             s: sb.ptr(),
@@ -645,8 +645,8 @@ fn mv_swiglu_equals_matvec_then_swiglu() {
                         n_out,
                         n_in,
                         (q.ptr(), d.ptr(), s.ptr()),
-                        SwiOut {
-                            hf: hfb.ptr(),
+                        QuantOut {
+                            f: hfb.ptr(),
                             q: qb.ptr(),
                             d: db.ptr(),
                             s: sb.ptr(),
@@ -1716,12 +1716,12 @@ fn attn_decode_fused_equals_three_kernels() {
                     (kcb.ptr(), vcb.ptr()),
                     n_ctx,
                     part.ptr(),
-                    (
-                        if rep == 0 { ob.ptr() } else { 0 },
-                        qb.ptr(),
-                        db.ptr(),
-                        sb.ptr(),
-                    ),
+                    QuantOut {
+                        f: if rep == 0 { ob.ptr() } else { 0 },
+                        q: qb.ptr(),
+                        d: db.ptr(),
+                        s: sb.ptr(),
+                    },
                 )
                 .unwrap();
                 let tag = format!("hd {hd} nh {nh} nkv {nkv} pos {pos} rep {rep}");
@@ -2404,10 +2404,12 @@ fn gdn_conv_step_equals_conv_then_step() {
                             z: zb.ptr(),
                             w: nwb.ptr(),
                             eps,
-                            yf: yfb.ptr(),
-                            q: yqb.ptr(),
-                            d: ydb.ptr(),
-                            s: ysb.ptr(),
+                            out: QuantOut {
+                                f: yfb.ptr(),
+                                q: yqb.ptr(),
+                                d: ydb.ptr(),
+                                s: ysb.ptr(),
+                            },
                         }),
                     )
                     .unwrap();
@@ -2462,10 +2464,12 @@ fn gdn_conv_step_equals_conv_then_step() {
         z: 0,
         w: 0,
         eps: 1e-6,
-        yf: 0,
-        q: 0,
-        d: 0,
-        s: 0,
+        out: QuantOut {
+            f: 0,
+            q: 0,
+            d: 0,
+            s: 0,
+        },
     };
     assert!(g
         .gdn_conv_step(

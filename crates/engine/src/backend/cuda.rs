@@ -689,10 +689,12 @@ impl CudaBackend {
                 z,
                 w: w.ssm_norm.buf.ptr(),
                 eps,
-                yf: Self::f32_input(sc, &[&w.ssm_out]),
-                q: sc.xq.ptr(),
-                d: sc.xd.ptr(),
-                s: sc.xs.ptr(),
+                out: kc::QuantOut {
+                    f: Self::f32_input(sc, &[&w.ssm_out]),
+                    q: sc.xq.ptr(),
+                    d: sc.xd.ptr(),
+                    s: sc.xs.ptr(),
+                },
             });
             g.gdn_conv_step(
                 st.s.ptr(),
@@ -860,7 +862,12 @@ impl CudaBackend {
                 (kv.k.ptr(), kv.v.ptr()),
                 sc.scores_ctx,
                 sc.scores.ptr(),
-                (sc.att.ptr(), sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
+                kc::QuantOut {
+                    f: sc.att.ptr(),
+                    q: sc.xq.ptr(),
+                    d: sc.xd.ptr(),
+                    s: sc.xs.ptr(),
+                },
             )
             .map_err(be)?;
             if w.out.kind == WKind::F32 {
@@ -971,8 +978,8 @@ impl CudaBackend {
             // decode: the SwiGLU inside the gate‖up launch, into p[2] (codes) and p[3] (scales,
             // then sums): its activations in xq are still being read while it writes
             let nb = cfg.n_ff / 32;
-            let out = kc::SwiOut {
-                hf: Self::f32_input(sc, &[&w.down]),
+            let out = kc::QuantOut {
+                f: Self::f32_input(sc, &[&w.down]),
                 q: sc.p[2].ptr(),
                 d: sc.p[3].ptr(),
                 s: sc.p[3].at((nb * 4).next_multiple_of(16)),
