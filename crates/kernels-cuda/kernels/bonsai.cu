@@ -148,7 +148,6 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
 // once per segment. Every element's value is the same whatever gx.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s) {
-    PDL_ENTRY();
     __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
@@ -156,8 +155,11 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
     int b = blockIdx.x * nw + (threadIdx.x >> 5);
     bool act = b < nb;
     int i = b * 32 + lane;
-    // this thread's first element, loaded together with the sum-of-squares stream
-    float xv = act ? xr[i] : 0.f, wv = act ? w[i] : 0.f;
+    // this thread's first weight before the PDL wait (weights are never written on the device),
+    // its first element together with the sum-of-squares stream
+    float wv = act ? w[i] : 0.f;
+    PDL_ENTRY();
+    float xv = act ? xr[i] : 0.f;
     float ss = 0.f;
     if ((((size_t)xr) & 15) == 0) {
         const float4* x4 = (const float4*)xr;
@@ -824,13 +826,14 @@ __device__ __forceinline__ void gdn_conv_step_body(
     // S before the PDL wait, as in gdn_step (only this kernel and the round's rollback write it)
 #pragma unroll
     for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
-    PDL_ENTRY();
     // this thread's q / k conv channel (qk_ch < 0: none) and its value channel
     bool is_q = tid < dk, is_k = tid >= 128 && tid < 128 + dk;
     int qk_ch = is_q ? kap * dk + tid : is_k ? hk * dk + kap * dk + (tid - 128) : -1;
     int v_ch = 2 * hk * dk + h * dk + j;
     const int km1 = kconv - 1;
-    // conv weights and windows (oldest first) in registers
+    // conv weights and windows (oldest first) in registers, also before the wait: the windows are
+    // written only by this kernel (at its end, a step earlier), by prefill and by the round's
+    // rollback, never by the kernel just before (the same argument as for S)
     float cw_qk[8], cw_v[8], win_qk[7], win_v[7];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -842,6 +845,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
         win_v[i] = i < km1 ? conv_state[(size_t)i * conv_dim + v_ch] : 0.f;
         win_qk[i] = i < km1 && qk_ch >= 0 ? conv_state[(size_t)i * conv_dim + qk_ch] : 0.f;
     }
+    // the head's gate constants and (NORM) this column's norm weight
+    const float dtb = dt_bias[h], sa = ssm_a[h], nwj = NORM ? nw_[j] : 0.f;
+    PDL_ENTRY();
     // acc = w[k-1]·x, then fma over the window oldest first (gdn_conv's order); then slide
     auto conv_silu = [&](const float* cw, float* win, float x) -> float {
         float acc = 0.f;
@@ -887,9 +893,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 if (ko && h == kap && blockIdx.y == 0) ko[((size_t)t * hk + kap) * dk + tid - 128] = v;
             }
         }
-        float a = aa[t * hv + h] + dt_bias[h];
+        float a = aa[t * hv + h] + dtb;
         float sp = a > 20.f ? a : log1pf(expf(a));
-        float gt = ssm_a[h] * sp;
+        float gt = sa * sp;
         float bt = sigmoidf_(bb[t * hv + h]);
         if (ko && w == 0) {
             vo[((size_t)t * hv + h) * dv + j] = yv;
@@ -943,7 +949,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 float ss = 0.f;
                 for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[t & 1], rk);
                 float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-                float yo = ov * inv * nw_[j] * siluf_(zt);
+                float yo = ov * inv * nwj * siluf_(zt);
                 size_t idx = ((size_t)t * hv + h) * dv + j;
                 if (yf) yf[idx] = yo;
                 size_t b = idx >> 5;
@@ -1062,24 +1068,30 @@ extern "C" __global__ void __launch_bounds__(256) gated_norm_quant_v4(const floa
 extern "C" __global__ void attn_prep(const float* qf, const float* kf, const float* vf, const float* qn,
                                      const float* kn, float eps, int nh, int nkv, int hd, int n_rot,
                                      float rope_base, const int* pos0, float* qo, u16* kc, u16* vc) {
-    PDL_ENTRY();
     __shared__ float red[32], buf[1024];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
-    int pos = *pos0 + t;
     bool isq = h < nh;
     int kvw = nkv * hd;
+    // Before the PDL wait: the norm weight, the position and the rotation (double pow / sincos).
+    // The position is written by step_advance or a host copy, never by the kernel just before (a
+    // kernel starts only after every block of its predecessor has passed its own wait, i.e. after
+    // the one before that has finished, and no attention layer comes that early in a forward).
+    float nw = isq ? qn[j] : kn[j];
+    int pos = *pos0 + t;
+    int half = n_rot / 2, dd = j < half ? j : j - half;
+    double sn = 0.0, cs = 1.0;
+    if (j < n_rot) {
+        double theta = (double)pos * pow((double)rope_base, -2.0 * dd / (double)n_rot);
+        sincos(theta, &sn, &cs);
+    }
+    PDL_ENTRY();
     float x = isq ? qf[((size_t)t * nh + h) * 2 * hd + j] : kf[(size_t)t * kvw + (h - nh) * hd + j];
     float ss = block_sum(x * x, red);
     float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-    float y = x * inv * (isq ? qn[j] : kn[j]);
+    float y = x * inv * nw;
     buf[j] = y;
     __syncthreads();
-    int half = n_rot / 2;
     if (j < n_rot) {
-        int dd = j < half ? j : j - half;
-        double theta = (double)pos * pow((double)rope_base, -2.0 * dd / (double)n_rot);
-        double sn, cs;
-        sincos(theta, &sn, &cs);
         double a = buf[dd], b = buf[dd + half];
         y = j < half ? (float)(a * cs - b * sn) : (float)(a * sn + b * cs);
     }
