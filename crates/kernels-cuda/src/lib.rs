@@ -19,6 +19,8 @@ mod mvm_emu;
 mod mvo_emu;
 pub mod retile;
 mod spec;
+#[cfg(test)]
+mod sub_emu;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;

@@ -18,7 +18,7 @@ use half::f16;
 
 const MAGIC: i32 = 0x4B40_0000;
 
-fn word(c: &[u8], i: usize) -> u32 {
+pub(crate) fn word(c: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(c[4 * i..4 * i + 4].try_into().unwrap())
 }
 
@@ -30,7 +30,7 @@ fn dp4a_us(a: u32, b: u32, c: i32) -> i32 {
 }
 
 /// `sub_dot<KIND>` of bonsai.cu on code word(s) `w` (Q2: two words) and activation words `qa`.
-fn sub_dot(kind: WKind, w: [u32; 2], qa: &[u32; 8], sa: i32) -> i32 {
+pub(crate) fn sub_dot(kind: WKind, w: [u32; 2], qa: &[u32; 8], sa: i32) -> i32 {
     let (mut lo, mut hi) = (0i32, 0i32);
     if kind == WKind::Q1 {
         for (i, &q) in qa.iter().enumerate().take(4) {
@@ -52,11 +52,11 @@ fn sub_dot(kind: WKind, w: [u32; 2], qa: &[u32; 8], sa: i32) -> i32 {
     }
 }
 
-fn q1_plane(w: u32, i: usize) -> u32 {
+pub(crate) fn q1_plane(w: u32, i: usize) -> u32 {
     !(((w >> i) & 0x0101_0101).wrapping_mul(0xFE))
 }
 
-fn q2_plane(w: u32, s: usize) -> u32 {
+pub(crate) fn q2_plane(w: u32, s: usize) -> u32 {
     (((w >> (2 * s)) & 0x0303_0303) + 0x7F7F_7F7F) ^ 0x8080_8080
 }
 
