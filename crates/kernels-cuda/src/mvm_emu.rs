@@ -87,6 +87,14 @@ pub(crate) fn mma(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32], c: &[[i32; 4]; 32]) ->
 }
 
 /// 16 random rows of `qt` with all block scales 1.0 (so `dequantize_row` gives the signed codes).
+/// Every low-bit weight type the emulation tests cover.
+pub(crate) const EMU_KINDS: [QuantType; 4] = [
+    QuantType::Q1_0,
+    QuantType::Q2_0G128,
+    QuantType::PQ2_0,
+    QuantType::Q2_0G64,
+];
+
 pub(crate) fn unit_rows(rng: &mut Rng, qt: QuantType, n_in: usize, rows: usize) -> Vec<u8> {
     let rb = qt.row_bytes(n_in).unwrap();
     let mut raw: Vec<u8> = (0..rb * rows).map(|_| rng.next() as u8).collect();
@@ -99,12 +107,7 @@ pub(crate) fn unit_rows(rng: &mut Rng, qt: QuantType, n_in: usize, rows: usize) 
 #[test]
 fn mvm_fragments_give_the_exact_integer_dots() {
     let mut rng = Rng(7);
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in EMU_KINDS {
         let n_in = 384; // Q1: 48 code bytes per row (a partial chunk); Q2: 96 (one and a half)
         let raw = unit_rows(&mut rng, qt, n_in, 16);
         let rt = retile(qt, &raw, n_in, 16);

@@ -10,7 +10,7 @@
 //! spelling or a race: `tests/gpu_kernels.rs` does that on the GPU.
 
 use crate::host_quant;
-use crate::mvm_emu::{mma, unit_rows, Rng};
+use crate::mvm_emu::{mma, unit_rows, Rng, EMU_KINDS};
 use crate::retile::{retile, Retiled, WKind};
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::QuantType;
@@ -18,7 +18,7 @@ use half::f16;
 
 const MAGIC: i32 = 0x4B40_0000;
 
-pub(crate) fn word(c: &[u8], i: usize) -> u32 {
+fn word(c: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(c[4 * i..4 * i + 4].try_into().unwrap())
 }
 
@@ -52,12 +52,87 @@ pub(crate) fn sub_dot(kind: WKind, w: [u32; 2], qa: &[u32; 8], sa: i32) -> i32 {
     }
 }
 
-pub(crate) fn q1_plane(w: u32, i: usize) -> u32 {
+fn q1_plane(w: u32, i: usize) -> u32 {
     !(((w >> i) & 0x0101_0101).wrapping_mul(0xFE))
 }
 
-pub(crate) fn q2_plane(w: u32, s: usize) -> u32 {
+fn q2_plane(w: u32, s: usize) -> u32 {
     (((w >> (2 * s)) & 0x0303_0303) + 0x7F7F_7F7F) ^ 0x8080_8080
+}
+
+/// The `mma.m16n8k32` A and B fragments of every lane for sub-block `j` of the m16 tile at row
+/// `o0` (rows past `n_out` clamped) against token columns 0..n (past `n` clamped): A the signed
+/// codes (Q1 ±1, Q2 c − 1) in the `gemm.cu` element mapping, B the 8 activation bytes
+/// 8tg..8tg + 7 of column g. `code(o, j)` gives a row's code word(s), `qword(t, byte)` 4
+/// activation bytes. Shared with the sub-scale emulation (`sub_emu.rs`).
+pub(crate) fn mvt_fragments(
+    kind: WKind,
+    code: impl Fn(usize, usize) -> [u32; 2],
+    qword: impl Fn(usize, usize) -> u32,
+    (o0, n_out, n): (usize, usize, usize),
+    j: usize,
+) -> ([[u32; 4]; 32], [[u32; 2]; 32]) {
+    let mut a = [[0u32; 4]; 32];
+    let mut b = [[0u32; 2]; 32];
+    for lane in 0..32 {
+        let (g, tg) = (lane >> 2, lane & 3);
+        let ra = (o0 + g).min(n_out - 1);
+        let rb = (o0 + g + 8).min(n_out - 1);
+        a[lane] = if kind == WKind::Q1 {
+            let (xa, xb) = (code(ra, j)[0], code(rb, j)[0]);
+            [
+                q1_plane(xa, 2 * tg),
+                q1_plane(xb, 2 * tg),
+                q1_plane(xa, 2 * tg + 1),
+                q1_plane(xb, 2 * tg + 1),
+            ]
+        } else {
+            let (xa, xb) = (code(ra, j)[tg >> 1], code(rb, j)[tg >> 1]);
+            let f = 2 * (tg & 1);
+            [
+                q2_plane(xa, f),
+                q2_plane(xb, f),
+                q2_plane(xa, f + 1),
+                q2_plane(xb, f + 1),
+            ]
+        };
+        let tb = g.min(n - 1);
+        b[lane] = [qword(tb, 32 * j + 8 * tg), qword(tb, 32 * j + 8 * tg + 4)];
+    }
+    (a, b)
+}
+
+/// `n_out` random rows of `qt` with random positive block scales (0.01..0.11), raw and re-tiled.
+pub(crate) fn scaled_rows(
+    rng: &mut Rng,
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+) -> (Vec<u8>, Retiled) {
+    let mut raw = unit_rows(rng, qt, n_in, n_out);
+    for blk in raw.chunks_exact_mut(qt.block_bytes()) {
+        let sc = 0.01 + (rng.next() % 1000) as f32 / 1e4;
+        blk[..2].copy_from_slice(&f16::from_f32(sc).to_bits().to_le_bytes());
+    }
+    let rt = retile(qt, &raw, n_in, n_out);
+    (raw, rt)
+}
+
+/// Sub-block `j` of row `o` in a re-tiled code plane of `nsb` sub-blocks per row: its code
+/// word, or (Q2 kinds, `words_per_sb` 2) its two words.
+pub(crate) fn code_words(
+    codes: &[u8],
+    nsb: usize,
+    words_per_sb: usize,
+    o: usize,
+    j: usize,
+) -> [u32; 2] {
+    let base = (o * nsb + j) * words_per_sb;
+    if words_per_sb == 1 {
+        [word(codes, base), 0]
+    } else {
+        [word(codes, base), word(codes, base + 1)]
+    }
 }
 
 struct Setup {
@@ -72,13 +147,7 @@ struct Setup {
 
 impl Setup {
     fn code(&self, o: usize, j: usize) -> [u32; 2] {
-        let c = &self.rt.codes;
-        let base = (o * self.nsb + j) * self.words_per_sb;
-        if self.words_per_sb == 1 {
-            [word(c, base), 0]
-        } else {
-            [word(c, base), word(c, base + 1)]
-        }
+        code_words(&self.rt.codes, self.nsb, self.words_per_sb, o, j)
     }
     fn dw(&self, o: usize, j: usize) -> f32 {
         let nblk = self.nsb / self.spb;
@@ -129,36 +198,13 @@ fn mvt_tile(su: &Setup, o0: usize, n_out: usize, n: usize, ks: usize) -> Vec<[f3
                 if j >= su.nsb {
                     continue;
                 }
-                let mut a = [[0u32; 4]; 32];
-                let mut b = [[0u32; 2]; 32];
-                for lane in 0..32 {
-                    let (g, tg) = (lane >> 2, lane & 3);
-                    let ra = (o0 + g).min(n_out - 1);
-                    let rb = (o0 + g + 8).min(n_out - 1);
-                    a[lane] = if kind == WKind::Q1 {
-                        let (xa, xb) = (su.code(ra, j)[0], su.code(rb, j)[0]);
-                        [
-                            q1_plane(xa, 2 * tg),
-                            q1_plane(xb, 2 * tg),
-                            q1_plane(xa, 2 * tg + 1),
-                            q1_plane(xb, 2 * tg + 1),
-                        ]
-                    } else {
-                        let (xa, xb) = (su.code(ra, j)[tg >> 1], su.code(rb, j)[tg >> 1]);
-                        let f = 2 * (tg & 1);
-                        [
-                            q2_plane(xa, f),
-                            q2_plane(xb, f),
-                            q2_plane(xa, f + 1),
-                            q2_plane(xb, f + 1),
-                        ]
-                    };
-                    let tb = g.min(n - 1);
-                    b[lane] = [
-                        su.qword(tb, 32 * j + 8 * tg),
-                        su.qword(tb, 32 * j + 8 * tg + 4),
-                    ];
-                }
+                let (a, b) = mvt_fragments(
+                    kind,
+                    |o, j| su.code(o, j),
+                    |t, byte| su.qword(t, byte),
+                    (o0, n_out, n),
+                    j,
+                );
                 let d = mma(&a, &b, &[[MAGIC; 4]; 32]);
                 for lane in 0..32 {
                     let (g, tg) = (lane >> 2, lane & 3);
@@ -185,36 +231,31 @@ fn mvt_tile(su: &Setup, o0: usize, n_out: usize, n: usize, ks: usize) -> Vec<[f3
             }
         }
     }
+    scatter_c(&total, &mut out);
+    out
+}
+
+/// The C fragments of every lane (`[lane][value]`: rows g / g + 8, token columns 2tg, 2tg + 1) as
+/// `out[token][row]` for the tokens `out` holds.
+pub(crate) fn scatter_c(total: &[[f32; 4]; 32], out: &mut [[f32; 16]]) {
     for lane in 0..32 {
         let (g, tg) = (lane >> 2, lane & 3);
         for e in 0..4 {
             let (r, t) = (if e < 2 { g } else { g + 8 }, 2 * tg + (e & 1));
-            if t < n {
+            if t < out.len() {
                 out[t][r] = total[lane][e];
             }
         }
     }
-    out
 }
 
 #[test]
 fn mvt_rows_equal_mvo_rows_bit_for_bit() {
     let mut rng = Rng(11);
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in EMU_KINDS {
         // 384: 12 sub-blocks (a partial chunk of 8); 1280: 40 (5 chunks); 50 rows: a partial tile
         for (n_in, n_out) in [(384usize, 50usize), (1280, 16)] {
-            let mut raw = unit_rows(&mut rng, qt, n_in, n_out);
-            // random positive block scales
-            for blk in raw.chunks_exact_mut(qt.block_bytes()) {
-                let sc = 0.01 + (rng.next() % 1000) as f32 / 1e4;
-                blk[..2].copy_from_slice(&f16::from_f32(sc).to_bits().to_le_bytes());
-            }
-            let rt = retile(qt, &raw, n_in, n_out);
+            let (raw, rt) = scaled_rows(&mut rng, qt, n_in, n_out);
             let kind = rt.kind;
             let n = 5;
             let x: Vec<f32> = (0..n * n_in)

@@ -22,11 +22,10 @@
 //! catch a wrong PTX spelling or a race.
 
 use crate::host_quant;
-use crate::mvm_emu::{mma, unit_rows, Rng};
-use crate::mvo_emu::{q1_plane, q2_plane, sub_dot, word};
-use crate::retile::{retile, Retiled, WKind};
+use crate::mvm_emu::{mma, Rng, EMU_KINDS};
+use crate::mvo_emu::{code_words, mvt_fragments, scaled_rows, scatter_c, sub_dot};
+use crate::retile::{Retiled, WKind};
 use bonsai_kernels_cpu::quant::dequantize_row;
-use bonsai_kernels_cpu::QuantType;
 use half::f16;
 
 /// Sub-scale levels: m_j in 1..=LEVELS.
@@ -102,13 +101,7 @@ struct Setup {
 
 impl Setup {
     fn code(&self, o: usize, j: usize) -> [u32; 2] {
-        let c = &self.rt.codes;
-        let base = (o * self.nsb + j) * self.words_per_sb;
-        if self.words_per_sb == 1 {
-            [word(c, base), 0]
-        } else {
-            [word(c, base), word(c, base + 1)]
-        }
+        code_words(&self.rt.codes, self.nsb, self.words_per_sb, o, j)
     }
     /// Weight scale of block `blk` of row `o`.
     fn dw(&self, o: usize, blk: usize) -> f32 {
@@ -198,36 +191,13 @@ fn tile_mma(su: &Setup, o0: usize, n_out: usize, n: usize, ks: usize) -> Vec<[f3
                 }
                 let mut cb = [[0i32; 4]; 32]; // the block's int32 fragments
                 for j in blk * su.spb..(blk + 1) * su.spb {
-                    let mut a = [[0u32; 4]; 32];
-                    let mut b = [[0u32; 2]; 32];
-                    for lane in 0..32 {
-                        let (g, tg) = (lane >> 2, lane & 3);
-                        let ra = (o0 + g).min(n_out - 1);
-                        let rb = (o0 + g + 8).min(n_out - 1);
-                        a[lane] = if kind == WKind::Q1 {
-                            let (xa, xb) = (su.code(ra, j)[0], su.code(rb, j)[0]);
-                            [
-                                q1_plane(xa, 2 * tg),
-                                q1_plane(xb, 2 * tg),
-                                q1_plane(xa, 2 * tg + 1),
-                                q1_plane(xb, 2 * tg + 1),
-                            ]
-                        } else {
-                            let (xa, xb) = (su.code(ra, j)[tg >> 1], su.code(rb, j)[tg >> 1]);
-                            let f = 2 * (tg & 1);
-                            [
-                                q2_plane(xa, f),
-                                q2_plane(xb, f),
-                                q2_plane(xa, f + 1),
-                                q2_plane(xb, f + 1),
-                            ]
-                        };
-                        let tb = g.min(n - 1);
-                        b[lane] = [
-                            su.qword(tb, 32 * j + 8 * tg),
-                            su.qword(tb, 32 * j + 8 * tg + 4),
-                        ];
-                    }
+                    let (a, b) = mvt_fragments(
+                        kind,
+                        |o, j| su.code(o, j),
+                        |t, byte| su.qword(t, byte),
+                        (o0, n_out, n),
+                        j,
+                    );
                     let d = mma(&a, &b, &[[0; 4]; 32]);
                     for lane in 0..32 {
                         let tg = lane & 3;
@@ -259,15 +229,7 @@ fn tile_mma(su: &Setup, o0: usize, n_out: usize, n: usize, ks: usize) -> Vec<[f3
         }
     }
     let mut out = vec![[0f32; 16]; n];
-    for lane in 0..32 {
-        let (g, tg) = (lane >> 2, lane & 3);
-        for e in 0..4 {
-            let (r, t) = (if e < 2 { g } else { g + 8 }, 2 * tg + (e & 1));
-            if t < n {
-                out[t][r] = total[lane][e];
-            }
-        }
-    }
+    scatter_c(&total, &mut out);
     out
 }
 
@@ -338,21 +300,11 @@ fn sub_scale_quantizer_bounds_and_error() {
 #[test]
 fn sub_scale_tensor_core_verify_equals_dp4a_row_bit_for_bit() {
     let mut rng = Rng(23);
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in EMU_KINDS {
         // 384: 12 sub-blocks (a partial chunk); 1280: 40 (a ragged last chunk); 50 rows: a
         // partial m16 tile
         for (n_in, n_out) in [(384usize, 50usize), (1280, 16)] {
-            let mut raw = unit_rows(&mut rng, qt, n_in, n_out);
-            for blk in raw.chunks_exact_mut(qt.block_bytes()) {
-                let sc = 0.01 + (rng.next() % 1000) as f32 / 1e4;
-                blk[..2].copy_from_slice(&f16::from_f32(sc).to_bits().to_le_bytes());
-            }
-            let rt = retile(qt, &raw, n_in, n_out);
+            let (raw, rt) = scaled_rows(&mut rng, qt, n_in, n_out);
             let kind = rt.kind;
             let spb = if kind == WKind::Q2G64 { 2 } else { 4 };
             let n = 5;
