@@ -138,7 +138,9 @@ fn butterfly(part: &[f32]) -> f32 {
     x[0]
 }
 
-/// The one-row dp4a kernel's value of row `o` for activation row `t`, K split `ks`.
+/// The one-row dp4a kernel's value of row `o` for activation row `t`, K split `ks`. Written for a
+/// lane per sub-block; a lane per block (lane q of 8 taking blocks q, q + 8, ..., the layout the
+/// kernels README recommends) runs the same float operations in the same order.
 /// - Chunk c (sub-blocks 32c..32c + 31, lane l on 32c + l) belongs to K part c mod ks.
 /// - Lane group p (lanes spb·p ..) holds block c · bpc + p.
 /// - Its lanes' Σ m_j · isum_j is exact in int32, so the order of their shuffle does not matter.
