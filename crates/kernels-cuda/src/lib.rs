@@ -1129,6 +1129,7 @@ macro_rules! kernels {
 kernels!(
     pdl: [
         quant_rows,
+        quant_rows_sub,
         rmsnorm_quant,
         rmsnorm_quant_rows,
         mv_q1_n8_k1,
@@ -2071,6 +2072,39 @@ impl Gpu {
             (cdiv(k / 32, 8), n as u32, 1),
             (256, 1, 1),
             &[Arg::P(x), Arg::I(k as i32), Arg::P(q), Arg::P(d), Arg::P(s)],
+        )
+    }
+
+    /// Rows of `x` (`[n, k]` f32) in the integer sub-scale format, groups of `ge` (64 or 128):
+    /// codes `q` `[n, k]` i8, units `u` `[n, k / ge]` f32, sub-scales `m` and code sums `s`
+    /// `[n, k / 32]` i32 (bit for bit [`host_quant_sub`]). No mat-vec reads this format yet
+    /// (`src/sub_emu.rs` has the kernels it is for).
+    #[allow(clippy::too_many_arguments)]
+    pub fn quant_rows_sub(
+        &self,
+        x: u64,
+        n: usize,
+        k: usize,
+        ge: usize,
+        q: u64,
+        u: u64,
+        m: u64,
+        s: u64,
+    ) -> Result<()> {
+        assert!((ge == 64 || ge == 128) && k % ge == 0);
+        self.launch(
+            self.f.quant_rows_sub,
+            ((k / ge) as u32, n as u32, 1),
+            (ge as u32, 1, 1),
+            &[
+                Arg::P(x),
+                Arg::I(k as i32),
+                Arg::I(ge as i32),
+                Arg::P(q),
+                Arg::P(u),
+                Arg::P(m),
+                Arg::P(s),
+            ],
         )
     }
 
@@ -4004,6 +4038,48 @@ impl Gpu {
         }
         r
     }
+}
+
+/// Host twin of `quant_rows_sub` (integer sub-scale activations, groups of `ge`): codes
+/// `[n, k]`, units `[n, k / ge]` (amax / (127 · 16)), sub-scales 1..=16 and code sums `[n, k / 32]`.
+/// Per group: the amax A and u = A / (127 · 16); per sub-block j: its amax a_j,
+/// m_j = clamp(ceil(16 · a_j / A), 1, 16), codes round(x / (u · m_j)) clamped to ±127 — the f32
+/// operations of the kernel, so the bits agree.
+pub fn host_quant_sub(x: &[f32], k: usize, ge: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>, Vec<i32>) {
+    const LEVELS: i32 = 16;
+    assert!(k % ge == 0 && ge % 32 == 0);
+    let n = x.len() / k;
+    let (ng, nsb, spg) = (k / ge, k / 32, ge / 32);
+    let (mut q, mut u) = (vec![0i8; n * k], vec![0f32; n * ng]);
+    let (mut m, mut s) = (vec![1i32; n * nsb], vec![0i32; n * nsb]);
+    for t in 0..n {
+        for gi in 0..ng {
+            let xg = &x[t * k + gi * ge..t * k + (gi + 1) * ge];
+            let amax = xg.iter().fold(0f32, |m, &v| m.max(v.abs()));
+            let un = amax / (127.0 * LEVELS as f32);
+            u[t * ng + gi] = un;
+            for (jj, xs) in xg.chunks_exact(32).enumerate() {
+                let j = gi * spg + jj;
+                let aj = xs.iter().fold(0f32, |m, &v| m.max(v.abs()));
+                let mj = if amax > 0.0 {
+                    ((LEVELS as f32 * aj / amax).ceil() as i32).clamp(1, LEVELS)
+                } else {
+                    1
+                };
+                let dj = un * mj as f32;
+                let id = if dj != 0.0 { 1.0 / dj } else { 0.0 };
+                let mut sum = 0;
+                for (e, &v) in xs.iter().enumerate() {
+                    let qv = (v * id).round().clamp(-127.0, 127.0) as i32;
+                    q[t * k + 32 * j + e] = qv as i8;
+                    sum += qv;
+                }
+                m[t * nsb + j] = mj;
+                s[t * nsb + j] = sum;
+            }
+        }
+    }
+    (q, u, m, s)
 }
 
 /// Quantize activations on the host exactly as the kernels do (per 32: `d = amax/127` f32,

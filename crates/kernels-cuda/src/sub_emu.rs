@@ -21,10 +21,10 @@
 //! quantizer's bounds and its error against the per-32 scheme. Like `mvo_emu.rs`, they cannot
 //! catch a wrong PTX spelling or a race.
 
-use crate::host_quant;
 use crate::mvm_emu::{mma, Rng, EMU_KINDS};
 use crate::mvo_emu::{code_words, mvt_fragments, scaled_rows, scatter_c, sub_dot};
 use crate::retile::{Retiled, WKind};
+use crate::{host_quant, host_quant_sub};
 use bonsai_kernels_cpu::quant::dequantize_row;
 use half::f16;
 
@@ -43,51 +43,11 @@ struct SubActs {
     s: Vec<i32>,
 }
 
-/// Quantize rows of `x` (`[n, k]`) with groups of `ge` elements.
-/// - Per group: the amax A and the unit u = A / (127 · 16).
-/// - Per sub-block j: its amax a_j, m_j = clamp(ceil(16 · a_j / A), 1, 16), the step
-///   d_j = u · m_j, and codes round(x / d_j) clamped to ±127.
-///
-/// These are the f32 operations a GPU quantizer would use (`roundf` is Rust's `round`: half away
-/// from zero).
+/// Rows of `x` (`[n, k]`) quantized with groups of `ge` elements by [`host_quant_sub`], the twin of
+/// the `quant_rows_sub` kernel.
 fn quant_sub(x: &[f32], k: usize, ge: usize) -> SubActs {
-    assert!(k % ge == 0 && ge % 32 == 0);
-    let n = x.len() / k;
-    let (ng, nsb, spg) = (k / ge, k / 32, ge / 32);
-    let mut a = SubActs {
-        q: vec![0; n * k],
-        u: vec![0.0; n * ng],
-        m: vec![1; n * nsb],
-        s: vec![0; n * nsb],
-    };
-    for t in 0..n {
-        for gi in 0..ng {
-            let xg = &x[t * k + gi * ge..t * k + (gi + 1) * ge];
-            let amax = xg.iter().fold(0f32, |m, &v| m.max(v.abs()));
-            let u = amax / (127.0 * LEVELS as f32);
-            a.u[t * ng + gi] = u;
-            for (jj, xs) in xg.chunks_exact(32).enumerate() {
-                let j = gi * spg + jj;
-                let aj = xs.iter().fold(0f32, |m, &v| m.max(v.abs()));
-                let mj = if amax > 0.0 {
-                    ((LEVELS as f32 * aj / amax).ceil() as i32).clamp(1, LEVELS)
-                } else {
-                    1
-                };
-                let dj = u * mj as f32;
-                let id = if dj != 0.0 { 1.0 / dj } else { 0.0 };
-                let mut sum = 0;
-                for (e, &v) in xs.iter().enumerate() {
-                    let qv = (v * id).round().clamp(-127.0, 127.0) as i32;
-                    a.q[t * k + 32 * j + e] = qv as i8;
-                    sum += qv;
-                }
-                a.m[t * nsb + j] = mj;
-                a.s[t * nsb + j] = sum;
-            }
-        }
-    }
-    a
+    let (q, u, m, s) = host_quant_sub(x, k, ge);
+    SubActs { q, u, m, s }
 }
 
 struct Setup {

@@ -6,8 +6,8 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, gdn_chunked_supported, host_quant, mv_b1_host, mv_default_plan, retile, DevBuf,
-    GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
+    b1_planes_host, gdn_chunked_supported, host_quant, host_quant_sub, mv_b1_host, mv_default_plan,
+    retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -313,6 +313,55 @@ fn run_mv_plan(
         g.mv_plan(rt.kind, 1, n_out, n_in)
     );
     g.set_mv_override(None);
+}
+
+/// `quant_rows_sub` (integer sub-scale activations) equals its host twin bit for bit: codes,
+/// units, sub-scales and sums, groups of 64 and 128, rows with large channels, quiet stretches
+/// (sub-scales well below 16) and an all-zero group.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn quant_rows_sub_equals_host_twin() {
+    let g = need_gpu!("quant_rows_sub_equals_host_twin");
+    let mut rng = Rng(77);
+    let (n, k) = (3, 5120);
+    let mut x = rng.vec(n * k, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        let c = i % k;
+        if c % 97 == 5 {
+            *v *= 8.0;
+        } else if (c / 32) % 5 == 3 {
+            *v *= 0.05;
+        }
+        if c < 128 && i / k == 1 {
+            *v = 0.0;
+        }
+    }
+    let xb = g.upload(&x).unwrap();
+    for ge in [64usize, 128] {
+        let (q, u, m, s) = (
+            g.alloc(n * k).unwrap(),
+            g.alloc(n * k / ge * 4).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+        );
+        g.quant_rows_sub(xb.ptr(), n, k, ge, q.ptr(), u.ptr(), m.ptr(), s.ptr())
+            .unwrap();
+        let (hq, hu, hm, hs) = host_quant_sub(&x, k, ge);
+        assert_eq!(down::<i8>(g, &q, n * k), hq, "ge {ge}: codes");
+        let du: Vec<f32> = down(g, &u, n * k / ge);
+        assert!(
+            du.iter().zip(&hu).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "ge {ge}: units"
+        );
+        assert_eq!(down::<i32>(g, &m, n * k / 32), hm, "ge {ge}: sub-scales");
+        assert_eq!(down::<i32>(g, &s, n * k / 32), hs, "ge {ge}: sums");
+        let small = hm.iter().filter(|&&v| v < 8).count();
+        eprintln!(
+            "quant_rows_sub ge {ge}: == host twin ({} sub-blocks, {small} with m < 8)",
+            hm.len()
+        );
+        assert!(small > 0, "the input should exercise small sub-scales");
+    }
 }
 
 #[test]
