@@ -21,6 +21,7 @@ pub mod retile;
 mod spec;
 #[cfg(test)]
 mod sub_emu;
+mod subscale;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
 };
+pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
 /// `kernels/` (the core decode kernels first; the others use its helpers).
@@ -51,6 +53,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvp.cu"),
     include_str!("../kernels/mvo.cu"),
     include_str!("../kernels/mvs.cu"),
+    include_str!("../kernels/mvq.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -1128,6 +1131,12 @@ macro_rules! kernels {
 // stream serialization when it is on. `plain`: every other kernel (always a full dependency).
 kernels!(
     pdl: [
+        mvq_q1_r4_k1,
+        mvq_q1_r4_k2,
+        mvq_q2_r4_k1,
+        mvq_q2_r4_k2,
+        mvq_q2g64_r4_k1,
+        mvq_q2g64_r4_k2,
         quant_rows,
         quant_rows_sub,
         rmsnorm_quant,
@@ -2104,6 +2113,59 @@ impl Gpu {
                 Arg::P(u),
                 Arg::P(m),
                 Arg::P(s),
+            ],
+        )
+    }
+
+    /// One activation row in the sub-scale format (`q` [n_in], `u` [n_in / block], `m` / `s`
+    /// [n_in / 32]) times a re-tiled low-bit matrix: `y[o] (+)= Σ_B dw·u · Σ_j m_j · isum_j` in
+    /// the float order of [`mv_sub_host`], bit for bit, K split `ks` (1 or 2). Not used by the
+    /// engine yet (the integer sub-scale design, `src/sub_emu.rs`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_sub(
+        &self,
+        kind: WKind,
+        codes: u64,
+        scales: u64,
+        q: u64,
+        u: u64,
+        m: u64,
+        s: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        ks: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let f = match (kind, ks) {
+            (WKind::Q1, 1) => self.f.mvq_q1_r4_k1,
+            (WKind::Q1, 2) => self.f.mvq_q1_r4_k2,
+            (WKind::Q2, 1) => self.f.mvq_q2_r4_k1,
+            (WKind::Q2, 2) => self.f.mvq_q2_r4_k2,
+            (WKind::Q2G64, 1) => self.f.mvq_q2g64_r4_k1,
+            (WKind::Q2G64, 2) => self.f.mvq_q2g64_r4_k2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_sub: {kind:?} with K split {ks} (low-bit kinds, 1 or 2)"
+                )))
+            }
+        };
+        let rows_per_block = (MV_WARPS / ks) * 4 * 4; // row groups per warp 4, 4 rows each
+        self.launch(
+            f,
+            (cdiv(n_out, rows_per_block), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &[
+                Arg::P(codes),
+                Arg::P(scales),
+                Arg::P(y),
+                Arg::I(n_out as i32),
+                Arg::P(q),
+                Arg::P(u),
+                Arg::P(m),
+                Arg::P(s),
+                Arg::I(n_in as i32),
+                Arg::I(accumulate as i32),
             ],
         )
     }
@@ -4038,48 +4100,6 @@ impl Gpu {
         }
         r
     }
-}
-
-/// Host twin of `quant_rows_sub` (integer sub-scale activations, groups of `ge`): codes
-/// `[n, k]`, units `[n, k / ge]` (amax / (127 · 16)), sub-scales 1..=16 and code sums `[n, k / 32]`.
-/// Per group: the amax A and u = A / (127 · 16); per sub-block j: its amax a_j,
-/// m_j = clamp(ceil(16 · a_j / A), 1, 16), codes round(x / (u · m_j)) clamped to ±127 — the f32
-/// operations of the kernel, so the bits agree.
-pub fn host_quant_sub(x: &[f32], k: usize, ge: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>, Vec<i32>) {
-    const LEVELS: i32 = 16;
-    assert!(k % ge == 0 && ge % 32 == 0);
-    let n = x.len() / k;
-    let (ng, nsb, spg) = (k / ge, k / 32, ge / 32);
-    let (mut q, mut u) = (vec![0i8; n * k], vec![0f32; n * ng]);
-    let (mut m, mut s) = (vec![1i32; n * nsb], vec![0i32; n * nsb]);
-    for t in 0..n {
-        for gi in 0..ng {
-            let xg = &x[t * k + gi * ge..t * k + (gi + 1) * ge];
-            let amax = xg.iter().fold(0f32, |m, &v| m.max(v.abs()));
-            let un = amax / (127.0 * LEVELS as f32);
-            u[t * ng + gi] = un;
-            for (jj, xs) in xg.chunks_exact(32).enumerate() {
-                let j = gi * spg + jj;
-                let aj = xs.iter().fold(0f32, |m, &v| m.max(v.abs()));
-                let mj = if amax > 0.0 {
-                    ((LEVELS as f32 * aj / amax).ceil() as i32).clamp(1, LEVELS)
-                } else {
-                    1
-                };
-                let dj = un * mj as f32;
-                let id = if dj != 0.0 { 1.0 / dj } else { 0.0 };
-                let mut sum = 0;
-                for (e, &v) in xs.iter().enumerate() {
-                    let qv = (v * id).round().clamp(-127.0, 127.0) as i32;
-                    q[t * k + 32 * j + e] = qv as i8;
-                    sum += qv;
-                }
-                m[t * nsb + j] = mj;
-                s[t * nsb + j] = sum;
-            }
-        }
-    }
-    (q, u, m, s)
 }
 
 /// Quantize activations on the host exactly as the kernels do (per 32: `d = amax/127` f32,

@@ -24,24 +24,12 @@
 use crate::mvm_emu::{mma, Rng, EMU_KINDS};
 use crate::mvo_emu::{code_words, mvt_fragments, scaled_rows, scatter_c, sub_dot};
 use crate::retile::{Retiled, WKind};
-use crate::{host_quant, host_quant_sub};
+use crate::{host_quant, host_quant_sub, mv_sub_host, SubActs};
 use bonsai_kernels_cpu::quant::dequantize_row;
 use half::f16;
 
 /// Sub-scale levels: m_j in 1..=LEVELS.
 const LEVELS: i32 = 16;
-
-/// Activation rows in the sub-scale format.
-struct SubActs {
-    /// [n, k] codes.
-    q: Vec<i8>,
-    /// [n, k / ge] the group's unit amax / (127 · LEVELS): a code q of sub-block j is worth q · u · m_j.
-    u: Vec<f32>,
-    /// [n, k / 32] sub-scales, 1..=LEVELS.
-    m: Vec<i32>,
-    /// [n, k / 32] code sums (the sign trick of the Q1 dot, the −1 of the Q2 codes).
-    s: Vec<i32>,
-}
 
 /// Rows of `x` (`[n, k]`) quantized with groups of `ge` elements by [`host_quant_sub`], the twin of
 /// the `quant_rows_sub` kernel.
@@ -290,6 +278,21 @@ fn sub_scale_tensor_core_verify_equals_dp4a_row_bit_for_bit() {
                                 continue;
                             }
                             let one = row_dp4a(&su, o, t, ks);
+                            // the public replay the GPU test uses (its own integer dots)
+                            let (nb, ng) = (n_in / 32, n_in / (32 * spb));
+                            let host = mv_sub_host(
+                                &su.rt,
+                                &su.a.q[t * n_in..(t + 1) * n_in],
+                                &su.a.u[t * ng..(t + 1) * ng],
+                                &su.a.m[t * nb..(t + 1) * nb],
+                                o,
+                                ks,
+                            );
+                            assert_eq!(
+                                host.to_bits(),
+                                one.to_bits(),
+                                "{qt:?} row {o} t {t}: mv_sub_host"
+                            );
                             assert_eq!(
                                 got.to_bits(),
                                 one.to_bits(),

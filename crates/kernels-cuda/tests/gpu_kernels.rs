@@ -7,7 +7,8 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, host_quant_sub, mv_b1_host, mv_default_plan,
-    retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
+    mv_sub_host, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled,
+    WKind,
 };
 use half::f16;
 
@@ -361,6 +362,98 @@ fn quant_rows_sub_equals_host_twin() {
             hm.len()
         );
         assert!(small > 0, "the input should exercise small sub-scales");
+    }
+}
+
+/// The sub-scale one-row mat-vec (`mvq_*`, `Gpu::mv_sub`) on activations from `quant_rows_sub`
+/// equals the host replay `mv_sub_host` bit for bit (every row, K split 1 and 2, the 27B row
+/// lengths, partial row groups), and the accumulate mode adds onto y.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_sub_equals_host() {
+    let g = need_gpu!("mv_sub_equals_host");
+    let mut rng = Rng(78);
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        for (n_in, n_out) in [(5120usize, 1000usize), (17408, 300), (6144, 130)] {
+            let rt = retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out);
+            let ge = if rt.kind == WKind::Q2G64 { 64 } else { 128 };
+            let mut x = rng.vec(n_in, 1.0);
+            for (c, v) in x.iter_mut().enumerate() {
+                if c % 97 == 5 {
+                    *v *= 8.0;
+                } else if (c / 32) % 5 == 3 {
+                    *v *= 0.05;
+                }
+            }
+            let xb = g.upload(&x).unwrap();
+            let (q, u, m, s) = (
+                g.alloc(n_in).unwrap(),
+                g.alloc(n_in / ge * 4).unwrap(),
+                g.alloc(n_in / 32 * 4).unwrap(),
+                g.alloc(n_in / 32 * 4).unwrap(),
+            );
+            g.quant_rows_sub(xb.ptr(), 1, n_in, ge, q.ptr(), u.ptr(), m.ptr(), s.ptr())
+                .unwrap();
+            let (hq, hu, hm, _) = host_quant_sub(&x, n_in, ge);
+            assert_eq!(down::<i8>(g, &q, n_in), hq, "{qt:?}: codes");
+            let (codes, scales) = (g.upload(&rt.codes).unwrap(), g.upload(&rt.scales).unwrap());
+            for ks in [1, 2] {
+                let y = g.upload(&vec![f32::NAN; n_out]).unwrap();
+                g.mv_sub(
+                    rt.kind,
+                    codes.ptr(),
+                    scales.ptr(),
+                    q.ptr(),
+                    u.ptr(),
+                    m.ptr(),
+                    s.ptr(),
+                    y.ptr(),
+                    n_in,
+                    n_out,
+                    ks,
+                    false,
+                )
+                .unwrap();
+                let got: Vec<f32> = down(g, &y, n_out);
+                for (o, &v) in got.iter().enumerate() {
+                    let want = mv_sub_host(&rt, &hq, &hu, &hm, o, ks);
+                    assert_eq!(
+                        v.to_bits(),
+                        want.to_bits(),
+                        "{qt:?} [{n_in}x{n_out}] ks {ks} row {o}: {v} vs host {want}"
+                    );
+                }
+                // accumulate: y = y0 + the launch's value (one f32 add)
+                let y0 = rng.vec(n_out, 3.0);
+                let ya = g.upload(&y0).unwrap();
+                g.mv_sub(
+                    rt.kind,
+                    codes.ptr(),
+                    scales.ptr(),
+                    q.ptr(),
+                    u.ptr(),
+                    m.ptr(),
+                    s.ptr(),
+                    ya.ptr(),
+                    n_in,
+                    n_out,
+                    ks,
+                    true,
+                )
+                .unwrap();
+                let acc: Vec<f32> = down(g, &ya, n_out);
+                for o in 0..n_out {
+                    assert_eq!(
+                        acc[o].to_bits(),
+                        (y0[o] + got[o]).to_bits(),
+                        "{qt:?} accumulate row {o}"
+                    );
+                }
+            }
+            eprintln!(
+                "mv_sub {qt:?} [{n_in}x{n_out}]: == mv_sub_host for K split 1 and 2, accumulate"
+            );
+        }
     }
 }
 
