@@ -77,7 +77,7 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
                 }
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    acc[h][r] = fmaf(h2f(__ldg(sp[r] + B)) * ub, (float)isum[r], acc[h][r]);
+                    acc[h][r] = fmaf(__fmul_rn(h2f(__ldg(sp[r] + B)), ub), (float)isum[r], acc[h][r]);
             }
         }
     }
@@ -131,3 +131,142 @@ MVQ_ENTRY(mvq_q2_r4_k1, 2, 4, 1)
 MVQ_ENTRY(mvq_q2_r4_k2, 2, 4, 2)
 MVQ_ENTRY(mvq_q2g64_r4_k1, 3, 4, 1)
 MVQ_ENTRY(mvq_q2g64_r4_k2, 3, 4, 2)
+
+// The tensor-core verify kernel of the same order (n ≤ 8 activation rows; sub_emu::tile_mma):
+// a warp owns one m16 tile of weight rows and all n rows (one n8 tile; columns ≥ n compute on a
+// clamped row and are not stored), K part w mod KS. Per sub-block one mma.m16n8k32 with C = 0 (A:
+// the signed codes of gemm.cu's q1_plane / q2_plane, B: 8 activation bytes of column g); each lane
+// adds m_j(column) · D to its block's int32 fragment; per block one fma per C value into partial
+// (block mod BPC), so a lane holds BPC × 4 partials (32; 64 for g64). Then the partials' tree
+// (((P0 + P1) + (P2 + P3)) + ...) in the lane, the K parts in order. Row t of an n-row launch
+// equals the one-row mvq kernel's value bit for bit.
+template <int KIND, int KS>
+__device__ __forceinline__ void mvqt_lowbit(const void* __restrict__ codes, const u16* __restrict__ scales,
+                                            float* y, int n_out, const i8* __restrict__ q,
+                                            const float* __restrict__ ua, const int* __restrict__ ma,
+                                            int n_in, int n, int accumulate) {
+    constexpr int SPB = KIND == 3 ? 2 : 4;
+    constexpr int BPC = 32 / SPB;
+    const int G = MV_WARPS / KS;
+    __shared__ float part[KS > 1 ? MV_WARPS : 1][16][8];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    int kp = w % KS;
+    int o0 = (blockIdx.x * G + w / KS) * 16;
+    bool valid = o0 < n_out;
+    PDL_ENTRY();
+    int ra = o0 + g, rb = o0 + g + 8;
+    int nsb = n_in >> 5, nblk = nsb / SPB, nch = (nblk + BPC - 1) / BPC;
+    size_t rac = valid ? (size_t)min(ra, n_out - 1) : 0, rbc = valid ? (size_t)min(rb, n_out - 1) : 0;
+    const u32* wa = (const u32*)codes + rac * nsb * (KIND == 1 ? 1 : 2);
+    const u32* wb = (const u32*)codes + rbc * nsb * (KIND == 1 ? 1 : 2);
+    const u16* wsa = scales + rac * nblk;
+    const u16* wsb = scales + rbc * nblk;
+    int tb = min(g, n - 1), t0 = min(2 * tg, n - 1), t1 = min(2 * tg + 1, n - 1);
+    const i8* qb = q + (size_t)tb * n_in + 8 * tg;
+    const float* u0 = ua + (size_t)t0 * nblk;
+    const float* u1 = ua + (size_t)t1 * nblk;
+    const int* m0 = ma + (size_t)t0 * nsb;
+    const int* m1 = ma + (size_t)t1 * nsb;
+    float acc[BPC][4];
+#pragma unroll
+    for (int p = 0; p < BPC; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[p][e] = 0.f;
+    for (int c = kp; valid && c < nch; c += KS) {
+#pragma unroll
+        for (int p = 0; p < BPC; ++p) {
+            const int B = c * BPC + p;
+            if (B < nblk) {
+                int cb[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int jj = 0; jj < SPB; ++jj) {
+                    const int j = B * SPB + jj;
+                    u32 a0, a1, a2, a3;
+                    if (KIND == 1) {
+                        u32 xa = __ldg(wa + j), xb = __ldg(wb + j);
+                        a0 = q1_plane(xa, 2 * tg);
+                        a1 = q1_plane(xb, 2 * tg);
+                        a2 = q1_plane(xa, 2 * tg + 1);
+                        a3 = q1_plane(xb, 2 * tg + 1);
+                    } else {
+                        u32 xa = __ldg(wa + 2 * j + (tg >> 1)), xb = __ldg(wb + 2 * j + (tg >> 1));
+                        int f = 2 * (tg & 1);
+                        a0 = q2_plane(xa, f);
+                        a1 = q2_plane(xb, f);
+                        a2 = q2_plane(xa, f + 1);
+                        a3 = q2_plane(xb, f + 1);
+                    }
+                    uint2 b = __ldg((const uint2*)(qb + (size_t)j * 32));
+                    int d[4];
+                    mma_s8_c(d, a0, a1, a2, a3, b.x, b.y, 0, 0);
+                    const int mj0 = __ldg(m0 + j), mj1 = __ldg(m1 + j);
+                    cb[0] += mj0 * d[0];
+                    cb[1] += mj1 * d[1];
+                    cb[2] += mj0 * d[2];
+                    cb[3] += mj1 * d[3];
+                }
+                const float dwa = h2f(__ldg(wsa + B)), dwb = h2f(__ldg(wsb + B));
+                const float ub0 = __ldg(u0 + B), ub1 = __ldg(u1 + B);
+                acc[p][0] = fmaf(__fmul_rn(dwa, ub0), (float)cb[0], acc[p][0]);
+                acc[p][1] = fmaf(__fmul_rn(dwa, ub1), (float)cb[1], acc[p][1]);
+                acc[p][2] = fmaf(__fmul_rn(dwb, ub0), (float)cb[2], acc[p][2]);
+                acc[p][3] = fmaf(__fmul_rn(dwb, ub1), (float)cb[3], acc[p][3]);
+            }
+        }
+    }
+    // the partials' tree: level w adds x[p + w] into x[p] (the butterfly's x[0])
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float x[BPC];
+#pragma unroll
+        for (int p = 0; p < BPC; ++p) x[p] = acc[p][e];
+#pragma unroll
+        for (int lw = 1; lw < BPC; lw <<= 1)
+#pragma unroll
+            for (int p = 0; p < BPC; p += 2 * lw) x[p] = x[p] + x[p + lw];
+        v[e] = x[0];
+    }
+    if (KS == 1) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int o = e < 2 ? ra : rb, t = 2 * tg + (e & 1);
+            if (valid && o < n_out && t < n) {
+                float* yp = y + (size_t)t * n_out + o;
+                *yp = accumulate ? *yp + v[e] : v[e];
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[w][e < 2 ? g : g + 8][2 * tg + (e & 1)] = v[e];
+    __syncthreads();
+    if (valid && kp == 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int rr = e < 2 ? g : g + 8, t = 2 * tg + (e & 1), o = o0 + rr;
+            if (o < n_out && t < n) {
+                float xo = part[w][rr][t];
+#pragma unroll
+                for (int k2 = 1; k2 < KS; ++k2) xo += part[w + k2][rr][t];
+                float* yp = y + (size_t)t * n_out + o;
+                *yp = accumulate ? *yp + xo : xo;
+            }
+        }
+    }
+}
+
+// codes / scales as mvq_*, y [n, n_out], q [n, n_in], u [n, n_in / BE], m [n, n_in / 32].
+// grid ceil(n_out / (16 · MV_WARPS / KS)), block MV_WARPS warps.
+#define MVQT_ENTRY(NAME, KIND, KS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) NAME(                                 \
+        const void* codes, const u16* scales, float* y, int n_out, const i8* q, const float* u,       \
+        const int* m, int n_in, int n, int accumulate) {                                              \
+        mvqt_lowbit<KIND, KS>(codes, scales, y, n_out, q, u, m, n_in, n, accumulate);                 \
+    }
+MVQT_ENTRY(mvqt_q1_k1, 1, 1)
+MVQT_ENTRY(mvqt_q1_k2, 1, 2)
+MVQT_ENTRY(mvqt_q2_k1, 2, 1)
+MVQT_ENTRY(mvqt_q2_k2, 2, 2)
+MVQT_ENTRY(mvqt_q2g64_k1, 3, 1)
+MVQT_ENTRY(mvqt_q2g64_k2, 3, 2)

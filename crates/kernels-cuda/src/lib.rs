@@ -1137,6 +1137,12 @@ kernels!(
         mvq_q2_r4_k2,
         mvq_q2g64_r4_k1,
         mvq_q2g64_r4_k2,
+        mvqt_q1_k1,
+        mvqt_q1_k2,
+        mvqt_q2_k1,
+        mvqt_q2_k2,
+        mvqt_q2g64_k1,
+        mvqt_q2g64_k2,
         quant_rows,
         quant_rows_sub,
         rmsnorm_quant,
@@ -2165,6 +2171,61 @@ impl Gpu {
                 Arg::P(m),
                 Arg::P(s),
                 Arg::I(n_in as i32),
+                Arg::I(accumulate as i32),
+            ],
+        )
+    }
+
+    /// `n` ≤ 8 activation rows in the sub-scale format (`q` [n, n_in], `u` [n, n_in / block], `m`
+    /// [n, n_in / 32]) times a re-tiled low-bit matrix on the int8 tensor cores (`mvqt_*`), `y`
+    /// [n, n_out]: row t equals [`Self::mv_sub`] on activation row t bit for bit (the float order of
+    /// [`mv_sub_host`]), K split `ks` (1 or 2). Not used by the engine yet.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_sub_rows(
+        &self,
+        kind: WKind,
+        codes: u64,
+        scales: u64,
+        q: u64,
+        u: u64,
+        m: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        n: usize,
+        ks: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if n == 0 || n > MAX_ROWS {
+            return Err(CudaError(format!("mv_sub_rows: n = {n} (1..={MAX_ROWS})")));
+        }
+        let f = match (kind, ks) {
+            (WKind::Q1, 1) => self.f.mvqt_q1_k1,
+            (WKind::Q1, 2) => self.f.mvqt_q1_k2,
+            (WKind::Q2, 1) => self.f.mvqt_q2_k1,
+            (WKind::Q2, 2) => self.f.mvqt_q2_k2,
+            (WKind::Q2G64, 1) => self.f.mvqt_q2g64_k1,
+            (WKind::Q2G64, 2) => self.f.mvqt_q2g64_k2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_sub_rows: {kind:?} with K split {ks} (low-bit kinds, 1 or 2)"
+                )))
+            }
+        };
+        self.launch(
+            f,
+            (cdiv(n_out, 16 * (MV_WARPS / ks)), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &[
+                Arg::P(codes),
+                Arg::P(scales),
+                Arg::P(y),
+                Arg::I(n_out as i32),
+                Arg::P(q),
+                Arg::P(u),
+                Arg::P(m),
+                Arg::I(n_in as i32),
+                Arg::I(n as i32),
                 Arg::I(accumulate as i32),
             ],
         )

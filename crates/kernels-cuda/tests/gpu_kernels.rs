@@ -367,7 +367,8 @@ fn quant_rows_sub_equals_host_twin() {
 
 /// The sub-scale one-row mat-vec (`mvq_*`, `Gpu::mv_sub`) on activations from `quant_rows_sub`
 /// equals the host replay `mv_sub_host` bit for bit (every row, K split 1 and 2, the 27B row
-/// lengths, partial row groups), and the accumulate mode adds onto y.
+/// lengths, partial row groups), and the accumulate mode adds onto y. The tensor-core verify
+/// (`mvqt_*`, `Gpu::mv_sub_rows`) on 5 and 8 rows gives every row the one-row kernel's bits.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_sub_equals_host() {
@@ -450,8 +451,94 @@ fn mv_sub_equals_host() {
                     );
                 }
             }
+            // the tensor-core verify on n rows: row t == the one-row kernel on row t, bit for bit
+            for n in [5usize, 8] {
+                let xs: Vec<f32> = (0..n)
+                    .flat_map(|t| x.iter().map(move |&v| v * (1.0 + 0.25 * t as f32)))
+                    .collect();
+                let xsb = g.upload(&xs).unwrap();
+                let (qn, un, mn, sn) = (
+                    g.alloc(n * n_in).unwrap(),
+                    g.alloc(n * n_in / ge * 4).unwrap(),
+                    g.alloc(n * n_in / 32 * 4).unwrap(),
+                    g.alloc(n * n_in / 32 * 4).unwrap(),
+                );
+                g.quant_rows_sub(
+                    xsb.ptr(),
+                    n,
+                    n_in,
+                    ge,
+                    qn.ptr(),
+                    un.ptr(),
+                    mn.ptr(),
+                    sn.ptr(),
+                )
+                .unwrap();
+                let (hq, hu, hm, _) = host_quant_sub(&xs, n_in, ge);
+                let (nb, ng) = (n_in / 32, n_in / ge);
+                for ks in [1, 2] {
+                    let y = g.upload(&vec![f32::NAN; n * n_out]).unwrap();
+                    g.mv_sub_rows(
+                        rt.kind,
+                        codes.ptr(),
+                        scales.ptr(),
+                        qn.ptr(),
+                        un.ptr(),
+                        mn.ptr(),
+                        y.ptr(),
+                        n_in,
+                        n_out,
+                        n,
+                        ks,
+                        false,
+                    )
+                    .unwrap();
+                    let got: Vec<f32> = down(g, &y, n * n_out);
+                    let y1 = g.alloc(n_out * 4).unwrap();
+                    for t in 0..n {
+                        g.mv_sub(
+                            rt.kind,
+                            codes.ptr(),
+                            scales.ptr(),
+                            qn.at(t * n_in),
+                            un.at(t * ng * 4),
+                            mn.at(t * nb * 4),
+                            sn.at(t * nb * 4),
+                            y1.ptr(),
+                            n_in,
+                            n_out,
+                            ks,
+                            false,
+                        )
+                        .unwrap();
+                        let one: Vec<f32> = down(g, &y1, n_out);
+                        for o in 0..n_out {
+                            let want = mv_sub_host(
+                                &rt,
+                                &hq[t * n_in..(t + 1) * n_in],
+                                &hu[t * ng..(t + 1) * ng],
+                                &hm[t * nb..(t + 1) * nb],
+                                o,
+                                ks,
+                            );
+                            let v = got[t * n_out + o];
+                            assert_eq!(
+                                v.to_bits(),
+                                one[o].to_bits(),
+                                "{qt:?} [{n_in}x{n_out}] n {n} ks {ks} row {o} t {t}: verify {v} vs one-row {}",
+                                one[o]
+                            );
+                            assert_eq!(
+                                v.to_bits(),
+                                want.to_bits(),
+                                "{qt:?} row {o} t {t}: vs host"
+                            );
+                        }
+                    }
+                }
+            }
             eprintln!(
-                "mv_sub {qt:?} [{n_in}x{n_out}]: == mv_sub_host for K split 1 and 2, accumulate"
+                "mv_sub {qt:?} [{n_in}x{n_out}]: one-row == mv_sub_host (K split 1, 2, accumulate); tensor-core verify rows == one-row rows for n = 5, 8"
             );
         }
     }
