@@ -544,6 +544,133 @@ fn mv_sub_equals_host() {
     }
 }
 
+/// Timing (informational, no assertion on speed): the sub-scale kernels against today's per-32
+/// ones at the 27B shapes, one-row (decode) and 5-row (verify), each over enough copies of the
+/// matrix to stream more than the L2 holds. `SUBTIME` lines: µs per launch.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_sub_timing() {
+    let g = need_gpu!("mv_sub_timing");
+    let mut rng = Rng(79);
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128] {
+        for (name, n_in, n_out) in [
+            ("gdn_in", 5120usize, 16480usize),
+            ("ffn_gate|up", 5120, 34816),
+            ("ffn_down", 17408, 5120),
+            ("ssm_out", 6144, 5120),
+        ] {
+            let rt = retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out);
+            let bytes = rt.codes.len() + 2 * rt.scales.len();
+            let copies = (160usize << 20).div_ceil(bytes).max(1);
+            let mats: Vec<(DevBuf, DevBuf)> = (0..copies)
+                .map(|_| (g.upload(&rt.codes).unwrap(), g.upload(&rt.scales).unwrap()))
+                .collect();
+            let n = 5;
+            let x = rng.vec(n * n_in, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let ge = 128;
+            let (q8, d8, s8) = (
+                g.alloc(n * n_in).unwrap(),
+                g.alloc(n * n_in / 32 * 4).unwrap(),
+                g.alloc(n * n_in / 32 * 4).unwrap(),
+            );
+            g.quant_rows(xb.ptr(), n, n_in, q8.ptr(), d8.ptr(), s8.ptr())
+                .unwrap();
+            let (qs, us, ms, ss) = (
+                g.alloc(n * n_in).unwrap(),
+                g.alloc(n * n_in / ge * 4).unwrap(),
+                g.alloc(n * n_in / 32 * 4).unwrap(),
+                g.alloc(n * n_in / 32 * 4).unwrap(),
+            );
+            g.quant_rows_sub(
+                xb.ptr(),
+                n,
+                n_in,
+                ge,
+                qs.ptr(),
+                us.ptr(),
+                ms.ptr(),
+                ss.ptr(),
+            )
+            .unwrap();
+            let y = g.alloc(n * n_out * 4).unwrap();
+            let time = |f: &dyn Fn(&DevBuf, &DevBuf) -> bonsai_kernels_cuda::Result<()>| -> f64 {
+                let run = || -> bonsai_kernels_cuda::Result<()> {
+                    for (c, sc) in &mats {
+                        f(c, sc)?;
+                    }
+                    Ok(())
+                };
+                run().unwrap();
+                let mut t: Vec<f64> = (0..5).map(|_| g.time_ms(run).unwrap() as f64).collect();
+                t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                t[2] * 1e3 / copies as f64
+            };
+            let plain = |rows: usize| {
+                time(&|c, sc| {
+                    g.mv_lowbit(
+                        rt.kind,
+                        c.ptr(),
+                        sc.ptr(),
+                        q8.ptr(),
+                        d8.ptr(),
+                        s8.ptr(),
+                        y.ptr(),
+                        n_in,
+                        n_out,
+                        rows,
+                        false,
+                    )
+                })
+            };
+            let (p1, p5) = (plain(1), plain(n));
+            let mut line = format!(
+                "SUBTIME {qt:?} {name:<12} [{n_in}x{n_out}] per-32: n=1 {p1:.2} n=5 {p5:.2} us;"
+            );
+            for ks in [1, 2] {
+                let s1 = time(&|c, sc| {
+                    g.mv_sub(
+                        rt.kind,
+                        c.ptr(),
+                        sc.ptr(),
+                        qs.ptr(),
+                        us.ptr(),
+                        ms.ptr(),
+                        ss.ptr(),
+                        y.ptr(),
+                        n_in,
+                        n_out,
+                        ks,
+                        false,
+                    )
+                });
+                let s5 = time(&|c, sc| {
+                    g.mv_sub_rows(
+                        rt.kind,
+                        c.ptr(),
+                        sc.ptr(),
+                        qs.ptr(),
+                        us.ptr(),
+                        ms.ptr(),
+                        y.ptr(),
+                        n_in,
+                        n_out,
+                        n,
+                        ks,
+                        false,
+                    )
+                });
+                line += &format!(
+                    " sub ks{ks}: n=1 {s1:.2} ({:.2}x) n=5 {s5:.2} ({:.2}x)",
+                    s1 / p1,
+                    s5 / p5
+                );
+            }
+            eprintln!("{line}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_lowbit_real_shapes_vs_reference() {
