@@ -23,6 +23,8 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
     constexpr int SPB = KIND == 3 ? 2 : 4;  // sub-blocks per block
     constexpr int NPL = KIND == 3 ? 2 : 1;  // partials per lane
     constexpr int BPC = 8 * NPL;            // blocks per chunk
+    constexpr int CW = SPB * (KIND == 1 ? 1 : 2);  // code words per row and block
+    constexpr int NV = CW / 4;                      // 16-byte loads per row and block
     __shared__ float part[KS > 1 ? MV_WARPS : 1][MVQ_LG][R];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ql = lane & 7, lg = lane >> 3;
     int kp = w % KS;
@@ -31,14 +33,12 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
     bool valid = o0 < n_out;
     int nsb = n_in >> 5, nblk = nsb / SPB, nch = (nblk + BPC - 1) / BPC;
     // per-row base pointers (rows past n_out clamped: loaded, never stored)
-    const u32* cp1[R];
-    const uint2* cp2[R];
+    const uint4* cb4[R];  // the row's code words, NV 16-byte vectors per block
     const u16* sp[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         size_t ro = valid ? (size_t)min(o0 + r, n_out - 1) : 0;
-        cp1[r] = (const u32*)codes + ro * nsb;
-        cp2[r] = (const uint2*)codes + ro * nsb;
+        cb4[r] = (const uint4*)codes + ro * (size_t)nblk * NV;
         sp[r] = scales + ro * nblk;
     }
     float acc[NPL][R];
@@ -53,6 +53,25 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
             const int B = c * BPC + 8 * h + ql;
             if (B < nblk) {
                 const float ub = __ldg(ua + B);
+                // the block's sub-scales and code sums, then its code words per row (16-byte loads)
+                int mv[SPB], sv[SPB];
+                if (SPB == 4) {
+                    const int4 m4 = __ldg((const int4*)ma + B), s4 = __ldg((const int4*)sa + B);
+                    mv[0] = m4.x, mv[1] = m4.y, mv[2 % SPB] = m4.z, mv[3 % SPB] = m4.w;
+                    sv[0] = s4.x, sv[1] = s4.y, sv[2 % SPB] = s4.z, sv[3 % SPB] = s4.w;
+                } else {
+                    const int2 m2 = __ldg((const int2*)ma + B), s2 = __ldg((const int2*)sa + B);
+                    mv[0] = m2.x, mv[1 % SPB] = m2.y;
+                    sv[0] = s2.x, sv[1 % SPB] = s2.y;
+                }
+                u32 cw[R][CW];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int v = 0; v < NV; ++v) {
+                        const uint4 x = __ldg(cb4[r] + (size_t)B * NV + v);
+                        cw[r][4 * v] = x.x, cw[r][4 * v + 1] = x.y, cw[r][4 * v + 2] = x.z, cw[r][4 * v + 3] = x.w;
+                    }
                 int isum[R];
 #pragma unroll
                 for (int r = 0; r < R; ++r) isum[r] = 0;
@@ -62,17 +81,12 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
                     const int4* qa4 = (const int4*)(q + (size_t)j * 32);
                     int4 qa0 = __ldg(qa4), qa1 = __ldg(qa4 + 1);
                     int qa[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-                    const int mj = __ldg(ma + j), sj = __ldg(sa + j);
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
-                        uint2 cw;
-                        if (KIND == 1) {
-                            cw.x = __ldg(cp1[r] + j);
-                            cw.y = 0u;
-                        } else {
-                            cw = __ldg(cp2[r] + j);
-                        }
-                        isum[r] += mj * sub_dot<KIND>(cw, qa, sj);
+                        uint2 w2;
+                        w2.x = cw[r][KIND == 1 ? jj : 2 * jj];
+                        w2.y = KIND == 1 ? 0u : cw[r][(2 * jj + 1) % CW];
+                        isum[r] += mv[jj] * sub_dot<KIND>(w2, qa, sv[jj]);
                     }
                 }
 #pragma unroll
@@ -127,10 +141,13 @@ __device__ __forceinline__ void mvq_lowbit(const void* __restrict__ codes, const
     }
 MVQ_ENTRY(mvq_q1_r4_k1, 1, 4, 1)
 MVQ_ENTRY(mvq_q1_r4_k2, 1, 4, 2)
+MVQ_ENTRY(mvq_q1_r4_k4, 1, 4, 4)
 MVQ_ENTRY(mvq_q2_r4_k1, 2, 4, 1)
 MVQ_ENTRY(mvq_q2_r4_k2, 2, 4, 2)
+MVQ_ENTRY(mvq_q2_r4_k4, 2, 4, 4)
 MVQ_ENTRY(mvq_q2g64_r4_k1, 3, 4, 1)
 MVQ_ENTRY(mvq_q2g64_r4_k2, 3, 4, 2)
+MVQ_ENTRY(mvq_q2g64_r4_k4, 3, 4, 4)
 
 // The tensor-core verify kernel of the same order (n ≤ 8 activation rows; sub_emu::tile_mma):
 // a warp owns one m16 tile of weight rows and all n rows (one n8 tile; columns ≥ n compute on a
@@ -140,6 +157,50 @@ MVQ_ENTRY(mvq_q2g64_r4_k2, 3, 4, 2)
 // (block mod BPC), so a lane holds BPC × 4 partials (32; 64 for g64). Then the partials' tree
 // (((P0 + P1) + (P2 + P3)) + ...) in the lane, the K parts in order. Row t of an n-row launch
 // equals the one-row mvq kernel's value bit for bit.
+// One block's small operands for one lane of mvqt (loaded a block ahead): the activation bytes of
+// column tb per sub-block, the sub-scales of columns t0 / t1, the weight scales and units.
+template <int KIND>
+struct MvqtOps {
+    static constexpr int SPB = KIND == 3 ? 2 : 4;
+    uint2 b[SPB];
+    int m0[SPB], m1[SPB];
+    u16 dwa, dwb;
+    float u0, u1;
+};
+
+template <int KIND>
+__device__ __forceinline__ void mvqt_load_ops(MvqtOps<KIND>& k, int B, const u16* wsa, const u16* wsb,
+                                              const i8* qb, const float* u0, const float* u1, const int* m0,
+                                              const int* m1) {
+    constexpr int SPB = MvqtOps<KIND>::SPB;
+#pragma unroll
+    for (int jj = 0; jj < SPB; ++jj) k.b[jj] = __ldg((const uint2*)(qb + (size_t)(B * SPB + jj) * 32));
+    if (SPB == 4) {
+        const int4 x = __ldg((const int4*)m0 + B), y = __ldg((const int4*)m1 + B);
+        k.m0[0] = x.x, k.m0[1] = x.y, k.m0[2 % SPB] = x.z, k.m0[3 % SPB] = x.w;
+        k.m1[0] = y.x, k.m1[1] = y.y, k.m1[2 % SPB] = y.z, k.m1[3 % SPB] = y.w;
+    } else {
+        const int2 x = __ldg((const int2*)m0 + B), y = __ldg((const int2*)m1 + B);
+        k.m0[0] = x.x, k.m0[1 % SPB] = x.y;
+        k.m1[0] = y.x, k.m1[1 % SPB] = y.y;
+    }
+    k.dwa = __ldg(wsa + B), k.dwb = __ldg(wsb + B);
+    k.u0 = __ldg(u0 + B), k.u1 = __ldg(u1 + B);
+}
+
+#define MVQT_STAGES 8
+
+// The tensor-core verify kernel of the same order (n ≤ 8 activation rows; sub_emu::tile_mma):
+// a warp owns one m16 tile of weight rows and all n rows (one n8 tile; columns ≥ n compute on a
+// clamped row and are not stored), K part w mod KS. Per sub-block one mma.m16n8k32 with C = 0 (A:
+// the signed codes of gemm.cu's q1_plane / q2_plane, B: 8 activation bytes of column g); each lane
+// adds m_j(column) · D to its block's int32 fragment; per block one fma per C value into partial
+// (block mod BPC), so a lane holds BPC × 4 partials (32; 64 for g64). Then the partials' tree
+// (((P0 + P1) + (P2 + P3)) + ...) in the lane, the K parts in order. Row t of an n-row launch
+// equals the one-row mvq kernel's value bit for bit.
+// Streaming: each warp keeps its own MVQT_STAGES-deep ring of code tiles in shared memory (one
+// block's 16 rows × CW words per stage, 16-byte cp.async per lane, one commit group per block),
+// so the loads in flight do not hold registers; the small operands come a block ahead.
 template <int KIND, int KS>
 __device__ __forceinline__ void mvqt_lowbit(const void* __restrict__ codes, const u16* __restrict__ scales,
                                             float* y, int n_out, const i8* __restrict__ q,
@@ -147,73 +208,108 @@ __device__ __forceinline__ void mvqt_lowbit(const void* __restrict__ codes, cons
                                             int n_in, int n, int accumulate) {
     constexpr int SPB = KIND == 3 ? 2 : 4;
     constexpr int BPC = 32 / SPB;
+    constexpr int CW = SPB * (KIND == 1 ? 1 : 2);  // code words per row and block
+    constexpr int NV = CW / 4;                      // 16-byte vectors per row and block
+    constexpr int S = MVQT_STAGES;
     const int G = MV_WARPS / KS;
     __shared__ float part[KS > 1 ? MV_WARPS : 1][16][8];
+    __shared__ __align__(16) u32 ring[MV_WARPS][S][16 * CW];  // [warp][stage][row 16][CW words]
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     int kp = w % KS;
     int o0 = (blockIdx.x * G + w / KS) * 16;
     bool valid = o0 < n_out;
-    PDL_ENTRY();
-    int ra = o0 + g, rb = o0 + g + 8;
     int nsb = n_in >> 5, nblk = nsb / SPB, nch = (nblk + BPC - 1) / BPC;
-    size_t rac = valid ? (size_t)min(ra, n_out - 1) : 0, rbc = valid ? (size_t)min(rb, n_out - 1) : 0;
-    const u32* wa = (const u32*)codes + rac * nsb * (KIND == 1 ? 1 : 2);
-    const u32* wb = (const u32*)codes + rbc * nsb * (KIND == 1 ? 1 : 2);
+    // copy role: lane l moves 16-byte vector l (and l + 32) of a stage's tile: row v / NV, part v % NV
+    const int cv = lane < 16 * NV ? lane : 0;
+    const size_t crow = valid ? (size_t)min(o0 + cv / NV, n_out - 1) : 0;
+    const uint4* csrc = (const uint4*)codes + crow * (size_t)nblk * NV + cv % NV;
+    u32* const wring = &ring[w][0][0];
+    const int ra = o0 + g, rb = o0 + g + 8;
+    const size_t rac = valid ? (size_t)min(ra, n_out - 1) : 0, rbc = valid ? (size_t)min(rb, n_out - 1) : 0;
     const u16* wsa = scales + rac * nblk;
     const u16* wsb = scales + rbc * nblk;
+    PDL_ENTRY();
     int tb = min(g, n - 1), t0 = min(2 * tg, n - 1), t1 = min(2 * tg + 1, n - 1);
     const i8* qb = q + (size_t)tb * n_in + 8 * tg;
     const float* u0 = ua + (size_t)t0 * nblk;
     const float* u1 = ua + (size_t)t1 * nblk;
     const int* m0 = ma + (size_t)t0 * nsb;
     const int* m1 = ma + (size_t)t1 * nsb;
+    // block i of this K part: chunk kp + (i / BPC) · KS, position i mod BPC
+    auto blk = [&](int i) { return (kp + (i / BPC) * KS) * BPC + i % BPC; };
+    auto issue = [&](int i) {
+        const int B = blk(i);
+        if (valid && lane < 16 * NV && B < nblk)
+            cp_async16(wring + (i % S) * (16 * CW) + cv * 4, csrc + (size_t)B * NV);
+        cp_async_commit();
+    };
     float acc[BPC][4];
 #pragma unroll
     for (int p = 0; p < BPC; ++p)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[p][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) issue(s);
+    MvqtOps<KIND> cur;
+    if (valid && kp < nch) mvqt_load_ops<KIND>(cur, kp * BPC, wsa, wsb, qb, u0, u1, m0, m1);
+    int i = 0;
     for (int c = kp; valid && c < nch; c += KS) {
 #pragma unroll
-        for (int p = 0; p < BPC; ++p) {
+        for (int p = 0; p < BPC; ++p, ++i) {
             const int B = c * BPC + p;
+            cp_async_wait<S - 2>();
+            __syncwarp();
+            u32 ca[CW], cb[CW];
+            const u32* st = wring + (i % S) * (16 * CW);
+#pragma unroll
+            for (int v = 0; v < NV; ++v) {
+                const uint4 x = *(const uint4*)(st + g * CW + 4 * v), z = *(const uint4*)(st + (g + 8) * CW + 4 * v);
+                ca[4 * v] = x.x, ca[4 * v + 1] = x.y, ca[4 * v + 2] = x.z, ca[4 * v + 3] = x.w;
+                cb[4 * v] = z.x, cb[4 * v + 1] = z.y, cb[4 * v + 2] = z.z, cb[4 * v + 3] = z.w;
+            }
+            __syncwarp();
+            issue(i + S - 1);
+            // the next block of this K part: B + 1 within the chunk, else the next chunk's first
+            const int Bn = p + 1 < BPC ? B + 1 : (c + KS) * BPC;
+            MvqtOps<KIND> nxt;
+            if (Bn < nblk) mvqt_load_ops<KIND>(nxt, Bn, wsa, wsb, qb, u0, u1, m0, m1);
             if (B < nblk) {
-                int cb[4] = {0, 0, 0, 0};
+                int cbv[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int jj = 0; jj < SPB; ++jj) {
-                    const int j = B * SPB + jj;
                     u32 a0, a1, a2, a3;
                     if (KIND == 1) {
-                        u32 xa = __ldg(wa + j), xb = __ldg(wb + j);
+                        const u32 xa = ca[jj], xb = cb[jj];
                         a0 = q1_plane(xa, 2 * tg);
                         a1 = q1_plane(xb, 2 * tg);
                         a2 = q1_plane(xa, 2 * tg + 1);
                         a3 = q1_plane(xb, 2 * tg + 1);
                     } else {
-                        u32 xa = __ldg(wa + 2 * j + (tg >> 1)), xb = __ldg(wb + 2 * j + (tg >> 1));
-                        int f = 2 * (tg & 1);
+                        const u32 xa = (tg & 2) ? ca[2 * jj + 1] : ca[2 * jj];
+                        const u32 xb = (tg & 2) ? cb[2 * jj + 1] : cb[2 * jj];
+                        const int f = 2 * (tg & 1);
                         a0 = q2_plane(xa, f);
                         a1 = q2_plane(xb, f);
                         a2 = q2_plane(xa, f + 1);
                         a3 = q2_plane(xb, f + 1);
                     }
-                    uint2 b = __ldg((const uint2*)(qb + (size_t)j * 32));
                     int d[4];
-                    mma_s8_c(d, a0, a1, a2, a3, b.x, b.y, 0, 0);
-                    const int mj0 = __ldg(m0 + j), mj1 = __ldg(m1 + j);
-                    cb[0] += mj0 * d[0];
-                    cb[1] += mj1 * d[1];
-                    cb[2] += mj0 * d[2];
-                    cb[3] += mj1 * d[3];
+                    mma_s8_c(d, a0, a1, a2, a3, cur.b[jj].x, cur.b[jj].y, 0, 0);
+                    cbv[0] += cur.m0[jj] * d[0];
+                    cbv[1] += cur.m1[jj] * d[1];
+                    cbv[2] += cur.m0[jj] * d[2];
+                    cbv[3] += cur.m1[jj] * d[3];
                 }
-                const float dwa = h2f(__ldg(wsa + B)), dwb = h2f(__ldg(wsb + B));
-                const float ub0 = __ldg(u0 + B), ub1 = __ldg(u1 + B);
-                acc[p][0] = fmaf(__fmul_rn(dwa, ub0), (float)cb[0], acc[p][0]);
-                acc[p][1] = fmaf(__fmul_rn(dwa, ub1), (float)cb[1], acc[p][1]);
-                acc[p][2] = fmaf(__fmul_rn(dwb, ub0), (float)cb[2], acc[p][2]);
-                acc[p][3] = fmaf(__fmul_rn(dwb, ub1), (float)cb[3], acc[p][3]);
+                const float dwa = h2f(cur.dwa), dwb = h2f(cur.dwb);
+                acc[p][0] = fmaf(__fmul_rn(dwa, cur.u0), (float)cbv[0], acc[p][0]);
+                acc[p][1] = fmaf(__fmul_rn(dwa, cur.u1), (float)cbv[1], acc[p][1]);
+                acc[p][2] = fmaf(__fmul_rn(dwb, cur.u0), (float)cbv[2], acc[p][2]);
+                acc[p][3] = fmaf(__fmul_rn(dwb, cur.u1), (float)cbv[3], acc[p][3]);
             }
+            cur = nxt;
         }
     }
+    cp_async_wait<0>();
     // the partials' tree: level w adds x[p + w] into x[p] (the butterfly's x[0])
     float v[4];
 #pragma unroll
@@ -266,7 +362,10 @@ __device__ __forceinline__ void mvqt_lowbit(const void* __restrict__ codes, cons
     }
 MVQT_ENTRY(mvqt_q1_k1, 1, 1)
 MVQT_ENTRY(mvqt_q1_k2, 1, 2)
+MVQT_ENTRY(mvqt_q1_k4, 1, 4)
 MVQT_ENTRY(mvqt_q2_k1, 2, 1)
 MVQT_ENTRY(mvqt_q2_k2, 2, 2)
+MVQT_ENTRY(mvqt_q2_k4, 2, 4)
 MVQT_ENTRY(mvqt_q2g64_k1, 3, 1)
 MVQT_ENTRY(mvqt_q2g64_k2, 3, 2)
+MVQT_ENTRY(mvqt_q2g64_k4, 3, 4)

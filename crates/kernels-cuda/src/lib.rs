@@ -1133,16 +1133,22 @@ kernels!(
     pdl: [
         mvq_q1_r4_k1,
         mvq_q1_r4_k2,
+        mvq_q1_r4_k4,
         mvq_q2_r4_k1,
         mvq_q2_r4_k2,
+        mvq_q2_r4_k4,
         mvq_q2g64_r4_k1,
         mvq_q2g64_r4_k2,
+        mvq_q2g64_r4_k4,
         mvqt_q1_k1,
         mvqt_q1_k2,
+        mvqt_q1_k4,
         mvqt_q2_k1,
         mvqt_q2_k2,
+        mvqt_q2_k4,
         mvqt_q2g64_k1,
         mvqt_q2g64_k2,
+        mvqt_q2g64_k4,
         quant_rows,
         quant_rows_sub,
         rmsnorm_quant,
@@ -2125,7 +2131,7 @@ impl Gpu {
 
     /// One activation row in the sub-scale format (`q` [n_in], `u` [n_in / block], `m` / `s`
     /// [n_in / 32]) times a re-tiled low-bit matrix: `y[o] (+)= Σ_B dw·u · Σ_j m_j · isum_j` in
-    /// the float order of [`mv_sub_host`], bit for bit, K split `ks` (1 or 2). Not used by the
+    /// the float order of [`mv_sub_host`], bit for bit, K split `ks` (1, 2 or 4). Not used by the
     /// engine yet (the integer sub-scale design, `src/sub_emu.rs`).
     #[allow(clippy::too_many_arguments)]
     pub fn mv_sub(
@@ -2143,16 +2149,24 @@ impl Gpu {
         ks: usize,
         accumulate: bool,
     ) -> Result<()> {
+        if (codes | m | s) % 16 != 0 {
+            return Err(CudaError(
+                "mv_sub: codes, m and s must be 16-byte aligned".into(),
+            ));
+        }
         let f = match (kind, ks) {
             (WKind::Q1, 1) => self.f.mvq_q1_r4_k1,
             (WKind::Q1, 2) => self.f.mvq_q1_r4_k2,
+            (WKind::Q1, 4) => self.f.mvq_q1_r4_k4,
             (WKind::Q2, 1) => self.f.mvq_q2_r4_k1,
             (WKind::Q2, 2) => self.f.mvq_q2_r4_k2,
+            (WKind::Q2, 4) => self.f.mvq_q2_r4_k4,
             (WKind::Q2G64, 1) => self.f.mvq_q2g64_r4_k1,
             (WKind::Q2G64, 2) => self.f.mvq_q2g64_r4_k2,
+            (WKind::Q2G64, 4) => self.f.mvq_q2g64_r4_k4,
             _ => {
                 return Err(CudaError(format!(
-                    "mv_sub: {kind:?} with K split {ks} (low-bit kinds, 1 or 2)"
+                    "mv_sub: {kind:?} with K split {ks} (low-bit kinds, 1, 2 or 4)"
                 )))
             }
         };
@@ -2179,7 +2193,7 @@ impl Gpu {
     /// `n` ≤ 8 activation rows in the sub-scale format (`q` [n, n_in], `u` [n, n_in / block], `m`
     /// [n, n_in / 32]) times a re-tiled low-bit matrix on the int8 tensor cores (`mvqt_*`), `y`
     /// [n, n_out]: row t equals [`Self::mv_sub`] on activation row t bit for bit (the float order of
-    /// [`mv_sub_host`]), K split `ks` (1 or 2). Not used by the engine yet.
+    /// [`mv_sub_host`]), K split `ks` (1, 2 or 4). Not used by the engine yet.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_sub_rows(
         &self,
@@ -2199,16 +2213,25 @@ impl Gpu {
         if n == 0 || n > MAX_ROWS {
             return Err(CudaError(format!("mv_sub_rows: n = {n} (1..={MAX_ROWS})")));
         }
+        // 16-byte code and sub-scale loads (a block's code words, m of 4 sub-blocks)
+        if (codes | m) % 16 != 0 {
+            return Err(CudaError(
+                "mv_sub_rows: codes and m must be 16-byte aligned".into(),
+            ));
+        }
         let f = match (kind, ks) {
             (WKind::Q1, 1) => self.f.mvqt_q1_k1,
             (WKind::Q1, 2) => self.f.mvqt_q1_k2,
+            (WKind::Q1, 4) => self.f.mvqt_q1_k4,
             (WKind::Q2, 1) => self.f.mvqt_q2_k1,
             (WKind::Q2, 2) => self.f.mvqt_q2_k2,
+            (WKind::Q2, 4) => self.f.mvqt_q2_k4,
             (WKind::Q2G64, 1) => self.f.mvqt_q2g64_k1,
             (WKind::Q2G64, 2) => self.f.mvqt_q2g64_k2,
+            (WKind::Q2G64, 4) => self.f.mvqt_q2g64_k4,
             _ => {
                 return Err(CudaError(format!(
-                    "mv_sub_rows: {kind:?} with K split {ks} (low-bit kinds, 1 or 2)"
+                    "mv_sub_rows: {kind:?} with K split {ks} (low-bit kinds, 1, 2 or 4)"
                 )))
             }
         };

@@ -398,7 +398,7 @@ fn mv_sub_equals_host() {
             let (hq, hu, hm, _) = host_quant_sub(&x, n_in, ge);
             assert_eq!(down::<i8>(g, &q, n_in), hq, "{qt:?}: codes");
             let (codes, scales) = (g.upload(&rt.codes).unwrap(), g.upload(&rt.scales).unwrap());
-            for ks in [1, 2] {
+            for ks in [1, 2, 4] {
                 let y = g.upload(&vec![f32::NAN; n_out]).unwrap();
                 g.mv_sub(
                     rt.kind,
@@ -476,7 +476,7 @@ fn mv_sub_equals_host() {
                 .unwrap();
                 let (hq, hu, hm, _) = host_quant_sub(&xs, n_in, ge);
                 let (nb, ng) = (n_in / 32, n_in / ge);
-                for ks in [1, 2] {
+                for ks in [1, 2, 4] {
                     let y = g.upload(&vec![f32::NAN; n * n_out]).unwrap();
                     g.mv_sub_rows(
                         rt.kind,
@@ -538,7 +538,7 @@ fn mv_sub_equals_host() {
                 }
             }
             eprintln!(
-                "mv_sub {qt:?} [{n_in}x{n_out}]: one-row == mv_sub_host (K split 1, 2, accumulate); tensor-core verify rows == one-row rows for n = 5, 8"
+                "mv_sub {qt:?} [{n_in}x{n_out}]: one-row == mv_sub_host (K split 1, 2, 4, accumulate); tensor-core verify rows == one-row rows for n = 5, 8 (K split 1, 2, 4)"
             );
         }
     }
@@ -627,7 +627,7 @@ fn mv_sub_timing() {
             let mut line = format!(
                 "SUBTIME {qt:?} {name:<12} [{n_in}x{n_out}] per-32: n=1 {p1:.2} n=5 {p5:.2} us;"
             );
-            for ks in [1, 2] {
+            for ks in [1, 2, 4] {
                 let s1 = time(&|c, sc| {
                     g.mv_sub(
                         rt.kind,
