@@ -106,6 +106,7 @@ def main() -> None:
     lines += verify_section()
     lines += blk_section()
     lines += decode_ab_section()
+    lines += subscale_section()
     (R / "cuda-27b.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(head + lines))
 
@@ -548,6 +549,15 @@ def decode_ab_section() -> list[str]:
             "(`BONSAI_CUDA_MV_LONG_R=8 BONSAI_CUDA_MVS_MIN_ROWS=40000`; Q1_0's default already)",
         ),
         (
+            "mv_l2pre",
+            "without",
+            "with the pre-wait L2 prefetch",
+            "The one-row mat-vecs asking the L2 for their weight rows before the PDL wait "
+            "(`cp.async.bulk.prefetch.L2`; branch `wip/l2pre`, not merged; the round cost with it: "
+            "`cuda-spec-l2pre-27b-*.json`)",
+            "cuda-l2pre-27b",
+        ),
+        (
             "mv_long_plain_r4",
             "with the defaults",
             "with the long launches plain at 4 rows per warp",
@@ -583,6 +593,46 @@ def blk_section() -> list[str]:
                 f"{c['n1_best']} {c[c['n1_best']]:.2f} | {c['n5_default_us']:.2f} | "
                 f"{c['n5_best']} {c[c['n5_best']]:.2f} |"
             )
+    return out
+
+
+def subscale_section() -> list[str]:
+    """The integer sub-scale kernels (not used by the engine yet) against the per-32 mat-vecs."""
+    d = load("cuda-subscale-27b.json")
+    if not d:
+        return []
+
+    def best(r: dict, n: str) -> tuple[str, float]:
+        k = min(r["sub"], key=lambda k: r["sub"][k][n])
+        return k, r["sub"][k][n]
+
+    kept = next(v for v in d["variants"] if v["kept"])
+    out = [
+        "",
+        f"The integer sub-scale mat-vecs ({kept['commit']}; not used by the engine yet) against the "
+        "per-32 ones, µs per launch past the L2, best K split (`cuda-subscale-27b.json`, "
+        "`gpu_kernels::mv_sub_timing`):",
+        "",
+        "| weights | matrix | per-32 n=1 | sub one-row n=1 | per-32 n=5 | sub tensor-core n=5 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in kept["rows"]:
+        k1, t1 = best(r, "n1_us")
+        k5, t5 = best(r, "n5_us")
+        out.append(
+            f"| {r['weights']} | {esc(r['matrix'])} | {r['per32_n1_us']:.2f} | {t1:.2f} ({k1}) | "
+            f"{r['per32_n5_us']:.2f} | {t5:.2f} ({k5}) |"
+        )
+    out += [
+        "",
+        "Sum of the eight best n=5 times per variant (per-32: "
+        f"{sum(r['per32_n5_us'] for r in kept['rows']):.1f} µs; per-32 n=1: "
+        f"{sum(r['per32_n1_us'] for r in kept['rows']):.1f} µs):",
+        "",
+    ]
+    for v in d["variants"]:
+        tot = sum(best(r, "n5_us")[1] for r in v["rows"])
+        out.append(f"- {v['name']} ({v['commit']}): {tot:.1f} µs — {v['what']}")
     return out
 
 
