@@ -633,6 +633,28 @@ def subscale_section() -> list[str]:
     for v in d["variants"]:
         tot = sum(best(r, "n5_us")[1] for r in v["rows"])
         out.append(f"- {v['name']} ({v['commit']}): {tot:.1f} µs — {v['what']}")
+    x = d.get("variants_x")
+    if x:
+        same = x["same_run"]
+        p1 = sum(r["per32_n1_us"] for r in same)
+        p5 = sum(r["per32_n5_us"] for r in same)
+        qt = sum(min(r["mvqt_n5_us"].values()) for r in same)
+        out += [
+            "",
+            "Experimental verify variants `mvqx_*` (same bits; one later device call, sum of the best K split "
+            f"per launch; that call's per-32 n=1 {p1:.1f}, per-32 n=5 {p5:.1f}, mvqt {qt:.1f} µs):",
+            "",
+        ]
+        for key, what in (
+            ("u0t1", "whole chunks, constant ring stages, ping-pong operands"),
+            ("u1t1", "the same with unsigned A and the code-sum correction"),
+            ("u0t2", "two m16 tiles per warp sharing the activation-side loads"),
+            ("u1t2", "two tiles and unsigned A"),
+        ):
+            tot = sum(min(v for k, v in r["n5_us"].items() if k.startswith(key)) for r in x["rows"])
+            out.append(f"- {key}: {tot:.1f} µs — {what}")
+        tot = sum(min(r["n5_us"].values()) for r in x["rows"])
+        out.append(f"- best variant per launch: {tot:.1f} µs")
     return out
 
 

@@ -369,3 +369,257 @@ MVQT_ENTRY(mvqt_q2_k4, 2, 4)
 MVQT_ENTRY(mvqt_q2g64_k1, 3, 1)
 MVQT_ENTRY(mvqt_q2g64_k2, 3, 2)
 MVQT_ENTRY(mvqt_q2g64_k4, 3, 4)
+
+// ---- experimental verify variants (`mvqx_*`, timing only: gpu_kernels::mv_sub_timing) ----------
+// The same float order and bits as mvqt (the tests check every row against the one-row kernel),
+// built to find what limits mvqt: UA = 1 takes the unsigned code as the A operand (bit / field)
+// and corrects with the code sums (isum_j = 2·D − s_j for Q1, D − s_j for Q2: the same integer);
+// TL = 2 gives a warp two m16 tiles (32 rows) that share every activation-side load. Both need
+// whole chunks (n_in a multiple of 1,024), so no block is ragged: the chunk loop is unrolled with
+// constant stage indices, the operands of the next block come a block ahead into a ping-pong pair.
+template <int KIND, int TL>
+struct MvqxOps {
+    static constexpr int SPB = KIND == 3 ? 2 : 4;
+    uint2 b[SPB];
+    int m0[SPB], m1[SPB], s0[SPB], s1[SPB];
+    float u0, u1;
+    u16 dw[TL][2];
+};
+
+template <int KIND, int KS, int UA, int TL>
+__device__ __forceinline__ void mvqx_lowbit(const void* __restrict__ codes, const u16* __restrict__ scales,
+                                            float* y, int n_out, const i8* __restrict__ q,
+                                            const float* __restrict__ ua, const int* __restrict__ ma,
+                                            const int* __restrict__ sa, int n_in, int n, int accumulate) {
+    constexpr int SPB = KIND == 3 ? 2 : 4;
+    constexpr int BPC = 32 / SPB;
+    constexpr int CW = SPB * (KIND == 1 ? 1 : 2);  // code words per row and block
+    constexpr int NV = CW / 4;                      // 16-byte vectors per row and block
+    constexpr int S = 8;
+    constexpr int TR = 16 * TL;                     // rows per warp
+    constexpr int CPL = (TR * NV + 31) / 32;        // 16-byte copies per lane and stage
+    static_assert(BPC % S == 0, "a chunk is a whole number of ring turns");
+    const int G = MV_WARPS / KS;
+    __shared__ float part[KS > 1 ? MV_WARPS : 1][TR][8];
+    __shared__ __align__(16) u32 ring[MV_WARPS][S][TR * CW];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int kp = w % KS;
+    const int o0 = (blockIdx.x * G + w / KS) * TR;
+    const bool valid = o0 < n_out;
+    const int nsb = n_in >> 5, nblk = nsb / SPB, nch = nblk / BPC;
+    const uint4* csrc[CPL];
+    bool cok[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int v = lane + 32 * i;
+        cok[i] = valid && v < TR * NV;
+        const size_t row = valid ? (size_t)min(o0 + (cok[i] ? v : 0) / NV, n_out - 1) : 0;
+        csrc[i] = (const uint4*)codes + row * (size_t)nblk * NV + (cok[i] ? v : 0) % NV;
+    }
+    u32* const wring = &ring[w][0][0];
+    const int wofs = KIND == 1 ? 0 : (tg >> 1);  // Q2: the lane's word of a sub-block's pair
+    const u16* ws[TL][2];
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+            ws[tt][hh] = scales + (valid ? (size_t)min(o0 + 16 * tt + 8 * hh + g, n_out - 1) : 0) * nblk;
+    PDL_ENTRY();
+    const int tb = min(g, n - 1), t0 = min(2 * tg, n - 1), t1 = min(2 * tg + 1, n - 1);
+    const i8* qb = q + (size_t)tb * n_in + 8 * tg;
+    const float* u0 = ua + (size_t)t0 * nblk;
+    const float* u1 = ua + (size_t)t1 * nblk;
+    const int* m0 = ma + (size_t)t0 * nsb;
+    const int* m1 = ma + (size_t)t1 * nsb;
+    const int* s0 = sa + (size_t)t0 * nsb;
+    const int* s1 = sa + (size_t)t1 * nsb;
+    auto load_ops = [&](MvqxOps<KIND, TL>& k, int B) {
+#pragma unroll
+        for (int jj = 0; jj < SPB; ++jj) k.b[jj] = __ldg((const uint2*)(qb + (size_t)(B * SPB + jj) * 32));
+        if (SPB == 4) {
+            const int4 x = __ldg((const int4*)m0 + B), z = __ldg((const int4*)m1 + B);
+            k.m0[0] = x.x, k.m0[1] = x.y, k.m0[2 % SPB] = x.z, k.m0[3 % SPB] = x.w;
+            k.m1[0] = z.x, k.m1[1] = z.y, k.m1[2 % SPB] = z.z, k.m1[3 % SPB] = z.w;
+            if (UA) {
+                const int4 a = __ldg((const int4*)s0 + B), c = __ldg((const int4*)s1 + B);
+                k.s0[0] = a.x, k.s0[1] = a.y, k.s0[2 % SPB] = a.z, k.s0[3 % SPB] = a.w;
+                k.s1[0] = c.x, k.s1[1] = c.y, k.s1[2 % SPB] = c.z, k.s1[3 % SPB] = c.w;
+            }
+        } else {
+            const int2 x = __ldg((const int2*)m0 + B), z = __ldg((const int2*)m1 + B);
+            k.m0[0] = x.x, k.m0[1 % SPB] = x.y;
+            k.m1[0] = z.x, k.m1[1 % SPB] = z.y;
+            if (UA) {
+                const int2 a = __ldg((const int2*)s0 + B), c = __ldg((const int2*)s1 + B);
+                k.s0[0] = a.x, k.s0[1 % SPB] = a.y;
+                k.s1[0] = c.x, k.s1[1 % SPB] = c.y;
+            }
+        }
+        k.u0 = __ldg(u0 + B), k.u1 = __ldg(u1 + B);
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) k.dw[tt][hh] = __ldg(ws[tt][hh] + B);
+    };
+    float acc[TL][BPC][4];
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+        for (int p = 0; p < BPC; ++p)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[tt][p][e] = 0.f;
+    const bool any = valid && kp < nch;
+#pragma unroll
+    for (int p = 0; p < S - 1; ++p) {
+#pragma unroll
+        for (int i = 0; i < CPL; ++i)
+            if (cok[i] && kp < nch)
+                cp_async16(wring + p * (TR * CW) + (lane + 32 * i) * 4, csrc[i] + (size_t)(kp * BPC + p) * NV);
+        cp_async_commit();
+    }
+    MvqxOps<KIND, TL> ops[2];
+    if (any) load_ops(ops[0], kp * BPC);
+    for (int c = kp; any && c < nch; c += KS) {
+        const int cb0 = c * BPC;
+        const bool more = c + KS < nch;
+        const int cn = more ? c + KS : c;
+#pragma unroll
+        for (int p = 0; p < BPC; ++p) {
+            MvqxOps<KIND, TL>& cur = ops[p & 1];
+            MvqxOps<KIND, TL>& nxt = ops[(p + 1) & 1];
+            cp_async_wait<S - 2>();
+            __syncwarp();
+            u32 wd[TL][2][SPB];
+            const u32* st = wring + (p % S) * (TR * CW) + wofs;
+#pragma unroll
+            for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int jj = 0; jj < SPB; ++jj) wd[tt][hh][jj] = st[(16 * tt + 8 * hh + g) * CW + jj * (CW / SPB)];
+            __syncwarp();
+            {
+                const int pn = p + S - 1;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i)
+                    if (cok[i] && (pn < BPC || more))
+                        cp_async16(wring + (pn % S) * (TR * CW) + (lane + 32 * i) * 4,
+                                   csrc[i] + (size_t)(pn < BPC ? cb0 + pn : cn * BPC + (pn - BPC)) * NV);
+                cp_async_commit();
+            }
+            load_ops(nxt, p + 1 < BPC ? cb0 + p + 1 : cn * BPC);
+            int y0 = 0, y1 = 0;  // UA: Σ_j m_j s_j of columns t0, t1
+            if (UA) {
+#pragma unroll
+                for (int jj = 0; jj < SPB; ++jj) {
+                    y0 += cur.m0[jj] * cur.s0[jj];
+                    y1 += cur.m1[jj] * cur.s1[jj];
+                }
+            }
+#pragma unroll
+            for (int tt = 0; tt < TL; ++tt) {
+                int x[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int jj = 0; jj < SPB; ++jj) {
+                    const u32 xa = wd[tt][0][jj], xb = wd[tt][1][jj];
+                    u32 a0, a1, a2, a3;
+                    if (UA) {
+                        const u32 mk = KIND == 1 ? 0x01010101u : 0x03030303u;
+                        const int sh = KIND == 1 ? 2 * tg : 4 * (tg & 1), st2 = KIND == 1 ? 1 : 2;
+                        const u32 ya = xa >> sh, yb = xb >> sh;
+                        a0 = ya & mk, a1 = yb & mk, a2 = (ya >> st2) & mk, a3 = (yb >> st2) & mk;
+                    } else if (KIND == 1) {
+                        a0 = q1_plane(xa, 2 * tg), a1 = q1_plane(xb, 2 * tg);
+                        a2 = q1_plane(xa, 2 * tg + 1), a3 = q1_plane(xb, 2 * tg + 1);
+                    } else {
+                        const int f = 2 * (tg & 1);
+                        a0 = q2_plane(xa, f), a1 = q2_plane(xb, f);
+                        a2 = q2_plane(xa, f + 1), a3 = q2_plane(xb, f + 1);
+                    }
+                    int d[4];
+                    mma_s8_c(d, a0, a1, a2, a3, cur.b[jj].x, cur.b[jj].y, 0, 0);
+                    x[0] += cur.m0[jj] * d[0];
+                    x[1] += cur.m1[jj] * d[1];
+                    x[2] += cur.m0[jj] * d[2];
+                    x[3] += cur.m1[jj] * d[3];
+                }
+                const int f2 = UA && KIND == 1 ? 2 : 1;
+                const int c0 = f2 * x[0] - y0, c1 = f2 * x[1] - y1, c2 = f2 * x[2] - y0, c3 = f2 * x[3] - y1;
+                const float dwa = h2f(cur.dw[tt][0]), dwb = h2f(cur.dw[tt][1]);
+                acc[tt][p][0] = fmaf(__fmul_rn(dwa, cur.u0), (float)c0, acc[tt][p][0]);
+                acc[tt][p][1] = fmaf(__fmul_rn(dwa, cur.u1), (float)c1, acc[tt][p][1]);
+                acc[tt][p][2] = fmaf(__fmul_rn(dwb, cur.u0), (float)c2, acc[tt][p][2]);
+                acc[tt][p][3] = fmaf(__fmul_rn(dwb, cur.u1), (float)c3, acc[tt][p][3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    // per tile the partials' tree, then the K parts in order (as mvqt)
+    float v[TL][4];
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float xx[BPC];
+#pragma unroll
+            for (int p = 0; p < BPC; ++p) xx[p] = acc[tt][p][e];
+#pragma unroll
+            for (int lw = 1; lw < BPC; lw <<= 1)
+#pragma unroll
+                for (int p = 0; p < BPC; p += 2 * lw) xx[p] = xx[p] + xx[p + lw];
+            v[tt][e] = xx[0];
+        }
+    if (KS == 1) {
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int o = o0 + 16 * tt + g + (e < 2 ? 0 : 8), t = 2 * tg + (e & 1);
+                if (valid && o < n_out && t < n) {
+                    float* yp = y + (size_t)t * n_out + o;
+                    *yp = accumulate ? *yp + v[tt][e] : v[tt][e];
+                }
+            }
+        return;
+    }
+#pragma unroll
+    for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[w][16 * tt + g + (e < 2 ? 0 : 8)][2 * tg + (e & 1)] = v[tt][e];
+    __syncthreads();
+    if (valid && kp == 0) {
+#pragma unroll
+        for (int tt = 0; tt < TL; ++tt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int rr = 16 * tt + g + (e < 2 ? 0 : 8), t = 2 * tg + (e & 1), o = o0 + rr;
+                if (o < n_out && t < n) {
+                    float xo = part[w][rr][t];
+#pragma unroll
+                    for (int k2 = 1; k2 < KS; ++k2) xo += part[w + k2][rr][t];
+                    float* yp = y + (size_t)t * n_out + o;
+                    *yp = accumulate ? *yp + xo : xo;
+                }
+            }
+    }
+}
+
+// as MVQT_ENTRY plus s [n, n_in / 32]; grid ceil(n_out / (16·TL · MV_WARPS / KS))
+#define MVQX_ENTRY(NAME, KIND, KS, UA, TL)                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) NAME(                                 \
+        const void* codes, const u16* scales, float* y, int n_out, const i8* q, const float* u,       \
+        const int* m, const int* s, int n_in, int n, int accumulate) {                                \
+        mvqx_lowbit<KIND, KS, UA, TL>(codes, scales, y, n_out, q, u, m, s, n_in, n, accumulate);      \
+    }
+#define MVQX_KS(K, KIND, UA, TL)                                  \
+    MVQX_ENTRY(mvqx_##K##_u##UA##t##TL##_k1, KIND, 1, UA, TL)     \
+    MVQX_ENTRY(mvqx_##K##_u##UA##t##TL##_k2, KIND, 2, UA, TL)     \
+    MVQX_ENTRY(mvqx_##K##_u##UA##t##TL##_k4, KIND, 4, UA, TL)
+MVQX_KS(q1, 1, 0, 1)
+MVQX_KS(q1, 1, 1, 1)
+MVQX_KS(q1, 1, 0, 2)
+MVQX_KS(q1, 1, 1, 2)
+MVQX_KS(q2, 2, 0, 1)
+MVQX_KS(q2, 2, 1, 1)
+MVQX_KS(q2, 2, 0, 2)
+MVQX_KS(q2, 2, 1, 2)

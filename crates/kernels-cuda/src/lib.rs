@@ -1149,6 +1149,30 @@ kernels!(
         mvqt_q2g64_k1,
         mvqt_q2g64_k2,
         mvqt_q2g64_k4,
+        mvqx_q1_u0t1_k1,
+        mvqx_q1_u0t1_k2,
+        mvqx_q1_u0t1_k4,
+        mvqx_q1_u1t1_k1,
+        mvqx_q1_u1t1_k2,
+        mvqx_q1_u1t1_k4,
+        mvqx_q1_u0t2_k1,
+        mvqx_q1_u0t2_k2,
+        mvqx_q1_u0t2_k4,
+        mvqx_q1_u1t2_k1,
+        mvqx_q1_u1t2_k2,
+        mvqx_q1_u1t2_k4,
+        mvqx_q2_u0t1_k1,
+        mvqx_q2_u0t1_k2,
+        mvqx_q2_u0t1_k4,
+        mvqx_q2_u1t1_k1,
+        mvqx_q2_u1t1_k2,
+        mvqx_q2_u1t1_k4,
+        mvqx_q2_u0t2_k1,
+        mvqx_q2_u0t2_k2,
+        mvqx_q2_u0t2_k4,
+        mvqx_q2_u1t2_k1,
+        mvqx_q2_u1t2_k2,
+        mvqx_q2_u1t2_k4,
         quant_rows,
         quant_rows_sub,
         rmsnorm_quant,
@@ -2129,8 +2153,8 @@ impl Gpu {
         )
     }
 
-    /// One activation row in the sub-scale format (`q` [n_in], `u` [n_in / block], `m` / `s`
-    /// [n_in / 32]) times a re-tiled low-bit matrix: `y[o] (+)= Σ_B dw·u · Σ_j m_j · isum_j` in
+    /// One activation row in the sub-scale format (`q` `[n_in]`, `u` `[n_in / block]`, `m` / `s`
+    /// `[n_in / 32]`) times a re-tiled low-bit matrix: `y[o] (+)= Σ_B dw·u · Σ_j m_j · isum_j` in
     /// the float order of [`mv_sub_host`], bit for bit, K split `ks` (1, 2 or 4). Not used by the
     /// engine yet (the integer sub-scale design, `src/sub_emu.rs`).
     #[allow(clippy::too_many_arguments)]
@@ -2190,9 +2214,9 @@ impl Gpu {
         )
     }
 
-    /// `n` ≤ 8 activation rows in the sub-scale format (`q` [n, n_in], `u` [n, n_in / block], `m`
-    /// [n, n_in / 32]) times a re-tiled low-bit matrix on the int8 tensor cores (`mvqt_*`), `y`
-    /// [n, n_out]: row t equals [`Self::mv_sub`] on activation row t bit for bit (the float order of
+    /// `n` ≤ 8 activation rows in the sub-scale format (`q` `[n, n_in]`, `u` `[n, n_in / block]`,
+    /// `m` `[n, n_in / 32]`) times a re-tiled low-bit matrix on the int8 tensor cores (`mvqt_*`),
+    /// `y` `[n, n_out]`: row t equals [`Self::mv_sub`] on activation row t bit for bit (the float order of
     /// [`mv_sub_host`]), K split `ks` (1, 2 or 4). Not used by the engine yet.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_sub_rows(
@@ -2247,6 +2271,90 @@ impl Gpu {
                 Arg::P(q),
                 Arg::P(u),
                 Arg::P(m),
+                Arg::I(n_in as i32),
+                Arg::I(n as i32),
+                Arg::I(accumulate as i32),
+            ],
+        )
+    }
+
+    /// Experimental verify variants of [`Self::mv_sub_rows`] (`mvqx_*`, for the timing test): `ua`
+    /// takes the unsigned code as the A operand with the code-sum correction (needs `s`), `tl` m16
+    /// tiles per warp (1 or 2). The same bits as `mv_sub_rows`; Q1_0 and Q2_0 (g128) only, n_in a
+    /// multiple of 1,024.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_sub_rows_x(
+        &self,
+        kind: WKind,
+        (ua, tl): (bool, usize),
+        codes: u64,
+        scales: u64,
+        q: u64,
+        u: u64,
+        m: u64,
+        s: u64,
+        y: u64,
+        n_in: usize,
+        n_out: usize,
+        n: usize,
+        ks: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if n == 0 || n > MAX_ROWS || n_in % 1024 != 0 || (codes | m | s) % 16 != 0 {
+            return Err(CudaError(format!(
+                "mv_sub_rows_x: n = {n}, n_in = {n_in} (a multiple of 1,024), 16-byte aligned codes / m / s"
+            )));
+        }
+        let f = &self.f;
+        let table = match kind {
+            WKind::Q1 => [
+                [f.mvqx_q1_u0t1_k1, f.mvqx_q1_u0t1_k2, f.mvqx_q1_u0t1_k4],
+                [f.mvqx_q1_u1t1_k1, f.mvqx_q1_u1t1_k2, f.mvqx_q1_u1t1_k4],
+                [f.mvqx_q1_u0t2_k1, f.mvqx_q1_u0t2_k2, f.mvqx_q1_u0t2_k4],
+                [f.mvqx_q1_u1t2_k1, f.mvqx_q1_u1t2_k2, f.mvqx_q1_u1t2_k4],
+            ],
+            WKind::Q2 => [
+                [f.mvqx_q2_u0t1_k1, f.mvqx_q2_u0t1_k2, f.mvqx_q2_u0t1_k4],
+                [f.mvqx_q2_u1t1_k1, f.mvqx_q2_u1t1_k2, f.mvqx_q2_u1t1_k4],
+                [f.mvqx_q2_u0t2_k1, f.mvqx_q2_u0t2_k2, f.mvqx_q2_u0t2_k4],
+                [f.mvqx_q2_u1t2_k1, f.mvqx_q2_u1t2_k2, f.mvqx_q2_u1t2_k4],
+            ],
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_sub_rows_x: {kind:?} (Q1_0, Q2_0 only)"
+                )))
+            }
+        };
+        let ki = match ks {
+            1 => 0,
+            2 => 1,
+            4 => 2,
+            _ => {
+                return Err(CudaError(format!(
+                    "mv_sub_rows_x: K split {ks} (1, 2 or 4)"
+                )))
+            }
+        };
+        if tl != 1 && tl != 2 {
+            return Err(CudaError(format!(
+                "mv_sub_rows_x: {tl} tiles per warp (1 or 2)"
+            )));
+        }
+        let func = table[usize::from(ua) + 2 * (tl - 1)][ki];
+        self.launch(
+            func,
+            (cdiv(n_out, 16 * tl * (MV_WARPS / ks)), 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            &[
+                Arg::P(codes),
+                Arg::P(scales),
+                Arg::P(y),
+                Arg::I(n_out as i32),
+                Arg::P(q),
+                Arg::P(u),
+                Arg::P(m),
+                Arg::P(s),
                 Arg::I(n_in as i32),
                 Arg::I(n as i32),
                 Arg::I(accumulate as i32),

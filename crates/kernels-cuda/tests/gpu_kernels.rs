@@ -535,6 +535,39 @@ fn mv_sub_equals_host() {
                             );
                         }
                     }
+                    // the experimental verify variants (mvqx_*): the same bits as mvqt
+                    if rt.kind != WKind::Q2G64 {
+                        for var in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+                            let yx = g.upload(&vec![f32::NAN; n * n_out]).unwrap();
+                            g.mv_sub_rows_x(
+                                rt.kind,
+                                var,
+                                codes.ptr(),
+                                scales.ptr(),
+                                qn.ptr(),
+                                un.ptr(),
+                                mn.ptr(),
+                                sn.ptr(),
+                                yx.ptr(),
+                                n_in,
+                                n_out,
+                                n,
+                                ks,
+                                false,
+                            )
+                            .unwrap();
+                            let gx: Vec<f32> = down(g, &yx, n * n_out);
+                            for (i, (a, b)) in gx.iter().zip(&got).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{qt:?} [{n_in}x{n_out}] n {n} ks {ks} mvqx {var:?} t {} row {}: {a} vs mvqt {b}",
+                                    i / n_out,
+                                    i % n_out
+                                );
+                            }
+                        }
+                    }
                 }
             }
             eprintln!(
@@ -667,6 +700,33 @@ fn mv_sub_timing() {
                 );
             }
             eprintln!("{line}");
+            if rt.kind != WKind::Q2G64 {
+                let mut lx = format!("SUBX {qt:?} {name:<12} n=5:");
+                for var in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+                    for ks in [1, 2, 4] {
+                        let tx = time(&|c, sc| {
+                            g.mv_sub_rows_x(
+                                rt.kind,
+                                var,
+                                c.ptr(),
+                                sc.ptr(),
+                                qs.ptr(),
+                                us.ptr(),
+                                ms.ptr(),
+                                ss.ptr(),
+                                y.ptr(),
+                                n_in,
+                                n_out,
+                                n,
+                                ks,
+                                false,
+                            )
+                        });
+                        lx += &format!(" u{}t{}k{ks} {tx:.2}", u8::from(var.0), var.1);
+                    }
+                }
+                eprintln!("{lx}");
+            }
         }
     }
 }
