@@ -524,6 +524,29 @@ fn mvs_stages_env() -> usize {
         .unwrap_or(0)
 }
 
+/// The sub-scale kernel of a family for `kind` (rows: Q1_0, Q2_0 g128, Q2_0 g64) and K split `ks`
+/// (columns: 1, 2, 4).
+fn sub_variant(
+    what: &str,
+    kind: WKind,
+    ks: usize,
+    table: [[sys::CUfunction; 3]; 3],
+) -> Result<sys::CUfunction> {
+    let row = match kind {
+        WKind::Q1 => 0,
+        WKind::Q2 => 1,
+        WKind::Q2G64 => 2,
+        _ => return Err(CudaError(format!("{what}: {kind:?} (low-bit kinds only)"))),
+    };
+    let col = match ks {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => return Err(CudaError(format!("{what}: K split {ks} (1, 2 or 4)"))),
+    };
+    Ok(table[row][col])
+}
+
 /// Shared-memory layout of a staged decode mat-vec launch (`kernels/mvs.cu`): rows per warp,
 /// bytes of one ring stage, stages, and the dynamic shared memory of a block; `None` where the
 /// kernel cannot take the shape (every bulk copy must be a multiple of 16 bytes, so `n_in` a
@@ -2178,22 +2201,17 @@ impl Gpu {
                 "mv_sub: codes, m and s must be 16-byte aligned".into(),
             ));
         }
-        let f = match (kind, ks) {
-            (WKind::Q1, 1) => self.f.mvq_q1_r4_k1,
-            (WKind::Q1, 2) => self.f.mvq_q1_r4_k2,
-            (WKind::Q1, 4) => self.f.mvq_q1_r4_k4,
-            (WKind::Q2, 1) => self.f.mvq_q2_r4_k1,
-            (WKind::Q2, 2) => self.f.mvq_q2_r4_k2,
-            (WKind::Q2, 4) => self.f.mvq_q2_r4_k4,
-            (WKind::Q2G64, 1) => self.f.mvq_q2g64_r4_k1,
-            (WKind::Q2G64, 2) => self.f.mvq_q2g64_r4_k2,
-            (WKind::Q2G64, 4) => self.f.mvq_q2g64_r4_k4,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_sub: {kind:?} with K split {ks} (low-bit kinds, 1, 2 or 4)"
-                )))
-            }
-        };
+        let f = &self.f;
+        let f = sub_variant(
+            "mv_sub",
+            kind,
+            ks,
+            [
+                [f.mvq_q1_r4_k1, f.mvq_q1_r4_k2, f.mvq_q1_r4_k4],
+                [f.mvq_q2_r4_k1, f.mvq_q2_r4_k2, f.mvq_q2_r4_k4],
+                [f.mvq_q2g64_r4_k1, f.mvq_q2g64_r4_k2, f.mvq_q2g64_r4_k4],
+            ],
+        )?;
         let rows_per_block = (MV_WARPS / ks) * 4 * 4; // row groups per warp 4, 4 rows each
         self.launch(
             f,
@@ -2243,22 +2261,17 @@ impl Gpu {
                 "mv_sub_rows: codes and m must be 16-byte aligned".into(),
             ));
         }
-        let f = match (kind, ks) {
-            (WKind::Q1, 1) => self.f.mvqt_q1_k1,
-            (WKind::Q1, 2) => self.f.mvqt_q1_k2,
-            (WKind::Q1, 4) => self.f.mvqt_q1_k4,
-            (WKind::Q2, 1) => self.f.mvqt_q2_k1,
-            (WKind::Q2, 2) => self.f.mvqt_q2_k2,
-            (WKind::Q2, 4) => self.f.mvqt_q2_k4,
-            (WKind::Q2G64, 1) => self.f.mvqt_q2g64_k1,
-            (WKind::Q2G64, 2) => self.f.mvqt_q2g64_k2,
-            (WKind::Q2G64, 4) => self.f.mvqt_q2g64_k4,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_sub_rows: {kind:?} with K split {ks} (low-bit kinds, 1, 2 or 4)"
-                )))
-            }
-        };
+        let f = &self.f;
+        let f = sub_variant(
+            "mv_sub_rows",
+            kind,
+            ks,
+            [
+                [f.mvqt_q1_k1, f.mvqt_q1_k2, f.mvqt_q1_k4],
+                [f.mvqt_q2_k1, f.mvqt_q2_k2, f.mvqt_q2_k4],
+                [f.mvqt_q2g64_k1, f.mvqt_q2g64_k2, f.mvqt_q2g64_k4],
+            ],
+        )?;
         self.launch(
             f,
             (cdiv(n_out, 16 * (MV_WARPS / ks)), 1, 1),
@@ -2306,42 +2319,33 @@ impl Gpu {
                 "mv_sub_rows_x: n = {n}, n_in = {n_in} (a multiple of 1,024), 16-byte aligned codes / m / s"
             )));
         }
-        let f = &self.f;
-        let table = match kind {
-            WKind::Q1 => [
-                [f.mvqx_q1_u0t1_k1, f.mvqx_q1_u0t1_k2, f.mvqx_q1_u0t1_k4],
-                [f.mvqx_q1_u1t1_k1, f.mvqx_q1_u1t1_k2, f.mvqx_q1_u1t1_k4],
-                [f.mvqx_q1_u0t2_k1, f.mvqx_q1_u0t2_k2, f.mvqx_q1_u0t2_k4],
-                [f.mvqx_q1_u1t2_k1, f.mvqx_q1_u1t2_k2, f.mvqx_q1_u1t2_k4],
-            ],
-            WKind::Q2 => [
-                [f.mvqx_q2_u0t1_k1, f.mvqx_q2_u0t1_k2, f.mvqx_q2_u0t1_k4],
-                [f.mvqx_q2_u1t1_k1, f.mvqx_q2_u1t1_k2, f.mvqx_q2_u1t1_k4],
-                [f.mvqx_q2_u0t2_k1, f.mvqx_q2_u0t2_k2, f.mvqx_q2_u0t2_k4],
-                [f.mvqx_q2_u1t2_k1, f.mvqx_q2_u1t2_k2, f.mvqx_q2_u1t2_k4],
-            ],
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_sub_rows_x: {kind:?} (Q1_0, Q2_0 only)"
-                )))
-            }
-        };
-        let ki = match ks {
-            1 => 0,
-            2 => 1,
-            4 => 2,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_sub_rows_x: K split {ks} (1, 2 or 4)"
-                )))
-            }
-        };
-        if tl != 1 && tl != 2 {
+        if kind == WKind::Q2G64 || (tl != 1 && tl != 2) {
             return Err(CudaError(format!(
-                "mv_sub_rows_x: {tl} tiles per warp (1 or 2)"
+                "mv_sub_rows_x: {kind:?} with {tl} tiles per warp (Q1_0 / Q2_0, 1 or 2 tiles)"
             )));
         }
-        let func = table[usize::from(ua) + 2 * (tl - 1)][ki];
+        let f = &self.f;
+        // [variant][kind][K split]; g64 has no variants (rejected above)
+        let table = [
+            [
+                [f.mvqx_q1_u0t1_k1, f.mvqx_q1_u0t1_k2, f.mvqx_q1_u0t1_k4],
+                [f.mvqx_q2_u0t1_k1, f.mvqx_q2_u0t1_k2, f.mvqx_q2_u0t1_k4],
+            ],
+            [
+                [f.mvqx_q1_u1t1_k1, f.mvqx_q1_u1t1_k2, f.mvqx_q1_u1t1_k4],
+                [f.mvqx_q2_u1t1_k1, f.mvqx_q2_u1t1_k2, f.mvqx_q2_u1t1_k4],
+            ],
+            [
+                [f.mvqx_q1_u0t2_k1, f.mvqx_q1_u0t2_k2, f.mvqx_q1_u0t2_k4],
+                [f.mvqx_q2_u0t2_k1, f.mvqx_q2_u0t2_k2, f.mvqx_q2_u0t2_k4],
+            ],
+            [
+                [f.mvqx_q1_u1t2_k1, f.mvqx_q1_u1t2_k2, f.mvqx_q1_u1t2_k4],
+                [f.mvqx_q2_u1t2_k1, f.mvqx_q2_u1t2_k2, f.mvqx_q2_u1t2_k4],
+            ],
+        ];
+        let [q1, q2] = table[usize::from(ua) + 2 * (tl - 1)];
+        let func = sub_variant("mv_sub_rows_x", kind, ks, [q1, q2, q2])?;
         self.launch(
             func,
             (cdiv(n_out, 16 * tl * (MV_WARPS / ks)), 1, 1),
@@ -4391,6 +4395,20 @@ mod tests {
         assert!(!mvs_default_on(WKind::Q1, 248_320));
         assert_eq!(MvStaged::from_u8(MvStaged::Auto as u8), MvStaged::Auto);
         assert_eq!(MvStaged::from_u8(7), MvStaged::Off);
+    }
+
+    #[test]
+    fn sub_variant_picks_kind_row_and_k_split_column() {
+        // distinct fake handles, never launched: only the table lookup is under test
+        let h = |i: usize| std::ptr::null_mut::<u8>().wrapping_add(i + 1) as sys::CUfunction;
+        let table = [[h(0), h(1), h(2)], [h(3), h(4), h(5)], [h(6), h(7), h(8)]];
+        for (row, kind) in [WKind::Q1, WKind::Q2, WKind::Q2G64].into_iter().enumerate() {
+            for (col, ks) in [1, 2, 4].into_iter().enumerate() {
+                assert_eq!(sub_variant("t", kind, ks, table).unwrap(), h(3 * row + col));
+            }
+            assert!(sub_variant("t", kind, 3, table).is_err());
+        }
+        assert!(sub_variant("t", WKind::F32, 1, table).is_err());
     }
 
     #[test]
