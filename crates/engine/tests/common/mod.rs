@@ -411,7 +411,6 @@ pub fn tiny_target(wt: QuantType) -> Builder {
     tiny_target_with(&TINY, wt)
 }
 
-/// Tiny drafter geometry.
 /// The kernels of a GDN layer's conv, recurrence and gated norm in every `GdnFused` mode (the
 /// launch what-if benchmarks drop them together).
 pub const GDN_DECODE_KERNELS: [&str; 5] = [
@@ -431,6 +430,7 @@ pub const ATTN_DECODE_KERNELS: [&str; 4] = [
     "attn_decode_fused_hd256",
 ];
 
+/// Tiny drafter geometry.
 pub const D_LAYERS: u64 = 2;
 pub const D_TAPS: [u32; 3] = [1, 3, 5];
 pub const D_RANK: u64 = 32;
