@@ -422,9 +422,13 @@ fn cuda_decode_bench() {
         mk(GemmPath::F16, 4, Some(true)),
         mk(GemmPath::F16, 8, None),
         mk(GemmPath::Wgmma, 4, None),
+        mk(GemmPath::WgmmaSs, 4, None),
     ]
     .into_iter()
-    .filter(|c| c.name() != dflt_name && (c.path != GemmPath::Wgmma || gpu.gemmw_available()))
+    .filter(|c| {
+        c.name() != dflt_name
+            && (c.path == GemmPath::Int8 || c.path == GemmPath::F16 || gpu.gemmw_available())
+    })
     .collect();
     let mut alt_json = Vec::new();
     for &c in &alts {

@@ -877,3 +877,245 @@ GW_ENTRY(gemmw_q2g64, 3, 2)
 GW_ENTRY(gemmw_q1_s4, 1, 4)
 GW_ENTRY(gemmw_q2_s4, 2, 4)
 GW_ENTRY(gemmw_q2g64_s4, 3, 4)
+
+// ---- f16 GEMM on wgmma with both operands in shared memory (gemmws) ---------------------------
+//
+// Same activations (act_q8_to_f16p, pair order) and the same exact f16 weights ((c − 1)·d, ±d) as
+// gemmh / gemmw, but the weights are expanded once per CTA and chunk into an f16 tile in shared
+// memory, so the tensor cores read both operands from shared memory: one
+// wgmma.mma_async.m64nBNk16 per m64 half and k16 step, issued while the threads expand the next
+// chunk. CTA = one warpgroup (128 threads), 2 per SM: 128 weight rows (two m64 halves) x BN = 64
+// or 128 activation rows, k in chunks of GV_KC = 64.
+//   * Per chunk c, thread t expands weight row t of the CTA tile: its code bytes (Q1 8, Q2 16)
+//     come through the cp.async ring with the activations; its scale is read from global GV_SD
+//     chunks ahead; the 8 units of 8 k (16 bytes of f16, in the activations' pair order) go to
+//     A buffer c & 1.
+//   * Shared tiles use wgmma's K-major layout with the 128-byte swizzle: a row's 64 f16 (the whole
+//     chunk) are one 128-byte line, 16-byte unit kb of row r at byte r·128 + ((kb ^ (r & 7)) · 16),
+//     tiles 1024-byte aligned. A descriptor of k16 step kk starts 32·kk bytes into the tile (A: plus
+//     8192 for the second m64 half), 1024 bytes between 8-row groups. (The no-swizzle core-matrix
+//     layout, measured first, ran at ~55 % of this speed: 220 against 410 TOPS on Q1 gate‖up.)
+//   * Measured and dropped: two warpgroups per CTA (256 weight rows sharing the activation tile, 8
+//     stages, 1 CTA per SM): 0.8x.
+//   * Ring: ST stages, loads ST − 2 chunks ahead; at most one wgmma group (the previous chunk's)
+//     is in flight when a stage or an A buffer is rewritten.
+// Pair order inside a unit: positions 2j, 2j+1 of unit kb hold elements e and e + 2 of the chunk
+// with e = 8kb + 4(j >> 1) + (j & 1). In the re-tiled code words:
+//   Q1 (element 4i + b of a 32-element sub-block at bit 8b + i; unit kb: word kb >> 2, u = kb & 3):
+//      register j holds bits (2u + (j>>1)) + 8(j&1) and that + 16: shifted left by
+//      15 − 2u − (j>>1) − 8(j&1) they sit in the f16 sign bits; XOR onto −d.
+//   Q2 (element 4s + i of a 16-element word at bits 8i + 2s; unit kb: word kb >> 1, half h = kb & 1):
+//      register j holds the fields at r = 4h + 2(j>>1) + 8(j&1) and r + 16 (q2_h2).
+// Per output the k16 steps run in order in the accumulator, so results do not depend on the grid,
+// BN or n.
+
+#define GV_KC 64
+#define GV_SD 4
+#define GV_ABUF (128 * GV_KC * 2)
+#define GV_XSTAGE(BN) ((BN) * GV_KC * 2)
+#define GV_ST 4
+#define GV_SMEM(BN) (2 * GV_ABUF + GV_ST * (GV_XSTAGE(BN) + 128 * 16))
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d[32] += A (descriptor) x B (descriptor), m64n64k16, f32 accumulate, both K-major
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float* d, unsigned long long adesc, unsigned long long bdesc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(adesc), "l"(bdesc)
+                 : "memory");
+}
+// d[64] += A (descriptor) x B (descriptor), m64n128k16, f32 accumulate, both K-major
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float* d, unsigned long long adesc, unsigned long long bdesc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(adesc), "l"(bdesc)
+                 : "memory");
+}
+#endif
+
+// The 8 units of weight row t's chunk (code words ws, f16x2 scale dd: Q1 −d, Q2 d) into its
+// 128-byte line `arow` of the A buffer, unit kb at (kb ^ sw) · 16 (sw = t & 7: the swizzle).
+template <int KIND>
+__device__ __forceinline__ void gemmws_expand_row(const u32* ws, u32 dd, u8* arow, int sw) {
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+        uint4 v;
+        if (KIND == 1) {
+            const u32 w = ws[kb >> 2];
+            const int u = kb & 3;
+            v.x = sign_xor(w << (15 - 2 * u), dd);
+            v.y = sign_xor(w << (7 - 2 * u), dd);
+            v.z = sign_xor(w << (14 - 2 * u), dd);
+            v.w = sign_xor(w << (6 - 2 * u), dd);
+        } else {
+            const u32 w = ws[kb >> 1];
+            const int h4 = 4 * (kb & 1);
+            v.x = q2_h2(w, h4, dd);
+            v.y = q2_h2(w, h4 + 8, dd);
+            v.z = q2_h2(w, h4 + 2, dd);
+            v.w = q2_h2(w, h4 + 10, dd);
+        }
+        *(uint4*)(arow + ((kb ^ sw) << 4)) = v;
+    }
+}
+
+// The raw f16 scale of row o's block under 64-chunk c (Q1 / Q2: one per 128, g64: one per 64); 0
+// past the last chunk.
+template <int KIND>
+__device__ __forceinline__ u32 gemmws_scale(const GmSeg& sg, u32 o, int n_in, int c) {
+    if (c >= (n_in >> 6)) return 0u;
+    return KIND == 3 ? (u32)__ldg(sg.scales + (size_t)o * (u32)(n_in >> 6) + c)
+                     : (u32)__ldg(sg.scales + (size_t)o * (u32)(n_in >> 7) + (c >> 1));
+}
+
+template <int KIND, int BN>
+__device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
+                                              const float* __restrict__ xs, int n_in, int n, int accumulate,
+                                              int desc_swap) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) u8 gv_smem[];
+    constexpr int CBC = KIND == 1 ? 8 : 16;  // code bytes per weight row per chunk
+    constexpr int ST = GV_ST, WSTAGE = 128 * 16;
+    u8* s_a = gv_smem;                       // [2][GV_ABUF]: expanded weights (128 rows x 128 bytes)
+    u8* s_x = gv_smem + 2 * GV_ABUF;         // [ST][GV_XSTAGE(BN)]: activations (BN rows x 128 bytes)
+    u8* s_w = s_x + ST * GV_XSTAGE(BN);      // [ST][128][16]: code bytes
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    int mt = blockIdx.y;
+    GmSeg sg;
+    if (!gm_segment(s0, s1, s2, s3, 128, mt, sg)) return;
+    const int m0 = mt * 128;
+    const int n0 = blockIdx.x * BN;
+    const int n_out = sg.n_out;
+    const int nc = n_in / GV_KC;
+    const u32 o_mine = (u32)min(m0 + tid, n_out - 1);  // the weight row this thread expands
+    const u8* wsrc = sg.codes + (size_t)o_mine * ((size_t)nc * CBC);
+
+    auto load_chunk = [&](int c, int st) {
+        u8* sx = s_x + st * GV_XSTAGE(BN);
+#pragma unroll
+        for (int m = 0; m < BN / 16; ++m) {
+            int p = tid + 128 * m;
+            int kb = p & 7, r = p >> 3;
+            int tr = min(n0 + r, n - 1);
+            cp_async16(sx + r * 128 + ((kb ^ (r & 7)) << 4),
+                       (const u8*)(xh + (size_t)tr * n_in + (size_t)c * GV_KC + 8 * kb));
+        }
+        u8* sw = s_w + st * WSTAGE + tid * 16;
+        if (KIND == 1)
+            cp_async8(sw, wsrc + (size_t)c * CBC);
+        else
+            cp_async16(sw, wsrc + (size_t)c * CBC);
+    };
+
+    // this thread's 4 output rows: k = 2·half + hf -> 64·half + 16·warp + g + 8·hf
+    int lr[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) lr[k] = 64 * (k >> 1) + 16 * warp + g + 8 * (k & 1);
+
+    float acc[2][BN / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) acc[h][e] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < ST - 2; ++st) {
+        if (st < nc) load_chunk(st, st);
+        cp_async_commit();
+    }
+    // scales GV_SD chunks ahead: sc[i] is chunk c + i's
+    u32 sc[GV_SD];
+#pragma unroll
+    for (int i = 0; i < GV_SD; ++i) sc[i] = gemmws_scale<KIND>(sg, o_mine, n_in, i);
+
+    // descriptors: 128-byte swizzle (layout type 1 in bits 62-63), 1024 bytes between 8-row groups,
+    // leading offset unused (1). desc_swap drops A's swizzle bit: a switch for the hardware check.
+    const unsigned long long b_hi = (1ull << 62) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32);
+    const unsigned long long a_hi = desc_swap ? ((1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)) : b_hi;
+    u8* arow0 = s_a + tid * 128;
+
+    for (int c = 0; c < nc; ++c) {
+        cp_async_wait<ST - 3>();  // chunk c's copies (this thread's) have landed
+        wgmma_wait<1>();          // chunk c − 2's MMAs (A buffer c & 1, stage (c − 2) % ST) are done
+        __syncthreads();
+        {
+            const int cn = c + ST - 2;
+            if (cn < nc) load_chunk(cn, cn % ST);
+            cp_async_commit();
+        }
+        const int st = c % ST;
+        {
+            u32 ws[4];
+            if (KIND == 1) {
+                uint2 x = *(const uint2*)(s_w + st * WSTAGE + tid * 16);
+                ws[0] = x.x;
+                ws[1] = x.y;
+                ws[2] = ws[3] = 0;
+            } else {
+                uint4 x = *(const uint4*)(s_w + st * WSTAGE + tid * 16);
+                ws[0] = x.x;
+                ws[1] = x.y;
+                ws[2] = x.z;
+                ws[3] = x.w;
+            }
+            const u32 dd = (KIND == 1 ? (sc[0] ^ 0x8000u) : sc[0]) * 0x00010001u;
+            gemmws_expand_row<KIND>(ws, dd, arow0 + (c & 1) * GV_ABUF, tid & 7);
+        }
+#pragma unroll
+        for (int i = 0; i + 1 < GV_SD; ++i) sc[i] = sc[i + 1];
+        sc[GV_SD - 1] = gemmws_scale<KIND>(sg, o_mine, n_in, c + GV_SD);
+        // the expanded tile and the landed activations, visible to the tensor cores (async proxy)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        wgmma_fence();
+        const u32 aaddr = smem_u32(s_a + (c & 1) * GV_ABUF);
+        const u32 xaddr = smem_u32(s_x + st * GV_XSTAGE(BN));
+#pragma unroll
+        for (int kk = 0; kk < GV_KC / 16; ++kk) {
+            const unsigned long long bdesc = b_hi | (unsigned long long)(((xaddr + (u32)(32 * kk)) >> 4) & 0x3fffu);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned long long adesc =
+                    a_hi | (unsigned long long)(((aaddr + (u32)(32 * kk + 8192 * h)) >> 4) & 0x3fffu);
+                if (BN == 128)
+                    wgmma_ss_m64n128k16(acc[h], adesc, bdesc);
+                else
+                    wgmma_ss_m64n64k16(acc[h], adesc, bdesc);
+            }
+        }
+        wgmma_commit();
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+    f16g_store<BN / 8>(acc, sg, lr, m0, n0, tg, xs, n, accumulate);
+#endif
+}
+
+// Parameters as GW_ENTRY. grid (ceil(n / BN), Σ ceil(n_out_i / 128)), block 128, GV_SMEM(BN) bytes
+// of dynamic shared memory (2 CTAs per SM). Empty unless compiled for sm_90a.
+#define GV_ENTRY(NAME, KIND, BN)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                          \
+        const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
+        int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
+        float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate,             \
+        int desc_swap) {                                                                                \
+        GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
+              s3 = {c3, sc3, y3, n3};                                                                   \
+        gemmws_lowbit<KIND, BN>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap);                 \
+    }
+GV_ENTRY(gemmws_q1, 1, 128)
+GV_ENTRY(gemmws_q2, 2, 128)
+GV_ENTRY(gemmws_q2g64, 3, 128)
+GV_ENTRY(gemmws_q1_n64, 1, 64)
+GV_ENTRY(gemmws_q2_n64, 2, 64)
+GV_ENTRY(gemmws_q2g64_n64, 3, 64)
+

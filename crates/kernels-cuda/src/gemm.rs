@@ -1,11 +1,15 @@
 //! Prefill launchers: the tensor-core low-bit GEMMs of `kernels/gemm.cu` for n > [`MAX_ROWS`]
-//! activation rows (one launch for all rows, each weight byte read once per CTA of up to 64 rows).
-//! Two paths with the same interface (int8 activations `q`, per-32 scales `d`):
-//! - **f16** (default): `act_q8_to_f16p` turns the activations into f16 rows (one power of two per
-//!   row, pair order) in a scratch this `Gpu` owns, then `gemmh_*` runs `mma.m16n8k16` with the
-//!   weight scales folded into the A fragments: no per-block rescale in the inner loop.
+//! activation rows (one launch for all rows, each weight byte read once per CTA of up to 128 rows).
+//! Paths with the same interface (int8 activations `q`, per-32 scales `d`):
+//! - **f16 wgmma, weights in shared memory** (default where the cubin is sm_90a):
+//!   `act_q8_to_f16p` turns the activations into f16 rows (one power of two per row, pair order) in
+//!   a scratch this `Gpu` owns; `gemmws_*` expands each 64-wide chunk of 128 weight rows into an f16
+//!   tile in shared memory (the weight scale folded in exactly) and runs `wgmma` on both tiles.
+//! - **f16 `mma.sync`** (default elsewhere, `BONSAI_CUDA_GEMM=f16`): the same activations; `gemmh_*`
+//!   builds the `mma.m16n8k16` A fragments from the code words in registers.
 //! - **int8** (`BONSAI_CUDA_GEMM=i8`, [`Gpu::set_gemm_config`]): `gemm_*`, one `mma.m16n8k32` per
 //!   32-element sub-block, rescaled per sub-block in f32.
+//! - `gemmw_*` (`BONSAI_CUDA_GEMM=wgmma`): f16 `wgmma` with A from registers; measured slower.
 //!
 //! Unlike the mat-vec kernels these are not batch-invariant with the n ≤ 8 path (the float
 //! summation differs: per scale block, then times the weight scale), only equal within f32
@@ -33,6 +37,9 @@ pub enum GemmPath {
     F16,
     /// `gemmw_*`: f16 `wgmma` (only where [`Gpu::gemmw_available`]; else as `F16`).
     Wgmma,
+    /// `gemmws_*` (the default where [`Gpu::gemmw_available`]; else as `F16`): f16 `wgmma` with the
+    /// weights expanded into shared memory, both operands read by the tensor cores from there.
+    WgmmaSs,
 }
 
 /// The prefill GEMM configuration: the path and its variant knobs. Results depend on the path
@@ -53,7 +60,7 @@ pub struct GemmConfig {
 impl Default for GemmConfig {
     fn default() -> Self {
         GemmConfig {
-            path: GemmPath::F16,
+            path: GemmPath::WgmmaSs,
             warps: 4,
             o4: None,
             wgmma_sets: 4,
@@ -63,13 +70,16 @@ impl Default for GemmConfig {
 
 impl GemmConfig {
     /// The default, changed by `BONSAI_CUDA_GEMM=i8|f16|wgmma`, `BONSAI_CUDA_GEMMH_WARPS=4|8` and
-    /// `BONSAI_CUDA_GEMMH_O4=1|0` (always / never the 2-stage kernels; unset: per launch).
+    /// `BONSAI_CUDA_GEMMH_O4=1|0` (always / never the 2-stage kernels; unset: per launch);
+    /// `BONSAI_CUDA_GEMM=f16` takes the `mma.sync` kernels where the default would be `wgs`.
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_string());
         let mut c = GemmConfig::default();
         match var("BONSAI_CUDA_GEMM").as_deref() {
             Some("i8") => c.path = GemmPath::Int8,
+            Some("f16") => c.path = GemmPath::F16,
             Some("wgmma") => c.path = GemmPath::Wgmma,
+            Some("wgs") => c.path = GemmPath::WgmmaSs,
             _ => {}
         }
         if var("BONSAI_CUDA_GEMMH_WARPS").as_deref() == Some("8") {
@@ -84,11 +94,12 @@ impl GemmConfig {
     }
 
     /// A short name for benchmark tables (`int8`, `f16-w4` (2 or 3 stages per launch), `f16-w4-o4`,
-    /// `f16-w4-o3`, `f16-w8`, `f16-wgmma4`).
+    /// `f16-w4-o3`, `f16-w8`, `f16-wgmma4`, `f16-wgs`).
     pub fn name(&self) -> String {
         match self.path {
             GemmPath::Int8 => "int8".into(),
             GemmPath::Wgmma => format!("f16-wgmma{}", self.wgmma_sets),
+            GemmPath::WgmmaSs => "f16-wgs".into(),
             GemmPath::F16 if self.o4 == Some(true) && self.warps == 4 => "f16-w4-o4".into(),
             GemmPath::F16 if self.o4 == Some(false) && self.warps == 4 => "f16-w4-o3".into(),
             GemmPath::F16 => format!("f16-w{}", self.warps),
@@ -110,6 +121,24 @@ pub fn gemmh_o4_auto(kind: WKind, n_in: usize) -> bool {
 fn gemmw_smem(kind: WKind) -> usize {
     let wrow = if kind == WKind::Q1 { 16 } else { 48 };
     4 * (64 * 128 * 2 + 128 * wrow)
+}
+
+/// Dynamic shared memory of a `gemmws` launch (`GV_SMEM`): two 128 x 64 f16 weight tiles, and 4
+/// ring stages of `bn` activation rows x 64 f16 and 128 x 16 code bytes.
+fn gemmws_smem(bn: usize) -> usize {
+    2 * 128 * 64 * 2 + 4 * (bn * 64 * 2 + 128 * 16)
+}
+
+/// Activation rows per `gemmws` CTA: 64 for n <= 64, and for Q2 kinds where 128-row tiles would
+/// leave CTA slots of the machine (`slots` = SMs x CTAs per SM) empty; else 128. Measured on the
+/// H200 at n = 512: the 5,120-output shapes take 123 / 332 µs at 64 rows against
+/// 128 / 338 at 128 for Q2_0, but 141 / 390 against 114 / 308 for Q1_0.
+pub fn gemmws_pick_bn(kind: WKind, tiles_m: usize, n: usize, slots: usize) -> usize {
+    if n <= 64 || (kind != WKind::Q1 && tiles_m * n.div_ceil(128) < slots) {
+        64
+    } else {
+        128
+    }
 }
 
 /// Dynamic shared memory of an f16 GEMM launch (`GH_SMEM` in the source): `stages` of `bn`
@@ -188,7 +217,7 @@ impl Gpu {
     /// this cubin has no wgmma kernels.
     pub fn gemm_config(&self) -> GemmConfig {
         let mut c = *self.gemm_config.lock().expect("gemm config lock");
-        if c.path == GemmPath::Wgmma && !self.gemmw_ok {
+        if matches!(c.path, GemmPath::Wgmma | GemmPath::WgmmaSs) && !self.gemmw_ok {
             c.path = GemmPath::F16;
         }
         c
@@ -371,6 +400,67 @@ impl Gpu {
         )
     }
 
+    /// The shared-memory wgmma GEMM: 128 weight rows x `bn` (64 or 128; `None`: picked) activation
+    /// rows per CTA, 2 CTAs per SM.
+    #[allow(clippy::too_many_arguments)]
+    fn gemmws_launch(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        bn: Option<usize>,
+    ) -> Result<()> {
+        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
+        if tiles_m == 0 {
+            return Ok(());
+        }
+        if tiles_m > 65_535 {
+            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
+        }
+        let bn = match bn {
+            Some(b) => {
+                assert!(b == 64 || b == 128, "gemmws: bn = {b}");
+                b
+            }
+            None => gemmws_pick_bn(kind, tiles_m, n, 2 * self.sm_count()?),
+        };
+        let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
+        let f = &self.f;
+        let f = match (kind, bn) {
+            (WKind::Q1, 128) => f.gemmws_q1,
+            (WKind::Q2, 128) => f.gemmws_q2,
+            (WKind::Q2G64, 128) => f.gemmws_q2g64,
+            (WKind::Q1, _) => f.gemmws_q1_n64,
+            (WKind::Q2, _) => f.gemmws_q2_n64,
+            (WKind::Q2G64, _) => f.gemmws_q2g64_n64,
+            (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
+        };
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
+        push_seg_args(&mut args, segs, MAX_SEGS, 128);
+        args.extend([
+            Arg::P(xh),
+            Arg::P(xs),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(
+                self.gemmw_desc_swap
+                    .load(std::sync::atomic::Ordering::Relaxed) as i32,
+            ),
+        ]);
+        self.launch_smem(
+            f,
+            (cdiv(n, bn), tiles_m as u32, 1),
+            (128, 1, 1),
+            gemmws_smem(bn) as u32,
+            &args,
+        )
+    }
+
     fn gemm_occ(&self) -> Result<GemmOcc> {
         if let Some(o) = self.gemm_occ.get() {
             return Ok(*o);
@@ -478,6 +568,9 @@ impl Gpu {
         let cfg = self.gemm_config();
         if cfg.path == GemmPath::Wgmma {
             return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate, cfg.wgmma_sets);
+        }
+        if cfg.path == GemmPath::WgmmaSs {
+            return self.gemmws_launch(kind, segs, q, d, n_in, n, accumulate, bn);
         }
         let f16 = cfg.path == GemmPath::F16;
         let warps = cfg.warps;

@@ -1483,6 +1483,12 @@ kernels!(
         gemmw_q1_s4,
         gemmw_q2_s4,
         gemmw_q2g64_s4,
+        gemmws_q1,
+        gemmws_q2,
+        gemmws_q2g64,
+        gemmws_q1_n64,
+        gemmws_q2_n64,
+        gemmws_q2g64_n64,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
