@@ -119,7 +119,10 @@ def prefill_section() -> list[str]:
         return []
     names = {
         "int8": "int8 `mma.m16n8k32`, rescale per 32 (`BONSAI_CUDA_GEMM=i8`)",
-        "f16-w4": "f16 `mma.m16n8k16`, 4 warps, stages per launch: 2 for Q1_0 at n_in 5120, else 3 (default)",
+        "f16-wgs": "f16 `wgmma.m64n128k16`, weights expanded into shared memory, both operands swizzled "
+        "there (default on sm_90a)",
+        "f16-w4": "f16 `mma.m16n8k16`, 4 warps, stages per launch: 2 for Q1_0 at n_in 5120, else 3 "
+        "(`BONSAI_CUDA_GEMM=f16`; the default before sm_90a's `wgs`)",
         "f16-w4-o3": "f16 `mma.m16n8k16`, 4 warps, 3 stages, 3 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=0`)",
         "f16-w4-o4": "f16 `mma.m16n8k16`, 4 warps, 2 stages, 4 CTAs/SM (`BONSAI_CUDA_GEMMH_O4=1`)",
         "f16-w8": "f16 `mma.m16n8k16`, 8 warps (`BONSAI_CUDA_GEMMH_WARPS=8`)",
