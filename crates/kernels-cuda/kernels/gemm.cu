@@ -979,7 +979,7 @@ __device__ __forceinline__ u32 gemmws_scale(const GmSeg& sg, u32 o, int n_in, in
 template <int KIND, int BN>
 __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                               const float* __restrict__ xs, int n_in, int n, int accumulate,
-                                              int desc_swap) {
+                                              int desc_swap, int kc_split, float* __restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) u8 gv_smem[];
     constexpr int CBC = KIND == 1 ? 8 : 16;  // code bytes per weight row per chunk
@@ -995,10 +995,15 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
     const int m0 = mt * 128;
     const int n0 = blockIdx.x * BN;
     const int n_out = sg.n_out;
-    const int nc = n_in / GV_KC;
+    // K split (grid.z > 1, one segment): this CTA sums chunks [cb, ce) into part[z] (raw, no xs)
+    const int nc_all = n_in / GV_KC;
+    const int cb = blockIdx.z * kc_split, ce = min(nc_all, cb + kc_split);
+    const int nc = ce - cb;
     const u32 o_mine = (u32)min(m0 + tid, n_out - 1);  // the weight row this thread expands
-    const u8* wsrc = sg.codes + (size_t)o_mine * ((size_t)nc * CBC);
+    const u8* wsrc = sg.codes + (size_t)o_mine * ((size_t)nc_all * CBC) + (size_t)cb * CBC;
+    const u16* xsrc = xh + (size_t)cb * GV_KC;
 
+    // local chunk c (global cb + c)
     auto load_chunk = [&](int c, int st) {
         u8* sx = s_x + st * GV_XSTAGE(BN);
 #pragma unroll
@@ -1007,7 +1012,7 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
             int kb = p & 7, r = p >> 3;
             int tr = min(n0 + r, n - 1);
             cp_async16(sx + r * 128 + ((kb ^ (r & 7)) << 4),
-                       (const u8*)(xh + (size_t)tr * n_in + (size_t)c * GV_KC + 8 * kb));
+                       (const u8*)(xsrc + (size_t)tr * n_in + (size_t)c * GV_KC + 8 * kb));
         }
         u8* sw = s_w + st * WSTAGE + tid * 16;
         if (KIND == 1)
@@ -1035,7 +1040,7 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
     // scales GV_SD chunks ahead: sc[i] is chunk c + i's
     u32 sc[GV_SD];
 #pragma unroll
-    for (int i = 0; i < GV_SD; ++i) sc[i] = gemmws_scale<KIND>(sg, o_mine, n_in, i);
+    for (int i = 0; i < GV_SD; ++i) sc[i] = gemmws_scale<KIND>(sg, o_mine, n_in, cb + i);
 
     // descriptors: 128-byte swizzle (layout type 1 in bits 62-63), 1024 bytes between 8-row groups,
     // leading offset unused (1). desc_swap drops A's swizzle bit: a switch for the hardware check.
@@ -1072,7 +1077,7 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
         }
 #pragma unroll
         for (int i = 0; i + 1 < GV_SD; ++i) sc[i] = sc[i + 1];
-        sc[GV_SD - 1] = gemmws_scale<KIND>(sg, o_mine, n_in, c + GV_SD);
+        sc[GV_SD - 1] = gemmws_scale<KIND>(sg, o_mine, n_in, cb + c + GV_SD);
         // the expanded tile and the landed activations, visible to the tensor cores (async proxy)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -1096,21 +1101,53 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
-    f16g_store<BN / 8>(acc, sg, lr, m0, n0, tg, xs, n, accumulate);
+    if (part == nullptr) {
+        f16g_store<BN / 8>(acc, sg, lr, m0, n0, tg, xs, n, accumulate);
+    } else {
+        // raw partial sums: part[z][t][o] (gemm_splitk_sum adds them in z order and scales)
+        float* pz = part + (size_t)blockIdx.z * n * n_out;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+                const int t = n0 + 8 * j + 2 * tg + e2;
+                if (t >= n) continue;
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf) {
+                        const int o = m0 + lr[2 * mi + hf];
+                        if (o < n_out) pz[(size_t)t * n_out + o] = acc[mi][4 * j + 2 * hf + e2];
+                    }
+            }
+    }
 #endif
 }
 
-// Parameters as GW_ENTRY. grid (ceil(n / BN), Σ ceil(n_out_i / 128)), block 128, GV_SMEM(BN) bytes
-// of dynamic shared memory (2 CTAs per SM). Empty unless compiled for sm_90a.
+// y[t, o] (+)= (Σ_z part[z][t][o], z = 0 .. nz − 1 in order) · xs[t]: the K-split GEMM's sum.
+// grid ceil(n·n_out / 256), block 256.
+extern "C" __global__ void gemm_splitk_sum(const float* __restrict__ part, int nz, int n, int n_out,
+                                           const float* __restrict__ xs, float* __restrict__ y, int accumulate) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)n * n_out;
+    if (i >= total) return;
+    float v = part[i];
+    for (int z = 1; z < nz; ++z) v += part[(size_t)z * total + i];
+    v *= xs[i / n_out];
+    y[i] = accumulate ? y[i] + v : v;
+}
+
+// Parameters as GW_ENTRY plus the K split: kc_split chunks per grid.z slice and part (null: no
+// split, write y). grid (ceil(n / BN), Σ ceil(n_out_i / 128), splits), block 128, GV_SMEM(BN)
+// bytes of dynamic shared memory (2 CTAs per SM). Empty unless compiled for sm_90a.
 #define GV_ENTRY(NAME, KIND, BN)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                          \
         const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
         int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
         float* y3, int n3, const u16* xh, const float* xs, int n_in, int n, int accumulate,             \
-        int desc_swap) {                                                                                \
+        int desc_swap, int kc_split, float* part) {                                                     \
         GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
               s3 = {c3, sc3, y3, n3};                                                                   \
-        gemmws_lowbit<KIND, BN>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap);                 \
+        gemmws_lowbit<KIND, BN>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap, kc_split, part); \
     }
 GV_ENTRY(gemmws_q1, 1, 128)
 GV_ENTRY(gemmws_q2, 2, 128)

@@ -129,6 +129,22 @@ fn gemmws_smem(bn: usize) -> usize {
     2 * 128 * 64 * 2 + 4 * (bn * 64 * 2 + 128 * 16)
 }
 
+/// K splits of a one-matrix `gemmws` launch: 3 for matrices of at most 48 row tiles (6,144
+/// outputs) and at least 48 chunks of 64 inputs, else 1. At n = 512 the 27B's 5,120-output
+/// projections (ffn_down, ssm_out, attn_out) are 160 CTAs of 128 x 128, which leave 104 of the
+/// H200's 264 CTA slots empty; 3 splits make 480 (0.91 of two waves). Fixed by the shape alone, so
+/// a row's result does not depend on `n`. The partial sums add up in a separate pass
+/// (`gemm_splitk_sum`, in split order): not the unsplit launch's bits, equal within f32 rounding
+/// (1.7e-5 of max |y| measured at 17,408 inputs). Grouped launches do not split, so a narrow
+/// matrix's outputs in a group equal its own launch only with [`Gpu::set_gemm_k_split`] off.
+pub fn gemmws_k_splits(n_out: usize, n_in: usize) -> usize {
+    if n_out.div_ceil(128) <= 48 && n_in / 64 >= 48 {
+        3
+    } else {
+        1
+    }
+}
+
 /// Activation rows per `gemmws` CTA: 64 for n <= 64, and for Q2 kinds where 128-row tiles would
 /// leave CTA slots of the machine (`slots` = SMs x CTAs per SM) empty; else 128. Measured on the
 /// H200 at n = 512: the 5,120-output shapes take 123 / 332 µs at 64 rows against
@@ -258,6 +274,15 @@ impl Gpu {
     /// wrong setting gives wrong products).
     pub fn set_gemmw_desc_swap(&self, on: bool) {
         self.gemmw_desc_swap
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Let one-matrix `gemmws` launches of narrow matrices split K (the default, see
+    /// [`gemmws_k_splits`]) or not. Without the split every output equals the `mma.sync` path's
+    /// and a grouped launch's bit for bit; with it, a split launch's outputs are equal within f32
+    /// rounding.
+    pub fn set_gemm_k_split(&self, on: bool) {
+        self.gemm_k_split
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -421,14 +446,34 @@ impl Gpu {
         if tiles_m > 65_535 {
             return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
         }
+        let splits =
+            if segs.len() == 1 && self.gemm_k_split.load(std::sync::atomic::Ordering::Relaxed) {
+                gemmws_k_splits(segs[0].n_out, n_in)
+            } else {
+                1
+            };
         let bn = match bn {
             Some(b) => {
                 assert!(b == 64 || b == 128, "gemmws: bn = {b}");
                 b
             }
+            None if splits > 1 => {
+                if n <= 64 {
+                    64
+                } else {
+                    128
+                }
+            }
             None => gemmws_pick_bn(kind, tiles_m, n, 2 * self.sm_count()?),
         };
         let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
+        let nc = n_in / 64;
+        let kc_split = nc.div_ceil(splits);
+        let part = if splits > 1 {
+            self.gemm_part_scratch(splits * n * segs[0].n_out * 4)?
+        } else {
+            0
+        };
         let f = &self.f;
         let f = match (kind, bn) {
             (WKind::Q1, 128) => f.gemmws_q1,
@@ -451,14 +496,47 @@ impl Gpu {
                 self.gemmw_desc_swap
                     .load(std::sync::atomic::Ordering::Relaxed) as i32,
             ),
+            Arg::I(kc_split as i32),
+            Arg::P(part),
         ]);
         self.launch_smem(
             f,
-            (cdiv(n, bn), tiles_m as u32, 1),
+            (cdiv(n, bn), tiles_m as u32, splits as u32),
             (128, 1, 1),
             gemmws_smem(bn) as u32,
             &args,
+        )?;
+        if splits == 1 {
+            return Ok(());
+        }
+        let total = n * segs[0].n_out;
+        self.launch(
+            self.f.gemm_splitk_sum,
+            (total.div_ceil(256) as u32, 1, 1),
+            (256, 1, 1),
+            &[
+                Arg::P(part),
+                Arg::I(splits as i32),
+                Arg::I(n as i32),
+                Arg::I(segs[0].n_out as i32),
+                Arg::P(xs),
+                Arg::P(segs[0].y),
+                Arg::I(accumulate as i32),
+            ],
         )
+    }
+
+    /// A device scratch of at least `bytes` for the K-split GEMM's partial sums (grown on demand;
+    /// the `Gpu`'s stream orders its uses).
+    fn gemm_part_scratch(&self, bytes: usize) -> Result<u64> {
+        let mut scratch = self.gemm_part_scratch.lock().expect("gemm part lock");
+        if scratch.as_ref().is_none_or(|b| b.bytes() < bytes) {
+            // earlier launches may still read the old buffer
+            self.sync()?;
+            *scratch = None;
+            *scratch = Some(self.alloc(bytes)?);
+        }
+        Ok(scratch.as_ref().expect("gemm part scratch").ptr())
     }
 
     fn gemm_occ(&self) -> Result<GemmOcc> {
@@ -676,5 +754,21 @@ mod tests {
         assert_eq!(gemm_pick_bn(130, 512, 132, 2, 2), 64);
         let e = launch_eff(10, 64, 64, 1, 10);
         assert!((e - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn wgs_splits_and_tiles() {
+        // the 27B's 5,120-output projections split K in 3, the wide ones do not
+        assert_eq!(gemmws_k_splits(5120, 17408), 3);
+        assert_eq!(gemmws_k_splits(5120, 6144), 3);
+        assert_eq!(gemmws_k_splits(34816, 5120), 1);
+        assert_eq!(gemmws_k_splits(10240, 5120), 1);
+        // too few chunks to split
+        assert_eq!(gemmws_k_splits(5120, 2048), 1);
+        // Q2 gdn in-projection at n = 512 fills the machine with 128 rows; ffn_down would not
+        assert_eq!(gemmws_pick_bn(WKind::Q2, 130, 512, 264), 128);
+        assert_eq!(gemmws_pick_bn(WKind::Q2, 40, 512, 264), 64);
+        assert_eq!(gemmws_pick_bn(WKind::Q1, 40, 512, 264), 128);
+        assert_eq!(gemmws_pick_bn(WKind::Q1, 272, 40, 264), 64);
     }
 }

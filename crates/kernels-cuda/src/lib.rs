@@ -32,7 +32,8 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use cudarc::nvrtc::{result as nvrtc_r, sys as nvrtc_sys};
 
 pub use gemm::{
-    f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, GemmConfig, GemmPath, GEMM_BM, GEMM_KC,
+    f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, gemmws_k_splits, GemmConfig, GemmPath,
+    GEMM_BM, GEMM_KC,
 };
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
@@ -1489,6 +1490,7 @@ kernels!(
         gemmws_q1_n64,
         gemmws_q2_n64,
         gemmws_q2g64_n64,
+        gemm_splitk_sum,
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
@@ -1580,6 +1582,8 @@ pub struct Gpu {
     gemmw_ok: bool,
     /// Swap the two stride fields of the wgmma shared-memory descriptor (a hardware check).
     gemmw_desc_swap: AtomicBool,
+    /// Whether one-matrix `gemmws` launches of narrow matrices split K (`gemm::gemmws_k_splits`).
+    gemm_k_split: AtomicBool,
     /// `gdn_step_seq` always takes the kernel for any head dim ([`Gpu::set_gdn_seq_generic`]).
     gdn_seq_generic: AtomicBool,
     /// How prefill runs the GDN recurrence ([`GdnPrefill`] as u8; [`Gpu::set_gdn_prefill`]).
@@ -1594,6 +1598,8 @@ pub struct Gpu {
     gemm_config: Mutex<gemm::GemmConfig>,
     /// The f16 GEMM's activations: `[n, n_in]` f16 then `[n]` f32 row factors, grown on demand.
     gemm_f16_scratch: Mutex<Option<DevBuf>>,
+    /// Partial sums of the K-split prefill GEMM (`gemm::gemm_part_scratch`).
+    gemm_part_scratch: Mutex<Option<DevBuf>>,
     /// The row-statistics kernels' block partials `[ROW_STATS_ROWS, ROW_STATS_MAX_BLOCKS, 4]` u32
     /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
     /// with the GPU so that a captured launch can use them.
@@ -1784,6 +1790,7 @@ impl Gpu {
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
+            gemm_k_split: AtomicBool::new(true),
             gdn_seq_generic: AtomicBool::new(false),
             gdn_prefill: AtomicU8::new(GdnPrefill::from_env() as u8),
             attn_prefill_tc: AtomicBool::new(
@@ -1792,6 +1799,7 @@ impl Gpu {
             gdn_chunk_scratch: Mutex::new(None),
             gemm_config: Mutex::new(gemm::GemmConfig::from_env()),
             gemm_f16_scratch: Mutex::new(None),
+            gemm_part_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
