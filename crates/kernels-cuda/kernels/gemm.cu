@@ -907,7 +907,9 @@ GW_ENTRY(gemmw_q2g64_s4, 3, 4)
 //   Q2 (element 4s + i of a 16-element word at bits 8i + 2s; unit kb: word kb >> 1, half h = kb & 1):
 //      register j holds the fields at r = 4h + 2(j>>1) + 8(j&1) and r + 16 (q2_h2).
 // Per output the k16 steps run in order in the accumulator, so results do not depend on the grid,
-// BN or n.
+// BN or n. K split (grid.z = S > 1, one segment, chosen by the host from the shape): slice z sums
+// chunks [z·kc_split, (z + 1)·kc_split) into part[z] (raw, before the row factor), and
+// gemm_splitk_sum adds the slices in z order.
 
 #define GV_KC 64
 #define GV_SD 4

@@ -14,7 +14,9 @@
 //! Unlike the mat-vec kernels these are not batch-invariant with the n ≤ 8 path (the float
 //! summation differs: per scale block, then times the weight scale), only equal within f32
 //! rounding; but they are deterministic, and for a given matrix, input and row the result does not
-//! depend on `n`, the tile width or the grouping.
+//! depend on `n` or the tile width. It does not depend on the grouping either, except that a
+//! one-matrix `gemmws` launch of a narrow matrix splits K ([`gemmws_k_splits`]) and a grouped one
+//! does not ([`Gpu::set_gemm_k_split`] turns the split off).
 //!
 //! [`MAX_ROWS`]: crate::MAX_ROWS
 
@@ -602,7 +604,8 @@ impl Gpu {
 
     /// One GEMM launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` sharing
     /// the input (e.g. GDN `qkv | z | β | α`): segment `i` writes `y_i [n, n_out_i]`. Each output
-    /// equals the single-matrix launch bit for bit.
+    /// equals the single-matrix launch bit for bit (for a narrow matrix only with the K split off:
+    /// [`Gpu::set_gemm_k_split`]).
     pub fn gemm_lowbit_multi(
         &self,
         kind: WKind,
