@@ -118,6 +118,17 @@ pub fn gemmh_o4_auto(kind: WKind, n_in: usize) -> bool {
     kind == WKind::Q1 && n_in <= 5120
 }
 
+/// The 128-row tiles of a wgmma GEMM launch over `segs` (`None`: nothing to do; an error past the
+/// grid's y limit).
+fn wgmma_row_tiles(segs: &[MvSeg]) -> Result<Option<usize>> {
+    let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
+    match tiles_m {
+        0 => Ok(None),
+        t if t > 65_535 => Err(CudaError(format!("gemm_lowbit: {t} row tiles"))),
+        t => Ok(Some(t)),
+    }
+}
+
 /// Dynamic shared memory of a warpgroup-MMA GEMM launch (`GW_SMEM`): 4 stages of 64 activation
 /// rows x 128 f16 and 128 weight rows.
 fn gemmw_smem(kind: WKind) -> usize {
@@ -375,6 +386,33 @@ impl Gpu {
         )
     }
 
+    /// The arguments the two wgmma GEMMs share: the segments (128-row tiles), the f16 activations,
+    /// the sizes and the descriptor switch.
+    fn wgmma_args(
+        &self,
+        segs: &[MvSeg],
+        xh: u64,
+        xs: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Vec<Arg> {
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 8);
+        push_seg_args(&mut args, segs, MAX_SEGS, 128);
+        args.extend([
+            Arg::P(xh),
+            Arg::P(xs),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(
+                self.gemmw_desc_swap
+                    .load(std::sync::atomic::Ordering::Relaxed) as i32,
+            ),
+        ]);
+        args
+    }
+
     /// The warpgroup-MMA GEMM: 128 weight rows x 64 activation rows per CTA.
     #[allow(clippy::too_many_arguments)]
     fn gemmw_launch(
@@ -388,13 +426,9 @@ impl Gpu {
         accumulate: bool,
         sets: usize,
     ) -> Result<()> {
-        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
-        if tiles_m == 0 {
+        let Some(tiles_m) = wgmma_row_tiles(segs)? else {
             return Ok(());
-        }
-        if tiles_m > 65_535 {
-            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
-        }
+        };
         let (xh, xs) = self.gemm_f16_acts(q, d, n_in, n)?;
         let f = match (kind, sets) {
             (WKind::Q1, 2) => self.f.gemmw_q1,
@@ -405,19 +439,7 @@ impl Gpu {
             (WKind::Q2G64, _) => self.f.gemmw_q2g64_s4,
             (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
         };
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
-        push_seg_args(&mut args, segs, MAX_SEGS, 128);
-        args.extend([
-            Arg::P(xh),
-            Arg::P(xs),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(
-                self.gemmw_desc_swap
-                    .load(std::sync::atomic::Ordering::Relaxed) as i32,
-            ),
-        ]);
+        let args = self.wgmma_args(segs, xh, xs, n_in, n, accumulate);
         self.launch_smem(
             f,
             (cdiv(n, 64), tiles_m as u32, 1),
@@ -441,13 +463,9 @@ impl Gpu {
         accumulate: bool,
         bn: Option<usize>,
     ) -> Result<()> {
-        let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
-        if tiles_m == 0 {
+        let Some(tiles_m) = wgmma_row_tiles(segs)? else {
             return Ok(());
-        }
-        if tiles_m > 65_535 {
-            return Err(CudaError(format!("gemm_lowbit: {tiles_m} row tiles")));
-        }
+        };
         let splits =
             if segs.len() == 1 && self.gemm_k_split.load(std::sync::atomic::Ordering::Relaxed) {
                 gemmws_k_splits(segs[0].n_out, n_in)
@@ -486,21 +504,8 @@ impl Gpu {
             (WKind::Q2G64, _) => f.gemmws_q2g64_n64,
             (WKind::F32 | WKind::Q41, _) => unreachable!("checked by gemm_supported"),
         };
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 6);
-        push_seg_args(&mut args, segs, MAX_SEGS, 128);
-        args.extend([
-            Arg::P(xh),
-            Arg::P(xs),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(
-                self.gemmw_desc_swap
-                    .load(std::sync::atomic::Ordering::Relaxed) as i32,
-            ),
-            Arg::I(kc_split as i32),
-            Arg::P(part),
-        ]);
+        let mut args = self.wgmma_args(segs, xh, xs, n_in, n, accumulate);
+        args.extend([Arg::I(kc_split as i32), Arg::P(part)]);
         self.launch_smem(
             f,
             (cdiv(n, bn), tiles_m as u32, splits as u32),
