@@ -624,8 +624,9 @@ impl Gpu {
         self.gemm_lowbit_multi_bn(kind, segs, q, d, n_in, n, accumulate, None)
     }
 
-    /// [`Gpu::gemm_lowbit_multi`] with the activation rows per CTA forced to `bn` (32 or 64) instead
-    /// of picked from the grid size (tests and benchmarks).
+    /// [`Gpu::gemm_lowbit_multi`] with the activation rows per CTA forced to `bn` (32 or 64; the
+    /// `WgmmaSs` path 64 or 128; `Wgmma` ignores it) instead of picked from the grid size (tests
+    /// and benchmarks).
     pub fn gemm_lowbit_multi_bn(
         &self,
         kind: WKind,
