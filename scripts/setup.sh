@@ -11,6 +11,8 @@ command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (htt
 "$PY" -m pip install -q --upgrade "maturin>=1.9.4,<2" "numpy>=1.24" "aiohttp>=3.9" tqdm
 if [[ "${1:-}" == "--test" ]]; then
     "$PY" -m pip install -q "pytest>=8" ruff "openai>=1.40"
+    # NVRTC (no GPU needed): the tests compile the CUDA kernels for every architecture we ship
+    "$PY" -m pip install -q "nvidia-cuda-nvrtc>=13,<14"
     if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
         echo "setup: building llama-cpp-python 0.3.36 from source (the independent oracle; ~10 min on 2 cores)" >&2
         CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \

@@ -36,6 +36,18 @@ typedef unsigned long long u64;
 #endif
 #define PDL_ENTRY() do { PDL_WAIT(); PDL_TRIGGER(); } while (0)
 
+// Hopper-only features (thread-block clusters, bulk copies with mbarriers, the async-proxy fence).
+// Below sm_90 the kernels that use them compile with helpers that trap, and the host never
+// launches them there (Gpu::hopper: the staged mat-vec, the SwiGLU- and gated-norm-fused kernels
+// are off, as are the wgmma GEMMs, which have their own sm_90a guard).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define BONSAI_SM90 0
+#define CLUSTER_DIMS(x, y, z)
+#else
+#define BONSAI_SM90 1
+#define CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
+#endif
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -393,20 +405,34 @@ __device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v
     return r;
 }
 __device__ __forceinline__ void cluster_sync_all() {
+#if BONSAI_SM90
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
 }
 // The float at `local` in the shared memory of cluster block `rank`.
 __device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {
+#if BONSAI_SM90
     unsigned a = (unsigned)__cvta_generic_to_shared(local), ra;
     float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
     return v;
+#else
+    __trap();
+    return 0.f;
+#endif
 }
 __device__ __forceinline__ unsigned cluster_rank() {
+#if BONSAI_SM90
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
+#else
+    __trap();
+    return 0;
+#endif
 }
 
 // Where the SwiGLU-fused gate‖up launch (SWI) writes SiLU(gate) ⊙ up: f32 (hf, unless null) and
@@ -650,7 +676,7 @@ MV_KIND_ENTRIES(q2g64, 3, 5, 4)
 // rows). Writes SiLU(gate) ⊙ up as swiglu_quant would — hf (unless null), q, d, s — and not the
 // gate / up rows themselves.
 #define MV_SWI_ENTRY(NAME, KIND, MINB)                                                                \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MV_WARPS * 32, MINB) NAME( \
+    extern "C" __global__ void CLUSTER_DIMS(2, 1, 1) __launch_bounds__(MV_WARPS * 32, MINB) NAME( \
         const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const i8* q,      \
         const float* da, const int* sa, int n_in, int pre, float* hf, i8* hq, float* hd, int* hs) {  \
         MvSeg s0 = {c0, sc0, nullptr, n_out}, s1 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0}; \
@@ -1033,7 +1059,7 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 
 // gdn_conv_step with gated_norm_quant fused (dk = dv = 128): z [n, hv·dv] the gate input, nw the
 // ssm_norm weight [dv]; yf (f32, unless 0), yq / yd / ys as gated_norm_quant writes them.
-extern "C" __global__ void __cluster_dims__(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_d128(
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_d128(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,

@@ -28,17 +28,28 @@
 #define MVS_MAX_STAGES 8
 
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+#if BONSAI_SM90
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+    __trap();
+#endif
 }
 // The calling thread's arrival, announcing `bytes` of bulk-copy traffic for the current phase.
 __device__ __forceinline__ void mbar_arrive_tx(u64* bar, u32 bytes) {
+#if !BONSAI_SM90
+    __trap();
+#else
     asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
                      smem_u32(bar)),
                  "r"(bytes)
                  : "memory");
+#endif
 }
 // Spin until the phase with parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#if !BONSAI_SM90
+    __trap();
+#else
     u32 done = 0;
     while (!done) {
         asm volatile(
@@ -48,13 +59,18 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
             : "r"(smem_u32(bar)), "r"(parity)
             : "memory");
     }
+#endif
 }
 // Bulk copy global → shared (16-byte aligned, a multiple of 16 bytes), completing on `bar`.
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+#if !BONSAI_SM90
+    __trap();
+#else
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
+#endif
 }
 
 // Bytes of one stage: codes then scales of G·R rows, each part rounded up to 16 bytes. The
@@ -126,8 +142,10 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     int mine = first < ntiles ? (ntiles - 1 - first) / step + 1 : 0;  // tiles of this block
     if (threadIdx.x == 0) {
         for (int i = 0; i < S; ++i) mbar_init(&full[i], 1);
+#if BONSAI_SM90
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     }
     __syncthreads();
     if (pre && threadIdx.x == 0)
@@ -219,7 +237,9 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         // every warp is done with stage st (and with part): refill it S tiles ahead
         __syncthreads();
         if (threadIdx.x == 0 && i + S < mine) {
+#if BONSAI_SM90
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
             issue(first + (i + S) * step, st);
         }
     }

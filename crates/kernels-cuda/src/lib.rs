@@ -3069,7 +3069,19 @@ impl Gpu {
     /// [`MV_STAGED_DEFAULT`]). Same float order as the plain kernel with the plan's K split, so it
     /// may change at any time without changing a result; shapes it cannot take fall back.
     pub fn mv_staged_mode(&self) -> MvStaged {
+        if !self.hopper() {
+            // bulk copies with mbarriers: sm_90+
+            return MvStaged::Off;
+        }
         MvStaged::from_u8(self.mv_staged.load(Ordering::Relaxed))
+    }
+
+    /// Whether this GPU has the sm_90 features some kernels need (thread-block clusters, bulk
+    /// copies with mbarriers). Below it the kernels compile with trapping stubs and the getters of
+    /// the modes that would launch them ([`Self::mv_staged_mode`], [`Self::gdn_fused`],
+    /// [`Self::swiglu_fused`]) answer with the plain kernels.
+    pub fn hopper(&self) -> bool {
+        self.arch.0 >= 9
     }
 
     /// Set [`Self::mv_staged_mode`].
@@ -3461,7 +3473,9 @@ impl Gpu {
         rec_out: Option<(u64, u64, u64, u64)>,
         norm: Option<GdnNormOut>,
     ) -> Result<()> {
-        if !gdn_fused_supported(hk, hv, dk, dv, kconv) || (norm.is_some() && dv != 128) {
+        if !gdn_fused_supported(hk, hv, dk, dv, kconv)
+            || (norm.is_some() && (dv != 128 || !self.hopper()))
+        {
             return Err(CudaError(format!(
                 "gdn_conv_step: no kernel for hk {hk}, hv {hv}, dk {dk}, dv {dv}, conv {kconv}{}",
                 if norm.is_some() {
@@ -3519,7 +3533,11 @@ impl Gpu {
     /// Which decode / verify GDN kernels run fused (default [`GDN_FUSED_DEFAULT`];
     /// `BONSAI_CUDA_GDN_FUSED=0|1|2`). The same bits in every mode; captured graphs key on it.
     pub fn gdn_fused(&self) -> GdnFused {
-        GdnFused::ALL[self.gdn_fused.load(Ordering::Relaxed) as usize]
+        match GdnFused::ALL[self.gdn_fused.load(Ordering::Relaxed) as usize] {
+            // the gated-norm fusion runs as a thread-block cluster: sm_90+
+            GdnFused::ConvNorm if !self.hopper() => GdnFused::Conv,
+            m => m,
+        }
     }
 
     /// Set [`Self::gdn_fused`].
@@ -4138,7 +4156,8 @@ impl Gpu {
     /// Whether decode gate‖up launches take [`Self::mv_swiglu`] where they can (default on;
     /// `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off). The same bits either way; graphs key on it.
     pub fn swiglu_fused(&self) -> bool {
-        self.swiglu_fused.load(Ordering::Relaxed)
+        // 2-block clusters: sm_90+
+        self.hopper() && self.swiglu_fused.load(Ordering::Relaxed)
     }
 
     /// Set [`Self::swiglu_fused`].
