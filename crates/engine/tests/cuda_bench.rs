@@ -842,6 +842,74 @@ fn cuda_launch_what_if() {
     }
 }
 
+/// Decode graph time under the staged gate‖up settings (`BONSAI_BENCH_MODEL`; benchmark only):
+/// the SwiGLU fused or not, rows per warp and ring stages of the staged kernels; each row a fresh
+/// capture in one process, the median of 3 replays, and the tokens checked against the first
+/// row's (the settings never change a result). `BONSAI_SWEEP_OUT` receives the JSON,
+/// `BONSAI_SWEEP_ROWS` picks rows by label.
+#[test]
+#[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
+fn cuda_gate_up_sweep() {
+    let Some(path) = common::cuda_bench_model("cuda_gate_up_sweep", "BONSAI_BENCH_MODEL") else {
+        return;
+    };
+    let steps = 128;
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
+    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
+    let gpu = cuda.gpu();
+    // (label, SwiGLU fused, staged rows per warp, stages; 0: the launcher's choice)
+    let rows: [(&str, bool, usize, usize); 8] = [
+        ("unfused", false, 0, 0),
+        ("swi", true, 0, 0),
+        ("swi r4", true, 4, 0),
+        ("swi s3", true, 0, 3),
+        ("swi s4", true, 0, 4),
+        ("swi r4 s3", true, 4, 3),
+        ("swi again", true, 0, 0),
+        ("unfused again", false, 0, 0),
+    ];
+    let mut base: Option<Vec<u32>> = None;
+    let mut json = Vec::new();
+    // `BONSAI_SWEEP_ROWS`: a comma-separated subset of the labels (all when unset)
+    let pick = std::env::var("BONSAI_SWEEP_ROWS").ok();
+    for (label, swi, r, s) in rows {
+        if pick
+            .as_deref()
+            .is_some_and(|p| !p.split(',').any(|l| l == label))
+        {
+            continue;
+        }
+        gpu.set_swiglu_fused(swi);
+        gpu.set_mvs_rows(r);
+        gpu.set_mvs_stages(s);
+        let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+        let b = base.get_or_insert_with(|| runs[0].clone());
+        assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
+        let per = ms / steps as f64;
+        println!("SWEEP {label:<14} graph {per:.4} ms/token");
+        json.push(format!(
+            "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
+        ));
+    }
+    gpu.set_swiglu_fused(true);
+    gpu.set_mvs_rows(0);
+    gpu.set_mvs_stages(0);
+    let out = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        json.join(", ")
+    );
+    println!("SWEEP {out}");
+    if let Ok(p) = std::env::var("BONSAI_SWEEP_OUT") {
+        std::fs::write(p, &out).unwrap();
+    }
+}
+
 /// The same graph decode captured again with one switch flipped (A/B in one process): `get`
 /// reads the switch, `set` flips it. The tokens must match when `same_tokens` (the switch changes
 /// scheduling only); otherwise the agreeing prefix is reported (the switch changes a kernel's

@@ -1,5 +1,5 @@
 // ---- staged persistent decode mat-vec (`mvs_*`, n = 1, dp4a) ---------------------------------
-// (smem_u32 of gemm.cu and the sub-block unpack / dot of bonsai.cu are in scope.)
+// (smem_u32, the mbarrier helpers and the sub-block unpack / dot of bonsai.cu are in scope.)
 //
 // `mv_lowbit` keeps a warp's weights in registers: a warp loads a batch of code words, waits a
 // whole DRAM round trip, computes, loads the next batch. On the H200 that leaves the decode
@@ -82,17 +82,34 @@ __device__ __forceinline__ u32 mvs_scale_bytes(int kind, int rows, int n_in) {
     return ((u32)rows * (u32)(n_in / (kind == 3 ? 64 : 128)) * 2u + 15u) & ~15u;
 }
 
-template <int KIND, int R, int KS>
+// Where the SwiGLU mode (MVS_SWI) of mv_staged writes SiLU(gate) ⊙ up.
+#define MVS_PLAIN 0
+#define MVS_SWI 1
+
+// MVS_SWI (K split 1): s0 is the gate and s1 the up matrix (n_out rows each, n_out % 32 == 0). A
+// tile is TO = MV_WARPS·R/2 consecutive outputs: the stage holds their TO gate rows, then the same
+// TO up rows (codes, then scales, 4 bulk copies), and warp w takes outputs w·R/2 .. w·R/2 + R/2 − 1,
+// gate rows as its rows 0 .. R/2 − 1 and up rows as the rest. Every row is summed as in
+// MVS_PLAIN (so as mv_lowbit's K split 1). Blocks take whole quant groups of 32 outputs
+// (32 / TO consecutive tiles): lane 0 of each warp writes SiLU(g) ⊙ u of its outputs to shared
+// memory, and after the group's last tile one warp quantizes the 32 values with quant32, as
+// swiglu_quant does (hf unless null, q, d, s).
+template <int KIND, int R, int KS, int MODE = MVS_PLAIN>
 __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa, int n_in,
-                                          int accumulate, int pre) {
+                                          int accumulate, int pre, SwiOut so = {}) {
+    static_assert(MODE == MVS_PLAIN || (KS == 1 && R % 2 == 0), "MVS_SWI: K split 1, gate / up row pairs");
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
     const int TR = G * R;                 // rows per tile
+    const int RO = MODE ? R / 2 : R;      // outputs per warp (MVS_SWI: gate and up row pairs)
+    const int TO = G * RO;                // outputs per tile
+    const int TPG = MODE ? 32 / TO : 1;   // tiles per quant group (MVS_SWI)
     extern __shared__ __align__(128) unsigned char mvs_smem[];
     __shared__ u64 full[MVS_MAX_STAGES];
     __shared__ float part[KS > 1 ? MV_WARPS : 1][R];
+    __shared__ float hbuf[MODE ? 2 : 1][MODE ? 32 : 1];  // SiLU(g) ⊙ u of a quant group, double-buffered
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int kp = w % KS, g = w / KS;
     int nsb = n_in >> 5, nblk = n_in / BE;
@@ -108,11 +125,17 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     int* s_s = (int*)(mvs_smem + n_in + 4 * nsb);
     unsigned char* stages = mvs_smem + act_bytes;
 
-    // tiles: per segment ceil(n_out / TR), in segment order
+    // tiles: per segment ceil(n_out / TR), in segment order (MVS_SWI: n_out / TO pairs)
     int t0 = (s0.n_out + TR - 1) / TR, t1 = (s1.n_out + TR - 1) / TR, t2 = (s2.n_out + TR - 1) / TR,
         t3 = (s3.n_out + TR - 1) / TR;
     int ntiles = t0 + t1 + t2 + t3;
+    if (MODE) t0 = ntiles = s0.n_out / TO;
     auto tile_of = [&](int t, MvSeg& sg, int& o0) {
+        if (MODE) {
+            sg = s0;
+            o0 = t * TO;
+            return;
+        }
         if (t < t0) {
             sg = s0;
         } else if ((t -= t0) < t1) {
@@ -130,16 +153,30 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         MvSeg sg = s0;
         int o0 = 0;
         tile_of(t, sg, o0);
-        int rows = min(TR, sg.n_out - o0);
+        int rows = MODE ? TO : min(TR, sg.n_out - o0);
         u32 cb = mvs_code_bytes(KIND, rows, n_in);
         u32 sb = (u32)rows * (u32)nblk * 2u;  // a multiple of 16 (the launcher checks n_in)
         unsigned char* dst = stages + (size_t)st * stage_bytes;
+        size_t co = (size_t)o0 * mvs_code_bytes(KIND, 1, n_in), so = (size_t)o0 * nblk * 2;
+        if (MODE) {
+            // TO gate rows, then the same TO up rows (rows = TO: n_out % 32 == 0)
+            mbar_arrive_tx(&full[st], 2 * (cb + sb));
+            bulk_g2s(dst, (const unsigned char*)s0.codes + co, cb, &full[st]);
+            bulk_g2s(dst + cb, (const unsigned char*)s1.codes + co, cb, &full[st]);
+            bulk_g2s(dst + cbytes, (const unsigned char*)s0.scales + so, sb, &full[st]);
+            bulk_g2s(dst + cbytes + sb, (const unsigned char*)s1.scales + so, sb, &full[st]);
+            return;
+        }
         mbar_arrive_tx(&full[st], cb + sb);
-        bulk_g2s(dst, (const unsigned char*)sg.codes + (size_t)o0 * mvs_code_bytes(KIND, 1, n_in), cb, &full[st]);
-        bulk_g2s(dst + cbytes, (const unsigned char*)sg.scales + (size_t)o0 * nblk * 2, sb, &full[st]);
+        bulk_g2s(dst, (const unsigned char*)sg.codes + co, cb, &full[st]);
+        bulk_g2s(dst + cbytes, (const unsigned char*)sg.scales + so, sb, &full[st]);
     };
+    // a block's i-th tile: tiles b, b + nb, ..; MVS_SWI: quant groups b, b + nb, .. of TPG
+    // consecutive tiles each
     int first = blockIdx.x, step = gridDim.x;
-    int mine = first < ntiles ? (ntiles - 1 - first) / step + 1 : 0;  // tiles of this block
+    int nunits = ntiles / TPG;
+    int mine = first < nunits ? ((nunits - 1 - first) / step + 1) * TPG : 0;  // tiles of this block
+    auto tile_at = [&](int i) { return (first + (i / TPG) * step) * TPG + i % TPG; };
     if (threadIdx.x == 0) {
         for (int i = 0; i < S; ++i) mbar_init(&full[i], 1);
 #if BONSAI_SM90
@@ -149,10 +186,10 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     }
     __syncthreads();
     if (pre && threadIdx.x == 0)
-        for (int i = 0; i < min(S, mine); ++i) issue(first + i * step, i);
+        for (int i = 0; i < min(S, mine); ++i) issue(tile_at(i), i);
     PDL_ENTRY();
     if (!pre && threadIdx.x == 0)
-        for (int i = 0; i < min(S, mine); ++i) issue(first + i * step, i);
+        for (int i = 0; i < min(S, mine); ++i) issue(tile_at(i), i);
     // activations into shared memory (16 bytes at a time; q with the half swap)
     for (int i = threadIdx.x; i < n_in / 16; i += blockDim.x) {
         int j = i >> 1, h = i & 1;
@@ -167,7 +204,7 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 
     for (int i = 0; i < mine; ++i) {
         int st = i % S;
-        int t = first + i * step;
+        int t = tile_at(i);
         MvSeg sg = s0;
         int o0 = 0;
         tile_of(t, sg, o0);
@@ -181,7 +218,8 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         const u16* sp[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            int rr = min(g * R + r, rows - 1);
+            // MVS_SWI: gate rows g·RO + r, up rows TO + g·RO + r − RO of the stage
+            int rr = MODE ? (r < RO ? g * RO + r : TO + g * RO + r - RO) : min(g * R + r, rows - 1);
             c1[r] = (const u32*)cs + rr * nsb;
             c2[r] = (const uint2*)cs + rr * nsb;
             sp[r] = ss + rr * nblk;
@@ -212,8 +250,16 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
             }
         }
         // lane sums → warp (fixed xor-tree) → K parts in order kp = 0, 1, .. (fixed)
+        if (MODE) {
+            float v[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < R; ++r) v[r] = warp_sum(acc[r]);
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < RO; ++r) hbuf[(i / TPG) & 1][(i % TPG) * TO + g * RO + r] = siluf_(v[r]) * v[RO + r];
+        }
+#pragma unroll
+        for (int r = 0; r < R && !MODE; ++r) {
             float v = warp_sum(acc[r]);
             if (KS == 1) {
                 if (lane == r && g * R + r < rows) {
@@ -240,7 +286,19 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #if BONSAI_SM90
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-            issue(first + (i + S) * step, st);
+            issue(tile_at(i + S), st);
+        }
+        // MVS_SWI: the group's 32 values are in hbuf (the barrier above); one warp, a
+        // different one per group, quantizes them while the others go on (they write the other
+        // half of hbuf until the next group's last barrier, which this warp reaches only after)
+        if (MODE && i % TPG == TPG - 1) {
+            int grp = first + (i / TPG) * step;
+            if (w == grp % MV_WARPS) {
+                float h = hbuf[(i / TPG) & 1][lane];
+                int o = grp * 32 + lane;
+                if (so.hf) so.hf[o] = h;
+                quant32(h, so.q + (size_t)grp * 32, so.d + grp, so.s + grp);
+            }
         }
     }
 }
@@ -263,3 +321,23 @@ __device__ __forceinline__ void mv_staged(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 MVS_KIND_ENTRIES(q1, 1)
 MVS_KIND_ENTRIES(q2, 2)
 MVS_KIND_ENTRIES(q2g64, 3)
+
+// Decode gate‖up with the SwiGLU fused in (`_swi`), staged: R/2 outputs per warp (`_o1`: R = 2,
+// `_o2`: R = 4), K split 1. Gate and up are n_out rows each (n_out % 32 == 0). Writes SiLU(gate) ⊙
+// up as swiglu_quant would (hf unless null, hq, hd, hs). The launcher sizes the grid (at most
+// n_out / 32 blocks) and the shared memory.
+#define MVS_SWI_ENTRY(NAME, KIND, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 4) NAME(                             \
+        const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const i8* q,       \
+        const float* da, const int* sa, int n_in, int pre, float* hf, i8* hq, float* hd, int* hs) {   \
+        MvSeg s0 = {c0, sc0, nullptr, n_out}, s1 = {c1, sc1, nullptr, n_out},                         \
+              none = {nullptr, nullptr, nullptr, 0};                                                   \
+        mv_staged<KIND, R, 1, MVS_SWI>(s0, s1, none, none, q, da, sa, n_in, 0, pre,                   \
+                                       SwiOut{hf, hq, hd, hs});                                       \
+    }
+#define MVS_SWI_KIND_ENTRIES(K, KIND)        \
+    MVS_SWI_ENTRY(mvs_##K##_o1_swi, KIND, 2) \
+    MVS_SWI_ENTRY(mvs_##K##_o2_swi, KIND, 4)
+MVS_SWI_KIND_ENTRIES(q1, 1)
+MVS_SWI_KIND_ENTRIES(q2, 2)
+MVS_SWI_KIND_ENTRIES(q2g64, 3)

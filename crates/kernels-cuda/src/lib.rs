@@ -1451,6 +1451,12 @@ kernels!(
         mvs_q2g64_r4_k1,
         mvs_q2g64_r4_k2,
         mvs_q2g64_r4_k4,
+        mvs_q1_o1_swi,
+        mvs_q1_o2_swi,
+        mvs_q2_o1_swi,
+        mvs_q2_o2_swi,
+        mvs_q2g64_o1_swi,
+        mvs_q2g64_o2_swi,
     ],
     plain: [
         spin_ns,
@@ -4089,14 +4095,16 @@ impl Gpu {
         )
     }
 
-    /// Decode gate‖up with [`Self::swiglu_quant`] fused in (`mv_*_n1_r8_k1_swi`): one launch
-    /// instead of two, and the gate / up rows never leave the kernel. Each row is the one-row
-    /// dp4a launch's bit for bit (K split 1); `out` receives SiLU(gate) ⊙ up as
-    /// [`Self::swiglu_quant`] writes it (f32 `f` unless 0, int8 `q` / `d` / `s`). `out` must not
-    /// alias the activations `q` / `d` / `s` (other blocks may still read them). Runs only where
-    /// the launch's plan is the plain dp4a kernel with 8 rows per warp and K split 1, not staged
-    /// (Q1_0's default for gate‖up), `n_out % 32 == 0` and [`Self::swiglu_fused`] is on; otherwise
-    /// returns `Ok(false)` and launches nothing.
+    /// Decode gate‖up with [`Self::swiglu_quant`] fused in: one launch instead of two, and the
+    /// gate / up rows never leave the kernel. Each row is the one-row dp4a launch's bit for bit
+    /// (K split 1); `out` receives SiLU(gate) ⊙ up as [`Self::swiglu_quant`] writes it (f32 `f`
+    /// unless 0, int8 `q` / `d` / `s`). `out` must not alias the activations `q` / `d` / `s`
+    /// (other blocks may still read them). Two kernels: where the launch would be staged (Q2_0's
+    /// default for gate‖up), the staged one (`mvs_*_swi`, whole groups of 32 outputs per block);
+    /// where the plan is the plain dp4a kernel with 8 rows per warp (Q1_0's default),
+    /// `mv_*_n1_r8_k1_swi` (a 2-block cluster per 32 outputs). Both need K split 1,
+    /// `n_out % 32 == 0` and [`Self::swiglu_fused`] on; otherwise this returns `Ok(false)` and
+    /// launches nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_swiglu(
         &self,
@@ -4113,14 +4121,19 @@ impl Gpu {
         }
         let rows = 2 * n_out;
         let plan = self.mv_plan(kind, 1, rows, n_in);
-        if plan.mma
-            || plan.o8
-            || plan.pipe
-            || plan.b1
-            || plan.ks != 1
-            || plan.r != 8
-            || self.staged_for(kind, rows)
-        {
+        if self.staged_for(kind, rows) {
+            return self.launch_mvs_swi(
+                kind,
+                (gate_codes, gate_scales),
+                (up_codes, up_scales),
+                n_out,
+                n_in,
+                (q, d, s),
+                out,
+                plan,
+            );
+        }
+        if plan.mma || plan.o8 || plan.pipe || plan.b1 || plan.ks != 1 || plan.r != 8 {
             return Ok(false);
         }
         let f = match kind {
@@ -4133,6 +4146,79 @@ impl Gpu {
             f,
             ((rows / 32) as u32, 1, 1),
             ((MV_WARPS * 32) as u32, 1, 1),
+            &[
+                Arg::P(gate_codes),
+                Arg::P(gate_scales),
+                Arg::P(up_codes),
+                Arg::P(up_scales),
+                Arg::I(n_out as i32),
+                Arg::P(q),
+                Arg::P(d),
+                Arg::P(s),
+                Arg::I(n_in as i32),
+                Arg::I(plan.pre as i32),
+                Arg::P(out.f),
+                Arg::P(out.q),
+                Arg::P(out.d),
+                Arg::P(out.s),
+            ],
+        )?;
+        Ok(true)
+    }
+
+    /// The staged launch of [`Self::mv_swiglu`] (`mvs_*_swi`): `Ok(false)` (nothing launched)
+    /// where the plan's K split is not 1 or the shape does not suit the bulk copies.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_mvs_swi(
+        &self,
+        kind: WKind,
+        (gate_codes, gate_scales): (u64, u64),
+        (up_codes, up_scales): (u64, u64),
+        n_out: usize,
+        n_in: usize,
+        (q, d, s): (u64, u64, u64),
+        out: QuantOut,
+        plan: MvPlan,
+    ) -> Result<bool> {
+        if plan.ks != 1 || plan.mma || plan.o8 || plan.b1 || n_out % 32 != 0 || n_out == 0 {
+            return Ok(false);
+        }
+        // rows per warp: the layout's choice for the plan (gate and up rows in pairs, so 2 or 4)
+        let r_plan = plan.r.clamp(1, 4);
+        let Some((r, _, _, _)) = mvs_layout(kind, n_in, r_plan, 1, 0, self.mvs_rows()) else {
+            return Ok(false);
+        };
+        let r = if r >= 4 { 4 } else { 2 };
+        let Some((_, _, _, smem)) = mvs_layout(kind, n_in, r, 1, self.mvs_stages(), r) else {
+            return Ok(false);
+        };
+        if smem + 1024 > self.smem_optin()? {
+            return Ok(false);
+        }
+        let aligned = [q, d, s, gate_codes, gate_scales, up_codes, up_scales]
+            .iter()
+            .all(|p| p % 16 == 0);
+        if !aligned {
+            return Ok(false);
+        }
+        let f = &self.f;
+        let f = match (kind, r) {
+            (WKind::Q1, 2) => f.mvs_q1_o1_swi,
+            (WKind::Q1, _) => f.mvs_q1_o2_swi,
+            (WKind::Q2, 2) => f.mvs_q2_o1_swi,
+            (WKind::Q2, _) => f.mvs_q2_o2_swi,
+            (WKind::Q2G64, 2) => f.mvs_q2g64_o1_swi,
+            (WKind::Q2G64, _) => f.mvs_q2g64_o2_swi,
+            _ => return Ok(false),
+        };
+        self.staged_carveout()?;
+        // whole quant groups of 32 outputs per block
+        let blocks = balanced_count(n_out / 32, self.resident_blocks(f, smem)?);
+        self.launch_smem(
+            f,
+            (blocks as u32, 1, 1),
+            ((MV_WARPS * 32) as u32, 1, 1),
+            smem as u32,
             &[
                 Arg::P(gate_codes),
                 Arg::P(gate_scales),

@@ -1078,6 +1078,164 @@ fn mv_swiglu_equals_matvec_then_swiglu() {
     g.set_mv_staged_mode(staged0);
 }
 
+/// The staged SwiGLU launch (`mvs_*_swi`: `mv_swiglu` where gate‖up is staged) against the
+/// plain grouped one-row mat-vec and `swiglu_quant`, bit for bit (codes, scales, sums, f32), for
+/// every weight type at the 27B ffn shape and a small one, both row pairings per warp (plan r 2 /
+/// 4), three ring depths, weights before and after the PDL wait; a K split of 2 is refused.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mvs_swiglu_equals_matvec_then_swiglu() {
+    use bonsai_kernels_cuda::MvStaged;
+    let g = need_gpu!("mvs_swiglu_equals_matvec_then_swiglu");
+    let staged0 = g.mv_staged_mode();
+    let mut cases = 0;
+    for (qi, qt) in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
+        .into_iter()
+        .enumerate()
+    {
+        for (si, (n_in, n_out)) in [(5120usize, 17408usize), (1024, 160)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut rng = Rng(1900 + 10 * qi as u64 + si as u64);
+            let (rg, ru) = (
+                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+            );
+            let (gc, gs, uc, us) = (
+                g.upload(&rg.codes).unwrap(),
+                g.upload(&rg.scales).unwrap(),
+                g.upload(&ru.codes).unwrap(),
+                g.upload(&ru.scales).unwrap(),
+            );
+            let x = rng.vec(n_in, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let (q, d, s) = (
+                g.alloc(n_in).unwrap(),
+                g.alloc(n_in / 8).unwrap(),
+                g.alloc(n_in / 8).unwrap(),
+            );
+            g.quant_rows(xb.ptr(), 1, n_in, q.ptr(), d.ptr(), s.ptr())
+                .unwrap();
+            let nb = n_out / 32;
+            let outs = || {
+                (
+                    g.alloc(n_out * 4).unwrap(),
+                    g.alloc(n_out).unwrap(),
+                    g.alloc(nb * 4).unwrap(),
+                    g.alloc(nb * 4).unwrap(),
+                )
+            };
+            // unfused: the plain grouped mat-vec, then swiglu_quant
+            g.set_mv_staged_mode(MvStaged::Off);
+            g.set_mv_override(Some(MvPlan::dp4a(4, 1, true)));
+            let (yg, yu) = (g.alloc(n_out * 4).unwrap(), g.alloc(n_out * 4).unwrap());
+            let seg = |c: &DevBuf, sc: &DevBuf, y: &DevBuf| MvSeg {
+                codes: c.ptr(),
+                scales: sc.ptr(),
+                y: y.ptr(),
+                n_out,
+            };
+            g.mv_lowbit_multi(
+                rg.kind,
+                &[seg(&gc, &gs, &yg), seg(&uc, &us, &yu)],
+                q.ptr(),
+                d.ptr(),
+                s.ptr(),
+                n_in,
+                1,
+                false,
+            )
+            .unwrap();
+            let (hfa, qa, da, sa) = outs();
+            g.swiglu_quant(
+                yg.ptr(),
+                yu.ptr(),
+                1,
+                n_out,
+                hfa.ptr(),
+                qa.ptr(),
+                da.ptr(),
+                sa.ptr(),
+            )
+            .unwrap();
+            let want: (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) = (
+                down(g, &qa, n_out / 4),
+                down(g, &da, nb),
+                down(g, &sa, nb),
+                down(g, &hfa, n_out),
+            );
+            g.set_mv_staged_mode(MvStaged::All);
+            let (gate, up) = ((gc.ptr(), gs.ptr()), (uc.ptr(), us.ptr()));
+            for (r, stages, pre, f32_out) in [
+                (2, 0, true, true),
+                (4, 0, false, false),
+                (2, 4, false, true),
+                (4, 3, true, false),
+            ] {
+                g.set_mv_override(Some(MvPlan::dp4a(r, 1, pre)));
+                g.set_mvs_stages(stages);
+                let (hfb, qb, db, sb) = outs();
+                let out = QuantOut {
+                    f: if f32_out { hfb.ptr() } else { 0 },
+                    q: qb.ptr(),
+                    d: db.ptr(),
+                    s: sb.ptr(),
+                };
+                let ran = g
+                    .mv_swiglu(
+                        rg.kind,
+                        gate,
+                        up,
+                        n_out,
+                        n_in,
+                        (q.ptr(), d.ptr(), s.ptr()),
+                        out,
+                    )
+                    .unwrap();
+                let tag = format!("{qt:?} [{n_in}x{n_out}] r {r} stages {stages} pre {pre}");
+                assert!(ran, "{tag}: the staged fused launch was refused");
+                assert_eq!(
+                    want.0,
+                    down::<u32>(g, &qb, n_out / 4),
+                    "{tag}: codes differ"
+                );
+                assert_eq!(want.1, down::<u32>(g, &db, nb), "{tag}: scales differ");
+                assert_eq!(want.2, down::<u32>(g, &sb, nb), "{tag}: sums differ");
+                if f32_out {
+                    assert_eq!(want.3, down::<u32>(g, &hfb, n_out), "{tag}: f32 differs");
+                }
+                cases += 1;
+            }
+            // K split 2 (another float order): refused
+            g.set_mv_override(Some(MvPlan::dp4a(2, 2, true)));
+            let (_, qb, db, sb) = outs();
+            let out = QuantOut {
+                f: 0,
+                q: qb.ptr(),
+                d: db.ptr(),
+                s: sb.ptr(),
+            };
+            let ran = g
+                .mv_swiglu(
+                    rg.kind,
+                    gate,
+                    up,
+                    n_out,
+                    n_in,
+                    (q.ptr(), d.ptr(), s.ptr()),
+                    out,
+                )
+                .unwrap();
+            assert!(!ran, "{qt:?}: K split 2 took the staged SwiGLU kernel");
+            g.set_mvs_stages(0);
+        }
+    }
+    g.set_mv_override(None);
+    g.set_mv_staged_mode(staged0);
+    eprintln!("mvs swi: {cases} staged fused launches equal mat-vec + swiglu_quant bit for bit");
+}
+
 /// A grouped low-bit mat-vec launch over the quantized activations `q`, `d`, `s` (rows of `n_in`):
 /// `(segments, first activation row, rows, accumulate)`.
 fn seg_launcher<'a>(
