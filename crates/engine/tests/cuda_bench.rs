@@ -368,6 +368,9 @@ fn cuda_decode_bench() {
     let prompt_pp: Vec<u32> = (0..pp as u32)
         .map(|i| (i * 7919 + 3) % cfg.n_vocab as u32)
         .collect();
+    // GPU memory the first 512-row prefill adds (its state, GEMM activation and K-split scratch,
+    // prefill buffers), on top of `resident_bytes` (measured after the 8-token prompt)
+    let (free_pre_pp, _) = cuda.gpu().mem_info().unwrap();
     let mut spp = SeqState::new(&cuda, &cfg, n_ctx.max(pp + 8)).unwrap();
     // `runs` timed pp512 forwards after one warm-up, fresh state each: (sorted ms, last logits)
     let mut time_pp = |runs: usize| {
@@ -397,6 +400,7 @@ fn cuda_decode_bench() {
         (ms, logits)
     };
     let (pp_ms, mut pp_logits) = time_pp(5);
+    let prefill_scratch = free_pre_pp.saturating_sub(cuda.gpu().mem_info().unwrap().0);
     assert!(
         pp_logits.iter().all(|v| v.is_finite()),
         "pp512 logits not finite"
@@ -695,7 +699,7 @@ fn cuda_decode_bench() {
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
          \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"attn_fused\": {attn_fused_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
-         \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \
+         \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \"prefill_pp512_extra_bytes\": {prefill_scratch}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
          \"prefill_pp512_ms_median\": {pp_med:.2}, \"prefill_pp512_ms_all\": {pp_ms:?}, \

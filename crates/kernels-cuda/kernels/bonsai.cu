@@ -411,6 +411,17 @@ __device__ __forceinline__ void cluster_sync_all() {
     __trap();
 #endif
 }
+// Every thread of the cluster arrives and waits for the others, with no memory ordering (the
+// release of cluster_sync_all is a GPU-wide fence behind the thread's outstanding stores): an
+// execution barrier, e.g. to keep a block's shared memory alive until its peers' reads of it,
+// whose values they have already used, are done.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+#if BONSAI_SM90
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
 // The float at `local` in the shared memory of cluster block `rank`.
 __device__ __forceinline__ float ld_cluster_f32(const float* local, unsigned rank) {
 #if BONSAI_SM90
@@ -616,7 +627,9 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 quant32(v, so.q + (size_t)b * 32, so.d + b, so.s + b);
             }
         }
-        cluster_sync_all();  // rank 1's sres stays until rank 0 has read it
+        // rank 1's sres stays until rank 0 has read it (those reads have returned: their values
+        // are in the stores above), so an execution barrier is enough
+        cluster_sync_relaxed();
     }
 }
 
