@@ -847,10 +847,10 @@ fn cuda_launch_what_if() {
 }
 
 /// Decode graph time under the staged gate‖up settings (`BONSAI_BENCH_MODEL`; benchmark only):
-/// the SwiGLU fused or not, rows per warp and ring stages of the staged kernels; each row a fresh
-/// capture in one process, the median of 3 replays, and the tokens checked against the first
-/// row's (the settings never change a result). `BONSAI_SWEEP_OUT` receives the JSON,
-/// `BONSAI_SWEEP_ROWS` picks rows by label.
+/// the SwiGLU fused or not, rows per warp and ring stages of the staged kernels, the carveout;
+/// each row a fresh capture in one process, the median of 3 replays, and the tokens checked
+/// against the first row's (the settings never change a result). `BONSAI_SWEEP_OUT` receives the
+/// JSON, `BONSAI_SWEEP_ROWS` picks rows by label.
 #[test]
 #[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
 fn cuda_gate_up_sweep() {
@@ -865,22 +865,32 @@ fn cuda_gate_up_sweep() {
     let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
     let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let gpu = cuda.gpu();
-    // (label, SwiGLU fused, staged rows per warp, stages; 0: the launcher's choice)
-    let rows: [(&str, bool, usize, usize); 8] = [
-        ("unfused", false, 0, 0),
-        ("swi", true, 0, 0),
-        ("swi r4", true, 4, 0),
-        ("swi s3", true, 0, 3),
-        ("swi s4", true, 0, 4),
-        ("swi r4 s3", true, 4, 3),
-        ("swi again", true, 0, 0),
-        ("unfused again", false, 0, 0),
+    // (label, SwiGLU fused, staged rows per warp, stages (0: the launcher's choice), shared-memory
+    // carveout for every kernel (None: the automatic one))
+    let rows: [(&str, bool, usize, usize, Option<u8>); 17] = [
+        ("unfused", false, 0, 0, None),
+        ("swi", true, 0, 0, None),
+        ("swi r4", true, 4, 0, None),
+        ("swi s3", true, 0, 3, None),
+        ("swi s4", true, 0, 4, None),
+        ("swi r4 s3", true, 4, 3, None),
+        ("swi c20", true, 0, 0, Some(20)),
+        ("swi c30", true, 0, 0, Some(30)),
+        ("swi c44", true, 0, 0, Some(44)),
+        ("swi c50", true, 0, 0, Some(50)),
+        ("swi c58", true, 0, 0, Some(58)),
+        ("swi c64", true, 0, 0, Some(64)),
+        ("swi c72", true, 0, 0, Some(72)),
+        ("swi c86", true, 0, 0, Some(86)),
+        ("swi c100", true, 0, 0, Some(100)),
+        ("swi again", true, 0, 0, None),
+        ("unfused again", false, 0, 0, None),
     ];
     let mut base: Option<Vec<u32>> = None;
     let mut json = Vec::new();
     // `BONSAI_SWEEP_ROWS`: a comma-separated subset of the labels (all when unset)
     let pick = std::env::var("BONSAI_SWEEP_ROWS").ok();
-    for (label, swi, r, s) in rows {
+    for (label, swi, r, s, c) in rows {
         if pick
             .as_deref()
             .is_some_and(|p| !p.split(',').any(|l| l == label))
@@ -890,6 +900,7 @@ fn cuda_gate_up_sweep() {
         gpu.set_swiglu_fused(swi);
         gpu.set_mvs_rows(r);
         gpu.set_mvs_stages(s);
+        gpu.set_carveout(c).unwrap();
         let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
         let b = base.get_or_insert_with(|| runs[0].clone());
         assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
@@ -902,6 +913,7 @@ fn cuda_gate_up_sweep() {
     gpu.set_swiglu_fused(true);
     gpu.set_mvs_rows(0);
     gpu.set_mvs_stages(0);
+    gpu.set_carveout(None).unwrap();
     let out = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}]}}",
         cfg.weight_type.name(),

@@ -504,10 +504,13 @@ fn env_usize(name: &str) -> Option<usize> {
 
 /// The shared-memory carveout (percent) every kernel but the n-row verify mat-vecs gets once a
 /// staged launch runs, unless one was chosen ([`Gpu::set_carveout`], `BONSAI_CUDA_CARVEOUT`): the
-/// staged kernels need most of the unified L1 as shared memory, and one setting for all decode
+/// staged kernels need much of the unified L1 as shared memory, and one setting for all decode
 /// kernels spares the SMs a carveout switch (a drain) before and after each staged launch. The
 /// verify mat-vecs keep the driver's choice: they re-read up to 8 activation rows from L1.
-pub const STAGED_CARVEOUT: u8 = 100;
+/// 58 % (132 KiB of shared memory on the H200) leaves the other kernels more L1 and still holds 4
+/// staged blocks per SM: Q2_0 decode graph 3.396 ms/token at 100 %, 3.352 at 58 or 64 %, 3.38 at
+/// 72 %, 3.77 at 30–50 % (too few staged blocks); `bench/results/cuda-gate-up-swi-27b.json`.
+pub const STAGED_CARVEOUT: u8 = 58;
 
 /// Rows per warp of the staged kernel (`BONSAI_CUDA_MVS_ROWS`: 1, 2 or 4; unset or 0: chosen
 /// per launch by [`mvs_layout`]).
@@ -2620,9 +2623,14 @@ impl Gpu {
         self.bind()?;
         let v = pct.map_or(-1, |p| p.min(100) as i32);
         for (name, f) in self.f.all() {
-            // the automatic setting leaves the n-row verify mat-vecs on the driver's choice: they
-            // re-read up to 8 activation rows from L1 (Q2 verify round 12.5 → 14.5 ms at 100 %)
-            let v = if !chosen && name.contains("_n8_") {
+            // the automatic setting leaves the n-row verify mat-vecs (`_n8*`, `_n5*`) on the
+            // driver's choice: they re-read up to 8 activation rows from L1 (Q2 verify round
+            // 12.5 → 14.5 ms at 100 %); and the prefill kernels with large tiles in shared
+            // memory, which the staged carveout would leave fewer blocks per SM
+            let prefill = ["gemm", "attn_prefill", "gdn_chunk", "gdn_step_seq"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            let v = if !chosen && (name.contains("_n8") || name.contains("_n5") || prefill) {
                 -1
             } else {
                 v
