@@ -340,7 +340,8 @@ def staged_section() -> list[str]:
         out += [
             "",
             "Decode graph ms/token by shared-memory carveout (one for every kernel; None = the driver's, "
-            "which a staged launch turns into 100 % for all but the verify mat-vecs) / staged mode: "
+            "which a staged launch turns into the staged carveout (100 % up to 72997f6, 58 % since fc75e0c) for all "
+            "but the verify mat-vecs and, since fc75e0c, the prefill kernels) / staged mode: "
             + "; ".join(mat)
             + ".",
         ]
@@ -532,9 +533,10 @@ def decode_ab_section() -> list[str]:
         (
             "swiglu_fused",
             "with gate‖up then swiglu_quant",
-            "with mv_*_n1_r8_k1_swi",
+            "with the SwiGLU fused",
             "SwiGLU + quantize fused into the decode gate‖up launch (`BONSAI_CUDA_SWIGLU_FUSED`, default on; "
-            "taken where that launch is plain with 8 rows per warp: Q1_0, not Q2_0's staged one)",
+            "`mv_*_n1_r8_k1_swi` where that launch is plain with 8 rows per warp, Q1_0; since df91c25 "
+            "`mvs_*_swi` where it is staged, Q2_0)",
         ),
         (
             "attn_fused",
