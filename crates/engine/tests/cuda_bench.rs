@@ -770,6 +770,36 @@ fn prefill_prompt8(
         .0 as u32
 }
 
+/// The model `$BONSAI_BENCH_MODEL` names, loaded on CUDA with the 8-token prompt prefilled: what
+/// the graph benchmarks capture from (`graph_runs`). `None` (the test prints SKIPPED) without a
+/// model or a device.
+struct Graphed {
+    path: String,
+    cuda: CudaBackend,
+    cfg: TargetConfig,
+    w: Weights<CudaBackend>,
+    st: SeqState<CudaBackend>,
+    first: u32,
+}
+
+fn graphed(test: &str) -> Option<Graphed> {
+    let path = common::cuda_bench_model(test, "BONSAI_BENCH_MODEL")?;
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
+    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
+    Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    })
+}
+
 /// What each family of launches costs inside the decode graph: the graph captured again with
 /// those launches dropped (the tokens are then meaningless; only the time is kept), against the
 /// full graph in the same process. Writes JSON to `$BONSAI_WHATIF_OUT`. Runs only when
@@ -777,16 +807,18 @@ fn prefill_prompt8(
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_launch_what_if() {
-    let Some(path) = common::cuda_bench_model("cuda_launch_what_if", "BONSAI_BENCH_MODEL") else {
+    let Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    }) = graphed("cuda_launch_what_if")
+    else {
         return;
     };
     let steps = 128;
-    let cuda = CudaBackend::new(0).unwrap();
-    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
-    let cfg = TargetConfig::from_gguf(&g).unwrap();
-    let w = Weights::load(&cuda, &g, &cfg).unwrap();
-    let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
-    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let gpu = cuda.gpu();
     let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
     let matvec = gpu.matvec_kernel_names();
@@ -854,16 +886,18 @@ fn cuda_launch_what_if() {
 #[test]
 #[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
 fn cuda_gate_up_sweep() {
-    let Some(path) = common::cuda_bench_model("cuda_gate_up_sweep", "BONSAI_BENCH_MODEL") else {
+    let Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    }) = graphed("cuda_gate_up_sweep")
+    else {
         return;
     };
     let steps = 128;
-    let cuda = CudaBackend::new(0).unwrap();
-    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
-    let cfg = TargetConfig::from_gguf(&g).unwrap();
-    let w = Weights::load(&cuda, &g, &cfg).unwrap();
-    let mut st = SeqState::new(&cuda, &cfg, 1024).unwrap();
-    let first = prefill_prompt8(&cuda, &cfg, &w, &mut st);
     let gpu = cuda.gpu();
     // (label, SwiGLU fused, staged rows per warp, stages (0: the launcher's choice), shared-memory
     // carveout for every kernel (None: the automatic one))

@@ -1067,6 +1067,36 @@ pub(crate) fn push_seg_args(
     groups
 }
 
+/// The parameter list of both SwiGLU gate‖up kernels (`MV_SWI_ENTRY` in bonsai.cu,
+/// `MVS_SWI_ENTRY` in mvs.cu): gate and up codes / scales, n_out, the activations, n_in, pre, then
+/// where SiLU(gate) ⊙ up goes.
+fn swi_args(
+    (gate_codes, gate_scales): (u64, u64),
+    (up_codes, up_scales): (u64, u64),
+    n_out: usize,
+    (q, d, s): (u64, u64, u64),
+    n_in: usize,
+    pre: bool,
+    out: QuantOut,
+) -> [Arg; 14] {
+    [
+        Arg::P(gate_codes),
+        Arg::P(gate_scales),
+        Arg::P(up_codes),
+        Arg::P(up_scales),
+        Arg::I(n_out as i32),
+        Arg::P(q),
+        Arg::P(d),
+        Arg::P(s),
+        Arg::I(n_in as i32),
+        Arg::I(pre as i32),
+        Arg::P(out.f),
+        Arg::P(out.q),
+        Arg::P(out.d),
+        Arg::P(out.s),
+    ]
+}
+
 /// How many workers (≤ `cap`, at least 1 unit each) share `units` so that each takes the same
 /// number of units ± 1: the grid of the persistent mat-vec kernels.
 fn balanced_count(units: usize, cap: usize) -> usize {
@@ -4117,11 +4147,11 @@ impl Gpu {
     pub fn mv_swiglu(
         &self,
         kind: WKind,
-        (gate_codes, gate_scales): (u64, u64),
-        (up_codes, up_scales): (u64, u64),
+        gate: (u64, u64),
+        up: (u64, u64),
         n_out: usize,
         n_in: usize,
-        (q, d, s): (u64, u64, u64),
+        act: (u64, u64, u64),
         out: QuantOut,
     ) -> Result<bool> {
         if !self.swiglu_fused() || n_out % 32 != 0 || n_out == 0 || n_in % 64 != 0 {
@@ -4129,55 +4159,43 @@ impl Gpu {
         }
         let rows = 2 * n_out;
         let plan = self.mv_plan(kind, 1, rows, n_in);
-        if self.staged_for(kind, rows) {
-            return self.launch_mvs_swi(
-                kind,
-                (gate_codes, gate_scales),
-                (up_codes, up_scales),
-                n_out,
-                n_in,
-                (q, d, s),
-                out,
-                plan,
-            );
-        }
-        if plan.mma || plan.o8 || plan.pipe || plan.b1 || plan.ks != 1 || plan.r != 8 {
-            return Ok(false);
-        }
-        let f = match kind {
-            WKind::Q1 => self.f.mv_q1_n1_r8_k1_swi,
-            WKind::Q2 => self.f.mv_q2_n1_r8_k1_swi,
-            WKind::Q2G64 => self.f.mv_q2g64_n1_r8_k1_swi,
-            _ => return Ok(false),
+        let pick = if self.staged_for(kind, rows) {
+            self.mvs_swi_kernel(kind, gate, up, n_out, n_in, act, plan)?
+        } else {
+            Self::mv_swi_kernel(&self.f, kind, plan).map(|f| (f, rows / 32, 0))
         };
-        self.launch(
+        let Some((f, blocks, smem)) = pick else {
+            return Ok(false);
+        };
+        self.launch_smem(
             f,
-            ((rows / 32) as u32, 1, 1),
+            (blocks as u32, 1, 1),
             ((MV_WARPS * 32) as u32, 1, 1),
-            &[
-                Arg::P(gate_codes),
-                Arg::P(gate_scales),
-                Arg::P(up_codes),
-                Arg::P(up_scales),
-                Arg::I(n_out as i32),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
-                Arg::I(n_in as i32),
-                Arg::I(plan.pre as i32),
-                Arg::P(out.f),
-                Arg::P(out.q),
-                Arg::P(out.d),
-                Arg::P(out.s),
-            ],
+            smem as u32,
+            &swi_args(gate, up, n_out, act, n_in, plan.pre, out),
         )?;
         Ok(true)
     }
 
-    /// The staged launch of [`Self::mv_swiglu`] (`mvs_*_swi`): `Ok(false)` (nothing launched)
-    /// where the plan's K split is not 1 or the shape does not suit the bulk copies.
+    /// The cluster SwiGLU kernel (`mv_*_n1_r8_k1_swi`, grid 2·n_out / 32) where `plan` is the plain
+    /// dp4a one with 8 rows per warp and K split 1.
+    fn mv_swi_kernel(f: &Funcs, kind: WKind, plan: MvPlan) -> Option<sys::CUfunction> {
+        if plan.mma || plan.o8 || plan.pipe || plan.b1 || plan.ks != 1 || plan.r != 8 {
+            return None;
+        }
+        match kind {
+            WKind::Q1 => Some(f.mv_q1_n1_r8_k1_swi),
+            WKind::Q2 => Some(f.mv_q2_n1_r8_k1_swi),
+            WKind::Q2G64 => Some(f.mv_q2g64_n1_r8_k1_swi),
+            _ => None,
+        }
+    }
+
+    /// The staged SwiGLU kernel (`mvs_*_swi`) with its grid and dynamic shared memory (the staged
+    /// carveout applied); `None` where the plan's K split is not 1 or the shape or an address does
+    /// not suit the bulk copies.
     #[allow(clippy::too_many_arguments)]
-    fn launch_mvs_swi(
+    fn mvs_swi_kernel(
         &self,
         kind: WKind,
         (gate_codes, gate_scales): (u64, u64),
@@ -4185,29 +4203,28 @@ impl Gpu {
         n_out: usize,
         n_in: usize,
         (q, d, s): (u64, u64, u64),
-        out: QuantOut,
         plan: MvPlan,
-    ) -> Result<bool> {
-        if plan.ks != 1 || plan.mma || plan.o8 || plan.b1 || n_out % 32 != 0 || n_out == 0 {
-            return Ok(false);
+    ) -> Result<Option<(sys::CUfunction, usize, usize)>> {
+        if plan.ks != 1 || plan.mma || plan.o8 || plan.b1 {
+            return Ok(None);
         }
         // rows per warp: the layout's choice for the plan (gate and up rows in pairs, so 2 or 4)
         let r_plan = plan.r.clamp(1, 4);
         let Some((r, _, _, _)) = mvs_layout(kind, n_in, r_plan, 1, 0, self.mvs_rows()) else {
-            return Ok(false);
+            return Ok(None);
         };
         let r = if r >= 4 { 4 } else { 2 };
         let Some((_, _, _, smem)) = mvs_layout(kind, n_in, r, 1, self.mvs_stages(), r) else {
-            return Ok(false);
+            return Ok(None);
         };
         if smem + 1024 > self.smem_optin()? {
-            return Ok(false);
+            return Ok(None);
         }
         let aligned = [q, d, s, gate_codes, gate_scales, up_codes, up_scales]
             .iter()
             .all(|p| p % 16 == 0);
         if !aligned {
-            return Ok(false);
+            return Ok(None);
         }
         let f = &self.f;
         let f = match (kind, r) {
@@ -4217,34 +4234,12 @@ impl Gpu {
             (WKind::Q2, _) => f.mvs_q2_o2_swi,
             (WKind::Q2G64, 2) => f.mvs_q2g64_o1_swi,
             (WKind::Q2G64, _) => f.mvs_q2g64_o2_swi,
-            _ => return Ok(false),
+            _ => return Ok(None),
         };
         self.staged_carveout()?;
         // whole quant groups of 32 outputs per block
         let blocks = balanced_count(n_out / 32, self.resident_blocks(f, smem)?);
-        self.launch_smem(
-            f,
-            (blocks as u32, 1, 1),
-            ((MV_WARPS * 32) as u32, 1, 1),
-            smem as u32,
-            &[
-                Arg::P(gate_codes),
-                Arg::P(gate_scales),
-                Arg::P(up_codes),
-                Arg::P(up_scales),
-                Arg::I(n_out as i32),
-                Arg::P(q),
-                Arg::P(d),
-                Arg::P(s),
-                Arg::I(n_in as i32),
-                Arg::I(plan.pre as i32),
-                Arg::P(out.f),
-                Arg::P(out.q),
-                Arg::P(out.d),
-                Arg::P(out.s),
-            ],
-        )?;
-        Ok(true)
+        Ok(Some((f, blocks, smem)))
     }
 
     /// Whether decode gate‖up launches take [`Self::mv_swiglu`] where they can (default on;

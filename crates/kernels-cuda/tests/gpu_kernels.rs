@@ -936,6 +936,142 @@ fn matvec_staged_equals_plain() {
     eprintln!("mvs: {cases} staged launches equal the plain ones bit for bit");
 }
 
+/// A decode gate‖up case for the SwiGLU-fused launches: random `qt` gate and up weights of
+/// [n_in × n_out] (re-tiled, on the GPU), one quantized random activation row, and the unfused
+/// result as words — the grouped one-row mat-vec (not staged, 4 rows per warp, K split 1) then
+/// `swiglu_quant`: codes, scales, sums, f32. Leaves the staged mode off and that plan set.
+struct SwiCase {
+    kind: WKind,
+    n_out: usize,
+    gate: (DevBuf, DevBuf),
+    up: (DevBuf, DevBuf),
+    act: (DevBuf, DevBuf, DevBuf),
+    want: [Vec<u32>; 4],
+}
+
+/// Output buffers of a SwiGLU launch of `n_out` values: f32, codes, scales, sums.
+fn swi_outs(g: &Gpu, n_out: usize) -> (DevBuf, DevBuf, DevBuf, DevBuf) {
+    let nb = n_out / 32;
+    (
+        g.alloc(n_out * 4).unwrap(),
+        g.alloc(n_out).unwrap(),
+        g.alloc(nb * 4).unwrap(),
+        g.alloc(nb * 4).unwrap(),
+    )
+}
+
+fn swi_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64) -> SwiCase {
+    let mut rng = Rng(seed);
+    let (rg, ru) = (
+        retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+        retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
+    );
+    let gate = (g.upload(&rg.codes).unwrap(), g.upload(&rg.scales).unwrap());
+    let up = (g.upload(&ru.codes).unwrap(), g.upload(&ru.scales).unwrap());
+    let xb = g.upload(&rng.vec(n_in, 1.0)).unwrap();
+    let act = (
+        g.alloc(n_in).unwrap(),
+        g.alloc(n_in / 8).unwrap(),
+        g.alloc(n_in / 8).unwrap(),
+    );
+    g.quant_rows(xb.ptr(), 1, n_in, act.0.ptr(), act.1.ptr(), act.2.ptr())
+        .unwrap();
+    g.set_mv_staged_mode(bonsai_kernels_cuda::MvStaged::Off);
+    g.set_mv_override(Some(MvPlan::dp4a(4, 1, true)));
+    let (yg, yu) = (g.alloc(n_out * 4).unwrap(), g.alloc(n_out * 4).unwrap());
+    let seg = |(c, sc): &(DevBuf, DevBuf), y: &DevBuf| MvSeg {
+        codes: c.ptr(),
+        scales: sc.ptr(),
+        y: y.ptr(),
+        n_out,
+    };
+    g.mv_lowbit_multi(
+        rg.kind,
+        &[seg(&gate, &yg), seg(&up, &yu)],
+        act.0.ptr(),
+        act.1.ptr(),
+        act.2.ptr(),
+        n_in,
+        1,
+        false,
+    )
+    .unwrap();
+    let (hf, q, d, s) = swi_outs(g, n_out);
+    g.swiglu_quant(
+        yg.ptr(),
+        yu.ptr(),
+        1,
+        n_out,
+        hf.ptr(),
+        q.ptr(),
+        d.ptr(),
+        s.ptr(),
+    )
+    .unwrap();
+    let nb = n_out / 32;
+    let want = [
+        down(g, &q, n_out / 4),
+        down(g, &d, nb),
+        down(g, &s, nb),
+        down(g, &hf, n_out),
+    ];
+    SwiCase {
+        kind: rg.kind,
+        n_out,
+        gate,
+        up,
+        act,
+        want,
+    }
+}
+
+impl SwiCase {
+    /// `Gpu::mv_swiglu` on this case under the current settings: `None` when it was refused
+    /// (`Ok(false)`), else its codes, scales, sums and (with `f32_out`) f32 values as words.
+    fn run(&self, g: &Gpu, n_in: usize, f32_out: bool) -> Option<[Vec<u32>; 4]> {
+        let (hf, q, d, s) = swi_outs(g, self.n_out);
+        let out = QuantOut {
+            f: if f32_out { hf.ptr() } else { 0 },
+            q: q.ptr(),
+            d: d.ptr(),
+            s: s.ptr(),
+        };
+        let ran = g
+            .mv_swiglu(
+                self.kind,
+                (self.gate.0.ptr(), self.gate.1.ptr()),
+                (self.up.0.ptr(), self.up.1.ptr()),
+                self.n_out,
+                n_in,
+                (self.act.0.ptr(), self.act.1.ptr(), self.act.2.ptr()),
+                out,
+            )
+            .unwrap();
+        let nb = self.n_out / 32;
+        ran.then(|| {
+            [
+                down(g, &q, self.n_out / 4),
+                down(g, &d, nb),
+                down(g, &s, nb),
+                if f32_out {
+                    down(g, &hf, self.n_out)
+                } else {
+                    Vec::new()
+                },
+            ]
+        })
+    }
+
+    /// Assert `got` (from [`Self::run`]) equals the unfused result bit for bit.
+    fn check(&self, got: &[Vec<u32>; 4], tag: &str) {
+        for (i, name) in ["codes", "scales", "sums", "f32"].iter().enumerate() {
+            if i < 3 || !got[3].is_empty() {
+                assert_eq!(self.want[i], got[i], "{tag}: {name} differ");
+            }
+        }
+    }
+}
+
 /// `mv_swiglu` (gate‖up with SwiGLU + quantize fused, a 2-block cluster per 32 outputs) against
 /// the grouped one-row mat-vec then `swiglu_quant`, bit for bit (codes, scales, sums, f32), for
 /// every weight type at the 27B ffn shape and a small one; every plan but 8 rows / K split 1 /
@@ -945,7 +1081,6 @@ fn matvec_staged_equals_plain() {
 fn mv_swiglu_equals_matvec_then_swiglu() {
     let g = need_gpu!("mv_swiglu_equals_matvec_then_swiglu");
     let staged0 = g.mv_staged_mode();
-    g.set_mv_staged(false);
     for (qi, qt) in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
         .into_iter()
         .enumerate()
@@ -954,122 +1089,25 @@ fn mv_swiglu_equals_matvec_then_swiglu() {
             .into_iter()
             .enumerate()
         {
-            let mut rng = Rng(900 + 10 * qi as u64 + si as u64);
-            let up_ = |v: &[u8]| g.upload(v).unwrap();
-            let (rg, ru) = (
-                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
-                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
-            );
-            let (gc, gs, uc, us) = (
-                up_(&rg.codes),
-                g.upload(&rg.scales).unwrap(),
-                up_(&ru.codes),
-                g.upload(&ru.scales).unwrap(),
-            );
-            let x = rng.vec(n_in, 1.0);
-            let xb = g.upload(&x).unwrap();
-            let (q, d, s) = (
-                g.alloc(n_in).unwrap(),
-                g.alloc(n_in / 8).unwrap(),
-                g.alloc(n_in / 8).unwrap(),
-            );
-            g.quant_rows(xb.ptr(), 1, n_in, q.ptr(), d.ptr(), s.ptr())
-                .unwrap();
-            let nb = n_out / 32;
-            let outs = || {
-                (
-                    g.alloc(n_out * 4).unwrap(),
-                    g.alloc(n_out).unwrap(),
-                    g.alloc(nb * 4).unwrap(),
-                    g.alloc(nb * 4).unwrap(),
-                )
-            };
-            // two launches
-            g.set_mv_override(Some(MvPlan::dp4a(8, 1, true)));
-            let (yg, yu) = (g.alloc(n_out * 4).unwrap(), g.alloc(n_out * 4).unwrap());
-            let seg = |c: &DevBuf, sc: &DevBuf, y: &DevBuf| MvSeg {
-                codes: c.ptr(),
-                scales: sc.ptr(),
-                y: y.ptr(),
-                n_out,
-            };
-            g.mv_lowbit_multi(
-                rg.kind,
-                &[seg(&gc, &gs, &yg), seg(&uc, &us, &yu)],
-                q.ptr(),
-                d.ptr(),
-                s.ptr(),
-                n_in,
-                1,
-                false,
-            )
-            .unwrap();
-            let (hfa, qa, da, sa) = outs();
-            g.swiglu_quant(
-                yg.ptr(),
-                yu.ptr(),
-                1,
-                n_out,
-                hfa.ptr(),
-                qa.ptr(),
-                da.ptr(),
-                sa.ptr(),
-            )
-            .unwrap();
+            // (staged off from here on)
+            let case = swi_case(g, qt, n_in, n_out, 900 + 10 * qi as u64 + si as u64);
             // fused, with and without the f32 output, with the weights before / after the PDL wait
             for (pre, f32_out) in [(true, true), (false, false)] {
                 g.set_mv_override(Some(MvPlan::dp4a(8, 1, pre)));
-                let (hfb, qb, db, sb) = outs();
-                let ran = g
-                    .mv_swiglu(
-                        rg.kind,
-                        (gc.ptr(), gs.ptr()),
-                        (uc.ptr(), us.ptr()),
-                        n_out,
-                        n_in,
-                        (q.ptr(), d.ptr(), s.ptr()),
-                        QuantOut {
-                            f: if f32_out { hfb.ptr() } else { 0 },
-                            q: qb.ptr(),
-                            d: db.ptr(),
-                            s: sb.ptr(),
-                        },
-                    )
-                    .unwrap();
-                assert!(ran, "{qt:?}: the fused launch was refused");
                 let tag = format!("{qt:?} [{n_in}x{n_out}] pre {pre}");
-                let cmp = |name: &str, a: &DevBuf, b: &DevBuf, words: usize| {
-                    let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, words), down(g, b, words));
-                    assert_eq!(x, y, "{tag}: {name} differs");
-                };
-                cmp("codes", &qa, &qb, n_out / 4);
-                cmp("scales", &da, &db, nb);
-                cmp("sums", &sa, &sb, nb);
-                if f32_out {
-                    cmp("f32", &hfa, &hfb, n_out);
-                }
+                let got = case.run(g, n_in, f32_out);
+                case.check(
+                    &got.unwrap_or_else(|| panic!("{tag}: the fused launch was refused")),
+                    &tag,
+                );
             }
             // other plans: refused
             for plan in [MvPlan::dp4a(8, 2, true), MvPlan::dp4a(4, 1, true)] {
                 g.set_mv_override(Some(plan));
-                let (hfb, qb, db, sb) = outs();
-                let ran = g
-                    .mv_swiglu(
-                        rg.kind,
-                        (gc.ptr(), gs.ptr()),
-                        (uc.ptr(), us.ptr()),
-                        n_out,
-                        n_in,
-                        (q.ptr(), d.ptr(), s.ptr()),
-                        QuantOut {
-                            f: hfb.ptr(),
-                            q: qb.ptr(),
-                            d: db.ptr(),
-                            s: sb.ptr(),
-                        },
-                    )
-                    .unwrap();
-                assert!(!ran, "{qt:?}: plan {plan:?} took the fused kernel");
+                assert!(
+                    case.run(g, n_in, true).is_none(),
+                    "{qt:?}: plan {plan:?} took the fused kernel"
+                );
             }
             eprintln!("mv_swiglu {qt:?} [{n_in}x{n_out}]: bit-equal to mat-vec + swiglu_quant");
         }
@@ -1097,76 +1135,8 @@ fn mvs_swiglu_equals_matvec_then_swiglu() {
             .into_iter()
             .enumerate()
         {
-            let mut rng = Rng(1900 + 10 * qi as u64 + si as u64);
-            let (rg, ru) = (
-                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
-                retile(qt, &rand_lowbit(&mut rng, qt, n_in, n_out), n_in, n_out),
-            );
-            let (gc, gs, uc, us) = (
-                g.upload(&rg.codes).unwrap(),
-                g.upload(&rg.scales).unwrap(),
-                g.upload(&ru.codes).unwrap(),
-                g.upload(&ru.scales).unwrap(),
-            );
-            let x = rng.vec(n_in, 1.0);
-            let xb = g.upload(&x).unwrap();
-            let (q, d, s) = (
-                g.alloc(n_in).unwrap(),
-                g.alloc(n_in / 8).unwrap(),
-                g.alloc(n_in / 8).unwrap(),
-            );
-            g.quant_rows(xb.ptr(), 1, n_in, q.ptr(), d.ptr(), s.ptr())
-                .unwrap();
-            let nb = n_out / 32;
-            let outs = || {
-                (
-                    g.alloc(n_out * 4).unwrap(),
-                    g.alloc(n_out).unwrap(),
-                    g.alloc(nb * 4).unwrap(),
-                    g.alloc(nb * 4).unwrap(),
-                )
-            };
-            // unfused: the plain grouped mat-vec, then swiglu_quant
-            g.set_mv_staged_mode(MvStaged::Off);
-            g.set_mv_override(Some(MvPlan::dp4a(4, 1, true)));
-            let (yg, yu) = (g.alloc(n_out * 4).unwrap(), g.alloc(n_out * 4).unwrap());
-            let seg = |c: &DevBuf, sc: &DevBuf, y: &DevBuf| MvSeg {
-                codes: c.ptr(),
-                scales: sc.ptr(),
-                y: y.ptr(),
-                n_out,
-            };
-            g.mv_lowbit_multi(
-                rg.kind,
-                &[seg(&gc, &gs, &yg), seg(&uc, &us, &yu)],
-                q.ptr(),
-                d.ptr(),
-                s.ptr(),
-                n_in,
-                1,
-                false,
-            )
-            .unwrap();
-            let (hfa, qa, da, sa) = outs();
-            g.swiglu_quant(
-                yg.ptr(),
-                yu.ptr(),
-                1,
-                n_out,
-                hfa.ptr(),
-                qa.ptr(),
-                da.ptr(),
-                sa.ptr(),
-            )
-            .unwrap();
-            let want: (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) = (
-                down(g, &qa, n_out / 4),
-                down(g, &da, nb),
-                down(g, &sa, nb),
-                down(g, &hfa, n_out),
-            );
+            let case = swi_case(g, qt, n_in, n_out, 1900 + 10 * qi as u64 + si as u64);
             g.set_mv_staged_mode(MvStaged::All);
-            let (gate, up) = ((gc.ptr(), gs.ptr()), (uc.ptr(), us.ptr()));
             for (r, stages, pre, f32_out) in [
                 (2, 0, true, true),
                 (4, 0, false, false),
@@ -1175,59 +1145,20 @@ fn mvs_swiglu_equals_matvec_then_swiglu() {
             ] {
                 g.set_mv_override(Some(MvPlan::dp4a(r, 1, pre)));
                 g.set_mvs_stages(stages);
-                let (hfb, qb, db, sb) = outs();
-                let out = QuantOut {
-                    f: if f32_out { hfb.ptr() } else { 0 },
-                    q: qb.ptr(),
-                    d: db.ptr(),
-                    s: sb.ptr(),
-                };
-                let ran = g
-                    .mv_swiglu(
-                        rg.kind,
-                        gate,
-                        up,
-                        n_out,
-                        n_in,
-                        (q.ptr(), d.ptr(), s.ptr()),
-                        out,
-                    )
-                    .unwrap();
                 let tag = format!("{qt:?} [{n_in}x{n_out}] r {r} stages {stages} pre {pre}");
-                assert!(ran, "{tag}: the staged fused launch was refused");
-                assert_eq!(
-                    want.0,
-                    down::<u32>(g, &qb, n_out / 4),
-                    "{tag}: codes differ"
+                let got = case.run(g, n_in, f32_out);
+                case.check(
+                    &got.unwrap_or_else(|| panic!("{tag}: the staged fused launch was refused")),
+                    &tag,
                 );
-                assert_eq!(want.1, down::<u32>(g, &db, nb), "{tag}: scales differ");
-                assert_eq!(want.2, down::<u32>(g, &sb, nb), "{tag}: sums differ");
-                if f32_out {
-                    assert_eq!(want.3, down::<u32>(g, &hfb, n_out), "{tag}: f32 differs");
-                }
                 cases += 1;
             }
             // K split 2 (another float order): refused
             g.set_mv_override(Some(MvPlan::dp4a(2, 2, true)));
-            let (_, qb, db, sb) = outs();
-            let out = QuantOut {
-                f: 0,
-                q: qb.ptr(),
-                d: db.ptr(),
-                s: sb.ptr(),
-            };
-            let ran = g
-                .mv_swiglu(
-                    rg.kind,
-                    gate,
-                    up,
-                    n_out,
-                    n_in,
-                    (q.ptr(), d.ptr(), s.ptr()),
-                    out,
-                )
-                .unwrap();
-            assert!(!ran, "{qt:?}: K split 2 took the staged SwiGLU kernel");
+            assert!(
+                case.run(g, n_in, false).is_none(),
+                "{qt:?}: K split 2 took the staged SwiGLU kernel"
+            );
             g.set_mvs_stages(0);
         }
     }
