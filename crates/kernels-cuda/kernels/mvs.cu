@@ -1,5 +1,5 @@
 // ---- staged persistent decode mat-vec (`mvs_*`, n = 1, dp4a) ---------------------------------
-// (smem_u32, the mbarrier helpers and the sub-block unpack / dot of bonsai.cu are in scope.)
+// (smem_u32 of gemm.cu and the sub-block unpack / dot of bonsai.cu are in scope.)
 //
 // `mv_lowbit` keeps a warp's weights in registers: a warp loads a batch of code words, waits a
 // whole DRAM round trip, computes, loads the next batch. On the H200 that leaves the decode
