@@ -341,9 +341,7 @@ def staged_section() -> list[str]:
             "",
             "Decode graph ms/token by shared-memory carveout (one for every kernel; None = the driver's, "
             "which a staged launch turns into the staged carveout (100 % up to 72997f6, 58 % since fc75e0c) for all "
-            "but the verify mat-vecs and, since fc75e0c, the prefill kernels) / staged mode: "
-            + "; ".join(mat)
-            + ".",
+            "but the verify mat-vecs and, since fc75e0c, the prefill kernels) / staged mode: " + "; ".join(mat) + ".",
         ]
     return out
 
