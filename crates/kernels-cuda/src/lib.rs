@@ -351,7 +351,12 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
 /// gate‖up (34,816), the head and the 5120-row outputs are faster plain, and so is every Q1 launch
 /// but one (gdn q‖z‖b‖a, by 1.5 %). Decode graph 3.956 → 3.846 ms on Q2.
 fn mvp_default_on(kind: WKind, rows: usize) -> bool {
-    kind == WKind::Q2 && (8_192..32_768).contains(&rows)
+    kind == WKind::Q2 && mvp_mid_rows(rows)
+}
+
+/// The mid-sized one-row launches of [`mvp_default_on`] (and [`Gpu::mvp_mid_all`]).
+fn mvp_mid_rows(rows: usize) -> bool {
+    (8_192..32_768).contains(&rows)
 }
 
 /// Rows per group of the pipelined decode kernel (`mvp_*`) for a launch of `rows` output rows: 4,
@@ -1587,6 +1592,12 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
+    /// The mid-sized one-row launches of every kind take the pipelined kernels, not only Q2's
+    /// ([`Gpu::set_mvp_mid_all`], `BONSAI_CUDA_MVP_MID_ALL=1`; off; benchmarks compare).
+    mvp_mid_all: AtomicBool,
+    /// [`MvStaged::Auto`] stages Q1_0's long launches too ([`Gpu::set_mvs_q1`],
+    /// `BONSAI_CUDA_MVS_Q1=1`; off; benchmarks compare).
+    mvs_q1: AtomicBool,
     /// Rows per warp of the default n ≥ 2 dp4a plans, 0: per kind ([`Gpu::set_mv_verify`]).
     mv_rn: AtomicUsize,
     /// The 5-row verify kernels: 0 off, 1 on, 2 per kind ([`Gpu::set_mv_verify`]).
@@ -1814,6 +1825,10 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
+            mvp_mid_all: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_MVP_MID_ALL").as_deref() == Ok("1"),
+            ),
+            mvs_q1: AtomicBool::new(std::env::var("BONSAI_CUDA_MVS_Q1").as_deref() == Ok("1")),
             mv_rn: AtomicUsize::new(mv_rn_env()),
             mv_n5: AtomicU8::new(mv_n5_env()),
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
@@ -2743,7 +2758,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 16] {
+    pub fn launch_mode_key(&self) -> [u64; 18] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -2767,6 +2782,8 @@ impl Gpu {
             self.mv_long_r.load(Ordering::Relaxed) as u64,
             self.swiglu_fused() as u64,
             self.attn_fused() as u64,
+            self.mvp_mid_all() as u64,
+            self.mvs_q1() as u64,
         ]
     }
 
@@ -3048,6 +3065,10 @@ impl Gpu {
             return p;
         }
         (p.rn, p.n5) = self.mv_verify(kind);
+        if n == 1 && !p.mma && !p.pipe && self.mvp_mid_all() && mvp_mid_rows(rows) {
+            p.pipe = true;
+            p.r = mvp_default_r(kind, rows);
+        }
         let long_r = self.mv_long_r.load(Ordering::Relaxed);
         if n == 1 && !p.mma && !p.pipe && long_r != 0 && rows > 15_000 {
             p.r = long_r;
@@ -3057,6 +3078,30 @@ impl Gpu {
             p.r = mvp_default_r(kind, rows);
         }
         p
+    }
+
+    /// Whether the mid-sized one-row launches (8,192 to 32,767 rows: the GDN and attention
+    /// in-projections) of every kind take the pipelined kernels, as Q2_0's do by default (off;
+    /// a benchmark switch: Q1_0's were measured slower alone, not yet in the graph, where the
+    /// pipelined kernels load more before their PDL wait). The same float order either way.
+    pub fn mvp_mid_all(&self) -> bool {
+        self.mvp_mid_all.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvp_mid_all`].
+    pub fn set_mvp_mid_all(&self, on: bool) {
+        self.mvp_mid_all.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`MvStaged::Auto`] stages Q1_0's long one-row launches too (gate‖up, then with the
+    /// SwiGLU in `mvs_*_swi`, and the head); off: a benchmark switch. The same bits either way.
+    pub fn mvs_q1(&self) -> bool {
+        self.mvs_q1.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvs_q1`].
+    pub fn set_mvs_q1(&self, on: bool) {
+        self.mvs_q1.store(on, Ordering::Relaxed);
     }
 
     /// Whether the default one-row dp4a plans use the pipelined kernels `mvp_*` (off unless
@@ -3147,7 +3192,10 @@ impl Gpu {
     fn staged_for(&self, kind: WKind, rows: usize) -> bool {
         match self.mv_staged_mode() {
             MvStaged::Off => false,
-            MvStaged::Auto => mvs_auto(kind, rows, self.mvs_min_rows()),
+            MvStaged::Auto => {
+                mvs_auto(kind, rows, self.mvs_min_rows())
+                    || (self.mvs_q1() && kind == WKind::Q1 && rows >= self.mvs_min_rows())
+            }
             MvStaged::All => true,
         }
     }
