@@ -188,7 +188,7 @@ fn cuda_decode_bench() {
         &|on| gpu.set_attn_fused(on),
         true,
     );
-    // SwiGLU inside the decode gate‖up launch (where the plan is plain, 8 rows, K split 1)
+    // SwiGLU inside the decode gate‖up launch (plain 8 rows / K split 1: mv_*_swi; staged: mvs_*_swi)
     let swiglu_ms = ab(
         "SWIGLU_FUSED (mv_*_swi)",
         &|| gpu.swiglu_fused(),

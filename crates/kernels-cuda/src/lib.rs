@@ -368,7 +368,7 @@ pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
 
 /// Whether `BONSAI_CUDA_MV_O8=1` asks for the o8 mat-vec family (read once per `Gpu`).
 fn mv_o8_env() -> bool {
-    std::env::var("BONSAI_CUDA_MV_O8").is_ok_and(|v| v == "1")
+    env_on("BONSAI_CUDA_MV_O8")
 }
 
 /// The default verify (n ≥ 2) dp4a plan of `kind`: weight rows per warp, and whether launches of
@@ -439,7 +439,7 @@ fn mv_n5_env() -> u8 {
 
 /// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
 fn mv_pipe_env() -> bool {
-    std::env::var("BONSAI_CUDA_MV_PIPE").is_ok_and(|v| v == "1")
+    env_on("BONSAI_CUDA_MV_PIPE")
 }
 
 /// Which one-row launches take the staged decode mat-vec (`kernels/mvs.cu`).
@@ -500,6 +500,12 @@ fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
 
 fn mvs_min_rows_env() -> usize {
     env_usize("BONSAI_CUDA_MVS_MIN_ROWS").unwrap_or(MVS_MIN_ROWS)
+}
+
+/// Whether an environment variable is set to `1` (the on value of every `BONSAI_CUDA_*` switch
+/// that is off by default).
+fn env_on(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
 }
 
 /// An environment variable read as an unsigned integer (`None`: unset or not a number).
@@ -605,7 +611,7 @@ pub fn mvs_layout(
 
 /// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
 fn mv_mma_env() -> bool {
-    std::env::var("BONSAI_CUDA_MV_MMA").is_ok_and(|v| v == "1")
+    env_on("BONSAI_CUDA_MV_MMA")
 }
 
 /// One row's statistics as `logit_stats_rows` writes them.
@@ -672,7 +678,7 @@ pub fn nvrtc_available() -> bool {
 /// `BONSAI_CUDA_NO_GRIDDEP=1`: compile the kernels without the programmatic-dependent-launch
 /// instructions (and launch without PDL). A benchmark switch for A/B runs; part of the cache key.
 fn no_griddep() -> bool {
-    std::env::var("BONSAI_CUDA_NO_GRIDDEP").is_ok_and(|v| v == "1")
+    env_on("BONSAI_CUDA_NO_GRIDDEP")
 }
 
 /// FNV-1a 64-bit (cache key; stable across builds and platforms).
@@ -1825,10 +1831,8 @@ impl Gpu {
             mv_override: Mutex::new(None),
             mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
-            mvp_mid_all: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_MVP_MID_ALL").as_deref() == Ok("1"),
-            ),
-            mvs_q1: AtomicBool::new(std::env::var("BONSAI_CUDA_MVS_Q1").as_deref() == Ok("1")),
+            mvp_mid_all: AtomicBool::new(env_on("BONSAI_CUDA_MVP_MID_ALL")),
+            mvs_q1: AtomicBool::new(env_on("BONSAI_CUDA_MVS_Q1")),
             mv_rn: AtomicUsize::new(mv_rn_env()),
             mv_n5: AtomicU8::new(mv_n5_env()),
             mv_staged: AtomicU8::new(mv_staged_env() as u8),
@@ -1857,9 +1861,7 @@ impl Gpu {
             row_stats: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
-            attn_fused: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_ATTN_FUSED").as_deref() == Ok("1"),
-            ),
+            attn_fused: AtomicBool::new(env_on("BONSAI_CUDA_ATTN_FUSED")),
             swiglu_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
             ),
