@@ -145,12 +145,13 @@ fn cuda_decode_bench() {
         &|on| gpu.set_mv_staged_mode(if on { MvStaged::Auto } else { MvStaged::Off }),
         true,
     );
-    // the in-projections of the Q2 GDN / attention layers (8,192 to 32,767 rows) staged too
+    // the in-projections of the Q2 GDN / attention layers (8,192 to 32,767 rows) staged (the
+    // default since MVS_MIN_ROWS = 8,192) against pipelined (from 32,768 rows, the old default)
     let min_rows0 = gpu.mvs_min_rows();
     let staged_8k_ms = ab(
-        "MV_STAGED auto from 8192 rows",
+        "MV_STAGED auto from 8192 rows vs from 32768",
         &|| gpu.mvs_min_rows() == 8192,
-        &|on| gpu.set_mvs_min_rows(if on { 8192 } else { min_rows0 }),
+        &|on| gpu.set_mvs_min_rows(if on { 8192 } else { 32_768 }),
         true,
     );
     let staged_all_ms = ab(

@@ -332,24 +332,41 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
 }
 
 // Sum over one 32-element sub-block of (code_j · q_j) for Q1 (returns Σ sign·q) or Q2 (Σ code·q).
-// The unpacking is the decode mat-vec's bottleneck (two integer-ALU ops per dp4a: shift, mask), so
-// it is split across the two integer pipes: half the fields are moved to the bottom of their
-// bytes by right shifts (SHF, ALU pipe; weight 1), the other half to the top by left shifts
-// (IMAD.SHL, FMA pipe; weight 2^7 for Q1's bit, 2^6 for Q2's 2-bit field, bytes unsigned), and
-// the lowest and highest fields need only the mask. Two accumulators, one per weight; the sum is
-// an exact integer either way, so the result is the plain scheme's bit for bit.
+// The unpacking is the decode mat-vec's bottleneck (integer ops beside every dp4a). A dp4a operand
+// is one field of every byte, masked where it lies after a shift (bytes unsigned); the fields of
+// the low and the high half of the bytes go to two accumulators, one per weight, added after exact
+// shifts. The sum is an exact integer whatever the fields' weights, so every scheme gives the same
+// bits, and a launch may pick its scheme freely:
+//   split (the default): half the fields to the bottom of their bytes by right shifts (SHF, ALU
+//     pipe; weight 1), the other half to the top by left shifts (IMAD.SHL, FMA pipe; weight 2^7
+//     for Q1's bit, 2^6 for Q2's 2-bit field); the lowest and highest fields need only the mask.
+//   PAIRED (Q1 only, the one-row kernels of mv_lowbit): one left shift by 3 − i serves two fields,
+//     bit i to bit 3 of each byte (weight 8) and bit i + 4 to bit 7 (weight 128): 3 shifts and 8
+//     masks instead of 6 and 8. Measured on the H200 (2026-12-01, alternating builds in one
+//     call): Q1_0 decode graph 2.866 → 2.851 ms/token; but the 5-row verify kernels took more
+//     registers and the n-gram round 10 % longer, and Q2_0 (one shift per word for fields 1, 3,
+//     weights 1 and 16) 3.319 → 3.487 (in the staged kernels alone 3.315 → 3.493), so those
+//     keep the split scheme.
 // A sub-block's code word(s) unpacked into the 8 dp4a operands (independent of the activations,
 // so an n-row launch unpacks once and reuses them for every activation row).
 struct SubOps {
     u32 m[8];
 };
 
-template <int KIND>
+template <int KIND, bool PAIRED = false>
 __device__ __forceinline__ SubOps sub_unpack(uint2 c) {
     SubOps o;
-    if (KIND == 1) {
-        // Q1 re-tiled word: bit i of byte b is element 4i + b. Bits 0..3 to bit 0 of each byte,
-        // bits 4..7 to bit 7.
+    if (KIND == 1 && PAIRED) {
+        // Q1 re-tiled word: bit i of byte b is element 4i + b
+        u32 w = c.x;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 t = w << (3 - i);
+            o.m[i] = t & 0x08080808u;
+            o.m[i + 4] = t & 0x80808080u;
+        }
+    } else if (KIND == 1) {
+        // bits 0..3 to bit 0 of each byte, bits 4..7 to bit 7
         u32 w = c.x;
 #pragma unroll
         for (int i = 0; i < 4; ++i) o.m[i] = (w >> i) & 0x01010101u;
@@ -370,8 +387,9 @@ __device__ __forceinline__ SubOps sub_unpack(uint2 c) {
     return o;
 }
 
-// Σ(code·q) of one sub-block from its unpacked operands: Q1 Σ sign·q, Q2 Σ code·q − s.
-template <int KIND>
+// Σ(code·q) of one sub-block from its unpacked operands (of sub_unpack<KIND, PAIRED>): Q1 Σ sign·q,
+// Q2 Σ code·q − s.
+template <int KIND, bool PAIRED = false>
 __device__ __forceinline__ int sub_dot_ops(const SubOps& o, const int* qa, int sa) {
     int lo = 0, hi = 0;
     if (KIND == 1) {
@@ -379,8 +397,8 @@ __device__ __forceinline__ int sub_dot_ops(const SubOps& o, const int* qa, int s
         for (int i = 0; i < 4; ++i) lo = dp4a_us(o.m[i], qa[i], lo);
 #pragma unroll
         for (int i = 4; i < 8; ++i) hi = dp4a_us(o.m[i], qa[i], hi);
-        // lo = S_lo, hi = 128·S_hi; Σ sign·q = 2·(S_lo + S_hi) − s
-        return 2 * lo + (hi >> 6) - sa;
+        // lo = S_lo (PAIRED: 8·S_lo), hi = 128·S_hi; Σ sign·q = 2·(S_lo + S_hi) − s
+        return (PAIRED ? lo >> 2 : 2 * lo) + (hi >> 6) - sa;
     } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -561,7 +579,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 // unpack the R code words once for all activation rows
                 SubOps ops[MV_R];
 #pragma unroll
-                for (int r = 0; r < MV_R; ++r) ops[r] = sub_unpack<KIND>(c[u][r]);
+                for (int r = 0; r < MV_R; ++r) ops[r] = sub_unpack<KIND, NT == 1>(c[u][r]);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < n) {
@@ -572,7 +590,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                         int st = __ldg(sb + (size_t)t * nsb + STEP * u);
 #pragma unroll
                         for (int r = 0; r < MV_R; ++r) {
-                            int isum = sub_dot_ops<KIND>(ops[r], qa, st);
+                            int isum = sub_dot_ops<KIND, NT == 1>(ops[r], qa, st);
                             acc[r][t] = fmaf(dw[u][r] * dt, (float)isum, acc[r][t]);
                         }
                     }
@@ -688,6 +706,9 @@ MV_KIND_ENTRIES(q2g64, 3, 5, 4)
 // up; n_out % 32 == 0); grid 2·n_out/32 in clusters of 2 (rank 0 gate rows, rank 1 the same up
 // rows). Writes SiLU(gate) ⊙ up as swiglu_quant would — hf (unless null), q, d, s — and not the
 // gate / up rows themselves.
+// Q1 at 6 blocks per SM (80 registers, no spill): with the paired unpack the compiler took 96
+// registers at 5, and 6 measured 2.857 → 2.832 ms per Q1_0 token (H200, 2026-12-01; the 4-row
+// one-row kernels at 6 blocks instead of 5 were slower, 2.944).
 #define MV_SWI_ENTRY(NAME, KIND, MINB)                                                                \
     extern "C" __global__ void CLUSTER_DIMS(2, 1, 1) __launch_bounds__(MV_WARPS * 32, MINB) NAME( \
         const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const i8* q,      \
@@ -696,7 +717,7 @@ MV_KIND_ENTRIES(q2g64, 3, 5, 4)
         mv_lowbit<KIND, 1, 8, 2, 1, true>(s0, s1, none, none, q, da, sa, n_in, 1, 0, pre,           \
                                           SwiOut{hf, hq, hd, hs});                                  \
     }
-MV_SWI_ENTRY(mv_q1_n1_r8_k1_swi, 1, 5)
+MV_SWI_ENTRY(mv_q1_n1_r8_k1_swi, 1, 6)
 MV_SWI_ENTRY(mv_q2_n1_r8_k1_swi, 2, 4)
 MV_SWI_ENTRY(mv_q2g64_n1_r8_k1_swi, 3, 4)
 

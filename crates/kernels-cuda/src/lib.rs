@@ -349,7 +349,9 @@ pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: boo
 /// per SM). H200 sweeps (bench/results/cuda-mv-sweep-q2.json at e54a60c, and again on 2026-11-30):
 /// gdn q‖z‖b‖a (16,480 rows) 10.9 → 9.0 µs and attn q‖k‖v (14,336 rows, K split 2) 10.1 → 9.2 µs;
 /// gate‖up (34,816), the head and the 5120-row outputs are faster plain, and so is every Q1 launch
-/// but one (gdn q‖z‖b‖a, by 1.5 %). Decode graph 3.956 → 3.846 ms on Q2.
+/// but one (gdn q‖z‖b‖a, by 1.5 %). Decode graph 3.956 → 3.846 ms on Q2. Since
+/// [`MVS_MIN_ROWS`] is 8,192 the staged kernel takes these launches first; the pipelined one
+/// keeps them where the staged one cannot (shape, alignment, `BONSAI_CUDA_MV_STAGED=0`).
 fn mvp_default_on(kind: WKind, rows: usize) -> bool {
     kind == WKind::Q2 && mvp_mid_rows(rows)
 }
@@ -478,7 +480,8 @@ fn mv_staged_env() -> MvStaged {
 pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Auto;
 
 /// Whether [`MvStaged::Auto`] stages a one-row launch of `rows` output rows of `kind`: the Q2
-/// launches with several row tiles per resident block (ffn gate‖up, 34,816 rows, and the head).
+/// launches of at least [`MVS_MIN_ROWS`] rows (ffn gate‖up, 34,816 rows, the head, and the GDN /
+/// attention in-projections).
 /// Measured on the H200 (bench/results/cuda-decode-27b-*.json, `carveout_x_staged`): Q2 decode
 /// 3.789 → 3.611 ms/token with these staged (and the carveout of [`Gpu::set_carveout`] at 100 %
 /// for every kernel, which a staged launch sets unless one was chosen); Q1 3.177 → 3.233, so Q1
@@ -489,10 +492,12 @@ pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
 }
 
 /// The fewest rows of a Q2 launch that [`MvStaged::Auto`] stages (`BONSAI_CUDA_MVS_MIN_ROWS`
-/// overrides it). Measured on the H200: from 8,192 rows (the GDN / attention in-projections too,
-/// at 2 rows per warp) the Q2 decode graph took 3.614 against 3.607 ms/token
-/// (bench/results/cuda-staged-min-rows-27b-q2.json).
-pub const MVS_MIN_ROWS: usize = 32_768;
+/// overrides it): 8,192, so the GDN / attention in-projections (16,480 / 14,336 rows) are staged
+/// too, not pipelined (`mvp`). Measured on the H200 in `cuda_bench`'s A/B (8,192 against 32,768):
+/// a wash while staged launches set a 100 % carveout (3.614 against 3.607 ms/token,
+/// bench/results/cuda-staged-min-rows-27b-q2.json); at the 58 % carveout, 3.317 against 3.343
+/// (fc75e0c) and 3.314 against 3.341 (22a66b2), two device sessions.
+pub const MVS_MIN_ROWS: usize = 8_192;
 
 fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
     kind != WKind::Q1 && rows >= min_rows
@@ -3084,8 +3089,8 @@ impl Gpu {
 
     /// Whether the mid-sized one-row launches (8,192 to 32,767 rows: the GDN and attention
     /// in-projections) of every kind take the pipelined kernels, as Q2_0's do by default (off;
-    /// a benchmark switch: Q1_0's were measured slower alone, not yet in the graph, where the
-    /// pipelined kernels load more before their PDL wait). The same float order either way.
+    /// a benchmark switch: Q1_0's were measured slower alone, and in the decode graph too, 2.870
+    /// → 2.943 ms/token on the H200 at 22a66b2). The same float order either way.
     pub fn mvp_mid_all(&self) -> bool {
         self.mvp_mid_all.load(Ordering::Relaxed)
     }
@@ -3096,7 +3101,8 @@ impl Gpu {
     }
 
     /// Whether [`MvStaged::Auto`] stages Q1_0's long one-row launches too (gate‖up, then with the
-    /// SwiGLU in `mvs_*_swi`, and the head); off: a benchmark switch. The same bits either way.
+    /// SwiGLU in `mvs_*_swi`, and the head); off: a benchmark switch (H200, 22a66b2: Q1_0 decode
+    /// graph 2.870 → 2.923 ms/token with it). The same bits either way.
     pub fn mvs_q1(&self) -> bool {
         self.mvs_q1.load(Ordering::Relaxed)
     }
@@ -4557,11 +4563,13 @@ mod tests {
 
     #[test]
     fn staged_by_default_only_for_the_long_q2_launches() {
-        // ffn gate‖up (2 × 17,408 rows) and the head (248,320) of Q2 / Q2 g64; nothing of Q1
+        // ffn gate‖up (2 × 17,408 rows), the head (248,320) and the GDN / attention
+        // in-projections (16,480 / 14,336) of Q2 / Q2 g64; not the 5120-row outputs; nothing of Q1
         for kind in [WKind::Q2, WKind::Q2G64] {
             assert!(mvs_default_on(kind, 34_816));
             assert!(mvs_default_on(kind, 248_320));
-            assert!(!mvs_default_on(kind, 16_480)); // gdn q‖z‖b‖a
+            assert!(mvs_default_on(kind, 16_480)); // gdn q‖z‖b‖a
+            assert!(mvs_default_on(kind, 14_336)); // attn q‖k‖v
             assert!(!mvs_default_on(kind, 5_120)); // ssm_out, attn_out, ffn_down
         }
         assert!(!mvs_default_on(WKind::Q1, 248_320));
