@@ -708,8 +708,9 @@ MV_KIND_ENTRIES(q2g64, 3, 5, 4)
 // gate / up rows themselves.
 // Q1 at 6 blocks per SM (80 registers, no spill): with the paired unpack the compiler took 96
 // registers at 5, and 6 measured 2.857 → 2.832 ms per Q1_0 token (H200, 2026-12-01). Slower in the
-// same A/Bs: 7 blocks (72 registers, 2.860), and 6 blocks for the 4-row (2.944) or the 8-row
-// (80 registers with spills, 2.896) one-row kernels (bench/results/cuda-unpack-ab-27b.json).
+// same A/Bs: 7 blocks (72 registers, 2.860; with one sub-block batch per iteration, 2.867), and
+// 6 blocks for the 4-row (2.944) or the 8-row one-row kernels (80 registers with spills, 2.896;
+// with one batch per iteration and no spill, 2.857) (bench/results/cuda-unpack-ab-27b.json).
 #define MV_SWI_ENTRY(NAME, KIND, MINB)                                                                \
     extern "C" __global__ void CLUSTER_DIMS(2, 1, 1) __launch_bounds__(MV_WARPS * 32, MINB) NAME( \
         const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const i8* q,      \
