@@ -4562,7 +4562,7 @@ mod tests {
     }
 
     #[test]
-    fn staged_by_default_only_for_the_long_q2_launches() {
+    fn staged_by_default_for_the_q2_launches_from_8192_rows() {
         // ffn gate‖up (2 × 17,408 rows), the head (248,320) and the GDN / attention
         // in-projections (16,480 / 14,336) of Q2 / Q2 g64; not the 5120-row outputs; nothing of Q1
         for kind in [WKind::Q2, WKind::Q2G64] {
