@@ -196,7 +196,8 @@ fn cuda_decode_bench() {
         &|on| gpu.set_swiglu_fused(on),
         true,
     );
-    // the GDN / attention in-projections on the pipelined kernels for every kind (Q2_0's default)
+    // the GDN / attention in-projections on the pipelined kernels for every kind where they are
+    // not staged (Q2_0's, staged by default, keep the staged kernel; on Q1_0 this is the switch)
     let mvp_mid_ms = ab(
         "MVP mid-sized launches on every kind",
         &|| gpu.mvp_mid_all(),

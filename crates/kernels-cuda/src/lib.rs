@@ -488,7 +488,7 @@ pub const MV_STAGED_DEFAULT: MvStaged = MvStaged::Auto;
 /// keeps the plain kernels. Launches that fit in about one wave gain nothing from a ring and pay
 /// its set-up.
 pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
-    mvs_auto(kind, rows, MVS_MIN_ROWS)
+    mvs_auto(kind, rows, MVS_MIN_ROWS, false)
 }
 
 /// The fewest rows of a Q2 launch that [`MvStaged::Auto`] stages (`BONSAI_CUDA_MVS_MIN_ROWS`
@@ -499,8 +499,10 @@ pub fn mvs_default_on(kind: WKind, rows: usize) -> bool {
 /// (fc75e0c) and 3.314 against 3.341 (22a66b2), two device sessions.
 pub const MVS_MIN_ROWS: usize = 8_192;
 
-fn mvs_auto(kind: WKind, rows: usize, min_rows: usize) -> bool {
-    kind != WKind::Q1 && rows >= min_rows
+/// [`MvStaged::Auto`]'s rule: launches of at least `min_rows` rows, of Q1 only with `q1`
+/// ([`Gpu::mvs_q1`]).
+fn mvs_auto(kind: WKind, rows: usize, min_rows: usize, q1: bool) -> bool {
+    (kind != WKind::Q1 || q1) && rows >= min_rows
 }
 
 fn mvs_min_rows_env() -> usize {
@@ -1603,8 +1605,9 @@ pub struct Gpu {
     mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
-    /// The mid-sized one-row launches of every kind take the pipelined kernels, not only Q2's
-    /// ([`Gpu::set_mvp_mid_all`], `BONSAI_CUDA_MVP_MID_ALL=1`; off; benchmarks compare).
+    /// The mid-sized one-row launches of every kind take the pipelined kernels where they are not
+    /// staged, not only Q2's ([`Gpu::set_mvp_mid_all`], `BONSAI_CUDA_MVP_MID_ALL=1`; off;
+    /// benchmarks compare).
     mvp_mid_all: AtomicBool,
     /// [`MvStaged::Auto`] stages Q1_0's long launches too ([`Gpu::set_mvs_q1`],
     /// `BONSAI_CUDA_MVS_Q1=1`; off; benchmarks compare).
@@ -3088,9 +3091,10 @@ impl Gpu {
     }
 
     /// Whether the mid-sized one-row launches (8,192 to 32,767 rows: the GDN and attention
-    /// in-projections) of every kind take the pipelined kernels, as Q2_0's do by default (off;
-    /// a benchmark switch: Q1_0's were measured slower alone, and in the decode graph too, 2.870
-    /// → 2.943 ms/token on the H200 at 22a66b2). The same float order either way.
+    /// in-projections) of every kind take the pipelined kernels where they are not staged, as
+    /// Q2_0's do by default. Off: a benchmark switch. Q1_0's were measured slower alone, and in
+    /// the decode graph too (2.870 → 2.943 ms/token on the H200 at 22a66b2). Q2_0's are staged
+    /// first since [`MVS_MIN_ROWS`] is 8,192. The same float order either way.
     pub fn mvp_mid_all(&self) -> bool {
         self.mvp_mid_all.load(Ordering::Relaxed)
     }
@@ -3200,10 +3204,7 @@ impl Gpu {
     fn staged_for(&self, kind: WKind, rows: usize) -> bool {
         match self.mv_staged_mode() {
             MvStaged::Off => false,
-            MvStaged::Auto => {
-                mvs_auto(kind, rows, self.mvs_min_rows())
-                    || (self.mvs_q1() && kind == WKind::Q1 && rows >= self.mvs_min_rows())
-            }
+            MvStaged::Auto => mvs_auto(kind, rows, self.mvs_min_rows(), self.mvs_q1()),
             MvStaged::All => true,
         }
     }
