@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile bench/micro/throughput.cu to an sm_90 cubin with NVRTC (ctypes; no toolkit needed):
+"""Compile bench/micro/throughput.cu (or --src FILE) to an sm_90 cubin with NVRTC (ctypes; no toolkit needed):
 python3 bench/micro/build.py [--nvrtc PATH]. The cubin lands in bench/micro/out/ (ignored by git)."""
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nvrtc")
     ap.add_argument("--arch", default="90")
+    ap.add_argument("--src", default="throughput.cu")
     a = ap.parse_args()
     lib = ctypes.CDLL(find_nvrtc(a.nvrtc))
-    src = (HERE / "throughput.cu").read_bytes()
+    src = (HERE / a.src).read_bytes()
+    stem = Path(a.src).stem
     prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"throughput.cu", 0, None, None) == 0
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, a.src.encode(), 0, None, None) == 0
     opts = [f"--gpu-architecture=sm_{a.arch}".encode(), b"--std=c++17"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
@@ -51,11 +53,11 @@ def main() -> None:
     assert lib.nvrtcGetCUBIN(prog, cubin) == 0
     out = HERE / "out"
     out.mkdir(exist_ok=True)
-    (out / f"throughput_sm{a.arch}.cubin").write_bytes(cubin.raw)
+    (out / f"{stem}_sm{a.arch}.cubin").write_bytes(cubin.raw)
     # the device copy has no .git: record what was built
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
     (out / "commit.txt").write_text(rev.stdout.strip() or "unknown")
-    print(f"bench/micro/out/throughput_sm{a.arch}.cubin: {n.value} bytes")
+    print(f"bench/micro/out/{stem}_sm{a.arch}.cubin: {n.value} bytes")
 
 
 if __name__ == "__main__":
