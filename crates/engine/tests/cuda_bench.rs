@@ -976,6 +976,72 @@ fn cuda_gate_up_sweep() {
     }
 }
 
+/// What the b1-plane Q1_0 mat-vecs (`kernels/mvbp.cu`) would cost inside the decode graph, before
+/// the activation producers write bit planes (`BONSAI_BENCH_MODEL`, a Q1_0 file; benchmark only):
+/// [`Gpu::set_b1p_timing`] swaps every Q1_0 mat-vec and the SwiGLU gate‖up launch for a b1-plane
+/// launch over the same weight bytes and zeroed planes, so its tokens are meaningless and are not
+/// checked. Rows alternate off / on, each a fresh capture, the median of 3 replays.
+#[test]
+#[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
+fn cuda_b1p_timing() {
+    let Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    }) = graphed("cuda_b1p_timing")
+    else {
+        return;
+    };
+    let steps = 128;
+    let gpu = cuda.gpu();
+    let mut json = Vec::new();
+    for (label, on) in [
+        ("dp4a", false),
+        ("b1p stand-in", true),
+        ("dp4a again", false),
+        ("b1p stand-in again", true),
+    ] {
+        gpu.set_b1p_timing(on).unwrap();
+        let (ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+        let per = ms / steps as f64;
+        println!("B1P {label:<20} graph {per:.4} ms/token");
+        json.push(format!(
+            "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
+        ));
+    }
+    // per mat-vec category, each launched back to back over all layers (PDL between launches as
+    // in the graph), median of 5 passes, off then on
+    let cats = common::mat_categories(&w, true);
+    let mut prof = Vec::new();
+    for on in [false, true] {
+        gpu.set_b1p_timing(on).unwrap();
+        for (name, groups) in &cats {
+            let mut v = cuda.time_mv_pass(&cfg, groups, 5).unwrap();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let us = v[v.len() / 2] as f64 * 1e3 / groups.len() as f64;
+            println!("B1P profile b1p {on:<5} {name:<20} {us:8.2} us/launch");
+            prof.push(format!(
+                "{{\"b1p\": {on}, \"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
+            ));
+        }
+    }
+    gpu.set_b1p_timing(false).unwrap();
+    let out = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}], \"profile\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        json.join(", "),
+        prof.join(", ")
+    );
+    println!("B1P {out}");
+    if let Ok(p) = std::env::var("BONSAI_B1P_OUT") {
+        std::fs::write(p, &out).unwrap();
+    }
+}
+
 /// The same graph decode captured again with one switch flipped (A/B in one process): `get`
 /// reads the switch, `set` flips it. The tokens must match when `same_tokens` (the switch changes
 /// scheduling only); otherwise the agreeing prefix is reported (the switch changes a kernel's

@@ -55,6 +55,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvo.cu"),
     include_str!("../kernels/mvs.cu"),
     include_str!("../kernels/mvq.cu"),
+    include_str!("../kernels/mvbp.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -507,6 +508,64 @@ fn mvs_auto(kind: WKind, rows: usize, min_rows: usize, q1: bool) -> bool {
 
 fn mvs_min_rows_env() -> usize {
     env_usize("BONSAI_CUDA_MVS_MIN_ROWS").unwrap_or(MVS_MIN_ROWS)
+}
+
+/// The K split of a b1-plane Q1_0 mat-vec (`kernels/mvbp.cu`) over `tiles` 16-row tiles of width
+/// `n_in`: the smallest of 1, 2, 4, 8, 16 that gives at least 2,048 warps (about 16 per SM on the
+/// H200), while every K part keeps at least two 256-element pairs. A function of the shape alone,
+/// never of n, so a verify row equals the decode row bit for bit. The prototype's sweep
+/// (`bench/results/cuda-b1plane-proto-27b-q1.json`) picked 8 for the 5,120-row launches (320
+/// tiles), 2 for the GDN / attention in-projections and 1 for gate‖up and the head.
+pub fn mvbp_ks(tiles: usize, n_in: usize) -> usize {
+    mvbp_ks_for(tiles, n_in, mvbp_min_warps())
+}
+
+/// [`mvbp_ks`] with the warp target as a parameter.
+pub fn mvbp_ks_for(tiles: usize, n_in: usize, min_warps: usize) -> usize {
+    let pairs = n_in / 256;
+    let mut ks = 1;
+    while ks < 16 && tiles * ks < min_warps && pairs >= 4 * ks {
+        ks *= 2;
+    }
+    ks
+}
+
+/// The warp target of [`mvbp_ks`]: 2,048, or `BONSAI_CUDA_MVBP_WARPS` (read once; a benchmark
+/// knob — it changes the float order, so decode and verify must run under one value).
+fn mvbp_min_warps() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("BONSAI_CUDA_MVBP_WARPS").unwrap_or(2048))
+}
+
+/// Warps per block of a b1-plane launch with K split `ks` (4, or `ks` above 4).
+pub fn mvbp_warps(ks: usize) -> usize {
+    ks.max(4)
+}
+
+/// Most activation rows of one b1-plane launch.
+pub const MVBP_MAX_ROWS: usize = 5;
+
+/// Widest input the b1-plane timing substitution's scratch planes cover.
+const B1P_TIMING_MAX_IN: usize = 32_768;
+/// Output rows of the timing substitution's scratch for the SwiGLU gate‖up launch.
+const B1P_TIMING_MAX_OUT: usize = 65_536;
+
+/// The fewest rows of a launch the b1-plane timing substitution takes: 8,192 (the launches whose
+/// input is an RMS norm: GDN / attention in-projections, gate‖up, the head; on the H200 the
+/// 5,120-row launches were slower on b1-planes), or `BONSAI_CUDA_B1P_MIN_ROWS` (read once).
+fn b1p_timing_min_rows() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_usize("BONSAI_CUDA_B1P_MIN_ROWS").unwrap_or(8192))
+}
+
+/// Scratch of the b1-plane timing substitution ([`Gpu::set_b1p_timing`]): zeroed activation
+/// planes `[MVBP_MAX_ROWS, B1P_TIMING_MAX_IN / 256, 32]` uint4, block scales and sums, and output
+/// rows for the gate‖up launch (whose real output is the quantized SwiGLU).
+struct B1pTiming {
+    planes: DevBuf,
+    u: DevBuf,
+    sa: DevBuf,
+    y: DevBuf,
 }
 
 /// Whether an environment variable is set to `1` (the on value of every `BONSAI_CUDA_*` switch
@@ -1417,6 +1476,16 @@ kernels!(
         mvb_q1_r2_k1,
         mvb_q1_r2_k2,
         mvb_q1_r2_k4,
+        mvbp_q1_n1_k1,
+        mvbp_q1_n1_k2,
+        mvbp_q1_n1_k4,
+        mvbp_q1_n1_k8,
+        mvbp_q1_n1_k16,
+        mvbp_q1_n5_k1,
+        mvbp_q1_n5_k2,
+        mvbp_q1_n5_k4,
+        mvbp_q1_n5_k8,
+        mvbp_q1_n5_k16,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1640,6 +1709,9 @@ pub struct Gpu {
     /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
     /// to `MAX_ROWS · n_in` u32 ([`Gpu::mv_lowbit_multi`]).
     b1_scratch: Mutex<Option<DevBuf>>,
+    /// The b1-plane timing substitution ([`Gpu::set_b1p_timing`]): its zeroed activation planes
+    /// and output rows, allocated when it is turned on; `None` while off.
+    b1p_timing: Mutex<Option<B1pTiming>>,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -1853,6 +1925,7 @@ impl Gpu {
             mv_o8: AtomicBool::new(mv_o8_env()),
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
+            b1p_timing: Mutex::new(None),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2548,6 +2621,9 @@ impl Gpu {
             segs.len()
         );
         assert_eq!(n_in % 64, 0, "mv_lowbit: n_in = {n_in}");
+        if self.b1p_stand_in(kind, segs, n_in, n, accumulate, false)? {
+            return Ok(());
+        }
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
         if plan.b1 {
@@ -3022,6 +3098,172 @@ impl Gpu {
             accumulate,
             plan,
         )
+    }
+
+    /// The b1-plane Q1_0 mat-vec (`kernels/mvbp.cu`): `segs` in the tiled b1-plane layout (codes
+    /// `[n_out / 16, n_in / 256, 32]` uint4, scales `[n_out / 16, n_in / 128, 8]` u32), activations
+    /// as int16 bit planes `xp` `[n, n_in / 256, 32]` uint4 with block scales `xu` `[n, n_in / 128]`
+    /// f32 and sums `xs` `[n, n_in / 128, 4]` i32; `y_i[t, o]` as [`Self::mv_lowbit_multi`]. The K
+    /// split comes from the shape ([`mvbp_ks`]), so row t of an n-row launch equals the one-row
+    /// launch bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_b1p(
+        &self,
+        segs: &[MvSeg],
+        xp: u64,
+        xu: u64,
+        xs: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if !(1..=MVBP_MAX_ROWS).contains(&n) || !(1..=MAX_SEGS).contains(&segs.len()) {
+            return Err(CudaError(format!(
+                "mv_b1p: {n} rows, {} segments",
+                segs.len()
+            )));
+        }
+        if n_in == 0 || n_in % 256 != 0 || segs.iter().any(|s| s.n_out % 16 != 0) {
+            return Err(CudaError(format!(
+                "mv_b1p: n_in {n_in} must be a multiple of 256 and every n_out of 16"
+            )));
+        }
+        if xp % 16 != 0 || xu % 8 != 0 || xs % 16 != 0 {
+            return Err(CudaError(format!(
+                "mv_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
+            )));
+        }
+        let tiles: usize = segs.iter().map(|s| s.n_out / 16).sum();
+        let ks = mvbp_ks(tiles, n_in);
+        let f = self.mvbp_func(n, ks)?;
+        let warps = mvbp_warps(ks);
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
+        push_seg_args(&mut args, segs, MAX_SEGS, 16);
+        args.extend([
+            Arg::P(xp),
+            Arg::P(xu),
+            Arg::P(xs),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(1),
+        ]);
+        if tiles == 0 {
+            return Ok(());
+        }
+        self.launch(
+            f,
+            (cdiv(tiles, warps / ks), 1, 1),
+            ((warps * 32) as u32, 1, 1),
+            &args,
+        )
+    }
+
+    /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`.
+    fn mvbp_func(&self, n: usize, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = if n == 1 {
+            [
+                f.mvbp_q1_n1_k1,
+                f.mvbp_q1_n1_k2,
+                f.mvbp_q1_n1_k4,
+                f.mvbp_q1_n1_k8,
+                f.mvbp_q1_n1_k16,
+            ]
+        } else {
+            [
+                f.mvbp_q1_n5_k1,
+                f.mvbp_q1_n5_k2,
+                f.mvbp_q1_n5_k4,
+                f.mvbp_q1_n5_k8,
+                f.mvbp_q1_n5_k16,
+            ]
+        };
+        match ks {
+            1 | 2 | 4 | 8 | 16 => Ok(t[ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!("mv_b1p: no variant with K split {ks}"))),
+        }
+    }
+
+    /// The b1-plane timing substitution (benchmarks only; every result is wrong while it is on):
+    /// the Q1_0 mat-vecs of up to [`MVBP_MAX_ROWS`] rows, and the SwiGLU gate‖up launch, run
+    /// [`Self::mv_b1p`] on the model's own code and scale bytes (read as if tiled: the same bytes
+    /// from DRAM) against zeroed activation planes, so a decode graph measures what the b1-plane
+    /// kernels would cost in it before the activation producers write planes. Turning it on
+    /// allocates its scratch (do it before a graph capture); off frees it.
+    pub fn set_b1p_timing(&self, on: bool) -> Result<()> {
+        let mut t = self.b1p_timing.lock().expect("b1p timing lock");
+        if !on {
+            *t = None;
+            return Ok(());
+        }
+        if t.is_none() {
+            let zeroed = |bytes: usize| -> Result<DevBuf> {
+                let b = self.alloc(bytes)?;
+                self.zero(b.ptr(), bytes)?;
+                Ok(b)
+            };
+            let blocks = MVBP_MAX_ROWS * B1P_TIMING_MAX_IN / 128;
+            *t = Some(B1pTiming {
+                planes: zeroed(MVBP_MAX_ROWS * B1P_TIMING_MAX_IN * 2)?,
+                u: zeroed(blocks * 4)?,
+                sa: zeroed(blocks * 16)?,
+                y: zeroed(MVBP_MAX_ROWS * B1P_TIMING_MAX_OUT * 4)?,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the b1-plane timing substitution is on ([`Self::set_b1p_timing`]).
+    pub fn b1p_timing(&self) -> bool {
+        self.b1p_timing.lock().expect("b1p timing lock").is_some()
+    }
+
+    /// Under the timing substitution, the b1-plane launch standing in for a Q1_0 mat-vec (`y`
+    /// `None`) or for the SwiGLU gate‖up launch (`y` the scratch rows): `Ok(false)` where it does
+    /// not apply (off, another kind, more rows or a shape the kernel does not take).
+    fn b1p_stand_in(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        swiglu: bool,
+    ) -> Result<bool> {
+        let t = self.b1p_timing.lock().expect("b1p timing lock");
+        let Some(t) = t.as_ref() else {
+            return Ok(false);
+        };
+        let rows: usize = segs.iter().map(|s| s.n_out).sum();
+        if kind != WKind::Q1
+            || rows < b1p_timing_min_rows()
+            || n > MVBP_MAX_ROWS
+            || n_in % 256 != 0
+            || n_in > B1P_TIMING_MAX_IN
+            || segs.iter().any(|s| s.n_out % 16 != 0)
+            || (swiglu && rows > B1P_TIMING_MAX_OUT)
+        {
+            return Ok(false);
+        }
+        let mut v = segs.to_vec();
+        if swiglu {
+            let mut o = 0;
+            for s in &mut v {
+                s.y = t.y.ptr() + (o * 4) as u64;
+                o += s.n_out;
+            }
+        }
+        self.mv_b1p(
+            &v,
+            t.planes.ptr(),
+            t.u.ptr(),
+            t.sa.ptr(),
+            n_in,
+            n,
+            accumulate,
+        )?;
+        Ok(true)
     }
 
     /// Activation bit planes for the `b1` mat-vec: `planes` `[n, n_in / 32, 8]` u32 (16-byte
@@ -4214,6 +4456,23 @@ impl Gpu {
         if !self.swiglu_fused() || n_out % 32 != 0 || n_out == 0 || n_in % 64 != 0 {
             return Ok(false);
         }
+        let segs = [
+            MvSeg {
+                codes: gate.0,
+                scales: gate.1,
+                y: 0,
+                n_out,
+            },
+            MvSeg {
+                codes: up.0,
+                scales: up.1,
+                y: 0,
+                n_out,
+            },
+        ];
+        if self.b1p_stand_in(kind, &segs, n_in, 1, false, true)? {
+            return Ok(true);
+        }
         let rows = 2 * n_out;
         let plan = self.mv_plan(kind, 1, rows, n_in);
         let pick = if self.staged_for(kind, rows) {
@@ -4560,6 +4819,28 @@ mod tests {
         assert_eq!(balanced_count(1000, 1000), 1000);
         assert_eq!(balanced_count(1001, 1000), 501);
         assert_eq!(balanced_count(5, 0), 1);
+    }
+
+    #[test]
+    fn b1p_k_split_follows_the_shape() {
+        // the 27B Q1_0 launches: 5,120-row launches (320 tiles) of width 6,144 and 17,408, the
+        // GDN in-projection (16,480 rows), attention in-projection (14,336), gate‖up (34,816), head
+        assert_eq!(mvbp_ks_for(320, 6144, 2048), 8); // 24 pairs: 3 per part
+        assert_eq!(mvbp_ks_for(320, 17408, 2048), 8);
+        assert_eq!(mvbp_ks_for(1030, 5120, 2048), 2);
+        assert_eq!(mvbp_ks_for(896, 5120, 2048), 4);
+        assert_eq!(mvbp_ks_for(2176, 5120, 2048), 1);
+        assert_eq!(mvbp_ks_for(15_520, 5120, 2048), 1);
+        // every K part keeps at least two pairs, and 16 is the most
+        assert_eq!(mvbp_ks_for(1, 256, 2048), 1);
+        assert_eq!(mvbp_ks_for(1, 1024, 2048), 2);
+        assert_eq!(mvbp_ks_for(1, 1 << 20, 2048), 16);
+        for (tiles, n_in) in [(1usize, 512usize), (20, 17408), (4, 8192), (7, 2560)] {
+            let ks = mvbp_ks_for(tiles, n_in, 2048);
+            assert!(ks.is_power_of_two() && ks <= 16);
+            assert!(ks == 1 || n_in / 256 / ks >= 2, "{tiles} x {n_in}: {ks}");
+            assert_eq!(mvbp_warps(ks) % ks, 0);
+        }
     }
 
     #[test]

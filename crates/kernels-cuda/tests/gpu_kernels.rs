@@ -7,8 +7,8 @@ use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, gdn_chunked_supported, host_quant, host_quant_sub, mv_b1_host, mv_default_plan,
-    mv_sub_host, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled,
-    WKind,
+    mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut,
+    Retiled, WKind,
 };
 use half::f16;
 
@@ -3565,4 +3565,245 @@ fn launch_chain_cost() {
         }
     }
     g.set_pdl(pdl0);
+}
+
+/// One b1-plane test case on the host: logical code words `[n_out, nblk, 4]`, f16 scales, int16
+/// activations `[n, n_in]` with block scales, and the tiled device layouts of `kernels/mvbp.cu`.
+struct B1pCase {
+    n_in: usize,
+    words: Vec<u32>,
+    dw: Vec<f16>,
+    act: Vec<i16>,
+    u: Vec<f32>,
+    codes: Vec<u32>,
+    scales: Vec<u32>,
+    planes: Vec<u32>,
+    sums: Vec<i32>,
+}
+
+fn b1p_case(rng: &mut Rng, n_in: usize, n_out: usize, n: usize) -> B1pCase {
+    let (nblk, npair, ntile) = (n_in / 128, n_in / 256, n_out / 16);
+    let words: Vec<u32> = (0..n_out * nblk * 4).map(|_| rng.u64() as u32).collect();
+    let dw: Vec<f16> = (0..n_out * nblk)
+        .map(|_| f16::from_f32(0.001 + 0.02 * rng.f().abs()))
+        .collect();
+    let act: Vec<i16> = (0..n * n_in).map(|_| rng.u64() as u16 as i16).collect();
+    let u: Vec<f32> = (0..n * nblk).map(|_| 1e-5 + 1e-3 * rng.f().abs()).collect();
+    let w = |r: usize, b: usize, tg: usize| words[(r * nblk + b) * 4 + tg];
+    let mut codes = Vec::with_capacity(n_out * nblk * 4);
+    for t in 0..ntile {
+        for p in 0..npair {
+            for lane in 0..32 {
+                let (g, tg) = (lane / 4, lane % 4);
+                let (r0, r1) = (16 * t + g, 16 * t + g + 8);
+                codes.extend([
+                    w(r0, 2 * p, tg),
+                    w(r1, 2 * p, tg),
+                    w(r0, 2 * p + 1, tg),
+                    w(r1, 2 * p + 1, tg),
+                ]);
+            }
+        }
+    }
+    let mut scales = Vec::with_capacity(ntile * nblk * 8);
+    for t in 0..ntile {
+        for b in 0..nblk {
+            for g in 0..8 {
+                let lo = dw[(16 * t + g) * nblk + b].to_bits() as u32;
+                let hi = dw[(16 * t + g + 8) * nblk + b].to_bits() as u32;
+                scales.push(lo | hi << 16);
+            }
+        }
+    }
+    // plane p word tg of block b of row t: bit i = bit p of code 32tg + i
+    let plane = |t: usize, b: usize, p: usize, tg: usize| -> u32 {
+        (0..32).fold(0u32, |acc, i| {
+            let a = act[t * n_in + b * 128 + 32 * tg + i] as u16;
+            acc | (((a >> p) & 1) as u32) << i
+        })
+    };
+    let mut planes = Vec::with_capacity(n * npair * 128);
+    let mut sums = Vec::with_capacity(n * nblk * 4);
+    for t in 0..n {
+        for p in 0..npair {
+            for lane in 0..32 {
+                let (g, tg) = (lane / 4, lane % 4);
+                planes.extend([
+                    plane(t, 2 * p, g, tg),
+                    plane(t, 2 * p, 8 + g, tg),
+                    plane(t, 2 * p + 1, g, tg),
+                    plane(t, 2 * p + 1, 8 + g, tg),
+                ]);
+            }
+        }
+        for b in 0..nblk {
+            let sa: i32 = (0..128).map(|k| act[t * n_in + b * 128 + k] as i32).sum();
+            sums.extend([sa, 0, 0, 0]);
+        }
+    }
+    B1pCase {
+        n_in,
+        words,
+        dw,
+        act,
+        u,
+        codes,
+        scales,
+        planes,
+        sums,
+    }
+}
+
+/// y[t, r] = Σ_b dw·u·Σ_k (2c − 1)·a in f64 (the integer part exact).
+fn b1p_reference(c: &B1pCase, t: usize, r: usize) -> f64 {
+    let nblk = c.n_in / 128;
+    (0..nblk)
+        .map(|b| {
+            let isum: i64 = (0..128)
+                .map(|k| {
+                    let bit = (c.words[(r * nblk + b) * 4 + k / 32] >> (k % 32)) & 1;
+                    let a = c.act[t * c.n_in + b * 128 + k] as i64;
+                    if bit == 1 {
+                        a
+                    } else {
+                        -a
+                    }
+                })
+                .sum();
+            c.dw[r * nblk + b].to_f64() * c.u[t * nblk + b] as f64 * isum as f64
+        })
+        .sum()
+}
+
+/// The b1-plane Q1_0 mat-vec (`mvbp_q1_*`) against an f64 reference of its own inputs, at every
+/// K split it has; each row of a 5-row launch equals the one-row launch of that row bit for bit,
+/// and `accumulate` adds the launch's value to y with one f32 add.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_b1p_equals_f64_and_one_row() {
+    let g = need_gpu!("mv_b1p_equals_f64_and_one_row");
+    let mut rng = Rng(91);
+    let n = 5;
+    // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks
+    for (n_in, segs) in [
+        (5120usize, vec![1024usize, 512, 48, 48]),
+        (6144, vec![640]),
+        (17408, vec![320]),
+        (8192, vec![64]),
+        (2048, vec![16]),
+        (256, vec![32, 16]),
+    ] {
+        let rows: usize = segs.iter().sum();
+        let ks = mvbp_ks(rows / 16, n_in);
+        let c = b1p_case(&mut rng, n_in, rows, n);
+        let (nblk, npair) = (n_in / 128, n_in / 256);
+        let codes = g.upload(&c.codes).unwrap();
+        let scales = g.upload(&c.scales).unwrap();
+        let (xp, xu, xs) = (
+            g.upload(&c.planes).unwrap(),
+            g.upload(&c.u).unwrap(),
+            g.upload(&c.sums).unwrap(),
+        );
+        // segments: consecutive row ranges of the one matrix (codes of a tile are contiguous)
+        let run = |y: &DevBuf, t: usize, nr: usize, accumulate: bool| {
+            let mut o = 0;
+            let mut v = Vec::new();
+            for &so in &segs {
+                v.push(MvSeg {
+                    codes: codes.ptr() + (o / 16 * npair * 512) as u64,
+                    scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
+                    y: y.ptr() + (o * 4) as u64,
+                    n_out: so,
+                });
+                o += so;
+            }
+            // y rows of segment i are [nr, n_out_i] at its own base: use one segment per buffer
+            g.mv_b1p(
+                &v,
+                xp.ptr() + (t * npair * 512) as u64,
+                xu.ptr() + (t * nblk * 4) as u64,
+                xs.ptr() + (t * nblk * 16) as u64,
+                n_in,
+                nr,
+                accumulate,
+            )
+            .unwrap();
+        };
+        if segs.len() > 1 {
+            // a grouped launch writes each segment's [n, n_out_i] block at its own y: check the
+            // one-row launch only (the n-row layout per segment is checked with one segment)
+            let y = g.upload(&vec![f32::NAN; rows]).unwrap();
+            run(&y, 0, 1, false);
+            let got: Vec<f32> = down(g, &y, rows);
+            let want: Vec<f64> = (0..rows).map(|r| b1p_reference(&c, 0, r)).collect();
+            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (r, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    ((a as f64) - b).abs() <= 1e-5 * scale,
+                    "[{n_in}x{segs:?}] ks {ks} row {r}: {a} vs {b}"
+                );
+            }
+            continue;
+        }
+        let y5 = g.upload(&vec![f32::NAN; n * rows]).unwrap();
+        run(&y5, 0, n, false);
+        let got5: Vec<f32> = down(g, &y5, n * rows);
+        let want: Vec<f64> = (0..n * rows)
+            .map(|i| b1p_reference(&c, i / rows, i % rows))
+            .collect();
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (i, (&a, &b)) in got5.iter().zip(&want).enumerate() {
+            assert!(
+                ((a as f64) - b).abs() <= 1e-5 * scale,
+                "[{n_in}x{rows}] ks {ks} t {} row {}: {a} vs {b}",
+                i / rows,
+                i % rows
+            );
+        }
+        for t in 0..n {
+            let y1 = g.upload(&vec![f32::NAN; rows]).unwrap();
+            run(&y1, t, 1, false);
+            let got1: Vec<f32> = down(g, &y1, rows);
+            for r in 0..rows {
+                assert_eq!(
+                    got1[r].to_bits(),
+                    got5[t * rows + r].to_bits(),
+                    "[{n_in}x{rows}] ks {ks}: row {r} of activation {t} differs between n = 1 and n = {n}"
+                );
+            }
+            if t == 0 {
+                let y0 = rng.vec(rows, 3.0);
+                let ya = g.upload(&y0).unwrap();
+                run(&ya, 0, 1, true);
+                let acc: Vec<f32> = down(g, &ya, rows);
+                for r in 0..rows {
+                    assert_eq!(
+                        acc[r].to_bits(),
+                        (y0[r] + got1[r]).to_bits(),
+                        "accumulate row {r}"
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "mv_b1p [{n_in} x {rows}] K split {ks}: f64 within 1e-5, n = 1 == n = {n}, accumulate"
+        );
+    }
+    // shapes it refuses: n_out not a multiple of 16, n_in not of 256, 6 rows
+    let z = g.alloc(1 << 16).unwrap();
+    let seg = |n_out| MvSeg {
+        codes: z.ptr(),
+        scales: z.ptr(),
+        y: z.ptr(),
+        n_out,
+    };
+    assert!(g
+        .mv_b1p(&[seg(24)], z.ptr(), z.ptr(), z.ptr(), 256, 1, false)
+        .is_err());
+    assert!(g
+        .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 384, 1, false)
+        .is_err());
+    assert!(g
+        .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
+        .is_err());
 }
