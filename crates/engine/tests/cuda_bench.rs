@@ -126,6 +126,14 @@ fn cuda_decode_bench() {
         )
     };
     let pdl_ms = ab("PDL", &|| gpu.pdl(), &|on| gpu.set_pdl(on), true);
+    // the norm-fed Q1_0 projections on b1-planes (int16 activations per 128: another rounding
+    // than int8 per 32, so tokens may differ on a random synthetic model)
+    let b1p_ms = ab(
+        "B1P (norm-fed Q1_0 projections on b1-planes)",
+        &|| gpu.b1p(),
+        &|on| gpu.set_b1p(on),
+        false,
+    );
     // the tensor-core mat-vec sums a row's blocks in another order than dp4a: tokens may differ
     let mma_ms = ab("MV_MMA", &|| gpu.mv_mma(), &|on| gpu.set_mv_mma(on), false);
     // the pipelined one-row kernels keep the dp4a float order: tokens must agree
@@ -714,7 +722,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mvp_mid_all\": {mvp_mid_ms}, \"mvs_q1\": {mvs_q1_ms}, \"attn_fused\": {attn_fused_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"b1p\": {b1p_ms}, \"mv_mma\": {mma_ms}, \"mv_pipe\": {pipe_ms}, \"mv_o8\": {o8_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mvp_mid_all\": {mvp_mid_ms}, \"mvs_q1\": {mvs_q1_ms}, \"attn_fused\": {attn_fused_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \"prefill_pp512_extra_bytes\": {prefill_scratch}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \
@@ -976,11 +984,12 @@ fn cuda_gate_up_sweep() {
     }
 }
 
-/// What the b1-plane Q1_0 mat-vecs (`kernels/mvbp.cu`) would cost inside the decode graph, before
-/// the activation producers write bit planes (`BONSAI_BENCH_MODEL`, a Q1_0 file; benchmark only):
-/// [`Gpu::set_b1p_timing`] swaps every Q1_0 mat-vec and the SwiGLU gate‖up launch for a b1-plane
-/// launch over the same weight bytes and zeroed planes, so its tokens are meaningless and are not
-/// checked. Rows alternate off / on, each a fresh capture, the median of 3 replays.
+/// The decode graph with the norm-fed Q1_0 projections on b1-planes ([`Gpu::set_b1p`]) against
+/// dp4a, and with the timing substitution ([`Gpu::set_b1p_timing`]: every Q1_0 mat-vec of at least
+/// `BONSAI_CUDA_B1P_MIN_ROWS` rows and the SwiGLU gate‖up launch swapped for a b1-plane launch over
+/// the same weight bytes and zeroed planes; its tokens are meaningless) — `BONSAI_BENCH_MODEL`, a
+/// Q1_0 file; benchmark only. Each row a fresh capture, the median of 3 replays; tokens are not
+/// compared (b1-planes round the activations differently).
 #[test]
 #[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
 fn cuda_b1p_timing() {
@@ -998,13 +1007,17 @@ fn cuda_b1p_timing() {
     let steps = 128;
     let gpu = cuda.gpu();
     let mut json = Vec::new();
-    for (label, on) in [
-        ("dp4a", false),
-        ("b1p stand-in", true),
-        ("dp4a again", false),
-        ("b1p stand-in again", true),
+    // (label, b1-plane projections, timing stand-in for the remaining Q1_0 launches)
+    let b1p0 = gpu.b1p();
+    for (label, b1p, stand_in) in [
+        ("dp4a", false, false),
+        ("b1p", true, false),
+        ("b1p stand-in", false, true),
+        ("dp4a again", false, false),
+        ("b1p again", true, false),
     ] {
-        gpu.set_b1p_timing(on).unwrap();
+        gpu.set_b1p(b1p);
+        gpu.set_b1p_timing(stand_in).unwrap();
         let (ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
         let per = ms / steps as f64;
         println!("B1P {label:<20} graph {per:.4} ms/token");
@@ -1012,8 +1025,10 @@ fn cuda_b1p_timing() {
             "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
         ));
     }
+    gpu.set_b1p(b1p0);
     // per mat-vec category, each launched back to back over all layers (PDL between launches as
-    // in the graph), median of 5 passes, off then on
+    // in the graph; int8 inputs, so b1-plane projections only through the stand-in), median of 5
+    // passes, stand-in off then on
     let cats = common::mat_categories(&w, true);
     let mut prof = Vec::new();
     for on in [false, true] {

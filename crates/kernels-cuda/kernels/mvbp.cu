@@ -46,10 +46,16 @@ __device__ __forceinline__ void mvbp_fold(u32 a0, u32 a1, u32 blo, u32 bhi, int 
 // contiguous range of block pairs UNR pairs at a time, the next UNR pairs' weights and activations
 // loaded before the current ones are used; with `pre` the first weights are loaded before the PDL
 // wait (weights are never written on the device).
-template <int NT, int KS, int RGW, int UNR>
+// SWI (KS = 1, RGW = 4, NT = 1; the SwiGLU-fused decode gate‖up launch): block c's warps 0, 1 take
+// gate tiles 2c, 2c + 1 (s0) and warps 2, 3 the same up tiles (s1), each exactly as the plain
+// launch computes them; then warp 0 writes SiLU(gate)·up of the block's 32 outputs as
+// swiglu_quant does (f32 unless null, quant32), so the verify rows' mat-vec + swiglu_quant give
+// the same bits.
+template <int NT, int KS, int RGW, int UNR, bool SWI = false>
 __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xp,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
-                                        int n, int accumulate, int pre) {
+                                        int n, int accumulate, int pre, SwiOut so = {}) {
+    static_assert(!SWI || (KS == 1 && RGW == 4 && NT == 1), "SWI: one K part, 4 tiles, one row");
     __shared__ float red[KS][RGW][16][NT];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int kp = w % KS, rg = w / KS;
@@ -58,7 +64,11 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     const int t0 = s0.n_out >> 4, t1 = s1.n_out >> 4, t2 = s2.n_out >> 4, t3 = s3.n_out >> 4;
     MvSeg sg = s0;
     bool tile_ok = true;
-    if (tile < t0) {
+    if (SWI) {
+        sg = rg < 2 ? s0 : s1;
+        tile = 2 * blockIdx.x + (rg & 1);
+        tile_ok = tile < t0;
+    } else if (tile < t0) {
         sg = s0;
     } else if ((tile -= t0) < t1) {
         sg = s1;
@@ -161,7 +171,9 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             float v = acc[h][t];
             v += __shfl_xor_sync(0xffffffffu, v, 1);
             v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (KS == 1) {
+            if (SWI) {
+                if (tg == 0) red[0][rg][h * 8 + g][0] = v;
+            } else if (KS == 1) {
                 if (tile_ok && tg == 0 && (NT == 1 || t < n)) {
                     float* yp = sg.y + (size_t)t * sg.n_out + tile * 16 + h * 8 + g;
                     *yp = accumulate ? *yp + v : v;
@@ -170,7 +182,16 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
                 red[kp][rg][h * 8 + g][t] = v;
             }
         }
-    if (KS > 1) {
+    if (SWI) {
+        __syncthreads();
+        const int o = 32 * blockIdx.x + lane;
+        if (w == 0 && 32 * blockIdx.x < s0.n_out) {
+            const float gv = red[0][lane >> 4][lane & 15][0], uv = red[0][2 + (lane >> 4)][lane & 15][0];
+            const float v = siluf_(gv) * uv;
+            if (so.hf) so.hf[o] = v;
+            quant32(v, so.q + (size_t)blockIdx.x * 32, so.d + blockIdx.x, so.s + blockIdx.x);
+        }
+    } else if (KS > 1) {
         __syncthreads();
         // warp kp == 0 of each tile writes its 16 rows: lane = row (16 lanes), all n columns
         if (kp == 0 && tile_ok && lane < 16) {
@@ -200,3 +221,13 @@ MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1)
 MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1)
 MVBP_ENTRY(mvbp_q1_n5_k8, 5, 8, 1, 1)
 MVBP_ENTRY(mvbp_q1_n5_k16, 5, 16, 1, 1)
+
+// The SwiGLU-fused decode gate‖up launch on b1-planes (grid n_out / 32, 128 threads; the
+// parameter list of MV_SWI_ENTRY with the b1-plane activations in place of q, d, s).
+extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1_k1_swi(const void* c0, const u16* sc0, const void* c1,
+                                                                   const u16* sc1, int n_out, const uint4* xp,
+                                                                   const float* xu, const int* xs, int n_in,
+                                                                   int pre, float* hf, i8* hq, float* hd, int* hs) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_q1<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs});
+}

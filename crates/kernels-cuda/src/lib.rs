@@ -36,7 +36,10 @@ pub use gemm::{
     GEMM_BM, GEMM_KC,
 };
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
-pub use retile::{detile_row, retile, retile_q41, Retiled, WKind};
+pub use retile::{
+    b1p_shape_ok, detile_row, host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p,
+    WKind,
+};
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
 };
@@ -1486,6 +1489,7 @@ kernels!(
         mvbp_q1_n5_k4,
         mvbp_q1_n5_k8,
         mvbp_q1_n5_k16,
+        mvbp_q1_n1_k1_swi,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1712,6 +1716,9 @@ pub struct Gpu {
     /// The b1-plane timing substitution ([`Gpu::set_b1p_timing`]): its zeroed activation planes
     /// and output rows, allocated when it is turned on; `None` while off.
     b1p_timing: Mutex<Option<B1pTiming>>,
+    /// Q1_0 projections that have a b1-plane layout and b1-plane activations run on
+    /// [`Gpu::mv_b1p`] (`BONSAI_CUDA_B1P=0` turns it off; [`Gpu::set_b1p`]).
+    mv_b1p: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -1926,6 +1933,7 @@ impl Gpu {
             resident_capacity: Mutex::new(Vec::new()),
             b1_scratch: Mutex::new(None),
             b1p_timing: Mutex::new(None),
+            mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2530,7 +2538,34 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
+        self.rmsnorm_quant_p16(x, w, eps, n, k, xf, q, d, s, (0, 0, 0))
+    }
+
+    /// [`Self::rmsnorm_quant`] that also writes the b1-plane activations of each row (`p16` =
+    /// planes `[n, k / 256, 32, 4]` u32, units `[n, k / 128]` f32, sums `[n, k / 128, 4]` i32, the
+    /// input of [`Self::mv_b1p`]; `(0, 0, 0)`: none) from the same normalized values; host twin
+    /// [`host_quant_p16`]. The b1-plane outputs need `k % 256 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_quant_p16(
+        &self,
+        x: u64,
+        w: u64,
+        eps: f32,
+        n: usize,
+        k: usize,
+        xf: u64,
+        q: u64,
+        d: u64,
+        s: u64,
+        (xp, xu, xs): (u64, u64, u64),
+    ) -> Result<()> {
         assert_eq!(k % 32, 0);
+        let p16 = xp != 0;
+        if p16 && (k % 256 != 0 || xu == 0 || xs == 0) {
+            return Err(CudaError(format!(
+                "rmsnorm_quant: b1-plane outputs need k % 256 == 0 and all three buffers (k = {k})"
+            )));
+        }
         let args = [
             Arg::P(x),
             Arg::P(w),
@@ -2540,8 +2575,11 @@ impl Gpu {
             Arg::P(q),
             Arg::P(d),
             Arg::P(s),
+            Arg::P(xp),
+            Arg::P(xu),
+            Arg::P(xs),
         ];
-        if n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 && q % 4 == 0 {
+        if !p16 && n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 && q % 4 == 0 {
             // long launches: one block per row, which reads the row once (same bits)
             return self.launch(
                 self.f.rmsnorm_quant_rows,
@@ -2869,7 +2907,7 @@ impl Gpu {
             self.swiglu_fused() as u64,
             self.attn_fused() as u64,
             self.mvp_mid_all() as u64,
-            self.mvs_q1() as u64,
+            self.mvs_q1() as u64 | (self.b1p() as u64) << 1 | (self.b1p_timing() as u64) << 2,
         ]
     }
 
@@ -3159,6 +3197,43 @@ impl Gpu {
         )
     }
 
+    /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`): gate and up in
+    /// the b1-plane layout (`(codes, scales)` each), one activation row; writes SiLU(gate) ⊙ up to
+    /// `out` exactly as [`Self::mv_b1p`] over `[gate, up]` followed by [`Self::swiglu_quant`]
+    /// would. `Ok(false)` (nothing launched) where the fusion is off, `n_out % 32 != 0`, or the
+    /// shape's K split ([`mvbp_ks`] of the 2·n_out rows) is not 1.
+    pub fn mv_swiglu_b1p(
+        &self,
+        gate: (u64, u64),
+        up: (u64, u64),
+        n_out: usize,
+        n_in: usize,
+        (xp, xu, xs): (u64, u64, u64),
+        out: QuantOut,
+    ) -> Result<bool> {
+        if !self.swiglu_fused()
+            || n_out == 0
+            || n_out % 32 != 0
+            || n_in == 0
+            || n_in % 256 != 0
+            || mvbp_ks(2 * n_out / 16, n_in) != 1
+        {
+            return Ok(false);
+        }
+        if xp % 16 != 0 || xu % 8 != 0 || xs % 16 != 0 {
+            return Err(CudaError(format!(
+                "mv_swiglu_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
+            )));
+        }
+        self.launch(
+            self.f.mvbp_q1_n1_k1_swi,
+            ((n_out / 32) as u32, 1, 1),
+            (128, 1, 1),
+            &swi_args(gate, up, n_out, (xp, xu, xs), n_in, true, out),
+        )?;
+        Ok(true)
+    }
+
     /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`.
     fn mvbp_func(&self, n: usize, ks: usize) -> Result<sys::CUfunction> {
         let f = &self.f;
@@ -3212,6 +3287,19 @@ impl Gpu {
             });
         }
         Ok(())
+    }
+
+    /// Whether Q1_0 projections with a b1-plane layout take [`Self::mv_b1p`] when their input
+    /// comes with b1-plane activations (default on; `BONSAI_CUDA_B1P=0` off). The engine decides
+    /// per launch; captured graphs key on it. Decode and verify rows always agree, because both
+    /// follow the same switch.
+    pub fn b1p(&self) -> bool {
+        self.mv_b1p.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1p`] (benchmarks compare; capture graphs after setting it).
+    pub fn set_b1p(&self, on: bool) {
+        self.mv_b1p.store(on, Ordering::Relaxed);
     }
 
     /// Whether the b1-plane timing substitution is on ([`Self::set_b1p_timing`]).

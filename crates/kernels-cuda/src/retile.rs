@@ -170,6 +170,116 @@ pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
     }
 }
 
+/// A Q1_0 matrix in the b1-plane layout of `kernels/mvbp.cu`: codes `[n_out / 16, n_in / 256, 32,
+/// 4]` u32 (lane `4g + tg` of 16-row tile `T`, pair `p`: word `tg` of rows `16T + g` and
+/// `16T + g + 8` in block `2p`, then the same in block `2p + 1`; bit `i` of word `tg` is element
+/// `32tg + i` of the block, the GGUF bit order read as little-endian words) and scales
+/// `[n_out / 16, n_in / 128, 8]` u32 (f16 bits of row `16T + g` low, row `16T + g + 8` high).
+pub struct RetiledB1p {
+    pub n_in: usize,
+    pub n_out: usize,
+    pub codes: Vec<u32>,
+    pub scales: Vec<u32>,
+}
+
+/// Whether a matrix of this shape has a b1-plane layout (Q1_0 with `n_out % 16 == 0` and
+/// `n_in % 256 == 0`).
+pub fn b1p_shape_ok(qt: QuantType, n_in: usize, n_out: usize) -> bool {
+    qt == QuantType::Q1_0 && n_out % 16 == 0 && n_in % 256 == 0 && n_in > 0 && n_out > 0
+}
+
+/// Re-tile `raw` (`n_out` GGUF Q1_0 rows of `n_in` elements) into [`RetiledB1p`]. Panics if the
+/// shape is not [`b1p_shape_ok`] or `raw` has the wrong length (the loader validates extents).
+pub fn retile_b1p(raw: &[u8], n_in: usize, n_out: usize) -> RetiledB1p {
+    assert!(
+        b1p_shape_ok(QuantType::Q1_0, n_in, n_out),
+        "retile_b1p: {n_in} x {n_out}"
+    );
+    let rb = QuantType::Q1_0.row_bytes(n_in).expect("whole blocks");
+    assert_eq!(raw.len(), rb * n_out, "retile_b1p: raw length");
+    let (nblk, npair, ntile) = (n_in / 128, n_in / 256, n_out / 16);
+    // GGUF block: f16 d, then 16 code bytes (element j at bit j & 7 of byte j >> 3)
+    let block = |r: usize, b: usize| &raw[r * rb + b * 18..r * rb + (b + 1) * 18];
+    let word = |r: usize, b: usize, tg: usize| {
+        let q = &block(r, b)[2 + 4 * tg..6 + 4 * tg];
+        u32::from_le_bytes([q[0], q[1], q[2], q[3]])
+    };
+    let scale = |r: usize, b: usize| {
+        let q = block(r, b);
+        u16::from_le_bytes([q[0], q[1]]) as u32
+    };
+    let mut codes = vec![0u32; ntile * npair * 128];
+    let mut scales = vec![0u32; ntile * nblk * 8];
+    codes
+        .par_chunks_mut(npair * 128)
+        .zip(scales.par_chunks_mut(nblk * 8))
+        .enumerate()
+        .for_each(|(t, (ct, st))| {
+            for p in 0..npair {
+                for lane in 0..32 {
+                    let (g, tg) = (lane / 4, lane % 4);
+                    let (r0, r1) = (16 * t + g, 16 * t + g + 8);
+                    let o = (p * 32 + lane) * 4;
+                    ct[o] = word(r0, 2 * p, tg);
+                    ct[o + 1] = word(r1, 2 * p, tg);
+                    ct[o + 2] = word(r0, 2 * p + 1, tg);
+                    ct[o + 3] = word(r1, 2 * p + 1, tg);
+                }
+            }
+            for b in 0..nblk {
+                for g in 0..8 {
+                    st[b * 8 + g] = scale(16 * t + g, b) | scale(16 * t + g + 8, b) << 16;
+                }
+            }
+        });
+    RetiledB1p {
+        n_in,
+        n_out,
+        codes,
+        scales,
+    }
+}
+
+/// The b1-plane activations of one row `x` (`x.len() % 256 == 0`), the host twin of the device
+/// quantizer (`quant_p16_part` in bonsai.cu): per 128-element block u = amax / 32767, codes
+/// `rint(x · (1 / u))` clamped to ±32767 (0 where amax is 0); planes `[n_in / 256, 32, 4]` u32 in
+/// the layout of `kernels/mvbp.cu`, u `[n_in / 128]`, sums `[n_in / 128, 4]` = {Σ, 0, 0, 0}.
+/// Also returns the codes.
+pub fn host_quant_p16(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<i32>, Vec<i16>) {
+    assert_eq!(x.len() % 256, 0, "host_quant_p16: {} elements", x.len());
+    let nblk = x.len() / 128;
+    let mut planes = vec![0u32; x.len() / 2];
+    let mut us = vec![0f32; nblk];
+    let mut sums = vec![0i32; nblk * 4];
+    let mut codes = vec![0i16; x.len()];
+    for b in 0..nblk {
+        let v = &x[b * 128..(b + 1) * 128];
+        let amax = v.iter().fold(0f32, |m, e| m.max(e.abs()));
+        let u = amax / 32767.0;
+        let iu = if u != 0.0 { 1.0 / u } else { 0.0 };
+        let mut sum = 0i32;
+        for (k, &e) in v.iter().enumerate() {
+            let c = (e * iu).round_ties_even().clamp(-32767.0, 32767.0) as i32;
+            codes[b * 128 + k] = c as i16;
+            sum += c;
+        }
+        us[b] = u;
+        sums[b * 4] = sum;
+        let (pair, hb) = (b / 2, b % 2);
+        for j in 0..4 {
+            for p in 0..16 {
+                let mut w = 0u32;
+                for i in 0..32 {
+                    w |= ((codes[b * 128 + 32 * j + i] as u16 as u32 >> p) & 1) << i;
+                }
+                let lane = 4 * (p % 8) + j;
+                planes[(pair * 32 + lane) * 4 + 2 * hb + p / 8] = w;
+            }
+        }
+    }
+    (planes, us, sums, codes)
+}
+
 /// Re-tile a Q4_1 matrix (`n_out` GGUF rows of `n_in` elements, `n_in % 32 == 0`) into a 16-byte
 /// code plane `[n_out, n_in/32, 16]` (GGUF nibble order) and a `(d, m)` plane `[n_out, n_in/32, 2]`
 /// f16 bits. Panics if `raw` has the wrong length (the loader validates extents first).
@@ -425,6 +535,103 @@ mod tests {
             for i in 0..4 {
                 assert_eq!((f >> (8 * i)) & 3, ((4 * s + i) % 4) as u32);
             }
+        }
+    }
+
+    /// The b1-plane tiles hold every Q1_0 weight: sign from the code word, scale from the scale
+    /// plane, against `dequantize_row`.
+    #[test]
+    fn b1p_retile_matches_dequantize() {
+        for (n_in, n_out) in [(256usize, 16usize), (5120, 48), (17408, 32)] {
+            let raw = rand_matrix(QuantType::Q1_0, n_in, n_out, 7 + n_in as u64);
+            let t = retile_b1p(&raw, n_in, n_out);
+            let (nblk, npair) = (n_in / 128, n_in / 256);
+            let rb = QuantType::Q1_0.row_bytes(n_in).unwrap();
+            let mut want = vec![0f32; n_in];
+            for r in 0..n_out {
+                dequantize_row(QuantType::Q1_0, &raw[r * rb..(r + 1) * rb], &mut want);
+                let (tile, g, half) = (r / 16, r % 8, (r % 16) / 8);
+                for k in 0..n_in {
+                    let (b, tg, i) = (k / 128, (k % 128) / 32, k % 32);
+                    let (p, hb) = (b / 2, b % 2);
+                    let w = t.codes[((tile * npair + p) * 32 + 4 * g + tg) * 4 + 2 * hb + half];
+                    let sc = t.scales[(tile * nblk + b) * 8 + g] >> (16 * half) & 0xffff;
+                    let d = f16::from_bits(sc as u16).to_f32();
+                    let v = if (w >> i) & 1 == 1 { d } else { -d };
+                    assert_eq!(v, want[k], "[{n_in} x {n_out}] row {r} element {k}");
+                }
+            }
+        }
+        assert!(!b1p_shape_ok(QuantType::Q1_0, 128, 16));
+        assert!(!b1p_shape_ok(QuantType::Q1_0, 256, 24));
+        assert!(!b1p_shape_ok(QuantType::Q2_0G128, 256, 16));
+    }
+
+    /// The host b1-plane quantizer: codes within half a unit of x / u, planes that spell the codes
+    /// back in the kernel's layout, sums of the codes; and the kernel's integer fold
+    /// (2·Σ w_p·popc(W AND P_p) − Σa) equals the ±1 dot product of codes and weights.
+    #[test]
+    fn host_quant_p16_planes_spell_the_codes() {
+        let bytes = rand_bytes(3, 4 * 512);
+        let mut x: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32 / u32::MAX as f32) - 0.5)
+            .collect();
+        x[7] = 40.0; // an outlier block
+        for v in &mut x[256..384] {
+            *v = 0.0; // an all-zero block
+        }
+        let (planes, u, sums, codes) = host_quant_p16(&x);
+        for b in 0..x.len() / 128 {
+            let blk = &x[b * 128..(b + 1) * 128];
+            let amax = blk.iter().fold(0f32, |m, e| m.max(e.abs()));
+            assert_eq!(u[b], amax / 32767.0);
+            let mut sum = 0i32;
+            for k in 0..128 {
+                let c = codes[b * 128 + k] as i32;
+                sum += c;
+                if u[b] != 0.0 {
+                    assert!((c as f64 * u[b] as f64 - blk[k] as f64).abs() <= 0.51 * u[b] as f64);
+                } else {
+                    assert_eq!(c, 0);
+                }
+                let (j, i, pair, hb) = (k / 32, k % 32, b / 2, b % 2);
+                let mut back = 0u32;
+                for p in 0..16 {
+                    let lane = 4 * (p % 8) + j;
+                    let w = planes[(pair * 32 + lane) * 4 + 2 * hb + p / 8];
+                    back |= ((w >> i) & 1) << p;
+                }
+                assert_eq!(back as u16 as i16 as i32, c, "block {b} element {k}");
+            }
+            assert_eq!(sums[b * 4..b * 4 + 4], [sum, 0, 0, 0]);
+            // the fold with random weight words
+            let ws: Vec<u32> = rand_bytes(b as u64, 16)
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let want: i64 = (0..128)
+                .map(|k| {
+                    let c = codes[b * 128 + k] as i64;
+                    if (ws[k / 32] >> (k % 32)) & 1 == 1 {
+                        c
+                    } else {
+                        -c
+                    }
+                })
+                .sum();
+            let mut s1 = 0i64;
+            for p in 0..16 {
+                let wp = if p == 15 { -(1i64 << 15) } else { 1i64 << p };
+                let pc: u32 = (0..4)
+                    .map(|j| {
+                        let lane = 4 * (p % 8) + j;
+                        (ws[j] & planes[(b / 2 * 32 + lane) * 4 + 2 * (b % 2) + p / 8]).count_ones()
+                    })
+                    .sum();
+                s1 += wp * pc as i64;
+            }
+            assert_eq!(2 * s1 - sum as i64, want, "block {b}");
         }
     }
 }

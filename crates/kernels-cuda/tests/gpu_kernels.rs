@@ -6,9 +6,9 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, gdn_chunked_supported, host_quant, host_quant_sub, mv_b1_host, mv_default_plan,
-    mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut,
-    Retiled, WKind,
+    b1_planes_host, gdn_chunked_supported, host_quant, host_quant_p16, host_quant_sub, mv_b1_host,
+    mv_default_plan, mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan,
+    MvSeg, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -1717,6 +1717,88 @@ fn rmsnorm_quant_vs_reference() {
         }
         eprintln!("rmsnorm_quant k={k}: an n={nbig} launch equals n<=8 launches bit for bit");
     }
+}
+
+/// `rmsnorm_quant_p16`: the int8 outputs and the f32 row are those of `rmsnorm_quant`, and the
+/// b1-plane outputs (planes, units, sums) are `host_quant_p16` of the device's own f32 row, bit for
+/// bit, for 1 and 5 rows at the 27B widths; widths that are not a multiple of 256 are refused.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn rmsnorm_quant_p16_equals_host_twin() {
+    let g = need_gpu!("rmsnorm_quant_p16_equals_host_twin");
+    let mut rng = Rng(12);
+    for (n, k) in [(1usize, 5120usize), (5, 5120), (2, 6144), (1, 256)] {
+        let mut x = rng.vec(n * k, 3.0);
+        x[k / 2] = 300.0; // an outlier block
+        let w: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 1.0 + v * 0.5).collect();
+        let (xb, wb) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+        let (xf, q, d, s) = (
+            g.alloc(n * k * 4).unwrap(),
+            g.alloc(n * k).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+        );
+        let (xp, xu, xs) = (
+            g.alloc(n * k * 2).unwrap(),
+            g.alloc(n * k / 128 * 4).unwrap(),
+            g.alloc(n * k / 128 * 16).unwrap(),
+        );
+        g.rmsnorm_quant_p16(
+            xb.ptr(),
+            wb.ptr(),
+            1e-6,
+            n,
+            k,
+            xf.ptr(),
+            q.ptr(),
+            d.ptr(),
+            s.ptr(),
+            (xp.ptr(), xu.ptr(), xs.ptr()),
+        )
+        .unwrap();
+        let (xf0, q0, d0, s0) = rmsnorm_rows(g, &xb, &wb, 0, n, k, true);
+        let got_f: Vec<u32> = down(g, &xf, n * k);
+        assert_eq!(got_f, xf0, "[{n} x {k}] f32 row");
+        assert_eq!(down::<i8>(g, &q, n * k), q0, "[{n} x {k}] codes");
+        assert_eq!(down::<u32>(g, &d, n * k / 32), d0, "[{n} x {k}] scales");
+        assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
+        let (planes, us, sums): (Vec<u32>, Vec<u32>, Vec<i32>) = (
+            down(g, &xp, n * k / 2),
+            down(g, &xu, n * k / 128),
+            down(g, &xs, n * k / 128 * 4),
+        );
+        for t in 0..n {
+            let row: Vec<f32> = got_f[t * k..(t + 1) * k]
+                .iter()
+                .map(|&b| f32::from_bits(b))
+                .collect();
+            let (hp, hu, hs, _) = host_quant_p16(&row);
+            assert_eq!(
+                &planes[t * k / 2..(t + 1) * k / 2],
+                &hp[..],
+                "[{n} x {k}] row {t} planes"
+            );
+            let hu: Vec<u32> = hu.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                &us[t * k / 128..(t + 1) * k / 128],
+                &hu[..],
+                "[{n} x {k}] row {t} units"
+            );
+            assert_eq!(
+                &sums[t * k / 32..(t + 1) * k / 32],
+                &hs[..],
+                "[{n} x {k}] row {t} sums"
+            );
+        }
+        eprintln!(
+            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs == host twin"
+        );
+    }
+    let z = g.alloc(1 << 16).unwrap();
+    let p = z.ptr();
+    assert!(g
+        .rmsnorm_quant_p16(p, p, 1e-6, 1, 384, 0, p, p, p, (p, p, p))
+        .is_err());
 }
 
 /// One `rmsnorm_quant` launch (eps 1e-6) over rows `off..off + n` of `xb` (width `k`): the f32
@@ -3806,4 +3888,111 @@ fn mv_b1p_equals_f64_and_one_row() {
     assert!(g
         .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
         .is_err());
+}
+
+/// `mv_swiglu_b1p` (the SwiGLU-fused b1-plane gate‖up launch) equals `mv_b1p` over [gate, up]
+/// followed by `swiglu_quant`, bit for bit (f32, codes, scales, sums), at the 27B shape and a small
+/// one; shapes whose K split is not 1 are refused without a launch.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
+    let g = need_gpu!("mv_swiglu_b1p_equals_matvec_then_swiglu");
+    let mut rng = Rng(93);
+    for (n_in, n_out) in [(5120usize, 17408usize), (512, 1024)] {
+        assert_eq!(mvbp_ks(2 * n_out / 16, n_in), 1);
+        let c = b1p_case(&mut rng, n_in, 2 * n_out, 1);
+        let (nblk, npair) = (n_in / 128, n_in / 256);
+        let codes = g.upload(&c.codes).unwrap();
+        let scales = g.upload(&c.scales).unwrap();
+        let (xp, xu, xs) = (
+            g.upload(&c.planes).unwrap(),
+            g.upload(&c.u).unwrap(),
+            g.upload(&c.sums).unwrap(),
+        );
+        let gate = (codes.ptr(), scales.ptr());
+        let t = n_out / 16;
+        let up = (
+            codes.ptr() + (t * npair * 512) as u64,
+            scales.ptr() + (t * nblk * 32) as u64,
+        );
+        let (hf, hq, hd, hs) = swi_outs(g, n_out);
+        let out = QuantOut {
+            f: hf.ptr(),
+            q: hq.ptr(),
+            d: hd.ptr(),
+            s: hs.ptr(),
+        };
+        assert!(g
+            .mv_swiglu_b1p(gate, up, n_out, n_in, (xp.ptr(), xu.ptr(), xs.ptr()), out)
+            .unwrap());
+        let y = g.alloc(2 * n_out * 4).unwrap();
+        g.mv_b1p(
+            &[
+                MvSeg {
+                    codes: gate.0,
+                    scales: gate.1,
+                    y: y.ptr(),
+                    n_out,
+                },
+                MvSeg {
+                    codes: up.0,
+                    scales: up.1,
+                    y: y.ptr() + (n_out * 4) as u64,
+                    n_out,
+                },
+            ],
+            xp.ptr(),
+            xu.ptr(),
+            xs.ptr(),
+            n_in,
+            1,
+            false,
+        )
+        .unwrap();
+        let (rf, rq, rd, rs) = swi_outs(g, n_out);
+        g.swiglu_quant(
+            y.ptr(),
+            y.ptr() + (n_out * 4) as u64,
+            1,
+            n_out,
+            rf.ptr(),
+            rq.ptr(),
+            rd.ptr(),
+            rs.ptr(),
+        )
+        .unwrap();
+        assert_eq!(
+            down::<u32>(g, &hf, n_out),
+            down::<u32>(g, &rf, n_out),
+            "[{n_in} x {n_out}] f32"
+        );
+        assert_eq!(
+            down::<i8>(g, &hq, n_out),
+            down::<i8>(g, &rq, n_out),
+            "codes"
+        );
+        assert_eq!(
+            down::<u32>(g, &hd, n_out / 32),
+            down::<u32>(g, &rd, n_out / 32),
+            "scales"
+        );
+        assert_eq!(
+            down::<i32>(g, &hs, n_out / 32),
+            down::<i32>(g, &rs, n_out / 32),
+            "sums"
+        );
+        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant");
+    }
+    // a shape with K split above 1 (few rows, long K) is not taken
+    let z = g.alloc(1 << 20).unwrap();
+    let p = z.ptr();
+    let out = QuantOut {
+        f: 0,
+        q: p,
+        d: p,
+        s: p,
+    };
+    assert!(!g
+        .mv_swiglu_b1p((p, p), (p, p), 32, 8192, (p, p, p), out)
+        .unwrap());
 }

@@ -62,6 +62,30 @@ pub struct CudaMat {
     codes: DevBuf,
     /// scales: [n_out, nblk] f16 (low-bit only)
     scales: Option<DevBuf>,
+    /// The b1-plane layout (codes, scales; `kc::retile_b1p`) of a Q1_0 projection whose input is
+    /// an RMS norm ([`b1p_consumer`]), for decode and verify rows; the layout above stays for the
+    /// prefill GEMM.
+    b1p: Option<(DevBuf, DevBuf)>,
+}
+
+/// Whether the tensor `name` is a projection of an RMS-normed row (GDN and attention
+/// in-projections, ffn gate and up, the output head): the norm writes b1-plane activations for
+/// them. Other Q1_0 projections read int8 activations from producers that write no planes.
+fn b1p_consumer(name: &str) -> bool {
+    name == "output.weight"
+        || [
+            ".attn_q.weight",
+            ".attn_k.weight",
+            ".attn_v.weight",
+            ".attn_qkv.weight",
+            ".attn_gate.weight",
+            ".ssm_beta.weight",
+            ".ssm_alpha.weight",
+            ".ffn_gate.weight",
+            ".ffn_up.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
 }
 
 /// An f32 vector on the device.
@@ -102,6 +126,11 @@ struct Scratch {
     xq: DevBuf,
     xd: DevBuf,
     xs: DevBuf,
+    // b1-plane activations of a normed row (`rmsnorm_quant_p16`), for up to MV_ROWS rows: planes
+    // [MV_ROWS, kmax / 256, 32, 4] u32, units [MV_ROWS, kmax / 128] f32, sums [.., 4] i32
+    xp: DevBuf,
+    xu: DevBuf,
+    xsum: DevBuf,
     // projection outputs, each f32 [cap, pmax]
     p: [DevBuf; 4],
     // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
@@ -398,6 +427,9 @@ impl CudaBackend {
             xq: a(cap * kmax)?,
             xd: a(cap * kmax / 32 * f)?,
             xs: a(cap * kmax / 32 * f)?,
+            xp: a(MV_ROWS * kmax * 2)?,
+            xu: a(MV_ROWS * kmax / 128 * f)?,
+            xsum: a(MV_ROWS * kmax / 128 * 4 * f)?,
             p: [
                 a(cap * pmax * f)?,
                 a(cap * pmax * f)?,
@@ -587,7 +619,9 @@ impl CudaBackend {
     }
 
     /// RMSNorm of `n` rows into the projection input (int8 codes; the f32 copy only when one of
-    /// `consumers` needs it).
+    /// `consumers` needs it; the b1-plane activations too when `n ≤ MV_ROWS`, [`Gpu::b1p`] is on
+    /// and a consumer has a b1-plane layout). Returns whether it wrote the b1-plane activations
+    /// (then pass `true` to [`Self::proj_multi_p16`]).
     #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
@@ -598,9 +632,14 @@ impl CudaBackend {
         n: usize,
         k: usize,
         consumers: &[&CudaMat],
-    ) -> Result<()> {
+    ) -> Result<bool> {
+        let p16 = n <= MV_ROWS
+            && k % 256 == 0
+            && k <= sc.kmax
+            && self.gpu.b1p()
+            && consumers.iter().any(|m| m.b1p.is_some());
         self.gpu
-            .rmsnorm_quant(
+            .rmsnorm_quant_p16(
                 x,
                 w.buf.ptr(),
                 eps,
@@ -610,8 +649,66 @@ impl CudaBackend {
                 sc.xq.ptr(),
                 sc.xd.ptr(),
                 sc.xs.ptr(),
+                if p16 {
+                    (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr())
+                } else {
+                    (0, 0, 0)
+                },
             )
-            .map_err(be)
+            .map_err(be)?;
+        Ok(p16)
+    }
+
+    /// [`Self::proj_multi`] of a normed input: when the norm wrote b1-plane activations (`p16`)
+    /// and every matrix has a b1-plane layout, the b1-plane mat-vec ([`Gpu::mv_b1p`]) in chunks of
+    /// up to `kc::MVBP_MAX_ROWS` rows (a row's result does not depend on the chunk, so decode and
+    /// verify rows agree bit for bit); else the int8 path, which the norm wrote too.
+    fn proj_multi_p16(
+        &self,
+        sc: &Scratch,
+        mats: &[(&CudaMat, u64)],
+        n: usize,
+        accumulate: bool,
+        p16: bool,
+    ) -> Result<()> {
+        let k = mats[0].0.n_in;
+        let b1p = p16
+            && n <= MV_ROWS
+            && self.gpu.b1p()
+            && mats.len() <= kc::MAX_SEGS
+            && mats.iter().all(|(m, _)| m.b1p.is_some() && m.n_in == k);
+        if !b1p {
+            return self.proj_multi(sc, mats, n, accumulate);
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let nr = (n - t0).min(kc::MVBP_MAX_ROWS);
+            let segs: Vec<kc::MvSeg> = mats
+                .iter()
+                .map(|&(m, y)| {
+                    let (c, s) = m.b1p.as_ref().expect("b1p layout");
+                    kc::MvSeg {
+                        codes: c.ptr(),
+                        scales: s.ptr(),
+                        y: y + (t0 * m.n_out * 4) as u64,
+                        n_out: m.n_out,
+                    }
+                })
+                .collect();
+            self.gpu
+                .mv_b1p(
+                    &segs,
+                    sc.xp.at(t0 * k * 2),
+                    sc.xu.at(t0 * k / 128 * 4),
+                    sc.xsum.at(t0 * k / 128 * 16),
+                    k,
+                    nr,
+                    accumulate,
+                )
+                .map_err(be)?;
+            t0 += nr;
+        }
+        Ok(())
     }
 
     fn set_pos(&self, sc: &mut Scratch, pos: usize, n: usize) -> Result<()> {
@@ -653,7 +750,7 @@ impl CudaBackend {
         let eps = cfg.rms_eps;
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
         let dv = cfg.ssm_head_v_dim();
-        self.norm_in(
+        let p16 = self.norm_in(
             sc,
             x,
             &w.attn_norm,
@@ -663,11 +760,12 @@ impl CudaBackend {
             &[&w.qkv, &w.gate, &w.beta, &w.alpha],
         )?;
         let [mixed, z, bb, aa] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr(), sc.p[3].ptr()];
-        self.proj_multi(
+        self.proj_multi_p16(
             sc,
             &[(&w.qkv, mixed), (&w.gate, z), (&w.beta, bb), (&w.alpha, aa)],
             n,
             false,
+            p16,
         )?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
@@ -845,9 +943,9 @@ impl CudaBackend {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
         let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-        self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
+        let p16 = self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
-        self.proj_multi(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false)?;
+        self.proj_multi_p16(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, p16)?;
         let g = &self.gpu;
         let k = nh * hd;
         if n == 1 && g.attn_fused() {
@@ -958,7 +1056,7 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
-        self.norm_in(
+        let p16 = self.norm_in(
             sc,
             x,
             &w.post_norm,
@@ -985,7 +1083,26 @@ impl CudaBackend {
                 s: sc.p[3].at((nb * 4).next_multiple_of(16)),
             };
             let sc_of = |m: &CudaMat| (m.codes.ptr(), m.scales.as_ref().expect("scales").ptr());
-            if self
+            if let (true, true, Some((gc, gs)), Some((uc, us))) =
+                (p16, self.gpu.b1p(), g.b1p.as_ref(), u.b1p.as_ref())
+            {
+                // b1-plane gate‖up with the SwiGLU inside (else: the b1-plane mat-vec below, then
+                // swiglu_quant, the same bits)
+                if self
+                    .gpu
+                    .mv_swiglu_b1p(
+                        (gc.ptr(), gs.ptr()),
+                        (uc.ptr(), us.ptr()),
+                        cfg.n_ff,
+                        g.n_in,
+                        (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr()),
+                        out,
+                    )
+                    .map_err(be)?
+                {
+                    return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
+                }
+            } else if self
                 .gpu
                 .mv_swiglu(
                     g.kind,
@@ -1001,7 +1118,7 @@ impl CudaBackend {
                 return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
             }
         }
-        self.proj_multi(sc, &[(g, gt), (u, up)], n, false)?;
+        self.proj_multi_p16(sc, &[(g, gt), (u, up)], n, false, p16)?;
         self.gpu
             .swiglu_quant(
                 gt,
@@ -1051,8 +1168,8 @@ impl CudaBackend {
         x: u64,
         nr: usize,
     ) -> Result<()> {
-        self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd, &[out])?;
-        self.proj(sc, out, nr, sc.logits.ptr(), false)
+        let p16 = self.norm_in(sc, x, norm, cfg.rms_eps, nr, cfg.n_embd, &[out])?;
+        self.proj_multi_p16(sc, &[(out, sc.logits.ptr())], nr, false, p16)
     }
 
     /// Greedy decode of `steps` tokens after the committed state, eagerly (no graph), with the
@@ -1728,6 +1845,15 @@ impl Backend for CudaBackend {
             return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
         }
         let r = kc::retile(qt, data, n_in, n_out);
+        let b1p = if self.gpu.b1p() && b1p_consumer(name) && kc::b1p_shape_ok(qt, n_in, n_out) {
+            let t = kc::retile_b1p(data, n_in, n_out);
+            Some((
+                self.gpu.upload(&t.codes).map_err(be)?,
+                self.gpu.upload(&t.scales).map_err(be)?,
+            ))
+        } else {
+            None
+        };
         let (codes, scales) = if r.kind == WKind::F32 {
             (self.gpu.upload(&r.f32data).map_err(be)?, None)
         } else {
@@ -1742,6 +1868,7 @@ impl Backend for CudaBackend {
             n_out,
             codes,
             scales,
+            b1p,
         })
     }
 
