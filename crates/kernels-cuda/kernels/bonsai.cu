@@ -144,15 +144,16 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
 
 // The b1-plane activations of `kernels/mvbp.cu` for one 128-element block held by 4 warps of the
 // calling block (warps 4h .. 4h + 3, warp j = w & 3 holding sub-block j, lane i element 32j + i;
-// every thread of the block calls it together, `sm` ≥ 16 floats of shared memory): the block's
-// unit u = amax / 32767, codes rint(v · (1 / u)) clamped to ±32767 (0 where amax is 0), their 16 bit
-// planes and their sum. Writes, for block index `blk` of the row, plane p word j into the
-// [n_in / 256][32 lanes][4] u32 layout at `xp` (row base), u at xu[blk], {Σ, 0, 0, 0} at
-// xs[4·blk]. Host twin: `host_quant_p16`. Three block barriers.
-__device__ __forceinline__ void quant_p16_part(float v, int blk, float* sm, u32* xp, float* xu, int* xs) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = w & 3, h0 = w & ~3;
+// every thread of the block calls it together; `sm` ≥ 16 floats of shared memory, two halves used
+// by alternate calls `it`): the block's unit u = amax / 32767, codes rint(v · (1 / u)) clamped to
+// ±32767 (0 where amax is 0), their 16 bit planes and the sums of each sub-block's codes. Writes,
+// for block index `blk` of the row, plane p word j into the [n_in / 256][32 lanes][4] u32 layout at
+// `xp` (row base), u at xu[blk] and sub-block j's sum at xs[4·blk + j] (the mat-vec's lane tg
+// subtracts the sum of sub-block tg). Host twin: `host_quant_p16`. One block barrier.
+__device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* sm, u32* xp, float* xu, int* xs) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = w & 3, h0 = (w & ~3) + 8 * (it & 1);
     float am = warp_max(fabsf(v));
-    if (lane == 0) sm[w] = am;
+    if (lane == 0) sm[w + 8 * (it & 1)] = am;
     __syncthreads();
     const float amax = fmaxf(fmaxf(sm[h0], sm[h0 + 1]), fmaxf(sm[h0 + 2], sm[h0 + 3]));
     const float u = amax / 32767.0f;
@@ -170,15 +171,10 @@ __device__ __forceinline__ void quant_p16_part(float v, int blk, float* sm, u32*
         xp[((size_t)pair * 32 + L) * 4 + slot] = mine;
     }
     const int sum = warp_sum_i(code);
-    __syncthreads();  // every warp has read sm (the maxima) before the sums overwrite it
-    if (lane == 0) ((int*)sm)[w] = sum;
-    __syncthreads();
-    if (j == 0 && lane < 4) {
-        const int* si = (const int*)sm + h0;
-        xs[4 * blk + lane] = lane == 0 ? ((si[0] + si[1]) + si[2]) + si[3] : 0;
-        if (lane == 0) xu[blk] = u;
+    if (lane == 0) {
+        xs[4 * blk + j] = sum;
+        if (j == 0) xu[blk] = u;
     }
-    __syncthreads();  // sm is free for the caller's next block
 }
 
 // x [n, k] f32 -> q, d, s. grid (ceil(k/32/8), n), block 256: warp w quantizes block 8·bx + w.
@@ -242,7 +238,7 @@ extern "C" __global__ void quant_rows_sub(const float* x, int k, int ge, i8* q, 
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
                                          i8* q, float* d, int* s, u32* p16, float* p16u, int* p16s) {
     __shared__ float red[32];
-    __shared__ float p16sm[8];
+    __shared__ float p16sm[16];
     int t = blockIdx.y;
     const float* xr = x + (size_t)t * k;
     int nb = k >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -284,7 +280,7 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
         // the b1-plane activations too (k % 256 == 0, so every warp of the block runs the same
         // iterations and the 4 warps of a 128-element block are warps 4h .. 4h + 3)
         if (p16)
-            quant_p16_part(v, b >> 2, p16sm, p16 + (size_t)t * (k >> 1), p16u + (size_t)t * (k >> 7),
+            quant_p16_part(v, b >> 2, it, p16sm, p16 + (size_t)t * (k >> 1), p16u + (size_t)t * (k >> 7),
                            p16s + (size_t)t * (k >> 5));
     }
 }

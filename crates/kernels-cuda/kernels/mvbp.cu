@@ -6,7 +6,8 @@
 //   Σ_k (2c_k − 1)·a_k = 2·Σ_p w_p·popc(W_rb AND P_tbp) − Σ_k a_k,
 // w_p = 2^p for p < 15 and −2^15 for the sign plane. Lane (g, tg) holds the popcounts of planes
 // 2tg, 2tg + 1, 8 + 2tg, 9 + 2tg for rows g and g + 8 and folds them with its own multipliers
-// (2·w_p; lane tg = 0 also subtracts Σa) into an exact int32, then keeps a float partial per row:
+// (2·w_p; lane tg also subtracts the code sum of sub-block tg, so the four lanes' integers add up
+// to 2·Σ_p w_p·popc − Σa) into an exact int32, then keeps a float partial per row:
 //   acc = fmaf(dw·u, (float)S, acc), blocks in increasing order.
 // At the end the 4 lanes of a row are added as (tg0 + tg1) + (tg2 + tg3), then the KS K parts in
 // order. Every activation row has its own MMAs and the same float operations, and KS is chosen
@@ -22,7 +23,8 @@
 //   scales [n_out / 16][n_in / 128][8] u32: f16 scale of row g (low half), row g + 8 (high half).
 //   xp     [n][n_in / 256][32 lanes] uint4 {lo(b), hi(b), lo(b + 1), hi(b + 1)}: lo = plane g word
 //          tg, hi = plane 8 + g word tg (plane p word tg: bit i = bit p of code 32tg + i).
-//   xu     [n][n_in / 128] f32 block scales;  xs [n][n_in / 128][4] i32 = {Σ_k a_k, 0, 0, 0}.
+//   xu     [n][n_in / 128] f32 block scales;  xs [n][n_in / 128][4] i32: the code sums of the
+//          block's four 32-element sub-blocks.
 
 __device__ __forceinline__ void mma_b1_k128(int* d, u32 a0, u32 a1, u32 b) {
     asm volatile(
@@ -206,21 +208,23 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     }
 }
 
-#define MVBP_ENTRY(NAME, NT, KS, RGW, UNR)                                                      \
-    MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xp,                                       \
+#define MVBP_ENTRY(NAME, NT, KS, RGW, UNR, MINB)                                                \
+    MV_SEG_ENTRY(NAME, (KS) * (RGW), MINB, const uint4*, xp,                                    \
                  mvbp_q1<NT, KS, RGW, UNR>(s0, s1, s2, s3, xp, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n1` decode, `_n5` verify (n <= 5); `_kKS` the K split (4 warps per block up to
-// KS = 4, then KS warps). The launcher's table is `Gpu::mvbp_func`.
-MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2)
-MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2)
-MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2)
-MVBP_ENTRY(mvbp_q1_n1_k8, 1, 8, 1, 2)
-MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k1, 5, 1, 4, 1)
-MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1)
-MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k8, 5, 8, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k16, 5, 16, 1, 1)
+// KS = 4, then KS warps). No register cap: holding the one-row kernels to 80 registers (6 blocks
+// of 4 warps per SM) made the Q1_0 decode graph 2.582 -> 2.686 ms/token on the H200. The
+// launcher's table is `Gpu::mvbp_func`.
+MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, 1)
+MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, 1)
+MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, 1)
+MVBP_ENTRY(mvbp_q1_n1_k8, 1, 8, 1, 2, 1)
+MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k1, 5, 1, 4, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k8, 5, 8, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k16, 5, 16, 1, 1, 1)
 
 // The SwiGLU-fused decode gate‖up launch on b1-planes (grid n_out / 32, 128 threads; the
 // parameter list of MV_SWI_ENTRY with the b1-plane activations in place of q, d, s).

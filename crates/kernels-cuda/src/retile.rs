@@ -243,7 +243,8 @@ pub fn retile_b1p(raw: &[u8], n_in: usize, n_out: usize) -> RetiledB1p {
 /// The b1-plane activations of one row `x` (`x.len() % 256 == 0`), the host twin of the device
 /// quantizer (`quant_p16_part` in bonsai.cu): per 128-element block u = amax / 32767, codes
 /// `rint(x · (1 / u))` clamped to ±32767 (0 where amax is 0); planes `[n_in / 256, 32, 4]` u32 in
-/// the layout of `kernels/mvbp.cu`, u `[n_in / 128]`, sums `[n_in / 128, 4]` = {Σ, 0, 0, 0}.
+/// the layout of `kernels/mvbp.cu`, u `[n_in / 128]`, sums `[n_in / 128, 4]` (the code sum of each
+/// 32-element sub-block).
 /// Also returns the codes.
 pub fn host_quant_p16(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<i32>, Vec<i16>) {
     assert_eq!(x.len() % 256, 0, "host_quant_p16: {} elements", x.len());
@@ -257,14 +258,12 @@ pub fn host_quant_p16(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<i32>, Vec<i16>) {
         let amax = v.iter().fold(0f32, |m, e| m.max(e.abs()));
         let u = amax / 32767.0;
         let iu = if u != 0.0 { 1.0 / u } else { 0.0 };
-        let mut sum = 0i32;
         for (k, &e) in v.iter().enumerate() {
             let c = (e * iu).round_ties_even().clamp(-32767.0, 32767.0) as i32;
             codes[b * 128 + k] = c as i16;
-            sum += c;
+            sums[b * 4 + k / 32] += c;
         }
         us[b] = u;
-        sums[b * 4] = sum;
         let (pair, hb) = (b / 2, b % 2);
         for j in 0..4 {
             for p in 0..16 {
@@ -604,7 +603,11 @@ mod tests {
                 }
                 assert_eq!(back as u16 as i16 as i32, c, "block {b} element {k}");
             }
-            assert_eq!(sums[b * 4..b * 4 + 4], [sum, 0, 0, 0]);
+            for j in 0..4 {
+                let sj: i32 = (0..32).map(|i| codes[b * 128 + 32 * j + i] as i32).sum();
+                assert_eq!(sums[b * 4 + j], sj, "block {b} sub-block {j}");
+            }
+            assert_eq!(sums[b * 4..b * 4 + 4].iter().sum::<i32>(), sum);
             // the fold with random weight words
             let ws: Vec<u32> = rand_bytes(b as u64, 16)
                 .chunks_exact(4)

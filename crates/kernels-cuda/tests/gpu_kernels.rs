@@ -3719,8 +3719,12 @@ fn b1p_case(rng: &mut Rng, n_in: usize, n_out: usize, n: usize) -> B1pCase {
             }
         }
         for b in 0..nblk {
-            let sa: i32 = (0..128).map(|k| act[t * n_in + b * 128 + k] as i32).sum();
-            sums.extend([sa, 0, 0, 0]);
+            for j in 0..4 {
+                let sj: i32 = (0..32)
+                    .map(|i| act[t * n_in + b * 128 + 32 * j + i] as i32)
+                    .sum();
+                sums.push(sj);
+            }
         }
     }
     B1pCase {
