@@ -212,9 +212,10 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     MV_SEG_ENTRY(NAME, (KS) * (RGW), MINB, const uint4*, xp,                                    \
                  mvbp_q1<NT, KS, RGW, UNR>(s0, s1, s2, s3, xp, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n1` decode, `_n5` verify (n <= 5); `_kKS` the K split (4 warps per block up to
-// KS = 4, then KS warps). No register cap: holding the one-row kernels to 80 registers (6 blocks
-// of 4 warps per SM) made the Q1_0 decode graph 2.582 -> 2.686 ms/token on the H200. The
-// launcher's table is `Gpu::mvbp_func`.
+// KS = 4, then KS warps). Measured on the H200 (Q1_0 decode graph, alternating builds): two
+// pairs per stage and no register cap (96 registers) 2.593 ms/token; one pair per stage (66
+// registers) 3.004; four (154 registers) 2.826; two with the one-row kernels capped at 80
+// registers (6 blocks of 4 warps per SM) 2.686. The launcher's table is `Gpu::mvbp_func`.
 MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, 1)
 MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, 1)
 MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, 1)
