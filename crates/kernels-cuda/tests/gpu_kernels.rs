@@ -3740,6 +3740,17 @@ fn b1p_case(rng: &mut Rng, n_in: usize, n_out: usize, n: usize) -> B1pCase {
     }
 }
 
+/// A case's device buffers: codes, scales, planes, units, sums.
+fn b1p_upload(g: &Gpu, c: &B1pCase) -> (DevBuf, DevBuf, DevBuf, DevBuf, DevBuf) {
+    (
+        g.upload(&c.codes).unwrap(),
+        g.upload(&c.scales).unwrap(),
+        g.upload(&c.planes).unwrap(),
+        g.upload(&c.u).unwrap(),
+        g.upload(&c.sums).unwrap(),
+    )
+}
+
 /// y[t, r] = Σ_b dw·u·Σ_k (2c − 1)·a in f64 (the integer part exact).
 fn b1p_reference(c: &B1pCase, t: usize, r: usize) -> f64 {
     let nblk = c.n_in / 128;
@@ -3783,13 +3794,7 @@ fn mv_b1p_equals_f64_and_one_row() {
         let ks = mvbp_ks(rows / 16, n_in);
         let c = b1p_case(&mut rng, n_in, rows, n);
         let (nblk, npair) = (n_in / 128, n_in / 256);
-        let codes = g.upload(&c.codes).unwrap();
-        let scales = g.upload(&c.scales).unwrap();
-        let (xp, xu, xs) = (
-            g.upload(&c.planes).unwrap(),
-            g.upload(&c.u).unwrap(),
-            g.upload(&c.sums).unwrap(),
-        );
+        let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
         // segments: consecutive row ranges of the one matrix (codes of a tile are contiguous)
         let run = |y: &DevBuf, t: usize, nr: usize, accumulate: bool| {
             let mut o = 0;
@@ -3906,13 +3911,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         assert_eq!(mvbp_ks(2 * n_out / 16, n_in), 1);
         let c = b1p_case(&mut rng, n_in, 2 * n_out, 1);
         let (nblk, npair) = (n_in / 128, n_in / 256);
-        let codes = g.upload(&c.codes).unwrap();
-        let scales = g.upload(&c.scales).unwrap();
-        let (xp, xu, xs) = (
-            g.upload(&c.planes).unwrap(),
-            g.upload(&c.u).unwrap(),
-            g.upload(&c.sums).unwrap(),
-        );
+        let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
         let gate = (codes.ptr(), scales.ptr());
         let t = n_out / 16;
         let up = (
