@@ -3171,12 +3171,12 @@ impl Gpu {
                 "mv_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
             )));
         }
-        let tiles: usize = segs.iter().map(|s| s.n_out / 16).sum();
-        let ks = mvbp_ks(tiles, n_in);
-        let f = self.mvbp_func(n, ks)?;
-        let warps = mvbp_warps(ks);
         let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-        push_seg_args(&mut args, segs, MAX_SEGS, 16);
+        // 16-row tiles over all segments (every n_out is a multiple of 16, checked above)
+        let tiles = push_seg_args(&mut args, segs, MAX_SEGS, 16);
+        if tiles == 0 {
+            return Ok(());
+        }
         args.extend([
             Arg::P(xp),
             Arg::P(xu),
@@ -3186,9 +3186,9 @@ impl Gpu {
             Arg::I(accumulate as i32),
             Arg::I(1),
         ]);
-        if tiles == 0 {
-            return Ok(());
-        }
+        let ks = mvbp_ks(tiles, n_in);
+        let f = self.mvbp_func(n, ks)?;
+        let warps = mvbp_warps(ks);
         self.launch(
             f,
             (cdiv(tiles, warps / ks), 1, 1),
