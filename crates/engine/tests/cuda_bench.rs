@@ -984,6 +984,86 @@ fn cuda_gate_up_sweep() {
     }
 }
 
+/// Decode graph time of the one-row b1-plane launches with the activation row in shared memory
+/// ([`Gpu::set_b1p_xs`]) or in registers, by carveout (`BONSAI_BENCH_MODEL`, a Q1_0 file;
+/// benchmark only); each row a fresh capture in one process, the median of 3 replays, the tokens
+/// checked against the first row's (the switch never changes a bit). Then the per-category
+/// profile of the b1-plane timing substitution with the switch off and on (the stand-in takes
+/// the launches of at least `BONSAI_CUDA_B1P_MIN_ROWS` rows). `BONSAI_XS_OUT` receives the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
+fn cuda_b1p_xs_sweep() {
+    let Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    }) = graphed("cuda_b1p_xs_sweep")
+    else {
+        return;
+    };
+    let steps = 128;
+    let gpu = cuda.gpu();
+    let xs0 = gpu.b1p_xs();
+    let rows: [(&str, bool, Option<u8>); 8] = [
+        ("registers", false, None),
+        ("shared", true, None),
+        ("registers again", false, None),
+        ("shared again", true, None),
+        ("shared c58", true, Some(58)),
+        ("shared c100", true, Some(100)),
+        ("registers c58", false, Some(58)),
+        ("shared last", true, None),
+    ];
+    let mut base: Option<Vec<u32>> = None;
+    let mut json = Vec::new();
+    // `BONSAI_XS_PROFILE_ONLY=1`: the profile alone (another stand-in row threshold)
+    let graphs = std::env::var("BONSAI_XS_PROFILE_ONLY").map_or(true, |v| v != "1");
+    for (label, xs, c) in rows.into_iter().filter(|_| graphs) {
+        gpu.set_b1p_xs(xs);
+        gpu.set_carveout(c).unwrap();
+        let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
+        let b = base.get_or_insert_with(|| runs[0].clone());
+        assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
+        let per = ms / steps as f64;
+        println!("XS {label:<16} graph {per:.4} ms/token");
+        json.push(format!(
+            "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
+        ));
+    }
+    gpu.set_carveout(None).unwrap();
+    let cats = common::mat_categories(&w, true);
+    let mut prof = Vec::new();
+    gpu.set_b1p_timing(true).unwrap();
+    for xs in [false, true, false, true] {
+        gpu.set_b1p_xs(xs);
+        for (name, groups) in &cats {
+            let mut v = cuda.time_mv_pass(&cfg, groups, 5).unwrap();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let us = v[v.len() / 2] as f64 * 1e3 / groups.len() as f64;
+            println!("XS profile shared {xs:<5} {name:<20} {us:8.2} us/launch");
+            prof.push(format!(
+                "{{\"shared\": {xs}, \"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
+            ));
+        }
+    }
+    gpu.set_b1p_timing(false).unwrap();
+    gpu.set_b1p_xs(xs0);
+    let out = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}], \"profile\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        json.join(", "),
+        prof.join(", ")
+    );
+    println!("XS {out}");
+    if let Ok(p) = std::env::var("BONSAI_XS_OUT") {
+        std::fs::write(p, &out).unwrap();
+    }
+}
+
 /// The decode graph with the norm-fed Q1_0 projections on b1-planes ([`Gpu::set_b1p`]) against
 /// dp4a, and with the timing substitution ([`Gpu::set_b1p_timing`]: every Q1_0 mat-vec of at least
 /// `BONSAI_CUDA_B1P_MIN_ROWS` rows and the SwiGLU gate‖up launch swapped for a b1-plane launch over

@@ -53,12 +53,21 @@ __device__ __forceinline__ void mvbp_fold(u32 a0, u32 a1, u32 blo, u32 bhi, int 
 // launch computes them; then warp 0 writes SiLU(gate)·up of the block's 32 outputs as
 // swiglu_quant does (f32 unless null, quant32), so the verify rows' mat-vec + swiglu_quant give
 // the same bits.
-template <int NT, int KS, int RGW, int UNR, bool SWI = false>
+// XS (one row): the block first copies the whole activation row (planes, sums, units: 2.1 bytes
+// an element, the launcher sizes the dynamic shared memory with `mvbp_xs_bytes`) into shared
+// memory after the PDL wait, and the warps read it from there; only the weights go through the
+// register stages, so more of them fit in flight (UNR pairs) at the same register count. The
+// float operations are the plain kernel's.
+template <int NT, int KS, int RGW, int UNR, bool SWI = false, bool XS = false>
 __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xp,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre, SwiOut so = {}) {
     static_assert(!SWI || (KS == 1 && RGW == 4 && NT == 1), "SWI: one K part, 4 tiles, one row");
+    static_assert(!XS || NT == 1, "XS: one activation row");
     __shared__ float red[KS][RGW][16][NT];
+    // XS: planes [n_in / 256][32] uint4, then sums [n_in / 128] uint4 (4 sub-blocks), units
+    // [n_in / 128] f32
+    extern __shared__ __align__(16) uint4 mvbp_xsm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int kp = w % KS, rg = w / KS;
     // find the segment of this warp's tile (tiles never straddle two matrices)
@@ -107,7 +116,11 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             nd[u][1] = __ldg(wd + (size_t)(2 * pp + 1) * 8);
         }
     };
+    const uint4* sxp = mvbp_xsm;
+    const int* sxs = (const int*)(mvbp_xsm + npair * 32);
+    const float2* sxu = (const float2*)(mvbp_xsm + npair * 32 + nblk);
     auto load_x = [&](int p) {
+        if (XS) return;
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
             const int pp = min(p + u, p1 - 1);
@@ -129,6 +142,17 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
         PDL_ENTRY();
         if (live) load_w(p0);
     }
+    if (XS) {
+        // the activation row into shared memory, by the whole block
+        uint4* dxp = mvbp_xsm;
+        for (int i = threadIdx.x; i < npair * 32; i += blockDim.x) cp_async16(dxp + i, xp + i);
+        for (int i = threadIdx.x; i < nblk; i += blockDim.x) cp_async16(dxp + npair * 32 + i, (const uint4*)xs + i);
+        cp_async_commit();
+        float* dxu = (float*)(mvbp_xsm + npair * 32 + nblk);
+        for (int i = threadIdx.x; i < nblk; i += blockDim.x) dxu[i] = __ldg(xu + i);
+        cp_async_wait<0>();
+        __syncthreads();
+    }
     if (live) load_x(p0);
     for (int p = p0; live && p < p1; p += UNR) {
         uint4 ca[UNR], cb[UNR][NT];
@@ -138,6 +162,7 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
             ca[u] = na[u], cd[u][0] = nd[u][0], cd[u][1] = nd[u][1];
+            if (XS) continue;  // read where they are used, below
 #pragma unroll
             for (int t = 0; t < NT; ++t) cb[u][t] = nb[u][t], cu[u][t] = nu[u][t], cs[u][t][0] = ns[u][t][0], cs[u][t][1] = ns[u][t][1];
         }
@@ -148,6 +173,13 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
             if (p + u < p1) {
+                if (XS) {
+                    const int pp = p + u;
+                    cb[u][0] = sxp[pp * 32 + lane];
+                    cu[u][0] = sxu[pp];
+                    cs[u][0][0] = sxs[(2 * pp) * 4 + tg];
+                    cs[u][0][1] = sxs[(2 * pp + 1) * 4 + tg];
+                }
                 const float d00 = h2f((u16)(cd[u][0] & 0xffffu)), d01 = h2f((u16)(cd[u][0] >> 16));
                 const float d10 = h2f((u16)(cd[u][1] & 0xffffu)), d11 = h2f((u16)(cd[u][1] >> 16));
 #pragma unroll
@@ -216,11 +248,32 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 // pairs per stage and no register cap (96 registers) 2.593 ms/token; one pair per stage (66
 // registers) 3.004; four (154 registers) 2.826; two with the one-row kernels capped at 80
 // registers (6 blocks of 4 warps per SM) 2.686. The launcher's table is `Gpu::mvbp_func`.
-MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, 1)
-MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, 1)
-MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, 1)
+// 5 blocks of 4 warps per SM for the one-row kernels of 4 warps (at most 102 registers, so 96
+// allocated): left alone the compiler takes some of them to 98 (104 allocated, 4 blocks per SM).
+#define MVBP_N1_MINB 5
+MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, MVBP_N1_MINB)
+MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, MVBP_N1_MINB)
+MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, MVBP_N1_MINB)
 MVBP_ENTRY(mvbp_q1_n1_k8, 1, 8, 1, 2, 1)
 MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1, 1)
+// `_n1x`: the one-row kernels with the activation row in shared memory (XS) and 4 pairs of
+// weights in flight per warp at the same register count (the launcher's default; `Gpu::b1p_xs`).
+// Q1_0 decode graph on the H200, same process, alternating: 2.573 ms/token with `_n1` → 2.474
+// (bench/results/cuda-b1p-xs-27b-q1.json; carveouts of 58 and 100 % for every kernel: 2.481,
+// 2.641). Measured and not kept there too (cuda-b1p-stage-27b-q1.json, branch
+// exp/b1p-smem-stage): each warp's weights copied into shared memory before the PDL wait, with
+// or without a norm that lets this kernel be scheduled early — 2.78 to 3.08 ms/token: weight
+// traffic during the latency-bound kernels ahead lengthens them more than it saves.
+#define MVBP_X_UNR 4
+#define MVBP_X_ENTRY(NAME, KS, RGW)                                                             \
+    MV_SEG_ENTRY(NAME, (KS) * (RGW), (KS) * (RGW) == 4 ? MVBP_N1_MINB : 1, const uint4*, xp,        \
+                 mvbp_q1<1, KS, RGW, MVBP_X_UNR, false, true>(s0, s1, s2, s3, xp, da, sa, n_in, n, \
+                                                              accumulate, pre))
+MVBP_X_ENTRY(mvbp_q1_n1x_k1, 1, 4)
+MVBP_X_ENTRY(mvbp_q1_n1x_k2, 2, 2)
+MVBP_X_ENTRY(mvbp_q1_n1x_k4, 4, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k8, 8, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k16, 16, 1)
 MVBP_ENTRY(mvbp_q1_n5_k1, 5, 1, 4, 1, 1)
 MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1, 1)
 MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1, 1)
@@ -235,4 +288,13 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1_k1_swi(const void* 
                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
     mvbp_q1<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs});
+}
+// The same with the activation row in shared memory (XS).
+extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
+                                                                    const u16* sc1, int n_out, const uint4* xp,
+                                                                    const float* xu, const int* xs, int n_in,
+                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                             SwiOut{hf, hq, hd, hs});
 }

@@ -548,6 +548,13 @@ pub fn mvbp_warps(ks: usize) -> usize {
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
 
+/// Dynamic shared memory of a one-row b1-plane launch that holds its activation row
+/// (`mvbp_q1_n1x_*`, width `n_in`): planes (2 bytes an element), then per 128-element block 4
+/// i32 sums and one f32 unit.
+pub fn mvbp_xs_bytes(n_in: usize) -> usize {
+    2 * n_in + n_in / 128 * 20
+}
+
 /// Widest input the b1-plane timing substitution's scratch planes cover.
 const B1P_TIMING_MAX_IN: usize = 32_768;
 /// Output rows of the timing substitution's scratch for the SwiGLU gate‖up launch.
@@ -1490,6 +1497,12 @@ kernels!(
         mvbp_q1_n5_k8,
         mvbp_q1_n5_k16,
         mvbp_q1_n1_k1_swi,
+        mvbp_q1_n1x_k1,
+        mvbp_q1_n1x_k2,
+        mvbp_q1_n1x_k4,
+        mvbp_q1_n1x_k8,
+        mvbp_q1_n1x_k16,
+        mvbp_q1_n1x_k1_swi,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1719,6 +1732,8 @@ pub struct Gpu {
     /// Q1_0 projections that have a b1-plane layout and b1-plane activations run on
     /// [`Gpu::mv_b1p`] (`BONSAI_CUDA_B1P=0` turns it off; [`Gpu::set_b1p`]).
     mv_b1p: AtomicBool,
+    /// [`Gpu::b1p_xs`] (`BONSAI_CUDA_B1P_XS=0` turns it off).
+    b1p_xs: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -1934,6 +1949,7 @@ impl Gpu {
             b1_scratch: Mutex::new(None),
             b1p_timing: Mutex::new(None),
             mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
+            b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2907,7 +2923,10 @@ impl Gpu {
             self.swiglu_fused() as u64,
             self.attn_fused() as u64,
             self.mvp_mid_all() as u64,
-            self.mvs_q1() as u64 | (self.b1p() as u64) << 1 | (self.b1p_timing() as u64) << 2,
+            self.mvs_q1() as u64
+                | (self.b1p() as u64) << 1
+                | (self.b1p_timing() as u64) << 2
+                | (self.b1p_xs() as u64) << 3,
         ]
     }
 
@@ -3187,14 +3206,60 @@ impl Gpu {
             Arg::I(1),
         ]);
         let ks = mvbp_ks(tiles, n_in);
-        let f = self.mvbp_func(n, ks)?;
+        let xs_smem = self.mvbp_xs_smem(n, n_in);
+        let f = if xs_smem > 0 {
+            self.mvbp_x_func(ks)?
+        } else {
+            self.mvbp_func(n, ks)?
+        };
         let warps = mvbp_warps(ks);
-        self.launch(
+        self.launch_smem(
             f,
             (cdiv(tiles, warps / ks), 1, 1),
             ((warps * 32) as u32, 1, 1),
+            xs_smem as u32,
             &args,
         )
+    }
+
+    /// The dynamic shared memory of a b1-plane launch of `n` rows and width `n_in` on the kernels
+    /// that hold the activation row in shared memory ([`mvbp_xs_bytes`]), or 0 where they do not
+    /// apply: off ([`Self::b1p_xs`]), more than one row, or more than 48 KiB.
+    fn mvbp_xs_smem(&self, n: usize, n_in: usize) -> usize {
+        let b = mvbp_xs_bytes(n_in);
+        if n == 1 && self.b1p_xs() && b <= 48 << 10 {
+            b
+        } else {
+            0
+        }
+    }
+
+    /// Whether one-row b1-plane launches copy their activation row into shared memory and keep
+    /// more weights in flight (`mvbp_q1_n1x_*`; default on, `BONSAI_CUDA_B1P_XS=0` off). Same
+    /// float operations: decode and verify rows stay bit-equal either way.
+    pub fn b1p_xs(&self) -> bool {
+        self.b1p_xs.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1p_xs`] (capture graphs after setting it).
+    pub fn set_b1p_xs(&self, on: bool) {
+        self.b1p_xs.store(on, Ordering::Relaxed);
+    }
+
+    /// The one-row b1-plane kernel with the activation row in shared memory, K split `ks`.
+    fn mvbp_x_func(&self, ks: usize) -> Result<sys::CUfunction> {
+        let f = &self.f;
+        let t = [
+            f.mvbp_q1_n1x_k1,
+            f.mvbp_q1_n1x_k2,
+            f.mvbp_q1_n1x_k4,
+            f.mvbp_q1_n1x_k8,
+            f.mvbp_q1_n1x_k16,
+        ];
+        match ks {
+            1 | 2 | 4 | 8 | 16 => Ok(t[ks.trailing_zeros() as usize]),
+            _ => Err(CudaError(format!("mv_b1p: no variant with K split {ks}"))),
+        }
     }
 
     /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`): gate and up in
@@ -3225,10 +3290,17 @@ impl Gpu {
                 "mv_swiglu_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
             )));
         }
-        self.launch(
-            self.f.mvbp_q1_n1_k1_swi,
+        let xs_smem = self.mvbp_xs_smem(1, n_in);
+        let f = if xs_smem > 0 {
+            self.f.mvbp_q1_n1x_k1_swi
+        } else {
+            self.f.mvbp_q1_n1_k1_swi
+        };
+        self.launch_smem(
+            f,
             ((n_out / 32) as u32, 1, 1),
             (128, 1, 1),
+            xs_smem as u32,
             &swi_args(gate, up, n_out, (xp, xu, xs), n_in, true, out),
         )?;
         Ok(true)

@@ -3862,6 +3862,21 @@ fn mv_b1p_equals_f64_and_one_row() {
                     "[{n_in}x{rows}] ks {ks}: row {r} of activation {t} differs between n = 1 and n = {n}"
                 );
             }
+            // the one-row kernels with the activation row in registers, not shared memory
+            let xs0 = g.b1p_xs();
+            g.set_b1p_xs(!xs0);
+            let yx = g.upload(&vec![f32::NAN; rows]).unwrap();
+            run(&yx, t, 1, false);
+            g.set_b1p_xs(xs0);
+            let gx: Vec<f32> = down(g, &yx, rows);
+            for r in 0..rows {
+                assert_eq!(
+                    gx[r].to_bits(),
+                    got1[r].to_bits(),
+                    "[{n_in}x{rows}] ks {ks}: row {r} of activation {t}, b1p_xs {} against {xs0}",
+                    !xs0
+                );
+            }
             if t == 0 {
                 let y0 = rng.vec(rows, 3.0);
                 let ya = g.upload(&y0).unwrap();
@@ -3877,7 +3892,7 @@ fn mv_b1p_equals_f64_and_one_row() {
             }
         }
         eprintln!(
-            "mv_b1p [{n_in} x {rows}] K split {ks}: f64 within 1e-5, n = 1 == n = {n}, accumulate"
+            "mv_b1p [{n_in} x {rows}] K split {ks}: f64 within 1e-5, n = 1 == n = {n} (activation row in shared memory and not), accumulate"
         );
     }
     // shapes it refuses: n_out not a multiple of 16, n_in not of 256, 6 rows
@@ -3984,7 +3999,33 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             down::<i32>(g, &rs, n_out / 32),
             "sums"
         );
-        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant");
+        // the activation row in registers, not shared memory: the same bits
+        let xs0 = g.b1p_xs();
+        g.set_b1p_xs(!xs0);
+        let (xf, xq, xd, xsum) = swi_outs(g, n_out);
+        let xo = QuantOut {
+            f: xf.ptr(),
+            q: xq.ptr(),
+            d: xd.ptr(),
+            s: xsum.ptr(),
+        };
+        let launched = g
+            .mv_swiglu_b1p(gate, up, n_out, n_in, (xp.ptr(), xu.ptr(), xs.ptr()), xo)
+            .unwrap();
+        g.set_b1p_xs(xs0);
+        assert!(launched);
+        assert_eq!(
+            down::<u32>(g, &xf, n_out),
+            down::<u32>(g, &rf, n_out),
+            "[{n_in} x {n_out}] b1p_xs {}: f32",
+            !xs0
+        );
+        assert_eq!(down::<i8>(g, &xq, n_out), down::<i8>(g, &rq, n_out));
+        assert_eq!(
+            down::<i32>(g, &xsum, n_out / 32),
+            down::<i32>(g, &rs, n_out / 32)
+        );
+        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not)");
     }
     // a shape with K split above 1 (few rows, long K) is not taken
     let z = g.alloc(1 << 20).unwrap();
