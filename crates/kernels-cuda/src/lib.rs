@@ -514,11 +514,10 @@ fn mvs_min_rows_env() -> usize {
 }
 
 /// The K split of a b1-plane Q1_0 mat-vec (`kernels/mvbp.cu`) over `tiles` 16-row tiles of width
-/// `n_in`: the smallest of 1, 2, 4, 8, 16 that gives at least 2,048 warps (about 16 per SM on the
-/// H200), while every K part keeps at least two 256-element pairs. A function of the shape alone,
-/// never of n, so a verify row equals the decode row bit for bit. The prototype's sweep
-/// (`bench/results/cuda-b1plane-proto-27b-q1.json`) picked 8 for the 5,120-row launches (320
-/// tiles), 2 for the GDN / attention in-projections and 1 for gate‖up and the head.
+/// `n_in`: the smallest of 1, 2, 4, 8, 16 that gives at least [`MVBP_MIN_WARPS`] warps, while every
+/// K part keeps at least two 256-element pairs. A function of the shape alone, never of n, so a
+/// verify row equals the decode row bit for bit. On the 27B Q1_0 model: 2 for the GDN and
+/// attention in-projections, 1 for gate‖up and the head.
 pub fn mvbp_ks(tiles: usize, n_in: usize) -> usize {
     mvbp_ks_for(tiles, n_in, mvbp_min_warps())
 }
@@ -533,11 +532,19 @@ pub fn mvbp_ks_for(tiles: usize, n_in: usize, min_warps: usize) -> usize {
     ks
 }
 
-/// The warp target of [`mvbp_ks`]: 2,048, or `BONSAI_CUDA_MVBP_WARPS` (read once; a benchmark
-/// knob — it changes the float order, so decode and verify must run under one value).
+/// The default warp target of [`mvbp_ks`]: 1,792 (about 14 per SM on the H200). The prototype's
+/// sweep (`bench/results/cuda-b1plane-proto-27b-q1.json`) chose 2,048; with the shared-memory
+/// activation kernels the Q1_0 decode graph measured 2.476 ms per token at 2,048 and 2.459 at
+/// 1,792 (two processes each, alternating; `bench/results/cuda-b1p-xs-ks-27b-q1.json`): the
+/// attention in-projection (896 tiles) drops from a K split of 4 (896 blocks, 1.4 waves at 5
+/// blocks per SM) to 2 (448 blocks, one wave), 6.8 → 6.2 µs per launch.
+pub const MVBP_MIN_WARPS: usize = 1792;
+
+/// The warp target of [`mvbp_ks`]: [`MVBP_MIN_WARPS`], or `BONSAI_CUDA_MVBP_WARPS` (read once; a
+/// benchmark knob — it changes the float order, so decode and verify must run under one value).
 fn mvbp_min_warps() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("BONSAI_CUDA_MVBP_WARPS").unwrap_or(2048))
+    *V.get_or_init(|| env_usize("BONSAI_CUDA_MVBP_WARPS").unwrap_or(MVBP_MIN_WARPS))
 }
 
 /// Warps per block of a b1-plane launch with K split `ks` (4, or `ks` above 4).
@@ -4991,6 +4998,11 @@ mod tests {
         assert_eq!(mvbp_ks_for(896, 5120, 2048), 4);
         assert_eq!(mvbp_ks_for(2176, 5120, 2048), 1);
         assert_eq!(mvbp_ks_for(15_520, 5120, 2048), 1);
+        // the default target: the attention in-projection takes 2, the rest as above
+        assert_eq!(mvbp_ks_for(896, 5120, MVBP_MIN_WARPS), 2);
+        assert_eq!(mvbp_ks_for(1030, 5120, MVBP_MIN_WARPS), 2);
+        assert_eq!(mvbp_ks_for(2176, 5120, MVBP_MIN_WARPS), 1);
+        assert_eq!(mvbp_ks_for(15_520, 5120, MVBP_MIN_WARPS), 1);
         // every K part keeps at least two pairs, and 16 is the most
         assert_eq!(mvbp_ks_for(1, 256, 2048), 1);
         assert_eq!(mvbp_ks_for(1, 1024, 2048), 2);
