@@ -959,14 +959,9 @@ fn cuda_gate_up_sweep() {
         gpu.set_mvs_rows(r);
         gpu.set_mvs_stages(s);
         gpu.set_carveout(c).unwrap();
-        let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
-        let b = base.get_or_insert_with(|| runs[0].clone());
-        assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
-        let per = ms / steps as f64;
-        println!("SWEEP {label:<14} graph {per:.4} ms/token");
-        json.push(format!(
-            "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
-        ));
+        json.push(checked_row("SWEEP", label, steps, &mut base, || {
+            graph_runs(&cuda, &cfg, &w, &st, first, steps)
+        }));
     }
     gpu.set_swiglu_fused(true);
     gpu.set_mvs_rows(0);
@@ -1024,14 +1019,9 @@ fn cuda_b1p_xs_sweep() {
     for (label, xs, c) in rows.into_iter().filter(|_| graphs) {
         gpu.set_b1p_xs(xs);
         gpu.set_carveout(c).unwrap();
-        let (ms, runs) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
-        let b = base.get_or_insert_with(|| runs[0].clone());
-        assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
-        let per = ms / steps as f64;
-        println!("XS {label:<16} graph {per:.4} ms/token");
-        json.push(format!(
-            "{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}"
-        ));
+        json.push(checked_row("XS", label, steps, &mut base, || {
+            graph_runs(&cuda, &cfg, &w, &st, first, steps)
+        }));
     }
     gpu.set_carveout(None).unwrap();
     let cats = common::mat_categories(&w, true);
@@ -1039,15 +1029,7 @@ fn cuda_b1p_xs_sweep() {
     gpu.set_b1p_timing(true).unwrap();
     for xs in [false, true, false, true] {
         gpu.set_b1p_xs(xs);
-        for (name, groups) in &cats {
-            let mut v = cuda.time_mv_pass(&cfg, groups, 5).unwrap();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let us = v[v.len() / 2] as f64 * 1e3 / groups.len() as f64;
-            println!("XS profile shared {xs:<5} {name:<20} {us:8.2} us/launch");
-            prof.push(format!(
-                "{{\"shared\": {xs}, \"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
-            ));
-        }
+        prof.extend(category_profile(&cuda, &cfg, &cats, "XS", ("shared", xs)));
     }
     gpu.set_b1p_timing(false).unwrap();
     gpu.set_b1p_xs(xs0);
@@ -1113,15 +1095,7 @@ fn cuda_b1p_timing() {
     let mut prof = Vec::new();
     for on in [false, true] {
         gpu.set_b1p_timing(on).unwrap();
-        for (name, groups) in &cats {
-            let mut v = cuda.time_mv_pass(&cfg, groups, 5).unwrap();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let us = v[v.len() / 2] as f64 * 1e3 / groups.len() as f64;
-            println!("B1P profile b1p {on:<5} {name:<20} {us:8.2} us/launch");
-            prof.push(format!(
-                "{{\"b1p\": {on}, \"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
-            ));
-        }
+        prof.extend(category_profile(&cuda, &cfg, &cats, "B1P", ("b1p", on)));
     }
     gpu.set_b1p_timing(false).unwrap();
     let out = format!(
@@ -1145,6 +1119,47 @@ fn cuda_b1p_timing() {
 #[allow(clippy::too_many_arguments)]
 /// The decode graph captured afresh under the current settings and replayed 4 times from `st`
 /// (`steps` tokens after `first`): the median ms of the last 3 and the tokens of every replay.
+/// One row of a settings sweep: `run` captures and times the decode graph under the settings
+/// just applied; its tokens must equal the first row's (`base`, set by the first call), because
+/// the swept settings never change a bit. Prints `tag label ms/token` and returns the row's JSON.
+fn checked_row(
+    tag: &str,
+    label: &str,
+    steps: usize,
+    base: &mut Option<Vec<u32>>,
+    run: impl FnOnce() -> (f64, Vec<Vec<u32>>),
+) -> String {
+    let (ms, runs) = run();
+    let b = base.get_or_insert_with(|| runs[0].clone());
+    assert!(runs.iter().all(|t| t == b), "{label}: tokens differ");
+    let per = ms / steps as f64;
+    println!("{tag} {label:<18} graph {per:.4} ms/token");
+    format!("{{\"config\": \"{label}\", \"graph_ms_per_token\": {per:.4}}}")
+}
+
+/// Each mat-vec category of `cats` launched back to back over all layers (PDL between launches as
+/// in the graph), median of 5 passes, µs per launch: printed as `tag profile key value name` and
+/// returned as JSON objects with `key: value`.
+fn category_profile(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    cats: &[(&'static str, Vec<Vec<&<CudaBackend as Backend>::Mat>>)],
+    tag: &str,
+    (key, value): (&str, bool),
+) -> Vec<String> {
+    let mut prof = Vec::new();
+    for (name, groups) in cats {
+        let mut v = cuda.time_mv_pass(cfg, groups, 5).unwrap();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let us = v[v.len() / 2] as f64 * 1e3 / groups.len() as f64;
+        println!("{tag} profile {key} {value:<5} {name:<20} {us:8.2} us/launch");
+        prof.push(format!(
+            "{{\"{key}\": {value}, \"kernel\": \"{name}\", \"us_per_launch\": {us:.2}}}"
+        ));
+    }
+    prof
+}
+
 fn graph_runs(
     cuda: &CudaBackend,
     cfg: &TargetConfig,

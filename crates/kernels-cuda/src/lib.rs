@@ -3214,11 +3214,7 @@ impl Gpu {
         ]);
         let ks = mvbp_ks(tiles, n_in);
         let xs_smem = self.mvbp_xs_smem(n, n_in);
-        let f = if xs_smem > 0 {
-            self.mvbp_x_func(ks)?
-        } else {
-            self.mvbp_func(n, ks)?
-        };
+        let f = self.mvbp_func(n, ks, xs_smem > 0)?;
         let warps = mvbp_warps(ks);
         self.launch_smem(
             f,
@@ -3251,22 +3247,6 @@ impl Gpu {
     /// Set [`Self::b1p_xs`] (capture graphs after setting it).
     pub fn set_b1p_xs(&self, on: bool) {
         self.b1p_xs.store(on, Ordering::Relaxed);
-    }
-
-    /// The one-row b1-plane kernel with the activation row in shared memory, K split `ks`.
-    fn mvbp_x_func(&self, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = [
-            f.mvbp_q1_n1x_k1,
-            f.mvbp_q1_n1x_k2,
-            f.mvbp_q1_n1x_k4,
-            f.mvbp_q1_n1x_k8,
-            f.mvbp_q1_n1x_k16,
-        ];
-        match ks {
-            1 | 2 | 4 | 8 | 16 => Ok(t[ks.trailing_zeros() as usize]),
-            _ => Err(CudaError(format!("mv_b1p: no variant with K split {ks}"))),
-        }
     }
 
     /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`): gate and up in
@@ -3313,10 +3293,19 @@ impl Gpu {
         Ok(true)
     }
 
-    /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`.
-    fn mvbp_func(&self, n: usize, ks: usize) -> Result<sys::CUfunction> {
+    /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`; with `shared`
+    /// (one row only) the one holding its activation row in shared memory.
+    fn mvbp_func(&self, n: usize, ks: usize, shared: bool) -> Result<sys::CUfunction> {
         let f = &self.f;
-        let t = if n == 1 {
+        let t = if n == 1 && shared {
+            [
+                f.mvbp_q1_n1x_k1,
+                f.mvbp_q1_n1x_k2,
+                f.mvbp_q1_n1x_k4,
+                f.mvbp_q1_n1x_k8,
+                f.mvbp_q1_n1x_k16,
+            ]
+        } else if n == 1 {
             [
                 f.mvbp_q1_n1_k1,
                 f.mvbp_q1_n1_k2,

@@ -960,6 +960,16 @@ fn swi_outs(g: &Gpu, n_out: usize) -> (DevBuf, DevBuf, DevBuf, DevBuf) {
     )
 }
 
+/// The [`QuantOut`] of the buffers [`swi_outs`] made.
+fn quant_out((f, q, d, s): &(DevBuf, DevBuf, DevBuf, DevBuf)) -> QuantOut {
+    QuantOut {
+        f: f.ptr(),
+        q: q.ptr(),
+        d: d.ptr(),
+        s: s.ptr(),
+    }
+}
+
 fn swi_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64) -> SwiCase {
     let mut rng = Rng(seed);
     let (rg, ru) = (
@@ -3933,16 +3943,18 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             codes.ptr() + (t * npair * 512) as u64,
             scales.ptr() + (t * nblk * 32) as u64,
         );
-        let (hf, hq, hd, hs) = swi_outs(g, n_out);
-        let out = QuantOut {
-            f: hf.ptr(),
-            q: hq.ptr(),
-            d: hd.ptr(),
-            s: hs.ptr(),
+        // the fused launch into a fresh set of outputs: whether it launched, and the outputs
+        let launch_fused = || {
+            let o = swi_outs(g, n_out);
+            let x = (xp.ptr(), xu.ptr(), xs.ptr());
+            let launched = g
+                .mv_swiglu_b1p(gate, up, n_out, n_in, x, quant_out(&o))
+                .unwrap();
+            (launched, o)
         };
-        assert!(g
-            .mv_swiglu_b1p(gate, up, n_out, n_in, (xp.ptr(), xu.ptr(), xs.ptr()), out)
-            .unwrap());
+        let (launched, fused) = launch_fused();
+        assert!(launched);
+        let (hf, hq, hd, hs) = &fused;
         let y = g.alloc(2 * n_out * 4).unwrap();
         g.mv_b1p(
             &[
@@ -3980,49 +3992,37 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         )
         .unwrap();
         assert_eq!(
-            down::<u32>(g, &hf, n_out),
+            down::<u32>(g, hf, n_out),
             down::<u32>(g, &rf, n_out),
             "[{n_in} x {n_out}] f32"
         );
+        assert_eq!(down::<i8>(g, hq, n_out), down::<i8>(g, &rq, n_out), "codes");
         assert_eq!(
-            down::<i8>(g, &hq, n_out),
-            down::<i8>(g, &rq, n_out),
-            "codes"
-        );
-        assert_eq!(
-            down::<u32>(g, &hd, n_out / 32),
+            down::<u32>(g, hd, n_out / 32),
             down::<u32>(g, &rd, n_out / 32),
             "scales"
         );
         assert_eq!(
-            down::<i32>(g, &hs, n_out / 32),
+            down::<i32>(g, hs, n_out / 32),
             down::<i32>(g, &rs, n_out / 32),
             "sums"
         );
         // the activation row in registers, not shared memory: the same bits
         let xs0 = g.b1p_xs();
         g.set_b1p_xs(!xs0);
-        let (xf, xq, xd, xsum) = swi_outs(g, n_out);
-        let xo = QuantOut {
-            f: xf.ptr(),
-            q: xq.ptr(),
-            d: xd.ptr(),
-            s: xsum.ptr(),
-        };
-        let launched = g
-            .mv_swiglu_b1p(gate, up, n_out, n_in, (xp.ptr(), xu.ptr(), xs.ptr()), xo)
-            .unwrap();
+        let (launched, other) = launch_fused();
+        let (xf, xq, _, xsum) = &other;
         g.set_b1p_xs(xs0);
         assert!(launched);
         assert_eq!(
-            down::<u32>(g, &xf, n_out),
+            down::<u32>(g, xf, n_out),
             down::<u32>(g, &rf, n_out),
             "[{n_in} x {n_out}] b1p_xs {}: f32",
             !xs0
         );
-        assert_eq!(down::<i8>(g, &xq, n_out), down::<i8>(g, &rq, n_out));
+        assert_eq!(down::<i8>(g, xq, n_out), down::<i8>(g, &rq, n_out));
         assert_eq!(
-            down::<i32>(g, &xsum, n_out / 32),
+            down::<i32>(g, xsum, n_out / 32),
             down::<i32>(g, &rs, n_out / 32)
         );
         eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not)");
