@@ -5005,6 +5005,16 @@ mod tests {
     }
 
     #[test]
+    fn b1p_shared_row_takes_what_the_kernel_reads() {
+        // 5,120 wide: 20 pairs × 32 lanes × 16 bytes of planes, then 40 blocks × 16 bytes of
+        // sub-block sums and 40 f32 units (the layout `mvbp_q1` reads with XS)
+        assert_eq!(mvbp_xs_bytes(5120), 20 * 32 * 16 + 40 * 16 + 40 * 4);
+        // the widest row a one-row launch keeps in its 48 KiB
+        assert!(mvbp_xs_bytes(22_784) <= 48 << 10);
+        assert!(mvbp_xs_bytes(23_040) > 48 << 10);
+    }
+
+    #[test]
     fn staged_by_default_for_the_q2_launches_from_8192_rows() {
         // ffn gate‖up (2 × 17,408 rows), the head (248,320) and the GDN / attention
         // in-projections (16,480 / 14,336) of Q2 / Q2 g64; not the 5120-row outputs; nothing of Q1
