@@ -888,18 +888,18 @@ fn cuda_launch_what_if() {
     }
     // the full graph again: the spread of the baseline
     let (again_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"graph_ms_per_token\": {:.4}, \"graph_ms_per_token_again\": {:.4}, \"without\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
+    let rest = format!(
+        "\"graph_ms_per_token\": {:.4}, \"graph_ms_per_token_again\": {:.4}, \"without\": [{}]",
         base_ms / steps as f64,
         again_ms / steps as f64,
         rows.join(", ")
     );
-    println!("WHATIF {json}");
-    if let Ok(out) = std::env::var("BONSAI_WHATIF_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
+    report(
+        "WHATIF",
+        "BONSAI_WHATIF_OUT",
+        (&path, &cfg, &cuda, steps),
+        &rest,
+    );
 }
 
 /// Decode graph time under the staged gate‖up settings (`BONSAI_BENCH_MODEL`; benchmark only):
@@ -967,16 +967,13 @@ fn cuda_gate_up_sweep() {
     gpu.set_mvs_rows(0);
     gpu.set_mvs_stages(0);
     gpu.set_carveout(None).unwrap();
-    let out = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
-        json.join(", ")
+    let rest = format!("\"rows\": [{}]", json.join(", "));
+    report(
+        "SWEEP",
+        "BONSAI_SWEEP_OUT",
+        (&path, &cfg, &cuda, steps),
+        &rest,
     );
-    println!("SWEEP {out}");
-    if let Ok(p) = std::env::var("BONSAI_SWEEP_OUT") {
-        std::fs::write(p, &out).unwrap();
-    }
 }
 
 /// Decode graph time of the one-row b1-plane launches with the activation row in shared memory
@@ -1033,17 +1030,12 @@ fn cuda_b1p_xs_sweep() {
     }
     gpu.set_b1p_timing(false).unwrap();
     gpu.set_b1p_xs(xs0);
-    let out = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}], \"profile\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
+    let rest = format!(
+        "\"rows\": [{}], \"profile\": [{}]",
         json.join(", "),
         prof.join(", ")
     );
-    println!("XS {out}");
-    if let Ok(p) = std::env::var("BONSAI_XS_OUT") {
-        std::fs::write(p, &out).unwrap();
-    }
+    report("XS", "BONSAI_XS_OUT", (&path, &cfg, &cuda, steps), &rest);
 }
 
 /// The decode graph with the norm-fed Q1_0 projections on b1-planes ([`Gpu::set_b1p`]) against
@@ -1098,17 +1090,12 @@ fn cuda_b1p_timing() {
         prof.extend(category_profile(&cuda, &cfg, &cats, "B1P", ("b1p", on)));
     }
     gpu.set_b1p_timing(false).unwrap();
-    let out = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \"rows\": [{}], \"profile\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
+    let rest = format!(
+        "\"rows\": [{}], \"profile\": [{}]",
         json.join(", "),
         prof.join(", ")
     );
-    println!("B1P {out}");
-    if let Ok(p) = std::env::var("BONSAI_B1P_OUT") {
-        std::fs::write(p, &out).unwrap();
-    }
+    report("B1P", "BONSAI_B1P_OUT", (&path, &cfg, &cuda, steps), &rest);
 }
 
 /// The same graph decode captured again with one switch flipped (A/B in one process): `get`
@@ -1119,6 +1106,25 @@ fn cuda_b1p_timing() {
 #[allow(clippy::too_many_arguments)]
 /// The decode graph captured afresh under the current settings and replayed 4 times from `st`
 /// (`steps` tokens after `first`): the median ms of the last 3 and the tokens of every replay.
+/// A benchmark's JSON: the model, weight type, device and steps, then `rest` (its own fields);
+/// printed after `tag` and written to the file the environment variable `env` names, if set.
+fn report(
+    tag: &str,
+    env: &str,
+    (path, cfg, cuda, steps): (&str, &TargetConfig, &CudaBackend, usize),
+    rest: &str,
+) {
+    let out = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, {rest}}}",
+        cfg.weight_type.name(),
+        cuda.name()
+    );
+    println!("{tag} {out}");
+    if let Ok(p) = std::env::var(env) {
+        std::fs::write(p, &out).unwrap();
+    }
+}
+
 /// One row of a settings sweep: `run` captures and times the decode graph under the settings
 /// just applied; its tokens must equal the first row's (`base`, set by the first call), because
 /// the swept settings never change a bit. Prints `tag label ms/token` and returns the row's JSON.
