@@ -150,7 +150,13 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
 // for block index `blk` of the row, plane p word j into the [n_in / 256][32 lanes][4] u32 layout at
 // `xp` (row base), u at xu[blk] and sub-block j's sum at xs[4·blk + j] (the mat-vec's lane tg
 // subtracts the sum of sub-block tg). Host twin: `host_quant_p16`. One block barrier.
-__device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* sm, u32* xp, float* xu, int* xs) {
+// With `xv` (row base, may be null) also the byte-split codes of the int8 tensor-core verify
+// (`mvbq_q1_*` in kernels/mvbp.cu, which documents the layout): the high byte (signed) and the low
+// byte of element e = 2j + h + 8m of sub-block w & 3 at bytes 8·(j & 1) + 4h + m of the sub-block's
+// 64-byte chunk, the high in its 16-byte half 2·(j >> 1), the low in the half after. Host twin:
+// `b1q_acts_host`.
+__device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* sm, u32* xp, float* xu, int* xs,
+                                               u8* xv) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = w & 3, h0 = (w & ~3) + 8 * (it & 1);
     float am = warp_max(fabsf(v));
     if (lane == 0) sm[w + 8 * (it & 1)] = am;
@@ -169,6 +175,12 @@ __device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* 
     if (lane < 16) {
         const int L = 4 * (lane & 7) + j, slot = 2 * hb + (lane >> 3);
         xp[((size_t)pair * 32 + L) * 4 + slot] = mine;
+    }
+    if (xv) {
+        const int jj = (lane >> 1) & 3, h = lane & 1, m = lane >> 3;
+        u8* c = xv + (size_t)(4 * blk + j) * 64 + (jj >> 1) * 32 + (jj & 1) * 8 + h * 4 + m;
+        c[0] = (u8)((u32)code >> 8);
+        c[16] = (u8)code;
     }
     const int sum = warp_sum_i(code);
     if (lane == 0) {
@@ -236,7 +248,7 @@ extern "C" __global__ void quant_rows_sub(const float* x, int k, int ge, i8* q, 
 // short blocks); long prefill launches a few segments per block, so that the row is not re-read
 // once per segment. Every element's value is the same whatever gx.
 extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float eps, int k, float* xf,
-                                         i8* q, float* d, int* s, u32* p16, float* p16u, int* p16s) {
+                                         i8* q, float* d, int* s, u32* p16, float* p16u, int* p16s, u8* p16v) {
     __shared__ float red[32];
     __shared__ float p16sm[16];
     int t = blockIdx.y;
@@ -281,7 +293,7 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
         // iterations and the 4 warps of a 128-element block are warps 4h .. 4h + 3)
         if (p16)
             quant_p16_part(v, b >> 2, it, p16sm, p16 + (size_t)t * (k >> 1), p16u + (size_t)t * (k >> 7),
-                           p16s + (size_t)t * (k >> 5));
+                           p16s + (size_t)t * (k >> 5), p16v ? p16v + (size_t)t * k * 2 : nullptr);
     }
 }
 
@@ -291,12 +303,12 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
 // first RN_CACHE of them kept in registers) and quantizes them with quant32_x4 (8 lanes per
 // 32-block: exact max, exact integer sum), so every output equals rmsnorm_quant's bit for bit.
 // grid n, block 256; k % 128 == 0 (a warp's float4s are all in the row or all past it); x rows,
-// w and xf 16-byte aligned. The last three parameters (rmsnorm_quant's b1-plane outputs) are not
+// w and xf 16-byte aligned. The last four parameters (rmsnorm_quant's b1-plane outputs) are not
 // written here: the launcher takes rmsnorm_quant when they are asked for.
 #define RN_CACHE 8
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_quant_rows(const float* x, const float* w, float eps,
                                                                      int k, float* xf, i8* q, float* d, int* s,
-                                                                     u32*, float*, int*) {
+                                                                     u32*, float*, int*, u8*) {
     PDL_ENTRY();
     __shared__ float red[32];
     const int t = blockIdx.x, k4 = k >> 2;

@@ -7,12 +7,15 @@
 // w_p = 2^p for p < 15 and −2^15 for the sign plane. Lane (g, tg) holds the popcounts of planes
 // 2tg, 2tg + 1, 8 + 2tg, 9 + 2tg for rows g and g + 8 and folds them with its own multipliers
 // (2·w_p; lane tg also subtracts the code sum of sub-block tg, so the four lanes' integers add up
-// to 2·Σ_p w_p·popc − Σa) into an exact int32, then keeps a float partial per row:
-//   acc = fmaf(dw·u, (float)S, acc), blocks in increasing order.
-// At the end the 4 lanes of a row are added as (tg0 + tg1) + (tg2 + tg3), then the KS K parts in
-// order. Every activation row has its own MMAs and the same float operations, and KS is chosen
-// from the shape alone (`mvbp_ks`), so row t of an n-row launch equals the one-row launch bit for
-// bit. Measured as a prototype first (bench/micro/b1plane.cu, bench/results/
+// to 2·Σ_p w_p·popc − Σa) into an exact int32. The four lanes' integers are then added with
+// shuffles (`mvbp_lane_sum`), so every lane holds the block's exact S of one row (g + 8·(tg & 1)),
+// and keeps one float partial for it:
+//   acc = fmaf(dw·u, (float)S, acc), blocks in increasing order,
+// then the KS K parts are added in order. The float operations see only exact block integers, so
+// any exact way of computing S gives the same bits: the int8 tensor-core verify kernel below
+// (`mvbq_q1_*`) computes it for up to 8 activation rows at once. Every activation row of these
+// kernels has its own MMAs and the same float operations, and KS is chosen from the shape alone
+// (`mvbp_ks`), so row t of an n-row launch equals the one-row launch bit for bit. Measured as a prototype first (bench/micro/b1plane.cu, bench/results/
 // cuda-b1plane-proto-27b-q1.json): 0.81× the dp4a kernels' time summed over a Q1_0 27B token at
 // n = 1, 0.63× at n = 5, in one harness on the H200.
 //
@@ -42,6 +45,15 @@ __device__ __forceinline__ void mvbp_fold(u32 a0, u32 a1, u32 blo, u32 bhi, int 
     mma_b1_k128(e, a0, a1, bhi);
     sg = c[0] * m[0] + c[1] * m[1] + e[0] * m[2] + e[1] * m[3] - sa;
     sg8 = c[2] * m[0] + c[3] * m[1] + e[2] * m[2] + e[3] * m[3] - sa;
+}
+
+// The exact block sum S of the row this lane keeps (g + 8·odd) from the four lanes' partials of
+// rows g (sg) and g + 8 (sg8): each lane sends its pair lane (tg ^ 1) the row that lane keeps, then
+// the two halves are added across tg ^ 2. Integer adds, so any order gives the same S.
+__device__ __forceinline__ int mvbp_lane_sum(int sg, int sg8, int odd) {
+    const int keep = odd ? sg8 : sg, send = odd ? sg : sg8;
+    int v = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // Block: RGW row tiles × KS K parts (warp w: part w % KS, tile w / KS). A warp walks its
@@ -99,9 +111,10 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     int m[4];
     m[0] = 1 << (2 * tg + 1), m[1] = 1 << (2 * tg + 2), m[2] = 1 << (2 * tg + 9);
     m[3] = tg == 3 ? -(1 << 16) : (1 << (2 * tg + 10));
-    float acc[2][NT];
+    const int odd = tg & 1;
+    float acc[NT];  // row g + 8·odd, activation row t
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.f;
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     // stage registers for UNR pairs: weights, their scales, activation planes, scales and sums
     uint4 na[UNR], nb[UNR][NT];
     u32 nd[UNR][2];
@@ -180,42 +193,38 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
                     cs[u][0][0] = sxs[(2 * pp) * 4 + tg];
                     cs[u][0][1] = sxs[(2 * pp + 1) * 4 + tg];
                 }
-                const float d00 = h2f((u16)(cd[u][0] & 0xffffu)), d01 = h2f((u16)(cd[u][0] >> 16));
-                const float d10 = h2f((u16)(cd[u][1] & 0xffffu)), d11 = h2f((u16)(cd[u][1] >> 16));
+                // this lane's row: g + 8·odd; its half of each block's scale word
+                const float da = h2f((u16)(cd[u][0] >> (16 * odd))), db = h2f((u16)(cd[u][1] >> (16 * odd)));
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (NT == 1 || t < n) {
                         int s0_, s08, s1_, s18;
                         mvbp_fold(ca[u].x, ca[u].y, cb[u][t].x, cb[u][t].y, cs[u][t][0], m, s0_, s08);
                         mvbp_fold(ca[u].z, ca[u].w, cb[u][t].z, cb[u][t].w, cs[u][t][1], m, s1_, s18);
-                        acc[0][t] = fmaf(d00 * cu[u][t].x, (float)s0_, acc[0][t]);
-                        acc[1][t] = fmaf(d01 * cu[u][t].x, (float)s08, acc[1][t]);
-                        acc[0][t] = fmaf(d10 * cu[u][t].y, (float)s1_, acc[0][t]);
-                        acc[1][t] = fmaf(d11 * cu[u][t].y, (float)s18, acc[1][t]);
+                        const int S0 = mvbp_lane_sum(s0_, s08, odd), S1 = mvbp_lane_sum(s1_, s18, odd);
+                        acc[t] = fmaf(da * cu[u][t].x, (float)S0, acc[t]);
+                        acc[t] = fmaf(db * cu[u][t].y, (float)S1, acc[t]);
                     }
                 }
             }
         }
     }
-    // the 4 lanes of a row: (tg0 + tg1) + (tg2 + tg3); then the K parts in order
+    // lanes tg = 0, 1 hold rows g, g + 8 (tg = 2, 3 the same values); then the K parts in order
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            float v = acc[h][t];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (SWI) {
-                if (tg == 0) red[0][rg][h * 8 + g][0] = v;
-            } else if (KS == 1) {
-                if (tile_ok && tg == 0 && (NT == 1 || t < n)) {
-                    float* yp = sg.y + (size_t)t * sg.n_out + tile * 16 + h * 8 + g;
-                    *yp = accumulate ? *yp + v : v;
-                }
-            } else if (tg == 0) {
-                red[kp][rg][h * 8 + g][t] = v;
+    for (int t = 0; t < NT; ++t) {
+        const float v = acc[t];
+        if (tg >= 2) continue;
+        if (SWI) {
+            red[0][rg][tg * 8 + g][0] = v;
+        } else if (KS == 1) {
+            if (tile_ok && (NT == 1 || t < n)) {
+                float* yp = sg.y + (size_t)t * sg.n_out + tile * 16 + tg * 8 + g;
+                *yp = accumulate ? *yp + v : v;
             }
+        } else {
+            red[kp][rg][tg * 8 + g][t] = v;
         }
+    }
     if (SWI) {
         __syncthreads();
         const int o = 32 * blockIdx.x + lane;
@@ -298,3 +307,185 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void*
     mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
                                              SwiOut{hf, hq, hd, hs});
 }
+
+// ---- int8 tensor-core verify on the b1-plane layout (`mvbq_q1_*`, n <= 8 rows) -----------------
+// The same weights (the b1-plane tiles above) and the same int16 activation codes, but the
+// activation rows are the 8 columns of `mma.m16n8k32` instead of each row having its own MMAs.
+// Thread (g, tg) holds code word tg of rows g and g + 8 (elements 32tg .. 32tg + 31 of the block);
+// in k-step j its A registers are (word >> i) & 0x01010101 for i = 2j (k 4tg .. 4tg + 3) and
+// i = 2j + 1 (k 16 + 4tg ..): bytes c ∈ {0, 1} of elements 32tg + i + 8m, m = 0..3. The activations
+// come in the same element order (`xv`, written by the norm): each code a = 256·hi + lo split into
+// a signed high byte (`u8.s8` MMA) and an unsigned low byte (`u8.u8` MMA), so per block
+//   Σ_k c_k·a_k = 256·Chi + Clo,  S = 2·(256·Chi + Clo) − Σ_k a_k,
+// exact in int32 and the same S as the b1-plane kernels' lane sum. Then the b1-plane kernels'
+// float operations: acc = fmaf(d·u, (float)S, acc) over the K part's blocks in increasing order,
+// then the K parts in order (`mvbp_ks` of the shape). So row t of this launch equals the one-row
+// b1-plane launch of that row bit for bit.
+// xv layout: [n][n_in / 128][4 sub-blocks tg][4] uint4 {hi(j 0, 1), lo(j 0, 1), hi(j 2, 3),
+// lo(j 2, 3)}; within a 16-byte half, byte 8·(j & 1) + 4h + m is element 2j + h + 8m of the
+// sub-block (h = 0: the b0 register, k 4tg + m; h = 1: b1, k 16 + 4tg + m).
+__device__ __forceinline__ void mma_u8s8_k32(int* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_u8u8_k32(int* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Block: RGW tile groups × KS K parts (warp w: part w % KS, group w / KS); a group is R
+// consecutive 16-row tiles, which share each block's activation loads. The weights of the next
+// block pair are loaded while the current one is used.
+template <int KS, int RGW, int R>
+__device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
+                                        const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
+                                        int n, int accumulate, int pre) {
+    __shared__ float red[KS][KS > 1 ? RGW * R : 1][16][MAXN];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int kp = w % KS, rg = w / KS;
+    const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
+    MvSeg sg[R];
+    int tl[R];
+    bool ok[R];
+    bool any = false;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int tile = (blockIdx.x * RGW + rg) * R + r;
+        ok[r] = tile < t4;
+        // a tile past the last segment reads tile 0 of segment 0 (and writes nothing)
+        sg[r] = !ok[r] || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
+        tl[r] = !ok[r] ? 0 : tile - (tile < t1 ? 0 : tile < t2 ? t1 : tile < t3 ? t2 : t3);
+        any |= ok[r];
+    }
+    const int nblk = n_in >> 7, npair = n_in >> 8;
+    const int p0 = kp * npair / KS, p1 = (kp + 1) * npair / KS;
+    const bool live = any && p0 < p1;
+    const uint4* wa[R];
+    const u32* wd[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wa[r] = (const uint4*)sg[r].codes + (size_t)tl[r] * npair * 32 + lane;
+        wd[r] = (const u32*)sg[r].scales + (size_t)tl[r] * nblk * 8 + g;
+    }
+    // this lane's B column (activation row g) and its two C columns 2tg, 2tg + 1
+    const bool bok = g < n, cok0 = 2 * tg < n, cok1 = 2 * tg + 1 < n;
+    const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
+    const int c0 = cok0 ? 2 * tg : 0, c1 = cok1 ? 2 * tg + 1 : 0;
+    float acc[R][4];  // rows g, g, g + 8, g + 8 × columns 2tg, 2tg + 1, 2tg, 2tg + 1
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+    uint4 na[R];
+    u32 nd[R][2];
+    auto load_w = [&](int p) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            na[r] = __ldg(wa[r] + (size_t)p * 32);
+            nd[r][0] = __ldg(wd[r] + (size_t)(2 * p) * 8);
+            nd[r][1] = __ldg(wd[r] + (size_t)(2 * p + 1) * 8);
+        }
+    };
+    if (pre) {
+        if (live) load_w(p0);
+        PDL_ENTRY();
+    } else {
+        PDL_ENTRY();
+        if (live) load_w(p0);
+    }
+    const u32 M = 0x01010101u;
+    for (int p = p0; live && p < p1; ++p) {
+        uint4 ca[R];
+        u32 cd[R][2];
+#pragma unroll
+        for (int r = 0; r < R; ++r) ca[r] = na[r], cd[r][0] = nd[r][0], cd[r][1] = nd[r][1];
+        if (p + 1 < p1) load_w(p + 1);
+#pragma unroll
+        for (int hb = 0; hb < 2; ++hb) {
+            const int blk = 2 * p + hb;
+            uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
+            if (bok) {
+                const uint4* b = xb + (size_t)blk * 16;
+                bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
+            }
+            const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
+            const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));
+            const int na0 = -((sa.x + sa.y) + (sa.z + sa.w)), na1 = -((sb.x + sb.y) + (sb.z + sb.w));
+            const float u0 = __ldg(xu + (size_t)c0 * nblk + blk), u1 = __ldg(xu + (size_t)c1 * nblk + blk);
+            const u32 bh[8] = {bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w};
+            const u32 bl[8] = {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w};
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const u32 w0 = hb ? ca[r].z : ca[r].x, w1 = hb ? ca[r].w : ca[r].y;
+                int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M,
+                                      (w1 >> (2 * j + 1)) & M};
+                    mma_u8s8_k32(ch, a, bh[2 * j], bh[2 * j + 1]);
+                    mma_u8u8_k32(cl, a, bl[2 * j], bl[2 * j + 1]);
+                }
+                const float d0 = h2f((u16)(cd[r][hb] & 0xffffu)), d1 = h2f((u16)(cd[r][hb] >> 16));
+                const int S0 = 2 * (ch[0] * 256 + cl[0]) + na0, S1 = 2 * (ch[1] * 256 + cl[1]) + na1;
+                const int S2 = 2 * (ch[2] * 256 + cl[2]) + na0, S3 = 2 * (ch[3] * 256 + cl[3]) + na1;
+                acc[r][0] = fmaf(d0 * u0, (float)S0, acc[r][0]);
+                acc[r][1] = fmaf(d0 * u1, (float)S1, acc[r][1]);
+                acc[r][2] = fmaf(d1 * u0, (float)S2, acc[r][2]);
+                acc[r][3] = fmaf(d1 * u1, (float)S3, acc[r][3]);
+            }
+        }
+    }
+    // C (row g + 8·(i >> 1), column 2tg + (i & 1)); then the K parts in order
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i >> 1), col = 2 * tg + (i & 1);
+            if (col >= n) continue;
+            if (KS == 1) {
+                if (ok[r]) {
+                    float* yp = sg[r].y + (size_t)col * sg[r].n_out + tl[r] * 16 + row;
+                    *yp = accumulate ? *yp + acc[r][i] : acc[r][i];
+                }
+            } else {
+                red[kp][KS > 1 ? rg * R + r : 0][row][col] = acc[r][i];
+            }
+        }
+    if (KS > 1) {
+        __syncthreads();
+        // warp kp == 0 of each group writes its tiles: lane = row (16 lanes), all n columns
+        if (kp == 0 && lane < 16) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (!ok[r]) continue;
+                for (int t = 0; t < n; ++t) {
+                    float v = red[0][rg * R + r][lane][t];
+#pragma unroll
+                    for (int k2 = 1; k2 < KS; ++k2) v += red[k2][rg * R + r][lane][t];
+                    float* yp = sg[r].y + (size_t)t * sg[r].n_out + tl[r] * 16 + lane;
+                    *yp = accumulate ? *yp + v : v;
+                }
+            }
+        }
+    }
+}
+
+// Variants `_rR_kKS`: R tiles per warp, the K split KS (4 warps per block up to KS = 4, then KS
+// warps). Launcher: `Gpu::mv_b1q`.
+#define MVBQ_ENTRY(NAME, R, KS, RGW)                                                       \
+    MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xv,                                    \
+                 mvbq_q1<KS, RGW, R>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+MVBQ_ENTRY(mvbq_q1_r1_k1, 1, 1, 4)
+MVBQ_ENTRY(mvbq_q1_r1_k2, 1, 2, 2)
+MVBQ_ENTRY(mvbq_q1_r1_k4, 1, 4, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k8, 1, 8, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k16, 1, 16, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k1, 2, 1, 4)
+MVBQ_ENTRY(mvbq_q1_r2_k2, 2, 2, 2)
+MVBQ_ENTRY(mvbq_q1_r2_k4, 2, 4, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k8, 2, 8, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1)

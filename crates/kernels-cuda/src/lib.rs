@@ -37,8 +37,8 @@ pub use gemm::{
 };
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{
-    b1p_shape_ok, detile_row, host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p,
-    WKind,
+    b1p_shape_ok, b1q_acts_host, detile_row, host_quant_p16, retile, retile_b1p, retile_q41,
+    Retiled, RetiledB1p, WKind,
 };
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
@@ -554,6 +554,16 @@ pub fn mvbp_warps(ks: usize) -> usize {
 
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
+
+/// Consecutive 16-row tiles per warp of the int8 tensor-core verify kernels (`mvbq_q1_rR_*`): 1,
+/// or `BONSAI_CUDA_B1Q_R=2` (read once; a benchmark knob, the same bits either way).
+fn mvbq_tiles() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match env_usize("BONSAI_CUDA_B1Q_R") {
+        Some(2) => 2,
+        _ => 1,
+    })
+}
 
 /// Dynamic shared memory of a one-row b1-plane launch that holds its activation row
 /// (`mvbp_q1_n1x_*`, width `n_in`): planes (2 bytes an element), then per 128-element block 4
@@ -1510,6 +1520,16 @@ kernels!(
         mvbp_q1_n1x_k8,
         mvbp_q1_n1x_k16,
         mvbp_q1_n1x_k1_swi,
+        mvbq_q1_r1_k1,
+        mvbq_q1_r1_k2,
+        mvbq_q1_r1_k4,
+        mvbq_q1_r1_k8,
+        mvbq_q1_r1_k16,
+        mvbq_q1_r2_k1,
+        mvbq_q1_r2_k2,
+        mvbq_q1_r2_k4,
+        mvbq_q1_r2_k8,
+        mvbq_q1_r2_k16,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1741,6 +1761,8 @@ pub struct Gpu {
     mv_b1p: AtomicBool,
     /// [`Gpu::b1p_xs`] (`BONSAI_CUDA_B1P_XS=0` turns it off).
     b1p_xs: AtomicBool,
+    /// [`Gpu::b1q`] (`BONSAI_CUDA_B1Q=0` turns it off).
+    b1q: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -1957,6 +1979,7 @@ impl Gpu {
             b1p_timing: Mutex::new(None),
             mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
             b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
+            b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2561,13 +2584,15 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
-        self.rmsnorm_quant_p16(x, w, eps, n, k, xf, q, d, s, (0, 0, 0))
+        self.rmsnorm_quant_p16(x, w, eps, n, k, xf, q, d, s, (0, 0, 0, 0))
     }
 
     /// [`Self::rmsnorm_quant`] that also writes the b1-plane activations of each row (`p16` =
     /// planes `[n, k / 256, 32, 4]` u32, units `[n, k / 128]` f32, sums `[n, k / 128, 4]` i32, the
-    /// input of [`Self::mv_b1p`]; `(0, 0, 0)`: none) from the same normalized values; host twin
-    /// [`host_quant_p16`]. The b1-plane outputs need `k % 256 == 0`.
+    /// input of [`Self::mv_b1p`]; `(0, 0, 0, 0)`: none) from the same normalized values; host twin
+    /// [`host_quant_p16`]. The fourth buffer (0: none) gets the same codes byte-split for
+    /// [`Self::mv_b1q`] (`[n, k / 128, 4, 4]` uint4, host twin [`b1q_acts_host`]). The b1-plane
+    /// outputs need `k % 256 == 0`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_quant_p16(
         &self,
@@ -2580,13 +2605,13 @@ impl Gpu {
         q: u64,
         d: u64,
         s: u64,
-        (xp, xu, xs): (u64, u64, u64),
+        (xp, xu, xs, xv): (u64, u64, u64, u64),
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
         let p16 = xp != 0;
-        if p16 && (k % 256 != 0 || xu == 0 || xs == 0) {
+        if p16 && (k % 256 != 0 || xu == 0 || xs == 0) || (xv != 0 && !p16) {
             return Err(CudaError(format!(
-                "rmsnorm_quant: b1-plane outputs need k % 256 == 0 and all three buffers (k = {k})"
+                "rmsnorm_quant: b1-plane outputs need k % 256 == 0 and the planes, units and sums (k = {k})"
             )));
         }
         let args = [
@@ -2601,6 +2626,7 @@ impl Gpu {
             Arg::P(xp),
             Arg::P(xu),
             Arg::P(xs),
+            Arg::P(xv),
         ];
         if !p16 && n > MAX_ROWS && k % 128 == 0 && (x | w | xf) % 16 == 0 && q % 4 == 0 {
             // long launches: one block per row, which reads the row once (same bits)
@@ -2933,7 +2959,8 @@ impl Gpu {
             self.mvs_q1() as u64
                 | (self.b1p() as u64) << 1
                 | (self.b1p_timing() as u64) << 2
-                | (self.b1p_xs() as u64) << 3,
+                | (self.b1p_xs() as u64) << 3
+                | (self.b1q() as u64) << 4,
         ]
     }
 
@@ -3291,6 +3318,99 @@ impl Gpu {
             &swi_args(gate, up, n_out, (xp, xu, xs), n_in, true, out),
         )?;
         Ok(true)
+    }
+
+    /// The int8 tensor-core verify mat-vec on the b1-plane layout (`mvbq_q1_*`, `kernels/mvbp.cu`):
+    /// `segs` as [`Self::mv_b1p`], activations as the norm's byte-split codes `xv`
+    /// `[n, n_in / 128, 4, 4]` uint4 ([`b1q_acts_host`] spells the layout) with the block scales
+    /// `xu` and sub-block sums `xs` of the b1-plane activations; `n` ≤ [`MAX_ROWS`]. Same exact block
+    /// integers and float operations as the b1-plane kernels with the shape's K split, so row t
+    /// equals the one-row [`Self::mv_b1p`] launch of that row bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_b1q(
+        &self,
+        segs: &[MvSeg],
+        xv: u64,
+        xu: u64,
+        xs: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if !(1..=MAX_ROWS).contains(&n) || !(1..=MAX_SEGS).contains(&segs.len()) {
+            return Err(CudaError(format!(
+                "mv_b1q: {n} rows, {} segments",
+                segs.len()
+            )));
+        }
+        if n_in == 0 || n_in % 256 != 0 || segs.iter().any(|s| s.n_out % 16 != 0) {
+            return Err(CudaError(format!(
+                "mv_b1q: n_in {n_in} must be a multiple of 256 and every n_out of 16"
+            )));
+        }
+        if xv % 16 != 0 || xu % 4 != 0 || xs % 16 != 0 {
+            return Err(CudaError(format!(
+                "mv_b1q: misaligned activations xv {xv:#x} xu {xu:#x} xs {xs:#x}"
+            )));
+        }
+        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
+        let tiles = push_seg_args(&mut args, segs, MAX_SEGS, 16);
+        if tiles == 0 {
+            return Ok(());
+        }
+        args.extend([
+            Arg::P(xv),
+            Arg::P(xu),
+            Arg::P(xs),
+            Arg::I(n_in as i32),
+            Arg::I(n as i32),
+            Arg::I(accumulate as i32),
+            Arg::I(1),
+        ]);
+        let ks = mvbp_ks(tiles, n_in);
+        let r = mvbq_tiles();
+        let f = &self.f;
+        let t = if r == 1 {
+            [
+                f.mvbq_q1_r1_k1,
+                f.mvbq_q1_r1_k2,
+                f.mvbq_q1_r1_k4,
+                f.mvbq_q1_r1_k8,
+                f.mvbq_q1_r1_k16,
+            ]
+        } else {
+            [
+                f.mvbq_q1_r2_k1,
+                f.mvbq_q1_r2_k2,
+                f.mvbq_q1_r2_k4,
+                f.mvbq_q1_r2_k8,
+                f.mvbq_q1_r2_k16,
+            ]
+        };
+        let f = match ks {
+            1 | 2 | 4 | 8 | 16 => t[ks.trailing_zeros() as usize],
+            _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
+        };
+        let warps = mvbp_warps(ks);
+        // each warp takes r consecutive tiles
+        self.launch(
+            f,
+            (cdiv(tiles, warps / ks * r), 1, 1),
+            ((warps * 32) as u32, 1, 1),
+            &args,
+        )
+    }
+
+    /// Whether verify launches (2..=8 rows) of b1-plane matrices take the int8 tensor-core kernel
+    /// [`Self::mv_b1q`] on the norm's byte-split codes (default on; `BONSAI_CUDA_B1Q=0` keeps the
+    /// 5-row b1-plane kernels). The same bits either way.
+    pub fn b1q(&self) -> bool {
+        self.b1q.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1q`] (capture graphs after setting it).
+    pub fn set_b1q(&self, on: bool) {
+        self.b1q.store(on, Ordering::Relaxed);
     }
 
     /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`; with `shared`

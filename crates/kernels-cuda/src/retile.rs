@@ -279,6 +279,26 @@ pub fn host_quant_p16(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<i32>, Vec<i16>) {
     (planes, us, sums, codes)
 }
 
+/// The byte-split activation codes of the int8 tensor-core verify (`mvbq_q1_*` in
+/// `kernels/mvbp.cu`) from one row's int16 `codes` (`codes.len() % 128 == 0`): per 128-element
+/// block and 32-element sub-block a 64-byte chunk of four 16-byte halves {hi(j 0, 1), lo(j 0, 1),
+/// hi(j 2, 3), lo(j 2, 3)}, where byte 8·(j & 1) + 4h + m of a half holds element 2j + h + 8m of
+/// the sub-block: hi = code >> 8 (signed), lo = code & 0xff, so code = 256·hi + lo. The host twin of
+/// what `quant_p16_part` writes to its `xv` output.
+pub fn b1q_acts_host(codes: &[i16]) -> Vec<u8> {
+    assert_eq!(codes.len() % 128, 0, "b1q_acts_host: {} codes", codes.len());
+    let mut out = vec![0u8; codes.len() * 2];
+    for (sb, sub) in codes.chunks_exact(32).enumerate() {
+        for (e, &c) in sub.iter().enumerate() {
+            let (j, h, m) = ((e >> 1) & 3, e & 1, e >> 3);
+            let o = sb * 64 + (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
+            out[o] = ((c as i32) >> 8) as u8;
+            out[o + 16] = c as u8;
+        }
+    }
+    out
+}
+
 /// Re-tile a Q4_1 matrix (`n_out` GGUF rows of `n_in` elements, `n_in % 32 == 0`) into a 16-byte
 /// code plane `[n_out, n_in/32, 16]` (GGUF nibble order) and a `(d, m)` plane `[n_out, n_in/32, 2]`
 /// f16 bits. Panics if `raw` has the wrong length (the loader validates extents first).
@@ -569,6 +589,52 @@ mod tests {
     /// The host b1-plane quantizer: codes within half a unit of x / u, planes that spell the codes
     /// back in the kernel's layout, sums of the codes; and the kernel's integer fold
     /// (2·Σ w_p·popc(W AND P_p) − Σa) equals the ±1 dot product of codes and weights.
+    #[test]
+    fn b1q_fragments_give_the_block_integer() {
+        // one 128-element block: thread tg's A bytes (word >> i) & 0x01010101 for i = 2j, 2j + 1
+        // against its B bytes b0 / b1 of the byte-split layout give, summed over the four lanes
+        // and the four k-steps, 256·Σ c·hi + Σ c·lo = Σ c·a; then S = 2·that − Σ a = Σ (2c − 1)·a
+        let mut st = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        for _ in 0..200 {
+            let codes: Vec<i16> = (0..128)
+                .map(|_| ((next() % 65535) as i32 - 32767) as i16)
+                .collect();
+            let bits: Vec<u32> = (0..4).map(|_| next() as u32).collect();
+            let xv = b1q_acts_host(&codes);
+            let (mut hi, mut lo) = (0i64, 0i64);
+            for (tg, &w) in bits.iter().enumerate() {
+                let chunk = &xv[tg * 64..tg * 64 + 64];
+                for j in 0..4 {
+                    for h in 0..2 {
+                        let a = (w >> (2 * j + h)) & 0x0101_0101;
+                        for m in 0..4 {
+                            let c = ((a >> (8 * m)) & 1) as i64;
+                            let o = (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
+                            hi += c * chunk[o] as i8 as i64;
+                            lo += c * chunk[o + 16] as i64;
+                        }
+                    }
+                }
+            }
+            let sum: i64 = codes.iter().map(|&c| c as i64).sum();
+            let want: i64 = codes
+                .iter()
+                .enumerate()
+                .map(|(k, &c)| {
+                    let bit = (bits[k / 32] >> (k % 32)) & 1;
+                    (2 * bit as i64 - 1) * c as i64
+                })
+                .sum();
+            assert_eq!(2 * (256 * hi + lo) - sum, want);
+        }
+    }
+
     #[test]
     fn host_quant_p16_planes_spell_the_codes() {
         let bytes = rand_bytes(3, 4 * 512);

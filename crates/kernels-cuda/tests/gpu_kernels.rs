@@ -6,9 +6,9 @@ use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::reference as r;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    b1_planes_host, gdn_chunked_supported, host_quant, host_quant_p16, host_quant_sub, mv_b1_host,
-    mv_default_plan, mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut, GdnPrefill, Gpu, MvPlan,
-    MvSeg, QuantOut, Retiled, WKind,
+    b1_planes_host, b1q_acts_host, gdn_chunked_supported, host_quant, host_quant_p16,
+    host_quant_sub, mv_b1_host, mv_default_plan, mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut,
+    GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -1748,10 +1748,11 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             g.alloc(n * k / 32 * 4).unwrap(),
             g.alloc(n * k / 32 * 4).unwrap(),
         );
-        let (xp, xu, xs) = (
+        let (xp, xu, xs, xv) = (
             g.alloc(n * k * 2).unwrap(),
             g.alloc(n * k / 128 * 4).unwrap(),
             g.alloc(n * k / 128 * 16).unwrap(),
+            g.alloc(n * k * 2).unwrap(),
         );
         g.rmsnorm_quant_p16(
             xb.ptr(),
@@ -1763,10 +1764,11 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             q.ptr(),
             d.ptr(),
             s.ptr(),
-            (xp.ptr(), xu.ptr(), xs.ptr()),
+            (xp.ptr(), xu.ptr(), xs.ptr(), xv.ptr()),
         )
         .unwrap();
         let (xf0, q0, d0, s0) = rmsnorm_rows(g, &xb, &wb, 0, n, k, true);
+        let split: Vec<u8> = down(g, &xv, n * k * 2);
         let got_f: Vec<u32> = down(g, &xf, n * k);
         assert_eq!(got_f, xf0, "[{n} x {k}] f32 row");
         assert_eq!(down::<i8>(g, &q, n * k), q0, "[{n} x {k}] codes");
@@ -1782,7 +1784,12 @@ fn rmsnorm_quant_p16_equals_host_twin() {
                 .iter()
                 .map(|&b| f32::from_bits(b))
                 .collect();
-            let (hp, hu, hs, _) = host_quant_p16(&row);
+            let (hp, hu, hs, hc) = host_quant_p16(&row);
+            assert_eq!(
+                &split[t * k * 2..(t + 1) * k * 2],
+                &b1q_acts_host(&hc)[..],
+                "[{n} x {k}] row {t} byte-split codes"
+            );
             assert_eq!(
                 &planes[t * k / 2..(t + 1) * k / 2],
                 &hp[..],
@@ -1801,13 +1808,17 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             );
         }
         eprintln!(
-            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs == host twin"
+            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
     let p = z.ptr();
     assert!(g
-        .rmsnorm_quant_p16(p, p, 1e-6, 1, 384, 0, p, p, p, (p, p, p))
+        .rmsnorm_quant_p16(p, p, 1e-6, 1, 384, 0, p, p, p, (p, p, p, 0))
+        .is_err());
+    // byte-split codes without the planes
+    assert!(g
+        .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, p, p, p, (0, 0, 0, p))
         .is_err());
 }
 
@@ -3922,6 +3933,139 @@ fn mv_b1p_equals_f64_and_one_row() {
     assert!(g
         .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
         .is_err());
+}
+
+/// The int8 tensor-core verify kernel on the b1-plane layout (`mvbq_q1_*`): every row of a
+/// 2..=8-row launch equals the one-row b1-plane launch of that row bit for bit (the same exact
+/// block integers, the same float operations, the shape's K split), at every K split; grouped
+/// segments, `accumulate`, and the shapes it refuses.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_b1q_equals_b1p_one_row() {
+    let g = need_gpu!("mv_b1q_equals_b1p_one_row");
+    let mut rng = Rng(93);
+    let nmax = bonsai_kernels_cuda::MAX_ROWS;
+    // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile counts
+    for (n_in, segs) in [
+        (5120usize, vec![1024usize, 512, 48, 48]),
+        (6144, vec![640]),
+        (17408, vec![320]),
+        (8192, vec![64]),
+        (2048, vec![16]),
+        (256, vec![32, 16]),
+        (5120, vec![16480]),
+    ] {
+        let rows: usize = segs.iter().sum();
+        let ks = mvbp_ks(rows / 16, n_in);
+        let c = b1p_case(&mut rng, n_in, rows, nmax);
+        let (nblk, npair) = (n_in / 128, n_in / 256);
+        let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
+        let xv = g.upload(&b1q_acts_host(&c.act)).unwrap();
+        // one output buffer per segment, [n, n_out_i] each
+        let ys: Vec<DevBuf> = segs
+            .iter()
+            .map(|&so| g.upload(&vec![f32::NAN; nmax * so]).unwrap())
+            .collect();
+        let seg_list = |ys: &[DevBuf]| {
+            let mut o = 0;
+            let mut v = Vec::new();
+            for (i, &so) in segs.iter().enumerate() {
+                v.push(MvSeg {
+                    codes: codes.ptr() + (o / 16 * npair * 512) as u64,
+                    scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
+                    y: ys[i].ptr(),
+                    n_out: so,
+                });
+                o += so;
+            }
+            v
+        };
+        // the one-row b1-plane launches: want[t][row]
+        let mut want = vec![vec![0f32; rows]; nmax];
+        for (t, wt) in want.iter_mut().enumerate() {
+            g.mv_b1p(
+                &seg_list(&ys),
+                xp.ptr() + (t * npair * 512) as u64,
+                xu.ptr() + (t * nblk * 4) as u64,
+                xs.ptr() + (t * nblk * 16) as u64,
+                n_in,
+                1,
+                false,
+            )
+            .unwrap();
+            let mut o = 0;
+            for (i, &so) in segs.iter().enumerate() {
+                let y: Vec<f32> = down(g, &ys[i], so);
+                wt[o..o + so].copy_from_slice(&y);
+                o += so;
+            }
+        }
+        for n in [2usize, 5, 8] {
+            for y in &ys {
+                g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
+            }
+            g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
+                .unwrap();
+            let mut o = 0;
+            for (i, &so) in segs.iter().enumerate() {
+                let y: Vec<f32> = down(g, &ys[i], nmax * so);
+                for t in 0..nmax {
+                    for r in 0..so {
+                        let got = y[t * so + r];
+                        if t < n {
+                            assert_eq!(
+                                got.to_bits(),
+                                want[t][o + r].to_bits(),
+                                "[{n_in}x{segs:?}] ks {ks} n {n}: activation {t} row {} ({got} vs {})",
+                                o + r,
+                                want[t][o + r]
+                            );
+                        } else {
+                            assert!(got.is_nan(), "n {n}: row {t} written");
+                        }
+                    }
+                }
+                o += so;
+            }
+        }
+        // accumulate: one f32 add onto y
+        let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
+        for (y, v) in ys.iter().zip(&y0) {
+            g.htod(y, 0, v).unwrap();
+        }
+        g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
+            .unwrap();
+        let mut o = 0;
+        for (i, &so) in segs.iter().enumerate() {
+            let y: Vec<f32> = down(g, &ys[i], 3 * so);
+            for t in 0..3 {
+                for r in 0..so {
+                    assert_eq!(
+                        y[t * so + r].to_bits(),
+                        (y0[i][t * so + r] + want[t][o + r]).to_bits(),
+                        "accumulate [{n_in}x{segs:?}] activation {t} row {}",
+                        o + r
+                    );
+                }
+            }
+            o += so;
+        }
+        eprintln!(
+            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
+        );
+    }
+    let z = g.alloc(1 << 16).unwrap();
+    let seg = |n_out| MvSeg {
+        codes: z.ptr(),
+        scales: z.ptr(),
+        y: z.ptr(),
+        n_out,
+    };
+    let p = z.ptr();
+    assert!(g.mv_b1q(&[seg(24)], p, p, p, 256, 2, false).is_err());
+    assert!(g.mv_b1q(&[seg(16)], p, p, p, 384, 2, false).is_err());
+    assert!(g.mv_b1q(&[seg(16)], p, p, p, 256, 9, false).is_err());
+    assert!(g.mv_b1q(&[seg(16)], p + 4, p, p, 256, 2, false).is_err());
 }
 
 /// `mv_swiglu_b1p` (the SwiGLU-fused b1-plane gate‖up launch) equals `mv_b1p` over [gate, up]
