@@ -131,6 +131,9 @@ struct Scratch {
     xp: DevBuf,
     xu: DevBuf,
     xsum: DevBuf,
+    // the same codes byte-split for the int8 tensor-core verify (`Gpu::mv_b1q`): [MV_ROWS, kmax / 128,
+    // 4, 64] u8
+    xv: DevBuf,
     // projection outputs, each f32 [cap, pmax]
     p: [DevBuf; 4],
     // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
@@ -430,6 +433,7 @@ impl CudaBackend {
             xp: a(MV_ROWS * kmax * 2)?,
             xu: a(MV_ROWS * kmax / 128 * f)?,
             xsum: a(MV_ROWS * kmax / 128 * 4 * f)?,
+            xv: a(MV_ROWS * kmax * 2)?,
             p: [
                 a(cap * pmax * f)?,
                 a(cap * pmax * f)?,
@@ -650,19 +654,29 @@ impl CudaBackend {
                 sc.xd.ptr(),
                 sc.xs.ptr(),
                 if p16 {
-                    (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr())
+                    let xv = if self.b1q_rows(n) { sc.xv.ptr() } else { 0 };
+                    (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr(), xv)
                 } else {
-                    (0, 0, 0)
+                    (0, 0, 0, 0)
                 },
             )
             .map_err(be)?;
         Ok(p16)
     }
 
+    /// Whether an `n`-row b1-plane projection runs on the int8 tensor-core verify kernel
+    /// ([`Gpu::mv_b1q`]; the norm then also writes the byte-split codes): 2..=MV_ROWS rows with
+    /// [`Gpu::b1q`] on.
+    fn b1q_rows(&self, n: usize) -> bool {
+        (2..=MV_ROWS).contains(&n) && self.gpu.b1q()
+    }
+
     /// [`Self::proj_multi`] of a normed input: when the norm wrote b1-plane activations (`p16`)
-    /// and every matrix has a b1-plane layout, the b1-plane mat-vec ([`Gpu::mv_b1p`]) in chunks of
-    /// up to `kc::MVBP_MAX_ROWS` rows (a row's result does not depend on the chunk, so decode and
-    /// verify rows agree bit for bit); else the int8 path, which the norm wrote too.
+    /// and every matrix has a b1-plane layout: verify rows ([`Self::b1q_rows`]) on the int8
+    /// tensor-core kernel ([`Gpu::mv_b1q`]) in one launch, other row counts on the b1-plane
+    /// mat-vec ([`Gpu::mv_b1p`]) in chunks of up to `kc::MVBP_MAX_ROWS` rows. Both give each row the
+    /// bits of the one-row decode kernel (same block integers, same float order), so decode and
+    /// verify rows agree bit for bit. Else the int8 path, which the norm wrote too.
     fn proj_multi_p16(
         &self,
         sc: &Scratch,
@@ -680,21 +694,35 @@ impl CudaBackend {
         if !b1p {
             return self.proj_multi(sc, mats, n, accumulate);
         }
+        let seg = |(m, y): &(&CudaMat, u64), t0: usize| {
+            let (c, s) = m.b1p.as_ref().expect("b1p layout");
+            kc::MvSeg {
+                codes: c.ptr(),
+                scales: s.ptr(),
+                y: y + (t0 * m.n_out * 4) as u64,
+                n_out: m.n_out,
+            }
+        };
+        if self.b1q_rows(n) {
+            // verify rows: all of them on the int8 tensor cores (the norm wrote the byte-split codes)
+            let segs: Vec<kc::MvSeg> = mats.iter().map(|m| seg(m, 0)).collect();
+            return self
+                .gpu
+                .mv_b1q(
+                    &segs,
+                    sc.xv.ptr(),
+                    sc.xu.ptr(),
+                    sc.xsum.ptr(),
+                    k,
+                    n,
+                    accumulate,
+                )
+                .map_err(be);
+        }
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(kc::MVBP_MAX_ROWS);
-            let segs: Vec<kc::MvSeg> = mats
-                .iter()
-                .map(|&(m, y)| {
-                    let (c, s) = m.b1p.as_ref().expect("b1p layout");
-                    kc::MvSeg {
-                        codes: c.ptr(),
-                        scales: s.ptr(),
-                        y: y + (t0 * m.n_out * 4) as u64,
-                        n_out: m.n_out,
-                    }
-                })
-                .collect();
+            let segs: Vec<kc::MvSeg> = mats.iter().map(|m| seg(m, t0)).collect();
             self.gpu
                 .mv_b1p(
                     &segs,
