@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] [--b1q-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;;
+  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -142,6 +142,19 @@ if [[ $WHATIF == 1 ]]; then
     # the same for a verify round and the plain greedy step
     BONSAI_SPEC_BENCH_MODEL=$f BONSAI_WHATIF_OUT="$OUT/whatif-round-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_round_what_if --nocapture 2>&1 | tee "$OUT/whatif-round-$v.log" | grep -E "WHATIF round|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
+  done
+fi
+if [[ $B1QAB == 1 ]]; then
+  # the int8 tensor-core verify against the 5-row b1-plane kernels (round cost, mat-vecs alone),
+  # with one and two m16 tiles per warp (BONSAI_CUDA_B1Q_R)
+  for v in $VARIANTS; do
+    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    for r in 1 2; do
+      late "b1q A/B $v r$r" && continue
+      echo "[${SECONDS}s] == b1q verify A/B $v, $r tile(s) per warp =="
+      BONSAI_CUDA_B1Q_R=$r BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v-r$r.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v-r$r.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    done
   done
 fi
 if [[ $SWEEP == 1 ]]; then

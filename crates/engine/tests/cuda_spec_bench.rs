@@ -169,6 +169,133 @@ impl Target {
     }
 }
 
+/// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
+/// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
+fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
+    let mut s = Sampler::new(SamplerParams::greedy());
+    let mut id_last = first;
+    let mut tr = Vec::new();
+    for r in 0..=ROUNDS {
+        // drafts that the target rejects at once (not its greedy continuation, whatever the
+        // launches left out make of the logits)
+        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+        let (out, secs) = timed(cuda, || {
+            verify_round(
+                cuda,
+                cfg,
+                w,
+                &mut st,
+                &mut bufs,
+                &mut s,
+                id_last,
+                &draft,
+                None,
+                Rollback::Replay,
+            )
+            .unwrap()
+        });
+        id_last = out.tokens.last().map_or(id_last, |x| x.id);
+        if r > 0 {
+            tr.push(secs);
+        }
+    }
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let mut lg = Vec::new();
+    let mut tp = Vec::new();
+    let mut id = first;
+    for i in 0..=ROUNDS {
+        let (stats, secs) = timed(cuda, || {
+            cuda.decode_step_stats(cfg, w, &mut st, id, &mut lg, false)
+                .unwrap()
+        });
+        id = stats.map_or(0, |x| x.argmax) % t.text;
+        if i > 0 {
+            tp.push(secs);
+        }
+    }
+    (median_ms(&mut tr), median_ms(&mut tp))
+}
+
+/// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels: the what-if's
+/// round and the greedy step, alternating the switch in one process (A B A B), with the round's
+/// mat-vecs alone (every other kernel skipped) too. `BONSAI_B1Q_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_b1q_round_ab() {
+    let Some(path) = common::cuda_bench_model("cuda_b1q_round_ab", "BONSAI_SPEC_BENCH_MODEL")
+    else {
+        return;
+    };
+    let t = Target::load(&path);
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
+    let gpu = cuda.gpu();
+    cuda.set_round_graph(true);
+    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
+    let names = gpu.kernel_names();
+    let other: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
+        .collect();
+    let mut rows = Vec::new();
+    for rep in 0..2 {
+        for on in [false, true] {
+            gpu.set_b1q(on);
+            let (round, step) = round_and_step(&t, first);
+            gpu.set_skip_kernels(&other).unwrap();
+            let (mv_round, mv_step) = round_and_step(&t, first);
+            gpu.set_skip_kernels(&[]).unwrap();
+            println!(
+                "B1Q rep {rep} b1q {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"b1q\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_b1q(true);
+    // with it on: what the verify's b1-plane launches and the other mat-vec families cost
+    let (round0, _) = round_and_step(&t, first);
+    let mut split = Vec::new();
+    for prefix in ["mvbq_", "mvbp_", "mv_q1_", "mv_q2_", "mvs_", "mvp_"] {
+        let set: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        gpu.set_skip_kernels(&set).unwrap();
+        let (round, step) = round_and_step(&t, first);
+        gpu.set_skip_kernels(&[]).unwrap();
+        println!(
+            "B1Q without {prefix:<8} round {round:.3} ms ({:+.3} of {round0:.3}), step {step:.3} ms",
+            round0 - round
+        );
+        split.push(format!(
+            "{{\"skipped\": \"{prefix}*\", \"round_ms\": {round:.4}, \"round_saved_ms\": {:.4}, \"step_ms\": {step:.4}}}",
+            round0 - round
+        ));
+    }
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"b1q_tiles_env\": \"{}\", \"rows\": [{}], \"b1q_on_round_ms\": {round0:.4}, \"without\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        std::env::var("BONSAI_CUDA_B1Q_R").unwrap_or_default(),
+        rows.join(", "),
+        split.join(", ")
+    );
+    println!("B1Q {json}");
+    if let Ok(out) = std::env::var("BONSAI_B1Q_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
 /// 4 drafts of which the first is wrong: a 5-row verify, then the rollback to 1 row) and in the
 /// plain greedy step (the decode graph without the logits row): both captured again with the
@@ -182,59 +309,11 @@ fn cuda_round_what_if() {
         return;
     };
     let t = Target::load(&path);
-    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
     let gpu = cuda.gpu();
     cuda.set_round_graph(true);
     let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
-    // (round ms, plain step ms), medians over ROUNDS rounds / steps after one warm-up each
-    let measure = || -> (f64, f64) {
-        let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
-        st.copy_from(cuda, &t.base);
-        let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
-        let mut s = Sampler::new(SamplerParams::greedy());
-        let mut id_last = first;
-        let mut tr = Vec::new();
-        for r in 0..=ROUNDS {
-            // drafts that the target rejects at once (not its greedy continuation, whatever the
-            // launches left out make of the logits)
-            let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
-            let (out, secs) = timed(cuda, || {
-                verify_round(
-                    cuda,
-                    cfg,
-                    w,
-                    &mut st,
-                    &mut bufs,
-                    &mut s,
-                    id_last,
-                    &draft,
-                    None,
-                    Rollback::Replay,
-                )
-                .unwrap()
-            });
-            id_last = out.tokens.last().map_or(id_last, |x| x.id);
-            if r > 0 {
-                tr.push(secs);
-            }
-        }
-        let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
-        st.copy_from(cuda, &t.base);
-        let mut lg = Vec::new();
-        let mut tp = Vec::new();
-        let mut id = first;
-        for i in 0..=ROUNDS {
-            let (stats, secs) = timed(cuda, || {
-                cuda.decode_step_stats(cfg, w, &mut st, id, &mut lg, false)
-                    .unwrap()
-            });
-            id = stats.map_or(0, |x| x.argmax) % t.text;
-            if i > 0 {
-                tp.push(secs);
-            }
-        }
-        (median_ms(&mut tr), median_ms(&mut tp))
-    };
+    let measure = || round_and_step(&t, first);
     let (round0, step0) = measure();
     let names = gpu.kernel_names();
     let matvec = gpu.matvec_kernel_names();
