@@ -555,13 +555,15 @@ pub fn mvbp_warps(ks: usize) -> usize {
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
 
-/// Consecutive 16-row tiles per warp of the int8 tensor-core verify kernels (`mvbq_q1_rR_*`): 1,
-/// or `BONSAI_CUDA_B1Q_R=2` (read once; a benchmark knob, the same bits either way).
+/// Consecutive 16-row tiles per warp of the int8 tensor-core verify kernels (`mvbq_q1_rR_*`): 2,
+/// or `BONSAI_CUDA_B1Q_R=1` (read once; a benchmark knob, the same bits either way). Two tiles
+/// share each block's activation loads: on the 27B Q1_0 round (5-row verify, round graphs) the
+/// verify's launches took 2.76 ms with 2 and 4.15 ms with 1 (`bench/results/cuda-b1q-tiles-27b-q1.json`).
 fn mvbq_tiles() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| match env_usize("BONSAI_CUDA_B1Q_R") {
-        Some(2) => 2,
-        _ => 1,
+        Some(1) => 1,
+        _ => 2,
     })
 }
 
