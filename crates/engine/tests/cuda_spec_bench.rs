@@ -221,8 +221,9 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
     (median_ms(&mut tr), median_ms(&mut tp))
 }
 
-/// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels: the what-if's
-/// round and the greedy step, alternating the switch in one process (A B A B), with the round's
+/// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels, and with its
+/// block integers split from the float chain (`Gpu::b1q_split`): the what-if's round and the
+/// greedy step, alternating the switches in one process (off, on, split; twice), with the round's
 /// mat-vecs alone (every other kernel skipped) too. `BONSAI_B1Q_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
@@ -242,25 +243,28 @@ fn cuda_b1q_round_ab() {
         .copied()
         .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
         .collect();
+    let split0 = gpu.b1q_split();
     let mut rows = Vec::new();
     for rep in 0..2 {
-        for on in [false, true] {
+        for (on, split) in [(false, false), (true, false), (true, true)] {
             gpu.set_b1q(on);
+            gpu.set_b1q_split(split);
             let (round, step) = round_and_step(&t, first);
             gpu.set_skip_kernels(&other).unwrap();
             let (mv_round, mv_step) = round_and_step(&t, first);
             gpu.set_skip_kernels(&[]).unwrap();
             println!(
-                "B1Q rep {rep} b1q {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                "B1Q rep {rep} b1q {on:<5} split {split:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step
             );
             rows.push(format!(
-                "{{\"b1q\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                "{{\"b1q\": {on}, \"split\": {split}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
                 round / step
             ));
         }
     }
     gpu.set_b1q(true);
+    gpu.set_b1q_split(split0);
     // with it on: what the verify's b1-plane launches and the other mat-vec families cost
     let (round0, _) = round_and_step(&t, first);
     let mut split = Vec::new();

@@ -489,3 +489,125 @@ MVBQ_ENTRY(mvbq_q1_r2_k2, 2, 2, 2)
 MVBQ_ENTRY(mvbq_q1_r2_k4, 2, 4, 1)
 MVBQ_ENTRY(mvbq_q1_r2_k8, 2, 8, 1)
 MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1)
+
+// ---- the same verify with the block integers split from the float chain (`mvbqs_q1_*`) ----------
+// The exact block integers S need no order; only the float chain does. So the CTA's W warps
+// compute S for different block pairs of the same T tiles (pair p → warp p mod W) with the MMAs
+// of `mvbq_q1` and store them in shared memory, S[t][block][16 rows][8 columns] int32
+// (`mvbqs_smem_bytes`); then one thread per (tile, row, activation row) runs the chain
+// acc = fmaf(d·u, (float)S, acc) over each K part's blocks in order and adds the KS parts in
+// order, exactly as `mvbq_q1` and the one-row b1-plane kernels do. W·32 >= T·128.
+template <int KS, int T, int W>
+__device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
+                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
+                                         int n, int accumulate, int pre) {
+    static_assert(W * 32 >= T * 128, "one thread per (tile, row, activation row)");
+    extern __shared__ __align__(16) int mvbqs_s[];  // [T][nblk][16][8]
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
+    const int nblk = n_in >> 7, npair = n_in >> 8;
+    // tile → (segment, tile in it); a tile past the last segment reads tile 0 of segment 0
+    auto seg_of = [&](int tile, MvSeg& sg, int& tl) {
+        const bool ok = tile < t4;
+        sg = !ok || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
+        tl = !ok ? 0 : tile - (tile < t1 ? 0 : tile < t2 ? t1 : tile < t3 ? t2 : t3);
+        return ok;
+    };
+    const uint4* wa[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        MvSeg sg;
+        int tl;
+        seg_of(blockIdx.x * T + t, sg, tl);
+        wa[t] = (const uint4*)sg.codes + (size_t)tl * npair * 32 + lane;
+    }
+    const bool bok = g < n;
+    const int c0 = 2 * tg < n ? 2 * tg : 0, c1 = 2 * tg + 1 < n ? 2 * tg + 1 : 0;
+    uint4 na[T];
+    auto load_w = [&](int p) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) na[t] = __ldg(wa[t] + (size_t)p * 32);
+    };
+    if (pre) {
+        if (w < npair) load_w(w);
+        PDL_ENTRY();
+    } else {
+        PDL_ENTRY();
+        if (w < npair) load_w(w);
+    }
+    const int4* as = (const int4*)xs;
+    const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
+    const u32 M = 0x01010101u;
+    // phase 1: the block integers of pairs w, w + W, ...
+    for (int p = w; p < npair; p += W) {
+        uint4 ca[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) ca[t] = na[t];
+        if (p + W < npair) load_w(p + W);
+#pragma unroll
+        for (int hb = 0; hb < 2; ++hb) {
+            const int blk = 2 * p + hb;
+            uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
+            if (bok) {
+                const uint4* b = xb + (size_t)blk * 16;
+                bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
+            }
+            const int4 sa = __ldg(as + (size_t)c0 * nblk + blk), sb = __ldg(as + (size_t)c1 * nblk + blk);
+            const int na0 = -((sa.x + sa.y) + (sa.z + sa.w)), na1 = -((sb.x + sb.y) + (sb.z + sb.w));
+            const u32 bh[8] = {bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w};
+            const u32 bl[8] = {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w};
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                const u32 w0 = hb ? ca[t].z : ca[t].x, w1 = hb ? ca[t].w : ca[t].y;
+                int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M,
+                                      (w1 >> (2 * j + 1)) & M};
+                    mma_u8s8_k32(ch, a, bh[2 * j], bh[2 * j + 1]);
+                    mma_u8u8_k32(cl, a, bl[2 * j], bl[2 * j + 1]);
+                }
+                // C (row g + 8·(i >> 1), column 2tg + (i & 1))
+                int* sp = mvbqs_s + ((size_t)(t * nblk + blk) * 16 + g) * 8 + 2 * tg;
+                *(int2*)sp = make_int2(2 * (ch[0] * 256 + cl[0]) + na0, 2 * (ch[1] * 256 + cl[1]) + na1);
+                *(int2*)(sp + 64) = make_int2(2 * (ch[2] * 256 + cl[2]) + na0, 2 * (ch[3] * 256 + cl[3]) + na1);
+            }
+        }
+    }
+    __syncthreads();
+    // phase 2: thread (t, row, col) runs the float chain of its output
+    const int t = threadIdx.x >> 7, row = (threadIdx.x >> 3) & 15, col = threadIdx.x & 7;
+    if (t >= T || col >= n) return;
+    MvSeg sg;
+    int tl;
+    if (!seg_of(blockIdx.x * T + t, sg, tl)) return;
+    const u32* dp = (const u32*)sg.scales + (size_t)tl * nblk * 8 + (row & 7);
+    const int sh = row >> 3 ? 16 : 0;
+    const float* up = xu + (size_t)col * nblk;
+    const int* sp = mvbqs_s + ((size_t)t * nblk * 16 + row) * 8 + col;
+    float v = 0.f;
+#pragma unroll
+    for (int kp = 0; kp < KS; ++kp) {
+        const int b0 = 2 * (kp * npair / KS), b1 = 2 * ((kp + 1) * npair / KS);
+        float acc = 0.f;
+#pragma unroll 8
+        for (int blk = b0; blk < b1; ++blk) {
+            const float d = h2f((u16)((__ldg(dp + (size_t)blk * 8) >> sh) & 0xffffu));
+            acc = fmaf(d * __ldg(up + blk), (float)sp[(size_t)blk * 128], acc);
+        }
+        v = kp == 0 ? acc : v + acc;
+    }
+    float* yp = sg.y + (size_t)col * sg.n_out + tl * 16 + row;
+    *yp = accumulate ? *yp + v : v;
+}
+
+// Variants `_kKS`: 2 tiles and 8 warps per CTA, the K split KS of the shape. Launcher:
+// `Gpu::mv_b1q` with `Gpu::b1q_split` on.
+#define MVBQS_ENTRY(KS)                                                                      \
+    MV_SEG_ENTRY(mvbqs_q1_k##KS, 8, 2, const uint4*, xv,                                     \
+                 mvbqs_q1<KS, 2, 8>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+MVBQS_ENTRY(1)
+MVBQS_ENTRY(2)
+MVBQS_ENTRY(4)
+MVBQS_ENTRY(8)
+MVBQS_ENTRY(16)

@@ -567,6 +567,16 @@ fn mvbq_tiles() -> usize {
     })
 }
 
+/// Dynamic shared memory of a split verify launch ([`Gpu::b1q_split`]) of width `n_in`: the
+/// block integers of 2 tiles, [2][n_in / 128][16][8] i32.
+pub fn mvbqs_smem_bytes(n_in: usize) -> usize {
+    2 * (n_in / 128) * 16 * 8 * 4
+}
+
+/// Widest [`mvbqs_smem_bytes`] the split verify takes (the H200 allows 227 KiB a block); wider
+/// inputs take the one-warp-per-tile-pair kernel.
+pub const MVBQS_MAX_SMEM: usize = 200 << 10;
+
 /// Dynamic shared memory of a one-row b1-plane launch that holds its activation row
 /// (`mvbp_q1_n1x_*`, width `n_in`): planes (2 bytes an element), then per 128-element block 4
 /// i32 sums and one f32 unit.
@@ -1532,6 +1542,11 @@ kernels!(
         mvbq_q1_r2_k4,
         mvbq_q1_r2_k8,
         mvbq_q1_r2_k16,
+        mvbqs_q1_k1,
+        mvbqs_q1_k2,
+        mvbqs_q1_k4,
+        mvbqs_q1_k8,
+        mvbqs_q1_k16,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1765,6 +1780,8 @@ pub struct Gpu {
     b1p_xs: AtomicBool,
     /// [`Gpu::b1q`] (`BONSAI_CUDA_B1Q=0` turns it off).
     b1q: AtomicBool,
+    /// [`Gpu::b1q_split`] (`BONSAI_CUDA_B1Q_SPLIT=1` turns it on).
+    b1q_split: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -1982,6 +1999,9 @@ impl Gpu {
             mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
             b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
+            b1q_split: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_B1Q_SPLIT").is_ok_and(|v| v == "1"),
+            ),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2962,7 +2982,8 @@ impl Gpu {
                 | (self.b1p() as u64) << 1
                 | (self.b1p_timing() as u64) << 2
                 | (self.b1p_xs() as u64) << 3
-                | (self.b1q() as u64) << 4,
+                | (self.b1q() as u64) << 4
+                | (self.b1q_split() as u64) << 5,
         ]
     }
 
@@ -3370,6 +3391,25 @@ impl Gpu {
             Arg::I(1),
         ]);
         let ks = mvbp_ks(tiles, n_in);
+        if self.b1q_split() && mvbqs_smem_bytes(n_in) <= MVBQS_MAX_SMEM {
+            let f = &self.f;
+            let f = match ks {
+                1 => f.mvbqs_q1_k1,
+                2 => f.mvbqs_q1_k2,
+                4 => f.mvbqs_q1_k4,
+                8 => f.mvbqs_q1_k8,
+                16 => f.mvbqs_q1_k16,
+                _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
+            };
+            // 2 tiles a block of 8 warps, every K part in the block
+            return self.launch_smem(
+                f,
+                (cdiv(tiles, 2), 1, 1),
+                (256, 1, 1),
+                mvbqs_smem_bytes(n_in) as u32,
+                &args,
+            );
+        }
         let r = mvbq_tiles();
         let f = &self.f;
         let t = if r == 1 {
@@ -3408,6 +3448,20 @@ impl Gpu {
     /// 5-row b1-plane kernels). The same bits either way.
     pub fn b1q(&self) -> bool {
         self.b1q.load(Ordering::Relaxed)
+    }
+
+    /// Whether [`Self::mv_b1q`] splits the block integers from the float chain (`mvbqs_q1_*`:
+    /// a block's 8 warps compute the exact block integers of 2 tiles in any order into shared
+    /// memory, then one thread per output runs the float chain in order; the same bits). Off by
+    /// default (`BONSAI_CUDA_B1Q_SPLIT=1` on): its bit-equality test is
+    /// `gpu_kernels::mv_b1q_equals_b1p_one_row`; not yet run on a GPU.
+    pub fn b1q_split(&self) -> bool {
+        self.b1q_split.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1q_split`] (capture graphs after setting it).
+    pub fn set_b1q_split(&self, on: bool) {
+        self.b1q_split.store(on, Ordering::Relaxed);
     }
 
     /// Set [`Self::b1q`] (capture graphs after setting it).

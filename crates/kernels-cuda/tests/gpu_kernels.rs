@@ -3943,6 +3943,7 @@ fn mv_b1p_equals_f64_and_one_row() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
+    let split0 = g.b1q_split();
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
     // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile counts
@@ -4000,58 +4001,63 @@ fn mv_b1q_equals_b1p_one_row() {
                 o += so;
             }
         }
-        for n in [2usize, 5, 8] {
-            for y in &ys {
-                g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
+        // both verify kernels: warps over tile pairs, and the block integers split from the chain
+        for split in [false, true] {
+            g.set_b1q_split(split);
+            for n in [2usize, 5, 8] {
+                for y in &ys {
+                    g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
+                }
+                g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
+                    .unwrap();
+                let mut o = 0;
+                for (i, &so) in segs.iter().enumerate() {
+                    let y: Vec<f32> = down(g, &ys[i], nmax * so);
+                    for t in 0..nmax {
+                        for r in 0..so {
+                            let got = y[t * so + r];
+                            if t < n {
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want[t][o + r].to_bits(),
+                                    "[{n_in}x{segs:?}] split {split} ks {ks} n {n}: activation {t} row {} ({got} vs {})",
+                                    o + r,
+                                    want[t][o + r]
+                                );
+                            } else {
+                                assert!(got.is_nan(), "n {n}: row {t} written");
+                            }
+                        }
+                    }
+                    o += so;
+                }
             }
-            g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
+            // accumulate: one f32 add onto y
+            let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
+            for (y, v) in ys.iter().zip(&y0) {
+                g.htod(y, 0, v).unwrap();
+            }
+            g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
                 .unwrap();
             let mut o = 0;
             for (i, &so) in segs.iter().enumerate() {
-                let y: Vec<f32> = down(g, &ys[i], nmax * so);
-                for t in 0..nmax {
+                let y: Vec<f32> = down(g, &ys[i], 3 * so);
+                for t in 0..3 {
                     for r in 0..so {
-                        let got = y[t * so + r];
-                        if t < n {
-                            assert_eq!(
-                                got.to_bits(),
-                                want[t][o + r].to_bits(),
-                                "[{n_in}x{segs:?}] ks {ks} n {n}: activation {t} row {} ({got} vs {})",
-                                o + r,
-                                want[t][o + r]
-                            );
-                        } else {
-                            assert!(got.is_nan(), "n {n}: row {t} written");
-                        }
+                        assert_eq!(
+                            y[t * so + r].to_bits(),
+                            (y0[i][t * so + r] + want[t][o + r]).to_bits(),
+                            "accumulate [{n_in}x{segs:?}] activation {t} row {}",
+                            o + r
+                        );
                     }
                 }
                 o += so;
             }
         }
-        // accumulate: one f32 add onto y
-        let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
-        for (y, v) in ys.iter().zip(&y0) {
-            g.htod(y, 0, v).unwrap();
-        }
-        g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
-            .unwrap();
-        let mut o = 0;
-        for (i, &so) in segs.iter().enumerate() {
-            let y: Vec<f32> = down(g, &ys[i], 3 * so);
-            for t in 0..3 {
-                for r in 0..so {
-                    assert_eq!(
-                        y[t * so + r].to_bits(),
-                        (y0[i][t * so + r] + want[t][o + r]).to_bits(),
-                        "accumulate [{n_in}x{segs:?}] activation {t} row {}",
-                        o + r
-                    );
-                }
-            }
-            o += so;
-        }
+        g.set_b1q_split(split0);
         eprintln!(
-            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
+            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate, split off and on"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
