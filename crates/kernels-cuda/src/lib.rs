@@ -5191,6 +5191,17 @@ mod tests {
     }
 
     #[test]
+    fn split_verify_integers_fit_for_the_norm_fed_widths() {
+        // 2 tiles × 40 blocks × 16 rows × 8 activation rows of i32 at the 27B hidden width: 40 KB,
+        // under the 48 KiB a launch gets without raising its limit
+        assert_eq!(mvbqs_smem_bytes(5120), 2 * 40 * 16 * 8 * 4);
+        assert!(mvbqs_smem_bytes(5120) <= 48 << 10);
+        // the widest input the split kernel takes; wider ones fall back to the warp-per-tile kernel
+        assert!(mvbqs_smem_bytes(25_600) <= MVBQS_MAX_SMEM);
+        assert!(mvbqs_smem_bytes(25_728) > MVBQS_MAX_SMEM);
+    }
+
+    #[test]
     fn staged_by_default_for_the_q2_launches_from_8192_rows() {
         // ffn gate‖up (2 × 17,408 rows), the head (248,320) and the GDN / attention
         // in-projections (16,480 / 14,336) of Q2 / Q2 g64; not the 5120-row outputs; nothing of Q1
