@@ -568,7 +568,7 @@ fn mvbq_tiles() -> usize {
 }
 
 /// Dynamic shared memory of a split verify launch ([`Gpu::b1q_split`]) of width `n_in`: the
-/// block integers of 2 tiles, [2][n_in / 128][16][8] i32.
+/// block integers of 2 tiles, `[2, n_in / 128, 16, 8]` i32.
 pub fn mvbqs_smem_bytes(n_in: usize) -> usize {
     2 * (n_in / 128) * 16 * 8 * 4
 }
