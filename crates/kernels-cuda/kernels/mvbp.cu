@@ -339,6 +339,43 @@ __device__ __forceinline__ void mma_u8u8_k32(int* d, const u32* a, u32 b0, u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One block's activations for `mvbqs_q1` (`mvbq_q1` keeps the same code inline, as measured on
+// the H200): lane (g, tg)'s B registers (activation row g, zero where g >= n: the high bytes,
+// then the low bytes, in k-step order) and minus the code sums of its two C columns c0, c1.
+struct MvbqAct {
+    u32 bh[8], bl[8];
+    int na0, na1;
+};
+__device__ __forceinline__ MvbqAct mvbq_act(const uint4* __restrict__ xb, const int* __restrict__ xs, int blk,
+                                            int nblk, int c0, int c1, bool bok) {
+    uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
+    if (bok) {
+        const uint4* b = xb + (size_t)blk * 16;
+        bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
+    }
+    const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
+    const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));
+    return MvbqAct{{bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w},
+                   {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w},
+                   -((sa.x + sa.y) + (sa.z + sa.w)),
+                   -((sb.x + sb.y) + (sb.z + sb.w))};
+}
+// The exact block integers of one 16-row tile and one block, in the C fragment's order (rows g,
+// g, g + 8, g + 8 × columns 2tg, 2tg + 1, 2tg, 2tg + 1), from the tile's code words w0 (row g) and
+// w1 (row g + 8) of that block.
+__device__ __forceinline__ void mvbq_block_ints(u32 w0, u32 w1, const MvbqAct& x, int* S) {
+    const u32 M = 0x01010101u;
+    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M, (w1 >> (2 * j + 1)) & M};
+        mma_u8s8_k32(ch, a, x.bh[2 * j], x.bh[2 * j + 1]);
+        mma_u8u8_k32(cl, a, x.bl[2 * j], x.bl[2 * j + 1]);
+    }
+    S[0] = 2 * (ch[0] * 256 + cl[0]) + x.na0, S[1] = 2 * (ch[1] * 256 + cl[1]) + x.na1;
+    S[2] = 2 * (ch[2] * 256 + cl[2]) + x.na0, S[3] = 2 * (ch[3] * 256 + cl[3]) + x.na1;
+}
+
 // Block: RGW tile groups × KS K parts (warp w: part w % KS, group w / KS); a group is R
 // consecutive 16-row tiles, which share each block's activation loads. The weights of the next
 // block pair are loaded while the current one is used.
@@ -535,9 +572,7 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
         PDL_ENTRY();
         if (w < npair) load_w(w);
     }
-    const int4* as = (const int4*)xs;
     const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
-    const u32 M = 0x01010101u;
     // phase 1: the block integers of pairs w, w + W, ...
     for (int p = w; p < npair; p += W) {
         uint4 ca[T];
@@ -547,30 +582,15 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
 #pragma unroll
         for (int hb = 0; hb < 2; ++hb) {
             const int blk = 2 * p + hb;
-            uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
-            if (bok) {
-                const uint4* b = xb + (size_t)blk * 16;
-                bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
-            }
-            const int4 sa = __ldg(as + (size_t)c0 * nblk + blk), sb = __ldg(as + (size_t)c1 * nblk + blk);
-            const int na0 = -((sa.x + sa.y) + (sa.z + sa.w)), na1 = -((sb.x + sb.y) + (sb.z + sb.w));
-            const u32 bh[8] = {bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w};
-            const u32 bl[8] = {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w};
+            const MvbqAct x = mvbq_act(xb, xs, blk, nblk, c0, c1, bok);
 #pragma unroll
             for (int t = 0; t < T; ++t) {
-                const u32 w0 = hb ? ca[t].z : ca[t].x, w1 = hb ? ca[t].w : ca[t].y;
-                int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M,
-                                      (w1 >> (2 * j + 1)) & M};
-                    mma_u8s8_k32(ch, a, bh[2 * j], bh[2 * j + 1]);
-                    mma_u8u8_k32(cl, a, bl[2 * j], bl[2 * j + 1]);
-                }
-                // C (row g + 8·(i >> 1), column 2tg + (i & 1))
+                int S[4];
+                mvbq_block_ints(hb ? ca[t].z : ca[t].x, hb ? ca[t].w : ca[t].y, x, S);
+                // S[i]: row g + 8·(i >> 1), column 2tg + (i & 1)
                 int* sp = mvbqs_s + ((size_t)(t * nblk + blk) * 16 + g) * 8 + 2 * tg;
-                *(int2*)sp = make_int2(2 * (ch[0] * 256 + cl[0]) + na0, 2 * (ch[1] * 256 + cl[1]) + na1);
-                *(int2*)(sp + 64) = make_int2(2 * (ch[2] * 256 + cl[2]) + na0, 2 * (ch[3] * 256 + cl[3]) + na1);
+                *(int2*)sp = make_int2(S[0], S[1]);
+                *(int2*)(sp + 64) = make_int2(S[2], S[3]);
             }
         }
     }

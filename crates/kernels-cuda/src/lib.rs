@@ -567,6 +567,54 @@ fn mvbq_tiles() -> usize {
     })
 }
 
+/// The checks and kernel arguments shared by the b1-plane launches ([`Gpu::mv_b1p`],
+/// [`Gpu::mv_b1q`]): up to `max_rows` activation rows and [`MAX_SEGS`] segments, `n_in` a
+/// multiple of 256 and every `n_out` of 16, the activations `x` = (codes, scales, sums) aligned
+/// to 16, `xu_align` and 16 bytes. The arguments and the 16-row tile count over all segments, or
+/// `None` when there are no tiles.
+fn b1_plane_args(
+    name: &str,
+    segs: &[MvSeg],
+    x: (u64, u64, u64),
+    xu_align: u64,
+    (n_in, n, max_rows): (usize, usize, usize),
+    accumulate: bool,
+) -> Result<Option<(Vec<Arg>, usize)>> {
+    let (xc, xu, xs) = x;
+    if !(1..=max_rows).contains(&n) || !(1..=MAX_SEGS).contains(&segs.len()) {
+        return Err(CudaError(format!(
+            "{name}: {n} rows, {} segments",
+            segs.len()
+        )));
+    }
+    if n_in == 0 || n_in % 256 != 0 || segs.iter().any(|s| s.n_out % 16 != 0) {
+        return Err(CudaError(format!(
+            "{name}: n_in {n_in} must be a multiple of 256 and every n_out of 16"
+        )));
+    }
+    if xc % 16 != 0 || xu % xu_align != 0 || xs % 16 != 0 {
+        return Err(CudaError(format!(
+            "{name}: misaligned activations {xc:#x} xu {xu:#x} xs {xs:#x}"
+        )));
+    }
+    let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
+    // 16-row tiles over all segments (every n_out is a multiple of 16, checked above)
+    let tiles = push_seg_args(&mut args, segs, MAX_SEGS, 16);
+    if tiles == 0 {
+        return Ok(None);
+    }
+    args.extend([
+        Arg::P(xc),
+        Arg::P(xu),
+        Arg::P(xs),
+        Arg::I(n_in as i32),
+        Arg::I(n as i32),
+        Arg::I(accumulate as i32),
+        Arg::I(1),
+    ]);
+    Ok(Some((args, tiles)))
+}
+
 /// Dynamic shared memory of a split verify launch ([`Gpu::b1q_split`]) of width `n_in`: the
 /// block integers of 2 tiles, `[2, n_in / 128, 16, 8]` i32.
 pub fn mvbqs_smem_bytes(n_in: usize) -> usize {
@@ -3231,37 +3279,17 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        if !(1..=MVBP_MAX_ROWS).contains(&n) || !(1..=MAX_SEGS).contains(&segs.len()) {
-            return Err(CudaError(format!(
-                "mv_b1p: {n} rows, {} segments",
-                segs.len()
-            )));
-        }
-        if n_in == 0 || n_in % 256 != 0 || segs.iter().any(|s| s.n_out % 16 != 0) {
-            return Err(CudaError(format!(
-                "mv_b1p: n_in {n_in} must be a multiple of 256 and every n_out of 16"
-            )));
-        }
-        if xp % 16 != 0 || xu % 8 != 0 || xs % 16 != 0 {
-            return Err(CudaError(format!(
-                "mv_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
-            )));
-        }
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-        // 16-row tiles over all segments (every n_out is a multiple of 16, checked above)
-        let tiles = push_seg_args(&mut args, segs, MAX_SEGS, 16);
-        if tiles == 0 {
+        let Some((args, tiles)) = b1_plane_args(
+            "mv_b1p",
+            segs,
+            (xp, xu, xs),
+            8,
+            (n_in, n, MVBP_MAX_ROWS),
+            accumulate,
+        )?
+        else {
             return Ok(());
-        }
-        args.extend([
-            Arg::P(xp),
-            Arg::P(xu),
-            Arg::P(xs),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(1),
-        ]);
+        };
         let ks = mvbp_ks(tiles, n_in);
         let xs_smem = self.mvbp_xs_smem(n, n_in);
         let f = self.mvbp_func(n, ks, xs_smem > 0)?;
@@ -3360,36 +3388,17 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        if !(1..=MAX_ROWS).contains(&n) || !(1..=MAX_SEGS).contains(&segs.len()) {
-            return Err(CudaError(format!(
-                "mv_b1q: {n} rows, {} segments",
-                segs.len()
-            )));
-        }
-        if n_in == 0 || n_in % 256 != 0 || segs.iter().any(|s| s.n_out % 16 != 0) {
-            return Err(CudaError(format!(
-                "mv_b1q: n_in {n_in} must be a multiple of 256 and every n_out of 16"
-            )));
-        }
-        if xv % 16 != 0 || xu % 4 != 0 || xs % 16 != 0 {
-            return Err(CudaError(format!(
-                "mv_b1q: misaligned activations xv {xv:#x} xu {xu:#x} xs {xs:#x}"
-            )));
-        }
-        let mut args = Vec::with_capacity(4 * MAX_SEGS + 7);
-        let tiles = push_seg_args(&mut args, segs, MAX_SEGS, 16);
-        if tiles == 0 {
+        let Some((args, tiles)) = b1_plane_args(
+            "mv_b1q",
+            segs,
+            (xv, xu, xs),
+            4,
+            (n_in, n, MAX_ROWS),
+            accumulate,
+        )?
+        else {
             return Ok(());
-        }
-        args.extend([
-            Arg::P(xv),
-            Arg::P(xu),
-            Arg::P(xs),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-            Arg::I(1),
-        ]);
+        };
         let ks = mvbp_ks(tiles, n_in);
         if self.b1q_split() && mvbqs_smem_bytes(n_in) <= MVBQS_MAX_SMEM {
             let f = &self.f;
