@@ -145,16 +145,15 @@ if [[ $WHATIF == 1 ]]; then
   done
 fi
 if [[ $B1QAB == 1 ]]; then
-  # the int8 tensor-core verify against the 5-row b1-plane kernels (round cost, mat-vecs alone),
-  # with one and two m16 tiles per warp (BONSAI_CUDA_B1Q_R)
+  # the int8 tensor-core verify against the 5-row b1-plane kernels, and its split variant (round
+  # cost, mat-vecs alone, then each mat-vec family's share); Q1_0 only (Q2_0 has no b1-plane path)
   for v in $VARIANTS; do
+    [[ $v == q1 ]] || continue
+    late "b1q A/B $v" && continue
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    for r in 1 2; do
-      late "b1q A/B $v r$r" && continue
-      echo "[${SECONDS}s] == b1q verify A/B $v, $r tile(s) per warp =="
-      BONSAI_CUDA_B1Q_R=$r BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v-r$r.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v-r$r.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
-      rc=$((rc|${PIPESTATUS[0]}))
-    done
+    echo "[${SECONDS}s] == b1q verify A/B $v =="
+    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 if [[ $SWEEP == 1 ]]; then
