@@ -531,7 +531,8 @@ MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1)
 // The exact block integers S need no order; only the float chain does. So the CTA's W warps
 // compute S for different block pairs of the same T tiles (pair p → warp p mod W) with the MMAs
 // of `mvbq_q1` and store them in shared memory, S[t][block][16 rows][8 columns] int32
-// (`mvbqs_smem_bytes`); then one thread per (tile, row, activation row) runs the chain
+// (`mvbqs_smem_bytes`, beside the chain's weight and activation scales); then one thread per
+// (tile, row, activation row) runs the chain
 // acc = fmaf(d·u, (float)S, acc) over each K part's blocks in order and adds the KS parts in
 // order, exactly as `mvbq_q1` and the one-row b1-plane kernels do. W·32 >= T·128.
 template <int KS, int T, int W>
@@ -539,7 +540,9 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
                                          const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                          int n, int accumulate, int pre) {
     static_assert(W * 32 >= T * 128, "one thread per (tile, row, activation row)");
-    extern __shared__ __align__(16) int mvbqs_s[];  // [T][nblk][16][8]
+    // [T][nblk][16][8] i32 block integers, then [T][nblk][8] u32 weight scale words, then
+    // [n][nblk] f32 activation scales (`mvbqs_smem_bytes`)
+    extern __shared__ __align__(16) int mvbqs_s[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
     const int nblk = n_in >> 7, npair = n_in >> 8;
@@ -572,6 +575,16 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
         PDL_ENTRY();
         if (w < npair) load_w(w);
     }
+    // the chain's scales into shared memory (their loads overlap phase 1)
+    u32* sd = (u32*)(mvbqs_s + (size_t)T * nblk * 128);
+    float* su = (float*)(sd + (size_t)T * nblk * 8);
+    for (int i = threadIdx.x; i < T * nblk * 8; i += W * 32) {
+        MvSeg sg;
+        int tl;
+        seg_of(blockIdx.x * T + i / (nblk * 8), sg, tl);
+        sd[i] = __ldg((const u32*)sg.scales + (size_t)tl * nblk * 8 + i % (nblk * 8));
+    }
+    for (int i = threadIdx.x; i < n * nblk; i += W * 32) su[i] = __ldg(xu + i);
     const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
     // phase 1: the block integers of pairs w, w + W, ...
     for (int p = w; p < npair; p += W) {
@@ -601,9 +614,9 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     MvSeg sg;
     int tl;
     if (!seg_of(blockIdx.x * T + t, sg, tl)) return;
-    const u32* dp = (const u32*)sg.scales + (size_t)tl * nblk * 8 + (row & 7);
+    const u32* dp = sd + (size_t)t * nblk * 8 + (row & 7);
     const int sh = row >> 3 ? 16 : 0;
-    const float* up = xu + (size_t)col * nblk;
+    const float* up = su + (size_t)col * nblk;
     const int* sp = mvbqs_s + ((size_t)t * nblk * 16 + row) * 8 + col;
     float v = 0.f;
 #pragma unroll
@@ -612,8 +625,8 @@ __device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
         float acc = 0.f;
 #pragma unroll 8
         for (int blk = b0; blk < b1; ++blk) {
-            const float d = h2f((u16)((__ldg(dp + (size_t)blk * 8) >> sh) & 0xffffu));
-            acc = fmaf(d * __ldg(up + blk), (float)sp[(size_t)blk * 128], acc);
+            const float d = h2f((u16)((dp[(size_t)blk * 8] >> sh) & 0xffffu));
+            acc = fmaf(d * up[blk], (float)sp[(size_t)blk * 128], acc);
         }
         v = kp == 0 ? acc : v + acc;
     }

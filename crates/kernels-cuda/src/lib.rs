@@ -616,9 +616,11 @@ fn b1_plane_args(
 }
 
 /// Dynamic shared memory of a split verify launch ([`Gpu::b1q_split`]) of width `n_in`: the
-/// block integers of 2 tiles, `[2, n_in / 128, 16, 8]` i32.
+/// block integers of 2 tiles `[2, n_in / 128, 16, 8]` i32, their weight scale words
+/// `[2, n_in / 128, 8]` u32 and up to 8 activation rows' scales `[8, n_in / 128]` f32.
 pub fn mvbqs_smem_bytes(n_in: usize) -> usize {
-    2 * (n_in / 128) * 16 * 8 * 4
+    let nblk = n_in / 128;
+    2 * nblk * 16 * 8 * 4 + 2 * nblk * 8 * 4 + MAX_ROWS * nblk * 4
 }
 
 /// Widest [`mvbqs_smem_bytes`] the split verify takes (the H200 allows 227 KiB a block); wider
@@ -5201,13 +5203,17 @@ mod tests {
 
     #[test]
     fn split_verify_integers_fit_for_the_norm_fed_widths() {
-        // 2 tiles × 40 blocks × 16 rows × 8 activation rows of i32 at the 27B hidden width: 40 KB,
-        // under the 48 KiB a launch gets without raising its limit
-        assert_eq!(mvbqs_smem_bytes(5120), 2 * 40 * 16 * 8 * 4);
+        // at the 27B hidden width (40 blocks): 2 tiles × 16 rows × 8 activation rows of i32, the
+        // tiles' scale words and 8 rows' activation scales: 44.8 KB, under the 48 KiB a launch
+        // gets without raising its limit
+        assert_eq!(
+            mvbqs_smem_bytes(5120),
+            2 * 40 * 16 * 8 * 4 + 2 * 40 * 8 * 4 + 8 * 40 * 4
+        );
         assert!(mvbqs_smem_bytes(5120) <= 48 << 10);
         // the widest input the split kernel takes; wider ones fall back to the warp-per-tile kernel
-        assert!(mvbqs_smem_bytes(25_600) <= MVBQS_MAX_SMEM);
-        assert!(mvbqs_smem_bytes(25_728) > MVBQS_MAX_SMEM);
+        assert!(mvbqs_smem_bytes(23_296) <= MVBQS_MAX_SMEM);
+        assert!(mvbqs_smem_bytes(23_424) > MVBQS_MAX_SMEM);
     }
 
     #[test]
