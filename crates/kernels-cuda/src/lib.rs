@@ -3402,54 +3402,51 @@ impl Gpu {
             return Ok(());
         };
         let ks = mvbp_ks(tiles, n_in);
-        if self.b1q_split() && mvbqs_smem_bytes(n_in) <= MVBQS_MAX_SMEM {
-            let f = &self.f;
-            let f = match ks {
-                1 => f.mvbqs_q1_k1,
-                2 => f.mvbqs_q1_k2,
-                4 => f.mvbqs_q1_k4,
-                8 => f.mvbqs_q1_k8,
-                16 => f.mvbqs_q1_k16,
-                _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
-            };
-            // 2 tiles a block of 8 warps, every K part in the block
-            return self.launch_smem(
-                f,
-                (cdiv(tiles, 2), 1, 1),
-                (256, 1, 1),
-                mvbqs_smem_bytes(n_in) as u32,
-                &args,
-            );
-        }
-        let r = mvbq_tiles();
         let f = &self.f;
-        let t = if r == 1 {
-            [
-                f.mvbq_q1_r1_k1,
-                f.mvbq_q1_r1_k2,
-                f.mvbq_q1_r1_k4,
-                f.mvbq_q1_r1_k8,
-                f.mvbq_q1_r1_k16,
-            ]
+        // the variants by K split 1, 2, 4, 8, 16, and the launch shape
+        let (t, grid, warps, smem) = if self.b1q_split() && mvbqs_smem_bytes(n_in) <= MVBQS_MAX_SMEM
+        {
+            // 2 tiles a block of 8 warps, every K part in the block
+            let t = [
+                f.mvbqs_q1_k1,
+                f.mvbqs_q1_k2,
+                f.mvbqs_q1_k4,
+                f.mvbqs_q1_k8,
+                f.mvbqs_q1_k16,
+            ];
+            (t, cdiv(tiles, 2), 8, mvbqs_smem_bytes(n_in))
         } else {
-            [
-                f.mvbq_q1_r2_k1,
-                f.mvbq_q1_r2_k2,
-                f.mvbq_q1_r2_k4,
-                f.mvbq_q1_r2_k8,
-                f.mvbq_q1_r2_k16,
-            ]
+            let r = mvbq_tiles();
+            let t = if r == 1 {
+                [
+                    f.mvbq_q1_r1_k1,
+                    f.mvbq_q1_r1_k2,
+                    f.mvbq_q1_r1_k4,
+                    f.mvbq_q1_r1_k8,
+                    f.mvbq_q1_r1_k16,
+                ]
+            } else {
+                [
+                    f.mvbq_q1_r2_k1,
+                    f.mvbq_q1_r2_k2,
+                    f.mvbq_q1_r2_k4,
+                    f.mvbq_q1_r2_k8,
+                    f.mvbq_q1_r2_k16,
+                ]
+            };
+            // each warp takes r consecutive tiles
+            let warps = mvbp_warps(ks);
+            (t, cdiv(tiles, warps / ks * r), warps, 0)
         };
         let f = match ks {
             1 | 2 | 4 | 8 | 16 => t[ks.trailing_zeros() as usize],
             _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
         };
-        let warps = mvbp_warps(ks);
-        // each warp takes r consecutive tiles
-        self.launch(
+        self.launch_smem(
             f,
-            (cdiv(tiles, warps / ks * r), 1, 1),
+            (grid, 1, 1),
             ((warps * 32) as u32, 1, 1),
+            smem as u32,
             &args,
         )
     }
