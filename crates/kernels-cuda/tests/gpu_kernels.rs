@@ -3967,25 +3967,33 @@ fn mv_b1q_equals_b1p_one_row() {
             .iter()
             .map(|&so| g.upload(&vec![f32::NAN; nmax * so]).unwrap())
             .collect();
-        let seg_list = |ys: &[DevBuf]| {
-            let mut o = 0;
-            let mut v = Vec::new();
-            for (i, &so) in segs.iter().enumerate() {
-                v.push(MvSeg {
-                    codes: codes.ptr() + (o / 16 * npair * 512) as u64,
-                    scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
-                    y: ys[i].ptr(),
-                    n_out: so,
-                });
-                o += so;
+        let mut seg_list = Vec::new();
+        let mut o = 0;
+        for (y, &so) in ys.iter().zip(&segs) {
+            seg_list.push(MvSeg {
+                codes: codes.ptr() + (o / 16 * npair * 512) as u64,
+                scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
+                y: y.ptr(),
+                n_out: so,
+            });
+            o += so;
+        }
+        // the outputs of activation rows 0..nr, the segments concatenated: [t][row]
+        let gather = |nr: usize| -> Vec<Vec<f32>> {
+            let mut out = vec![Vec::with_capacity(rows); nr];
+            for (y, &so) in ys.iter().zip(&segs) {
+                let y: Vec<f32> = down(g, y, nr * so);
+                for (t, o) in out.iter_mut().enumerate() {
+                    o.extend_from_slice(&y[t * so..(t + 1) * so]);
+                }
             }
-            v
+            out
         };
         // the one-row b1-plane launches: want[t][row]
-        let mut want = vec![vec![0f32; rows]; nmax];
-        for (t, wt) in want.iter_mut().enumerate() {
+        let mut want = Vec::with_capacity(nmax);
+        for t in 0..nmax {
             g.mv_b1p(
-                &seg_list(&ys),
+                &seg_list,
                 xp.ptr() + (t * npair * 512) as u64,
                 xu.ptr() + (t * nblk * 4) as u64,
                 xs.ptr() + (t * nblk * 16) as u64,
@@ -3994,12 +4002,7 @@ fn mv_b1q_equals_b1p_one_row() {
                 false,
             )
             .unwrap();
-            let mut o = 0;
-            for (i, &so) in segs.iter().enumerate() {
-                let y: Vec<f32> = down(g, &ys[i], so);
-                wt[o..o + so].copy_from_slice(&y);
-                o += so;
-            }
+            want.extend(gather(1));
         }
         // both verify kernels: warps over tile pairs, and the block integers split from the chain
         for split in [false, true] {
@@ -4008,28 +4011,23 @@ fn mv_b1q_equals_b1p_one_row() {
                 for y in &ys {
                     g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
                 }
-                g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
+                g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
                     .unwrap();
-                let mut o = 0;
-                for (i, &so) in segs.iter().enumerate() {
-                    let y: Vec<f32> = down(g, &ys[i], nmax * so);
-                    for t in 0..nmax {
-                        for r in 0..so {
-                            let got = y[t * so + r];
-                            if t < n {
-                                assert_eq!(
-                                    got.to_bits(),
-                                    want[t][o + r].to_bits(),
-                                    "[{n_in}x{segs:?}] split {split} ks {ks} n {n}: activation {t} row {} ({got} vs {})",
-                                    o + r,
-                                    want[t][o + r]
-                                );
-                            } else {
-                                assert!(got.is_nan(), "n {n}: row {t} written");
-                            }
+                let got = gather(nmax);
+                for t in 0..nmax {
+                    for r in 0..rows {
+                        let got = got[t][r];
+                        if t < n {
+                            assert_eq!(
+                                got.to_bits(),
+                                want[t][r].to_bits(),
+                                "[{n_in}x{segs:?}] split {split} ks {ks} n {n}: activation {t} row {r} ({got} vs {})",
+                                want[t][r]
+                            );
+                        } else {
+                            assert!(got.is_nan(), "n {n}: row {t} written");
                         }
                     }
-                    o += so;
                 }
             }
             // accumulate: one f32 add onto y
@@ -4037,22 +4035,26 @@ fn mv_b1q_equals_b1p_one_row() {
             for (y, v) in ys.iter().zip(&y0) {
                 g.htod(y, 0, v).unwrap();
             }
-            g.mv_b1q(&seg_list(&ys), xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
+            // the same [t][row], the segments concatenated
+            let y0: Vec<Vec<f32>> = (0..3)
+                .map(|t| {
+                    y0.iter()
+                        .zip(&segs)
+                        .flat_map(|(v, &so)| v[t * so..(t + 1) * so].iter().copied())
+                        .collect()
+                })
+                .collect();
+            g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
                 .unwrap();
-            let mut o = 0;
-            for (i, &so) in segs.iter().enumerate() {
-                let y: Vec<f32> = down(g, &ys[i], 3 * so);
-                for t in 0..3 {
-                    for r in 0..so {
-                        assert_eq!(
-                            y[t * so + r].to_bits(),
-                            (y0[i][t * so + r] + want[t][o + r]).to_bits(),
-                            "accumulate [{n_in}x{segs:?}] activation {t} row {}",
-                            o + r
-                        );
-                    }
+            let acc = gather(3);
+            for t in 0..3 {
+                for r in 0..rows {
+                    assert_eq!(
+                        acc[t][r].to_bits(),
+                        (y0[t][r] + want[t][r]).to_bits(),
+                        "accumulate [{n_in}x{segs:?}] split {split} activation {t} row {r}"
+                    );
                 }
-                o += so;
             }
         }
         g.set_b1q_split(split0);
