@@ -169,6 +169,16 @@ impl Target {
     }
 }
 
+/// The target of the round benches (`BONSAI_SPEC_BENCH_MODEL`, loaded with round graphs on) and
+/// its greedy first token; `None` where the test is skipped.
+fn round_target(test: &str) -> Option<(String, Target, u32)> {
+    let path = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL")?;
+    let t = Target::load(&path);
+    t.cuda.set_round_graph(true);
+    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
+    Some((path, t, first))
+}
+
 /// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
 /// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
 fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
@@ -228,15 +238,11 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_b1q_round_ab() {
-    let Some(path) = common::cuda_bench_model("cuda_b1q_round_ab", "BONSAI_SPEC_BENCH_MODEL")
-    else {
+    let Some((path, t, first)) = round_target("cuda_b1q_round_ab") else {
         return;
     };
-    let t = Target::load(&path);
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let gpu = cuda.gpu();
-    cuda.set_round_graph(true);
-    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
     let names = gpu.kernel_names();
     let other: Vec<&str> = names
         .iter()
@@ -308,15 +314,11 @@ fn cuda_b1q_round_ab() {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_round_what_if() {
-    let Some(path) = common::cuda_bench_model("cuda_round_what_if", "BONSAI_SPEC_BENCH_MODEL")
-    else {
+    let Some((path, t, first)) = round_target("cuda_round_what_if") else {
         return;
     };
-    let t = Target::load(&path);
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let gpu = cuda.gpu();
-    cuda.set_round_graph(true);
-    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
     let measure = || round_and_step(&t, first);
     let (round0, step0) = measure();
     let names = gpu.kernel_names();
