@@ -15,9 +15,10 @@
 // any exact way of computing S gives the same bits: the int8 tensor-core verify kernel below
 // (`mvbq_q1_*`) computes it for up to 8 activation rows at once. Every activation row of these
 // kernels has its own MMAs and the same float operations, and KS is chosen from the shape alone
-// (`mvbp_ks`), so row t of an n-row launch equals the one-row launch bit for bit. Measured as a prototype first (bench/micro/b1plane.cu, bench/results/
-// cuda-b1plane-proto-27b-q1.json): 0.81× the dp4a kernels' time summed over a Q1_0 27B token at
-// n = 1, 0.63× at n = 5, in one harness on the H200.
+// (`mvbp_ks`), so row t of an n-row launch equals the one-row launch bit for bit. Measured as a
+// prototype first (bench/micro/b1plane.cu, bench/results/cuda-b1plane-proto-27b-q1.json): 0.81×
+// the dp4a kernels' time summed over a Q1_0 27B token at n = 1, 0.63× at n = 5, in one harness on
+// the H200.
 //
 // Layouts (a segment's n_out a multiple of 16 and n_in a multiple of 256 — `Gpu::mv_b1p` checks):
 //   codes  [n_out / 16][n_in / 256][32 lanes] uint4 {a0(b), a1(b), a0(b + 1), a1(b + 1)}, b = 2·pair:

@@ -586,9 +586,6 @@ mod tests {
         assert!(!b1p_shape_ok(QuantType::Q2_0G128, 256, 16));
     }
 
-    /// The host b1-plane quantizer: codes within half a unit of x / u, planes that spell the codes
-    /// back in the kernel's layout, sums of the codes; and the kernel's integer fold
-    /// (2·Σ w_p·popc(W AND P_p) − Σa) equals the ±1 dot product of codes and weights.
     #[test]
     fn b1q_fragments_give_the_block_integer() {
         // one 128-element block: thread tg's A bytes (word >> i) & 0x01010101 for i = 2j, 2j + 1
@@ -635,6 +632,9 @@ mod tests {
         }
     }
 
+    /// The host b1-plane quantizer: codes within half a unit of x / u, planes that spell the codes
+    /// back in the kernel's layout, sums of the codes; and the kernel's integer fold
+    /// (2·Σ w_p·popc(W AND P_p) − Σa) equals the ±1 dot product of codes and weights.
     #[test]
     fn host_quant_p16_planes_spell_the_codes() {
         let bytes = rand_bytes(3, 4 * 512);
