@@ -77,6 +77,8 @@ echo "[${SECONDS}s] == full model: CUDA vs CPU =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_forward --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/forward.log" | grep -E "^test |max|==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "[${SECONDS}s] == speculative round on CUDA (verify records, replay / re-forward rollback, engine) =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec.log" | grep -E "^test |==|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+echo "[${SECONDS}s] == the same with the out-projections on b1-plane activations (BONSAI_CUDA_B1P_OUT=1, opt-in) =="
+BONSAI_CUDA_B1P_OUT=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec-b1p-out.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "[${SECONDS}s] == speculative round as captured graphs (the default; BONSAI_CUDA_ROUND_GRAPH=0 is eager) vs eager =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_round_graph --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/round-graph.log" | grep -E "^test |==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/drafter.log" | grep -E "^test |==|mv_q41|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
@@ -145,14 +147,15 @@ if [[ $WHATIF == 1 ]]; then
   done
 fi
 if [[ $B1QAB == 1 ]]; then
-  # the int8 tensor-core verify against the 5-row b1-plane kernels, and its split variant (round
+  # the int8 tensor-core verify against the 5-row b1-plane kernels, then with the out-projections on
+  # b1-plane activations too (their layouts need BONSAI_CUDA_B1P_OUT=1 at load; the rows set it) (round
   # cost, mat-vecs alone, then each mat-vec family's share); Q1_0 only (Q2_0 has no b1-plane path)
   for v in $VARIANTS; do
     [[ $v == q1 ]] || continue
     late "b1q A/B $v" && continue
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "[${SECONDS}s] == b1q verify A/B $v =="
-    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
+    BONSAI_CUDA_B1P_OUT=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

@@ -846,7 +846,7 @@ fn cuda_launch_what_if() {
     let gpu = cuda.gpu();
     let (base_ms, _) = graph_runs(&cuda, &cfg, &w, &st, first, steps);
     let matvec = gpu.matvec_kernel_names();
-    let small: Vec<&str> = ["rmsnorm_quant", "swiglu_quant"]
+    let small: Vec<&str> = ["rmsnorm_quant", "swiglu_quant", "swiglu_quant_p16"]
         .into_iter()
         .chain(common::GDN_DECODE_KERNELS)
         .chain(common::ATTN_DECODE_KERNELS)
@@ -854,7 +854,7 @@ fn cuda_launch_what_if() {
         .collect();
     let sets: Vec<(&str, Vec<&str>)> = vec![
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
-        ("swiglu_quant", vec!["swiglu_quant"]),
+        ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         // (the defaults fuse them: gdn_conv_step_norm_d128; the others run under other modes)
         (
             "GDN conv + step + gated norm",

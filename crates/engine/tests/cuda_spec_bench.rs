@@ -231,10 +231,13 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
     (median_ms(&mut tr), median_ms(&mut tp))
 }
 
-/// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels, and with its
-/// block integers split from the float chain (`Gpu::b1q_split`): the what-if's round and the
-/// greedy step, alternating the switches in one process (off, on, split; twice), with the round's
-/// mat-vecs alone (every other kernel skipped) too. `BONSAI_B1Q_OUT` gets the JSON.
+/// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels, then the
+/// out-projections on b1-plane activations too (`Gpu::b1p_out`: ssm_out, ffn_down): the what-if's
+/// round and the greedy step, alternating the switches in one process (twice), with the round's mat-vecs
+/// alone (every other kernel skipped) too; then, with the defaults, what each mat-vec family
+/// costs. The b1p_out rows need `BONSAI_CUDA_B1P_OUT=1` at load (the out-projections' b1-plane
+/// layouts; without it they run the int8 path, and the bench says so). `BONSAI_B1Q_OUT` gets the
+/// JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_b1q_round_ab() {
@@ -249,28 +252,32 @@ fn cuda_b1q_round_ab() {
         .copied()
         .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
         .collect();
-    let split0 = gpu.b1q_split();
+    let out0 = gpu.b1p_out();
+    if !out0 {
+        println!("B1Q note: BONSAI_CUDA_B1P_OUT=1 was not set at load: the b1p_out rows run the int8 path");
+    }
     let mut rows = Vec::new();
     for rep in 0..2 {
-        for (on, split) in [(false, false), (true, false), (true, true)] {
+        for (on, out) in [(false, false), (true, false), (true, true)] {
             gpu.set_b1q(on);
-            gpu.set_b1q_split(split);
+            gpu.set_b1p_out(out);
             let (round, step) = round_and_step(&t, first);
             gpu.set_skip_kernels(&other).unwrap();
             let (mv_round, mv_step) = round_and_step(&t, first);
             gpu.set_skip_kernels(&[]).unwrap();
             println!(
-                "B1Q rep {rep} b1q {on:<5} split {split:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                "B1Q rep {rep} b1q {on:<5} b1p_out {out:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step
             );
             rows.push(format!(
-                "{{\"b1q\": {on}, \"split\": {split}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                "{{\"b1q\": {on}, \"b1p_out\": {out}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
                 round / step
             ));
         }
     }
+    // the defaults for the rest
     gpu.set_b1q(true);
-    gpu.set_b1q_split(split0);
+    gpu.set_b1p_out(false);
     // with it on: what the verify's b1-plane launches and the other mat-vec families cost
     let (round0, _) = round_and_step(&t, first);
     let mut split = Vec::new();
@@ -293,7 +300,7 @@ fn cuda_b1q_round_ab() {
         ));
     }
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"b1q_tiles_env\": \"{}\", \"rows\": [{}], \"b1q_on_round_ms\": {round0:.4}, \"without\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"b1p_out_layouts\": {out0}, \"b1q_tiles_env\": \"{}\", \"rows\": [{}], \"b1q_on_round_ms\": {round0:.4}, \"without\": [{}]}}",
         cfg.weight_type.name(),
         cuda.name(),
         std::env::var("BONSAI_CUDA_B1Q_R").unwrap_or_default(),
@@ -340,7 +347,7 @@ fn cuda_round_what_if() {
             "attention (prep, chunks, merge)",
             common::ATTN_DECODE_KERNELS.to_vec(),
         ),
-        ("swiglu_quant", vec!["swiglu_quant"]),
+        ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         ("rollback replay (gdn_replay)", vec!["gdn_replay"]),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];

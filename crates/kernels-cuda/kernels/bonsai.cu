@@ -155,13 +155,15 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
 // byte of element e = 2j + h + 8m of sub-block w & 3 at bytes 8·(j & 1) + 4h + m of the sub-block's
 // 64-byte chunk, the high in its 16-byte half 2·(j >> 1), the low in the half after. Host twin:
 // `b1q_acts_host`.
-__device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* sm, u32* xp, float* xu, int* xs,
-                                               u8* xv) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = w & 3, h0 = (w & ~3) + 8 * (it & 1);
-    float am = warp_max(fabsf(v));
-    if (lane == 0) sm[w + 8 * (it & 1)] = am;
-    __syncthreads();
-    const float amax = fmaxf(fmaxf(sm[h0], sm[h0 + 1]), fmaxf(sm[h0 + 2], sm[h0 + 3]));
+// One warp's share of quant_p16_part given the block's amax: the calling warp holds sub-block j
+// (lane i element 32j + i) of 128-element block `blk` and writes its codes' planes, its byte-split
+// codes (xv, unless null), its code sum, and (j == 0) the unit. The producers whose 128-element
+// block spans four thread blocks of a cluster (the gated norm fused into the GDN step, the SwiGLU
+// fused into gate‖up) exchange the four warp maxima and call this with the same amax, so every
+// producer writes the same bits for the same values.
+__device__ __forceinline__ void quant_p16_store(float v, float amax, int blk, int j, u32* xp, float* xu, int* xs,
+                                                u8* xv) {
+    const int lane = threadIdx.x & 31;
     const float u = amax / 32767.0f;
     const float iu = u != 0.0f ? 1.0f / u : 0.0f;
     const int code = (int)fminf(fmaxf(rintf(v * iu), -32767.0f), 32767.0f);
@@ -188,6 +190,27 @@ __device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* 
         if (j == 0) xu[blk] = u;
     }
 }
+
+__device__ __forceinline__ void quant_p16_part(float v, int blk, int it, float* sm, u32* xp, float* xu, int* xs,
+                                               u8* xv) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h0 = (w & ~3) + 8 * (it & 1);
+    float am = warp_max(fabsf(v));
+    if (lane == 0) sm[w + 8 * (it & 1)] = am;
+    __syncthreads();
+    const float amax = fmaxf(fmaxf(sm[h0], sm[h0 + 1]), fmaxf(sm[h0 + 2], sm[h0 + 3]));
+    quant_p16_store(v, amax, blk, w & 3, xp, xu, xs, xv);
+}
+
+// The b1-plane outputs of a producer (kernels/mvbp.cu's activation layout, per row: planes
+// [k / 256][32][4] u32, units [k / 128] f32, sums [k / 128][4] i32, byte-split codes [k / 128][4]
+// [64] u8 or null), kernel parameters xp, xu, xs, xv of row 0; row t is at t·k/2 u32, t·k/128,
+// t·k/32 and t·2k bytes.
+struct P16Out {
+    u32* xp;
+    float* xu;
+    int* xs;
+    u8* xv;
+};
 
 // x [n, k] f32 -> q, d, s. grid (ceil(k/32/8), n), block 256: warp w quantizes block 8·bx + w.
 extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, int* s) {
@@ -520,12 +543,14 @@ __device__ __forceinline__ unsigned cluster_rank() {
 }
 
 // Where the SwiGLU-fused gate‖up launch (SWI) writes SiLU(gate) ⊙ up: f32 (hf, unless null) and
-// quantized per 32 (q, d, s), as swiglu_quant does.
+// quantized per 32 (q, d, s), as swiglu_quant does; or (the b1-plane launch `_swi_p16`) as
+// b1-plane activations (p), as swiglu_quant_p16 does.
 struct SwiOut {
     float* hf;
     i8* q;
     float* d;
     int* s;
+    P16Out p;
 };
 
 template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false>
@@ -772,7 +797,7 @@ MV_KIND_ENTRIES(q2g64, 3, 5, 4)
         const float* da, const int* sa, int n_in, int pre, float* hf, i8* hq, float* hd, int* hs) {  \
         MvSeg s0 = {c0, sc0, nullptr, n_out}, s1 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0}; \
         mv_lowbit<KIND, 1, 8, 2, 1, true>(s0, s1, none, none, q, da, sa, n_in, 1, 0, pre,           \
-                                          SwiOut{hf, hq, hd, hs});                                  \
+                                          SwiOut{hf, hq, hd, hs, {}});                                  \
     }
 MV_SWI_ENTRY(mv_q1_n1_r8_k1_swi, 1, 6)
 MV_SWI_ENTRY(mv_q2_n1_r8_k1_swi, 2, 4)
@@ -965,14 +990,15 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   fused in too — each block's warp 0 holds 32 outputs of head h, the head's Σ o² is the 4 warp
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
-template <bool NORM>
+template <bool NORM, bool P16 = false>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
     float* g_out, const float* z, const float* nw_, float norm_eps, float* yf, i8* yq, float* yd,
-    int* ys) {
-    __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2];
+    int* ys, P16Out po = {}) {
+    static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
+    __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2], amx[2];
     __shared__ int last_s;
     const int dv = dk;
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
@@ -1104,15 +1130,34 @@ __device__ __forceinline__ void gdn_conv_step_body(
             // the head's 4 warp sums, in rank order; the slot of row t is rewritten at row t + 2,
             // after every block has passed row t + 1's barrier, i.e. finished reading it
             cluster_sync_all();
+            float yo = 0.f;
             if (w == 0) {
                 float ss = 0.f;
                 for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[t & 1], rk);
                 float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-                float yo = ov * inv * nwj * siluf_(zt);
+                yo = ov * inv * nwj * siluf_(zt);
                 size_t idx = ((size_t)t * hv + h) * dv + j;
                 if (yf) yf[idx] = yo;
-                size_t b = idx >> 5;
-                quant32(yo, yq + (b << 5), yd + b, ys + b);
+                if (P16) {
+                    const float am = warp_max(fabsf(yo));
+                    if (lane == 0) amx[t & 1] = am;
+                } else {
+                    size_t b = idx >> 5;
+                    quant32(yo, yq + (b << 5), yd + b, ys + b);
+                }
+            }
+            if (P16) {
+                // the head is one 128-element block of the row (dv = 128), block rank j its
+                // sub-block: the 4 warp maxima (slot reuse as osum's), then swiglu_quant_p16's
+                // arithmetic on the same amax
+                cluster_sync_all();
+                if (w == 0) {
+                    const float amax = fmaxf(fmaxf(ld_cluster_f32(&amx[t & 1], 0), ld_cluster_f32(&amx[t & 1], 1)),
+                                             fmaxf(ld_cluster_f32(&amx[t & 1], 2), ld_cluster_f32(&amx[t & 1], 3)));
+                    const size_t k = (size_t)hv * dv;
+                    quant_p16_store(yo, amax, h, blockIdx.y, po.xp + t * (k >> 1), po.xu + t * (k >> 7),
+                                    po.xs + t * (k >> 5), po.xv ? po.xv + t * k * 2 : nullptr);
+                }
             }
         }
     }
@@ -1159,6 +1204,21 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv
     gdn_conv_step_body<true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
                              ssm_a, cnt, out, ko, vo, beta_out, g_out, z, nw, norm_eps, yf, yq, yd,
                              ys);
+}
+
+// gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
+// and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of
+// the b1-plane ssm_out. Same values as gated_norm_quant; the codes as swiglu_quant_p16 /
+// rmsnorm_quant would write them for those values (quant_p16_store).
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_p16_d128(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out, const float* z, const float* nw, float norm_eps, float* yf, u32* xp, float* xu,
+    int* xs, u8* xv) {
+    gdn_conv_step_body<true, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
+                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, z, nw, norm_eps, yf, nullptr,
+                                   nullptr, nullptr, P16Out{xp, xu, xs, xv});
 }
 
 // y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.
@@ -1573,6 +1633,24 @@ extern "C" __global__ void swiglu_quant(const float* gt, const float* up, int k,
     float v = siluf_(gt[i]) * up[i];
     if (hf) hf[i] = v;
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+}
+
+// swiglu_quant's values written as b1-plane activations instead of int8 codes (the input of the
+// b1-plane ffn_down: `mvbp_q1_*`, and with `o.xv` the int8 tensor-core verify `mvbq_q1_*`):
+// grid (k / 128, n), block 128 (warp j: sub-block j of 128-element block blockIdx.x); k % 256 == 0.
+// The SwiGLU-fused b1-plane gate‖up launch writes the same bits.
+extern "C" __global__ void __launch_bounds__(128) swiglu_quant_p16(const float* gt, const float* up, int k,
+                                                                   float* hf, u32* xp, float* xu, int* xs,
+                                                                   u8* xv) {
+    __shared__ float sm[16];
+    const P16Out o{xp, xu, xs, xv};
+    PDL_ENTRY();
+    const int t = blockIdx.y, blk = blockIdx.x;
+    const size_t i = (size_t)t * k + (size_t)blk * 128 + threadIdx.x;
+    const float v = siluf_(gt[i]) * up[i];
+    if (hf) hf[i] = v;
+    quant_p16_part(v, blk, 0, sm, o.xp + (size_t)t * (k >> 1), o.xu + (size_t)t * (k >> 7),
+                   o.xs + (size_t)t * (k >> 5), o.xv ? o.xv + (size_t)t * k * 2 : nullptr);
 }
 
 // swiglu_quant for long launches (prefill): 4 elements per thread with 16-byte loads, 8 lanes per

@@ -71,13 +71,15 @@ __device__ __forceinline__ int mvbp_lane_sum(int sg, int sg8, int odd) {
 // memory after the PDL wait, and the warps read it from there; only the weights go through the
 // register stages, so more of them fit in flight (UNR pairs) at the same register count. The
 // float operations are the plain kernel's.
-template <int NT, int KS, int RGW, int UNR, bool SWI = false, bool XS = false>
+template <int NT, int KS, int RGW, int UNR, bool SWI = false, bool XS = false, bool SWP = false>
 __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xp,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre, SwiOut so = {}) {
     static_assert(!SWI || (KS == 1 && RGW == 4 && NT == 1), "SWI: one K part, 4 tiles, one row");
     static_assert(!XS || NT == 1, "XS: one activation row");
+    static_assert(!SWP || SWI, "SWP: the SwiGLU output as b1-plane activations");
     __shared__ float red[KS][RGW][16][NT];
+    __shared__ float swamx;  // SWP: this block's max |SiLU(gate)·up| (read by the cluster's blocks)
     // XS: planes [n_in / 256][32] uint4, then sums [n_in / 128] uint4 (4 sub-blocks), units
     // [n_in / 128] f32
     extern __shared__ __align__(16) uint4 mvbp_xsm[];
@@ -226,7 +228,27 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             red[kp][rg][tg * 8 + g][t] = v;
         }
     }
-    if (SWI) {
+    if (SWP) {
+        // the cluster's 4 blocks hold the 128-element block blockIdx.x / 4 of the output, block
+        // rank blockIdx.x % 4 its sub-block: the 4 maxima through distributed shared memory,
+        // then swiglu_quant_p16's arithmetic on the same amax (the launcher: n_out % 128 == 0)
+        __syncthreads();
+        float v = 0.f;
+        if (w == 0) {
+            const float gv = red[0][lane >> 4][lane & 15][0], uv = red[0][2 + (lane >> 4)][lane & 15][0];
+            v = siluf_(gv) * uv;
+            if (so.hf) so.hf[32 * blockIdx.x + lane] = v;
+            const float am = warp_max(fabsf(v));
+            if (lane == 0) swamx = am;
+        }
+        cluster_sync_all();
+        if (w == 0) {
+            const float amax = fmaxf(fmaxf(ld_cluster_f32(&swamx, 0), ld_cluster_f32(&swamx, 1)),
+                                     fmaxf(ld_cluster_f32(&swamx, 2), ld_cluster_f32(&swamx, 3)));
+            quant_p16_store(v, amax, blockIdx.x >> 2, blockIdx.x & 3, so.p.xp, so.p.xu, so.p.xs, so.p.xv);
+        }
+        cluster_sync_relaxed();  // no block leaves while a peer may still read its swamx
+    } else if (SWI) {
         __syncthreads();
         const int o = 32 * blockIdx.x + lane;
         if (w == 0 && 32 * blockIdx.x < s0.n_out) {
@@ -297,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1_k1_swi(const void* 
                                                                    const float* xu, const int* xs, int n_in,
                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_q1<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs});
+    mvbp_q1<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs, {}});
 }
 // The same with the activation row in shared memory (XS).
 extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
@@ -306,7 +328,17 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void*
                                                                     int pre, float* hf, i8* hq, float* hd, int* hs) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
     mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                             SwiOut{hf, hq, hd, hs});
+                                             SwiOut{hf, hq, hd, hs, {}});
+}
+// The XS launch writing the SwiGLU as b1-plane activations (xp, xu, xs, xv: P16Out's layout, one
+// row): the input of the b1-plane ffn_down. A cluster of 4 blocks per 128 outputs.
+extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
+    mvbp_q1_n1x_k1_swi_p16(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out,
+                           const uint4* xp, const float* xu, const int* xs, int n_in, int pre, float* hf,
+                           u32* op, float* ou, int* os, u8* ov) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                                   SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
 }
 
 // ---- int8 tensor-core verify on the b1-plane layout (`mvbq_q1_*`, n <= 8 rows) -----------------
@@ -338,43 +370,6 @@ __device__ __forceinline__ void mma_u8u8_k32(int* d, const u32* a, u32 b0, u32 b
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// One block's activations for `mvbqs_q1` (`mvbq_q1` keeps the same code inline, as measured on
-// the H200): lane (g, tg)'s B registers (activation row g, zero where g >= n: the high bytes,
-// then the low bytes, in k-step order) and minus the code sums of its two C columns c0, c1.
-struct MvbqAct {
-    u32 bh[8], bl[8];
-    int na0, na1;
-};
-__device__ __forceinline__ MvbqAct mvbq_act(const uint4* __restrict__ xb, const int* __restrict__ xs, int blk,
-                                            int nblk, int c0, int c1, bool bok) {
-    uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
-    if (bok) {
-        const uint4* b = xb + (size_t)blk * 16;
-        bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
-    }
-    const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
-    const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));
-    return MvbqAct{{bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w},
-                   {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w},
-                   -((sa.x + sa.y) + (sa.z + sa.w)),
-                   -((sb.x + sb.y) + (sb.z + sb.w))};
-}
-// The exact block integers of one 16-row tile and one block, in the C fragment's order (rows g,
-// g, g + 8, g + 8 × columns 2tg, 2tg + 1, 2tg, 2tg + 1), from the tile's code words w0 (row g) and
-// w1 (row g + 8) of that block.
-__device__ __forceinline__ void mvbq_block_ints(u32 w0, u32 w1, const MvbqAct& x, int* S) {
-    const u32 M = 0x01010101u;
-    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M, (w1 >> (2 * j + 1)) & M};
-        mma_u8s8_k32(ch, a, x.bh[2 * j], x.bh[2 * j + 1]);
-        mma_u8u8_k32(cl, a, x.bl[2 * j], x.bl[2 * j + 1]);
-    }
-    S[0] = 2 * (ch[0] * 256 + cl[0]) + x.na0, S[1] = 2 * (ch[1] * 256 + cl[1]) + x.na1;
-    S[2] = 2 * (ch[2] * 256 + cl[2]) + x.na0, S[3] = 2 * (ch[3] * 256 + cl[3]) + x.na1;
 }
 
 // Block: RGW tile groups × KS K parts (warp w: part w % KS, group w / KS); a group is R
@@ -527,121 +522,3 @@ MVBQ_ENTRY(mvbq_q1_r2_k2, 2, 2, 2)
 MVBQ_ENTRY(mvbq_q1_r2_k4, 2, 4, 1)
 MVBQ_ENTRY(mvbq_q1_r2_k8, 2, 8, 1)
 MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1)
-
-// ---- the same verify with the block integers split from the float chain (`mvbqs_q1_*`) ----------
-// The exact block integers S need no order; only the float chain does. So the CTA's W warps
-// compute S for different block pairs of the same T tiles (pair p → warp p mod W) with the MMAs
-// of `mvbq_q1` and store them in shared memory, S[t][block][16 rows][8 columns] int32
-// (`mvbqs_smem_bytes`, beside the chain's weight and activation scales); then one thread per
-// (tile, row, activation row) runs the chain
-// acc = fmaf(d·u, (float)S, acc) over each K part's blocks in order and adds the KS parts in
-// order, exactly as `mvbq_q1` and the one-row b1-plane kernels do. W·32 >= T·128.
-template <int KS, int T, int W>
-__device__ __forceinline__ void mvbqs_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
-                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
-                                         int n, int accumulate, int pre) {
-    static_assert(W * 32 >= T * 128, "one thread per (tile, row, activation row)");
-    // [T][nblk][16][8] i32 block integers, then [T][nblk][8] u32 weight scale words, then
-    // [n][nblk] f32 activation scales (`mvbqs_smem_bytes`)
-    extern __shared__ __align__(16) int mvbqs_s[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
-    const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
-    const int nblk = n_in >> 7, npair = n_in >> 8;
-    // tile → (segment, tile in it); a tile past the last segment reads tile 0 of segment 0
-    auto seg_of = [&](int tile, MvSeg& sg, int& tl) {
-        const bool ok = tile < t4;
-        sg = !ok || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
-        tl = !ok ? 0 : tile - (tile < t1 ? 0 : tile < t2 ? t1 : tile < t3 ? t2 : t3);
-        return ok;
-    };
-    const uint4* wa[T];
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-        MvSeg sg;
-        int tl;
-        seg_of(blockIdx.x * T + t, sg, tl);
-        wa[t] = (const uint4*)sg.codes + (size_t)tl * npair * 32 + lane;
-    }
-    const bool bok = g < n;
-    const int c0 = 2 * tg < n ? 2 * tg : 0, c1 = 2 * tg + 1 < n ? 2 * tg + 1 : 0;
-    uint4 na[T];
-    auto load_w = [&](int p) {
-#pragma unroll
-        for (int t = 0; t < T; ++t) na[t] = __ldg(wa[t] + (size_t)p * 32);
-    };
-    if (pre) {
-        if (w < npair) load_w(w);
-        PDL_ENTRY();
-    } else {
-        PDL_ENTRY();
-        if (w < npair) load_w(w);
-    }
-    // the chain's scales into shared memory (their loads overlap phase 1)
-    u32* sd = (u32*)(mvbqs_s + (size_t)T * nblk * 128);
-    float* su = (float*)(sd + (size_t)T * nblk * 8);
-    for (int i = threadIdx.x; i < T * nblk * 8; i += W * 32) {
-        MvSeg sg;
-        int tl;
-        seg_of(blockIdx.x * T + i / (nblk * 8), sg, tl);
-        sd[i] = __ldg((const u32*)sg.scales + (size_t)tl * nblk * 8 + i % (nblk * 8));
-    }
-    for (int i = threadIdx.x; i < n * nblk; i += W * 32) su[i] = __ldg(xu + i);
-    const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
-    // phase 1: the block integers of pairs w, w + W, ...
-    for (int p = w; p < npair; p += W) {
-        uint4 ca[T];
-#pragma unroll
-        for (int t = 0; t < T; ++t) ca[t] = na[t];
-        if (p + W < npair) load_w(p + W);
-#pragma unroll
-        for (int hb = 0; hb < 2; ++hb) {
-            const int blk = 2 * p + hb;
-            const MvbqAct x = mvbq_act(xb, xs, blk, nblk, c0, c1, bok);
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                int S[4];
-                mvbq_block_ints(hb ? ca[t].z : ca[t].x, hb ? ca[t].w : ca[t].y, x, S);
-                // S[i]: row g + 8·(i >> 1), column 2tg + (i & 1)
-                int* sp = mvbqs_s + ((size_t)(t * nblk + blk) * 16 + g) * 8 + 2 * tg;
-                *(int2*)sp = make_int2(S[0], S[1]);
-                *(int2*)(sp + 64) = make_int2(S[2], S[3]);
-            }
-        }
-    }
-    __syncthreads();
-    // phase 2: thread (t, row, col) runs the float chain of its output
-    const int t = threadIdx.x >> 7, row = (threadIdx.x >> 3) & 15, col = threadIdx.x & 7;
-    if (t >= T || col >= n) return;
-    MvSeg sg;
-    int tl;
-    if (!seg_of(blockIdx.x * T + t, sg, tl)) return;
-    const u32* dp = sd + (size_t)t * nblk * 8 + (row & 7);
-    const int sh = row >> 3 ? 16 : 0;
-    const float* up = su + (size_t)col * nblk;
-    const int* sp = mvbqs_s + ((size_t)t * nblk * 16 + row) * 8 + col;
-    float v = 0.f;
-#pragma unroll
-    for (int kp = 0; kp < KS; ++kp) {
-        const int b0 = 2 * (kp * npair / KS), b1 = 2 * ((kp + 1) * npair / KS);
-        float acc = 0.f;
-#pragma unroll 8
-        for (int blk = b0; blk < b1; ++blk) {
-            const float d = h2f((u16)((dp[(size_t)blk * 8] >> sh) & 0xffffu));
-            acc = fmaf(d * up[blk], (float)sp[(size_t)blk * 128], acc);
-        }
-        v = kp == 0 ? acc : v + acc;
-    }
-    float* yp = sg.y + (size_t)col * sg.n_out + tl * 16 + row;
-    *yp = accumulate ? *yp + v : v;
-}
-
-// Variants `_kKS`: 2 tiles and 8 warps per CTA, the K split KS of the shape. Launcher:
-// `Gpu::mv_b1q` with `Gpu::b1q_split` on.
-#define MVBQS_ENTRY(KS)                                                                      \
-    MV_SEG_ENTRY(mvbqs_q1_k##KS, 8, 2, const uint4*, xv,                                     \
-                 mvbqs_q1<KS, 2, 8>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
-MVBQS_ENTRY(1)
-MVBQS_ENTRY(2)
-MVBQS_ENTRY(4)
-MVBQS_ENTRY(8)
-MVBQS_ENTRY(16)

@@ -333,7 +333,7 @@ MVS_KIND_ENTRIES(q2g64, 3)
         MvSeg s0 = {c0, sc0, nullptr, n_out}, s1 = {c1, sc1, nullptr, n_out},                         \
               none = {nullptr, nullptr, nullptr, 0};                                                   \
         mv_staged<KIND, R, 1, MVS_SWI>(s0, s1, none, none, q, da, sa, n_in, 0, pre,                   \
-                                       SwiOut{hf, hq, hd, hs});                                       \
+                                       SwiOut{hf, hq, hd, hs, {}});                                       \
     }
 #define MVS_SWI_KIND_ENTRIES(K, KIND)        \
     MVS_SWI_ENTRY(mvs_##K##_o1_swi, KIND, 2) \

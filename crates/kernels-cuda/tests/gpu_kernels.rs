@@ -8,7 +8,7 @@ use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, b1q_acts_host, gdn_chunked_supported, host_quant, host_quant_p16,
     host_quant_sub, mv_b1_host, mv_default_plan, mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut,
-    GdnPrefill, Gpu, MvPlan, MvSeg, QuantOut, Retiled, WKind,
+    GdnPrefill, Gpu, MvPlan, MvSeg, P16Out, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -1748,12 +1748,8 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             g.alloc(n * k / 32 * 4).unwrap(),
             g.alloc(n * k / 32 * 4).unwrap(),
         );
-        let (xp, xu, xs, xv) = (
-            g.alloc(n * k * 2).unwrap(),
-            g.alloc(n * k / 128 * 4).unwrap(),
-            g.alloc(n * k / 128 * 16).unwrap(),
-            g.alloc(n * k * 2).unwrap(),
-        );
+        let p16 = p16_alloc(g, n, k);
+        let [xp, xu, xs, xv] = &p16;
         g.rmsnorm_quant_p16(
             xb.ptr(),
             wb.ptr(),
@@ -1768,45 +1764,13 @@ fn rmsnorm_quant_p16_equals_host_twin() {
         )
         .unwrap();
         let (xf0, q0, d0, s0) = rmsnorm_rows(g, &xb, &wb, 0, n, k, true);
-        let split: Vec<u8> = down(g, &xv, n * k * 2);
         let got_f: Vec<u32> = down(g, &xf, n * k);
         assert_eq!(got_f, xf0, "[{n} x {k}] f32 row");
         assert_eq!(down::<i8>(g, &q, n * k), q0, "[{n} x {k}] codes");
         assert_eq!(down::<u32>(g, &d, n * k / 32), d0, "[{n} x {k}] scales");
         assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
-        let (planes, us, sums): (Vec<u32>, Vec<u32>, Vec<i32>) = (
-            down(g, &xp, n * k / 2),
-            down(g, &xu, n * k / 128),
-            down(g, &xs, n * k / 128 * 4),
-        );
-        for t in 0..n {
-            let row: Vec<f32> = got_f[t * k..(t + 1) * k]
-                .iter()
-                .map(|&b| f32::from_bits(b))
-                .collect();
-            let (hp, hu, hs, hc) = host_quant_p16(&row);
-            assert_eq!(
-                &split[t * k * 2..(t + 1) * k * 2],
-                &b1q_acts_host(&hc)[..],
-                "[{n} x {k}] row {t} byte-split codes"
-            );
-            assert_eq!(
-                &planes[t * k / 2..(t + 1) * k / 2],
-                &hp[..],
-                "[{n} x {k}] row {t} planes"
-            );
-            let hu: Vec<u32> = hu.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(
-                &us[t * k / 128..(t + 1) * k / 128],
-                &hu[..],
-                "[{n} x {k}] row {t} units"
-            );
-            assert_eq!(
-                &sums[t * k / 32..(t + 1) * k / 32],
-                &hs[..],
-                "[{n} x {k}] row {t} sums"
-            );
-        }
+        let rows: Vec<f32> = got_f.iter().map(|&b| f32::from_bits(b)).collect();
+        assert_p16_eq_host(g, &rows, n, k, &p16, true, &format!("rmsnorm [{n} x {k}]"));
         eprintln!(
             "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin"
         );
@@ -1820,6 +1784,134 @@ fn rmsnorm_quant_p16_equals_host_twin() {
     assert!(g
         .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, p, p, p, (0, 0, 0, p))
         .is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swiglu_quant_p16_equals_host_twin() {
+    let g = need_gpu!("swiglu_quant_p16_equals_host_twin");
+    let mut rng = Rng(31);
+    for (n, k) in [(1usize, 17408usize), (5, 17408), (8, 256)] {
+        let gt = rng.vec(n * k, 4.0);
+        let mut upv = rng.vec(n * k, 2.0);
+        upv[k / 3] = 500.0; // an outlier block
+        let (gb, ub) = (g.upload(&gt).unwrap(), g.upload(&upv).unwrap());
+        // swiglu_quant's f32 values are the reference
+        let (rf, rq, rd, rs) = (
+            g.alloc(n * k * 4).unwrap(),
+            g.alloc(n * k).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+            g.alloc(n * k / 32 * 4).unwrap(),
+        );
+        g.swiglu_quant(
+            gb.ptr(),
+            ub.ptr(),
+            n,
+            k,
+            rf.ptr(),
+            rq.ptr(),
+            rd.ptr(),
+            rs.ptr(),
+        )
+        .unwrap();
+        let want_f: Vec<u32> = down(g, &rf, n * k);
+        let rows: Vec<f32> = want_f.iter().map(|&b| f32::from_bits(b)).collect();
+        for with_xv in [false, true] {
+            let hf = g.alloc(n * k * 4).unwrap();
+            let p16 = p16_alloc(g, n, k);
+            g.swiglu_quant_p16(gb.ptr(), ub.ptr(), n, k, hf.ptr(), p16_out(&p16, with_xv))
+                .unwrap();
+            assert_eq!(down::<u32>(g, &hf, n * k), want_f, "[{n} x {k}] f32");
+            assert_p16_eq_host(
+                g,
+                &rows,
+                n,
+                k,
+                &p16,
+                with_xv,
+                &format!("swiglu_quant_p16 [{n} x {k}]"),
+            );
+        }
+        eprintln!("swiglu_quant_p16 [{n} x {k}]: f32 == swiglu_quant, b1-plane outputs and byte-split codes == host twin");
+    }
+    // widths that are not whole 256-element pairs are refused
+    let z = g.alloc(1 << 16).unwrap();
+    let p = z.ptr();
+    let bad = P16Out {
+        xp: p,
+        xu: p,
+        xs: p,
+        xv: 0,
+    };
+    assert!(g.swiglu_quant_p16(p, p, 1, 384, 0, bad).is_err());
+}
+
+/// A fresh b1-plane activation set for `n` rows of width `k`: planes, units, sums, byte-split codes.
+fn p16_alloc(g: &Gpu, n: usize, k: usize) -> [DevBuf; 4] {
+    [
+        g.alloc(n * k * 2).unwrap(),
+        g.alloc(n * k / 128 * 4).unwrap(),
+        g.alloc(n * k / 128 * 16).unwrap(),
+        g.alloc(n * k * 2).unwrap(),
+    ]
+}
+
+/// [`p16_alloc`]'s buffers as a [`P16Out`] (the byte-split codes only `with_xv`).
+fn p16_out(b: &[DevBuf; 4], with_xv: bool) -> P16Out {
+    P16Out {
+        xp: b[0].ptr(),
+        xu: b[1].ptr(),
+        xs: b[2].ptr(),
+        xv: if with_xv { b[3].ptr() } else { 0 },
+    }
+}
+
+/// The b1-plane activations a kernel wrote into `b` for `n` rows of width `k` equal the host twin
+/// ([`host_quant_p16`], and with `with_xv` [`b1q_acts_host`] for the byte-split codes) of the f32
+/// values `rows` `[n, k]`, bit for bit.
+fn assert_p16_eq_host(
+    g: &Gpu,
+    rows: &[f32],
+    n: usize,
+    k: usize,
+    b: &[DevBuf; 4],
+    with_xv: bool,
+    tag: &str,
+) {
+    let planes: Vec<u32> = down(g, &b[0], n * k / 2);
+    let us: Vec<u32> = down(g, &b[1], n * k / 128);
+    let sums: Vec<i32> = down(g, &b[2], n * k / 32);
+    let split: Vec<u8> = if with_xv {
+        down(g, &b[3], n * k * 2)
+    } else {
+        Vec::new()
+    };
+    for t in 0..n {
+        let (hp, hu, hs, hc) = host_quant_p16(&rows[t * k..(t + 1) * k]);
+        assert_eq!(
+            &planes[t * k / 2..(t + 1) * k / 2],
+            &hp[..],
+            "{tag}: row {t} planes"
+        );
+        let hu: Vec<u32> = hu.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            &us[t * k / 128..(t + 1) * k / 128],
+            &hu[..],
+            "{tag}: row {t} units"
+        );
+        assert_eq!(
+            &sums[t * k / 32..(t + 1) * k / 32],
+            &hs[..],
+            "{tag}: row {t} sums"
+        );
+        if with_xv {
+            assert_eq!(
+                &split[t * k * 2..(t + 1) * k * 2],
+                &b1q_acts_host(&hc)[..],
+                "{tag}: row {t} byte-split codes"
+            );
+        }
+    }
 }
 
 /// One `rmsnorm_quant` launch (eps 1e-6) over rows `off..off + n` of `xb` (width `k`): the f32
@@ -2988,10 +3080,14 @@ fn gdn_conv_step_equals_conv_then_step() {
             .unwrap();
             // fused: without / with the side outputs, without / with the gated norm (dv = 128)
             for side in [false, true] {
-                for norm in [false, true] {
+                // the gated norm: 0 none, 1 int8 codes, 2 b1-plane activations (with the
+                // byte-split codes for n ≥ 2, as verify launches write them)
+                for norm_mode in 0..3 {
+                    let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
+                    let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
                     let (yfb, yqb, ydb, ysb) =
@@ -3018,6 +3114,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                                 d: ydb.ptr(),
                                 s: ysb.ptr(),
                             },
+                            p16: (norm_mode == 2).then(|| p16_out(&p16b, n >= 2)),
                         }),
                     )
                     .unwrap();
@@ -3028,7 +3125,22 @@ fn gdn_conv_step_equals_conv_then_step() {
                         let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, len), down(g, b, len));
                         assert_eq!(x, y, "{tag}: {name} differs");
                     };
-                    if norm {
+                    if norm_mode == 2 {
+                        cmp("gated norm f32", &yfa, &yfb, n * vd);
+                        let rows: Vec<f32> = down::<u32>(g, &yfa, n * vd)
+                            .iter()
+                            .map(|&b| f32::from_bits(b))
+                            .collect();
+                        assert_p16_eq_host(
+                            g,
+                            &rows,
+                            n,
+                            vd,
+                            &p16b,
+                            n >= 2,
+                            &format!("{tag}: gated norm b1-plane"),
+                        );
+                    } else if norm {
                         // (the fused kernel writes no f32 out with the norm)
                         cmp("gated norm f32", &yfa, &yfb, n * vd);
                         cmp("gated norm codes", &yqa, &yqb, n * vd / 4);
@@ -3078,6 +3190,7 @@ fn gdn_conv_step_equals_conv_then_step() {
             d: 0,
             s: 0,
         },
+        p16: None,
     };
     assert!(g
         .gdn_conv_step(
@@ -3943,7 +4056,6 @@ fn mv_b1p_equals_f64_and_one_row() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
-    let split0 = g.b1q_split();
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
     // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile counts
@@ -4004,62 +4116,57 @@ fn mv_b1q_equals_b1p_one_row() {
             .unwrap();
             want.extend(gather(1));
         }
-        // both verify kernels: warps over tile pairs, and the block integers split from the chain
-        for split in [false, true] {
-            g.set_b1q_split(split);
-            for n in [2usize, 5, 8] {
-                for y in &ys {
-                    g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
-                }
-                g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
-                    .unwrap();
-                let got = gather(nmax);
-                for t in 0..nmax {
-                    for r in 0..rows {
-                        let got = got[t][r];
-                        if t < n {
-                            assert_eq!(
-                                got.to_bits(),
-                                want[t][r].to_bits(),
-                                "[{n_in}x{segs:?}] split {split} ks {ks} n {n}: activation {t} row {r} ({got} vs {})",
-                                want[t][r]
-                            );
-                        } else {
-                            assert!(got.is_nan(), "n {n}: row {t} written");
-                        }
+        for n in [2usize, 5, 8] {
+            for y in &ys {
+                g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
+            }
+            g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
+                .unwrap();
+            let got = gather(nmax);
+            for t in 0..nmax {
+                for r in 0..rows {
+                    let got = got[t][r];
+                    if t < n {
+                        assert_eq!(
+                            got.to_bits(),
+                            want[t][r].to_bits(),
+                            "[{n_in}x{segs:?}] ks {ks} n {n}: activation {t} row {r} ({got} vs {})",
+                            want[t][r]
+                        );
+                    } else {
+                        assert!(got.is_nan(), "n {n}: row {t} written");
                     }
                 }
             }
-            // accumulate: one f32 add onto y
-            let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
-            for (y, v) in ys.iter().zip(&y0) {
-                g.htod(y, 0, v).unwrap();
-            }
-            // the same [t][row], the segments concatenated
-            let y0: Vec<Vec<f32>> = (0..3)
-                .map(|t| {
-                    y0.iter()
-                        .zip(&segs)
-                        .flat_map(|(v, &so)| v[t * so..(t + 1) * so].iter().copied())
-                        .collect()
-                })
-                .collect();
-            g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
-                .unwrap();
-            let acc = gather(3);
-            for t in 0..3 {
-                for r in 0..rows {
-                    assert_eq!(
-                        acc[t][r].to_bits(),
-                        (y0[t][r] + want[t][r]).to_bits(),
-                        "accumulate [{n_in}x{segs:?}] split {split} activation {t} row {r}"
-                    );
-                }
+        }
+        // accumulate: one f32 add onto y
+        let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
+        for (y, v) in ys.iter().zip(&y0) {
+            g.htod(y, 0, v).unwrap();
+        }
+        // the same [t][row], the segments concatenated
+        let y0: Vec<Vec<f32>> = (0..3)
+            .map(|t| {
+                y0.iter()
+                    .zip(&segs)
+                    .flat_map(|(v, &so)| v[t * so..(t + 1) * so].iter().copied())
+                    .collect()
+            })
+            .collect();
+        g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
+            .unwrap();
+        let acc = gather(3);
+        for t in 0..3 {
+            for r in 0..rows {
+                assert_eq!(
+                    acc[t][r].to_bits(),
+                    (y0[t][r] + want[t][r]).to_bits(),
+                    "accumulate [{n_in}x{segs:?}] activation {t} row {r}"
+                );
             }
         }
-        g.set_b1q_split(split0);
         eprintln!(
-            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate, split off and on"
+            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
@@ -4100,7 +4207,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             let o = swi_outs(g, n_out);
             let x = (xp.ptr(), xu.ptr(), xs.ptr());
             let launched = g
-                .mv_swiglu_b1p(gate, up, n_out, n_in, x, quant_out(&o))
+                .mv_swiglu_b1p(gate, up, n_out, n_in, x, quant_out(&o), None)
                 .unwrap();
             (launched, o)
         };
@@ -4177,7 +4284,56 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             down::<i32>(g, xsum, n_out / 32),
             down::<i32>(g, &rs, n_out / 32)
         );
-        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not)");
+        // the SwiGLU as b1-plane activations (a cluster of 4 blocks per 128 outputs) ==
+        // swiglu_quant_p16 of the same gate‖up rows
+        let (pf, _, _, _) = swi_outs(g, n_out);
+        let p16 = p16_alloc(g, 1, n_out);
+        let x = (xp.ptr(), xu.ptr(), xs.ptr());
+        let out = QuantOut {
+            f: pf.ptr(),
+            q: 0,
+            d: 0,
+            s: 0,
+        };
+        assert!(g
+            .mv_swiglu_b1p(gate, up, n_out, n_in, x, out, Some(p16_out(&p16, false)))
+            .unwrap());
+        assert_eq!(
+            down::<u32>(g, &pf, n_out),
+            down::<u32>(g, &rf, n_out),
+            "[{n_in} x {n_out}] p16: f32"
+        );
+        let rows: Vec<f32> = down::<u32>(g, &rf, n_out)
+            .iter()
+            .map(|&b| f32::from_bits(b))
+            .collect();
+        assert_p16_eq_host(
+            g,
+            &rows,
+            1,
+            n_out,
+            &p16,
+            false,
+            &format!("mv_swiglu_b1p p16 [{n_in} x {n_out}]"),
+        );
+        let q16 = p16_alloc(g, 1, n_out);
+        g.swiglu_quant_p16(
+            y.ptr(),
+            y.ptr() + (n_out * 4) as u64,
+            1,
+            n_out,
+            0,
+            p16_out(&q16, false),
+        )
+        .unwrap();
+        for i in 0..3 {
+            assert_eq!(
+                down::<u32>(g, &p16[i], [n_out / 2, n_out / 128, n_out / 32][i]),
+                down::<u32>(g, &q16[i], [n_out / 2, n_out / 128, n_out / 32][i]),
+                "[{n_in} x {n_out}] p16 buffer {i} == swiglu_quant_p16"
+            );
+        }
+        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not); its b1-plane output == mv_b1p + swiglu_quant_p16 == host twin");
     }
     // a shape with K split above 1 (few rows, long K) is not taken
     let z = g.alloc(1 << 20).unwrap();
@@ -4189,6 +4345,6 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         s: p,
     };
     assert!(!g
-        .mv_swiglu_b1p((p, p), (p, p), 32, 8192, (p, p, p), out)
+        .mv_swiglu_b1p((p, p), (p, p), 32, 8192, (p, p, p), out, None)
         .unwrap());
 }

@@ -88,6 +88,14 @@ fn b1p_consumer(name: &str) -> bool {
         .any(|s| name.ends_with(s))
 }
 
+/// Whether the tensor `name` is a Q1_0 out-projection whose producer can write b1-plane
+/// activations ([`kc::Gpu::b1p_out`]): ffn_down (the SwiGLU) and ssm_out (the gated norm fused
+/// into the GDN step). Their b1-plane layouts are uploaded only when `b1p_out` is on at load
+/// (about 1 GB more for the 27B model); switched on later, they keep the int8 path.
+fn b1p_out_consumer(name: &str) -> bool {
+    name.ends_with(".ffn_down.weight") || name.ends_with(".ssm_out.weight")
+}
+
 /// An f32 vector on the device.
 pub struct CudaVec {
     pub n: usize,
@@ -134,6 +142,11 @@ struct Scratch {
     // the same codes byte-split for the int8 tensor-core verify (`Gpu::mv_b1q`): [MV_ROWS, kmax / 128,
     // 4, 64] u8
     xv: DevBuf,
+    // one row of b1-plane activations written by the SwiGLU-fused decode gate‖up launch while it
+    // still reads xp (planes, units, sums as xp / xu / xsum)
+    yp: DevBuf,
+    yu: DevBuf,
+    ysum: DevBuf,
     // projection outputs, each f32 [cap, pmax]
     p: [DevBuf; 4],
     // GDN: q, k [cap, hk·dk]; v, o [cap, hv·dv]; beta, g [cap, hv]
@@ -434,6 +447,9 @@ impl CudaBackend {
             xu: a(MV_ROWS * kmax / 128 * f)?,
             xsum: a(MV_ROWS * kmax / 128 * 4 * f)?,
             xv: a(MV_ROWS * kmax * 2)?,
+            yp: a(kmax * 2)?,
+            yu: a(kmax / 128 * f)?,
+            ysum: a(kmax / 128 * 4 * f)?,
             p: [
                 a(cap * pmax * f)?,
                 a(cap * pmax * f)?,
@@ -694,6 +710,42 @@ impl CudaBackend {
         if !b1p {
             return self.proj_multi(sc, mats, n, accumulate);
         }
+        self.proj_b1p(mats, n, accumulate, Self::p16_acts(sc, n, self.b1q_rows(n)))
+    }
+
+    /// The scratch's b1-plane activation rows (`xp`, `xu`, `xsum`; `xv` with `byte_split`).
+    fn p16_acts(sc: &Scratch, n: usize, byte_split: bool) -> kc::P16Out {
+        debug_assert!(n <= MV_ROWS);
+        kc::P16Out {
+            xp: sc.xp.ptr(),
+            xu: sc.xu.ptr(),
+            xs: sc.xsum.ptr(),
+            xv: if byte_split { sc.xv.ptr() } else { 0 },
+        }
+    }
+
+    /// Whether the producer of `m`'s input writes b1-plane activations for `n` rows
+    /// ([`kc::Gpu::b1p_out`], a b1-plane layout, `n ≤ MV_ROWS`); then [`Self::proj_b1p`] runs it.
+    fn b1p_out_for(&self, sc: &Scratch, m: &CudaMat, n: usize) -> bool {
+        n <= MV_ROWS
+            && self.gpu.b1p_out()
+            && m.b1p.is_some()
+            && m.n_in % 256 == 0
+            && m.n_in <= sc.kmax
+    }
+
+    /// The b1-plane projections of `mats` (each with a b1-plane layout, one `n_in`) from the
+    /// activations `acts` (`n` rows): verify rows ([`Self::b1q_rows`], `acts.xv` written) on the
+    /// int8 tensor-core kernel ([`Gpu::mv_b1q`]) in one launch, other row counts on the b1-plane
+    /// mat-vec ([`Gpu::mv_b1p`]) in chunks of up to `kc::MVBP_MAX_ROWS` rows.
+    fn proj_b1p(
+        &self,
+        mats: &[(&CudaMat, u64)],
+        n: usize,
+        accumulate: bool,
+        acts: kc::P16Out,
+    ) -> Result<()> {
+        let k = mats[0].0.n_in;
         let seg = |(m, y): &(&CudaMat, u64), t0: usize| {
             let (c, s) = m.b1p.as_ref().expect("b1p layout");
             kc::MvSeg {
@@ -706,17 +758,10 @@ impl CudaBackend {
         if self.b1q_rows(n) {
             // verify rows: all of them on the int8 tensor cores (the norm wrote the byte-split codes)
             let segs: Vec<kc::MvSeg> = mats.iter().map(|m| seg(m, 0)).collect();
+            debug_assert!(acts.xv != 0);
             return self
                 .gpu
-                .mv_b1q(
-                    &segs,
-                    sc.xv.ptr(),
-                    sc.xu.ptr(),
-                    sc.xsum.ptr(),
-                    k,
-                    n,
-                    accumulate,
-                )
+                .mv_b1q(&segs, acts.xv, acts.xu, acts.xs, k, n, accumulate)
                 .map_err(be);
         }
         let mut t0 = 0;
@@ -726,9 +771,9 @@ impl CudaBackend {
             self.gpu
                 .mv_b1p(
                     &segs,
-                    sc.xp.at(t0 * k * 2),
-                    sc.xu.at(t0 * k / 128 * 4),
-                    sc.xsum.at(t0 * k / 128 * 16),
+                    acts.xp + (t0 * k * 2) as u64,
+                    acts.xu + (t0 * k / 128 * 4) as u64,
+                    acts.xs + (t0 * k / 128 * 16) as u64,
                     k,
                     nr,
                     accumulate,
@@ -811,6 +856,10 @@ impl CudaBackend {
             // decode / verify: the conv inside the recurrence, and the gated norm too where the
             // head is 128 wide (one launch, the same bits); the verify record takes k, v and the
             // gates from the fused kernel's side outputs
+            // ssm_out on the b1-plane kernels: the fused norm writes b1-plane activations
+            let out_p16 = self
+                .b1p_out_for(sc, &w.ssm_out, n)
+                .then(|| Self::p16_acts(sc, n, self.b1q_rows(n)));
             let norm = (fused == kc::GdnFused::ConvNorm && dv == 128).then(|| kc::GdnNormOut {
                 z,
                 w: w.ssm_norm.buf.ptr(),
@@ -821,6 +870,7 @@ impl CudaBackend {
                     d: sc.xd.ptr(),
                     s: sc.xs.ptr(),
                 },
+                p16: out_p16,
             });
             g.gdn_conv_step(
                 st.s.ptr(),
@@ -838,6 +888,9 @@ impl CudaBackend {
             )
             .map_err(be)?;
             Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
+            if let Some(acts) = norm.and_then(|m| m.p16) {
+                return self.proj_b1p(&[(&w.ssm_out, x)], n, true, acts);
+            }
             if norm.is_some() {
                 return self.proj(sc, &w.ssm_out, n, x, true);
             }
@@ -1115,7 +1168,14 @@ impl CudaBackend {
                 (p16, self.gpu.b1p(), g.b1p.as_ref(), u.b1p.as_ref())
             {
                 // b1-plane gate‖up with the SwiGLU inside (else: the b1-plane mat-vec below, then
-                // swiglu_quant, the same bits)
+                // swiglu_quant, the same bits); with a b1-plane ffn_down, the SwiGLU written as
+                // b1-plane activations into the one-row y buffers (xp is still being read)
+                let down_p16 = self.b1p_out_for(sc, &w.down, 1).then(|| kc::P16Out {
+                    xp: sc.yp.ptr(),
+                    xu: sc.yu.ptr(),
+                    xs: sc.ysum.ptr(),
+                    xv: 0,
+                });
                 if self
                     .gpu
                     .mv_swiglu_b1p(
@@ -1125,10 +1185,14 @@ impl CudaBackend {
                         g.n_in,
                         (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr()),
                         out,
+                        down_p16,
                     )
                     .map_err(be)?
                 {
-                    return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
+                    return match down_p16 {
+                        Some(acts) => self.proj_b1p(&[(&w.down, x)], 1, true, acts),
+                        None => self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s)),
+                    };
                 }
             } else if self
                 .gpu
@@ -1147,6 +1211,14 @@ impl CudaBackend {
             }
         }
         self.proj_multi_p16(sc, &[(g, gt), (u, up)], n, false, p16)?;
+        if self.b1p_out_for(sc, &w.down, n) {
+            // ffn_down on the b1-plane kernels (gate‖up are done reading xp)
+            let acts = Self::p16_acts(sc, n, self.b1q_rows(n));
+            self.gpu
+                .swiglu_quant_p16(gt, up, n, cfg.n_ff, Self::f32_input(sc, &[&w.down]), acts)
+                .map_err(be)?;
+            return self.proj_b1p(&[(&w.down, x)], n, true, acts);
+        }
         self.gpu
             .swiglu_quant(
                 gt,
@@ -1873,7 +1945,10 @@ impl Backend for CudaBackend {
             return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
         }
         let r = kc::retile(qt, data, n_in, n_out);
-        let b1p = if self.gpu.b1p() && b1p_consumer(name) && kc::b1p_shape_ok(qt, n_in, n_out) {
+        let b1p = if self.gpu.b1p()
+            && (b1p_consumer(name) || (b1p_out_consumer(name) && self.gpu.b1p_out()))
+            && kc::b1p_shape_ok(qt, n_in, n_out)
+        {
             let t = kc::retile_b1p(data, n_in, n_out);
             Some((
                 self.gpu.upload(&t.codes).map_err(be)?,
