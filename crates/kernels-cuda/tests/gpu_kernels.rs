@@ -1796,13 +1796,8 @@ fn swiglu_quant_p16_equals_host_twin() {
         let mut upv = rng.vec(n * k, 2.0);
         upv[k / 3] = 500.0; // an outlier block
         let (gb, ub) = (g.upload(&gt).unwrap(), g.upload(&upv).unwrap());
-        // swiglu_quant's f32 values are the reference
-        let (rf, rq, rd, rs) = (
-            g.alloc(n * k * 4).unwrap(),
-            g.alloc(n * k).unwrap(),
-            g.alloc(n * k / 32 * 4).unwrap(),
-            g.alloc(n * k / 32 * 4).unwrap(),
-        );
+        // swiglu_quant's f32 values are the reference (its int8 outputs: n·k codes, as one row)
+        let (rf, rq, rd, rs) = swi_outs(g, n * k);
         g.swiglu_quant(
             gb.ptr(),
             ub.ptr(),
