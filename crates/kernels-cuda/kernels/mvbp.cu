@@ -231,7 +231,7 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     if (SWP) {
         // the cluster's 4 blocks hold the 128-element block blockIdx.x / 4 of the output, block
         // rank blockIdx.x % 4 its sub-block: the 4 maxima through distributed shared memory,
-        // then swiglu_quant_p16's arithmetic on the same amax (the launcher: n_out % 128 == 0)
+        // then swiglu_quant_p16's arithmetic on the same amax (the launcher: n_out % 256 == 0)
         __syncthreads();
         float v = 0.f;
         if (w == 0) {
