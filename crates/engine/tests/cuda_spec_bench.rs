@@ -181,6 +181,16 @@ fn round_target(test: &str) -> Option<(String, Target, u32)> {
 
 /// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
 /// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
+/// The kernels of `names` that are not mat-vecs (nor the profiling spin): what the round benches
+/// skip to time the mat-vecs alone.
+fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
+        .collect()
+}
+
 fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
@@ -247,11 +257,7 @@ fn cuda_b1q_round_ab() {
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let gpu = cuda.gpu();
     let names = gpu.kernel_names();
-    let other: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
-        .collect();
+    let other = non_matvec(&names);
     let out0 = gpu.b1p_out();
     if !out0 {
         println!("B1Q note: BONSAI_CUDA_B1P_OUT=1 was not set at load: the b1p_out rows run the int8 path");
@@ -330,11 +336,7 @@ fn cuda_round_what_if() {
     let (round0, step0) = measure();
     let names = gpu.kernel_names();
     let matvec = gpu.matvec_kernel_names();
-    let other: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| !n.starts_with("mv") && *n != "spin_ns")
-        .collect();
+    let other = non_matvec(&names);
     let sets: Vec<(&str, Vec<&str>)> = vec![
         ("every mat-vec", matvec),
         ("every other kernel", other),

@@ -4026,12 +4026,7 @@ fn mv_b1p_equals_f64_and_one_row() {
     }
     // shapes it refuses: n_out not a multiple of 16, n_in not of 256, 6 rows
     let z = g.alloc(1 << 16).unwrap();
-    let seg = |n_out| MvSeg {
-        codes: z.ptr(),
-        scales: z.ptr(),
-        y: z.ptr(),
-        n_out,
-    };
+    let seg = |n_out| scratch_seg(&z, n_out);
     assert!(g
         .mv_b1p(&[seg(24)], z.ptr(), z.ptr(), z.ptr(), 256, 1, false)
         .is_err());
@@ -4041,6 +4036,17 @@ fn mv_b1p_equals_f64_and_one_row() {
     assert!(g
         .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
         .is_err());
+}
+
+/// A segment of `n_out` rows whose codes, scales and output all point at the scratch `z` (for the
+/// shapes a launcher must refuse before it reads anything).
+fn scratch_seg(z: &DevBuf, n_out: usize) -> MvSeg {
+    MvSeg {
+        codes: z.ptr(),
+        scales: z.ptr(),
+        y: z.ptr(),
+        n_out,
+    }
 }
 
 /// The int8 tensor-core verify kernel on the b1-plane layout (`mvbq_q1_*`): every row of a
@@ -4165,12 +4171,7 @@ fn mv_b1q_equals_b1p_one_row() {
         );
     }
     let z = g.alloc(1 << 16).unwrap();
-    let seg = |n_out| MvSeg {
-        codes: z.ptr(),
-        scales: z.ptr(),
-        y: z.ptr(),
-        n_out,
-    };
+    let seg = |n_out| scratch_seg(&z, n_out);
     let p = z.ptr();
     assert!(g.mv_b1q(&[seg(24)], p, p, p, 256, 2, false).is_err());
     assert!(g.mv_b1q(&[seg(16)], p, p, p, 384, 2, false).is_err());
