@@ -579,6 +579,94 @@ fn cuda_engine_speculative_equals_plain() {
     engine_speculative_equals_plain("cuda", &models, test, 64);
 }
 
+/// Plain CUDA decoding launches the step that feeds a token before streaming that token (the
+/// engine's run-ahead): a request that ends on a stop id, on `max_tokens` or on the context's end
+/// returns exactly the tokens it would without that step, and the next request on the same engine
+/// (after a step that ran for nothing) gives what the first one gave. Greedy and seeded sampling.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_engine_run_ahead_ends_exactly() {
+    use bonsai_engine::engine::{Event, FinishReason, GenRequest};
+    let test = "cuda_engine_run_ahead_ends_exactly";
+    if setup(test).is_none() {
+        return;
+    }
+    let Some(models) = env_models(test) else {
+        return;
+    };
+    let run = |e: &Engine, prompt: &[u32], n: usize, params: &SamplerParams, stop_ids: Vec<u32>| {
+        let req = GenRequest {
+            prompt: prompt.to_vec(),
+            params: params.clone(),
+            max_tokens: n,
+            stop: Vec::new(),
+            stop_ids,
+            ignore_eos: true,
+            speculative: Some(false),
+        };
+        let (rx, _cancel) = e.submit(req).unwrap();
+        let mut ids = Vec::new();
+        loop {
+            match rx.recv().expect("engine event") {
+                Event::Token(t) => ids.push(t.id),
+                Event::Text(_) => {}
+                Event::Done { reason, .. } => return (ids, reason),
+                Event::Error(err) => panic!("generation failed: {err}"),
+            }
+        }
+    };
+    let sampled = SamplerParams {
+        temperature: 0.8,
+        top_k: 8,
+        top_p: 0.95,
+        seed: 77,
+        ..Default::default()
+    };
+    for m in &models {
+        let nv = {
+            let g = Gguf::open(&m.path).unwrap();
+            TargetConfig::from_gguf(&g).unwrap().n_vocab
+        };
+        let e = engine(m, "cuda", None, Rollback::Replay);
+        for params in [SamplerParams::greedy(), sampled.clone()] {
+            let p = prompt(11, 5, nv);
+            let (full, reason) = run(&e, &p, 40, &params, Vec::new());
+            assert_eq!(full.len(), 40, "{}", m.name);
+            assert_eq!(reason, FinishReason::Length);
+            // a stop id: the tokens before its first occurrence, then Stop
+            let stop = full[17];
+            let at = full.iter().position(|&t| t == stop).unwrap();
+            let (got, reason) = run(&e, &p, 40, &params, vec![stop]);
+            assert_eq!(got, full[..at], "{}: stop id {stop}", m.name);
+            assert_eq!(reason, FinishReason::Stop);
+            // the request after one whose last step ran for nothing
+            let (again, _) = run(&e, &p, 40, &params, Vec::new());
+            assert_eq!(again, full, "{}: the request after a stop", m.name);
+            for n in [1, 2, 7] {
+                let (got, reason) = run(&e, &p, n, &params, Vec::new());
+                assert_eq!(got, full[..n], "{}: max_tokens {n}", m.name);
+                assert_eq!(reason, FinishReason::Length);
+            }
+            // the context's end: a prompt that leaves 6 positions
+            let long = prompt(N_CTX - 6, 9, nv);
+            let (got, reason) = run(&e, &long, 40, &params, Vec::new());
+            assert_eq!(reason, FinishReason::Length, "{}: context end", m.name);
+            assert!(
+                got.len() <= 7,
+                "{}: {} tokens past the context",
+                m.name,
+                got.len()
+            );
+            let (again, _) = run(&e, &p, 40, &params, Vec::new());
+            assert_eq!(again, full, "{}: the request after the context end", m.name);
+        }
+        println!(
+            "{}: run-ahead plain decoding ends exactly on stop ids, max_tokens 1/2/7 and the context end; the next request unchanged (greedy and seeded sampling)",
+            m.name
+        );
+    }
+}
+
 fn engine_speculative_equals_plain(device: &str, models: &[Model], test: &str, n_gen: usize) {
     let greedy = SamplerParams::greedy();
     let sampled = SamplerParams {
