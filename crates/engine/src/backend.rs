@@ -286,45 +286,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.decode_step(cfg, w, st, id, logits)?;
         Ok(None)
     }
-
-    /// Whether [`Backend::decode_step_launch`] / [`Backend::decode_step_collect`] run a step
-    /// asynchronously (the CUDA graph replay): the engine then streams the previous token while
-    /// the step runs. The default is false and those two are not used.
-    fn async_steps(&self) -> bool {
-        false
-    }
-
-    /// The first half of [`Backend::decode_step_stats`]: start the step (feed `id` at `st.pos`)
-    /// and advance the state by one, without waiting for it. Exactly one
-    /// [`Backend::decode_step_collect`] with the same `row_needed` must follow before any other
-    /// call on this backend. Only where [`Backend::async_steps`].
-    fn decode_step_launch(
-        &self,
-        cfg: &TargetConfig,
-        w: &Weights<Self>,
-        st: &mut SeqState<Self>,
-        id: u32,
-        row_needed: bool,
-    ) -> Result<()> {
-        let _ = (cfg, w, st, id, row_needed);
-        Err(Error::Backend(
-            "this backend has no asynchronous decode step".into(),
-        ))
-    }
-
-    /// The second half: wait for the launched step and return what
-    /// [`Backend::decode_step_stats`] returns (the row in `logits` as it describes).
-    fn decode_step_collect(
-        &self,
-        cfg: &TargetConfig,
-        logits: &mut Vec<f32>,
-        row_needed: bool,
-    ) -> Result<Option<LogitStats>> {
-        let _ = (cfg, logits, row_needed);
-        Err(Error::Backend(
-            "this backend has no asynchronous decode step".into(),
-        ))
-    }
 }
 
 /// Width of one verify-record row of a GDN layer: `mixed` (conv_dim) ‖ `k` (H_k·d_k) ‖ `v` (H_v·d_v)

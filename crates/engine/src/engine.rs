@@ -816,64 +816,29 @@ impl<B: Backend> Worker<B> {
         let mut pending: Vec<Sampled> = vec![s];
         // `fed`: positions fed when the first pending token was sampled (the plain loop's `pos`).
         let mut fed = self.state.pos;
-        // Plain decoding without a drafter on a backend with asynchronous steps: the step that
-        // feeds the pending token is launched before that token is streamed, so the host work of
-        // streaming it (detokenizing, stop strings, the event) overlaps the step. When the token
-        // ends the request the step was for nothing; the state is reset by the next request.
-        let run_ahead = !use_spec && tap_layers.is_none() && self.backend.async_steps();
-        let row_needed = !sampler.stats_suffice();
         loop {
             let mut id_last = 0;
-            let in_flight = run_ahead
-                && pending.len() == 1
-                && em.n_gen + 1 < req.max_tokens
-                && fed < n_ctx
-                && self.state.pos < n_ctx
-                && !cancel.load(Ordering::Relaxed);
-            if in_flight {
-                self.backend.decode_step_launch(
-                    &self.cfg,
-                    &self.weights,
-                    &mut self.state,
-                    pending[0].id,
-                    row_needed,
-                )?;
-            }
-            // the request ends: stream its end first, then wait for a step still in flight
-            let end = |this: &mut Self, reason, n_gen, ttft, stats| {
-                let r = this.finish(events, reason, req, n_gen, t0, t_prefill, ttft, stats);
-                if in_flight {
-                    this.backend
-                        .decode_step_collect(&this.cfg, &mut Vec::new(), row_needed)?;
-                }
-                r
-            };
             for (j, s) in pending.drain(..).enumerate() {
                 id_last = s.id;
                 if use_spec {
                     history.push(s.id);
                 }
                 if let Some(reason) = self.emit(req, events, &mut em, s, fed + j, t0)? {
-                    return end(self, reason, em.n_gen, em.ttft, stats);
+                    return self
+                        .finish(events, reason, req, em.n_gen, t0, t_prefill, em.ttft, stats);
                 }
             }
             if cancel.load(Ordering::Relaxed) {
-                return end(self, FinishReason::Cancelled, em.n_gen, em.ttft, stats);
-            }
-            if in_flight {
-                let row_stats =
-                    self.backend
-                        .decode_step_collect(&self.cfg, &mut logits, row_needed)?;
-                let s = match row_stats
-                    .and_then(|st| sampler.sample_from_stats(&st, self.cfg.n_vocab))
-                {
-                    Some(s) => s,
-                    None => sampler.sample(&logits),
-                };
-                sampler.accept(s.id);
-                fed = self.state.pos;
-                pending = vec![s];
-                continue;
+                return self.finish(
+                    events,
+                    FinishReason::Cancelled,
+                    req,
+                    em.n_gen,
+                    t0,
+                    t_prefill,
+                    em.ttft,
+                    stats,
+                );
             }
             let start = self.state.pos;
             let room = start + NGRAM_K < n_ctx;

@@ -2406,22 +2406,6 @@ impl Backend for CudaBackend {
         logits: &mut Vec<f32>,
         row_needed: bool,
     ) -> Result<Option<LogitStats>> {
-        self.decode_step_launch(cfg, w, st, id, row_needed)?;
-        self.decode_step_collect(cfg, logits, row_needed)
-    }
-
-    fn async_steps(&self) -> bool {
-        true
-    }
-
-    fn decode_step_launch(
-        &self,
-        cfg: &TargetConfig,
-        w: &Weights<Self>,
-        st: &mut SeqState<Self>,
-        id: u32,
-        row_needed: bool,
-    ) -> Result<()> {
         if st.pos + 1 > st.n_ctx {
             return Err(Error::ContextOverflow(format!(
                 "{} positions requested, context is {}",
@@ -2448,10 +2432,11 @@ impl Backend for CudaBackend {
                 kv.len, st.pos
             )));
         }
+        let nv = cfg.n_vocab;
         let mut slots = self.step_graph.lock().expect("step graph lock");
         // the variant with the row copy when the caller reads the row, else the one without
         let slot = &mut slots[row_needed as usize];
-        self.with_scratch(cfg, 1, |sc| {
+        let stats = self.with_scratch(cfg, 1, |sc| {
             let mut key = Self::step_key(cfg, w, st, sc.gen);
             // a graph bakes in the launch mode (PDL edges or full ones), the mat-vec family and
             // whether it copies the row
@@ -2466,43 +2451,28 @@ impl Backend for CudaBackend {
             g.input.set_i32(1, st.pos as i32);
             // the graph overwrites the device position slot
             sc.pos_host = None;
-            self.gpu.launch_graph(&g.graph).map_err(be)
+            self.gpu.launch_graph(&g.graph).map_err(be)?;
+            self.gpu.sync().map_err(be)?;
+            let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
+            let stats = r.argmax.map(|argmax| LogitStats {
+                argmax,
+                max: r.max,
+                lse: r.lse,
+            });
+            logits.clear();
+            if let Some(row) = &g.logits {
+                logits.extend_from_slice(row.f32s(nv));
+            } else if !self.rows_skippable(&[stats], 1, nv) {
+                // the row-less graph ran and the statistics are unusable: the step has advanced
+                // the state (no replay), but the scratch logits still hold the row
+                logits.resize(nv, 0.0);
+                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
+            }
+            Ok(stats)
         })?;
         st.pos += 1;
         for kv in &mut st.kv {
             kv.len = st.pos;
-        }
-        Ok(())
-    }
-
-    fn decode_step_collect(
-        &self,
-        cfg: &TargetConfig,
-        logits: &mut Vec<f32>,
-        row_needed: bool,
-    ) -> Result<Option<LogitStats>> {
-        let nv = cfg.n_vocab;
-        let mut slots = self.step_graph.lock().expect("step graph lock");
-        let g = slots[row_needed as usize]
-            .as_mut()
-            .ok_or_else(|| Error::Backend("decode_step_collect: no step launched".into()))?;
-        self.gpu.sync().map_err(be)?;
-        let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
-        let stats = r.argmax.map(|argmax| LogitStats {
-            argmax,
-            max: r.max,
-            lse: r.lse,
-        });
-        logits.clear();
-        if let Some(row) = &g.logits {
-            logits.extend_from_slice(row.f32s(nv));
-        } else if !self.rows_skippable(&[stats], 1, nv) {
-            // the row-less graph ran and the statistics are unusable: the step has advanced
-            // the state (no replay), but the scratch logits still hold the row
-            logits.resize(nv, 0.0);
-            self.with_scratch(cfg, 1, |sc| {
-                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)
-            })?;
         }
         Ok(stats)
     }
