@@ -168,6 +168,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         }
         Ok(())
     }
+    /// The speculative round's snapshot of every GDN layer, `snap[i] ← gdn[i]`, taken right
+    /// before [`Backend::verify_forward`] and read only after it returns. The default copies now
+    /// ([`Backend::copy_gdn_all`]). The CUDA backend leaves it to that verify: its fused GDN
+    /// kernels write the state they read into `snap` (no separate copy of every layer).
+    fn round_snapshot(&self, gdn: &[Self::Gdn], snap: &mut [Self::Gdn]) -> Result<()> {
+        self.copy_gdn_all(gdn, snap)
+    }
     /// The replay rollback of a speculative round (MODEL.md §4.9 option C) over every GDN layer:
     /// restore `gdn[i] ← snap[i]` for all layers, then [`Backend::gdn_replay`] the first `keep`
     /// rows of `recs[i]` into each. The default runs exactly that; the CUDA backend may replay one

@@ -123,8 +123,8 @@ pub fn verify_round<B: Backend>(
     let n = ids.len();
     let mut timing = RoundTiming::default();
     let t = Instant::now();
-    // 1. snapshot the GDN state (the rollback point)
-    b.copy_gdn_all(&st.gdn, &mut bufs.snap)?;
+    // 1. snapshot the GDN state (the rollback point; complete once the verify has returned)
+    b.round_snapshot(&st.gdn, &mut bufs.snap)?;
     timing.snapshot_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     // 2. verify: n rows, each computed exactly as a single-token step (on CUDA with

@@ -357,6 +357,16 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
     assert_same_state(b, &sa, &sb, &format!("{}: prefill", m.name));
     let mut ra: Vec<B::Act> = (0..n_gdn).map(|_| b.new_act(8, width)).collect();
     let mut rb: Vec<B::Act> = (0..n_gdn).map(|_| b.new_act(8, width)).collect();
+    // the round's snapshot, asked for before every verify on both paths: once the verify has
+    // returned it must hold the pre-verify state (on CUDA the graph's fused GDN kernels write
+    // it, the eager path copies it)
+    let mut snap_a: Vec<B::Gdn> = (0..n_gdn).map(|_| b.new_gdn(&cfg).unwrap()).collect();
+    let mut snap_b: Vec<B::Gdn> = (0..n_gdn).map(|_| b.new_gdn(&cfg).unwrap()).collect();
+    let host_gdn = |gs: &[B::Gdn]| -> Vec<Vec<u32>> {
+        gs.iter()
+            .map(|g| bits(&b.gdn_to_host(g).unwrap()))
+            .collect()
+    };
     let mut greedy = Sampler::new(SamplerParams::greedy());
     let mut calls = 0;
     let (mut skipped, mut fallbacks, mut step_skipped) = (0, 0, 0);
@@ -373,6 +383,8 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                     let rows_needed = rows == Rows::Needed;
                     let (mut la, mut lb) = (Vec::new(), Vec::new());
                     let (mut ta, mut tb) = (vec![7.0f32; 3], vec![-7.0f32; 5]);
+                    let pre = host_gdn(&sa.gdn);
+                    b.round_snapshot(&sa.gdn, &mut snap_a).unwrap();
                     b.set_graphs(false);
                     let st_a = b
                         .verify_forward(
@@ -388,6 +400,7 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                         .unwrap();
                     b.set_graphs(true);
                     b.force_row_fallback(rows == Rows::Fallback);
+                    b.round_snapshot(&sb.gdn, &mut snap_b).unwrap();
                     let st_b = b
                         .verify_forward(
                             &cfg,
@@ -402,6 +415,8 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                         .unwrap();
                     b.force_row_fallback(false);
                     b.set_graphs(false);
+                    assert!(host_gdn(&snap_a) == pre, "{what}: eager snapshot");
+                    assert!(host_gdn(&snap_b) == pre, "{what}: graph snapshot");
                     verify_checks(
                         b,
                         &what,

@@ -319,6 +319,50 @@ fn cuda_b1q_round_ab() {
     }
 }
 
+/// The round's GDN snapshot written by the verify's fused GDN kernels and read by the rollback's
+/// replay (`CudaBackend::snap_fused`, the default) against a copy of every layer before the
+/// verify and a restore copy before the replay, and the verify GDN kernel's gated norm of all
+/// rows after the recurrence (`Gpu::gdn_norm_batch`, the default) against a cluster exchange
+/// per row: the what-if's round and the greedy step, alternating in one process (three times
+/// each). `BONSAI_SNAP_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_snap_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_snap_round_ab") else {
+        return;
+    };
+    let cuda = &t.cuda;
+    let mut rows = Vec::new();
+    for rep in 0..3 {
+        // (snapshot fused, the verify GDN kernel's gated norm batched): both on is the default
+        for (fused, bn) in [(true, true), (true, false), (false, false)] {
+            cuda.set_snap_fused(fused);
+            cuda.gpu().set_gdn_norm_batch(bn);
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "SNAPAB rep {rep} snap_fused {fused:<5} gdn_norm_batch {bn:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"snap_fused\": {fused}, \"gdn_norm_batch\": {bn}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    cuda.set_snap_fused(true);
+    cuda.gpu().set_gdn_norm_batch(true);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        cuda.name(),
+        rows.join(", ")
+    );
+    println!("SNAPAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_SNAP_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
 /// 4 drafts of which the first is wrong: a 5-row verify, then the rollback to 1 row) and in the
 /// plain greedy step (the decode graph without the logits row): both captured again with the
@@ -724,5 +768,23 @@ fn cuda_spec_round_cost() {
     println!("BENCH {json}");
     if let Ok(out) = std::env::var("BONSAI_SPEC_BENCH_OUT") {
         std::fs::write(out, &json).unwrap();
+    }
+}
+
+/// The what-if's round and the greedy step with the defaults, three times (for A/Bs across
+/// builds: run alternately with another build's binary). Prints `ROUNDPLAIN` lines.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_round_plain() {
+    let Some((_path, t, first)) = round_target("cuda_round_plain") else {
+        return;
+    };
+    for rep in 0..3 {
+        let (round, step) = round_and_step(&t, first);
+        println!(
+            "ROUNDPLAIN {} rep {rep} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+            t.cfg.weight_type.name(),
+            round / step
+        );
     }
 }

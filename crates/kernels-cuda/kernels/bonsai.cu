@@ -986,19 +986,26 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   launches).
 //   ko / vo / beta_out / g_out (L2-normed k [n, hk·dk], v [n, hv·dv], gates [n, hv], as gdn_conv
 //   writes them) only when ko != 0: the verify record reads them. out [n, hv·dv] unless 0.
+//   snap_s / snap_conv (unless 0; S's and conv_state's layouts): the state and windows as this
+//   launch read them, i.e. the speculative round's snapshot, written as a side output instead of
+//   a separate copy of every layer before the verify.
 //   NORM (gdn_conv_step_norm_d128: dv = 128, a cluster of the 4 blocks of a head): gated_norm_quant
 //   fused in too — each block's warp 0 holds 32 outputs of head h, the head's Σ o² is the 4 warp
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
-template <bool NORM, bool P16 = false>
+#define GDN_BN_MAXN 8  // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
+template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, const float* z, const float* nw_, float norm_eps, float* yf, i8* yq, float* yd,
-    int* ys, P16Out po = {}) {
+    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw_, float norm_eps,
+    float* yf, i8* yq, float* yd, int* ys, P16Out po = {}) {
     static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
+    static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
     __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2], amx[2];
+    // BN: warp 0's outputs and gate inputs of every row, and the rows' Σ o² (one cluster exchange)
+    __shared__ float osh[BN ? GDN_BN_MAXN : 1][32], zsh[BN ? GDN_BN_MAXN : 1][32], osumn[BN ? GDN_BN_MAXN : 1];
     __shared__ int last_s;
     const int dv = dk;
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
@@ -1033,6 +1040,24 @@ __device__ __forceinline__ void gdn_conv_step_body(
     // the head's gate constants and (NORM) this column's norm weight
     const float dtb = dt_bias[h], sa = ssm_a[h], nwj = NORM ? nw_[j] : 0.f;
     PDL_ENTRY();
+    if (SNAP && snap_s) {
+        // the speculative round's snapshot of what this launch reads (after the wait: the round's
+        // rollback reads the snapshot): the block's S rows, its value windows (warp 0) and, from
+        // one block per k-head, the q / k windows
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) snap_s[(size_t)h * dk * dv + (size_t)(w * R + r) * dv + j] = s[r];
+        if (w == 0) {
+#pragma unroll
+            for (int i = 0; i < 7; ++i)
+                if (i < km1) snap_conv[(size_t)i * conv_dim + v_ch] = win_v[i];
+        }
+        if (qk_ch >= 0 && h == kap && blockIdx.y == 0) {
+#pragma unroll
+            for (int i = 0; i < 7; ++i)
+                if (i < km1) snap_conv[(size_t)i * conv_dim + qk_ch] = win_qk[i];
+        }
+    }
     // acc = w[k-1]·x, then fma over the window oldest first (gdn_conv's order); then slide
     auto conv_silu = [&](const float* cw, float* win, float x) -> float {
         float acc = 0.f;
@@ -1121,12 +1146,15 @@ __device__ __forceinline__ void gdn_conv_step_body(
             for (int i = 0; i < 8; ++i) ot += red[i][lane];
             ov = ot * scale;
             if (out) out[((size_t)t * hv + h) * dv + j] = ov;
-            if (NORM) {
+            if (BN) {
+                osh[t][lane] = ov;
+                zsh[t][lane] = zt;
+            } else if (NORM) {
                 float os = warp_sum(ov * ov);
                 if (lane == 0) osum[t & 1] = os;
             }
         }
-        if (NORM) {
+        if (NORM && !BN) {
             // the head's 4 warp sums, in rank order; the slot of row t is rewritten at row t + 2,
             // after every block has passed row t + 1's barrier, i.e. finished reading it
             cluster_sync_all();
@@ -1161,6 +1189,41 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
     }
+    if (BN) {
+        // the gated norm of every row: warp 0's Σ o² per row (warp_sum's tree, rows interleaved),
+        // one cluster exchange, then each row's y and quant32 as above (the same operations)
+        if (w == 0) {
+            float os[GDN_BN_MAXN];
+#pragma unroll
+            for (int t = 0; t < GDN_BN_MAXN; ++t) {
+                const float o = t < n ? osh[t][lane] : 0.f;
+                os[t] = o * o;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int t = 0; t < GDN_BN_MAXN; ++t)
+                    if (t < n) os[t] += __shfl_xor_sync(0xffffffffu, os[t], o);
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < GDN_BN_MAXN; ++t)
+                    if (t < n) osumn[t] = os[t];
+            }
+        }
+        cluster_sync_all();
+        if (w == 0) {
+            for (int t = 0; t < n; ++t) {
+                float ss = 0.f;
+                for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
+                float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
+                float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
+                size_t idx = ((size_t)t * hv + h) * dv + j;
+                if (yf) yf[idx] = yo;
+                size_t b = idx >> 5;
+                quant32(yo, yq + (b << 5), yd + b, ys + b);
+            }
+        }
+    }
     if (NORM) cluster_sync_all();  // no block leaves while a peer may still read its osum
 #pragma unroll
     for (int r = 0; r < 16; ++r)
@@ -1187,10 +1250,10 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out) {
+    float* g_out, float* snap_s, float* snap_conv) {
     gdn_conv_step_body<false>(S, mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, bb, aa, dt_bias,
-                              ssm_a, cnt, out, ko, vo, beta_out, g_out, nullptr, nullptr, 0.f,
-                              nullptr, nullptr, nullptr, nullptr);
+                              ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, nullptr,
+                              nullptr, 0.f, nullptr, nullptr, nullptr, nullptr);
 }
 
 // gdn_conv_step with gated_norm_quant fused (dk = dv = 128): z [n, hv·dv] the gate input, nw the
@@ -1199,11 +1262,39 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, const float* z, const float* nw, float norm_eps, float* yf, i8* yq, float* yd,
-    int* ys) {
+    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
+    float* yf, i8* yq, float* yd, int* ys) {
+    gdn_conv_step_body<true, false, false, false>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
+                             ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
+                             norm_eps, yf, yq, yd, ys);
+}
+
+// gdn_conv_step_norm_d128 with the snapshot side output compiled in (verify launches that write
+// the round's snapshot; the decode kernel above keeps the one-row code without it: with the
+// snapshot code in that kernel too, the H200 decode step measured 1.5 % (Q1_0) and 3 % (Q2_0)
+// slower).
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_snap_d128(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
+    float* yf, i8* yq, float* yd, int* ys) {
     gdn_conv_step_body<true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                             ssm_a, cnt, out, ko, vo, beta_out, g_out, z, nw, norm_eps, yf, yq, yd,
-                             ys);
+                             ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
+                             norm_eps, yf, yq, yd, ys);
+}
+
+// gdn_conv_step_norm_d128 for verify launches (2 ≤ n ≤ 8): the gated norm of all rows after the
+// recurrence with one cluster exchange (instead of one cluster barrier per row); the same bits.
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_bn_d128(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
+    float* yf, i8* yq, float* yd, int* ys) {
+    gdn_conv_step_body<true, false, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa,
+                                          dt_bias, ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s,
+                                          snap_conv, z, nw, norm_eps, yf, yq, yd, ys);
 }
 
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
@@ -1214,11 +1305,11 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, const float* z, const float* nw, float norm_eps, float* yf, u32* xp, float* xu,
-    int* xs, u8* xv) {
+    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
+    float* yf, u32* xp, float* xu, int* xs, u8* xv) {
     gdn_conv_step_body<true, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, z, nw, norm_eps, yf, nullptr,
-                                   nullptr, nullptr, P16Out{xp, xu, xs, xv});
+                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
+                                   norm_eps, yf, nullptr, nullptr, nullptr, P16Out{xp, xu, xs, xv});
 }
 
 // y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.

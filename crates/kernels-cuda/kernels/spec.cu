@@ -47,18 +47,31 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 // arithmetic must be mirrored here (the GPU tests compare the two bit for bit).
 // Blocks x >= hv (row y == 0 only): the conv window, one channel per thread: for each row drop the
 // oldest window row and append the row's pre-conv input, exactly as gdn_conv updates it.
-extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* rec, int rec_w, int hk, int hv,
-                                      int dk, int dv, int kconv, int n) {
+// S_src / conv_src: where the state and window are read (the round's snapshot, so the rollback
+// needs no restore copy first; equal to S / conv_state for an in-place replay).
+extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* S_src, const float* conv_src,
+                                      const float* rec, int rec_w, int hk, int hv, int dk, int dv, int kconv,
+                                      int n) {
     __shared__ float ks[128], red[8][32];
     int conv_dim = 2 * hk * dk + hv * dv;
     if ((int)blockIdx.x >= hv) {
         if (blockIdx.y != 0) return;
         int ch = (blockIdx.x - hv) * blockDim.x + threadIdx.x;
-        if (ch >= conv_dim || kconv < 2) return;
+        const int km1 = kconv - 1;
+        if (ch >= conv_dim || km1 < 1 || km1 > 7) return;
+        // the window [window ‖ rows 0..n) keeps its last km1 elements
+        float win[7];
+#pragma unroll
+        for (int j = 0; j < 7; ++j) win[j] = j < km1 ? conv_src[(size_t)j * conv_dim + ch] : 0.f;
         for (int t = 0; t < n; ++t) {
-            for (int j = 0; j + 1 < kconv - 1; ++j) conv_state[j * conv_dim + ch] = conv_state[(j + 1) * conv_dim + ch];
-            conv_state[(kconv - 2) * conv_dim + ch] = rec[(size_t)t * rec_w + ch];
+            const float x = rec[(size_t)t * rec_w + ch];
+#pragma unroll
+            for (int j = 0; j < 7; ++j)
+                if (j < km1) win[j] = j + 1 < km1 ? win[j + 1] : x;
         }
+#pragma unroll
+        for (int j = 0; j < 7; ++j)
+            if (j < km1) conv_state[(size_t)j * conv_dim + ch] = win[j];
         return;
     }
     int koff = conv_dim, voff = conv_dim + hk * dk, goff = voff + hv * dv, boff = goff + hv;
@@ -67,9 +80,10 @@ extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* 
     int R = dk / 8;
     int kap = h % hk;
     float* Sh = S + (size_t)h * dk * dv;
+    const float* Ss = S_src + (size_t)h * dk * dv;
     float s[16];
 #pragma unroll
-    for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
+    for (int r = 0; r < 16; ++r) s[r] = r < R ? Ss[(size_t)(w * R + r) * dv + j] : 0.f;
     for (int t = 0; t < n; ++t) {
         const float* row = rec + (size_t)t * rec_w;
         __syncthreads();

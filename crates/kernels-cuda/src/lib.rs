@@ -1460,6 +1460,8 @@ kernels!(
         gdn_step,
         gdn_conv_step,
         gdn_conv_step_norm_d128,
+        gdn_conv_step_norm_snap_d128,
+        gdn_conv_step_norm_bn_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
         gated_norm_quant_v4,
@@ -1816,6 +1818,8 @@ pub struct Gpu {
     b1p_xs: AtomicBool,
     /// [`Gpu::b1q`] (`BONSAI_CUDA_B1Q=0` turns it off).
     b1q: AtomicBool,
+    /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
+    gdn_norm_batch: AtomicBool,
     /// [`Gpu::b1p_out`] (`BONSAI_CUDA_B1P_OUT=1` turns it on).
     b1p_out: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
@@ -2071,6 +2075,9 @@ impl Gpu {
             mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
             b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
+            gdn_norm_batch: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
+            ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
@@ -3053,7 +3060,8 @@ impl Gpu {
                 | (self.b1p_timing() as u64) << 2
                 | (self.b1p_xs() as u64) << 3
                 | (self.b1q() as u64) << 4
-                | (self.b1p_out() as u64) << 5,
+                | (self.b1p_out() as u64) << 5
+                | (self.gdn_norm_batch() as u64) << 6,
         ]
     }
 
@@ -3486,6 +3494,20 @@ impl Gpu {
     /// Set [`Self::b1q`] (capture graphs after setting it).
     pub fn set_b1q(&self, on: bool) {
         self.b1q.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether verify launches (2..=8 rows) of the GDN kernel with the int8 gated norm take
+    /// `gdn_conv_step_norm_bn_d128`: the norm of all rows after the recurrence, one cluster
+    /// exchange instead of a cluster barrier per row (default on;
+    /// `BONSAI_CUDA_GDN_NORM_BATCH=0` off). The same bits either way; decode keeps the one-row
+    /// kernel.
+    pub fn gdn_norm_batch(&self) -> bool {
+        self.gdn_norm_batch.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::gdn_norm_batch`] (capture graphs after setting it).
+    pub fn set_gdn_norm_batch(&self, on: bool) {
+        self.gdn_norm_batch.store(on, Ordering::Relaxed);
     }
 
     /// Whether the producers of the out-projections' inputs (the gated norm fused into the GDN
@@ -4168,6 +4190,8 @@ impl Gpu {
     /// when given (the verify record reads them). With `norm` (dv = 128 only), the gated norm of
     /// the output is fused in as well (`gdn_conv_step_norm_d128`, a cluster of the head's 4
     /// blocks): `norm` receives what [`Self::gated_norm_quant`] would write, bit for bit.
+    /// With `snap = Some((s_snap, conv_snap))` the state and conv window as the launch reads them
+    /// are also written there (the speculative round's snapshot, no separate copy).
     /// Decode and verify launches (n ≤ 8); needs [`gdn_fused_supported`]. Not for two streams
     /// at once: the arrival counters are the `Gpu`'s.
     #[allow(clippy::too_many_arguments)]
@@ -4184,6 +4208,7 @@ impl Gpu {
         (bb, aa, dt_bias, ssm_a): (u64, u64, u64, u64),
         out: u64,
         rec_out: Option<(u64, u64, u64, u64)>,
+        snap: Option<(u64, u64)>,
         norm: Option<GdnNormOut>,
     ) -> Result<()> {
         if !gdn_fused_supported(hk, hv, dk, dv, kconv)
@@ -4196,6 +4221,11 @@ impl Gpu {
                 } else {
                     ""
                 }
+            )));
+        }
+        if n > MAX_ROWS {
+            return Err(CudaError(format!(
+                "gdn_conv_step: {n} rows, at most {MAX_ROWS} per launch (decode and verify)"
             )));
         }
         if n == 0 {
@@ -4224,6 +4254,8 @@ impl Gpu {
             Arg::P(vo),
             Arg::P(beta),
             Arg::P(g),
+            Arg::P(snap.map_or(0, |(ss, _)| ss)),
+            Arg::P(snap.map_or(0, |(_, cs)| cs)),
         ];
         let f = match norm {
             Some(m) => {
@@ -4236,7 +4268,13 @@ impl Gpu {
                     }
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
-                        self.f.gdn_conv_step_norm_d128
+                        if n >= 2 && self.gdn_norm_batch() {
+                            self.f.gdn_conv_step_norm_bn_d128
+                        } else if snap.is_some() {
+                            self.f.gdn_conv_step_norm_snap_d128
+                        } else {
+                            self.f.gdn_conv_step_norm_d128
+                        }
                     }
                 }
             }

@@ -93,12 +93,16 @@ impl Gpu {
     /// Advance a GDN layer's recurrent state `s` (`[hv, dk, dv]`) and conv window `conv_state`
     /// (`[kconv − 1, conv_dim]`, oldest first) over the first `n` rows of the verify record `rec`
     /// (`[≥ n, rec_w]`, [`gdn_rec_width`]), with no outputs. The state equals what `gdn_conv` +
-    /// `gdn_step` leave after the same rows, bit for bit. Same limits as [`Gpu::gdn_step`].
+    /// `gdn_step` leave after the same rows, bit for bit. Same limits as [`Gpu::gdn_step`], and a
+    /// conv kernel of at most 8 taps. With `src = Some((s_src, conv_src))` the state and window
+    /// are read from there (the round's snapshot) and the result written to `s` / `conv_state`:
+    /// a restore copy and the replay in one launch.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_replay(
         &self,
         s: u64,
         conv_state: u64,
+        src: Option<(u64, u64)>,
         rec: u64,
         rec_w: usize,
         hk: usize,
@@ -108,10 +112,10 @@ impl Gpu {
         kconv: usize,
         n: usize,
     ) -> Result<()> {
-        if dk > 128 || dk % 8 != 0 || dv % 32 != 0 || kconv == 0 {
+        if dk > 128 || dk % 8 != 0 || dv % 32 != 0 || kconv == 0 || kconv > 8 {
             return Err(CudaError(format!(
-                "gdn_replay: needs dk <= 128 and a multiple of 8, dv a multiple of 32, kconv >= 1 \
-                 (dk {dk}, dv {dv}, kconv {kconv})"
+                "gdn_replay: needs dk <= 128 and a multiple of 8, dv a multiple of 32, \
+                 1 <= kconv <= 8 (dk {dk}, dv {dv}, kconv {kconv})"
             )));
         }
         if rec_w != gdn_rec_width(hk, hv, dk, dv) {
@@ -120,7 +124,7 @@ impl Gpu {
                 gdn_rec_width(hk, hv, dk, dv)
             )));
         }
-        if n == 0 {
+        if n == 0 && src.is_none() {
             return Ok(());
         }
         let conv_dim = 2 * hk * dk + hv * dv;
@@ -131,6 +135,8 @@ impl Gpu {
             &[
                 Arg::P(s),
                 Arg::P(conv_state),
+                Arg::P(src.map_or(s, |(ss, _)| ss)),
+                Arg::P(src.map_or(conv_state, |(_, cs)| cs)),
                 Arg::P(rec),
                 Arg::I(rec_w as i32),
                 Arg::I(hk as i32),

@@ -2929,6 +2929,7 @@ fn gdn_rec_write_and_replay_bit_exact() {
             g.gdn_replay(
                 sr.ptr(),
                 cr.ptr(),
+                None,
                 rec.ptr(),
                 width,
                 hk,
@@ -2939,6 +2940,41 @@ fn gdn_rec_write_and_replay_bit_exact() {
                 m,
             )
             .unwrap();
+            // the same from a snapshot into buffers holding something else (restore + replay)
+            let (cs, ss) = (up(&conv0), up(&s0));
+            let (cx, sx) = (
+                up(&vec![f32::NAN; conv0.len()]),
+                up(&vec![-1.5f32; s0.len()]),
+            );
+            g.gdn_replay(
+                sx.ptr(),
+                cx.ptr(),
+                Some((ss.ptr(), cs.ptr())),
+                rec.ptr(),
+                width,
+                hk,
+                hv,
+                dk,
+                dv,
+                kconv,
+                m,
+            )
+            .unwrap();
+            assert_eq!(
+                bits(&down::<f32>(g, &cx, (kconv - 1) * conv_dim)),
+                bits(&down::<f32>(g, &cr, (kconv - 1) * conv_dim)),
+                "case {case}: conv window after {m} rows replayed from a snapshot"
+            );
+            assert_eq!(
+                bits(&down::<f32>(g, &sx, hv * dk * dv)),
+                bits(&down::<f32>(g, &sr, hv * dk * dv)),
+                "case {case}: state after {m} rows replayed from a snapshot"
+            );
+            assert_eq!(
+                bits(&down::<f32>(g, &ss, hv * dk * dv)),
+                bits(&s0),
+                "case {case}: the snapshot is read only"
+            );
             let (a, b): (Vec<f32>, Vec<f32>) = (
                 down(g, &cp, (kconv - 1) * conv_dim),
                 down(g, &cr, (kconv - 1) * conv_dim),
@@ -2958,7 +2994,7 @@ fn gdn_rec_write_and_replay_bit_exact() {
         }
         // a record of the wrong width is refused
         assert!(g
-            .gdn_replay(0, 0, rec.ptr(), width + 1, hk, hv, dk, dv, kconv, 1)
+            .gdn_replay(0, 0, None, rec.ptr(), width + 1, hk, hv, dk, dv, kconv, 1)
             .is_err());
         eprintln!("gdn replay case {case} (hk {hk}, hv {hv}, dk {dk}): record + replay bit-exact for m = 0..={n}");
     }
@@ -3075,18 +3111,26 @@ fn gdn_conv_step_equals_conv_then_step() {
             .unwrap();
             // fused: without / with the side outputs, without / with the gated norm (dv = 128)
             for side in [false, true] {
-                // the gated norm: 0 none, 1 int8 codes, 2 b1-plane activations (with the
-                // byte-split codes for n ≥ 2, as verify launches write them)
-                for norm_mode in 0..3 {
+                // the gated norm: 0 none, 1 int8 codes (n ≥ 2: all rows' norms after the
+                // recurrence, `gdn_conv_step_norm_bn_d128`), 2 b1-plane activations (with the
+                // byte-split codes for n ≥ 2, as verify launches write them), 3 int8 codes with
+                // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`)
+                for norm_mode in 0..4 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
+                    g.set_gdn_norm_batch(norm_mode != 3);
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
                     let (yfb, yqb, ydb, ysb) =
                         (z(n * vd), z(n * vd / 4), z(n * vd / 32), z(n * vd / 32));
+                    // the verify launches (side outputs) also write the round's snapshot
+                    let (snap_s, snap_c) = (
+                        up(&vec![f32::NAN; s0.len()]),
+                        up(&vec![f32::NAN; conv0.len()]),
+                    );
                     g.gdn_conv_step(
                         sb.ptr(),
                         mb.ptr(),
@@ -3099,6 +3143,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                         (bbb.ptr(), aab.ptr(), dtb.ptr(), ab.ptr()),
                         if norm { 0 } else { outb.ptr() },
                         side.then(|| (kb.ptr(), vb.ptr(), betab.ptr(), gb.ptr())),
+                        side.then(|| (snap_s.ptr(), snap_c.ptr())),
                         norm.then(|| GdnNormOut {
                             z: zb.ptr(),
                             w: nwb.ptr(),
@@ -3114,7 +3159,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                     )
                     .unwrap();
                     let tag = format!(
-                        "hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side} norm {norm}"
+                        "hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side} norm mode {norm_mode}"
                     );
                     let cmp = |name: &str, a: &DevBuf, b: &DevBuf, len: usize| {
                         let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, len), down(g, b, len));
@@ -3147,6 +3192,17 @@ fn gdn_conv_step_equals_conv_then_step() {
                     cmp("S", &sa, &sb, hv * dk * dv);
                     cmp("conv window", &ca, &cb, (kconv - 1) * conv_dim);
                     if side {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                        assert_eq!(
+                            down::<u32>(g, &snap_s, s0.len()),
+                            bits(&s0),
+                            "{tag}: snapshot of S"
+                        );
+                        assert_eq!(
+                            down::<u32>(g, &snap_c, conv0.len()),
+                            bits(&conv0),
+                            "{tag}: snapshot of the conv window"
+                        );
                         cmp("k", &ko, &kb, n * qk);
                         cmp("v", &vo, &vb, n * vd);
                         cmp("beta", &beta, &betab, n * hv);
@@ -3155,6 +3211,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                 }
             }
         }
+        g.set_gdn_norm_batch(true);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched
@@ -3170,6 +3227,25 @@ fn gdn_conv_step_equals_conv_then_step() {
             1e-6,
             (0, 0, 0, 0),
             0,
+            None,
+            None,
+            None
+        )
+        .is_err());
+    // nor more than 8 rows
+    assert!(g
+        .gdn_conv_step(
+            0,
+            0,
+            0,
+            0,
+            4,
+            (16, 48, 128, 128),
+            9,
+            1e-6,
+            (0, 0, 0, 0),
+            0,
+            None,
             None,
             None
         )
@@ -3199,6 +3275,7 @@ fn gdn_conv_step_equals_conv_then_step() {
             1e-6,
             (0, 0, 0, 0),
             0,
+            None,
             None,
             Some(nz)
         )

@@ -208,6 +208,14 @@ pub struct CudaBackend {
     round_graph: AtomicBool,
     /// The captured round graphs and the buffers they read and write.
     round_graphs: Mutex<RoundGraphs>,
+    /// The speculative round's snapshot asked for by [`Backend::round_snapshot`] and taken by
+    /// the next [`Backend::verify_forward`]: per GDN layer (live S, live window, snapshot S,
+    /// snapshot window, S bytes, window bytes).
+    pending_snap: Mutex<Option<Vec<SnapPair>>>,
+    /// Whether the round's snapshot is a side output of the verify's GDN kernels and the
+    /// rollback's replay reads it directly (on unless `BONSAI_CUDA_SNAP_FUSED=0`; off: a copy of
+    /// every layer before the verify, and a restore copy before an in-place replay).
+    snap_fused: AtomicBool,
     /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
     /// unusable when deciding whether rows may be skipped.
     force_row_fallback: AtomicBool,
@@ -293,6 +301,18 @@ struct StepGraph {
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
 
+/// One GDN layer of a pending round snapshot: where the live state and window are and where
+/// their snapshot goes ([`CudaBackend::pending_snap`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SnapPair {
+    live_s: u64,
+    live_conv: u64,
+    snap_s: u64,
+    snap_conv: u64,
+    s_bytes: usize,
+    conv_bytes: usize,
+}
+
 /// Append `(key, graph)` to a round-graph cache (dropping the oldest beyond
 /// [`ROUND_GRAPHS_MAX`]; an instantiated graph still in flight is freed when it completes) and
 /// return its index.
@@ -346,6 +366,10 @@ impl CudaBackend {
                 std::env::var("BONSAI_CUDA_ROUND_GRAPH").map_or(true, |v| v != "0"),
             ),
             round_graphs: Mutex::new(RoundGraphs::default()),
+            pending_snap: Mutex::new(None),
+            snap_fused: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_SNAP_FUSED").map_or(true, |v| v != "0"),
+            ),
             force_row_fallback: AtomicBool::new(false),
         })
     }
@@ -360,6 +384,17 @@ impl CudaBackend {
     /// graphs already captured are kept; they are valid only while their keys match.
     pub fn set_round_graph(&self, on: bool) {
         self.round_graph.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the round's GDN snapshot is written by the verify and read by the replay (see
+    /// `snap_fused`; on unless `BONSAI_CUDA_SNAP_FUSED=0`). The same states either way.
+    pub fn snap_fused(&self) -> bool {
+        self.snap_fused.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::snap_fused`] (benchmarks compare both in one process).
+    pub fn set_snap_fused(&self, on: bool) {
+        self.snap_fused.store(on, Ordering::Relaxed);
     }
 
     /// Tests only: with `on`, [`Backend::decode_step_stats`] and [`Backend::verify_forward`]
@@ -802,12 +837,14 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
-        self.gdn_impl_rec(sc, cfg, w, st, x, n, None)
+        self.gdn_impl_rec(sc, cfg, w, st, x, n, None, None)
     }
 
     /// [`Self::gdn_impl`]; with `rec` (a device `[≥ n, gdn_rec_width]` f32 buffer), also writes each
     /// row's verify record (MODEL.md §4.9 option C) from the conv kernel's outputs. The record is
     /// a side copy: the launches that compute the outputs and the state are the same either way.
+    /// With `snap` (snapshot S, snapshot window; only where [`Self::gdn_fused_path`] holds) the
+    /// fused kernel also writes the state and window it reads there: the round's snapshot.
     #[allow(clippy::too_many_arguments)]
     fn gdn_impl_rec(
         &self,
@@ -818,6 +855,7 @@ impl CudaBackend {
         x: u64,
         n: usize,
         rec: Option<u64>,
+        snap: Option<(u64, u64)>,
     ) -> Result<()> {
         let e = cfg.n_embd;
         let eps = cfg.rms_eps;
@@ -849,10 +887,7 @@ impl CudaBackend {
             && kc::gdn_prefill_supported(dk, dv)
             && (1..=8).contains(&cfg.ssm_conv_kernel);
         let fused = g.gdn_fused();
-        if !prefill
-            && fused != kc::GdnFused::Off
-            && kc::gdn_fused_supported(hk, hv, dk, dv, cfg.ssm_conv_kernel)
-        {
+        if !prefill && self.gdn_fused_path(cfg, n) {
             // decode / verify: the conv inside the recurrence, and the gated norm too where the
             // head is 128 wide (one launch, the same bits); the verify record takes k, v and the
             // gates from the fused kernel's side outputs
@@ -884,6 +919,7 @@ impl CudaBackend {
                 (bb, aa, w.dt_bias.buf.ptr(), w.ssm_a.buf.ptr()),
                 if norm.is_some() { 0 } else { sc.go.ptr() },
                 rec.map(|_| (sc.gk.ptr(), sc.gv.ptr(), sc.gbeta.ptr(), sc.gg.ptr())),
+                snap,
                 norm,
             )
             .map_err(be)?;
@@ -895,6 +931,11 @@ impl CudaBackend {
                 return self.proj(sc, &w.ssm_out, n, x, true);
             }
             return self.gdn_out(sc, cfg, w, z, x, n);
+        }
+        if snap.is_some() {
+            return Err(Error::Backend(
+                "gdn: a snapshot side output needs the fused decode / verify kernel".into(),
+            ));
         }
         let conv = if prefill {
             kc::Gpu::gdn_conv_rows
@@ -951,6 +992,54 @@ impl CudaBackend {
         )
         .map_err(be)?;
         self.gdn_out(sc, cfg, w, z, x, n)
+    }
+
+    /// Whether an n-row GDN launch outside prefill runs the fused conv + recurrence kernel
+    /// (`Gpu::gdn_conv_step`): its mode is on, it has the head shape, and n ≤ 8.
+    fn gdn_fused_path(&self, cfg: &TargetConfig, n: usize) -> bool {
+        let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
+        self.gpu.gdn_fused() != kc::GdnFused::Off
+            && kc::gdn_fused_supported(hk, hv, dk, cfg.ssm_head_v_dim(), cfg.ssm_conv_kernel)
+            && n <= MV_ROWS
+    }
+
+    /// `gdn_replay` of one layer over the first `n` rows of its record (checked by the callers):
+    /// in place, or with `src` (the round's snapshot) read and `dst` written — the restore and
+    /// the replay in one launch.
+    fn replay_layer(
+        &self,
+        cfg: &TargetConfig,
+        dst: &CudaGdn,
+        src: Option<&CudaGdn>,
+        rec: &CudaAct,
+        n: usize,
+    ) -> Result<()> {
+        if let Some(s) = src {
+            if s.s.bytes() != dst.s.bytes() || s.conv.bytes() != dst.conv.bytes() {
+                return Err(Error::Backend(format!(
+                    "gdn_replay: snapshot of {} + {} bytes for a state of {} + {}",
+                    s.s.bytes(),
+                    s.conv.bytes(),
+                    dst.s.bytes(),
+                    dst.conv.bytes()
+                )));
+            }
+        }
+        self.gpu
+            .gdn_replay(
+                dst.s.ptr(),
+                dst.conv.ptr(),
+                src.map(|s| (s.s.ptr(), s.conv.ptr())),
+                rec.buf.ptr(),
+                gdn_rec_width(cfg),
+                cfg.ssm_n_group,
+                cfg.ssm_dt_rank,
+                cfg.ssm_d_state,
+                cfg.ssm_head_v_dim(),
+                cfg.ssm_conv_kernel,
+                n,
+            )
+            .map_err(be)
     }
 
     /// With `rec` (a verify), each row's record `[n, gdn_rec_width]`: pre-conv `mixed` ‖ the
@@ -1491,6 +1580,7 @@ impl CudaBackend {
         st: &mut SeqState<Self>,
         io: &RoundIo,
         recs: &[u64],
+        snaps: &[SnapPair],
         tap_layers: &[usize],
         n: usize,
         rows: bool,
@@ -1507,7 +1597,8 @@ impl CudaBackend {
         for (il, layer) in w.layers.iter().enumerate() {
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]))?;
+                    let snap = snaps.get(ig).map(|p| (p.snap_s, p.snap_conv));
+                    self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]), snap)?;
                     ig += 1;
                 }
                 Mixer::Attn(aw) => {
@@ -1556,6 +1647,7 @@ impl CudaBackend {
         tap_out: Option<&mut Vec<f32>>,
         logits: &mut Vec<f32>,
         rows_needed: bool,
+        snaps: &[SnapPair],
     ) -> Result<Vec<Option<LogitStats>>> {
         let n = ids.len();
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
@@ -1632,11 +1724,25 @@ impl CudaBackend {
             ]);
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
+            // the snapshot side outputs (their addresses are baked in too)
+            key.push(snaps.len() as u64);
+            key.extend(snaps.iter().flat_map(|p| [p.snap_s, p.snap_conv]));
             key.extend(Self::step_key(cfg, w, st, sc.gen));
             let io_ref: &RoundIo = io;
             let idx = cached_graph(graphs, key, || {
                 self.capture_graph(|| {
-                    self.verify_body(sc, cfg, w, st, io_ref, &recp, tap_layers, n, rows_needed)
+                    self.verify_body(
+                        sc,
+                        cfg,
+                        w,
+                        st,
+                        io_ref,
+                        &recp,
+                        snaps,
+                        tap_layers,
+                        n,
+                        rows_needed,
+                    )
                 })
             })?;
             for (t, &id) in ids.iter().enumerate() {
@@ -2104,7 +2210,7 @@ impl Backend for CudaBackend {
         let n = x.n;
         let recp = rec.buf.ptr();
         self.with_scratch(cfg, n, |sc| {
-            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp))
+            self.gdn_impl_rec(sc, cfg, w, st, x.buf.ptr(), s.n, Some(recp), None)
         })?;
         // rows of the record that are valid (the buffer keeps its capacity)
         rec.n = s.n;
@@ -2125,20 +2231,7 @@ impl Backend for CudaBackend {
                 rec.n, rec.width
             )));
         }
-        self.gpu
-            .gdn_replay(
-                st.s.ptr(),
-                st.conv.ptr(),
-                rec.buf.ptr(),
-                width,
-                cfg.ssm_n_group,
-                cfg.ssm_dt_rank,
-                cfg.ssm_d_state,
-                cfg.ssm_head_v_dim(),
-                cfg.ssm_conv_kernel,
-                n,
-            )
-            .map_err(be)
+        self.replay_layer(cfg, st, None, rec, n)
     }
 
     /// With the round graphs on: one captured graph of the per-layer copies (keyed by the
@@ -2207,18 +2300,29 @@ impl Backend for CudaBackend {
                 rec.n, rec.width
             )));
         }
-        if !self.round_graph() || gdn.is_empty() {
-            self.copy_gdn_all(snap, gdn)?;
-            for (g, rec) in gdn.iter_mut().zip(recs) {
-                self.gdn_replay(cfg, g, rec, keep)?;
+        // each layer's replay reads the snapshot and writes the live state (no restore copy;
+        // with snap_fused off: the restore copies, then the replays in place)
+        let fused = self.snap_fused();
+        let replay_all = |gdn: &[CudaGdn]| -> Result<()> {
+            if !fused {
+                for (g, s) in gdn.iter().zip(snap) {
+                    self.copy_gdn_state(s, g)?;
+                }
             }
-            return Ok(());
+            for ((g, s), rec) in gdn.iter().zip(snap).zip(recs) {
+                self.replay_layer(cfg, g, fused.then_some(s), rec, keep)?;
+            }
+            Ok(())
+        };
+        if !self.round_graph() || gdn.is_empty() {
+            return replay_all(gdn);
         }
         let (hk, hv, dk) = (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state);
         let (dv, kconv) = (cfg.ssm_head_v_dim(), cfg.ssm_conv_kernel);
         let mut key = vec![
             KEY_ROLLBACK,
             keep as u64,
+            fused as u64,
             self.gpu.pdl() as u64,
             width as u64,
             hk as u64,
@@ -2239,17 +2343,9 @@ impl Backend for CudaBackend {
             ]);
         }
         let mut rg = self.round_graphs.lock().expect("round graph lock");
-        // the eager path's copies and replay launches (records checked above), in its order
+        // the eager path's launches (records checked above), in its order
         let idx = cached_graph(&mut rg.graphs, key, || {
-            self.capture_graph(|| {
-                for (g, s) in gdn.iter().zip(snap) {
-                    self.copy_gdn_state(s, g)?;
-                }
-                for (g, r) in gdn.iter_mut().zip(recs) {
-                    self.gdn_replay(cfg, g, r, keep)?;
-                }
-                Ok(())
-            })
+            self.capture_graph(|| replay_all(gdn))
         })?;
         self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
     }
@@ -2274,7 +2370,35 @@ impl Backend for CudaBackend {
         let taps_inside = taps
             .as_ref()
             .is_none_or(|(l, _)| l.iter().all(|&il| il < w.layers.len()));
-        if !self.round_graph() || n == 0 || n > MV_ROWS || !taps_inside {
+        let graph = self.round_graph() && n > 0 && n <= MV_ROWS && taps_inside;
+        // a snapshot asked for by round_snapshot: the fused GDN kernels of the verify graph write
+        // it as they read the state; every other path copies it first
+        let pending = self.pending_snap.lock().expect("snapshot lock").take();
+        let mut snaps = Vec::new();
+        if let Some(pairs) = pending {
+            if pairs.len() != st.gdn.len()
+                || pairs
+                    .iter()
+                    .zip(&st.gdn)
+                    .any(|(p, g)| p.live_s != g.s.ptr() || p.live_conv != g.conv.ptr())
+            {
+                return Err(Error::Backend(
+                    "verify_forward: the round snapshot was taken of another sequence's state"
+                        .into(),
+                ));
+            }
+            if graph && self.gdn_fused_path(cfg, n) {
+                snaps = pairs;
+            } else {
+                for p in &pairs {
+                    self.gpu.dtod(p.snap_s, p.live_s, p.s_bytes).map_err(be)?;
+                    self.gpu
+                        .dtod(p.snap_conv, p.live_conv, p.conv_bytes)
+                        .map_err(be)?;
+                }
+            }
+        }
+        if !graph {
             crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
             return Ok(Vec::new());
         }
@@ -2282,7 +2406,53 @@ impl Backend for CudaBackend {
             Some((l, o)) => (l, Some(o)),
             None => (&[][..], None),
         };
-        self.verify_graph(cfg, w, st, ids, recs, layers, out, logits, rows_needed)
+        self.verify_graph(
+            cfg,
+            w,
+            st,
+            ids,
+            recs,
+            layers,
+            out,
+            logits,
+            rows_needed,
+            &snaps,
+        )
+    }
+
+    /// No copy here: the next [`Backend::verify_forward`] takes the snapshot — its fused GDN
+    /// kernels write the state and window they read into `snap` (the verify graph), or it copies
+    /// them first (every other path).
+    fn round_snapshot(&self, gdn: &[CudaGdn], snap: &mut [CudaGdn]) -> Result<()> {
+        if !self.snap_fused() {
+            return self.copy_gdn_all(gdn, snap);
+        }
+        if gdn.len() != snap.len()
+            || gdn
+                .iter()
+                .zip(snap.iter())
+                .any(|(g, s)| g.s.bytes() != s.s.bytes() || g.conv.bytes() != s.conv.bytes())
+        {
+            return Err(Error::Backend(format!(
+                "round_snapshot: {} layers into {} snapshot layers of other sizes",
+                gdn.len(),
+                snap.len()
+            )));
+        }
+        let pairs = gdn
+            .iter()
+            .zip(snap.iter())
+            .map(|(g, s)| SnapPair {
+                live_s: g.s.ptr(),
+                live_conv: g.conv.ptr(),
+                snap_s: s.s.ptr(),
+                snap_conv: s.conv.ptr(),
+                s_bytes: g.s.bytes(),
+                conv_bytes: g.conv.bytes(),
+            })
+            .collect();
+        *self.pending_snap.lock().expect("snapshot lock") = Some(pairs);
+        Ok(())
     }
 
     fn embed(&self, table: &CudaMat, ids: &[u32], x: &mut CudaAct) -> Result<()> {
