@@ -1258,44 +1258,30 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 
 // gdn_conv_step with gated_norm_quant fused (dk = dv = 128): z [n, hv·dv] the gate input, nw the
 // ssm_norm weight [dv]; yf (f32, unless 0), yq / yd / ys as gated_norm_quant writes them.
-extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_d128(
-    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
-    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
-    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
-    float* yf, i8* yq, float* yd, int* ys) {
-    gdn_conv_step_body<true, false, false, false>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                             ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
-                             norm_eps, yf, yq, yd, ys);
-}
-
-// gdn_conv_step_norm_d128 with the snapshot side output compiled in (verify launches that write
-// the round's snapshot; the decode kernel above keeps the one-row code without it: with the
-// snapshot code in that kernel too, the H200 decode step measured 1.5 % (Q1_0) and 3 % (Q2_0)
-// slower).
-extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_snap_d128(
-    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
-    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
-    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
-    float* yf, i8* yq, float* yd, int* ys) {
-    gdn_conv_step_body<true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                             ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
-                             norm_eps, yf, yq, yd, ys);
-}
-
-// gdn_conv_step_norm_d128 for verify launches (2 ≤ n ≤ 8): the gated norm of all rows after the
-// recurrence with one cluster exchange (instead of one cluster barrier per row); the same bits.
-extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_bn_d128(
-    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
-    int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
-    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
-    float* yf, i8* yq, float* yd, int* ys) {
-    gdn_conv_step_body<true, false, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa,
-                                          dt_bias, ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s,
-                                          snap_conv, z, nw, norm_eps, yf, yq, yd, ys);
-}
+// Three entries, one parameter list (GDN_NORM_ENTRY: name, BN, SNAP):
+//   gdn_conv_step_norm_d128       decode (and any launch without a snapshot): no snapshot code, so
+//                                 its SASS is the one-row kernel's of before the snapshot existed
+//                                 (with the code in, the H200 decode step measured 1.5 % / 3 %
+//                                 slower on Q1_0 / Q2_0, in a build that also ran another compile);
+//   gdn_conv_step_norm_snap_d128  verify launches that write the round's snapshot;
+//   gdn_conv_step_norm_bn_d128    verify launches (2 ≤ n ≤ 8): the gated norm of all rows after the
+//                                 recurrence with one cluster exchange instead of a cluster barrier
+//                                 per row; the same bits.
+#define GDN_NORM_ENTRY(NAME, BN, SNAP)                                                                 \
+    extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) NAME(                        \
+        float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
+        int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
+        const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
+        float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
+        float* yf, i8* yq, float* yd, int* ys) {                                                         \
+        gdn_conv_step_body<true, false, BN, SNAP>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n,     \
+                                                  eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
+                                                  beta_out, g_out, snap_s, snap_conv, z, nw, norm_eps,    \
+                                                  yf, yq, yd, ys);                                        \
+    }
+GDN_NORM_ENTRY(gdn_conv_step_norm_d128, false, false)
+GDN_NORM_ENTRY(gdn_conv_step_norm_snap_d128, false, true)
+GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
 
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of

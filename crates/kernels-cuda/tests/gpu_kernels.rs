@@ -2924,42 +2924,32 @@ fn gdn_rec_write_and_replay_bit_exact() {
                 )
                 .unwrap();
             }
-            // replay: the first m record rows from the pre-verify state
+            // replay: the first m record rows from the pre-verify state, in place (src None) or
+            // from a snapshot into buffers holding something else (restore + replay)
+            let replay = |s: &DevBuf, c: &DevBuf, src: Option<(u64, u64)>| {
+                g.gdn_replay(
+                    s.ptr(),
+                    c.ptr(),
+                    src,
+                    rec.ptr(),
+                    width,
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    kconv,
+                    m,
+                )
+                .unwrap()
+            };
             let (cr, sr) = (up(&conv0), up(&s0));
-            g.gdn_replay(
-                sr.ptr(),
-                cr.ptr(),
-                None,
-                rec.ptr(),
-                width,
-                hk,
-                hv,
-                dk,
-                dv,
-                kconv,
-                m,
-            )
-            .unwrap();
-            // the same from a snapshot into buffers holding something else (restore + replay)
+            replay(&sr, &cr, None);
             let (cs, ss) = (up(&conv0), up(&s0));
             let (cx, sx) = (
                 up(&vec![f32::NAN; conv0.len()]),
                 up(&vec![-1.5f32; s0.len()]),
             );
-            g.gdn_replay(
-                sx.ptr(),
-                cx.ptr(),
-                Some((ss.ptr(), cs.ptr())),
-                rec.ptr(),
-                width,
-                hk,
-                hv,
-                dk,
-                dv,
-                kconv,
-                m,
-            )
-            .unwrap();
+            replay(&sx, &cx, Some((ss.ptr(), cs.ptr())));
             assert_eq!(
                 bits(&down::<f32>(g, &cx, (kconv - 1) * conv_dim)),
                 bits(&down::<f32>(g, &cr, (kconv - 1) * conv_dim)),
@@ -3214,42 +3204,28 @@ fn gdn_conv_step_equals_conv_then_step() {
         g.set_gdn_norm_batch(true);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
-    // shapes it cannot take are refused, not launched
-    assert!(g
-        .gdn_conv_step(
+    // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows
+    let refused = |shape: (usize, usize, usize, usize), n: usize, norm: Option<GdnNormOut>| {
+        g.gdn_conv_step(
             0,
             0,
             0,
             0,
             4,
-            (4, 2, 128, 128),
-            1,
+            shape,
+            n,
             1e-6,
             (0, 0, 0, 0),
             0,
             None,
             None,
-            None
+            norm,
         )
-        .is_err());
+        .is_err()
+    };
+    assert!(refused((4, 2, 128, 128), 1, None));
     // nor more than 8 rows
-    assert!(g
-        .gdn_conv_step(
-            0,
-            0,
-            0,
-            0,
-            4,
-            (16, 48, 128, 128),
-            9,
-            1e-6,
-            (0, 0, 0, 0),
-            0,
-            None,
-            None,
-            None
-        )
-        .is_err());
+    assert!(refused((16, 48, 128, 128), 9, None));
     // nor the gated norm for heads other than 128 wide
     let nz = GdnNormOut {
         z: 0,
@@ -3263,23 +3239,7 @@ fn gdn_conv_step_equals_conv_then_step() {
         },
         p16: None,
     };
-    assert!(g
-        .gdn_conv_step(
-            0,
-            0,
-            0,
-            0,
-            4,
-            (2, 6, 64, 64),
-            1,
-            1e-6,
-            (0, 0, 0, 0),
-            0,
-            None,
-            None,
-            Some(nz)
-        )
-        .is_err());
+    assert!(refused((2, 6, 64, 64), 1, Some(nz)));
 }
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
