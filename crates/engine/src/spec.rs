@@ -10,8 +10,9 @@
 //! The round only uses [`Backend`] operations, so it runs on every backend that implements
 //! `gdn_block_rec` and `gdn_replay` (on CUDA: device kernels; the state buffers keep their
 //! addresses, so a captured decode graph stays valid across rounds).
-//! The snapshot, the verify pass and the replay rollback go through [`Backend::copy_gdn_all`],
-//! [`Backend::verify_forward`] and [`Backend::rollback_gdn`], whose defaults are the eager ops;
+//! The snapshot, the verify pass and the replay rollback go through [`Backend::round_snapshot`],
+//! [`Backend::verify_forward`] and [`Backend::rollback_gdn`], whose defaults are the eager ops
+//! (on CUDA the verify's GDN kernels write the snapshot and the replay reads it: no copies);
 //! the CUDA backend replays captured graphs of the same launches by default (`BONSAI_CUDA_ROUND_GRAPH=0`: eager)
 //! (and then returns per-row logit statistics, so a greedy accept does not scan the rows).
 

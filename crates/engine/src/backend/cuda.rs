@@ -24,17 +24,19 @@
 //! per GDN layer that writes each verify row's replay inputs (pre-conv `mixed` ‖ L2-normed `k` ‖
 //! `v` ‖ log-decay `g` ‖ `β`) from the conv kernel's outputs; [`Backend::gdn_replay`] advances the
 //! conv window and the recurrent state over the accepted rows with a kernel that repeats
-//! `gdn_step`'s arithmetic without the output. Snapshot / restore copy into the state's own
-//! buffers, so their addresses (baked into the decode graph) never change.
+//! `gdn_step`'s arithmetic without the output. The round's snapshot is a side output of the
+//! verify's fused GDN kernels ([`Backend::round_snapshot`]), and the replay reads it and writes
+//! the state's own buffers, so their addresses (baked into the decode graph) never change
+//! (`BONSAI_CUDA_SNAP_FUSED=0`: snapshot and restore copies instead).
 //!
 //! By default (`BONSAI_CUDA_ROUND_GRAPH=0` or [`CudaBackend::set_round_graph`] turns it off) the
 //! round's device work replays captured graphs (`RoundGraphs`): the verify forward per row
 //! count (records, taps and logits into fixed buffers, one async copy each to pinned memory, row
 //! statistics for a greedy pick; without the logits copy when the sampler needs no rows), the
-//! snapshot / restore copies, and the replay rollback per accept count.
+//! snapshot / restore copies where they are used, and the replay rollback per accept count.
 //! `tests/cuda_round_graph.rs` checks them against the eager round bit for bit.
 //!
-//! That is `Backend::verify_forward`, `copy_gdn_all` and `rollback_gdn`.
+//! That is `Backend::verify_forward`, `round_snapshot`, `copy_gdn_all` and `rollback_gdn`.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
