@@ -211,8 +211,7 @@ pub struct CudaBackend {
     /// The captured round graphs and the buffers they read and write.
     round_graphs: Mutex<RoundGraphs>,
     /// The speculative round's snapshot asked for by [`Backend::round_snapshot`] and taken by
-    /// the next [`Backend::verify_forward`]: per GDN layer (live S, live window, snapshot S,
-    /// snapshot window, S bytes, window bytes).
+    /// the next [`Backend::verify_forward`]: per GDN layer, the live buffers and the snapshot's.
     pending_snap: Mutex<Option<Vec<SnapPair>>>,
     /// Whether the round's snapshot is a side output of the verify's GDN kernels and the
     /// rollback's replay reads it directly (on unless `BONSAI_CUDA_SNAP_FUSED=0`; off: a copy of
@@ -303,16 +302,37 @@ struct StepGraph {
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
 
-/// One GDN layer of a pending round snapshot: where the live state and window are and where
-/// their snapshot goes ([`CudaBackend::pending_snap`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct SnapPair {
-    live_s: u64,
-    live_conv: u64,
-    snap_s: u64,
-    snap_conv: u64,
-    s_bytes: usize,
+/// A GDN layer's two device buffers as addresses and sizes (what a pending snapshot keeps).
+#[derive(Clone, Copy, Debug)]
+struct GdnPtrs {
+    conv: u64,
+    s: u64,
     conv_bytes: usize,
+    s_bytes: usize,
+}
+
+impl CudaGdn {
+    fn ptrs(&self) -> GdnPtrs {
+        GdnPtrs {
+            conv: self.conv.ptr(),
+            s: self.s.ptr(),
+            conv_bytes: self.conv.bytes(),
+            s_bytes: self.s.bytes(),
+        }
+    }
+
+    /// Whether `other` has this layer's buffer sizes (a snapshot of it may be read into it).
+    fn same_shape(&self, other: &CudaGdn) -> bool {
+        self.s.bytes() == other.s.bytes() && self.conv.bytes() == other.conv.bytes()
+    }
+}
+
+/// One GDN layer of a pending round snapshot: the live state and where its snapshot goes
+/// ([`CudaBackend::pending_snap`]; the two have the same sizes).
+#[derive(Clone, Copy, Debug)]
+struct SnapPair {
+    live: GdnPtrs,
+    snap: GdnPtrs,
 }
 
 /// Append `(key, graph)` to a round-graph cache (dropping the oldest beyond
@@ -1017,7 +1037,7 @@ impl CudaBackend {
         n: usize,
     ) -> Result<()> {
         if let Some(s) = src {
-            if s.s.bytes() != dst.s.bytes() || s.conv.bytes() != dst.conv.bytes() {
+            if !s.same_shape(dst) {
                 return Err(Error::Backend(format!(
                     "gdn_replay: snapshot of {} + {} bytes for a state of {} + {}",
                     s.s.bytes(),
@@ -1537,12 +1557,15 @@ impl CudaBackend {
     /// The two device copies of one GDN layer's state (conv window, then S): the eager
     /// [`Backend::copy_gdn`] and the snapshot / rollback graphs.
     fn copy_gdn_state(&self, src: &CudaGdn, dst: &CudaGdn) -> Result<()> {
+        self.copy_gdn_ptrs(src.ptrs(), dst.ptrs())
+    }
+
+    /// [`Self::copy_gdn_state`] on addresses (`src`'s sizes).
+    fn copy_gdn_ptrs(&self, src: GdnPtrs, dst: GdnPtrs) -> Result<()> {
         self.gpu
-            .dtod(dst.conv.ptr(), src.conv.ptr(), src.conv.bytes())
+            .dtod(dst.conv, src.conv, src.conv_bytes)
             .map_err(be)?;
-        self.gpu
-            .dtod(dst.s.ptr(), src.s.ptr(), src.s.bytes())
-            .map_err(be)
+        self.gpu.dtod(dst.s, src.s, src.s_bytes).map_err(be)
     }
 
     fn alloc_round_io(&self, n_embd: usize, n_vocab: usize, tap_slots: usize) -> Result<RoundIo> {
@@ -1599,7 +1622,7 @@ impl CudaBackend {
         for (il, layer) in w.layers.iter().enumerate() {
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
-                    let snap = snaps.get(ig).map(|p| (p.snap_s, p.snap_conv));
+                    let snap = snaps.get(ig).map(|p| (p.snap.s, p.snap.conv));
                     self.gdn_impl_rec(sc, cfg, gw, &mut st.gdn[ig], x, n, Some(recs[ig]), snap)?;
                     ig += 1;
                 }
@@ -1728,7 +1751,7 @@ impl CudaBackend {
             key.extend(&recp);
             // the snapshot side outputs (their addresses are baked in too)
             key.push(snaps.len() as u64);
-            key.extend(snaps.iter().flat_map(|p| [p.snap_s, p.snap_conv]));
+            key.extend(snaps.iter().flat_map(|p| [p.snap.s, p.snap.conv]));
             key.extend(Self::step_key(cfg, w, st, sc.gen));
             let io_ref: &RoundIo = io;
             let idx = cached_graph(graphs, key, || {
@@ -2382,7 +2405,7 @@ impl Backend for CudaBackend {
                 || pairs
                     .iter()
                     .zip(&st.gdn)
-                    .any(|(p, g)| p.live_s != g.s.ptr() || p.live_conv != g.conv.ptr())
+                    .any(|(p, g)| p.live.s != g.s.ptr() || p.live.conv != g.conv.ptr())
             {
                 return Err(Error::Backend(
                     "verify_forward: the round snapshot was taken of another sequence's state"
@@ -2393,10 +2416,7 @@ impl Backend for CudaBackend {
                 snaps = pairs;
             } else {
                 for p in &pairs {
-                    self.gpu.dtod(p.snap_s, p.live_s, p.s_bytes).map_err(be)?;
-                    self.gpu
-                        .dtod(p.snap_conv, p.live_conv, p.conv_bytes)
-                        .map_err(be)?;
+                    self.copy_gdn_ptrs(p.live, p.snap)?;
                 }
             }
         }
@@ -2429,12 +2449,7 @@ impl Backend for CudaBackend {
         if !self.snap_fused() {
             return self.copy_gdn_all(gdn, snap);
         }
-        if gdn.len() != snap.len()
-            || gdn
-                .iter()
-                .zip(snap.iter())
-                .any(|(g, s)| g.s.bytes() != s.s.bytes() || g.conv.bytes() != s.conv.bytes())
-        {
+        if gdn.len() != snap.len() || gdn.iter().zip(snap.iter()).any(|(g, s)| !g.same_shape(s)) {
             return Err(Error::Backend(format!(
                 "round_snapshot: {} layers into {} snapshot layers of other sizes",
                 gdn.len(),
@@ -2445,12 +2460,8 @@ impl Backend for CudaBackend {
             .iter()
             .zip(snap.iter())
             .map(|(g, s)| SnapPair {
-                live_s: g.s.ptr(),
-                live_conv: g.conv.ptr(),
-                snap_s: s.s.ptr(),
-                snap_conv: s.conv.ptr(),
-                s_bytes: g.s.bytes(),
-                conv_bytes: g.conv.bytes(),
+                live: g.ptrs(),
+                snap: s.ptrs(),
             })
             .collect();
         *self.pending_snap.lock().expect("snapshot lock") = Some(pairs);
