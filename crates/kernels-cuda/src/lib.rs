@@ -14,6 +14,8 @@ mod gdn_chunk_emu;
 mod gemm;
 mod mvb;
 #[cfg(test)]
+mod mvc_emu;
+#[cfg(test)]
 mod mvm_emu;
 #[cfg(test)]
 mod mvo_emu;
@@ -59,6 +61,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvs.cu"),
     include_str!("../kernels/mvq.cu"),
     include_str!("../kernels/mvbp.cu"),
+    include_str!("../kernels/mvc.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -274,6 +277,22 @@ impl MvPlan {
             n5: false,
         }
     }
+}
+
+/// Stages of the `mvc_*` kernels' per-warp code rings (`MVC_STAGES` in kernels/mvc.cu).
+const MVC_STAGES: usize = 8;
+
+/// Dynamic shared memory of an `mvc_*` block (kernels/mvc.cu): the tile's 16 rows of f16 weight
+/// scales (padded to 16 bytes), then the larger of the warps' code rings (`32 / cpw` warps ×
+/// [`MVC_STAGES`] × 16 rows × the chains' code bytes) and the chains' f32 results (`ks` × 32 ×
+/// 16 × `n`), which reuse the rings' space.
+fn mvc_smem(kind: WKind, ks: usize, cpw: usize, n_in: usize, n: usize) -> usize {
+    let be = if kind == WKind::Q2G64 { 64 } else { 128 };
+    let words = if kind == WKind::Q1 { 1 } else { 2 };
+    let scales = (16 * (n_in / be) * 2).next_multiple_of(16);
+    let rings = (32 / cpw) * MVC_STAGES * 16 * (cpw * 4 * words);
+    let red = ks * 32 * 16 * n * 4;
+    scales + rings.max(red)
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -1676,6 +1695,19 @@ kernels!(
         mvs_q2_o2_swi,
         mvs_q2g64_o1_swi,
         mvs_q2g64_o2_swi,
+        // ---- mvc.cu (verify rows on the tensor cores in the dp4a order; Gpu::mvc) ----
+        mvc_q1_k1_c8,
+        mvc_q1_k1_c4,
+        mvc_q1_k2_c4,
+        mvc_q1_k2_c4_b2,
+        mvc_q2_k1_c8,
+        mvc_q2_k1_c4,
+        mvc_q2_k2_c4,
+        mvc_q2_k2_c4_b2,
+        mvc_q2g64_k1_c8,
+        mvc_q2g64_k1_c4,
+        mvc_q2g64_k2_c4,
+        mvc_q2g64_k2_c4_b2,
     ],
     plain: [
         spin_ns,
@@ -1820,6 +1852,14 @@ pub struct Gpu {
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
     gdn_norm_batch: AtomicBool,
+    /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
+    mvc: AtomicBool,
+    /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
+    mvc_cpw: AtomicUsize,
+    /// [`Gpu::mvc_k2_b2`].
+    mvc_k2_b2: AtomicBool,
+    /// [`Gpu::mvc_pre`].
+    mvc_pre: AtomicUsize,
     /// [`Gpu::b1p_out`] (`BONSAI_CUDA_B1P_OUT=1` turns it on).
     b1p_out: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
@@ -2077,6 +2117,23 @@ impl Gpu {
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gdn_norm_batch: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
+            ),
+            mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
+            mvc_pre: AtomicUsize::new(
+                std::env::var("BONSAI_CUDA_MVC_PRE")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .map_or(MVC_STAGES - 1, |v| v.min(MVC_STAGES - 1)),
+            ),
+            mvc_k2_b2: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_MVC_K2_B2").is_ok_and(|v| v == "1"),
+            ),
+            mvc_cpw: AtomicUsize::new(
+                if std::env::var("BONSAI_CUDA_MVC_CPW").is_ok_and(|v| v == "8") {
+                    8
+                } else {
+                    4
+                },
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             gemm_occ: std::sync::OnceLock::new(),
@@ -2852,11 +2909,132 @@ impl Gpu {
         } else if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
+        } else if n >= 2 && self.launch_mvc(kind, segs, q, d, s, n_in, n, accumulate, plan)? {
+            return Ok(());
         } else {
             let r = if n == 1 { plan.r } else { plan.rn };
             self.mv_func(kind, n, r, plan.ks, plan.n5)?
         };
         self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
+    }
+
+    /// The verify (n ≥ 2) rows of a dp4a plan on the tensor cores in the dp4a float order
+    /// (`kernels/mvc.cu`, [`Self::mvc`]): one block per 16-row tile, `32 / cpw` warps, each
+    /// row equal to the one-row dp4a launch with the plan's K split bit for bit. `Ok(false)` (and
+    /// nothing launched) where it does not apply: switched off, another weight kind, a K split
+    /// other than 1 or 2, or operands not aligned for its vector loads.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_mvc(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        plan: MvPlan,
+    ) -> Result<bool> {
+        if !self.mvc() || !matches!(plan.ks, 1 | 2) || n_in % 64 != 0 {
+            return Ok(false);
+        }
+        let f = &self.f;
+        // 8 chains per warp only for K split 1 (a warp keeps every K part's chains)
+        let cpw = if plan.ks == 1 { self.mvc_chains() } else { 4 };
+        let b2 = self.mvc_k2_b2();
+        let func = match (kind, plan.ks, cpw) {
+            (WKind::Q1, 1, 8) => f.mvc_q1_k1_c8,
+            (WKind::Q1, 1, _) => f.mvc_q1_k1_c4,
+            (WKind::Q1, _, _) if b2 => f.mvc_q1_k2_c4_b2,
+            (WKind::Q1, _, _) => f.mvc_q1_k2_c4,
+            (WKind::Q2, 1, 8) => f.mvc_q2_k1_c8,
+            (WKind::Q2, 1, _) => f.mvc_q2_k1_c4,
+            (WKind::Q2, _, _) if b2 => f.mvc_q2_k2_c4_b2,
+            (WKind::Q2, _, _) => f.mvc_q2_k2_c4,
+            (WKind::Q2G64, 1, 8) => f.mvc_q2g64_k1_c8,
+            (WKind::Q2G64, 1, _) => f.mvc_q2g64_k1_c4,
+            (WKind::Q2G64, _, _) if b2 => f.mvc_q2g64_k2_c4_b2,
+            (WKind::Q2G64, _, _) => f.mvc_q2g64_k2_c4,
+            _ => return Ok(false),
+        };
+        // the code bytes of a chunk's chains in 16-byte copies, the activation bytes in 8-byte
+        // loads; the tile's scales and the rings in shared memory;
+        // Q1_0 / Q2_0 g128 read the activation scales and sums 16 bytes at a time
+        let dal = if kind == WKind::Q2G64 { 4 } else { 16 };
+        if q % 8 != 0
+            || d % dal != 0
+            || s % dal != 0
+            || segs.iter().any(|sg| sg.n_out > 0 && sg.codes % 16 != 0)
+            || mvc_smem(kind, plan.ks, cpw, n_in, n) > self.smem_optin()?
+        {
+            return Ok(false);
+        }
+        let (mut args, tiles) = mv_seg_args(segs, 16, q, d, s, n_in, n, accumulate, plan);
+        if tiles == 0 {
+            return Ok(true);
+        }
+        // the kernel's last parameter: how many ring stages to request before the PDL wait
+        let pre = if plan.pre { self.mvc_pre() } else { 0 };
+        *args.last_mut().expect("mv args") = Arg::I(pre as i32);
+        self.launch_smem(
+            func,
+            (tiles as u32, 1, 1),
+            ((32 / cpw * 32) as u32, 1, 1),
+            mvc_smem(kind, plan.ks, cpw, n_in, n) as u32,
+            &args,
+        )?;
+        Ok(true)
+    }
+
+    /// Whether verify launches (2..=8 rows) of dp4a plans run on the tensor cores in the dp4a
+    /// float order (`mvc_*`, [`Self::launch_mvc`]; off by default, `BONSAI_CUDA_MVC=1` on). The
+    /// same bits either way. Off because it measured slower inside the round on the H200: its
+    /// launches alone beat the dp4a n-row kernels (round mat-vecs 5.52 → 5.37 ms on Q1_0, 8.34 →
+    /// 8.24 on Q2_0) but the round took 7.33 → 7.67 and 10.09 → 10.47 ms
+    /// (`bench/results/cuda-mvc-ab-27b-*.json`).
+    pub fn mvc(&self) -> bool {
+        self.mvc.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvc`] (capture graphs after setting it).
+    pub fn set_mvc(&self, on: bool) {
+        self.mvc.store(on, Ordering::Relaxed);
+    }
+
+    /// How many of their first 7 ring stages (and the scales, when > 0) `mvc_*` launches request
+    /// before the PDL wait where the plan says `pre` (`BONSAI_CUDA_MVC_PRE`, default 7).
+    pub fn mvc_pre(&self) -> usize {
+        self.mvc_pre.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvc_pre`] (0 to 7; capture graphs after setting it).
+    pub fn set_mvc_pre(&self, stages: usize) {
+        self.mvc_pre
+            .store(stages.min(MVC_STAGES - 1), Ordering::Relaxed);
+    }
+
+    /// Whether the K-split-2 `mvc_*` launches take the build for 2 blocks per SM (`_b2`: no
+    /// spills) instead of 3 (80 registers, some spilled); `BONSAI_CUDA_MVC_K2_B2=1`.
+    pub fn mvc_k2_b2(&self) -> bool {
+        self.mvc_k2_b2.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvc_k2_b2`] (capture graphs after setting it).
+    pub fn set_mvc_k2_b2(&self, on: bool) {
+        self.mvc_k2_b2.store(on, Ordering::Relaxed);
+    }
+
+    /// Chains per warp of the K-split-1 `mvc_*` kernels: 4 (8 warps a block; the default) or 8
+    /// (4 warps; K split 2 always takes 4).
+    pub fn mvc_chains(&self) -> usize {
+        self.mvc_cpw.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mvc_chains`] (8, else 4; capture graphs after setting it).
+    pub fn set_mvc_chains(&self, cpw: usize) {
+        self.mvc_cpw
+            .store(if cpw == 8 { 8 } else { 4 }, Ordering::Relaxed);
     }
 
     /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
@@ -3061,7 +3239,11 @@ impl Gpu {
                 | (self.b1p_xs() as u64) << 3
                 | (self.b1q() as u64) << 4
                 | (self.b1p_out() as u64) << 5
-                | (self.gdn_norm_batch() as u64) << 6,
+                | (self.gdn_norm_batch() as u64) << 6
+                | (self.mvc() as u64) << 7
+                | (self.mvc_chains() as u64) << 8
+                | (self.mvc_k2_b2() as u64) << 12
+                | (self.mvc_pre() as u64) << 13,
         ]
     }
 

@@ -30,7 +30,7 @@ impl Rng {
 }
 
 /// `mvm_unpack<KIND>` of mvm.cu.
-fn unpack(kind: WKind, w: u32, tg: usize) -> (u32, u32) {
+pub(crate) fn unpack(kind: WKind, w: u32, tg: usize) -> (u32, u32) {
     if kind == WKind::Q1 {
         let x = w >> (2 * tg);
         ((x << 1) & 0x0202_0202, x & 0x0202_0202)

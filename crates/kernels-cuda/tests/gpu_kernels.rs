@@ -826,6 +826,148 @@ fn matvec_lowbit_real_shapes_vs_reference() {
     }
 }
 
+/// The verify rows on the tensor cores in the dp4a float order (`kernels/mvc.cu`, `Gpu::mvc`):
+/// for every kind, K split 1 and 2, 4 and 8 chains per warp (8 only at K split 1), both K-split-2
+/// builds (3 and 2 blocks per SM), weights before
+/// and after the PDL wait, n = 2, 5, 8 rows, on the 27B out-projection and gate shapes and ragged
+/// ones (a partial chunk of 32 sub-blocks, rows not a multiple of 16, 1,152 = 36 sub-blocks), the
+/// n-row launch equals bit for bit the one-row dp4a launches of its rows and the n-row dp4a kernel
+/// (`BONSAI_CUDA_MVC=0`'s path); the profiler shows an `mvc_` kernel ran (no silent fallback).
+/// Then [`run_mv_plan`] under the same plan: the grouped launch (3 segments, a 1-row one among
+/// them), accumulate mode, and the exact emulation of the integer product.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_mvc_equals_one_row() {
+    let g = need_gpu!("matvec_mvc_equals_one_row");
+    g.set_mvc(true);
+    let mut seed = 700;
+    for qt in [
+        QuantType::Q1_0,
+        QuantType::Q2_0G128,
+        QuantType::PQ2_0,
+        QuantType::Q2_0G64,
+    ] {
+        for (n_in, n_out) in [
+            (6144, 5120),
+            (17408, 5120),
+            (5120, 17408),
+            (5120, 48),
+            (384, 50),
+            (1152, 37),
+        ] {
+            for (ks, cpw, b2, pre) in [
+                (1, 4, false, true),
+                (1, 8, false, false),
+                (2, 4, false, true),
+                (2, 4, true, false),
+            ] {
+                seed += 1;
+                g.set_mvc_k2_b2(b2);
+                // ring stages requested before the PDL wait: all 7, or 2 of them
+                g.set_mvc_pre(if ks == 2 { 2 } else { 7 });
+                let plan = MvPlan {
+                    rn: 4,
+                    n5: true,
+                    ..MvPlan::dp4a(4, ks, pre)
+                };
+                g.set_mvc_chains(cpw);
+                g.set_mv_override(Some(plan));
+                let mut rng = Rng(seed);
+                let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+                let rt = retile(qt, &raw, n_in, n_out);
+                let codes = g.upload(&rt.codes).unwrap();
+                let scales = g.upload(&rt.scales).unwrap();
+                let n_max = 8;
+                let x = rng.vec(n_max * n_in, 1.0);
+                let xb = g.upload(&x).unwrap();
+                let q = g.alloc(n_max * n_in).unwrap();
+                let d = g.alloc(n_max * n_in / 32 * 4).unwrap();
+                let s = g.alloc(n_max * n_in / 32 * 4).unwrap();
+                g.quant_rows(xb.ptr(), n_max, n_in, q.ptr(), d.ptr(), s.ptr())
+                    .unwrap();
+                let what =
+                    format!("{qt:?} [{n_in}x{n_out}] ks {ks} cpw {cpw} k2_b2 {b2} pre {pre}");
+                let launch = |n: usize, y: &DevBuf| {
+                    g.mv_lowbit(
+                        rt.kind,
+                        codes.ptr(),
+                        scales.ptr(),
+                        q.ptr(),
+                        d.ptr(),
+                        s.ptr(),
+                        y.ptr(),
+                        n_in,
+                        n_out,
+                        n,
+                        false,
+                    )
+                    .unwrap();
+                    down::<f32>(g, y, n * n_out)
+                };
+                // the one-row rows (the oracle)
+                let mut y1 = Vec::with_capacity(n_max * n_out);
+                let yr = g.alloc(n_out * 4).unwrap();
+                for t in 0..n_max {
+                    g.mv_lowbit(
+                        rt.kind,
+                        codes.ptr(),
+                        scales.ptr(),
+                        q.at(t * n_in),
+                        d.at(t * n_in / 32 * 4),
+                        s.at(t * n_in / 32 * 4),
+                        yr.ptr(),
+                        n_in,
+                        n_out,
+                        1,
+                        false,
+                    )
+                    .unwrap();
+                    y1.extend(down::<f32>(g, &yr, n_out));
+                }
+                for n in [2, 5, 8] {
+                    let y = g.alloc(n * n_out * 4).unwrap();
+                    g.profile_begin();
+                    let yc = launch(n, &y);
+                    let prof = g.profile_end();
+                    assert!(
+                        prof.iter().any(|(k, _)| k.starts_with("mvc_")),
+                        "{what} n={n}: no mvc launch in {prof:?}"
+                    );
+                    g.set_mvc(false);
+                    let yd = launch(n, &y);
+                    g.set_mvc(true);
+                    for i in 0..n * n_out {
+                        assert_eq!(
+                            yc[i].to_bits(),
+                            y1[i].to_bits(),
+                            "{what} n={n} row {} out {}: mvc {} vs one-row {}",
+                            i / n_out,
+                            i % n_out,
+                            yc[i],
+                            y1[i]
+                        );
+                        assert_eq!(
+                            yc[i].to_bits(),
+                            yd[i].to_bits(),
+                            "{what} n={n} row {} out {}: mvc vs dp4a n-row",
+                            i / n_out,
+                            i % n_out
+                        );
+                    }
+                }
+                // grouped launches, accumulate mode, the exact emulation, under the same plan
+                run_mv_plan(g, qt, n_in, n_out, 5, seed + 1000, Some(plan));
+                eprintln!("mvc {what}: n = 2, 5, 8 equal the one-row and dp4a n-row launches");
+            }
+        }
+    }
+    g.set_mvc_chains(4);
+    g.set_mvc_k2_b2(false);
+    g.set_mvc_pre(7);
+    g.set_mvc(false);
+    g.set_mv_override(None);
+}
+
 /// The staged decode kernels (`kernels/mvs.cu`) equal the plain one-row kernels of the same K
 /// split bit for bit: every kind, K split, rows per warp, ring depth, before / after the PDL wait;
 /// grouped launches whose segments end in partial tiles (rows of one matrix at row offsets), and
