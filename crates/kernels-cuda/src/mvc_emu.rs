@@ -11,45 +11,14 @@
 //! and that a different tree (chains added in index order) does not, so the check can fail.
 //! The GPU test `gpu_kernels::matvec_mvc_equals_one_row` checks the kernel itself.
 
-use crate::host_quant;
 use crate::mvm_emu::{mma, unpack, Rng, EMU_KINDS};
-use crate::mvo_emu::{code_words, scaled_rows, sub_dot};
-use crate::retile::{Retiled, WKind};
-use half::f16;
+use crate::mvo_emu::{scaled_rows, sub_dot, Setup};
+use crate::retile::WKind;
 
 const MAGIC: i32 = 0x4B40_0000;
 
-struct Acts {
-    q: Vec<i8>,
-    d: Vec<f32>,
-    s: Vec<i32>,
-}
-
-struct Mat {
-    rt: Retiled,
-    nsb: usize,
-    spb: usize,
-    wps: usize,
-}
-
-impl Mat {
-    fn code(&self, o: usize, j: usize) -> [u32; 2] {
-        code_words(&self.rt.codes, self.nsb, self.wps, o, j)
-    }
-    fn dw(&self, o: usize, j: usize) -> f32 {
-        let nblk = self.nsb / self.spb;
-        f16::from_bits(self.rt.scales[o * nblk + j / self.spb]).to_f32()
-    }
-}
-
-fn qword(a: &Acts, n_in: usize, t: usize, byte: usize) -> u32 {
-    let b = &a.q[t * n_in + byte..t * n_in + byte + 4];
-    u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
-}
-
 /// The one-row dp4a value of row `o`, activation row `t`, K split `ks` (`mv_lowbit`'s order).
-fn dp4a_row(m: &Mat, a: &Acts, o: usize, t: usize, ks: usize) -> f32 {
-    let n_in = m.nsb * 32;
+fn dp4a_row(m: &Setup, o: usize, t: usize, ks: usize) -> f32 {
     let mut y = 0f32;
     for kp in 0..ks {
         let mut lanes = [0f32; 32];
@@ -57,9 +26,9 @@ fn dp4a_row(m: &Mat, a: &Acts, o: usize, t: usize, ks: usize) -> f32 {
             let mut c = kp;
             while 32 * c + l < m.nsb {
                 let j = 32 * c + l;
-                let qa: [u32; 8] = std::array::from_fn(|i| qword(a, n_in, t, 32 * j + 4 * i));
-                let isum = sub_dot(m.rt.kind, m.code(o, j), &qa, a.s[t * m.nsb + j]);
-                *acc = (m.dw(o, j) * a.d[t * m.nsb + j]).mul_add(isum as f32, *acc);
+                let qa: [u32; 8] = std::array::from_fn(|i| m.qword(t, 32 * j + 4 * i));
+                let isum = sub_dot(m.rt.kind, m.code(o, j), &qa, m.s[t * m.nsb + j]);
+                *acc = (m.dw(o, j) * m.d[t * m.nsb + j]).mul_add(isum as f32, *acc);
                 c += ks;
             }
         }
@@ -81,15 +50,13 @@ fn dp4a_row(m: &Mat, a: &Acts, o: usize, t: usize, ks: usize) -> f32 {
 /// `n` activation rows, K split `ks`, `cpw` chains per warp. `index_order` adds the chains in
 /// index order instead of the butterfly's tree (the mutation the test must catch).
 fn mvc_tile(
-    m: &Mat,
-    a: &Acts,
+    m: &Setup,
     (o0, n_out, n): (usize, usize, usize),
     ks: usize,
     cpw: usize,
     index_order: bool,
 ) -> Vec<[f32; 16]> {
     let kind = m.rt.kind;
-    let n_in = m.nsb * 32;
     let nch = m.nsb.div_ceil(32);
     // shared memory: [K part][chain][row][column]
     let mut red = vec![[[0f32; 8]; 16]; ks * 32];
@@ -116,12 +83,12 @@ fn mvc_tile(
                     af[lane] = [la, lb, ha, hb];
                     let tb = g.min(n - 1);
                     bf[lane] = [
-                        qword(a, n_in, tb, 32 * j + 8 * tg),
-                        qword(a, n_in, tb, 32 * j + 8 * tg + 4),
+                        m.qword(tb, 32 * j + 8 * tg),
+                        m.qword(tb, 32 * j + 8 * tg + 4),
                     ];
                     let t0 = (2 * tg).min(n - 1);
                     let t1 = (2 * tg + 1).min(n - 1);
-                    let (c0, c1) = (MAGIC - a.s[t0 * m.nsb + j], MAGIC - a.s[t1 * m.nsb + j]);
+                    let (c0, c1) = (MAGIC - m.s[t0 * m.nsb + j], MAGIC - m.s[t1 * m.nsb + j]);
                     cf[lane] = [c0, c1, c0, c1];
                 }
                 let d = mma(&af, &bf, &cf);
@@ -131,7 +98,7 @@ fn mvc_tile(
                     let rb = (o0 + g + 8).min(n_out - 1);
                     let t0 = (2 * tg).min(n - 1);
                     let t1 = (2 * tg + 1).min(n - 1);
-                    let (x0, x1) = (a.d[t0 * m.nsb + j], a.d[t1 * m.nsb + j]);
+                    let (x0, x1) = (m.d[t0 * m.nsb + j], m.d[t1 * m.nsb + j]);
                     let (wa, wb) = (m.dw(ra, j), m.dw(rb, j));
                     let sc = [wa * x0, wa * x1, wb * x0, wb * x1];
                     for e in 0..4 {
@@ -189,13 +156,6 @@ fn mvc_rows_equal_dp4a_rows_bit_for_bit() {
         // (two whole chunks); 50 and 37 rows: partial tiles
         for (n_in, n_out) in [(384usize, 50usize), (1152, 37), (2048, 16)] {
             let (_, rt) = scaled_rows(&mut rng, qt, n_in, n_out);
-            let kind = rt.kind;
-            let m = Mat {
-                nsb: n_in / 32,
-                spb: if kind == WKind::Q2G64 { 2 } else { 4 },
-                wps: if kind == WKind::Q1 { 1 } else { 2 },
-                rt,
-            };
             let n = 5;
             // activations spanning magnitudes, so float orders really differ
             let x: Vec<f32> = (0..n * n_in)
@@ -204,20 +164,19 @@ fn mvc_rows_equal_dp4a_rows_bit_for_bit() {
                     u * (1.0 + (i % 97) as f32 * 3.0)
                 })
                 .collect();
-            let (q, d, s) = host_quant(&x, n_in);
-            let a = Acts { q, d, s };
+            let m = Setup::new(rt, &x, n_in);
             for ks in [1, 2] {
                 for cpw in [4, 8] {
                     for o0 in (0..n_out).step_by(16) {
-                        let tile = mvc_tile(&m, &a, (o0, n_out, n), ks, cpw, false);
-                        let mutant = mvc_tile(&m, &a, (o0, n_out, n), ks, cpw, true);
+                        let tile = mvc_tile(&m, (o0, n_out, n), ks, cpw, false);
+                        let mutant = mvc_tile(&m, (o0, n_out, n), ks, cpw, true);
                         for (t, row) in tile.iter().enumerate() {
                             for (r, &v) in row.iter().enumerate() {
                                 let o = o0 + r;
                                 if o >= n_out {
                                     continue;
                                 }
-                                let want = dp4a_row(&m, &a, o, t, ks);
+                                let want = dp4a_row(&m, o, t, ks);
                                 assert_eq!(
                                     v.to_bits(),
                                     want.to_bits(),

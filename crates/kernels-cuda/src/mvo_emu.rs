@@ -135,25 +135,44 @@ pub(crate) fn code_words(
     }
 }
 
-struct Setup {
-    rt: Retiled,
-    nsb: usize,
-    spb: usize,
-    words_per_sb: usize,
-    q: Vec<i8>,
-    d: Vec<f32>,
-    s: Vec<i32>,
+/// A re-tiled matrix and its int8 activations (`host_quant`'s q, d, s), as the kernels see them.
+/// Shared with the mvc emulation (`mvc_emu.rs`).
+pub(crate) struct Setup {
+    pub(crate) rt: Retiled,
+    pub(crate) nsb: usize,
+    pub(crate) spb: usize,
+    pub(crate) words_per_sb: usize,
+    pub(crate) q: Vec<i8>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<i32>,
 }
 
 impl Setup {
-    fn code(&self, o: usize, j: usize) -> [u32; 2] {
+    /// `rt` with the activation rows `x` (`[n, n_in]` f32) quantized as the device does.
+    pub(crate) fn new(rt: Retiled, x: &[f32], n_in: usize) -> Setup {
+        let (q, d, s) = host_quant(x, n_in);
+        let kind = rt.kind;
+        Setup {
+            nsb: n_in / 32,
+            spb: if kind == WKind::Q2G64 { 2 } else { 4 },
+            words_per_sb: if kind == WKind::Q1 { 1 } else { 2 },
+            rt,
+            q,
+            d,
+            s,
+        }
+    }
+    /// Code word(s) of sub-block `j` of row `o`.
+    pub(crate) fn code(&self, o: usize, j: usize) -> [u32; 2] {
         code_words(&self.rt.codes, self.nsb, self.words_per_sb, o, j)
     }
-    fn dw(&self, o: usize, j: usize) -> f32 {
+    /// The f16 weight scale of sub-block `j` of row `o`.
+    pub(crate) fn dw(&self, o: usize, j: usize) -> f32 {
         let nblk = self.nsb / self.spb;
         f16::from_bits(self.rt.scales[o * nblk + j / self.spb]).to_f32()
     }
-    fn qword(&self, t: usize, byte: usize) -> u32 {
+    /// Activation bytes `byte .. byte + 4` of row `t`.
+    pub(crate) fn qword(&self, t: usize, byte: usize) -> u32 {
         let n_in = self.nsb * 32;
         let b = &self.q[t * n_in + byte..t * n_in + byte + 4];
         u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
@@ -256,21 +275,11 @@ fn mvt_rows_equal_mvo_rows_bit_for_bit() {
         // 384: 12 sub-blocks (a partial chunk of 8); 1280: 40 (5 chunks); 50 rows: a partial tile
         for (n_in, n_out) in [(384usize, 50usize), (1280, 16)] {
             let (raw, rt) = scaled_rows(&mut rng, qt, n_in, n_out);
-            let kind = rt.kind;
             let n = 5;
             let x: Vec<f32> = (0..n * n_in)
                 .map(|_| (rng.next() % 20_001) as f32 / 1e4 - 1.0)
                 .collect();
-            let (q, d, s) = host_quant(&x, n_in);
-            let su = Setup {
-                nsb: n_in / 32,
-                spb: if kind == WKind::Q2G64 { 2 } else { 4 },
-                words_per_sb: if kind == WKind::Q1 { 1 } else { 2 },
-                rt,
-                q,
-                d,
-                s,
-            };
+            let su = Setup::new(rt, &x, n_in);
             // f64 reference from the dequantized weights and the int8 activations
             let rb = qt.row_bytes(n_in).unwrap();
             let mut wrow = vec![0f32; n_in];

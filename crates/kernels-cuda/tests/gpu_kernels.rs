@@ -826,6 +826,21 @@ fn matvec_lowbit_real_shapes_vs_reference() {
     }
 }
 
+/// `got` and `want` (`[rows, n_out]`) equal bit for bit; the first difference names its row and
+/// output.
+fn assert_rows_bits_eq(got: &[f32], want: &[f32], n_out: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: row {} out {}: {} vs {}",
+            i / n_out,
+            i % n_out,
+            got[i],
+            want[i]
+        );
+    }
+}
+
 /// The verify rows on the tensor cores in the dp4a float order (`kernels/mvc.cu`, `Gpu::mvc`):
 /// for every kind, K split 1 and 2, 4 and 8 chains per warp (8 only at K split 1), both K-split-2
 /// builds (3 and 2 blocks per SM), weights before
@@ -936,24 +951,18 @@ fn matvec_mvc_equals_one_row() {
                     g.set_mvc(false);
                     let yd = launch(n, &y);
                     g.set_mvc(true);
-                    for i in 0..n * n_out {
-                        assert_eq!(
-                            yc[i].to_bits(),
-                            y1[i].to_bits(),
-                            "{what} n={n} row {} out {}: mvc {} vs one-row {}",
-                            i / n_out,
-                            i % n_out,
-                            yc[i],
-                            y1[i]
-                        );
-                        assert_eq!(
-                            yc[i].to_bits(),
-                            yd[i].to_bits(),
-                            "{what} n={n} row {} out {}: mvc vs dp4a n-row",
-                            i / n_out,
-                            i % n_out
-                        );
-                    }
+                    assert_rows_bits_eq(
+                        &yc,
+                        &y1[..n * n_out],
+                        n_out,
+                        &format!("{what} n={n} mvc vs one-row"),
+                    );
+                    assert_rows_bits_eq(
+                        &yc,
+                        &yd,
+                        n_out,
+                        &format!("{what} n={n} mvc vs dp4a n-row"),
+                    );
                 }
                 // grouped launches, accumulate mode, the exact emulation, under the same plan
                 run_mv_plan(g, qt, n_in, n_out, 5, seed + 1000, Some(plan));
