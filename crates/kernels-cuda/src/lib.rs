@@ -2958,9 +2958,9 @@ impl Gpu {
             (WKind::Q2G64, _, _) => f.mvc_q2g64_k2_c4,
             _ => return Ok(false),
         };
-        // the code bytes of a chunk's chains in 16-byte copies, the activation bytes in 8-byte
-        // loads; the tile's scales and the rings in shared memory;
-        // Q1_0 / Q2_0 g128 read the activation scales and sums 16 bytes at a time
+        // alignment of the vector accesses: code bytes in 16-byte copies, activation bytes in
+        // 8-byte loads, activation scales and sums 16 bytes at a time on Q1_0 / Q2_0 g128; and
+        // the tile's scales plus the rings must fit the block's shared memory
         let dal = if kind == WKind::Q2G64 { 4 } else { 16 };
         if q % 8 != 0
             || d % dal != 0
