@@ -34,7 +34,7 @@ ok = True
 
 def violations(a: np.ndarray, b: np.ndarray) -> int:
     bad = 0
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=False):
         ia, ib = int(ra.argmax()), int(rb.argmax())
         if ia == ib:
             continue
@@ -59,10 +59,10 @@ for name in ("tiny-q1", "tiny-q2", "small-q1", "small-q2"):
     outs = {tuple(gpu.complete(p8, max_tokens=32, temperature=0, ignore_eos=True).token_ids) for _ in range(10)}
     cg = cpu.complete(p8, max_tokens=32, temperature=0, ignore_eos=True).token_ids
     gg = list(next(iter(outs)))
-    first_diff = next((i for i, (x, y) in enumerate(zip(cg, gg)) if x != y), None)
+    first_diff = next((i for i, (x, y) in enumerate(zip(cg, gg, strict=False)) if x != y), None)
     eager = gpu.logits(p8 + gg, chunked=False)
     eager_pick = [int(r.argmax()) for r in eager[len(p8) - 1 : len(p8) - 1 + len(gg)]]
-    graph_mismatch = sum(int(x != y) for x, y in zip(eager_pick, gg))
+    graph_mismatch = sum(int(x != y) for x, y in zip(eager_pick, gg, strict=False))
     # along the CUDA greedy sequence, CPU's choice may differ from CUDA's only at near-ties
     rows = slice(len(p8) - 1, len(p8) - 1 + len(gg))
     greedy_v = violations(cpu.logits(p8 + gg, chunked=False)[rows], eager[rows])
@@ -89,19 +89,19 @@ for v in ("q1", "q2"):
     eng = bonsai.Engine(path, device="cuda", n_ctx=1024)
     load_s = time.perf_counter() - t0
 
-    def rate(**kw: float) -> list[float]:
+    def rate(engine: bonsai.Engine, **kw: float) -> list[float]:
         runs = []
         for i, prompt in enumerate(["Hello", "The quick brown fox", "def main():", "Once upon a time", "1 2 3"]):
             stamps = []
-            for c in eng.generate(prompt, max_tokens=128, ignore_eos=True, **kw):
+            for c in engine.generate(prompt, max_tokens=128, ignore_eos=True, **kw):
                 if c.token_ids:
                     stamps.append(time.perf_counter())
             if i > 0:
                 runs.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
         return runs
 
-    runs = rate(temperature=0)
-    sampled = rate(temperature=0.7, top_k=20, top_p=0.95, seed=1)
+    runs = rate(eng, temperature=0)
+    sampled = rate(eng, temperature=0.7, top_k=20, top_p=0.95, seed=1)
     res["decode_27b"][v] = {
         "load_s": load_s,
         "decode_tok_s_median": float(np.median(runs)),
@@ -144,7 +144,7 @@ for v in ("q1", "q2"):
         for rb in ("replay", "reforward"):
             eng = bonsai.Engine(target, device="cuda", n_ctx=512, draft=d, speculative="always", rollback=rb)
             got = [eng.complete(p, max_tokens=128, temperature=0, ignore_eos=True).token_ids for p in spec_prompts]
-            equal = sum(int(a == b) for a, b in zip(got, want))
+            equal = sum(int(a == b) for a, b in zip(got, want, strict=False))
             sampled_equal = eng.complete(spec_prompts[0], **kw).token_ids == want_s
             st = eng.stats or {}
             entry = {
