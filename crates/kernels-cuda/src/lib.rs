@@ -2988,7 +2988,7 @@ impl Gpu {
     }
 
     /// Whether verify launches (2..=8 rows) of dp4a plans run on the tensor cores in the dp4a
-    /// float order (`mvc_*`, [`Self::launch_mvc`]; off by default, `BONSAI_CUDA_MVC=1` on). The
+    /// float order (`mvc_*`, launched by `launch_mvc`; off by default, `BONSAI_CUDA_MVC=1` on). The
     /// same bits either way. Off because it measured slower inside the round on the H200: its
     /// launches alone beat the dp4a n-row kernels (round mat-vecs 5.52 → 5.37 ms on Q1_0, 8.34 →
     /// 8.24 on Q2_0) but the round took 7.33 → 7.67 and 10.09 → 10.47 ms
