@@ -30,7 +30,8 @@
 // and are never stored.
 //
 // Alignment (the launcher checks, else the dp4a kernel runs): codes 16 bytes (every row of a
-// re-tiled plane is) and q 8 bytes. Shared memory: see `mvc_smem` in lib.rs.
+// re-tiled plane is), q 8 bytes, d and s 16 bytes on Q1_0 / Q2_0 g128 (4 on g64, read one by one).
+// Shared memory: see `mvc_smem` in lib.rs.
 
 // Dynamic shared memory of a block (the launcher's `mvc_smem` computes the same): the tile's weight
 // scales [16][nblk] u16 (padded to 16 bytes), then the warps' code rings [WARPS][S][16][RB] bytes,

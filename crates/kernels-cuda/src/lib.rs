@@ -2962,11 +2962,12 @@ impl Gpu {
         // 8-byte loads, activation scales and sums 16 bytes at a time on Q1_0 / Q2_0 g128; and
         // the tile's scales plus the rings must fit the block's shared memory
         let dal = if kind == WKind::Q2G64 { 4 } else { 16 };
+        let smem = mvc_smem(kind, plan.ks, cpw, n_in, n);
         if q % 8 != 0
             || d % dal != 0
             || s % dal != 0
             || segs.iter().any(|sg| sg.n_out > 0 && sg.codes % 16 != 0)
-            || mvc_smem(kind, plan.ks, cpw, n_in, n) > self.smem_optin()?
+            || smem > self.smem_optin()?
         {
             return Ok(false);
         }
@@ -2981,7 +2982,7 @@ impl Gpu {
             func,
             (tiles as u32, 1, 1),
             ((32 / cpw * 32) as u32, 1, 1),
-            mvc_smem(kind, plan.ks, cpw, n_in, n) as u32,
+            smem as u32,
             &args,
         )?;
         Ok(true)

@@ -902,41 +902,17 @@ fn matvec_mvc_equals_one_row() {
                     .unwrap();
                 let what =
                     format!("{qt:?} [{n_in}x{n_out}] ks {ks} cpw {cpw} k2_b2 {b2} pre {pre}");
+                let segs = seg_launcher(g, rt.kind, &q, &d, &s, n_in);
+                let one = whole_matrix(&codes, &scales, n_out);
                 let launch = |n: usize, y: &DevBuf| {
-                    g.mv_lowbit(
-                        rt.kind,
-                        codes.ptr(),
-                        scales.ptr(),
-                        q.ptr(),
-                        d.ptr(),
-                        s.ptr(),
-                        y.ptr(),
-                        n_in,
-                        n_out,
-                        n,
-                        false,
-                    )
-                    .unwrap();
+                    segs(&[one(y)], 0, n, false);
                     down::<f32>(g, y, n * n_out)
                 };
                 // the one-row rows (the oracle)
                 let mut y1 = Vec::with_capacity(n_max * n_out);
                 let yr = g.alloc(n_out * 4).unwrap();
                 for t in 0..n_max {
-                    g.mv_lowbit(
-                        rt.kind,
-                        codes.ptr(),
-                        scales.ptr(),
-                        q.at(t * n_in),
-                        d.at(t * n_in / 32 * 4),
-                        s.at(t * n_in / 32 * 4),
-                        yr.ptr(),
-                        n_in,
-                        n_out,
-                        1,
-                        false,
-                    )
-                    .unwrap();
+                    segs(&[one(&yr)], t, 1, false);
                     y1.extend(down::<f32>(g, &yr, n_out));
                 }
                 for n in [2, 5, 8] {
