@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] [--b1q-ab] [--mvc-ab] [--mvc] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,14 +44,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; MVCAB=0; MVC=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;;
+  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -160,6 +160,17 @@ if [[ $B1QAB == 1 ]]; then
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "[${SECONDS}s] == b1q verify A/B $v =="
     BONSAI_CUDA_B1P_OUT=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
+  done
+fi
+if [[ $B1PAB == 1 ]]; then
+  # the b1-plane projections (Q1_0; Q2_0 with two code planes) against the dp4a kernels: round,
+  # step and the mat-vecs alone, alternating in one process
+  for v in $VARIANTS; do
+    late "b1p A/B $v" && continue
+    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
+    echo "[${SECONDS}s] == b1-plane A/B $v =="
+    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1P_AB_OUT="$OUT/b1p-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1p_round_ab --nocapture 2>&1 | tee "$OUT/b1p-ab-$v.log" | grep -E "B1PAB rep|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

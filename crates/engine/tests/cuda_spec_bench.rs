@@ -411,6 +411,54 @@ fn cuda_mvc_round_ab() {
     }
 }
 
+/// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
+/// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
+/// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel
+/// skipped (the mat-vecs alone), alternating in one process (three times each).
+/// `BONSAI_B1P_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_b1p_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_b1p_round_ab") else {
+        return;
+    };
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
+    let gpu = cuda.gpu();
+    let names = gpu.kernel_names();
+    let other = non_matvec(&names);
+    let on0 = gpu.b1p();
+    let mut rows = Vec::new();
+    for rep in 0..3 {
+        for on in [true, false] {
+            gpu.set_b1p(on);
+            let (round, step) = round_and_step(&t, first);
+            gpu.set_skip_kernels(&other).unwrap();
+            let (mv_round, mv_step) = round_and_step(&t, first);
+            gpu.set_skip_kernels(&[]).unwrap();
+            println!(
+                "B1PAB rep {rep} b1p {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"b1p\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_b1p(on0);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"b2p_layouts\": {}, \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        gpu.b2p(),
+        rows.join(", ")
+    );
+    println!("B1PAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_B1P_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
 /// 4 drafts of which the first is wrong: a 5-row verify, then the rollback to 1 row) and in the
 /// plain greedy step (the decode graph without the logits row): both captured again with the

@@ -1,4 +1,4 @@
-// ---- b1-plane Q1_0 mat-vec (`mvbp_q1_*`, n <= 5 rows) -------------------------------------------
+// ---- b1-plane Q1_0 / Q2_0 mat-vec (`mvbp_q1_*`, `mvbp_q2_*`, n <= 5 rows) -------------------------
 // The Q1_0 code words are the A fragments of `mma.m16n8k128.row.col.s32.b1.b1.s32.and.popc` as
 // stored (no unpacking); the activations are int16 codes per 128-element block (one f32 scale u
 // per block: x ≈ u·a) given as 16 bit planes, which are the B columns: one MMA for planes 0..7, one
@@ -24,6 +24,8 @@
 //   codes  [n_out / 16][n_in / 256][32 lanes] uint4 {a0(b), a1(b), a0(b + 1), a1(b + 1)}, b = 2·pair:
 //          a0 = code word tg (elements 32tg .. 32tg + 31, bit i = element 32tg + i) of row 16·tile + g
 //          in block b, a1 = the same of row + 8.
+//          Q2_0 g128 / PQ2_0 (`mvbp_q2_*`, `mvbq_q2_*`): [n_out / 16][n_in / 256][2 planes][32 lanes]
+//          uint4, the same words of code bit plane 0 (c & 1), then of plane 1 (c >> 1).
 //   scales [n_out / 16][n_in / 128][8] u32: f16 scale of row g (low half), row g + 8 (high half).
 //   xp     [n][n_in / 256][32 lanes] uint4 {lo(b), hi(b), lo(b + 1), hi(b + 1)}: lo = plane g word
 //          tg, hi = plane 8 + g word tg (plane p word tg: bit i = bit p of code 32tg + i).
@@ -46,6 +48,23 @@ __device__ __forceinline__ void mvbp_fold(u32 a0, u32 a1, u32 blo, u32 bhi, int 
     mma_b1_k128(e, a0, a1, bhi);
     sg = c[0] * m[0] + c[1] * m[1] + e[0] * m[2] + e[1] * m[3] - sa;
     sg8 = c[2] * m[0] + c[3] * m[1] + e[2] * m[2] + e[3] * m[3] - sa;
+}
+
+// The same for Q2_0 (`PL` = 2 code planes: c = c0 + 2·c1, weight (c − 1)·d): plane 0 (a0, a1) and
+// plane 1 (v0, v1) each meet both activation MMAs, and
+//   Σ_k (c_k − 1)·a_k = Σ_p w_p·(popc(C0 AND P_p) + 2·popc(C1 AND P_p)) − Σ_k a_k,
+// so plane 0 folds with w_p (`mh`, half of Q1_0's multipliers) and plane 1 with 2·w_p (`m`).
+__device__ __forceinline__ void mvbp_fold_q2(u32 a0, u32 a1, u32 v0, u32 v1, u32 blo, u32 bhi, int sa, const int* mh,
+                                             const int* m, int& sg, int& sg8) {
+    int c[4], e[4], c2[4], e2[4];
+    mma_b1_k128(c, a0, a1, blo);
+    mma_b1_k128(e, a0, a1, bhi);
+    mma_b1_k128(c2, v0, v1, blo);
+    mma_b1_k128(e2, v0, v1, bhi);
+    sg = c[0] * mh[0] + c[1] * mh[1] + e[0] * mh[2] + e[1] * mh[3] + c2[0] * m[0] + c2[1] * m[1] + e2[0] * m[2] +
+         e2[1] * m[3] - sa;
+    sg8 = c[2] * mh[0] + c[3] * mh[1] + e[2] * mh[2] + e[3] * mh[3] + c2[2] * m[0] + c2[3] * m[1] + e2[2] * m[2] +
+          e2[3] * m[3] - sa;
 }
 
 // The exact block sum S of the row this lane keeps (g + 8·odd) from the four lanes' partials of
@@ -71,13 +90,16 @@ __device__ __forceinline__ int mvbp_lane_sum(int sg, int sg8, int odd) {
 // memory after the PDL wait, and the warps read it from there; only the weights go through the
 // register stages, so more of them fit in flight (UNR pairs) at the same register count. The
 // float operations are the plain kernel's.
-template <int NT, int KS, int RGW, int UNR, bool SWI = false, bool XS = false, bool SWP = false>
-__device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xp,
+// PL: code planes, 1 for Q1_0, 2 for Q2_0 g128 / PQ2_0 (the codes of a pair are then plane 0's
+// 32 uint4 followed by plane 1's; see the layout above).
+template <int NT, int KS, int RGW, int UNR, bool SWI = false, bool XS = false, bool SWP = false, int PL = 1>
+__device__ __forceinline__ void mvbp_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xp,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre, SwiOut so = {}) {
     static_assert(!SWI || (KS == 1 && RGW == 4 && NT == 1), "SWI: one K part, 4 tiles, one row");
     static_assert(!XS || NT == 1, "XS: one activation row");
     static_assert(!SWP || SWI, "SWP: the SwiGLU output as b1-plane activations");
+    static_assert(PL == 1 || PL == 2, "one (Q1_0) or two (Q2_0) code planes");
     __shared__ float red[KS][RGW][16][NT];
     __shared__ float swamx;  // SWP: this block's max |SiLU(gate)·up| (read by the cluster's blocks)
     // XS: planes [n_in / 256][32] uint4, then sums [n_in / 128] uint4 (4 sub-blocks), units
@@ -108,18 +130,21 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     const int nblk = n_in >> 7, npair = n_in >> 8;
     const int p0 = kp * npair / KS, p1 = (kp + 1) * npair / KS;
     const bool live = tile_ok && p0 < p1;  // a warp with no pairs still joins the block barrier
-    const uint4* wa = (const uint4*)sg.codes + (size_t)(live ? tile : 0) * npair * 32 + lane;
+    const uint4* wa = (const uint4*)sg.codes + (size_t)(live ? tile : 0) * npair * 32 * PL + lane;
     const u32* wd = (const u32*)sg.scales + (size_t)(live ? tile : 0) * nblk * 8 + g;
-    // fold multipliers: 2·w_p of planes 2tg, 2tg + 1, 8 + 2tg, 9 + 2tg (plane 15 is the sign)
-    int m[4];
+    // fold multipliers: 2·w_p of planes 2tg, 2tg + 1, 8 + 2tg, 9 + 2tg (plane 15 is the sign);
+    // Q2_0's plane 0 takes w_p (mh)
+    int m[4], mh[4];
     m[0] = 1 << (2 * tg + 1), m[1] = 1 << (2 * tg + 2), m[2] = 1 << (2 * tg + 9);
     m[3] = tg == 3 ? -(1 << 16) : (1 << (2 * tg + 10));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mh[i] = m[i] / 2;
     const int odd = tg & 1;
     float acc[NT];  // row g + 8·odd, activation row t
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     // stage registers for UNR pairs: weights, their scales, activation planes, scales and sums
-    uint4 na[UNR], nb[UNR][NT];
+    uint4 na[UNR][PL], nb[UNR][NT];
     u32 nd[UNR][2];
     float2 nu[UNR][NT];
     int ns[UNR][NT][2];
@@ -127,7 +152,8 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
             const int pp = min(p + u, p1 - 1);
-            na[u] = __ldg(wa + (size_t)pp * 32);
+#pragma unroll
+            for (int q = 0; q < PL; ++q) na[u][q] = __ldg(wa + ((size_t)pp * PL + q) * 32);
             nd[u][0] = __ldg(wd + (size_t)(2 * pp) * 8);
             nd[u][1] = __ldg(wd + (size_t)(2 * pp + 1) * 8);
         }
@@ -171,13 +197,15 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     }
     if (live) load_x(p0);
     for (int p = p0; live && p < p1; p += UNR) {
-        uint4 ca[UNR], cb[UNR][NT];
+        uint4 ca[UNR][PL], cb[UNR][NT];
         u32 cd[UNR][2];
         float2 cu[UNR][NT];
         int cs[UNR][NT][2];
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
-            ca[u] = na[u], cd[u][0] = nd[u][0], cd[u][1] = nd[u][1];
+#pragma unroll
+            for (int q = 0; q < PL; ++q) ca[u][q] = na[u][q];
+            cd[u][0] = nd[u][0], cd[u][1] = nd[u][1];
             if (XS) continue;  // read where they are used, below
 #pragma unroll
             for (int t = 0; t < NT; ++t) cb[u][t] = nb[u][t], cu[u][t] = nu[u][t], cs[u][t][0] = ns[u][t][0], cs[u][t][1] = ns[u][t][1];
@@ -202,8 +230,14 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
                 for (int t = 0; t < NT; ++t) {
                     if (NT == 1 || t < n) {
                         int s0_, s08, s1_, s18;
-                        mvbp_fold(ca[u].x, ca[u].y, cb[u][t].x, cb[u][t].y, cs[u][t][0], m, s0_, s08);
-                        mvbp_fold(ca[u].z, ca[u].w, cb[u][t].z, cb[u][t].w, cs[u][t][1], m, s1_, s18);
+                        const uint4 a = ca[u][0], v = ca[u][PL - 1];
+                        if (PL == 1) {
+                            mvbp_fold(a.x, a.y, cb[u][t].x, cb[u][t].y, cs[u][t][0], m, s0_, s08);
+                            mvbp_fold(a.z, a.w, cb[u][t].z, cb[u][t].w, cs[u][t][1], m, s1_, s18);
+                        } else {
+                            mvbp_fold_q2(a.x, a.y, v.x, v.y, cb[u][t].x, cb[u][t].y, cs[u][t][0], mh, m, s0_, s08);
+                            mvbp_fold_q2(a.z, a.w, v.z, v.w, cb[u][t].z, cb[u][t].w, cs[u][t][1], mh, m, s1_, s18);
+                        }
                         const int S0 = mvbp_lane_sum(s0_, s08, odd), S1 = mvbp_lane_sum(s1_, s18, odd);
                         acc[t] = fmaf(da * cu[u][t].x, (float)S0, acc[t]);
                         acc[t] = fmaf(db * cu[u][t].y, (float)S1, acc[t]);
@@ -272,9 +306,10 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     }
 }
 
-#define MVBP_ENTRY(NAME, NT, KS, RGW, UNR, MINB)                                                \
-    MV_SEG_ENTRY(NAME, (KS) * (RGW), MINB, const uint4*, xp,                                    \
-                 mvbp_q1<NT, KS, RGW, UNR>(s0, s1, s2, s3, xp, da, sa, n_in, n, accumulate, pre))
+#define MVBP_ENTRY(NAME, NT, KS, RGW, UNR, MINB, PL)                                                \
+    MV_SEG_ENTRY(NAME, (KS) * (RGW), MINB, const uint4*, xp,                                        \
+                 mvbp_mv<NT, KS, RGW, UNR, false, false, false, PL>(s0, s1, s2, s3, xp, da, sa, n_in, n, \
+                                                                    accumulate, pre))
 // Variants: `_n1` decode, `_n5` verify (n <= 5); `_kKS` the K split (4 warps per block up to
 // KS = 4, then KS warps). Measured on the H200 (Q1_0 decode graph, alternating builds): two
 // pairs per stage and no register cap (96 registers) 2.593 ms/token; one pair per stage (66
@@ -283,11 +318,11 @@ __device__ __forceinline__ void mvbp_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 // 5 blocks of 4 warps per SM for the one-row kernels of 4 warps (at most 102 registers, so 96
 // allocated): left alone the compiler takes some of them to 98 (104 allocated, 4 blocks per SM).
 #define MVBP_N1_MINB 5
-MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, MVBP_N1_MINB)
-MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, MVBP_N1_MINB)
-MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, MVBP_N1_MINB)
-MVBP_ENTRY(mvbp_q1_n1_k8, 1, 8, 1, 2, 1)
-MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n1_k1, 1, 1, 4, 2, MVBP_N1_MINB, 1)
+MVBP_ENTRY(mvbp_q1_n1_k2, 1, 2, 2, 2, MVBP_N1_MINB, 1)
+MVBP_ENTRY(mvbp_q1_n1_k4, 1, 4, 1, 2, MVBP_N1_MINB, 1)
+MVBP_ENTRY(mvbp_q1_n1_k8, 1, 8, 1, 2, 1, 1)
+MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1, 1, 1)
 // `_n1x`: the one-row kernels with the activation row in shared memory (XS) and 4 pairs of
 // weights in flight per warp at the same register count (the launcher's default; `Gpu::b1p_xs`).
 // Q1_0 decode graph on the H200, same process, alternating: 2.573 ms/token with `_n1` → 2.474
@@ -297,20 +332,38 @@ MVBP_ENTRY(mvbp_q1_n1_k16, 1, 16, 1, 1, 1)
 // or without a norm that lets this kernel be scheduled early — 2.78 to 3.08 ms/token: weight
 // traffic during the latency-bound kernels ahead lengthens them more than it saves.
 #define MVBP_X_UNR 4
-#define MVBP_X_ENTRY(NAME, KS, RGW)                                                             \
+#define MVBP_X_ENTRY(NAME, KS, RGW, UNR, PL)                                                    \
     MV_SEG_ENTRY(NAME, (KS) * (RGW), (KS) * (RGW) == 4 ? MVBP_N1_MINB : 1, const uint4*, xp,        \
-                 mvbp_q1<1, KS, RGW, MVBP_X_UNR, false, true>(s0, s1, s2, s3, xp, da, sa, n_in, n, \
-                                                              accumulate, pre))
-MVBP_X_ENTRY(mvbp_q1_n1x_k1, 1, 4)
-MVBP_X_ENTRY(mvbp_q1_n1x_k2, 2, 2)
-MVBP_X_ENTRY(mvbp_q1_n1x_k4, 4, 1)
-MVBP_X_ENTRY(mvbp_q1_n1x_k8, 8, 1)
-MVBP_X_ENTRY(mvbp_q1_n1x_k16, 16, 1)
-MVBP_ENTRY(mvbp_q1_n5_k1, 5, 1, 4, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k8, 5, 8, 1, 1, 1)
-MVBP_ENTRY(mvbp_q1_n5_k16, 5, 16, 1, 1, 1)
+                 mvbp_mv<1, KS, RGW, UNR, false, true, false, PL>(s0, s1, s2, s3, xp, da, sa, n_in, n, \
+                                                                  accumulate, pre))
+MVBP_X_ENTRY(mvbp_q1_n1x_k1, 1, 4, MVBP_X_UNR, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k2, 2, 2, MVBP_X_UNR, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k4, 4, 1, MVBP_X_UNR, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k8, 8, 1, MVBP_X_UNR, 1)
+MVBP_X_ENTRY(mvbp_q1_n1x_k16, 16, 1, MVBP_X_UNR, 1)
+MVBP_ENTRY(mvbp_q1_n5_k1, 5, 1, 4, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k2, 5, 2, 2, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k4, 5, 4, 1, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k8, 5, 8, 1, 1, 1, 1)
+MVBP_ENTRY(mvbp_q1_n5_k16, 5, 16, 1, 1, 1, 1)
+// Q2_0 g128 / PQ2_0 (two code planes): the same launches with half the pairs per stage, so a
+// warp has as many weight bytes in flight as the Q1_0 kernels.
+MVBP_ENTRY(mvbp_q2_n1_k1, 1, 1, 4, 1, MVBP_N1_MINB, 2)
+MVBP_ENTRY(mvbp_q2_n1_k2, 1, 2, 2, 1, MVBP_N1_MINB, 2)
+MVBP_ENTRY(mvbp_q2_n1_k4, 1, 4, 1, 1, MVBP_N1_MINB, 2)
+MVBP_ENTRY(mvbp_q2_n1_k8, 1, 8, 1, 1, 1, 2)
+MVBP_ENTRY(mvbp_q2_n1_k16, 1, 16, 1, 1, 1, 2)
+#define MVBP_X_UNR_Q2 2
+MVBP_X_ENTRY(mvbp_q2_n1x_k1, 1, 4, MVBP_X_UNR_Q2, 2)
+MVBP_X_ENTRY(mvbp_q2_n1x_k2, 2, 2, MVBP_X_UNR_Q2, 2)
+MVBP_X_ENTRY(mvbp_q2_n1x_k4, 4, 1, MVBP_X_UNR_Q2, 2)
+MVBP_X_ENTRY(mvbp_q2_n1x_k8, 8, 1, MVBP_X_UNR_Q2, 2)
+MVBP_X_ENTRY(mvbp_q2_n1x_k16, 16, 1, MVBP_X_UNR_Q2, 2)
+MVBP_ENTRY(mvbp_q2_n5_k1, 5, 1, 4, 1, 1, 2)
+MVBP_ENTRY(mvbp_q2_n5_k2, 5, 2, 2, 1, 1, 2)
+MVBP_ENTRY(mvbp_q2_n5_k4, 5, 4, 1, 1, 1, 2)
+MVBP_ENTRY(mvbp_q2_n5_k8, 5, 8, 1, 1, 1, 2)
+MVBP_ENTRY(mvbp_q2_n5_k16, 5, 16, 1, 1, 1, 2)
 
 // The SwiGLU-fused decode gate‖up launch on b1-planes (grid n_out / 32, 128 threads; the
 // parameter list of MV_SWI_ENTRY with the b1-plane activations in place of q, d, s).
@@ -319,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1_k1_swi(const void* 
                                                                    const float* xu, const int* xs, int n_in,
                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_q1<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs, {}});
+    mvbp_mv<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs, {}});
 }
 // The same with the activation row in shared memory (XS).
 extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
@@ -327,8 +380,25 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void*
                                                                     const float* xu, const int* xs, int n_in,
                                                                     int pre, float* hf, i8* hq, float* hd, int* hs) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+    mvbp_mv<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
                                              SwiOut{hf, hq, hd, hs, {}});
+}
+// The same two for Q2_0 (two code planes).
+extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1_k1_swi(const void* c0, const u16* sc0, const void* c1,
+                                                                   const u16* sc1, int n_out, const uint4* xp,
+                                                                   const float* xu, const int* xs, int n_in,
+                                                                   int pre, float* hf, i8* hq, float* hd, int* hs) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_mv<1, 1, 4, 1, true, false, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                                SwiOut{hf, hq, hd, hs, {}});
+}
+extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
+                                                                    const u16* sc1, int n_out, const uint4* xp,
+                                                                    const float* xu, const int* xs, int n_in,
+                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_mv<1, 1, 4, MVBP_X_UNR_Q2, true, true, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                                           SwiOut{hf, hq, hd, hs, {}});
 }
 // The XS launch writing the SwiGLU as b1-plane activations (xp, xu, xs, xv: P16Out's layout, one
 // row): the input of the b1-plane ffn_down. A cluster of 4 blocks per 128 outputs.
@@ -337,7 +407,7 @@ extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
                            const uint4* xp, const float* xu, const int* xs, int n_in, int pre, float* hf,
                            u32* op, float* ou, int* os, u8* ov) {
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_q1<1, 1, 4, MVBP_X_UNR, true, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+    mvbp_mv<1, 1, 4, MVBP_X_UNR, true, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
                                                    SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
 }
 
@@ -375,8 +445,10 @@ __device__ __forceinline__ void mma_u8u8_k32(int* d, const u32* a, u32 b0, u32 b
 // Block: RGW tile groups × KS K parts (warp w: part w % KS, group w / KS); a group is R
 // consecutive 16-row tiles, which share each block's activation loads. The weights of the next
 // block pair are loaded while the current one is used.
-template <int KS, int RGW, int R>
-__device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
+// PL = 2 (Q2_0): the A bytes are the codes c = c0 + 2·c1 ∈ 0..3 built from both planes' words,
+// and S = 256·Chi + Clo − Σ_k a_k (the weight is c − 1), the b1-plane kernels' exact block sum.
+template <int KS, int RGW, int R, int PL = 1>
+__device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre) {
     __shared__ float red[KS][KS > 1 ? RGW * R : 1][16][MAXN];
@@ -403,7 +475,7 @@ __device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     const u32* wd[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        wa[r] = (const uint4*)sg[r].codes + (size_t)tl[r] * npair * 32 + lane;
+        wa[r] = (const uint4*)sg[r].codes + (size_t)tl[r] * npair * 32 * PL + lane;
         wd[r] = (const u32*)sg[r].scales + (size_t)tl[r] * nblk * 8 + g;
     }
     // this lane's B column (activation row g) and its two C columns 2tg, 2tg + 1
@@ -413,12 +485,13 @@ __device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     float acc[R][4];  // rows g, g, g + 8, g + 8 × columns 2tg, 2tg + 1, 2tg, 2tg + 1
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
-    uint4 na[R];
+    uint4 na[R][PL];
     u32 nd[R][2];
     auto load_w = [&](int p) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            na[r] = __ldg(wa[r] + (size_t)p * 32);
+#pragma unroll
+            for (int q = 0; q < PL; ++q) na[r][q] = __ldg(wa[r] + ((size_t)p * PL + q) * 32);
             nd[r][0] = __ldg(wd[r] + (size_t)(2 * p) * 8);
             nd[r][1] = __ldg(wd[r] + (size_t)(2 * p + 1) * 8);
         }
@@ -432,10 +505,14 @@ __device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     }
     const u32 M = 0x01010101u;
     for (int p = p0; live && p < p1; ++p) {
-        uint4 ca[R];
+        uint4 ca[R][PL];
         u32 cd[R][2];
 #pragma unroll
-        for (int r = 0; r < R; ++r) ca[r] = na[r], cd[r][0] = nd[r][0], cd[r][1] = nd[r][1];
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int q = 0; q < PL; ++q) ca[r][q] = na[r][q];
+            cd[r][0] = nd[r][0], cd[r][1] = nd[r][1];
+        }
         if (p + 1 < p1) load_w(p + 1);
 #pragma unroll
         for (int hb = 0; hb < 2; ++hb) {
@@ -453,18 +530,25 @@ __device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             const u32 bl[8] = {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w};
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const u32 w0 = hb ? ca[r].z : ca[r].x, w1 = hb ? ca[r].w : ca[r].y;
+                const u32 w0 = hb ? ca[r][0].z : ca[r][0].x, w1 = hb ? ca[r][0].w : ca[r][0].y;
+                const u32 v0 = hb ? ca[r][PL - 1].z : ca[r][PL - 1].x, v1 = hb ? ca[r][PL - 1].w : ca[r][PL - 1].y;
+                // the bytes of elements 32tg + i + 8m: bit i of each byte of plane 0, plus plane 1's at bit 1
+                auto code = [&](u32 p0, u32 p1, int i) -> u32 {
+                    return PL == 1 ? (p0 >> i) & M : ((p0 >> i) & M) | (((p1 >> i) & M) << 1);
+                };
                 int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const u32 a[4] = {(w0 >> (2 * j)) & M, (w1 >> (2 * j)) & M, (w0 >> (2 * j + 1)) & M,
-                                      (w1 >> (2 * j + 1)) & M};
+                    const u32 a[4] = {code(w0, v0, 2 * j), code(w1, v1, 2 * j), code(w0, v0, 2 * j + 1),
+                                      code(w1, v1, 2 * j + 1)};
                     mma_u8s8_k32(ch, a, bh[2 * j], bh[2 * j + 1]);
                     mma_u8u8_k32(cl, a, bl[2 * j], bl[2 * j + 1]);
                 }
                 const float d0 = h2f((u16)(cd[r][hb] & 0xffffu)), d1 = h2f((u16)(cd[r][hb] >> 16));
-                const int S0 = 2 * (ch[0] * 256 + cl[0]) + na0, S1 = 2 * (ch[1] * 256 + cl[1]) + na1;
-                const int S2 = 2 * (ch[2] * 256 + cl[2]) + na0, S3 = 2 * (ch[3] * 256 + cl[3]) + na1;
+                // Q1_0: Σ (2c − 1)·a; Q2_0: Σ (c − 1)·a
+                constexpr int F = PL == 1 ? 2 : 1;
+                const int S0 = F * (ch[0] * 256 + cl[0]) + na0, S1 = F * (ch[1] * 256 + cl[1]) + na1;
+                const int S2 = F * (ch[2] * 256 + cl[2]) + na0, S3 = F * (ch[3] * 256 + cl[3]) + na1;
                 acc[r][0] = fmaf(d0 * u0, (float)S0, acc[r][0]);
                 acc[r][1] = fmaf(d0 * u1, (float)S1, acc[r][1]);
                 acc[r][2] = fmaf(d1 * u0, (float)S2, acc[r][2]);
@@ -509,16 +593,26 @@ __device__ __forceinline__ void mvbq_q1(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 
 // Variants `_rR_kKS`: R tiles per warp, the K split KS (4 warps per block up to KS = 4, then KS
 // warps). Launcher: `Gpu::mv_b1q`.
-#define MVBQ_ENTRY(NAME, R, KS, RGW)                                                       \
+#define MVBQ_ENTRY(NAME, R, KS, RGW, PL)                                                   \
     MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xv,                                    \
-                 mvbq_q1<KS, RGW, R>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
-MVBQ_ENTRY(mvbq_q1_r1_k1, 1, 1, 4)
-MVBQ_ENTRY(mvbq_q1_r1_k2, 1, 2, 2)
-MVBQ_ENTRY(mvbq_q1_r1_k4, 1, 4, 1)
-MVBQ_ENTRY(mvbq_q1_r1_k8, 1, 8, 1)
-MVBQ_ENTRY(mvbq_q1_r1_k16, 1, 16, 1)
-MVBQ_ENTRY(mvbq_q1_r2_k1, 2, 1, 4)
-MVBQ_ENTRY(mvbq_q1_r2_k2, 2, 2, 2)
-MVBQ_ENTRY(mvbq_q1_r2_k4, 2, 4, 1)
-MVBQ_ENTRY(mvbq_q1_r2_k8, 2, 8, 1)
-MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1)
+                 mvbq_mv<KS, RGW, R, PL>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+MVBQ_ENTRY(mvbq_q1_r1_k1, 1, 1, 4, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k2, 1, 2, 2, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k4, 1, 4, 1, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k8, 1, 8, 1, 1)
+MVBQ_ENTRY(mvbq_q1_r1_k16, 1, 16, 1, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k1, 2, 1, 4, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k2, 2, 2, 2, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k4, 2, 4, 1, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k8, 2, 8, 1, 1)
+MVBQ_ENTRY(mvbq_q1_r2_k16, 2, 16, 1, 1)
+MVBQ_ENTRY(mvbq_q2_r1_k1, 1, 1, 4, 2)
+MVBQ_ENTRY(mvbq_q2_r1_k2, 1, 2, 2, 2)
+MVBQ_ENTRY(mvbq_q2_r1_k4, 1, 4, 1, 2)
+MVBQ_ENTRY(mvbq_q2_r1_k8, 1, 8, 1, 2)
+MVBQ_ENTRY(mvbq_q2_r1_k16, 1, 16, 1, 2)
+MVBQ_ENTRY(mvbq_q2_r2_k1, 2, 1, 4, 2)
+MVBQ_ENTRY(mvbq_q2_r2_k2, 2, 2, 2, 2)
+MVBQ_ENTRY(mvbq_q2_r2_k4, 2, 4, 1, 2)
+MVBQ_ENTRY(mvbq_q2_r2_k8, 2, 8, 1, 2)
+MVBQ_ENTRY(mvbq_q2_r2_k16, 2, 16, 1, 2)

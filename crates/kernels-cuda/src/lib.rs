@@ -586,6 +586,17 @@ fn mvbq_tiles() -> usize {
     })
 }
 
+/// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
+fn check_planes(name: &str, planes: usize) -> Result<()> {
+    if planes == 1 || planes == 2 {
+        Ok(())
+    } else {
+        Err(CudaError(format!(
+            "{name}: {planes} code planes (1 for Q1_0, 2 for Q2_0)"
+        )))
+    }
+}
+
 /// The checks and kernel arguments shared by the b1-plane launches ([`Gpu::mv_b1p`],
 /// [`Gpu::mv_b1q`]): up to `max_rows` activation rows and [`MAX_SEGS`] segments, `n_in` a
 /// multiple of 256 and every `n_out` of 16, the activations `x` = (codes, scales, sums) aligned
@@ -1604,6 +1615,33 @@ kernels!(
         mvbq_q1_r2_k4,
         mvbq_q1_r2_k8,
         mvbq_q1_r2_k16,
+        mvbp_q2_n1_k1,
+        mvbp_q2_n1_k2,
+        mvbp_q2_n1_k4,
+        mvbp_q2_n1_k8,
+        mvbp_q2_n1_k16,
+        mvbp_q2_n5_k1,
+        mvbp_q2_n5_k2,
+        mvbp_q2_n5_k4,
+        mvbp_q2_n5_k8,
+        mvbp_q2_n5_k16,
+        mvbp_q2_n1_k1_swi,
+        mvbp_q2_n1x_k1,
+        mvbp_q2_n1x_k2,
+        mvbp_q2_n1x_k4,
+        mvbp_q2_n1x_k8,
+        mvbp_q2_n1x_k16,
+        mvbp_q2_n1x_k1_swi,
+        mvbq_q2_r1_k1,
+        mvbq_q2_r1_k2,
+        mvbq_q2_r1_k4,
+        mvbq_q2_r1_k8,
+        mvbq_q2_r1_k16,
+        mvbq_q2_r2_k1,
+        mvbq_q2_r2_k2,
+        mvbq_q2_r2_k4,
+        mvbq_q2_r2_k8,
+        mvbq_q2_r2_k16,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -1862,6 +1900,8 @@ pub struct Gpu {
     mvc_pre: AtomicUsize,
     /// [`Gpu::b1p_out`] (`BONSAI_CUDA_B1P_OUT=1` turns it on).
     b1p_out: AtomicBool,
+    /// [`Gpu::b2p`] (`BONSAI_CUDA_B2P=0` turns it off).
+    b2p: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -2136,6 +2176,7 @@ impl Gpu {
                 },
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
+            b2p: AtomicBool::new(std::env::var("BONSAI_CUDA_B2P").map_or(true, |v| v != "0")),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -3475,8 +3516,9 @@ impl Gpu {
         )
     }
 
-    /// The b1-plane Q1_0 mat-vec (`kernels/mvbp.cu`): `segs` in the tiled b1-plane layout (codes
-    /// `[n_out / 16, n_in / 256, 32]` uint4, scales `[n_out / 16, n_in / 128, 8]` u32), activations
+    /// The b1-plane mat-vec (`kernels/mvbp.cu`) of `planes` code planes (1: Q1_0, 2: Q2_0 g128 /
+    /// PQ2_0; [`retile_b1p`]): `segs` in the tiled b1-plane layout (codes
+    /// `[n_out / 16, n_in / 256, planes, 32]` uint4, scales `[n_out / 16, n_in / 128, 8]` u32), activations
     /// as int16 bit planes `xp` `[n, n_in / 256, 32]` uint4 with block scales `xu` `[n, n_in / 128]`
     /// f32 and sums `xs` `[n, n_in / 128, 4]` i32; `y_i[t, o]` as [`Self::mv_lowbit_multi`]. The K
     /// split comes from the shape ([`mvbp_ks`]), so row t of an n-row launch equals the one-row
@@ -3484,6 +3526,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn mv_b1p(
         &self,
+        planes: usize,
         segs: &[MvSeg],
         xp: u64,
         xu: u64,
@@ -3505,7 +3548,7 @@ impl Gpu {
         };
         let ks = mvbp_ks(tiles, n_in);
         let xs_smem = self.mvbp_xs_smem(n, n_in);
-        let f = self.mvbp_func(n, ks, xs_smem > 0)?;
+        let f = self.mvbp_func(planes, n, ks, xs_smem > 0)?;
         let warps = mvbp_warps(ks);
         self.launch_smem(
             f,
@@ -3553,6 +3596,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn mv_swiglu_b1p(
         &self,
+        planes: usize,
         gate: (u64, u64),
         up: (u64, u64),
         n_out: usize,
@@ -3570,6 +3614,7 @@ impl Gpu {
         {
             return Ok(false);
         }
+        check_planes("mv_swiglu_b1p", planes)?;
         if xp % 16 != 0 || xu % 8 != 0 || xs % 16 != 0 {
             return Err(CudaError(format!(
                 "mv_swiglu_b1p: misaligned activations xp {xp:#x} xu {xu:#x} xs {xs:#x}"
@@ -3577,7 +3622,8 @@ impl Gpu {
         }
         let xs_smem = self.mvbp_xs_smem(1, n_in);
         if let Some(p) = p16 {
-            if !self.hopper() || xs_smem == 0 || n_out % 256 != 0 {
+            // the b1-plane SwiGLU output exists for Q1_0 only
+            if planes != 1 || !self.hopper() || xs_smem == 0 || n_out % 256 != 0 {
                 return Ok(false);
             }
             p.check("mv_swiglu_b1p", n_out)?;
@@ -3593,10 +3639,11 @@ impl Gpu {
             )?;
             return Ok(true);
         }
-        let f = if xs_smem > 0 {
-            self.f.mvbp_q1_n1x_k1_swi
-        } else {
-            self.f.mvbp_q1_n1_k1_swi
+        let f = match (planes, xs_smem > 0) {
+            (1, true) => self.f.mvbp_q1_n1x_k1_swi,
+            (1, false) => self.f.mvbp_q1_n1_k1_swi,
+            (_, true) => self.f.mvbp_q2_n1x_k1_swi,
+            (_, false) => self.f.mvbp_q2_n1_k1_swi,
         };
         self.launch_smem(
             f,
@@ -3617,6 +3664,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn mv_b1q(
         &self,
+        planes: usize,
         segs: &[MvSeg],
         xv: u64,
         xu: u64,
@@ -3636,26 +3684,40 @@ impl Gpu {
         else {
             return Ok(());
         };
+        check_planes("mv_b1q", planes)?;
         let ks = mvbp_ks(tiles, n_in);
         let f = &self.f;
         // the variants by K split 1, 2, 4, 8, 16, and the launch shape
         let r = mvbq_tiles();
-        let t = if r == 1 {
-            [
+        let t = match (planes, r) {
+            (1, 1) => [
                 f.mvbq_q1_r1_k1,
                 f.mvbq_q1_r1_k2,
                 f.mvbq_q1_r1_k4,
                 f.mvbq_q1_r1_k8,
                 f.mvbq_q1_r1_k16,
-            ]
-        } else {
-            [
+            ],
+            (1, _) => [
                 f.mvbq_q1_r2_k1,
                 f.mvbq_q1_r2_k2,
                 f.mvbq_q1_r2_k4,
                 f.mvbq_q1_r2_k8,
                 f.mvbq_q1_r2_k16,
-            ]
+            ],
+            (_, 1) => [
+                f.mvbq_q2_r1_k1,
+                f.mvbq_q2_r1_k2,
+                f.mvbq_q2_r1_k4,
+                f.mvbq_q2_r1_k8,
+                f.mvbq_q2_r1_k16,
+            ],
+            _ => [
+                f.mvbq_q2_r2_k1,
+                f.mvbq_q2_r2_k2,
+                f.mvbq_q2_r2_k4,
+                f.mvbq_q2_r2_k8,
+                f.mvbq_q2_r2_k16,
+            ],
         };
         // each warp takes r consecutive tiles
         let warps = mvbp_warps(ks);
@@ -3712,11 +3774,57 @@ impl Gpu {
         self.b1p_out.store(on, Ordering::Relaxed);
     }
 
-    /// The b1-plane kernel for `n` activation rows (1, or 2..=5) and K split `ks`; with `shared`
-    /// (one row only) the one holding its activation row in shared memory.
-    fn mvbp_func(&self, n: usize, ks: usize, shared: bool) -> Result<sys::CUfunction> {
+    /// Whether a loader gives the Q2_0 g128 / PQ2_0 projections a b1-plane layout of two code
+    /// planes (`kernels/mvbp.cu`'s `mvbp_q2_*` / `mvbq_q2_*`) as it does the Q1_0 ones; read at
+    /// load only (default on, `BONSAI_CUDA_B2P=0` off). Once loaded, [`Self::b1p`] switches both
+    /// kinds at run time. Q2_0 g64 has no such layout (its scales change every 64 elements).
+    pub fn b2p(&self) -> bool {
+        self.b2p.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b2p`] (before loading a model).
+    pub fn set_b2p(&self, on: bool) {
+        self.b2p.store(on, Ordering::Relaxed);
+    }
+
+    /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K
+    /// split `ks`; with `shared` (one row only) the one holding its activation row in shared memory.
+    fn mvbp_func(
+        &self,
+        planes: usize,
+        n: usize,
+        ks: usize,
+        shared: bool,
+    ) -> Result<sys::CUfunction> {
+        check_planes("mv_b1p", planes)?;
         let f = &self.f;
-        let t = if n == 1 && shared {
+        let t = if planes == 2 {
+            if n == 1 && shared {
+                [
+                    f.mvbp_q2_n1x_k1,
+                    f.mvbp_q2_n1x_k2,
+                    f.mvbp_q2_n1x_k4,
+                    f.mvbp_q2_n1x_k8,
+                    f.mvbp_q2_n1x_k16,
+                ]
+            } else if n == 1 {
+                [
+                    f.mvbp_q2_n1_k1,
+                    f.mvbp_q2_n1_k2,
+                    f.mvbp_q2_n1_k4,
+                    f.mvbp_q2_n1_k8,
+                    f.mvbp_q2_n1_k16,
+                ]
+            } else {
+                [
+                    f.mvbp_q2_n5_k1,
+                    f.mvbp_q2_n5_k2,
+                    f.mvbp_q2_n5_k4,
+                    f.mvbp_q2_n5_k8,
+                    f.mvbp_q2_n5_k16,
+                ]
+            }
+        } else if n == 1 && shared {
             [
                 f.mvbp_q1_n1x_k1,
                 f.mvbp_q1_n1x_k2,
@@ -3830,6 +3938,7 @@ impl Gpu {
             }
         }
         self.mv_b1p(
+            1,
             &v,
             t.planes.ptr(),
             t.u.ptr(),

@@ -170,60 +170,87 @@ pub fn retile(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retiled {
     }
 }
 
-/// A Q1_0 matrix in the b1-plane layout of `kernels/mvbp.cu`: codes `[n_out / 16, n_in / 256, 32,
-/// 4]` u32 (lane `4g + tg` of 16-row tile `T`, pair `p`: word `tg` of rows `16T + g` and
-/// `16T + g + 8` in block `2p`, then the same in block `2p + 1`; bit `i` of word `tg` is element
-/// `32tg + i` of the block, the GGUF bit order read as little-endian words) and scales
+/// A Q1_0 or Q2_0 (g128 / PQ2_0) matrix in the b1-plane layout of `kernels/mvbp.cu`: codes
+/// `[n_out / 16, n_in / 256, planes, 32, 4]` u32 (lane `4g + tg` of 16-row tile `T`, pair `p`, code
+/// bit plane `q`: word `tg` of rows `16T + g` and `16T + g + 8` in block `2p`, then the same in block
+/// `2p + 1`; bit `i` of word `tg` is bit `q` of the code of element `32tg + i` of the block — for
+/// Q1_0, with one plane, the GGUF bit order read as little-endian words) and scales
 /// `[n_out / 16, n_in / 128, 8]` u32 (f16 bits of row `16T + g` low, row `16T + g + 8` high).
 pub struct RetiledB1p {
     pub n_in: usize,
     pub n_out: usize,
+    /// Code bit planes: 1 for Q1_0, 2 for Q2_0.
+    pub planes: usize,
     pub codes: Vec<u32>,
     pub scales: Vec<u32>,
 }
 
-/// Whether a matrix of this shape has a b1-plane layout (Q1_0 with `n_out % 16 == 0` and
-/// `n_in % 256 == 0`).
-pub fn b1p_shape_ok(qt: QuantType, n_in: usize, n_out: usize) -> bool {
-    qt == QuantType::Q1_0 && n_out % 16 == 0 && n_in % 256 == 0 && n_in > 0 && n_out > 0
+/// The code planes of a type's b1-plane layout: 1 for Q1_0, 2 for the 128-element Q2_0 blocks
+/// (Q2_0 g128, PQ2_0); `None` for every other type.
+pub fn b1p_planes(qt: QuantType) -> Option<usize> {
+    match qt {
+        QuantType::Q1_0 => Some(1),
+        QuantType::Q2_0G128 | QuantType::PQ2_0 => Some(2),
+        _ => None,
+    }
 }
 
-/// Re-tile `raw` (`n_out` GGUF Q1_0 rows of `n_in` elements) into [`RetiledB1p`]. Panics if the
-/// shape is not [`b1p_shape_ok`] or `raw` has the wrong length (the loader validates extents).
-pub fn retile_b1p(raw: &[u8], n_in: usize, n_out: usize) -> RetiledB1p {
+/// Whether a matrix of this type and shape has a b1-plane layout ([`b1p_planes`], `n_out % 16 ==
+/// 0` and `n_in % 256 == 0`).
+pub fn b1p_shape_ok(qt: QuantType, n_in: usize, n_out: usize) -> bool {
+    b1p_planes(qt).is_some() && n_out % 16 == 0 && n_in % 256 == 0 && n_in > 0 && n_out > 0
+}
+
+/// Re-tile `raw` (`n_out` GGUF rows of `n_in` elements, Q1_0, Q2_0 g128 or PQ2_0) into
+/// [`RetiledB1p`]. Panics if the shape is not [`b1p_shape_ok`] or `raw` has the wrong length (the
+/// loader validates extents).
+pub fn retile_b1p(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> RetiledB1p {
     assert!(
-        b1p_shape_ok(QuantType::Q1_0, n_in, n_out),
-        "retile_b1p: {n_in} x {n_out}"
+        b1p_shape_ok(qt, n_in, n_out),
+        "retile_b1p: {qt:?} {n_in} x {n_out}"
     );
-    let rb = QuantType::Q1_0.row_bytes(n_in).expect("whole blocks");
+    let planes = b1p_planes(qt).expect("checked");
+    let rb = qt.row_bytes(n_in).expect("whole blocks");
     assert_eq!(raw.len(), rb * n_out, "retile_b1p: raw length");
     let (nblk, npair, ntile) = (n_in / 128, n_in / 256, n_out / 16);
-    // GGUF block: f16 d, then 16 code bytes (element j at bit j & 7 of byte j >> 3)
-    let block = |r: usize, b: usize| &raw[r * rb + b * 18..r * rb + (b + 1) * 18];
-    let word = |r: usize, b: usize, tg: usize| {
-        let q = &block(r, b)[2 + 4 * tg..6 + 4 * tg];
-        u32::from_le_bytes([q[0], q[1], q[2], q[3]])
+    // GGUF block: f16 d, then 16 (Q1_0: element j at bit j & 7 of byte j >> 3) or 32 code bytes
+    // (Q2_0: element j at bits 2·(j & 3) of byte j >> 2)
+    let bb = 2 + 16 * planes;
+    let block = |r: usize, b: usize| &raw[r * rb + b * bb..r * rb + (b + 1) * bb];
+    let word = |r: usize, b: usize, q: usize, tg: usize| -> u32 {
+        let c = &block(r, b)[2..];
+        if planes == 1 {
+            u32::from_le_bytes([c[4 * tg], c[4 * tg + 1], c[4 * tg + 2], c[4 * tg + 3]])
+        } else {
+            (0..32).fold(0u32, |w, i| {
+                let j = 32 * tg + i;
+                let code = (c[j >> 2] >> (2 * (j & 3))) & 3;
+                w | (((code >> q) & 1) as u32) << i
+            })
+        }
     };
     let scale = |r: usize, b: usize| {
         let q = block(r, b);
         u16::from_le_bytes([q[0], q[1]]) as u32
     };
-    let mut codes = vec![0u32; ntile * npair * 128];
+    let mut codes = vec![0u32; ntile * npair * planes * 128];
     let mut scales = vec![0u32; ntile * nblk * 8];
     codes
-        .par_chunks_mut(npair * 128)
+        .par_chunks_mut(npair * planes * 128)
         .zip(scales.par_chunks_mut(nblk * 8))
         .enumerate()
         .for_each(|(t, (ct, st))| {
             for p in 0..npair {
-                for lane in 0..32 {
-                    let (g, tg) = (lane / 4, lane % 4);
-                    let (r0, r1) = (16 * t + g, 16 * t + g + 8);
-                    let o = (p * 32 + lane) * 4;
-                    ct[o] = word(r0, 2 * p, tg);
-                    ct[o + 1] = word(r1, 2 * p, tg);
-                    ct[o + 2] = word(r0, 2 * p + 1, tg);
-                    ct[o + 3] = word(r1, 2 * p + 1, tg);
+                for q in 0..planes {
+                    for lane in 0..32 {
+                        let (g, tg) = (lane / 4, lane % 4);
+                        let (r0, r1) = (16 * t + g, 16 * t + g + 8);
+                        let o = ((p * planes + q) * 32 + lane) * 4;
+                        ct[o] = word(r0, 2 * p, q, tg);
+                        ct[o + 1] = word(r1, 2 * p, q, tg);
+                        ct[o + 2] = word(r0, 2 * p + 1, q, tg);
+                        ct[o + 3] = word(r1, 2 * p + 1, q, tg);
+                    }
                 }
             }
             for b in 0..nblk {
@@ -235,6 +262,7 @@ pub fn retile_b1p(raw: &[u8], n_in: usize, n_out: usize) -> RetiledB1p {
     RetiledB1p {
         n_in,
         n_out,
+        planes,
         codes,
         scales,
     }
@@ -561,36 +589,68 @@ mod tests {
     /// plane, against `dequantize_row`.
     #[test]
     fn b1p_retile_matches_dequantize() {
-        for (n_in, n_out) in [(256usize, 16usize), (5120, 48), (17408, 32)] {
-            let raw = rand_matrix(QuantType::Q1_0, n_in, n_out, 7 + n_in as u64);
-            let t = retile_b1p(&raw, n_in, n_out);
-            let (nblk, npair) = (n_in / 128, n_in / 256);
-            let rb = QuantType::Q1_0.row_bytes(n_in).unwrap();
-            let mut want = vec![0f32; n_in];
-            for r in 0..n_out {
-                dequantize_row(QuantType::Q1_0, &raw[r * rb..(r + 1) * rb], &mut want);
-                let (tile, g, half) = (r / 16, r % 8, (r % 16) / 8);
-                for k in 0..n_in {
-                    let (b, tg, i) = (k / 128, (k % 128) / 32, k % 32);
-                    let (p, hb) = (b / 2, b % 2);
-                    let w = t.codes[((tile * npair + p) * 32 + 4 * g + tg) * 4 + 2 * hb + half];
-                    let sc = t.scales[(tile * nblk + b) * 8 + g] >> (16 * half) & 0xffff;
-                    let d = f16::from_bits(sc as u16).to_f32();
-                    let v = if (w >> i) & 1 == 1 { d } else { -d };
-                    assert_eq!(v, want[k], "[{n_in} x {n_out}] row {r} element {k}");
+        // Q1_0: w = ±d by the bit; Q2_0 g128 / PQ2_0: w = (c − 1)·d, c = plane 0 + 2·plane 1
+        for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::PQ2_0] {
+            for (n_in, n_out) in [(256usize, 16usize), (5120, 48), (17408, 32)] {
+                let raw = rand_matrix(qt, n_in, n_out, 7 + n_in as u64);
+                let t = retile_b1p(qt, &raw, n_in, n_out);
+                let planes = t.planes;
+                assert_eq!(planes, if qt == QuantType::Q1_0 { 1 } else { 2 });
+                assert_eq!(t.codes.len(), n_out * n_in / 32 * planes);
+                let (nblk, npair) = (n_in / 128, n_in / 256);
+                let rb = qt.row_bytes(n_in).unwrap();
+                let mut want = vec![0f32; n_in];
+                let mut seen3 = false;
+                for r in 0..n_out {
+                    dequantize_row(qt, &raw[r * rb..(r + 1) * rb], &mut want);
+                    let (tile, g, half) = (r / 16, r % 8, (r % 16) / 8);
+                    for k in 0..n_in {
+                        let (b, tg, i) = (k / 128, (k % 128) / 32, k % 32);
+                        let (p, hb) = (b / 2, b % 2);
+                        let bit = |q: usize| {
+                            let w = t.codes[(((tile * npair + p) * planes + q) * 32 + 4 * g + tg)
+                                * 4
+                                + 2 * hb
+                                + half];
+                            (w >> i) & 1
+                        };
+                        let sc = t.scales[(tile * nblk + b) * 8 + g] >> (16 * half) & 0xffff;
+                        let d = f16::from_bits(sc as u16).to_f32();
+                        let v = if planes == 1 {
+                            if bit(0) == 1 {
+                                d
+                            } else {
+                                -d
+                            }
+                        } else {
+                            let c = bit(0) + 2 * bit(1);
+                            seen3 |= c == 3;
+                            (c as f32 - 1.0) * d
+                        };
+                        assert_eq!(v, want[k], "{qt:?} [{n_in} x {n_out}] row {r} element {k}");
+                    }
                 }
+                // random code bytes include code 3 (+2d), which the layout keeps
+                assert!(
+                    planes == 1 || seen3,
+                    "{qt:?}: no code 3 in the random matrix"
+                );
             }
         }
         assert!(!b1p_shape_ok(QuantType::Q1_0, 128, 16));
         assert!(!b1p_shape_ok(QuantType::Q1_0, 256, 24));
-        assert!(!b1p_shape_ok(QuantType::Q2_0G128, 256, 16));
+        assert!(!b1p_shape_ok(QuantType::Q2_0G64, 256, 16));
+        assert!(!b1p_shape_ok(QuantType::Q4_1, 256, 16));
+        assert!(b1p_shape_ok(QuantType::Q2_0G128, 256, 16));
     }
 
     #[test]
     fn b1q_fragments_give_the_block_integer() {
         // one 128-element block: thread tg's A bytes (word >> i) & 0x01010101 for i = 2j, 2j + 1
-        // against its B bytes b0 / b1 of the byte-split layout give, summed over the four lanes
-        // and the four k-steps, 256·Σ c·hi + Σ c·lo = Σ c·a; then S = 2·that − Σ a = Σ (2c − 1)·a
+        // (Q2_0: plus plane 1's at bit 1 of each byte, codes 0..3) against its B bytes b0 / b1 of
+        // the byte-split layout give, summed over the four lanes and the four k-steps,
+        // 256·Σ c·hi + Σ c·lo = Σ c·a; then S = 2·that − Σ a = Σ (2c − 1)·a (Q1_0), or
+        // S = that − Σ a = Σ (c − 1)·a (Q2_0)
         let mut st = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             st ^= st << 13;
@@ -598,37 +658,54 @@ mod tests {
             st ^= st << 17;
             st
         };
-        for _ in 0..200 {
-            let codes: Vec<i16> = (0..128)
-                .map(|_| ((next() % 65535) as i32 - 32767) as i16)
-                .collect();
-            let bits: Vec<u32> = (0..4).map(|_| next() as u32).collect();
-            let xv = b1q_acts_host(&codes);
-            let (mut hi, mut lo) = (0i64, 0i64);
-            for (tg, &w) in bits.iter().enumerate() {
-                let chunk = &xv[tg * 64..tg * 64 + 64];
-                for j in 0..4 {
-                    for h in 0..2 {
-                        let a = (w >> (2 * j + h)) & 0x0101_0101;
-                        for m in 0..4 {
-                            let c = ((a >> (8 * m)) & 1) as i64;
-                            let o = (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
-                            hi += c * chunk[o] as i8 as i64;
-                            lo += c * chunk[o + 16] as i64;
+        const M: u32 = 0x0101_0101;
+        for planes in [1usize, 2] {
+            for _ in 0..200 {
+                let codes: Vec<i16> = (0..128)
+                    .map(|_| ((next() % 65535) as i32 - 32767) as i16)
+                    .collect();
+                // bits[q][tg]: plane q's word tg
+                let bits: Vec<Vec<u32>> = (0..planes)
+                    .map(|_| (0..4).map(|_| next() as u32).collect())
+                    .collect();
+                let xv = b1q_acts_host(&codes);
+                let (mut hi, mut lo) = (0i64, 0i64);
+                for tg in 0..4 {
+                    let chunk = &xv[tg * 64..tg * 64 + 64];
+                    for j in 0..4 {
+                        for h in 0..2 {
+                            let i = 2 * j + h;
+                            let a = if planes == 1 {
+                                (bits[0][tg] >> i) & M
+                            } else {
+                                ((bits[0][tg] >> i) & M) | (((bits[1][tg] >> i) & M) << 1)
+                            };
+                            for m in 0..4 {
+                                let c = ((a >> (8 * m)) & 0xff) as i64;
+                                let o = (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
+                                hi += c * chunk[o] as i8 as i64;
+                                lo += c * chunk[o + 16] as i64;
+                            }
                         }
                     }
                 }
+                let sum: i64 = codes.iter().map(|&c| c as i64).sum();
+                let want: i64 = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &c)| {
+                        let bit = |q: usize| ((bits[q][k / 32] >> (k % 32)) & 1) as i64;
+                        let w = if planes == 1 {
+                            2 * bit(0) - 1
+                        } else {
+                            bit(0) + 2 * bit(1) - 1
+                        };
+                        w * c as i64
+                    })
+                    .sum();
+                let f = if planes == 1 { 2 } else { 1 };
+                assert_eq!(f * (256 * hi + lo) - sum, want, "{planes} plane(s)");
             }
-            let sum: i64 = codes.iter().map(|&c| c as i64).sum();
-            let want: i64 = codes
-                .iter()
-                .enumerate()
-                .map(|(k, &c)| {
-                    let bit = (bits[k / 32] >> (k % 32)) & 1;
-                    (2 * bit as i64 - 1) * c as i64
-                })
-                .sum();
-            assert_eq!(2 * (256 * hi + lo) - sum, want);
         }
     }
 
@@ -701,6 +778,33 @@ mod tests {
                 s1 += wp * pc as i64;
             }
             assert_eq!(2 * s1 - sum as i64, want, "block {b}");
+            // Q2_0's fold (two code planes ws, vs; c = bit 0 + 2·bit 1):
+            // Σ_p w_p·(popc(C0 AND P_p) + 2·popc(C1 AND P_p)) − Σa = Σ (c − 1)·a
+            let vs: Vec<u32> = rand_bytes(100 + b as u64, 16)
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let want2: i64 = (0..128)
+                .map(|k| {
+                    let c = ((ws[k / 32] >> (k % 32)) & 1) + 2 * ((vs[k / 32] >> (k % 32)) & 1);
+                    (c as i64 - 1) * codes[b * 128 + k] as i64
+                })
+                .sum();
+            let mut s2 = 0i64;
+            for p in 0..16 {
+                let wp = if p == 15 { -(1i64 << 15) } else { 1i64 << p };
+                let pc = |w: &[u32]| -> i64 {
+                    (0..4)
+                        .map(|j| {
+                            let lane = 4 * (p % 8) + j;
+                            (w[j] & planes[(b / 2 * 32 + lane) * 4 + 2 * (b % 2) + p / 8])
+                                .count_ones() as i64
+                        })
+                        .sum()
+                };
+                s2 += wp * (pc(&ws) + 2 * pc(&vs));
+            }
+            assert_eq!(s2 - sum as i64, want2, "block {b}, two planes");
         }
     }
 }

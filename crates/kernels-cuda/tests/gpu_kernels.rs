@@ -3942,10 +3942,12 @@ fn launch_chain_cost() {
     g.set_pdl(pdl0);
 }
 
-/// One b1-plane test case on the host: logical code words `[n_out, nblk, 4]`, f16 scales, int16
-/// activations `[n, n_in]` with block scales, and the tiled device layouts of `kernels/mvbp.cu`.
+/// One b1-plane test case on the host: logical code words `[n_out, nblk, planes, 4]` (plane q
+/// holds bit q of each code: 1 plane for Q1_0, 2 for Q2_0), f16 scales, int16 activations
+/// `[n, n_in]` with block scales, and the tiled device layouts of `kernels/mvbp.cu`.
 struct B1pCase {
     n_in: usize,
+    code_planes: usize,
     words: Vec<u32>,
     dw: Vec<f16>,
     act: Vec<i16>,
@@ -3956,27 +3958,33 @@ struct B1pCase {
     sums: Vec<i32>,
 }
 
-fn b1p_case(rng: &mut Rng, n_in: usize, n_out: usize, n: usize) -> B1pCase {
+fn b1p_case(rng: &mut Rng, code_planes: usize, n_in: usize, n_out: usize, n: usize) -> B1pCase {
     let (nblk, npair, ntile) = (n_in / 128, n_in / 256, n_out / 16);
-    let words: Vec<u32> = (0..n_out * nblk * 4).map(|_| rng.u64() as u32).collect();
+    let words: Vec<u32> = (0..n_out * nblk * code_planes * 4)
+        .map(|_| rng.u64() as u32)
+        .collect();
     let dw: Vec<f16> = (0..n_out * nblk)
         .map(|_| f16::from_f32(0.001 + 0.02 * rng.f().abs()))
         .collect();
     let act: Vec<i16> = (0..n * n_in).map(|_| rng.u64() as u16 as i16).collect();
     let u: Vec<f32> = (0..n * nblk).map(|_| 1e-5 + 1e-3 * rng.f().abs()).collect();
-    let w = |r: usize, b: usize, tg: usize| words[(r * nblk + b) * 4 + tg];
-    let mut codes = Vec::with_capacity(n_out * nblk * 4);
+    let w = |r: usize, b: usize, q: usize, tg: usize| {
+        words[((r * nblk + b) * code_planes + q) * 4 + tg]
+    };
+    let mut codes = Vec::with_capacity(n_out * nblk * code_planes * 4);
     for t in 0..ntile {
         for p in 0..npair {
-            for lane in 0..32 {
-                let (g, tg) = (lane / 4, lane % 4);
-                let (r0, r1) = (16 * t + g, 16 * t + g + 8);
-                codes.extend([
-                    w(r0, 2 * p, tg),
-                    w(r1, 2 * p, tg),
-                    w(r0, 2 * p + 1, tg),
-                    w(r1, 2 * p + 1, tg),
-                ]);
+            for q in 0..code_planes {
+                for lane in 0..32 {
+                    let (g, tg) = (lane / 4, lane % 4);
+                    let (r0, r1) = (16 * t + g, 16 * t + g + 8);
+                    codes.extend([
+                        w(r0, 2 * p, q, tg),
+                        w(r1, 2 * p, q, tg),
+                        w(r0, 2 * p + 1, q, tg),
+                        w(r1, 2 * p + 1, q, tg),
+                    ]);
+                }
             }
         }
     }
@@ -4022,6 +4030,7 @@ fn b1p_case(rng: &mut Rng, n_in: usize, n_out: usize, n: usize) -> B1pCase {
     }
     B1pCase {
         n_in,
+        code_planes,
         words,
         dw,
         act,
@@ -4044,20 +4053,24 @@ fn b1p_upload(g: &Gpu, c: &B1pCase) -> (DevBuf, DevBuf, DevBuf, DevBuf, DevBuf) 
     )
 }
 
-/// y[t, r] = Σ_b dw·u·Σ_k (2c − 1)·a in f64 (the integer part exact).
+/// y[t, r] = Σ_b dw·u·Σ_k w_k·a_k in f64 (the integer part exact), w = 2c − 1 (Q1_0) or c − 1
+/// (Q2_0, c = bit 0 + 2·bit 1).
 fn b1p_reference(c: &B1pCase, t: usize, r: usize) -> f64 {
     let nblk = c.n_in / 128;
     (0..nblk)
         .map(|b| {
             let isum: i64 = (0..128)
                 .map(|k| {
-                    let bit = (c.words[(r * nblk + b) * 4 + k / 32] >> (k % 32)) & 1;
-                    let a = c.act[t * c.n_in + b * 128 + k] as i64;
-                    if bit == 1 {
-                        a
+                    let bit = |q: usize| {
+                        ((c.words[((r * nblk + b) * c.code_planes + q) * 4 + k / 32] >> (k % 32))
+                            & 1) as i64
+                    };
+                    let w = if c.code_planes == 1 {
+                        2 * bit(0) - 1
                     } else {
-                        -a
-                    }
+                        bit(0) + 2 * bit(1) - 1
+                    };
+                    w * c.act[t * c.n_in + b * 128 + k] as i64
                 })
                 .sum();
             c.dw[r * nblk + b].to_f64() * c.u[t * nblk + b] as f64 * isum as f64
@@ -4074,18 +4087,22 @@ fn mv_b1p_equals_f64_and_one_row() {
     let g = need_gpu!("mv_b1p_equals_f64_and_one_row");
     let mut rng = Rng(91);
     let n = 5;
-    // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks
-    for (n_in, segs) in [
-        (5120usize, vec![1024usize, 512, 48, 48]),
-        (6144, vec![640]),
-        (17408, vec![320]),
-        (8192, vec![64]),
-        (2048, vec![16]),
-        (256, vec![32, 16]),
-    ] {
+    // (code planes, n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; Q1_0 and Q2_0
+    for (planes, (n_in, segs)) in [1usize, 2].into_iter().flat_map(|pl| {
+        [
+            (5120usize, vec![1024usize, 512, 48, 48]),
+            (6144, vec![640]),
+            (17408, vec![320]),
+            (8192, vec![64]),
+            (2048, vec![16]),
+            (256, vec![32, 16]),
+        ]
+        .into_iter()
+        .map(move |c| (pl, c))
+    }) {
         let rows: usize = segs.iter().sum();
         let ks = mvbp_ks(rows / 16, n_in);
-        let c = b1p_case(&mut rng, n_in, rows, n);
+        let c = b1p_case(&mut rng, planes, n_in, rows, n);
         let (nblk, npair) = (n_in / 128, n_in / 256);
         let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
         // segments: consecutive row ranges of the one matrix (codes of a tile are contiguous)
@@ -4094,7 +4111,7 @@ fn mv_b1p_equals_f64_and_one_row() {
             let mut v = Vec::new();
             for &so in &segs {
                 v.push(MvSeg {
-                    codes: codes.ptr() + (o / 16 * npair * 512) as u64,
+                    codes: codes.ptr() + (o / 16 * npair * 512 * planes) as u64,
                     scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
                     y: y.ptr() + (o * 4) as u64,
                     n_out: so,
@@ -4103,6 +4120,7 @@ fn mv_b1p_equals_f64_and_one_row() {
             }
             // y rows of segment i are [nr, n_out_i] at its own base: use one segment per buffer
             g.mv_b1p(
+                planes,
                 &v,
                 xp.ptr() + (t * npair * 512) as u64,
                 xu.ptr() + (t * nblk * 4) as u64,
@@ -4185,20 +4203,23 @@ fn mv_b1p_equals_f64_and_one_row() {
             }
         }
         eprintln!(
-            "mv_b1p [{n_in} x {rows}] K split {ks}: f64 within 1e-5, n = 1 == n = {n} (activation row in shared memory and not), accumulate"
+            "mv_b1p {planes} plane(s) [{n_in} x {rows}] K split {ks}: f64 within 1e-5, n = 1 == n = {n} (activation row in shared memory and not), accumulate"
         );
     }
     // shapes it refuses: n_out not a multiple of 16, n_in not of 256, 6 rows
     let z = g.alloc(1 << 16).unwrap();
     let seg = |n_out| scratch_seg(&z, n_out);
     assert!(g
-        .mv_b1p(&[seg(24)], z.ptr(), z.ptr(), z.ptr(), 256, 1, false)
+        .mv_b1p(1, &[seg(24)], z.ptr(), z.ptr(), z.ptr(), 256, 1, false)
         .is_err());
     assert!(g
-        .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 384, 1, false)
+        .mv_b1p(2, &[seg(16)], z.ptr(), z.ptr(), z.ptr(), 384, 1, false)
         .is_err());
     assert!(g
-        .mv_b1p(&[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
+        .mv_b1p(1, &[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 6, false)
+        .is_err());
+    assert!(g
+        .mv_b1p(3, &[seg(16)], z.ptr(), z.ptr(), z.ptr(), 256, 1, false)
         .is_err());
 }
 
@@ -4223,19 +4244,24 @@ fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
-    // (n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile counts
-    for (n_in, segs) in [
-        (5120usize, vec![1024usize, 512, 48, 48]),
-        (6144, vec![640]),
-        (17408, vec![320]),
-        (8192, vec![64]),
-        (2048, vec![16]),
-        (256, vec![32, 16]),
-        (5120, vec![16480]),
-    ] {
+    // (code planes, n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile
+    // counts; Q1_0 and Q2_0
+    for (planes, (n_in, segs)) in [1usize, 2].into_iter().flat_map(|pl| {
+        [
+            (5120usize, vec![1024usize, 512, 48, 48]),
+            (6144, vec![640]),
+            (17408, vec![320]),
+            (8192, vec![64]),
+            (2048, vec![16]),
+            (256, vec![32, 16]),
+            (5120, vec![16480]),
+        ]
+        .into_iter()
+        .map(move |c| (pl, c))
+    }) {
         let rows: usize = segs.iter().sum();
         let ks = mvbp_ks(rows / 16, n_in);
-        let c = b1p_case(&mut rng, n_in, rows, nmax);
+        let c = b1p_case(&mut rng, planes, n_in, rows, nmax);
         let (nblk, npair) = (n_in / 128, n_in / 256);
         let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
         let xv = g.upload(&b1q_acts_host(&c.act)).unwrap();
@@ -4248,7 +4274,7 @@ fn mv_b1q_equals_b1p_one_row() {
         let mut o = 0;
         for (y, &so) in ys.iter().zip(&segs) {
             seg_list.push(MvSeg {
-                codes: codes.ptr() + (o / 16 * npair * 512) as u64,
+                codes: codes.ptr() + (o / 16 * npair * 512 * planes) as u64,
                 scales: scales.ptr() + (o / 16 * nblk * 32) as u64,
                 y: y.ptr(),
                 n_out: so,
@@ -4270,6 +4296,7 @@ fn mv_b1q_equals_b1p_one_row() {
         let mut want = Vec::with_capacity(nmax);
         for t in 0..nmax {
             g.mv_b1p(
+                planes,
                 &seg_list,
                 xp.ptr() + (t * npair * 512) as u64,
                 xu.ptr() + (t * nblk * 4) as u64,
@@ -4285,8 +4312,17 @@ fn mv_b1q_equals_b1p_one_row() {
             for y in &ys {
                 g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
             }
-            g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, n, false)
-                .unwrap();
+            g.mv_b1q(
+                planes,
+                &seg_list,
+                xv.ptr(),
+                xu.ptr(),
+                xs.ptr(),
+                n_in,
+                n,
+                false,
+            )
+            .unwrap();
             let got = gather(nmax);
             for t in 0..nmax {
                 for r in 0..rows {
@@ -4318,8 +4354,17 @@ fn mv_b1q_equals_b1p_one_row() {
                     .collect()
             })
             .collect();
-        g.mv_b1q(&seg_list, xv.ptr(), xu.ptr(), xs.ptr(), n_in, 3, true)
-            .unwrap();
+        g.mv_b1q(
+            planes,
+            &seg_list,
+            xv.ptr(),
+            xu.ptr(),
+            xs.ptr(),
+            n_in,
+            3,
+            true,
+        )
+        .unwrap();
         let acc = gather(3);
         for t in 0..3 {
             for r in 0..rows {
@@ -4331,16 +4376,17 @@ fn mv_b1q_equals_b1p_one_row() {
             }
         }
         eprintln!(
-            "mv_b1q [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
+            "mv_b1q {planes} plane(s) [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
     let seg = |n_out| scratch_seg(&z, n_out);
     let p = z.ptr();
-    assert!(g.mv_b1q(&[seg(24)], p, p, p, 256, 2, false).is_err());
-    assert!(g.mv_b1q(&[seg(16)], p, p, p, 384, 2, false).is_err());
-    assert!(g.mv_b1q(&[seg(16)], p, p, p, 256, 9, false).is_err());
-    assert!(g.mv_b1q(&[seg(16)], p + 4, p, p, 256, 2, false).is_err());
+    assert!(g.mv_b1q(1, &[seg(24)], p, p, p, 256, 2, false).is_err());
+    assert!(g.mv_b1q(2, &[seg(16)], p, p, p, 384, 2, false).is_err());
+    assert!(g.mv_b1q(1, &[seg(16)], p, p, p, 256, 9, false).is_err());
+    assert!(g.mv_b1q(2, &[seg(16)], p + 4, p, p, 256, 2, false).is_err());
+    assert!(g.mv_b1q(0, &[seg(16)], p, p, p, 256, 2, false).is_err());
 }
 
 /// `mv_swiglu_b1p` (the SwiGLU-fused b1-plane gate‖up launch) equals `mv_b1p` over [gate, up]
@@ -4351,15 +4397,20 @@ fn mv_b1q_equals_b1p_one_row() {
 fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
     let g = need_gpu!("mv_swiglu_b1p_equals_matvec_then_swiglu");
     let mut rng = Rng(93);
-    for (n_in, n_out) in [(5120usize, 17408usize), (512, 1024)] {
+    for (planes, n_in, n_out) in [
+        (1usize, 5120usize, 17408usize),
+        (1, 512, 1024),
+        (2, 5120, 17408),
+        (2, 512, 1024),
+    ] {
         assert_eq!(mvbp_ks(2 * n_out / 16, n_in), 1);
-        let c = b1p_case(&mut rng, n_in, 2 * n_out, 1);
+        let c = b1p_case(&mut rng, planes, n_in, 2 * n_out, 1);
         let (nblk, npair) = (n_in / 128, n_in / 256);
         let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
         let gate = (codes.ptr(), scales.ptr());
         let t = n_out / 16;
         let up = (
-            codes.ptr() + (t * npair * 512) as u64,
+            codes.ptr() + (t * npair * 512 * planes) as u64,
             scales.ptr() + (t * nblk * 32) as u64,
         );
         // the fused launch into a fresh set of outputs: whether it launched, and the outputs
@@ -4367,7 +4418,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             let o = swi_outs(g, n_out);
             let x = (xp.ptr(), xu.ptr(), xs.ptr());
             let launched = g
-                .mv_swiglu_b1p(gate, up, n_out, n_in, x, quant_out(&o), None)
+                .mv_swiglu_b1p(planes, gate, up, n_out, n_in, x, quant_out(&o), None)
                 .unwrap();
             (launched, o)
         };
@@ -4376,6 +4427,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         let (hf, hq, hd, hs) = &fused;
         let y = g.alloc(2 * n_out * 4).unwrap();
         g.mv_b1p(
+            planes,
             &[
                 MvSeg {
                     codes: gate.0,
@@ -4445,7 +4497,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             down::<i32>(g, &rs, n_out / 32)
         );
         // the SwiGLU as b1-plane activations (a cluster of 4 blocks per 128 outputs) ==
-        // swiglu_quant_p16 of the same gate‖up rows
+        // swiglu_quant_p16 of the same gate‖up rows; Q1_0 only (Q2_0 refuses it, no launch)
         let (pf, _, _, _) = swi_outs(g, n_out);
         let p16 = p16_alloc(g, 1, n_out);
         let x = (xp.ptr(), xu.ptr(), xs.ptr());
@@ -4455,9 +4507,24 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             d: 0,
             s: 0,
         };
-        assert!(g
-            .mv_swiglu_b1p(gate, up, n_out, n_in, x, out, Some(p16_out(&p16, false)))
-            .unwrap());
+        let launched = g
+            .mv_swiglu_b1p(
+                planes,
+                gate,
+                up,
+                n_out,
+                n_in,
+                x,
+                out,
+                Some(p16_out(&p16, false)),
+            )
+            .unwrap();
+        if planes == 2 {
+            assert!(!launched, "Q2_0 has no b1-plane SwiGLU output");
+            eprintln!("mv_swiglu_b1p 2 planes [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not)");
+            continue;
+        }
+        assert!(launched);
         assert_eq!(
             down::<u32>(g, &pf, n_out),
             down::<u32>(g, &rf, n_out),
@@ -4505,6 +4572,6 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         s: p,
     };
     assert!(!g
-        .mv_swiglu_b1p((p, p), (p, p), 32, 8192, (p, p, p), out, None)
+        .mv_swiglu_b1p(1, (p, p), (p, p), 32, 8192, (p, p, p), out, None)
         .unwrap());
 }

@@ -64,10 +64,25 @@ pub struct CudaMat {
     codes: DevBuf,
     /// scales: [n_out, nblk] f16 (low-bit only)
     scales: Option<DevBuf>,
-    /// The b1-plane layout (codes, scales; `kc::retile_b1p`) of a Q1_0 projection whose input is
-    /// an RMS norm ([`b1p_consumer`]), for decode and verify rows; the layout above stays for the
+    /// The b1-plane layout of a Q1_0 or Q2_0 (g128 / PQ2_0) projection whose input is an RMS
+    /// norm ([`b1p_consumer`]), for decode and verify rows; the layout above stays for the
     /// prefill GEMM.
-    b1p: Option<(DevBuf, DevBuf)>,
+    b1p: Option<B1pLayout>,
+}
+
+/// A matrix in the b1-plane layout (`kc::retile_b1p`).
+struct B1pLayout {
+    codes: DevBuf,
+    scales: DevBuf,
+    /// Code bit planes: 1 for Q1_0, 2 for Q2_0.
+    planes: usize,
+}
+
+impl CudaMat {
+    /// The code planes of the b1-plane layout, if it has one.
+    fn b1p_planes(&self) -> Option<usize> {
+        self.b1p.as_ref().map(|l| l.planes)
+    }
 }
 
 /// Whether the tensor `name` is a projection of an RMS-normed row (GDN and attention
@@ -763,7 +778,9 @@ impl CudaBackend {
             && n <= MV_ROWS
             && self.gpu.b1p()
             && mats.len() <= kc::MAX_SEGS
-            && mats.iter().all(|(m, _)| m.b1p.is_some() && m.n_in == k);
+            && mats.iter().all(|(m, _)| {
+                m.b1p.is_some() && m.n_in == k && m.b1p_planes() == mats[0].0.b1p_planes()
+            });
         if !b1p {
             return self.proj_multi(sc, mats, n, accumulate);
         }
@@ -803,11 +820,13 @@ impl CudaBackend {
         acts: kc::P16Out,
     ) -> Result<()> {
         let k = mats[0].0.n_in;
+        let planes = mats[0].0.b1p_planes().expect("b1p layout");
         let seg = |(m, y): &(&CudaMat, u64), t0: usize| {
-            let (c, s) = m.b1p.as_ref().expect("b1p layout");
+            let l = m.b1p.as_ref().expect("b1p layout");
+            debug_assert_eq!(l.planes, planes);
             kc::MvSeg {
-                codes: c.ptr(),
-                scales: s.ptr(),
+                codes: l.codes.ptr(),
+                scales: l.scales.ptr(),
                 y: y + (t0 * m.n_out * 4) as u64,
                 n_out: m.n_out,
             }
@@ -818,7 +837,7 @@ impl CudaBackend {
             debug_assert!(acts.xv != 0);
             return self
                 .gpu
-                .mv_b1q(&segs, acts.xv, acts.xu, acts.xs, k, n, accumulate)
+                .mv_b1q(planes, &segs, acts.xv, acts.xu, acts.xs, k, n, accumulate)
                 .map_err(be);
         }
         let mut t0 = 0;
@@ -827,6 +846,7 @@ impl CudaBackend {
             let segs: Vec<kc::MvSeg> = mats.iter().map(|m| seg(m, t0)).collect();
             self.gpu
                 .mv_b1p(
+                    planes,
                     &segs,
                     acts.xp + (t0 * k * 2) as u64,
                     acts.xu + (t0 * k / 128 * 4) as u64,
@@ -1275,7 +1295,7 @@ impl CudaBackend {
                 s: sc.p[3].at((nb * 4).next_multiple_of(16)),
             };
             let sc_of = |m: &CudaMat| (m.codes.ptr(), m.scales.as_ref().expect("scales").ptr());
-            if let (true, true, Some((gc, gs)), Some((uc, us))) =
+            if let (true, true, Some(gl), Some(ul)) =
                 (p16, self.gpu.b1p(), g.b1p.as_ref(), u.b1p.as_ref())
             {
                 // b1-plane gate‖up with the SwiGLU inside (else: the b1-plane mat-vec below, then
@@ -1290,8 +1310,9 @@ impl CudaBackend {
                 if self
                     .gpu
                     .mv_swiglu_b1p(
-                        (gc.ptr(), gs.ptr()),
-                        (uc.ptr(), us.ptr()),
+                        gl.planes,
+                        (gl.codes.ptr(), gl.scales.ptr()),
+                        (ul.codes.ptr(), ul.scales.ptr()),
                         cfg.n_ff,
                         g.n_in,
                         (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr()),
@@ -2079,12 +2100,14 @@ impl Backend for CudaBackend {
         let b1p = if self.gpu.b1p()
             && (b1p_consumer(name) || (b1p_out_consumer(name) && self.gpu.b1p_out()))
             && kc::b1p_shape_ok(qt, n_in, n_out)
+            && (qt == bonsai_kernels_cpu::QuantType::Q1_0 || self.gpu.b2p())
         {
-            let t = kc::retile_b1p(data, n_in, n_out);
-            Some((
-                self.gpu.upload(&t.codes).map_err(be)?,
-                self.gpu.upload(&t.scales).map_err(be)?,
-            ))
+            let t = kc::retile_b1p(qt, data, n_in, n_out);
+            Some(B1pLayout {
+                codes: self.gpu.upload(&t.codes).map_err(be)?,
+                scales: self.gpu.upload(&t.scales).map_err(be)?,
+                planes: t.planes,
+            })
         } else {
             None
         };
