@@ -359,6 +359,12 @@ MVBP_X_ENTRY(mvbp_q2_n1x_k2, 2, 2, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k4, 4, 1, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k8, 8, 1, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k16, 16, 1, MVBP_X_UNR_Q2, 2)
+// `_n1y`: 3 pairs per stage instead of 2 (`Gpu::b2p_unr3`, a benchmark knob; the same bits).
+MVBP_X_ENTRY(mvbp_q2_n1y_k1, 1, 4, 3, 2)
+MVBP_X_ENTRY(mvbp_q2_n1y_k2, 2, 2, 3, 2)
+MVBP_X_ENTRY(mvbp_q2_n1y_k4, 4, 1, 3, 2)
+MVBP_X_ENTRY(mvbp_q2_n1y_k8, 8, 1, 3, 2)
+MVBP_X_ENTRY(mvbp_q2_n1y_k16, 16, 1, 3, 2)
 MVBP_ENTRY(mvbp_q2_n5_k1, 5, 1, 4, 1, 1, 2)
 MVBP_ENTRY(mvbp_q2_n5_k2, 5, 2, 2, 1, 1, 2)
 MVBP_ENTRY(mvbp_q2_n5_k4, 5, 4, 1, 1, 1, 2)
@@ -400,6 +406,14 @@ extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1x_k1_swi(const void*
     mvbp_mv<1, 1, 4, MVBP_X_UNR_Q2, true, true, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
                                                            SwiOut{hf, hq, hd, hs, {}});
 }
+extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1y_k1_swi(const void* c0, const u16* sc0, const void* c1,
+                                                                    const u16* sc1, int n_out, const uint4* xp,
+                                                                    const float* xu, const int* xs, int n_in,
+                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_mv<1, 1, 4, 3, true, true, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                               SwiOut{hf, hq, hd, hs, {}});
+}
 // The XS launch writing the SwiGLU as b1-plane activations (xp, xu, xs, xv: P16Out's layout, one
 // row): the input of the b1-plane ffn_down. A cluster of 4 blocks per 128 outputs.
 extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
@@ -409,6 +423,15 @@ extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
     MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
     mvbp_mv<1, 1, 4, MVBP_X_UNR, true, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
                                                    SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
+}
+// The same for Q2_0 (two code planes).
+extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
+    mvbp_q2_n1x_k1_swi_p16(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out,
+                           const uint4* xp, const float* xu, const int* xs, int n_in, int pre, float* hf,
+                           u32* op, float* ou, int* os, u8* ov) {
+    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
+    mvbp_mv<1, 1, 4, MVBP_X_UNR_Q2, true, true, true, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
+                                                          SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
 }
 
 // ---- int8 tensor-core verify on the b1-plane layout (`mvbq_q1_*`, n <= 8 rows) -----------------

@@ -1632,6 +1632,13 @@ kernels!(
         mvbp_q2_n1x_k8,
         mvbp_q2_n1x_k16,
         mvbp_q2_n1x_k1_swi,
+        mvbp_q2_n1x_k1_swi_p16,
+        mvbp_q2_n1y_k1,
+        mvbp_q2_n1y_k2,
+        mvbp_q2_n1y_k4,
+        mvbp_q2_n1y_k8,
+        mvbp_q2_n1y_k16,
+        mvbp_q2_n1y_k1_swi,
         mvbq_q2_r1_k1,
         mvbq_q2_r1_k2,
         mvbq_q2_r1_k4,
@@ -1902,6 +1909,8 @@ pub struct Gpu {
     b1p_out: AtomicBool,
     /// [`Gpu::b2p`] (`BONSAI_CUDA_B2P=0` turns it off).
     b2p: AtomicBool,
+    /// [`Gpu::b2p_unr3`] (`BONSAI_CUDA_B2P_UNR3=1` turns it on).
+    b2p_unr3: AtomicBool,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -2177,6 +2186,9 @@ impl Gpu {
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             b2p: AtomicBool::new(std::env::var("BONSAI_CUDA_B2P").map_or(true, |v| v != "0")),
+            b2p_unr3: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_B2P_UNR3").is_ok_and(|v| v == "1"),
+            ),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -3285,7 +3297,8 @@ impl Gpu {
                 | (self.mvc() as u64) << 7
                 | (self.mvc_chains() as u64) << 8
                 | (self.mvc_k2_b2() as u64) << 12
-                | (self.mvc_pre() as u64) << 13,
+                | (self.mvc_pre() as u64) << 13
+                | (self.b2p_unr3() as u64) << 20,
         ]
     }
 
@@ -3583,14 +3596,14 @@ impl Gpu {
         self.b1p_xs.store(on, Ordering::Relaxed);
     }
 
-    /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`): gate and up in
-    /// the b1-plane layout (`(codes, scales)` each), one activation row; writes SiLU(gate) ⊙ up to
+    /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`; `mvbp_q2_*` for
+    /// `planes` = 2): gate and up in the b1-plane layout (`(codes, scales)` each), one activation row; writes SiLU(gate) ⊙ up to
     /// `out` exactly as [`Self::mv_b1p`] over `[gate, up]` followed by [`Self::swiglu_quant`]
     /// would. `Ok(false)` (nothing launched) where the fusion is off, `n_out % 32 != 0`, or the
     /// shape's K split ([`mvbp_ks`] of the 2·n_out rows) is not 1.
     /// With `p16`, the output goes there as b1-plane activations instead of int8 codes (only
     /// `out.f` of `out` is written), exactly as [`Self::mv_b1p`] followed by
-    /// [`Self::swiglu_quant_p16`] would write them (`mvbp_q1_n1x_k1_swi_p16`: a cluster of the 4
+    /// [`Self::swiglu_quant_p16`] would write them (`mvbp_q1_n1x_k1_swi_p16`, `mvbp_q2_*`: a cluster of the 4
     /// blocks of each 128 outputs); that needs `n_out % 256 == 0` and the activation row in shared
     /// memory ([`Self::b1p_xs`]), else `Ok(false)`.
     #[allow(clippy::too_many_arguments)]
@@ -3622,8 +3635,7 @@ impl Gpu {
         }
         let xs_smem = self.mvbp_xs_smem(1, n_in);
         if let Some(p) = p16 {
-            // the b1-plane SwiGLU output exists for Q1_0 only
-            if planes != 1 || !self.hopper() || xs_smem == 0 || n_out % 256 != 0 {
+            if !self.hopper() || xs_smem == 0 || n_out % 256 != 0 {
                 return Ok(false);
             }
             p.check("mv_swiglu_b1p", n_out)?;
@@ -3631,7 +3643,11 @@ impl Gpu {
             args.truncate(11); // through hf
             args.extend([Arg::P(p.xp), Arg::P(p.xu), Arg::P(p.xs), Arg::P(p.xv)]);
             self.launch_smem(
-                self.f.mvbp_q1_n1x_k1_swi_p16,
+                if planes == 1 {
+                    self.f.mvbp_q1_n1x_k1_swi_p16
+                } else {
+                    self.f.mvbp_q2_n1x_k1_swi_p16
+                },
                 ((n_out / 32) as u32, 1, 1),
                 (128, 1, 1),
                 xs_smem as u32,
@@ -3642,6 +3658,7 @@ impl Gpu {
         let f = match (planes, xs_smem > 0) {
             (1, true) => self.f.mvbp_q1_n1x_k1_swi,
             (1, false) => self.f.mvbp_q1_n1_k1_swi,
+            (_, true) if self.b2p_unr3() => self.f.mvbp_q2_n1y_k1_swi,
             (_, true) => self.f.mvbp_q2_n1x_k1_swi,
             (_, false) => self.f.mvbp_q2_n1_k1_swi,
         };
@@ -3787,6 +3804,18 @@ impl Gpu {
         self.b2p.store(on, Ordering::Relaxed);
     }
 
+    /// Whether the one-row two-plane (Q2_0) b1-plane launches that hold their activation row in
+    /// shared memory keep 3 weight pairs per stage in flight instead of 2 (`mvbp_q2_n1y_*`; a
+    /// benchmark knob, off by default, `BONSAI_CUDA_B2P_UNR3=1` on). The same bits either way.
+    pub fn b2p_unr3(&self) -> bool {
+        self.b2p_unr3.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b2p_unr3`] (capture graphs after setting it).
+    pub fn set_b2p_unr3(&self, on: bool) {
+        self.b2p_unr3.store(on, Ordering::Relaxed);
+    }
+
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K
     /// split `ks`; with `shared` (one row only) the one holding its activation row in shared memory.
     fn mvbp_func(
@@ -3799,7 +3828,15 @@ impl Gpu {
         check_planes("mv_b1p", planes)?;
         let f = &self.f;
         let t = if planes == 2 {
-            if n == 1 && shared {
+            if n == 1 && shared && self.b2p_unr3() {
+                [
+                    f.mvbp_q2_n1y_k1,
+                    f.mvbp_q2_n1y_k2,
+                    f.mvbp_q2_n1y_k4,
+                    f.mvbp_q2_n1y_k8,
+                    f.mvbp_q2_n1y_k16,
+                ]
+            } else if n == 1 && shared {
                 [
                     f.mvbp_q2_n1x_k1,
                     f.mvbp_q2_n1x_k2,

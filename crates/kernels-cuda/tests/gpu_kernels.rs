@@ -4188,6 +4188,21 @@ fn mv_b1p_equals_f64_and_one_row() {
                     !xs0
                 );
             }
+            if planes == 2 {
+                // Q2_0's shared-memory kernels with 3 weight pairs per stage (`b2p_unr3`)
+                g.set_b2p_unr3(true);
+                let y3 = g.upload(&vec![f32::NAN; rows]).unwrap();
+                run(&y3, t, 1, false);
+                g.set_b2p_unr3(false);
+                let g3: Vec<f32> = down(g, &y3, rows);
+                for r in 0..rows {
+                    assert_eq!(
+                        g3[r].to_bits(),
+                        got1[r].to_bits(),
+                        "[{n_in}x{rows}] ks {ks}: row {r} of activation {t}, b2p_unr3"
+                    );
+                }
+            }
             if t == 0 {
                 let y0 = rng.vec(rows, 3.0);
                 let ya = g.upload(&y0).unwrap();
@@ -4496,8 +4511,21 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             down::<i32>(g, xsum, n_out / 32),
             down::<i32>(g, &rs, n_out / 32)
         );
+        if planes == 2 {
+            // 3 weight pairs per stage (`b2p_unr3`): the same bits
+            g.set_b2p_unr3(true);
+            let (launched, u3) = launch_fused();
+            g.set_b2p_unr3(false);
+            assert!(launched);
+            assert_eq!(
+                down::<u32>(g, &u3.0, n_out),
+                down::<u32>(g, &rf, n_out),
+                "[{n_in} x {n_out}] b2p_unr3: f32"
+            );
+            assert_eq!(down::<i8>(g, &u3.1, n_out), down::<i8>(g, &rq, n_out));
+        }
         // the SwiGLU as b1-plane activations (a cluster of 4 blocks per 128 outputs) ==
-        // swiglu_quant_p16 of the same gate‖up rows; Q1_0 only (Q2_0 refuses it, no launch)
+        // swiglu_quant_p16 of the same gate‖up rows
         let (pf, _, _, _) = swi_outs(g, n_out);
         let p16 = p16_alloc(g, 1, n_out);
         let x = (xp.ptr(), xu.ptr(), xs.ptr());
@@ -4519,11 +4547,6 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
                 Some(p16_out(&p16, false)),
             )
             .unwrap();
-        if planes == 2 {
-            assert!(!launched, "Q2_0 has no b1-plane SwiGLU output");
-            eprintln!("mv_swiglu_b1p 2 planes [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not)");
-            continue;
-        }
         assert!(launched);
         assert_eq!(
             down::<u32>(g, &pf, n_out),
@@ -4560,7 +4583,7 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
                 "[{n_in} x {n_out}] p16 buffer {i} == swiglu_quant_p16"
             );
         }
-        eprintln!("mv_swiglu_b1p [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not); its b1-plane output == mv_b1p + swiglu_quant_p16 == host twin");
+        eprintln!("mv_swiglu_b1p {planes} plane(s) [{n_in} x {n_out}] == mv_b1p + swiglu_quant (activation row in shared memory and not); its b1-plane output == mv_b1p + swiglu_quant_p16 == host twin");
     }
     // a shape with K split above 1 (few rows, long K) is not taken
     let z = g.alloc(1 << 20).unwrap();
