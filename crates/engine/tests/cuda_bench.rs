@@ -126,10 +126,10 @@ fn cuda_decode_bench() {
         )
     };
     let pdl_ms = ab("PDL", &|| gpu.pdl(), &|on| gpu.set_pdl(on), true);
-    // the norm-fed Q1_0 projections on b1-planes (int16 activations per 128: another rounding
+    // the norm-fed Q1_0 / Q2_0 projections on b1-planes (int16 activations per 128: another rounding
     // than int8 per 32, so tokens may differ on a random synthetic model)
     let b1p_ms = ab(
-        "B1P (norm-fed Q1_0 projections on b1-planes)",
+        "B1P (norm-fed Q1_0 / Q2_0 projections on b1-planes)",
         &|| gpu.b1p(),
         &|on| gpu.set_b1p(on),
         false,
