@@ -532,7 +532,7 @@ fn mvs_min_rows_env() -> usize {
     env_usize("BONSAI_CUDA_MVS_MIN_ROWS").unwrap_or(MVS_MIN_ROWS)
 }
 
-/// The K split of a b1-plane Q1_0 mat-vec (`kernels/mvbp.cu`) over `tiles` 16-row tiles of width
+/// The K split of a b1-plane mat-vec (`kernels/mvbp.cu`, Q1_0 or Q2_0) over `tiles` 16-row tiles of width
 /// `n_in`: the smallest of 1, 2, 4, 8, 16 that gives at least [`MVBP_MIN_WARPS`] warps, while every
 /// K part keeps at least two 256-element pairs. A function of the shape alone, never of n, so a
 /// verify row equals the decode row bit for bit. On the 27B Q1_0 model: 2 for the GDN and
@@ -1888,7 +1888,7 @@ pub struct Gpu {
     /// The b1-plane timing substitution ([`Gpu::set_b1p_timing`]): its zeroed activation planes
     /// and output rows, allocated when it is turned on; `None` while off.
     b1p_timing: Mutex<Option<B1pTiming>>,
-    /// Q1_0 projections that have a b1-plane layout and b1-plane activations run on
+    /// Projections that have a b1-plane layout and b1-plane activations run on
     /// [`Gpu::mv_b1p`] (`BONSAI_CUDA_B1P=0` turns it off; [`Gpu::set_b1p`]).
     mv_b1p: AtomicBool,
     /// [`Gpu::b1p_xs`] (`BONSAI_CUDA_B1P_XS=0` turns it off).
@@ -3921,7 +3921,7 @@ impl Gpu {
         Ok(())
     }
 
-    /// Whether Q1_0 projections with a b1-plane layout take [`Self::mv_b1p`] when their input
+    /// Whether projections with a b1-plane layout (Q1_0; Q2_0 with [`Self::b2p`]) take [`Self::mv_b1p`] when their input
     /// comes with b1-plane activations (default on; `BONSAI_CUDA_B1P=0` off). The engine decides
     /// per launch; captured graphs key on it. Decode and verify rows always agree, because both
     /// follow the same switch.

@@ -87,7 +87,7 @@ impl CudaMat {
 
 /// Whether the tensor `name` is a projection of an RMS-normed row (GDN and attention
 /// in-projections, ffn gate and up, the output head): the norm writes b1-plane activations for
-/// them. Other Q1_0 projections read int8 activations from producers that write no planes.
+/// them. Other projections read int8 activations from producers that write no planes.
 fn b1p_consumer(name: &str) -> bool {
     name == "output.weight"
         || [
@@ -105,7 +105,7 @@ fn b1p_consumer(name: &str) -> bool {
         .any(|s| name.ends_with(s))
 }
 
-/// Whether the tensor `name` is a Q1_0 out-projection whose producer can write b1-plane
+/// Whether the tensor `name` is an out-projection whose producer can write b1-plane
 /// activations ([`kc::Gpu::b1p_out`]): ffn_down (the SwiGLU) and ssm_out (the gated norm fused
 /// into the GDN step). Their b1-plane layouts are uploaded only when `b1p_out` is on at load
 /// (about 1 GB more for the 27B model); switched on later, they keep the int8 path.
