@@ -150,42 +150,29 @@ if [[ $WHATIF == 1 ]]; then
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
-if [[ $B1QAB == 1 ]]; then
-  # the int8 tensor-core verify against the 5-row b1-plane kernels, then with the out-projections on
-  # b1-plane activations too (their layouts need BONSAI_CUDA_B1P_OUT=1 at load; the rows set it) (round
-  # cost, mat-vecs alone, then each mat-vec family's share); Q1_0 only (Q2_0 has no b1-plane path)
+# one round A/B bench (cuda_spec_bench's TEST) per 27B variant: LABEL (the log and JSON names),
+# TEST, the variable that takes the JSON path, the log lines to show, then NAME=VALUE settings
+round_ab() {
+  local label=$1 test=$2 outvar=$3 show=$4 v f; shift 4
   for v in $VARIANTS; do
-    [[ $v == q1 ]] || continue
-    late "b1q A/B $v" && continue
+    late "$label $v" && continue
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    echo "[${SECONDS}s] == b1q verify A/B $v =="
-    BONSAI_CUDA_B1P_OUT=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1Q_OUT="$OUT/b1q-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1q_round_ab --nocapture 2>&1 | tee "$OUT/b1q-ab-$v.log" | grep -E "B1Q (rep|without)|SKIPPED|panicked|result"
+    echo "[${SECONDS}s] == $label $v =="
+    env "$@" BONSAI_SPEC_BENCH_MODEL=$f "$outvar=$OUT/$label-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact "$test" --nocapture 2>&1 | tee "$OUT/$label-$v.log" | grep -E "$show|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
-fi
-if [[ $B1PAB == 1 ]]; then
-  # the b1-plane projections (Q1_0; Q2_0 with two code planes) against the dp4a kernels: round,
-  # step and the mat-vecs alone, alternating in one process
-  for v in $VARIANTS; do
-    late "b1p A/B $v" && continue
-    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    echo "[${SECONDS}s] == b1-plane A/B $v =="
-    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_B1P_AB_OUT="$OUT/b1p-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_b1p_round_ab --nocapture 2>&1 | tee "$OUT/b1p-ab-$v.log" | grep -E "B1PAB rep|SKIPPED|panicked|result"
-    rc=$((rc|${PIPESTATUS[0]}))
-  done
-fi
-if [[ $MVCAB == 1 ]]; then
-  # the verify's dp4a-plan mat-vecs on the tensor cores in the dp4a order (mvc, off by default; 7,
-  # 2 or 1 ring stages before the PDL wait) against the dp4a n-row kernels: round, step and the
-  # mat-vecs alone, alternating; then the engine's checks with it on
-  for v in $VARIANTS; do
-    late "mvc A/B $v" && continue
-    f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    echo "[${SECONDS}s] == mvc verify A/B $v =="
-    BONSAI_SPEC_BENCH_MODEL=$f BONSAI_MVC_AB_OUT="$OUT/mvc-ab-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_mvc_round_ab --nocapture 2>&1 | tee "$OUT/mvc-ab-$v.log" | grep -E "MVCAB rep|SKIPPED|panicked|result"
-    rc=$((rc|${PIPESTATUS[0]}))
-  done
-fi
+}
+# the int8 tensor-core verify against the 5-row b1-plane kernels, then with the out-projections on
+# b1-plane activations too (their layouts need BONSAI_CUDA_B1P_OUT=1 at load; the rows set it) (round
+# cost, mat-vecs alone, then each mat-vec family's share)
+[[ $B1QAB == 1 ]] && round_ab b1q-ab cuda_b1q_round_ab BONSAI_B1Q_OUT "B1Q (rep|without)" BONSAI_CUDA_B1P_OUT=1
+# the b1-plane projections (Q1_0; Q2_0 with two code planes) against the dp4a kernels: round,
+# step and the mat-vecs alone, alternating in one process
+[[ $B1PAB == 1 ]] && round_ab b1p-ab cuda_b1p_round_ab BONSAI_B1P_AB_OUT "B1PAB rep"
+# the verify's dp4a-plan mat-vecs on the tensor cores in the dp4a order (mvc, off by default; 7,
+# 2 or 1 ring stages before the PDL wait) against the dp4a n-row kernels: round, step and the
+# mat-vecs alone, alternating; then the engine's checks with it on (below)
+[[ $MVCAB == 1 ]] && round_ab mvc-ab cuda_mvc_round_ab BONSAI_MVC_AB_OUT "MVCAB rep"
 if [[ $MVCAB == 1 || $MVC == 1 ]]; then
   for t in cuda_forward cuda_spec cuda_round_graph; do
     late "mvc $t" && continue

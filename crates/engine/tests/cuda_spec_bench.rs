@@ -241,6 +241,17 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
     (median_ms(&mut tr), median_ms(&mut tp))
 }
 
+/// [`round_and_step`], then the same with the kernels `other` skipped (the mat-vecs alone):
+/// (round, step, mat-vec round, mat-vec step) in ms.
+fn with_matvecs_alone(t: &Target, first: u32, other: &[&str]) -> (f64, f64, f64, f64) {
+    let gpu = t.cuda.gpu();
+    let (round, step) = round_and_step(t, first);
+    gpu.set_skip_kernels(other).unwrap();
+    let (mv_round, mv_step) = round_and_step(t, first);
+    gpu.set_skip_kernels(&[]).unwrap();
+    (round, step, mv_round, mv_step)
+}
+
 /// The int8 tensor-core verify (`Gpu::b1q`) against the 5-row b1-plane kernels, then the
 /// out-projections on b1-plane activations too (`Gpu::b1p_out`: ssm_out, ffn_down): the what-if's
 /// round and the greedy step, alternating the switches in one process (twice), with the round's mat-vecs
@@ -267,10 +278,7 @@ fn cuda_b1q_round_ab() {
         for (on, out) in [(false, false), (true, false), (true, true)] {
             gpu.set_b1q(on);
             gpu.set_b1p_out(out);
-            let (round, step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&other).unwrap();
-            let (mv_round, mv_step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&[]).unwrap();
+            let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
             println!(
                 "B1Q rep {rep} b1q {on:<5} b1p_out {out:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step
@@ -383,10 +391,7 @@ fn cuda_mvc_round_ab() {
         for (on, pre) in [(true, 7), (true, 2), (true, 1), (false, 7)] {
             gpu.set_mvc(on);
             gpu.set_mvc_pre(pre);
-            let (round, step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&other).unwrap();
-            let (mv_round, mv_step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&[]).unwrap();
+            let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
             println!(
                 "MVCAB rep {rep} mvc {on:<5} pre stages {pre} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step
@@ -439,10 +444,7 @@ fn cuda_b1p_round_ab() {
         for &(on, unr3) in modes {
             gpu.set_b1p(on);
             gpu.set_b2p_unr3(unr3);
-            let (round, step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&other).unwrap();
-            let (mv_round, mv_step) = round_and_step(&t, first);
-            gpu.set_skip_kernels(&[]).unwrap();
+            let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
             println!(
                 "B1PAB rep {rep} b1p {on:<5} b2p_unr3 {unr3:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step

@@ -4042,6 +4042,27 @@ fn b1p_case(rng: &mut Rng, code_planes: usize, n_in: usize, n_out: usize, n: usi
     }
 }
 
+/// The b1-plane test shapes `(code planes, n_in, segment rows)`: K splits 4 (two cases), 16, 8,
+/// 2 and 1 by `mvbp_ks`, then `extra`, each for one (Q1_0) and two (Q2_0) code planes.
+fn b1p_shapes(extra: &[(usize, Vec<usize>)]) -> Vec<(usize, usize, Vec<usize>)> {
+    let base = [
+        (5120usize, vec![1024usize, 512, 48, 48]),
+        (6144, vec![640]),
+        (17408, vec![320]),
+        (8192, vec![64]),
+        (2048, vec![16]),
+        (256, vec![32, 16]),
+    ];
+    [1usize, 2]
+        .into_iter()
+        .flat_map(|pl| {
+            base.iter()
+                .chain(extra)
+                .map(move |(k, s)| (pl, *k, s.clone()))
+        })
+        .collect()
+}
+
 /// A case's device buffers: codes, scales, planes, units, sums.
 fn b1p_upload(g: &Gpu, c: &B1pCase) -> (DevBuf, DevBuf, DevBuf, DevBuf, DevBuf) {
     (
@@ -4087,19 +4108,7 @@ fn mv_b1p_equals_f64_and_one_row() {
     let g = need_gpu!("mv_b1p_equals_f64_and_one_row");
     let mut rng = Rng(91);
     let n = 5;
-    // (code planes, n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; Q1_0 and Q2_0
-    for (planes, (n_in, segs)) in [1usize, 2].into_iter().flat_map(|pl| {
-        [
-            (5120usize, vec![1024usize, 512, 48, 48]),
-            (6144, vec![640]),
-            (17408, vec![320]),
-            (8192, vec![64]),
-            (2048, vec![16]),
-            (256, vec![32, 16]),
-        ]
-        .into_iter()
-        .map(move |c| (pl, c))
-    }) {
+    for (planes, n_in, segs) in b1p_shapes(&[]) {
         let rows: usize = segs.iter().sum();
         let ks = mvbp_ks(rows / 16, n_in);
         let c = b1p_case(&mut rng, planes, n_in, rows, n);
@@ -4173,35 +4182,31 @@ fn mv_b1p_equals_f64_and_one_row() {
                     "[{n_in}x{rows}] ks {ks}: row {r} of activation {t} differs between n = 1 and n = {n}"
                 );
             }
-            // the one-row kernels with the activation row in registers, not shared memory
-            let xs0 = g.b1p_xs();
-            g.set_b1p_xs(!xs0);
-            let yx = g.upload(&vec![f32::NAN; rows]).unwrap();
-            run(&yx, t, 1, false);
-            g.set_b1p_xs(xs0);
-            let gx: Vec<f32> = down(g, &yx, rows);
-            for r in 0..rows {
-                assert_eq!(
-                    gx[r].to_bits(),
-                    got1[r].to_bits(),
-                    "[{n_in}x{rows}] ks {ks}: row {r} of activation {t}, b1p_xs {} against {xs0}",
-                    !xs0
-                );
-            }
-            if planes == 2 {
-                // Q2_0's shared-memory kernels with 3 weight pairs per stage (`b2p_unr3`)
-                g.set_b2p_unr3(true);
-                let y3 = g.upload(&vec![f32::NAN; rows]).unwrap();
-                run(&y3, t, 1, false);
-                g.set_b2p_unr3(false);
-                let g3: Vec<f32> = down(g, &y3, rows);
+            // a one-row launch with a switch flipped (`flip(true)` before it, `flip(false)` after):
+            // the same bits
+            let same_bits_with = |flip: &dyn Fn(bool), what: &str| {
+                flip(true);
+                let y = g.upload(&vec![f32::NAN; rows]).unwrap();
+                run(&y, t, 1, false);
+                flip(false);
+                let got: Vec<f32> = down(g, &y, rows);
                 for r in 0..rows {
                     assert_eq!(
-                        g3[r].to_bits(),
+                        got[r].to_bits(),
                         got1[r].to_bits(),
-                        "[{n_in}x{rows}] ks {ks}: row {r} of activation {t}, b2p_unr3"
+                        "[{n_in}x{rows}] ks {ks}: row {r} of activation {t}, {what}"
                     );
                 }
+            };
+            // the one-row kernels with the activation row in registers, not shared memory
+            let xs0 = g.b1p_xs();
+            same_bits_with(
+                &|on| g.set_b1p_xs(xs0 != on),
+                &format!("b1p_xs {} against {xs0}", !xs0),
+            );
+            if planes == 2 {
+                // Q2_0's shared-memory kernels with 3 weight pairs per stage
+                same_bits_with(&|on| g.set_b2p_unr3(on), "b2p_unr3");
             }
             if t == 0 {
                 let y0 = rng.vec(rows, 3.0);
@@ -4259,21 +4264,8 @@ fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
-    // (code planes, n_in, segment rows): K splits 4 (two cases), 16, 8, 2, 1 by mvbp_ks; odd tile
-    // counts; Q1_0 and Q2_0
-    for (planes, (n_in, segs)) in [1usize, 2].into_iter().flat_map(|pl| {
-        [
-            (5120usize, vec![1024usize, 512, 48, 48]),
-            (6144, vec![640]),
-            (17408, vec![320]),
-            (8192, vec![64]),
-            (2048, vec![16]),
-            (256, vec![32, 16]),
-            (5120, vec![16480]),
-        ]
-        .into_iter()
-        .map(move |c| (pl, c))
-    }) {
+    // and one launch of an odd tile count
+    for (planes, n_in, segs) in b1p_shapes(&[(5120, vec![16480])]) {
         let rows: usize = segs.iter().sum();
         let ks = mvbp_ks(rows / 16, n_in);
         let c = b1p_case(&mut rng, planes, n_in, rows, nmax);
@@ -4323,10 +4315,8 @@ fn mv_b1q_equals_b1p_one_row() {
             .unwrap();
             want.extend(gather(1));
         }
-        for n in [2usize, 5, 8] {
-            for y in &ys {
-                g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
-            }
+        // the int8 tensor-core launch of n rows
+        let b1q = |n: usize, accumulate: bool| {
             g.mv_b1q(
                 planes,
                 &seg_list,
@@ -4335,9 +4325,15 @@ fn mv_b1q_equals_b1p_one_row() {
                 xs.ptr(),
                 n_in,
                 n,
-                false,
+                accumulate,
             )
-            .unwrap();
+            .unwrap()
+        };
+        for n in [2usize, 5, 8] {
+            for y in &ys {
+                g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
+            }
+            b1q(n, false);
             let got = gather(nmax);
             for t in 0..nmax {
                 for r in 0..rows {
@@ -4369,17 +4365,7 @@ fn mv_b1q_equals_b1p_one_row() {
                     .collect()
             })
             .collect();
-        g.mv_b1q(
-            planes,
-            &seg_list,
-            xv.ptr(),
-            xu.ptr(),
-            xs.ptr(),
-            n_in,
-            3,
-            true,
-        )
-        .unwrap();
+        b1q(3, true);
         let acc = gather(3);
         for t in 0..3 {
             for r in 0..rows {
