@@ -201,6 +201,17 @@ pub fn b1p_shape_ok(qt: QuantType, n_in: usize, n_out: usize) -> bool {
     b1p_planes(qt).is_some() && n_out % 16 == 0 && n_in % 256 == 0 && n_in > 0 && n_out > 0
 }
 
+/// Bits 0, 2, 4, …, 62 of `x` gathered into bits 0 … 31 (each step halves the gaps).
+fn even_bits(x: u64) -> u32 {
+    let mut x = x & 0x5555_5555_5555_5555;
+    x = (x | x >> 1) & 0x3333_3333_3333_3333;
+    x = (x | x >> 2) & 0x0f0f_0f0f_0f0f_0f0f;
+    x = (x | x >> 4) & 0x00ff_00ff_00ff_00ff;
+    x = (x | x >> 8) & 0x0000_ffff_0000_ffff;
+    x = (x | x >> 16) & 0x0000_0000_ffff_ffff;
+    x as u32
+}
+
 /// Re-tile `raw` (`n_out` GGUF rows of `n_in` elements, Q1_0, Q2_0 g128 or PQ2_0) into
 /// [`RetiledB1p`]. Panics if the shape is not [`b1p_shape_ok`] or `raw` has the wrong length (the
 /// loader validates extents).
@@ -222,11 +233,10 @@ pub fn retile_b1p(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retil
         if planes == 1 {
             u32::from_le_bytes([c[4 * tg], c[4 * tg + 1], c[4 * tg + 2], c[4 * tg + 3]])
         } else {
-            (0..32).fold(0u32, |w, i| {
-                let j = 32 * tg + i;
-                let code = (c[j >> 2] >> (2 * (j & 3))) & 3;
-                w | (((code >> q) & 1) as u32) << i
-            })
+            // the 32 codes of word tg as one little-endian u64 (code i at bits 2i, 2i + 1): plane
+            // q is bit q of every pair, gathered into bit i
+            let w = u64::from_le_bytes(c[8 * tg..8 * tg + 8].try_into().expect("8 bytes"));
+            even_bits(w >> q)
         }
     };
     let scale = |r: usize, b: usize| {
