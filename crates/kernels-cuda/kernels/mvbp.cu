@@ -372,67 +372,36 @@ MVBP_ENTRY(mvbp_q2_n5_k8, 5, 8, 1, 1, 1, 2)
 MVBP_ENTRY(mvbp_q2_n5_k16, 5, 16, 1, 1, 1, 2)
 
 // The SwiGLU-fused decode gate‖up launch on b1-planes (grid n_out / 32, 128 threads; the
-// parameter list of MV_SWI_ENTRY with the b1-plane activations in place of q, d, s).
-extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1_k1_swi(const void* c0, const u16* sc0, const void* c1,
-                                                                   const u16* sc1, int n_out, const uint4* xp,
-                                                                   const float* xu, const int* xs, int n_in,
-                                                                   int pre, float* hf, i8* hq, float* hd, int* hs) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, 2, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre, SwiOut{hf, hq, hd, hs, {}});
-}
-// The same with the activation row in shared memory (XS).
-extern "C" __global__ void __launch_bounds__(128) mvbp_q1_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
-                                                                    const u16* sc1, int n_out, const uint4* xp,
-                                                                    const float* xu, const int* xs, int n_in,
-                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, MVBP_X_UNR, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                             SwiOut{hf, hq, hd, hs, {}});
-}
-// The same two for Q2_0 (two code planes).
-extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1_k1_swi(const void* c0, const u16* sc0, const void* c1,
-                                                                   const u16* sc1, int n_out, const uint4* xp,
-                                                                   const float* xu, const int* xs, int n_in,
-                                                                   int pre, float* hf, i8* hq, float* hd, int* hs) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, 1, true, false, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                                SwiOut{hf, hq, hd, hs, {}});
-}
-extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1x_k1_swi(const void* c0, const u16* sc0, const void* c1,
-                                                                    const u16* sc1, int n_out, const uint4* xp,
-                                                                    const float* xu, const int* xs, int n_in,
-                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, MVBP_X_UNR_Q2, true, true, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                                           SwiOut{hf, hq, hd, hs, {}});
-}
-extern "C" __global__ void __launch_bounds__(128) mvbp_q2_n1y_k1_swi(const void* c0, const u16* sc0, const void* c1,
-                                                                    const u16* sc1, int n_out, const uint4* xp,
-                                                                    const float* xu, const int* xs, int n_in,
-                                                                    int pre, float* hf, i8* hq, float* hd, int* hs) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, 3, true, true, false, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                               SwiOut{hf, hq, hd, hs, {}});
-}
+// parameter list of MV_SWI_ENTRY with the b1-plane activations in place of q, d, s): UNR pairs
+// per stage, XS the activation row in shared memory, PL code planes.
+#define MVBP_SWI_ENTRY(NAME, UNR, XS, PL)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128)                                                      \
+        NAME(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const uint4* xp,   \
+             const float* xu, const int* xs, int n_in, int pre, float* hf, i8* hq, float* hd, int* hs) {   \
+        MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out},                             \
+              none = {nullptr, nullptr, nullptr, 0};                                                       \
+        mvbp_mv<1, 1, 4, UNR, true, XS, false, PL>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,        \
+                                                   SwiOut{hf, hq, hd, hs, {}});                            \
+    }
+MVBP_SWI_ENTRY(mvbp_q1_n1_k1_swi, 2, false, 1)
+MVBP_SWI_ENTRY(mvbp_q1_n1x_k1_swi, MVBP_X_UNR, true, 1)
+MVBP_SWI_ENTRY(mvbp_q2_n1_k1_swi, 1, false, 2)
+MVBP_SWI_ENTRY(mvbp_q2_n1x_k1_swi, MVBP_X_UNR_Q2, true, 2)
+MVBP_SWI_ENTRY(mvbp_q2_n1y_k1_swi, 3, true, 2)
 // The XS launch writing the SwiGLU as b1-plane activations (xp, xu, xs, xv: P16Out's layout, one
 // row): the input of the b1-plane ffn_down. A cluster of 4 blocks per 128 outputs.
-extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
-    mvbp_q1_n1x_k1_swi_p16(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out,
-                           const uint4* xp, const float* xu, const int* xs, int n_in, int pre, float* hf,
-                           u32* op, float* ou, int* os, u8* ov) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, MVBP_X_UNR, true, true, true>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                                   SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
-}
-// The same for Q2_0 (two code planes).
-extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)
-    mvbp_q2_n1x_k1_swi_p16(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out,
-                           const uint4* xp, const float* xu, const int* xs, int n_in, int pre, float* hf,
-                           u32* op, float* ou, int* os, u8* ov) {
-    MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out}, none = {nullptr, nullptr, nullptr, 0};
-    mvbp_mv<1, 1, 4, MVBP_X_UNR_Q2, true, true, true, 2>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,
-                                                          SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}});
-}
+#define MVBP_SWP_ENTRY(NAME, UNR, PL)                                                                      \
+    extern "C" __global__ void CLUSTER_DIMS(4, 1, 1) __launch_bounds__(128)                                \
+        NAME(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const uint4* xp,   \
+             const float* xu, const int* xs, int n_in, int pre, float* hf, u32* op, float* ou, int* os,    \
+             u8* ov) {                                                                                     \
+        MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out},                             \
+              none = {nullptr, nullptr, nullptr, 0};                                                       \
+        mvbp_mv<1, 1, 4, UNR, true, true, true, PL>(g0, u0, none, none, xp, xu, xs, n_in, 1, 0, pre,       \
+                                                    SwiOut{hf, nullptr, nullptr, nullptr, P16Out{op, ou, os, ov}}); \
+    }
+MVBP_SWP_ENTRY(mvbp_q1_n1x_k1_swi_p16, MVBP_X_UNR, 1)
+MVBP_SWP_ENTRY(mvbp_q2_n1x_k1_swi_p16, MVBP_X_UNR_Q2, 2)
 
 // ---- int8 tensor-core verify on the b1-plane layout (`mvbq_q1_*`, n <= 8 rows) -----------------
 // The same weights (the b1-plane tiles above) and the same int16 activation codes, but the
