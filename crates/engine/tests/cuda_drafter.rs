@@ -1,6 +1,6 @@
 //! The DSpark drafter on the GPU (`backend::cuda_drafter`) against the host drafter (the oracle).
 //!
-//! - `cuda_q41_mv_vs_reference`: the Q4_1 mat-vec at the drafter's shapes (5120→5120, 25600→5120,
+//! - `cuda_q41_mv_vs_reference`: the Q4_1 mat-vec (2 and 4 rows per warp) at the drafter's shapes (5120→5120, 25600→5120,
 //!   5120→512, 5120→248320, an odd small one) against an f64 emulation of the same int8 math
 //!   (relative 1e-5 of the absolute term sum), NMSE against the CPU f32-activation matmul ≤ 1e-3,
 //!   rows independent of n (bit for bit), and a 3-segment launch equal to the single one (bit for bit).
@@ -11,6 +11,9 @@
 //!   the host's except at near-ties: a differing id must be within `2·max|Δlogits| + 1e-3` of the
 //!   host's best Markov score (the chains are compared up to the first difference). A draft leaves
 //!   the context unchanged.
+//! - `cuda_drafter_graph_equals_eager`: the captured draft (the default) against the eager one, on
+//!   two states staged alike through short contexts, a full window and past it: drafted ids and
+//!   head logits bit for bit.
 //! - `cuda_engine_gpu_drafter_equals_plain`: `Engine` on CUDA with a DSpark drafter (GPU drafter, the
 //!   default) gives plain greedy output, on the builder models (and the model folder when set).
 //!
@@ -281,18 +284,24 @@ fn cuda_q41_mv_vs_reference() {
         return;
     };
     let gpu = b.gpu();
-    for (i, &(n_in, n_out, n)) in [
-        (96, 7, 3),
-        (5120, 5120, 8),
-        (25600, 5120, 8),
-        (5120, 512, 4),
-        (5120, 248_320, 4),
-    ]
-    .iter()
-    .enumerate()
-    {
-        q41_case(gpu, n_in, n_out, n, 1000 + i as u64);
+    let r4 = gpu.q41_r4();
+    // both kernels: 2 rows per warp (`mv_q41`) and 4 (`mv_q41_r4`)
+    for on in [false, true] {
+        gpu.set_q41_r4(on);
+        for (i, &(n_in, n_out, n)) in [
+            (96, 7, 3),
+            (5120, 5120, 8),
+            (25600, 5120, 8),
+            (5120, 512, 4),
+            (5120, 248_320, 4),
+        ]
+        .iter()
+        .enumerate()
+        {
+            q41_case(gpu, n_in, n_out, n, 1000 + i as u64);
+        }
     }
+    gpu.set_q41_r4(r4);
 }
 
 /// `n` random tap rows `[n, tw]`, uniform in [−1, 1) (no outliers: the int8 noise stays small).
@@ -402,6 +411,62 @@ fn cuda_drafter_matches_host() {
         println!(
             "{}: GPU drafter == host drafter over {cases} drafts up to a full window ({window} rows): \
              logits NMSE ≤ {worst:.2e}, {ties} near-tie id differences",
+            m.name
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_drafter_graph_equals_eager() {
+    let test = "cuda_drafter_graph_equals_eager";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    for m in models(test) {
+        let g = Arc::new(Gguf::open(&m.path).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let host = Drafter::load(&m.drafter, &g, &cfg).unwrap();
+        let d = CudaDrafter::new(b.gpu_arc(), host).unwrap();
+        let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+        // the same context in two states: one drafts eagerly, the other replays its graph
+        let mut se = d.new_state().unwrap();
+        let mut sg = d.new_state().unwrap();
+        let mut rng = Rng(91);
+        let (mut pos, mut cases) = (0usize, 0usize);
+        // short contexts, one chunk boundary, a full window, then past it (the ring wraps)
+        let batches = [1usize, 4, 2, 300, 5, window, 1, 3, 7];
+        for (bi, &nb) in batches.iter().enumerate() {
+            let taps = rand_taps(&mut rng, nb, tw);
+            d.stage(&mut se, &taps, pos, nb).unwrap();
+            d.stage(&mut sg, &taps, pos, nb).unwrap();
+            pos += nb;
+            for c in 0..2 {
+                let id_last = (rng.next() % (nv as u64 - 1)) as u32;
+                let what = format!("{} batch {bi} case {c} (id {id_last}, pos {pos})", m.name);
+                d.set_graph(false);
+                let (ie, le) = d.draft_with_logits(&mut se, id_last, pos).unwrap();
+                d.set_graph(true);
+                let (ig, lg) = d.draft_with_logits(&mut sg, id_last, pos).unwrap();
+                assert!(sg.graph_captured(), "{what}: the draft graph was not used");
+                assert!(
+                    !se.graph_captured(),
+                    "{what}: the eager state captured a graph"
+                );
+                assert_eq!(ie, ig, "{what}: drafted ids, eager vs graph");
+                let diff = le
+                    .iter()
+                    .zip(&lg)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(diff, 0, "{what}: {diff} logits differ, eager vs graph");
+                cases += 1;
+            }
+        }
+        assert_eq!(sg.len(), window, "{}: the window did not fill", m.name);
+        println!(
+            "{}: draft graph == eager draft over {cases} drafts (ids and head logits bit for bit; \
+             window {window} rows, wrapped)",
             m.name
         );
     }

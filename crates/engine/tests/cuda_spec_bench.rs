@@ -88,6 +88,12 @@ impl Dr {
             _ => unreachable!("state of another drafter"),
         }
     }
+    /// The GPU drafter's captured draft on or off (the host drafter has none).
+    fn set_graph(&self, on: bool) {
+        if let Dr::Gpu(d) = self {
+            d.set_graph(on);
+        }
+    }
     fn draft(&self, st: &mut DrState, id_last: u32, start: usize) -> Vec<u32> {
         match (self, st) {
             (Dr::Host(d), DrState::Host(s)) => d.draft(s, id_last, start).unwrap(),
@@ -412,6 +418,60 @@ fn cuda_mvc_round_ab() {
     );
     println!("MVCAB {json}");
     if let Ok(out) = std::env::var("BONSAI_MVC_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
+/// The row-split dp4a verify kernels (`Gpu::mv_rsplit`: 4- and 5-row launches over 2 blocks of 3
+/// activation rows) against the 5-row kernels, at 4 and 8 weight rows per warp: the what-if's
+/// round and the greedy step, and both with every other kernel skipped (the mat-vecs alone),
+/// alternating in one process (three times each). `BONSAI_RSPLIT_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_rsplit_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_rsplit_round_ab") else {
+        return;
+    };
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
+    let gpu = cuda.gpu();
+    let names = gpu.kernel_names();
+    let other = non_matvec(&names);
+    let mut rows = Vec::new();
+    // (row split, verify rows per warp; None: the kind's default)
+    let modes = [
+        (None, None),
+        (Some(false), None),
+        (Some(true), Some(4)),
+        (Some(true), Some(8)),
+        (Some(false), Some(4)),
+    ];
+    for rep in 0..3 {
+        for (split, rn) in modes {
+            gpu.set_mv_rsplit(split);
+            gpu.set_mv_verify(rn, None);
+            let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
+            let rn_s = rn.map_or("default".to_string(), |r| r.to_string());
+            let split = split.map_or("default".to_string(), |v| v.to_string());
+            println!(
+                "RSPLITAB rep {rep} rsplit {split:<7} rn {rn_s:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"rsplit\": \"{split}\", \"rn\": \"{rn_s}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_mv_rsplit(None);
+    gpu.set_mv_verify(None, None);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        rows.join(", ")
+    );
+    println!("RSPLITAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_RSPLIT_AB_OUT") {
         std::fs::write(out, &json).unwrap();
     }
 }
@@ -745,12 +805,24 @@ fn cuda_spec_round_cost() {
         t_ng.push(t.elapsed().as_secs_f64());
     }
     let ngram_ms = median_ms(&mut t_ng);
-    let mut dspark_json = [String::from("null"), String::from("null")];
-    for (gi, graph) in [false, true].into_iter().enumerate() {
+    // (round graphs, draft graph): all eager, round graphs with the eager draft (the A/B of the
+    // draft graph), all graphs
+    let mut draft_prof = String::from("null");
+    let mut dspark_json = [
+        String::from("null"),
+        String::from("null"),
+        String::from("null"),
+    ];
+    for (ci, (graph, draft_graph)) in [(false, false), (true, false), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
         let Some(d) = &drafter else {
             break;
         };
+        let gi = graph as usize;
         cuda.set_round_graph(graph);
+        d.set_graph(draft_graph);
         {
             let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
             let mut ds = d.new_state();
@@ -818,6 +890,52 @@ fn cuda_spec_round_cost() {
                     acc += out.n_acc;
                 }
             }
+            if ci == 0 {
+                if let Dr::Gpu(g) = d {
+                    // one eager draft with every launch timed alone: where the draft's time goes
+                    cuda.gpu().profile_begin();
+                    let ids = g.draft(
+                        match &mut ds {
+                            DrState::Gpu(s) => s,
+                            DrState::Host(_) => unreachable!("GPU drafter state"),
+                        },
+                        id_last,
+                        st.pos,
+                    );
+                    let launches = cuda.gpu().profile_end();
+                    ids.unwrap();
+                    let mut agg: Vec<(String, usize, f64)> = Vec::new();
+                    for (name, us) in &launches {
+                        match agg.iter_mut().find(|a| &a.0 == name) {
+                            Some(a) => {
+                                a.1 += 1;
+                                a.2 += *us as f64;
+                            }
+                            None => agg.push((name.clone(), 1, *us as f64)),
+                        }
+                    }
+                    agg.sort_by(|a, b| b.2.total_cmp(&a.2));
+                    let total: f64 = agg.iter().map(|a| a.2).sum();
+                    for (name, cnt, us) in &agg {
+                        println!("DPROF {name:<40} {cnt:>3} launches {us:9.1} us");
+                    }
+                    println!(
+                        "DPROF {} launches, {:.1} us of kernels alone",
+                        launches.len(),
+                        total
+                    );
+                    draft_prof = format!(
+                        "{{\"launches\": {}, \"kernels_alone_us\": {total:.1}, \"by_kernel\": [{}]}}",
+                        launches.len(),
+                        agg.iter()
+                            .map(|(n, c, us)| format!(
+                                "{{\"kernel\": \"{n}\", \"launches\": {c}, \"us\": {us:.1}}}"
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+            }
             let (dm, sm, rm, tm) = (
                 median_ms(&mut t_draft),
                 median_ms(&mut t_stage),
@@ -825,7 +943,7 @@ fn cuda_spec_round_cost() {
                 median_ms(&mut t_total),
             );
             println!(
-            "BENCH dspark ({}, round graph {graph}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
+            "BENCH dspark ({}, round graph {graph}, draft graph {draft_graph}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
              total {tm:.3} ms, R = {:.2} vs the greedy graph step ({:.2} vs the eager+taps step); \
              {acc} of {} drafts accepted",
             d.label(),
@@ -833,8 +951,8 @@ fn cuda_spec_round_cost() {
             tm / eager_taps_ms,
             ROUNDS * K
         );
-            dspark_json[gi] = format!(
-            "{{\"drafter\": \"{}\", \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
+            dspark_json[ci] = format!(
+            "{{\"drafter\": \"{}\", \"draft_graph\": {draft_graph}, \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
              \"R_vs_eager_taps_step\": {:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}, \
              \"R_with_oracle_k\": [{}]}}",
             d.label(),
@@ -863,14 +981,16 @@ fn cuda_spec_round_cost() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
          \"plain_step_row_ms\": {plain_row_ms:.3}, \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
-         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph\": {}}}",
+         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph_eager_draft\": {}, \"dspark_graph\": {}, \"draft_profile\": {}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rounds_json.join(", "),
         ngram_r.join(", "),
         ngram_r_graph.join(", "),
         dspark_json[0],
-        dspark_json[1]
+        dspark_json[1],
+        dspark_json[2],
+        draft_prof
     );
     println!("BENCH {json}");
     if let Ok(out) = std::env::var("BONSAI_SPEC_BENCH_OUT") {

@@ -553,10 +553,15 @@ struct SwiOut {
     P16Out p;
 };
 
-template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false>
+// RS (row split, verify launches): RS consecutive blocks take the same weight rows, block b of them
+// activation rows NT·b .. NT·b + NT − 1 (those < n), so a launch of n <= RS·NT rows has RS times
+// the warps, each holding NT rows' sums. A row's operations are those of the one-row launch all the
+// same (the same lanes' chains, the same unpack: NT > 1 either way).
+template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false, int RS = 1>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
                                           int n_in, int n, int accumulate, int pre, SwiOut so = {}) {
+    static_assert(RS == 1 || (NT > 1 && !SWI), "row split: verify launches only");
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
@@ -564,7 +569,17 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     __shared__ float part[KS > 1 ? MV_WARPS : 1][MV_R][NT];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int kp = w % KS;                       // this warp's K part
-    int gw = blockIdx.x * G + w / KS;      // row group of this warp
+    const int bx = RS > 1 ? blockIdx.x / RS : blockIdx.x;
+    // RS > 1: this block's activation rows start at t0 (its outputs at row t0 of y)
+    const int t0 = RS > 1 ? (int)(blockIdx.x % RS) * NT : 0;
+    if (RS > 1) {
+        if (t0 >= n) return;  // the whole block, before any barrier
+        n = min(NT, n - t0);
+        q += (size_t)t0 * n_in;
+        da += (size_t)t0 * (n_in >> 5);
+        sa += (size_t)t0 * (n_in >> 5);
+    }
+    int gw = bx * G + w / KS;              // row group of this warp
     // find the segment (groups of MV_R rows never straddle two matrices)
     int g0 = (s0.n_out + MV_R - 1) / MV_R, g1 = (s1.n_out + MV_R - 1) / MV_R,
         g2 = (s2.n_out + MV_R - 1) / MV_R, g3 = (s3.n_out + MV_R - 1) / MV_R;
@@ -689,7 +704,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                     if (lane == r) sres[(w / KS) * MV_R + r] = v;
                 } else if (KS == 1) {
                     if (lane == r && o0 + r < sg.n_out) {
-                        float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
+                        float* yp = sg.y + (size_t)(t0 + t) * sg.n_out + o0 + r;
                         *yp = accumulate ? *yp + v : v;
                     }
                 } else if (lane == 0) {
@@ -706,7 +721,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 float v = part[w][r][t];
 #pragma unroll
                 for (int k2 = 1; k2 < KS; ++k2) v += part[w + k2][r][t];
-                float* yp = sg.y + (size_t)t * sg.n_out + o0 + r;
+                float* yp = sg.y + (size_t)(t0 + t) * sg.n_out + o0 + r;
                 *yp = accumulate ? *yp + v : v;
             }
         }
@@ -748,8 +763,12 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #define MV_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,  \
                  mv_lowbit<KIND, NT, R, U, KS>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
+#define MV_RS_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
+    MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,     \
+                 mv_lowbit<KIND, NT, R, U, KS, false, 2>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp (`_n8r4`: 4);
-// `_n5r4` / `_n5r8` up to 5 rows (registers for 5, so 4 or 8 weight rows per warp fit); `_n1`
+// `_n5r4` / `_n5r8` up to 5 rows (registers for 5, so 4 or 8 weight rows per warp fit); `_n3r4s` /
+// `_n3r8s` up to 6 rows split over 2 blocks of 3 (RS = 2: twice the warps, registers for 3); `_n1`
 // (decode) take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads per
 // weight). The register caps are chosen so nothing spills. `_kKS` splits each row's K range over
 // KS warps of the block. R, U and NT never change a row's float ops; KS does, so the launcher
@@ -768,6 +787,12 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_ENTRY(mv_##K##_n5r8_k1, KIND, 5, 8, 2, 1, 2)               \
     MV_ENTRY(mv_##K##_n5r8_k2, KIND, 5, 8, 2, 2, 2)               \
     MV_ENTRY(mv_##K##_n5r8_k4, KIND, 5, 8, 2, 4, 2)               \
+    MV_RS_ENTRY(mv_##K##_n3r4s_k1, KIND, 3, 4, 2, 1, KIND == 1 ? 6 : 5) \
+    MV_RS_ENTRY(mv_##K##_n3r4s_k2, KIND, 3, 4, 2, 2, KIND == 1 ? 6 : 5) \
+    MV_RS_ENTRY(mv_##K##_n3r4s_k4, KIND, 3, 4, 2, 4, KIND == 1 ? 6 : 5) \
+    MV_RS_ENTRY(mv_##K##_n3r8s_k1, KIND, 3, 8, 2, 1, KIND == 1 ? 4 : 3) \
+    MV_RS_ENTRY(mv_##K##_n3r8s_k2, KIND, 3, 8, 2, 2, KIND == 1 ? 4 : 3) \
+    MV_RS_ENTRY(mv_##K##_n3r8s_k4, KIND, 3, 8, 2, 4, KIND == 1 ? 4 : 3) \
     MV_ENTRY(mv_##K##_n1_r2_k1, KIND, 1, 2, 4, 1, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k2, KIND, 1, 2, 4, 2, 8)              \
     MV_ENTRY(mv_##K##_n1_r2_k4, KIND, 1, 2, 4, 4, 8)              \

@@ -120,15 +120,20 @@ extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* 
 
 // Q4_1 mat-vec for n <= 8 int8 activation rows, over up to 3 matrices sharing the input (segments;
 // unused ones have n_out = 0): y_s[t, o] (+)= Σ_b xd[t,b]·(d_ob·Σ_j q_obj·xq[t,b,j] + m_ob·xs[t,b]).
-// grid ceil(Σ ceil(n_out_s / 2) / 4), block 128 (4 warps): warp = 2 consecutive rows of one segment,
+// grid ceil(Σ ceil(n_out_s / R) / 4), block 128 (4 warps): warp = R consecutive rows of one segment,
 // lane l takes blocks l, l + 32, ... in increasing order, then a fixed xor-tree: row t's result does
 // not depend on n. Byte i of code word w holds element 4w + i (low nibble) and 16 + 4w + i (high).
-#define Q41_R 2
+// Q41_R rows per warp (the template parameter): `mv_q41` 2, `mv_q41_r4` 4 (each activation load
+// from L1 feeds twice the rows; the same float operations per row). NT: activation rows the
+// registers are sized for, MAXN or 4 (`mv_q41_n4`, n <= 4: a draft block; fewer registers, more
+// warps per SM, the same float operations per row).
 #define Q41_WARPS 4
-extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32) mv_q41(
-    const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1, int n1,
-    const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q, const float* __restrict__ da,
-    const int* __restrict__ sa, int n_in, int n, int accumulate) {
+template <int Q41_R, int NT>
+__device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1,
+                                            const u32* dm1, float* y1, int n1, const uint4* c2, const u32* dm2,
+                                            float* y2, int n2, const i8* __restrict__ q,
+                                            const float* __restrict__ da, const int* __restrict__ sa, int n_in,
+                                            int n, int accumulate) {
     int lane = threadIdx.x & 31;
     int gw = blockIdx.x * Q41_WARPS + (threadIdx.x >> 5);
     int g0 = (n0 + Q41_R - 1) / Q41_R, g1 = (n1 + Q41_R - 1) / Q41_R, g2 = (n2 + Q41_R - 1) / Q41_R;
@@ -155,51 +160,68 @@ extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32) mv_q41(
         crow[r] = cp + ro * nb;
         drow[r] = dp + ro * nb;
     }
-    float acc[Q41_R][MAXN];
+    float acc[Q41_R][NT];
 #pragma unroll
     for (int r = 0; r < Q41_R; ++r)
 #pragma unroll
-        for (int t = 0; t < MAXN; ++t) acc[r][t] = 0.f;
-#pragma unroll 2
-    for (int j = lane; j < nb; j += 32) {
-        uint4 c[Q41_R];
-        float dw[Q41_R], mw[Q41_R];
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+    // QU blocks per lane per step, all their weights loaded before any is used; the blocks are
+    // still added in increasing order
+    constexpr int QU = NT == 4 ? 4 : 2;
+    for (int j0 = lane; j0 < nb; j0 += 32 * QU) {
+        uint4 cu[QU][Q41_R];
+        u32 dmu[QU][Q41_R];
 #pragma unroll
-        for (int r = 0; r < Q41_R; ++r) {
-            c[r] = __ldg(crow[r] + j);
-            u32 dm = __ldg(drow[r] + j);
-            dw[r] = h2f((u16)(dm & 0xffffu));
-            mw[r] = h2f((u16)(dm >> 16));
-        }
+        for (int u = 0; u < QU; ++u)
 #pragma unroll
-        for (int t = 0; t < MAXN; ++t) {
-            if (t < n) {
-                const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
-                int4 a0 = __ldg(qa4), a1 = __ldg(qa4 + 1);
-                float dt = __ldg(da + (size_t)t * nb + j);
-                float st = (float)__ldg(sa + (size_t)t * nb + j);
+            for (int r = 0; r < Q41_R; ++r) {
+                const int j = min(j0 + 32 * u, nb - 1);
+                cu[u][r] = __ldg(crow[r] + j);
+                dmu[u][r] = __ldg(drow[r] + j);
+            }
 #pragma unroll
-                for (int r = 0; r < Q41_R; ++r) {
-                    // low nibbles as they are, high nibbles masked in place (16·code, unsigned
-                    // bytes): no shifts; the integer sum is exact, the same as shifting them down
-                    const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
-                    int lo = 0, hi = 0;
-                    lo = dp4a_us(c[r].x & M4, a0.x, lo);
-                    lo = dp4a_us(c[r].y & M4, a0.y, lo);
-                    lo = dp4a_us(c[r].z & M4, a0.z, lo);
-                    lo = dp4a_us(c[r].w & M4, a0.w, lo);
-                    hi = dp4a_us(c[r].x & H4, a1.x, hi);
-                    hi = dp4a_us(c[r].y & H4, a1.y, hi);
-                    hi = dp4a_us(c[r].z & H4, a1.z, hi);
-                    hi = dp4a_us(c[r].w & H4, a1.w, hi);
-                    int is = lo + (hi >> 4);
-                    acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
+        for (int u = 0; u < QU; ++u) {
+            const int j = j0 + 32 * u;
+            if (j >= nb) break;
+            uint4 c[Q41_R];
+            float dw[Q41_R], mw[Q41_R];
+#pragma unroll
+            for (int r = 0; r < Q41_R; ++r) {
+                c[r] = cu[u][r];
+                const u32 dm = dmu[u][r];
+                dw[r] = h2f((u16)(dm & 0xffffu));
+                mw[r] = h2f((u16)(dm >> 16));
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < n) {
+                    const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                    int4 a0 = __ldg(qa4), a1 = __ldg(qa4 + 1);
+                    float dt = __ldg(da + (size_t)t * nb + j);
+                    float st = (float)__ldg(sa + (size_t)t * nb + j);
+#pragma unroll
+                    for (int r = 0; r < Q41_R; ++r) {
+                        // low nibbles as they are, high nibbles masked in place (16·code, unsigned
+                        // bytes): no shifts; the integer sum is exact, the same as shifting them down
+                        const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
+                        int lo = 0, hi = 0;
+                        lo = dp4a_us(c[r].x & M4, a0.x, lo);
+                        lo = dp4a_us(c[r].y & M4, a0.y, lo);
+                        lo = dp4a_us(c[r].z & M4, a0.z, lo);
+                        lo = dp4a_us(c[r].w & M4, a0.w, lo);
+                        hi = dp4a_us(c[r].x & H4, a1.x, hi);
+                        hi = dp4a_us(c[r].y & H4, a1.y, hi);
+                        hi = dp4a_us(c[r].z & H4, a1.z, hi);
+                        hi = dp4a_us(c[r].w & H4, a1.w, hi);
+                        int is = lo + (hi >> 4);
+                        acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
+                    }
                 }
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < MAXN; ++t) {
+    for (int t = 0; t < NT; ++t) {
         if (t < n) {
 #pragma unroll
             for (int r = 0; r < Q41_R; ++r) {
@@ -213,6 +235,17 @@ extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32) mv_q41(
     }
 }
 
+#define MV_Q41_ENTRY(name, R, NT)                                                                               \
+    extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32)                                                \
+        name(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1,    \
+             int n1, const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q,              \
+             const float* __restrict__ da, const int* __restrict__ sa, int n_in, int n, int accumulate) {       \
+        mv_q41_rows<R, NT>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate);  \
+    }
+MV_Q41_ENTRY(mv_q41, 2, MAXN)
+MV_Q41_ENTRY(mv_q41_r4, 4, MAXN)
+MV_Q41_ENTRY(mv_q41_n4, 2, 4)
+
 // Ring row of logical row t: (slot0 + t) mod cap, or t itself when cap <= 0.
 __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
     return cap > 0 ? (size_t)((slot0 + t) % cap) : (size_t)t;
@@ -222,11 +255,16 @@ __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
 // in double like attn_prep) at position pos0 + t. grid (heads, n), block hd (<= 256, multiple of 32).
 //   src [n, src_stride] f32, head h at columns [h·hd, (h+1)·hd); dst row dsp_ring_row(t) of
 //   [*, dst_stride], same columns. src and dst must not overlap.
+//   par: null, or the draft graph's device parameters (DSP_PAR_*): pos0 = par[DSP_PAR_POS].
+#define DSP_PAR_POS 0
+#define DSP_PAR_OFF 1
+#define DSP_PAR_LEN 2
 extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const float* w, float eps, int hd,
                                          int pos0, float rope_base, float* dst, int dst_stride, int cap,
-                                         int slot0) {
+                                         int slot0, const int* par) {
     __shared__ float red[32], buf[256];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    if (par) pos0 = par[DSP_PAR_POS];
     float x = src[(size_t)t * src_stride + h * hd + j];
     float ss = block_sum(x * x, red);
     float inv = 1.0f / sqrtf(ss / (float)hd + eps);
@@ -256,40 +294,61 @@ extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int w
 // i >= len is row i − len of the block's kb/vb [n, nkv·hd]. Keys are cut into fixed chunks of
 // DSP_CH; block (h, c) handles chunk c of q head h (kv head h / (nh / nkv)) for all n rows and writes
 // part[t, h, c] = (Σ_i p_i·v_i [hd], m, l) with m the chunk max score and p_i = exp(s_i − m).
-// grid (nh, ceil(T / DSP_CH)), block 256. qo [n, nh·hd] f32; hd a multiple of 32, <= 256.
+// grid (nh, nchunk), block 256, nchunk >= ceil(T / DSP_CH) (the part stride); chunks past T write
+// nothing. qo [n, nh·hd] f32; hd a multiple of 32, <= 256. par: null, or the draft graph's device
+// parameters, whose off and len replace the arguments (its grid is sized for a full ring).
 #define DSP_CH 256
 extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo, const float* kc,
                                                                  const float* vc, int cap, int off, int len,
                                                                  const float* kb, const float* vb, int n,
                                                                  int nh, int nkv, int hd, float scale,
-                                                                 int nchunk, float* part) {
+                                                                 int nchunk, float* part, const int* par) {
     __shared__ float qs[MAXN][256];
     __shared__ float sc[MAXN][DSP_CH];
     __shared__ float red[32];
-    __shared__ float tmp[256];
     __shared__ float sm_m[MAXN], sm_l[MAXN];
     int h = blockIdx.x, c = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    if (par) {
+        off = par[DSP_PAR_OFF];
+        len = par[DSP_PAR_LEN];
+    }
     int kvw = nkv * hd, g = h / (nh / nkv);
     int T = len + n;
     int i0 = c * DSP_CH, cnt = min(DSP_CH, T - i0);
+    if (cnt <= 0) return;  // a chunk past the keys (the whole block: before any barrier)
     for (int idx = tid; idx < n * hd; idx += blockDim.x)
         qs[idx / hd][idx % hd] = qo[(size_t)(idx / hd) * nh * hd + h * hd + idx % hd];
     __syncthreads();
     int epl = hd >> 5;  // elements per lane (<= 8)
-    for (int i = w; i < cnt; i += 8) {
+    // key rows of chunk index i: context ring row or block row
+    auto key_row = [&](const float* ring, const float* blk, int i) {
         int li = i0 + i;
-        const float* kr = li < len ? kc + (size_t)((off + li) % cap) * kvw : kb + (size_t)(li - len) * kvw;
-        kr += g * hd;
-        float kv[8];
+        return (li < len ? ring + (size_t)((off + li) % cap) * kvw : blk + (size_t)(li - len) * kvw) + g * hd;
+    };
+    // scores: warp w takes keys w, w + 8, ..., DSP_KU of them per step with all their loads issued
+    // first (the loads of one key alone would leave the warp waiting on each in turn)
+#define DSP_KU 4
+    for (int i = w; i < cnt; i += 8 * DSP_KU) {
+        float kv[DSP_KU][8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) kv[e] = e < epl ? kr[lane + 32 * e] : 0.f;
-        for (int t = 0; t < n; ++t) {
-            float a = 0.f;
+        for (int u = 0; u < DSP_KU; ++u) {
+            const int iu = i + 8 * u;
+            const float* kr = key_row(kc, kb, iu < cnt ? iu : i);
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (e < epl) a = fmaf(qs[t][lane + 32 * e], kv[e], a);
-            a = warp_sum(a);
-            if (lane == 0) sc[t][i] = a * scale;
+            for (int e = 0; e < 8; ++e) kv[u][e] = e < epl && iu < cnt ? kr[lane + 32 * e] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < DSP_KU; ++u) {
+            const int iu = i + 8 * u;
+            if (iu >= cnt) break;
+            for (int t = 0; t < n; ++t) {
+                float a = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (e < epl) a = fmaf(qs[t][lane + 32 * e], kv[u][e], a);
+                a = warp_sum(a);
+                if (lane == 0) sc[t][iu] = a * scale;
+            }
         }
     }
     __syncthreads();
@@ -310,32 +369,52 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
         }
     }
     __syncthreads();
-    // weighted V: thread = (column j, key group kp); G groups split the keys, summed in group order
-    int G = blockDim.x / hd;
-    int j = tid % hd, kp = tid / hd;
-    float o[MAXN];
+    // weighted V: warp w takes keys w, w + 8, ... (DSP_KU per step, loads first), lane the columns
+    // lane + 32e; then the 8 warps' partial sums are added in warp order
+    float o[MAXN][8];
 #pragma unroll
-    for (int t = 0; t < MAXN; ++t) o[t] = 0.f;
-    if (kp < G) {
-        for (int i = kp; i < cnt; i += G) {
-            int li = i0 + i;
-            const float* vr = li < len ? vc + (size_t)((off + li) % cap) * kvw : vb + (size_t)(li - len) * kvw;
-            float v = vr[g * hd + j];
+    for (int t = 0; t < MAXN; ++t)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[t][e] = 0.f;
+    for (int i = w; i < cnt; i += 8 * DSP_KU) {
+        float vv[DSP_KU][8];
+#pragma unroll
+        for (int u = 0; u < DSP_KU; ++u) {
+            const int iu = i + 8 * u;
+            const float* vr = key_row(vc, vb, iu < cnt ? iu : i);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vv[u][e] = e < epl && iu < cnt ? vr[lane + 32 * e] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < DSP_KU; ++u) {
+            const int iu = i + 8 * u;
+            if (iu >= cnt) break;
 #pragma unroll
             for (int t = 0; t < MAXN; ++t)
-                if (t < n) o[t] = fmaf(sc[t][i], v, o[t]);
+                if (t < n) {
+                    const float p = sc[t][iu];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) o[t][e] = fmaf(p, vv[u][e], o[t][e]);
+                }
         }
     }
-    for (int t = 0; t < n; ++t) {
+#undef DSP_KU
+    // tmp: [8 warps][256 columns] for one row at a time
+    __shared__ float vsum[8][256];
+#pragma unroll
+    for (int t = 0; t < MAXN; ++t) {
+        if (t >= n) break;
         __syncthreads();
-        tmp[tid] = o[t];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (e < epl) vsum[w][lane + 32 * e] = o[t][e];
         __syncthreads();
         float* pp = part + (((size_t)t * nh + h) * nchunk + c) * (hd + 2);
-        if (kp == 0) {
-            float s = tmp[j];
-            for (int k2 = 1; k2 < G; ++k2) s += tmp[k2 * hd + j];
-            pp[j] = s;
-            if (j == 0) {
+        if (tid < hd) {
+            float s = vsum[0][tid];
+            for (int k2 = 1; k2 < 8; ++k2) s += vsum[k2][tid];
+            pp[tid] = s;
+            if (tid == 0) {
                 pp[hd] = sm_m[t];
                 pp[hd + 1] = sm_l[t];
             }
@@ -344,15 +423,18 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
 }
 
 // Phase 2: merge the chunk partials of (h, t) in chunk order; write f32 (out) and int8-quantize
-// (q/d/s, per-32 blocks of [n, nh·hd]). grid (nh, n), block hd.
+// (q/d/s, per-32 blocks of [n, nh·hd]). grid (nh, n), block hd. nchunk: the part stride; with par
+// (the draft graph) only the ceil((len + n) / DSP_CH) chunks that hold keys are merged, the same
+// partials in the same order as the launch sized for them.
 extern "C" __global__ void dsp_attn_merge(const float* part, int nh, int hd, int nchunk, float* out, i8* q,
-                                          float* d, int* s) {
+                                          float* d, int* s, const int* par) {
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
+    const int cnt = par ? min(nchunk, (par[DSP_PAR_LEN] + (int)gridDim.y + DSP_CH - 1) / DSP_CH) : nchunk;
     float M = NEG_INF;
-    for (int c = 0; c < nchunk; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
+    for (int c = 0; c < cnt; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
     float ls = 0.f, o = 0.f;
-    for (int c = 0; c < nchunk; ++c) {
+    for (int c = 0; c < cnt; ++c) {
         const float* pc = pp + (size_t)c * (hd + 2);
         float f = expf(pc[hd] - M);
         ls = fmaf(pc[hd + 1], f, ls);
@@ -375,17 +457,62 @@ __device__ __forceinline__ float dsp_ld(const void* p, int kind, size_t i) {
 // One Markov step (MODEL.md §4.6): scores[v] = logits[v] + Σ_r b[v, r]·a[prev, r] with prev = *prev
 // (device memory: the token just chosen), scores[mask] = −inf. a, b: planes [nv, rank] of kinds
 // ka, kb (dsp_ld).
-// grid ceil(nv / 8), block 256: one warp per vocab entry v, lanes over r in increasing order.
+// grid ceil(nv / (8·DSP_MV)), block 256: a warp per DSP_MV vocab entries; lanes over r in
+// increasing order, or, for two 16-bit planes of the same kind and rank a multiple of 8, 8
+// consecutive r per lane (one 16-byte load of each table row).
+#define DSP_MV 4  // vocab entries per warp
 extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a, int ka, const void* b, int kb,
                                              int rank, int nv, int mask, const int* prev, float* scores) {
     int lane = threadIdx.x & 31;
-    int v = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (v >= nv) return;
+    int v0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * DSP_MV;
+    if (v0 >= nv) return;
     int pv = *prev;
     size_t p = pv >= 0 && pv < nv ? (size_t)pv : 0;  // never read outside the table
-    float acc = 0.f;
-    for (int r = lane; r < rank; r += 32)
-        acc = fmaf(dsp_ld(b, kb, (size_t)v * rank + r), dsp_ld(a, ka, p * rank + r), acc);
-    acc = warp_sum(acc);
-    if (lane == 0) scores[v] = v == mask ? NEG_INF : logits[v] + acc;
+    float acc[DSP_MV];
+#pragma unroll
+    for (int u = 0; u < DSP_MV; ++u) acc[u] = 0.f;
+    if (kb != 0 && ka == kb && (rank & 7) == 0) {
+        // 16-bit planes, rank a multiple of 8: lane l takes elements 8l .. 8l + 7 of each 256, one
+        // 16-byte load per table row (the rows are 16-byte aligned: rank·2 bytes a row); the warp's
+        // DSP_MV rows of b are loaded before any is used
+        const uint4* ar = (const uint4*)((const u16*)a + p * rank);
+        for (int c = lane; c < (rank >> 3); c += 32) {
+            const uint4 aw = __ldg(ar + c);
+            uint4 bw[DSP_MV];
+#pragma unroll
+            for (int u = 0; u < DSP_MV; ++u)
+                bw[u] = v0 + u < nv ? __ldg((const uint4*)((const u16*)b + (size_t)(v0 + u) * rank) + c)
+                                    : make_uint4(0, 0, 0, 0);
+            const u32 aa[4] = {aw.x, aw.y, aw.z, aw.w};
+#pragma unroll
+            for (int u = 0; u < DSP_MV; ++u) {
+                const u32 bb[4] = {bw[u].x, bw[u].y, bw[u].z, bw[u].w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float b0, b1, a0, a1;
+                    if (kb == 1) {
+                        b0 = __uint_as_float(bb[i] << 16), b1 = __uint_as_float(bb[i] & 0xffff0000u);
+                        a0 = __uint_as_float(aa[i] << 16), a1 = __uint_as_float(aa[i] & 0xffff0000u);
+                    } else {
+                        b0 = h2f((u16)(bb[i] & 0xffffu)), b1 = h2f((u16)(bb[i] >> 16));
+                        a0 = h2f((u16)(aa[i] & 0xffffu)), a1 = h2f((u16)(aa[i] >> 16));
+                    }
+                    acc[u] = fmaf(b0, a0, acc[u]);
+                    acc[u] = fmaf(b1, a1, acc[u]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < DSP_MV; ++u)
+            if (v0 + u < nv)
+                for (int r = lane; r < rank; r += 32)
+                    acc[u] = fmaf(dsp_ld(b, kb, (size_t)(v0 + u) * rank + r), dsp_ld(a, ka, p * rank + r), acc[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < DSP_MV; ++u) {
+        const int v = v0 + u;
+        const float sum = warp_sum(acc[u]);
+        if (lane == 0 && v < nv) scores[v] = v == mask ? NEG_INF : logits[v] + sum;
+    }
 }

@@ -43,7 +43,7 @@ pub use retile::{
     Retiled, RetiledB1p, WKind,
 };
 pub use spec::{
-    dsp_attn_part_floats, gdn_rec_width, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
+    dsp_attn_part_floats, gdn_rec_width, DspPar, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
 };
 pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
 
@@ -414,30 +414,37 @@ pub fn mv_verify_default(kind: WKind) -> (usize, bool) {
 }
 
 /// The dp4a kernel variants of `mv_func`'s table, by row: the name suffix in `MV_KIND_ENTRIES`
-/// (bonsai.cu), its activation rows (NT) and weight rows per warp (R).
-const MV_VARIANTS: [(&str, usize, usize); 7] = [
-    ("n8", 8, 2),
-    ("n8r4", 8, 4),
-    ("n1_r2", 1, 2),
-    ("n1_r4", 1, 4),
-    ("n1_r8", 1, 8),
-    ("n5r4", 5, 4),
-    ("n5r8", 5, 8),
+/// (bonsai.cu), its activation rows (NT), weight rows per warp (R) and row split (RS: blocks
+/// per row group, each holding NT activation rows; `MV_RS_ENTRY`).
+const MV_VARIANTS: [(&str, usize, usize, usize); 9] = [
+    ("n8", 8, 2, 1),
+    ("n8r4", 8, 4, 1),
+    ("n1_r2", 1, 2, 1),
+    ("n1_r4", 1, 4, 1),
+    ("n1_r8", 1, 8, 1),
+    ("n5r4", 5, 4, 1),
+    ("n5r8", 5, 8, 1),
+    ("n3r4s", 3, 4, 2),
+    ("n3r8s", 3, 8, 2),
 ];
 
 /// The dp4a variant (row of [`MV_VARIANTS`]) and the rows per warp it runs with for `n`
-/// activation rows, `r` asked rows per warp and the 5-row kernels on or off: n = 1 takes `r`
-/// as asked; n ≤ 5 with `n5` takes the 5-row kernel of 4 or 8 rows; otherwise the 8-row kernel of
-/// 2 rows, or of 4 for an asked 4 or 8.
-fn mv_variant(n: usize, r: usize, n5: bool) -> Option<(usize, usize)> {
-    let row = match (n == 1, n5 && n <= 5, r) {
-        (true, _, 2) => 2,
-        (true, _, 4) => 3,
-        (true, _, 8) => 4,
-        (false, true, 4) => 5,
-        (false, true, 8) => 6,
-        (false, _, 2) => 0,
-        (false, _, 4 | 8) => 1,
+/// activation rows, `r` asked rows per warp, the 5-row kernels on or off and the row split on or
+/// off: n = 1 takes `r` as asked; 4 ≤ n ≤ 5 with `n5` and `rsplit` takes the row-split kernel of 4
+/// or 8 rows (2 blocks of 3 activation rows), n ≤ 5 with `n5` otherwise the 5-row kernel of 4 or 8
+/// rows; otherwise the 8-row kernel of 2 rows, or of 4 for an asked 4 or 8.
+fn mv_variant(n: usize, r: usize, n5: bool, rsplit: bool) -> Option<(usize, usize)> {
+    let split = rsplit && (4..=5).contains(&n);
+    let row = match (n == 1, n5 && n <= 5, split, r) {
+        (true, _, _, 2) => 2,
+        (true, _, _, 4) => 3,
+        (true, _, _, 8) => 4,
+        (false, true, true, 4) => 7,
+        (false, true, true, 8) => 8,
+        (false, true, _, 4) => 5,
+        (false, true, _, 8) => 6,
+        (false, _, _, 2) => 0,
+        (false, _, _, 4 | 8) => 1,
         _ => return None,
     };
     Some((row, MV_VARIANTS[row].2))
@@ -1102,6 +1109,27 @@ impl PinnedBuf {
         // SAFETY: in bounds of a live, page-aligned host allocation; &mut self gives exclusivity.
         unsafe { (self.ptr as *mut i32).add(i).write(v) }
     }
+    /// Write `v` from byte offset `off`. No copy may be in flight from this buffer.
+    pub fn write<T: Copy>(&mut self, off: usize, v: &[T]) {
+        let n = std::mem::size_of_val(v);
+        assert!(off + n <= self.bytes, "pinned write out of bounds");
+        // SAFETY: in bounds of a live host allocation; &mut self gives exclusivity; T: Copy is
+        // plain data, copied bytewise (no alignment needed for a byte copy).
+        unsafe {
+            std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, self.at(off) as *mut u8, n)
+        }
+    }
+    /// Read `dst.len()` i32 values from byte offset `off`. The caller must have synchronized the
+    /// stream after the last copy into the buffer.
+    pub fn read_i32s(&self, off: usize, dst: &mut [i32]) {
+        let n = std::mem::size_of_val(dst);
+        assert!(off + n <= self.bytes, "pinned read out of bounds");
+        // SAFETY: in bounds of a live host allocation, copied bytewise into dst; every bit pattern
+        // is a valid i32.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.at(off) as *const u8, dst.as_mut_ptr() as *mut u8, n)
+        }
+    }
     /// Address of byte `off`, as a host pointer.
     fn at(&self, off: usize) -> *mut c_void {
         debug_assert!(off <= self.bytes);
@@ -1430,6 +1458,12 @@ kernels!(
         mv_q1_n5r8_k1,
         mv_q1_n5r8_k2,
         mv_q1_n5r8_k4,
+        mv_q1_n3r4s_k1,
+        mv_q1_n3r4s_k2,
+        mv_q1_n3r4s_k4,
+        mv_q1_n3r8s_k1,
+        mv_q1_n3r8s_k2,
+        mv_q1_n3r8s_k4,
         mv_q1_n1_r2_k1,
         mv_q1_n1_r2_k2,
         mv_q1_n1_r2_k4,
@@ -1451,6 +1485,12 @@ kernels!(
         mv_q2_n5r8_k1,
         mv_q2_n5r8_k2,
         mv_q2_n5r8_k4,
+        mv_q2_n3r4s_k1,
+        mv_q2_n3r4s_k2,
+        mv_q2_n3r4s_k4,
+        mv_q2_n3r8s_k1,
+        mv_q2_n3r8s_k2,
+        mv_q2_n3r8s_k4,
         mv_q2_n1_r2_k1,
         mv_q2_n1_r2_k2,
         mv_q2_n1_r2_k4,
@@ -1472,6 +1512,12 @@ kernels!(
         mv_q2g64_n5r8_k1,
         mv_q2g64_n5r8_k2,
         mv_q2g64_n5r8_k4,
+        mv_q2g64_n3r4s_k1,
+        mv_q2g64_n3r4s_k2,
+        mv_q2g64_n3r4s_k4,
+        mv_q2g64_n3r8s_k1,
+        mv_q2g64_n3r8s_k2,
+        mv_q2g64_n3r8s_k4,
         mv_q2g64_n1_r2_k1,
         mv_q2g64_n1_r2_k2,
         mv_q2g64_n1_r2_k4,
@@ -1797,6 +1843,8 @@ kernels!(
         gdn_rec_write,
         gdn_replay,
         mv_q41,
+        mv_q41_r4,
+        mv_q41_n4,
         dsp_norm_rope,
         dsp_copy_rows,
         dsp_attn_part,
@@ -1911,6 +1959,11 @@ pub struct Gpu {
     b2p: AtomicBool,
     /// [`Gpu::b2p_unr3`] (`BONSAI_CUDA_B2P_UNR3=1` turns it on).
     b2p_unr3: AtomicBool,
+    /// [`Gpu::q41_r4`] (`BONSAI_CUDA_Q41_R4=1` turns it on).
+    q41_r4: AtomicBool,
+    /// [`Gpu::mv_rsplit`]: 0 off, 1 on for every kind, 2 per kind (`BONSAI_CUDA_MV_RSPLIT=0|1`;
+    /// unset: 2).
+    mv_rsplit: AtomicU8,
     /// Prefill GEMM launch facts (SM count, CTAs per SM of each variant), filled at first use.
     gemm_occ: std::sync::OnceLock<gemm::GemmOcc>,
     /// Whether the cubin has the warpgroup-MMA GEMM (compiled for sm_90a), asked once at start.
@@ -2189,6 +2242,12 @@ impl Gpu {
             b2p_unr3: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_B2P_UNR3").is_ok_and(|v| v == "1"),
             ),
+            q41_r4: AtomicBool::new(std::env::var("BONSAI_CUDA_Q41_R4").is_ok_and(|v| v == "1")),
+            mv_rsplit: AtomicU8::new(match std::env::var("BONSAI_CUDA_MV_RSPLIT").as_deref() {
+                Ok("0") => 0,
+                Ok("1") => 1,
+                _ => 2,
+            }),
             gemm_occ: std::sync::OnceLock::new(),
             gemmw_ok: false,
             gemmw_desc_swap: AtomicBool::new(false),
@@ -2925,7 +2984,9 @@ impl Gpu {
         if plan.b1 {
             return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan);
         }
-        // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`)
+        // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`);
+        // `rs` blocks per row group (the dp4a row-split verify kernels: 2)
+        let mut rs = 1;
         let (rpw, f) = if plan.mma {
             // the tensor-core kernel reads q 8 bytes, d and s a scale block (16 or 8 bytes) at a time
             let dal = if kind == WKind::Q2G64 { 8 } else { 16 };
@@ -2966,9 +3027,11 @@ impl Gpu {
             return Ok(());
         } else {
             let r = if n == 1 { plan.r } else { plan.rn };
-            self.mv_func(kind, n, r, plan.ks, plan.n5)?
+            let (rpw, f, split) = self.mv_func(kind, n, r, plan.ks, plan.n5)?;
+            rs = split;
+            (rpw, f)
         };
-        self.launch_mv_segs(f, segs, rpw, q, d, s, n_in, n, accumulate, plan)
+        self.launch_mv_segs(f, segs, rpw, rs, q, d, s, n_in, n, accumulate, plan)
     }
 
     /// The verify (n ≥ 2) rows of a dp4a plan on the tensor cores in the dp4a float order
@@ -3298,7 +3361,9 @@ impl Gpu {
                 | (self.mvc_chains() as u64) << 8
                 | (self.mvc_k2_b2() as u64) << 12
                 | (self.mvc_pre() as u64) << 13
-                | (self.b2p_unr3() as u64) << 20,
+                | (self.b2p_unr3() as u64) << 20
+                | (self.q41_r4() as u64) << 21
+                | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22,
         ]
     }
 
@@ -3458,6 +3523,7 @@ impl Gpu {
         f: sys::CUfunction,
         segs: &[MvSeg],
         rpw: usize,
+        rs: usize,
         x: u64,
         d: u64,
         s: u64,
@@ -3474,7 +3540,7 @@ impl Gpu {
         // group
         self.launch(
             f,
-            (cdiv(groups, MV_WARPS / plan.ks), 1, 1),
+            (cdiv(groups, MV_WARPS / plan.ks) * rs as u32, 1, 1),
             ((MV_WARPS * 32) as u32, 1, 1),
             &args,
         )
@@ -3519,6 +3585,7 @@ impl Gpu {
             f,
             segs,
             16 * plan.r,
+            1,
             planes,
             d,
             s,
@@ -3814,6 +3881,38 @@ impl Gpu {
     /// Set [`Self::b2p_unr3`] (capture graphs after setting it).
     pub fn set_b2p_unr3(&self, on: bool) {
         self.b2p_unr3.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the dp4a verify launches of `kind` with 4 or 5 rows that would take the 5-row
+    /// kernels split their activation rows over 2 blocks of 3 (`mv_*_n3r4s` / `mv_*_n3r8s`: twice
+    /// the warps, each with registers for 3 rows). Every row keeps the one-row launch's operations,
+    /// so verify rows still equal decode rows bit for bit. Default: Q2_0 g128 / PQ2_0 on (its
+    /// 27B round 8.77 → 8.01 ms at 4 rows per warp on the H200), Q1_0 off (7.28 → 7.40 ms);
+    /// `BONSAI_CUDA_MV_RSPLIT=0|1` or [`Self::set_mv_rsplit`] forces it for every kind.
+    pub fn mv_rsplit(&self, kind: WKind) -> bool {
+        match self.mv_rsplit.load(Ordering::Relaxed) {
+            0 => false,
+            1 => true,
+            _ => kind == WKind::Q2,
+        }
+    }
+
+    /// Force [`Self::mv_rsplit`] on or off for every kind (`None`: per kind). Capture graphs
+    /// after setting it.
+    pub fn set_mv_rsplit(&self, on: Option<bool>) {
+        self.mv_rsplit
+            .store(on.map_or(2, |v| v as u8), Ordering::Relaxed);
+    }
+
+    /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2
+    /// (`mv_q41`; `BONSAI_CUDA_Q41_R4=1` on). The same float operations per row either way.
+    pub fn q41_r4(&self) -> bool {
+        self.q41_r4.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::q41_r4`] (capture graphs after setting it).
+    pub fn set_q41_r4(&self, on: bool) {
+        self.q41_r4.store(on, Ordering::Relaxed);
     }
 
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K
@@ -4334,7 +4433,7 @@ impl Gpu {
         r: usize,
         ks: usize,
         n5: bool,
-    ) -> Result<(usize, sys::CUfunction)> {
+    ) -> Result<(usize, sys::CUfunction, usize)> {
         let f = &self.f;
         let t = match kind {
             WKind::Q1 => [
@@ -4345,6 +4444,8 @@ impl Gpu {
                 [f.mv_q1_n1_r8_k1, f.mv_q1_n1_r8_k2, f.mv_q1_n1_r8_k4],
                 [f.mv_q1_n5r4_k1, f.mv_q1_n5r4_k2, f.mv_q1_n5r4_k4],
                 [f.mv_q1_n5r8_k1, f.mv_q1_n5r8_k2, f.mv_q1_n5r8_k4],
+                [f.mv_q1_n3r4s_k1, f.mv_q1_n3r4s_k2, f.mv_q1_n3r4s_k4],
+                [f.mv_q1_n3r8s_k1, f.mv_q1_n3r8s_k2, f.mv_q1_n3r8s_k4],
             ],
             WKind::Q2 => [
                 [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
@@ -4354,6 +4455,8 @@ impl Gpu {
                 [f.mv_q2_n1_r8_k1, f.mv_q2_n1_r8_k2, f.mv_q2_n1_r8_k4],
                 [f.mv_q2_n5r4_k1, f.mv_q2_n5r4_k2, f.mv_q2_n5r4_k4],
                 [f.mv_q2_n5r8_k1, f.mv_q2_n5r8_k2, f.mv_q2_n5r8_k4],
+                [f.mv_q2_n3r4s_k1, f.mv_q2_n3r4s_k2, f.mv_q2_n3r4s_k4],
+                [f.mv_q2_n3r8s_k1, f.mv_q2_n3r8s_k2, f.mv_q2_n3r8s_k4],
             ],
             WKind::Q2G64 => [
                 [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
@@ -4375,11 +4478,21 @@ impl Gpu {
                 ],
                 [f.mv_q2g64_n5r4_k1, f.mv_q2g64_n5r4_k2, f.mv_q2g64_n5r4_k4],
                 [f.mv_q2g64_n5r8_k1, f.mv_q2g64_n5r8_k2, f.mv_q2g64_n5r8_k4],
+                [
+                    f.mv_q2g64_n3r4s_k1,
+                    f.mv_q2g64_n3r4s_k2,
+                    f.mv_q2g64_n3r4s_k4,
+                ],
+                [
+                    f.mv_q2g64_n3r8s_k1,
+                    f.mv_q2g64_n3r8s_k2,
+                    f.mv_q2g64_n3r8s_k4,
+                ],
             ],
             WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
             WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
         };
-        let Some((row, rpw)) = mv_variant(n, r, n5) else {
+        let Some((row, rpw)) = mv_variant(n, r, n5, self.mv_rsplit(kind)) else {
             return Err(CudaError(format!(
                 "mv_lowbit: no variant with {r} rows per warp"
             )));
@@ -4394,7 +4507,7 @@ impl Gpu {
                 )))
             }
         };
-        Ok((rpw, t[row][col]))
+        Ok((rpw, t[row][col], MV_VARIANTS[row].3))
     }
 
     /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.
@@ -5542,9 +5655,10 @@ mod tests {
     #[test]
     fn mv_variants_match_the_kernel_source() {
         use super::{mv_variant, MV_VARIANTS, SOURCE};
-        for (suffix, nt, r) in MV_VARIANTS {
+        for (suffix, nt, r, rs) in MV_VARIANTS {
             for ks in [1, 2, 4] {
-                let name = format!("MV_ENTRY(mv_##K##_{suffix}_k{ks}, KIND, ");
+                let entry = if rs == 1 { "MV_ENTRY" } else { "MV_RS_ENTRY" };
+                let name = format!("{entry}(mv_##K##_{suffix}_k{ks}, KIND, ");
                 let at = SOURCE
                     .find(&name)
                     .unwrap_or_else(|| panic!("{name} not in the source"));
@@ -5565,20 +5679,27 @@ mod tests {
                 assert_eq!(args[3].parse::<usize>().unwrap(), ks, "{suffix}_k{ks}: KS");
             }
         }
+        // the row-split kernels are the source's MV_RS_ENTRY, whose row split is 2
+        assert!(SOURCE.contains("mv_lowbit<KIND, NT, R, U, KS, false, 2>"));
         for n in 1..=super::MAX_ROWS {
             for r in [2, 4, 8] {
                 for n5 in [false, true] {
-                    let (row, rpw) = mv_variant(n, r, n5).expect("variant");
-                    let (_, nt, kr) = MV_VARIANTS[row];
-                    assert_eq!(rpw, kr, "n {n} r {r} n5 {n5}");
-                    assert!(nt >= n, "n {n} r {r} n5 {n5}: NT {nt}");
-                    if n == 1 {
-                        assert_eq!(rpw, r);
+                    for split in [false, true] {
+                        let what = format!("n {n} r {r} n5 {n5} rsplit {split}");
+                        let (row, rpw) = mv_variant(n, r, n5, split).expect("variant");
+                        let (_, nt, kr, rs) = MV_VARIANTS[row];
+                        assert_eq!(rpw, kr, "{what}");
+                        assert!(nt * rs >= n, "{what}: NT {nt} × RS {rs}");
+                        if n == 1 {
+                            assert_eq!(rpw, r);
+                        }
+                        // the split only where it was asked for
+                        assert!(rs == 1 || (split && n5 && n >= 4), "{what}");
                     }
                 }
             }
         }
-        assert!(mv_variant(1, 3, false).is_none());
+        assert!(mv_variant(1, 3, false, false).is_none());
     }
 
     use super::*;

@@ -6,6 +6,8 @@ use crate::{cdiv, push_seg_args, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
 
 /// Most matrices one [`Gpu::mv_q41`] launch covers.
 pub const Q41_MAX_SEGS: usize = 3;
+/// Vocab entries per warp of [`Gpu::dsp_markov_scores`] (`DSP_MV` in the source).
+const DSP_MARKOV_PER_WARP: usize = 4;
 /// Keys per chunk of the drafter's block attention (`DSP_CH` in the source).
 pub const DSP_ATTN_CHUNK: usize = 256;
 
@@ -21,6 +23,20 @@ pub enum PlaneKind {
     F32 = 0,
     Bf16 = 1,
     F16 = 2,
+}
+
+/// The device parameters a captured draft reads at run time (`DSP_PAR_*` in the source): `i32`
+/// slots `[pos0, off, len]`, written before each replay. `pos0` is the block's first position
+/// ([`Gpu::dsp_norm_rope`]), `off` / `len` the live context rows of the ring
+/// ([`Gpu::dsp_attention`]).
+pub struct DspPar;
+
+impl DspPar {
+    /// i32 slots.
+    pub const SLOTS: usize = 3;
+    pub const POS: usize = 0;
+    pub const OFF: usize = 1;
+    pub const LEN: usize = 2;
 }
 
 /// A ring of `cap` rows (`cap == 0`: plain rows `0..n`) that a write starts at row `slot0`.
@@ -154,7 +170,8 @@ impl Gpu {
     /// Q4_1 mat-vec (re-tiled by [`crate::retile_q41`]) over up to [`Q41_MAX_SEGS`] matrices of the
     /// same `n_in` that share the int8 activations `q [n, n_in]`, `d`/`s [n, n_in/32]`
     /// (`n <= MAX_ROWS`): segment `i` writes (or adds to) `y_i [n, n_out_i]`. `MvSeg::scales` is the
-    /// `(d, m)` plane. Row t of the result does not depend on n.
+    /// `(d, m)` plane. Row t of the result does not depend on n: `mv_q41_n4` (n ≤ 4), `mv_q41` and
+    /// `mv_q41_r4` ([`Gpu::q41_r4`]) do the same float operations per row.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_q41(
         &self,
@@ -178,7 +195,15 @@ impl Gpu {
             )));
         }
         let mut args = Vec::with_capacity(4 * Q41_MAX_SEGS + 6);
-        let groups = push_seg_args(&mut args, segs, Q41_MAX_SEGS, 2);
+        // up to 4 rows (a draft block) in the kernel whose registers hold 4 rows
+        let (f, rpw) = if self.q41_r4() {
+            (self.f.mv_q41_r4, 4)
+        } else if n <= 4 {
+            (self.f.mv_q41_n4, 2)
+        } else {
+            (self.f.mv_q41, 2)
+        };
+        let groups = push_seg_args(&mut args, segs, Q41_MAX_SEGS, rpw);
         if groups == 0 {
             return Ok(());
         }
@@ -190,12 +215,13 @@ impl Gpu {
             Arg::I(n as i32),
             Arg::I(accumulate as i32),
         ]);
-        self.launch(self.f.mv_q41, (cdiv(groups, 4), 1, 1), (128, 1, 1), &args)
+        self.launch(f, (cdiv(groups, 4), 1, 1), (128, 1, 1), &args)
     }
 
     /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:
     /// `heads` heads of `n` rows of `src` (`[n, src_stride]` f32, head h at columns `h·hd..`) into row
-    /// `ring.(slot0 + t) mod cap` of `dst` (`[*, dst_stride]`, same columns).
+    /// `ring.(slot0 + t) mod cap` of `dst` (`[*, dst_stride]`, same columns). `par`: 0, or device
+    /// [`DspPar`] read at run time instead of `pos0` (a captured draft replays at any position).
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_norm_rope(
         &self,
@@ -211,6 +237,7 @@ impl Gpu {
         dst: u64,
         dst_stride: usize,
         ring: Ring,
+        par: u64,
     ) -> Result<()> {
         if hd == 0 || hd % 32 != 0 || hd > 256 {
             return Err(CudaError(format!(
@@ -236,6 +263,7 @@ impl Gpu {
                 Arg::I(dst_stride as i32),
                 Arg::I(ring.cap as i32),
                 Arg::I(ring.slot0 as i32),
+                Arg::P(par),
             ],
         )
     }
@@ -273,7 +301,12 @@ impl Gpu {
     /// key i is ring row `(off + i) mod cap` of `kc`/`vc [cap, nkv·hd]` f32) followed by the `n`
     /// block keys `kb`/`vb [n, nkv·hd]`; GQA (q head h uses kv head `h / (nh/nkv)`), scores scaled by
     /// `scale`. Output f32 `out [n, nh·hd]` and int8 `q`/`d`/`s`. `part`: scratch of
-    /// [`dsp_attn_part_floats`]`(n, nh, hd, len + n)` f32.
+    /// [`dsp_attn_part_floats`]`(n, nh, hd, len + n)` f32. `par`: 0, or device [`DspPar`] whose
+    /// `off` / `len` the kernels read at run time instead of the arguments (a captured draft): the
+    /// grid then covers a full ring and `part` must hold
+    /// [`dsp_attn_part_floats`]`(n, nh, hd, cap + n)`; the chunks past the keys write nothing and
+    /// the merge reads only the chunks that hold keys, so the outputs equal the launch sized for
+    /// them.
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_attention(
         &self,
@@ -295,6 +328,7 @@ impl Gpu {
         q: u64,
         d: u64,
         s: u64,
+        par: u64,
     ) -> Result<()> {
         if !(1..=MAX_ROWS).contains(&n) || hd == 0 || hd % 32 != 0 || hd > 256 {
             return Err(CudaError(format!(
@@ -306,7 +340,12 @@ impl Gpu {
                 "dsp_attention: heads {nh}/{nkv}, ring cap {cap} off {off} len {len}"
             )));
         }
-        let nchunk = (len + n).div_ceil(DSP_ATTN_CHUNK);
+        if par != 0 && cap == 0 {
+            return Err(CudaError(
+                "dsp_attention: device parameters need a ring (cap > 0)".into(),
+            ));
+        }
+        let nchunk = if par != 0 { cap + n } else { len + n }.div_ceil(DSP_ATTN_CHUNK);
         self.launch(
             self.f.dsp_attn_part,
             (nh as u32, nchunk as u32, 1),
@@ -327,6 +366,7 @@ impl Gpu {
                 Arg::F(scale),
                 Arg::I(nchunk as i32),
                 Arg::P(part),
+                Arg::P(par),
             ],
         )?;
         self.launch(
@@ -342,6 +382,7 @@ impl Gpu {
                 Arg::P(q),
                 Arg::P(d),
                 Arg::P(s),
+                Arg::P(par),
             ],
         )
     }
@@ -367,7 +408,7 @@ impl Gpu {
         }
         self.launch(
             self.f.dsp_markov_scores,
-            (cdiv(nv, 8), 1, 1),
+            (cdiv(nv, 8 * DSP_MARKOV_PER_WARP), 1, 1),
             (256, 1, 1),
             &[
                 Arg::P(logits),

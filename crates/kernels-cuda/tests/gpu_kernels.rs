@@ -953,6 +953,99 @@ fn matvec_mvc_equals_one_row() {
     g.set_mv_override(None);
 }
 
+/// The row-split dp4a verify kernels (`mv_*_n3r4s` / `mv_*_n3r8s`, [`Gpu::mv_rsplit`]): 4- and
+/// 5-row launches split over 2 blocks of 3 activation rows give every row the one-row launch's
+/// bits, and the 5-row kernel's, for every kind, K split and rows per warp, at real and ragged
+/// shapes; grouped launches, accumulate mode and the exact emulation under the same plan. The
+/// profiler confirms a row-split kernel ran (and none for 2 or 3 rows, which keep the 5-row one).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn matvec_rsplit_equals_one_row() {
+    let g = need_gpu!("matvec_rsplit_equals_one_row");
+    let mut seed = 900;
+    for qt in [
+        QuantType::Q1_0,
+        QuantType::Q2_0G128,
+        QuantType::PQ2_0,
+        QuantType::Q2_0G64,
+    ] {
+        for (n_in, n_out) in [
+            (6144, 5120),
+            (17408, 5120),
+            (5120, 17408),
+            (384, 50),
+            (1152, 37),
+        ] {
+            let mut rng = Rng(seed);
+            let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+            let rt = retile(qt, &raw, n_in, n_out);
+            let codes = g.upload(&rt.codes).unwrap();
+            let scales = g.upload(&rt.scales).unwrap();
+            let n_max = 5;
+            let x = rng.vec(n_max * n_in, 1.0);
+            let xb = g.upload(&x).unwrap();
+            let q = g.alloc(n_max * n_in).unwrap();
+            let d = g.alloc(n_max * n_in / 32 * 4).unwrap();
+            let sb = g.alloc(n_max * n_in / 32 * 4).unwrap();
+            g.quant_rows(xb.ptr(), n_max, n_in, q.ptr(), d.ptr(), sb.ptr())
+                .unwrap();
+            let segs = seg_launcher(g, rt.kind, &q, &d, &sb, n_in);
+            let one = whole_matrix(&codes, &scales, n_out);
+            let yr = g.alloc(n_out * 4).unwrap();
+            for ks in [1, 2, 4] {
+                for rn in [4, 8] {
+                    seed += 1;
+                    let plan = MvPlan {
+                        rn,
+                        n5: true,
+                        ..MvPlan::dp4a(4, ks, true)
+                    };
+                    g.set_mv_override(Some(plan));
+                    let what = format!("{qt:?} [{n_in}x{n_out}] ks {ks} rn {rn}");
+                    // the one-row rows (the oracle)
+                    let mut y1 = Vec::with_capacity(n_max * n_out);
+                    for t in 0..n_max {
+                        segs(&[one(&yr)], t, 1, false);
+                        y1.extend(down::<f32>(g, &yr, n_out));
+                    }
+                    for n in 2..=n_max {
+                        let y = g.alloc(n * n_out * 4).unwrap();
+                        g.set_mv_rsplit(Some(true));
+                        g.profile_begin();
+                        segs(&[one(&y)], 0, n, false);
+                        let prof = g.profile_end();
+                        let ys = down::<f32>(g, &y, n * n_out);
+                        let split = prof.iter().any(|(k, _)| k.contains("_n3r"));
+                        assert_eq!(split, n >= 4, "{what} n={n}: row-split launch in {prof:?}");
+                        g.set_mv_rsplit(Some(false));
+                        segs(&[one(&y)], 0, n, false);
+                        let y5 = down::<f32>(g, &y, n * n_out);
+                        let w = format!("{what} n={n}");
+                        assert_rows_bits_eq(
+                            &ys,
+                            &y1[..n * n_out],
+                            n_out,
+                            &format!("{w} split vs one-row"),
+                        );
+                        assert_rows_bits_eq(&ys, &y5, n_out, &format!("{w} split vs 5-row kernel"));
+                    }
+                    if n_out < 1000 {
+                        // grouped, accumulate and the exact emulation (ragged shapes: the host
+                        // emulation of the real ones is slow)
+                        g.set_mv_rsplit(Some(true));
+                        run_mv_plan(g, qt, n_in, n_out, 5, seed + 1000, Some(plan));
+                        run_mv_plan(g, qt, n_in, n_out, 4, seed + 2000, Some(plan));
+                        g.set_mv_rsplit(Some(false));
+                    }
+                }
+            }
+            eprintln!("rsplit {qt:?} [{n_in}x{n_out}]: n = 4, 5 split rows equal the one-row and 5-row launches");
+        }
+    }
+    g.set_mv_rsplit(None);
+    g.set_mv_override(None);
+}
+
 /// The staged decode kernels (`kernels/mvs.cu`) equal the plain one-row kernels of the same K
 /// split bit for bit: every kind, K split, rows per warp, ring depth, before / after the PDL wait;
 /// grouped launches whose segments end in partial tiles (rows of one matrix at row offsets), and

@@ -19,11 +19,12 @@
 //! dequantizes Q4_1 rows and uses f32 activations), f32 norms (host f64), flash-style softmax
 //! merging. So drafts equal the host's except at near-ties; speculation stays lossless either way.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::QuantType;
-use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, MvSeg, PlaneKind, Ring};
+use bonsai_kernels_cuda::{self as kc, DevBuf, DspPar, Gpu, MvSeg, PinnedBuf, PlaneKind, Ring};
 use rayon::prelude::*;
 
 use crate::config::DrafterConfig;
@@ -151,6 +152,20 @@ pub struct CudaDrafter {
     markov_b: Plane,       // [V, rank]
     mask_rows: DevBuf,     // [bs − 1, E] f32: E[mask] + snr_mask
     layers: Vec<DevLayer>, // n_layer
+    /// Drafts replay a captured graph per state (on unless `BONSAI_CUDA_DRAFT_GRAPH=0`;
+    /// [`CudaDrafter::set_graph`]).
+    graph: AtomicBool,
+}
+
+/// Where a draft's inputs come from.
+#[derive(Clone, Copy)]
+enum DraftIn {
+    /// Host copies of block row 0 and `id_last`, and `start` / the window as launch arguments.
+    Eager { id_last: u32, start: usize },
+    /// The state's pinned input (block row 0, [`DspPar`], `id_last`) copied in by the graph, and
+    /// the position and window read from device memory by the kernels; the drafted ids are copied
+    /// back to the state's pinned output.
+    Graph,
 }
 
 /// Rows per device pass (the mat-vec kernels take at most 8).
@@ -214,10 +229,39 @@ impl CudaDrafter {
             markov_b: Plane::load(g, &host.markov_b)?,
             mask_rows: up(&mask_rows)?,
             layers,
+            graph: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_DRAFT_GRAPH").map_or(true, |v| v != "0"),
+            ),
             cfg,
             host,
             gpu,
         })
+    }
+
+    /// Whether drafts replay a captured graph (the default; `BONSAI_CUDA_DRAFT_GRAPH=0` turns it
+    /// off). The drafts are the same bits either way (`tests/cuda_drafter.rs`
+    /// `cuda_drafter_graph_equals_eager`).
+    pub fn graph(&self) -> bool {
+        self.graph.load(Ordering::Relaxed)
+    }
+
+    /// Turn the draft graph on or off (benchmarks compare both).
+    pub fn set_graph(&self, on: bool) {
+        self.graph.store(on, Ordering::Relaxed);
+    }
+
+    /// What a state's captured draft bakes in besides the state's own buffers: this drafter's
+    /// weights and the launch mode.
+    fn graph_key(&self) -> [u64; 3] {
+        let w = match &self.output {
+            DMat::Q41 { codes, .. } => codes.ptr(),
+            DMat::F32 { w, .. } => w.ptr(),
+        };
+        [
+            self.mask_rows.ptr(),
+            w,
+            self.gpu.pdl() as u64 | (self.gpu.q41_r4() as u64) << 1,
+        ]
     }
 
     /// The host drafter this one was built from (the oracle).
@@ -296,6 +340,12 @@ impl CudaDrafter {
             scores: a(c.n_vocab * f)?,
             ids: a((c.block_size + 1) * 4)?,
             part: a(kc::dsp_attn_part_floats(ROWS, nh, hd, window + ROWS) * f)?,
+            gin: g
+                .alloc_pinned(e * f + (DspPar::SLOTS + 1) * 4)
+                .map_err(be)?,
+            gpar: a(DspPar::SLOTS * 4)?,
+            gout: g.alloc_pinned((c.block_size + 1) * 4).map_err(be)?,
+            graph: None,
         })
     }
 
@@ -424,6 +474,7 @@ impl CudaDrafter {
                     st.k[il].ptr(),
                     kvw,
                     ring,
+                    0,
                 )
                 .map_err(be)?;
                 g.dsp_copy_rows(st.vf.ptr(), kvw, kvw, nr, st.v[il].ptr(), ring)
@@ -474,18 +525,97 @@ impl CudaDrafter {
                 c.n_vocab
             )));
         }
+        if start > i32::MAX as usize - ROWS {
+            return Err(Error::Backend(format!(
+                "drafter: position {start} is past the kernels' i32 positions"
+            )));
+        }
+        let (e, bs, nv) = (c.n_embd, c.block_size, c.n_vocab);
+        let g = &*self.gpu;
+        let mut ids = vec![0i32; bs + 1];
+        if self.graph() && st.cap > 0 {
+            // inputs: block row 0 = E[id_last] + snr_anchor, then [pos0, off, len] and id_last
+            st.gin.write(0, &self.host.block_row(0, id_last));
+            let mut par = [0i32; DspPar::SLOTS + 1];
+            par[DspPar::POS] = start as i32;
+            par[DspPar::OFF] = st.off as i32;
+            par[DspPar::LEN] = st.len as i32;
+            par[DspPar::SLOTS] = id_last as i32;
+            st.gin.write(e * 4, &par);
+            let key = self.graph_key();
+            if st.graph.as_ref().map(|(k, _)| *k) != Some(key) {
+                st.graph = None;
+                g.sync().map_err(be)?;
+                g.begin_capture().map_err(be)?;
+                let queued = self.enqueue_draft(st, DraftIn::Graph);
+                // end the capture whatever happened, so the stream is usable again
+                let graph = g.end_capture().map_err(be);
+                queued?;
+                st.graph = Some((key, graph?));
+            }
+            let (_, graph) = st.graph.as_ref().expect("captured above");
+            g.launch_graph(graph).map_err(be)?;
+            g.sync().map_err(be)?;
+            st.gout.read_i32s(0, &mut ids);
+        } else {
+            self.enqueue_draft(st, DraftIn::Eager { id_last, start })?;
+            g.dtoh(&st.ids, 0, &mut ids).map_err(be)?;
+        }
+        // A row with no finite score (non-finite drafter logits) has no argmax; the host drafter
+        // then keeps its initial pick, id 0, and so does this one (the next Markov step clamps
+        // the same way on the device). A draft is only a proposal: verification stays exact.
+        let out: Vec<u32> = ids[1..]
+            .iter()
+            .map(|&i| {
+                if (i as u32 as usize) < nv {
+                    i as u32
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let logits = if want_logits {
+            let mut l = vec![0f32; bs * nv];
+            g.dtoh(&st.logits, 0, &mut l).map_err(be)?;
+            Some(l)
+        } else {
+            None
+        };
+        Ok((out, logits))
+    }
+
+    /// Queue one draft's device work (MODEL.md §4.5–§4.6): the block rows, six layers, the head and
+    /// the sequential Markov correction into `st.ids[1..]`. `DraftIn::Graph` queues only
+    /// capturable work (async copies from and to the state's pinned buffers).
+    fn enqueue_draft(&self, st: &CudaDraftState, inp: DraftIn) -> Result<()> {
+        let c = &self.cfg;
         let (e, bs, hd) = (c.n_embd, c.block_size, c.head_dim);
         let (nh, nkv, kvw, nv) = (c.n_head, c.n_head_kv, st.kvw, c.n_vocab);
         let (qw, eps) = (nh * hd, c.rms_eps);
         let g = &*self.gpu;
-        // x [bs, E]: row 0 = E[id_last] + snr_anchor (host), rows 1.. = the precomputed mask rows
-        g.htod(&st.x, 0, &self.host.block_row(0, id_last))
-            .map_err(be)?;
+        // x [bs, E]: row 0 = E[id_last] + snr_anchor (host), rows 1.. = the precomputed mask rows;
+        // ids[0] = id_last
+        let (start, par) = match inp {
+            DraftIn::Eager { id_last, start } => {
+                g.htod(&st.x, 0, &self.host.block_row(0, id_last))
+                    .map_err(be)?;
+                g.htod(&st.ids, 0, &[id_last as i32]).map_err(be)?;
+                (start, 0)
+            }
+            DraftIn::Graph => {
+                g.htod_pinned_async(st.x.ptr(), &st.gin, 0, e * 4)
+                    .map_err(be)?;
+                g.htod_pinned_async(st.gpar.ptr(), &st.gin, e * 4, DspPar::SLOTS * 4)
+                    .map_err(be)?;
+                g.htod_pinned_async(st.ids.ptr(), &st.gin, e * 4 + DspPar::SLOTS * 4, 4)
+                    .map_err(be)?;
+                (0, st.gpar.ptr())
+            }
+        };
         if bs > 1 {
             g.dtod(st.x.at(e * 4), self.mask_rows.ptr(), (bs - 1) * e * 4)
                 .map_err(be)?;
         }
-        g.htod(&st.ids, 0, &[id_last as i32]).map_err(be)?;
         let x = st.x.ptr();
         let scale = 1.0 / (hd as f32).sqrt();
         for (il, l) in self.layers.iter().enumerate() {
@@ -513,6 +643,7 @@ impl CudaDrafter {
                 st.qo.ptr(),
                 qw,
                 Ring::PLAIN,
+                par,
             )
             .map_err(be)?;
             g.dsp_norm_rope(
@@ -528,6 +659,7 @@ impl CudaDrafter {
                 st.kb.ptr(),
                 kvw,
                 Ring::PLAIN,
+                par,
             )
             .map_err(be)?;
             // attention f32 into xf and int8 into xq/xd/xs: the out-projection's input
@@ -550,6 +682,7 @@ impl CudaDrafter {
                 st.xq.ptr(),
                 st.xd.ptr(),
                 st.xs.ptr(),
+                par,
             )
             .map_err(be)?;
             self.mv(st, &[(&l.out, x)], bs, true)?;
@@ -593,29 +726,11 @@ impl CudaDrafter {
             g.argmax_rows(st.scores.ptr(), 1, nv, st.ids.at((k + 1) * 4))
                 .map_err(be)?;
         }
-        let mut ids = vec![0i32; bs + 1];
-        g.dtoh(&st.ids, 0, &mut ids).map_err(be)?;
-        // A row with no finite score (non-finite drafter logits) has no argmax; the host drafter
-        // then keeps its initial pick, id 0, and so does this one (the next Markov step clamps
-        // the same way on the device). A draft is only a proposal: verification stays exact.
-        let out: Vec<u32> = ids[1..]
-            .iter()
-            .map(|&i| {
-                if (i as u32 as usize) < nv {
-                    i as u32
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let logits = if want_logits {
-            let mut l = vec![0f32; bs * nv];
-            g.dtoh(&st.logits, 0, &mut l).map_err(be)?;
-            Some(l)
-        } else {
-            None
-        };
-        Ok((out, logits))
+        if let DraftIn::Graph = inp {
+            g.dtoh_pinned_async(&st.gout, 0, st.ids.ptr(), (bs + 1) * 4)
+                .map_err(be)?;
+        }
+        Ok(())
     }
 
     /// Test / debug export in [`crate::drafter::DraftState::export`]'s format: `(first position,
@@ -680,6 +795,12 @@ pub struct CudaDraftState {
     scores: DevBuf, // [V]
     ids: DevBuf,    // [bs + 1] i32: id_last, then the drafts
     part: DevBuf,   // attention partials [8, nh, ceil((window + 8) / 256), hd + 2]
+    // the captured draft's input: pinned [block row 0 (E f32) ‖ DspPar (i32 × 3) ‖ id_last (i32)]
+    gin: PinnedBuf,
+    gpar: DevBuf,    // DspPar [3] i32 on the device, read by the graph's kernels
+    gout: PinnedBuf, // [bs + 1] i32: the graph's copy of ids
+    /// The captured draft (its key: [`CudaDrafter::graph_key`]); it bakes in this state's buffers.
+    graph: Option<([u64; 3], kc::Graph)>,
 }
 
 impl CudaDraftState {
@@ -702,6 +823,12 @@ impl CudaDraftState {
     /// The position after the last staged row.
     pub fn next_pos(&self) -> usize {
         self.next_pos
+    }
+
+    /// Whether a draft graph is captured for this state (it is after the first draft with
+    /// [`CudaDrafter::graph`] on).
+    pub fn graph_captured(&self) -> bool {
+        self.graph.is_some()
     }
 
     /// Device bytes of the context window (K and V, all layers).
