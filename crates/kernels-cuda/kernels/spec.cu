@@ -165,57 +165,40 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
     for (int r = 0; r < Q41_R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    // QU blocks per lane per step, all their weights loaded before any is used; the blocks are
-    // still added in increasing order
-    constexpr int QU = NT == 4 ? 4 : 2;
-    for (int j0 = lane; j0 < nb; j0 += 32 * QU) {
-        uint4 cu[QU][Q41_R];
-        u32 dmu[QU][Q41_R];
+#pragma unroll 2
+    for (int j = lane; j < nb; j += 32) {
+        uint4 c[Q41_R];
+        float dw[Q41_R], mw[Q41_R];
 #pragma unroll
-        for (int u = 0; u < QU; ++u)
+        for (int r = 0; r < Q41_R; ++r) {
+            c[r] = __ldg(crow[r] + j);
+            u32 dm = __ldg(drow[r] + j);
+            dw[r] = h2f((u16)(dm & 0xffffu));
+            mw[r] = h2f((u16)(dm >> 16));
+        }
 #pragma unroll
-            for (int r = 0; r < Q41_R; ++r) {
-                const int j = min(j0 + 32 * u, nb - 1);
-                cu[u][r] = __ldg(crow[r] + j);
-                dmu[u][r] = __ldg(drow[r] + j);
-            }
+        for (int t = 0; t < NT; ++t) {
+            if (t < n) {
+                const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
+                int4 a0 = __ldg(qa4), a1 = __ldg(qa4 + 1);
+                float dt = __ldg(da + (size_t)t * nb + j);
+                float st = (float)__ldg(sa + (size_t)t * nb + j);
 #pragma unroll
-        for (int u = 0; u < QU; ++u) {
-            const int j = j0 + 32 * u;
-            if (j >= nb) break;
-            uint4 c[Q41_R];
-            float dw[Q41_R], mw[Q41_R];
-#pragma unroll
-            for (int r = 0; r < Q41_R; ++r) {
-                c[r] = cu[u][r];
-                const u32 dm = dmu[u][r];
-                dw[r] = h2f((u16)(dm & 0xffffu));
-                mw[r] = h2f((u16)(dm >> 16));
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t < n) {
-                    const int4* qa4 = (const int4*)(q + (size_t)t * n_in + (size_t)j * 32);
-                    int4 a0 = __ldg(qa4), a1 = __ldg(qa4 + 1);
-                    float dt = __ldg(da + (size_t)t * nb + j);
-                    float st = (float)__ldg(sa + (size_t)t * nb + j);
-#pragma unroll
-                    for (int r = 0; r < Q41_R; ++r) {
-                        // low nibbles as they are, high nibbles masked in place (16·code, unsigned
-                        // bytes): no shifts; the integer sum is exact, the same as shifting them down
-                        const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
-                        int lo = 0, hi = 0;
-                        lo = dp4a_us(c[r].x & M4, a0.x, lo);
-                        lo = dp4a_us(c[r].y & M4, a0.y, lo);
-                        lo = dp4a_us(c[r].z & M4, a0.z, lo);
-                        lo = dp4a_us(c[r].w & M4, a0.w, lo);
-                        hi = dp4a_us(c[r].x & H4, a1.x, hi);
-                        hi = dp4a_us(c[r].y & H4, a1.y, hi);
-                        hi = dp4a_us(c[r].z & H4, a1.z, hi);
-                        hi = dp4a_us(c[r].w & H4, a1.w, hi);
-                        int is = lo + (hi >> 4);
-                        acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
-                    }
+                for (int r = 0; r < Q41_R; ++r) {
+                    // low nibbles as they are, high nibbles masked in place (16·code, unsigned
+                    // bytes): no shifts; the integer sum is exact, the same as shifting them down
+                    const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
+                    int lo = 0, hi = 0;
+                    lo = dp4a_us(c[r].x & M4, a0.x, lo);
+                    lo = dp4a_us(c[r].y & M4, a0.y, lo);
+                    lo = dp4a_us(c[r].z & M4, a0.z, lo);
+                    lo = dp4a_us(c[r].w & M4, a0.w, lo);
+                    hi = dp4a_us(c[r].x & H4, a1.x, hi);
+                    hi = dp4a_us(c[r].y & H4, a1.y, hi);
+                    hi = dp4a_us(c[r].z & H4, a1.z, hi);
+                    hi = dp4a_us(c[r].w & H4, a1.w, hi);
+                    int is = lo + (hi >> 4);
+                    acc[r][t] = fmaf(dt, fmaf(dw[r], (float)is, mw[r] * st), acc[r][t]);
                 }
             }
         }
