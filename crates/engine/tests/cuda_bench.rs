@@ -357,17 +357,7 @@ fn cuda_decode_bench() {
     cuda.gpu().profile_begin();
     let _ = cuda.time_step_eager(&cfg, &w, &mut sk, 1).unwrap();
     let launches = cuda.gpu().profile_end();
-    let mut agg: Vec<(String, usize, f64)> = Vec::new();
-    for (name, us) in &launches {
-        match agg.iter_mut().find(|a| &a.0 == name) {
-            Some(a) => {
-                a.1 += 1;
-                a.2 += *us as f64;
-            }
-            None => agg.push((name.clone(), 1, *us as f64)),
-        }
-    }
-    agg.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap());
+    let agg = common::group_launches(&launches);
     let ktotal: f64 = agg.iter().map(|a| a.2).sum();
     let mut kprof = Vec::new();
     for (name, cnt, tot) in &agg {

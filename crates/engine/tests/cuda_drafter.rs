@@ -98,6 +98,14 @@ fn models(test: &str) -> Vec<Model> {
     v
 }
 
+/// The GPU drafter of model `m` (its host drafter loaded against the target's header).
+fn gpu_drafter(b: &CudaBackend, m: &Model) -> CudaDrafter {
+    let g = Arc::new(Gguf::open(&m.path).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let host = Drafter::load(&m.drafter, &g, &cfg).unwrap();
+    CudaDrafter::new(b.gpu_arc(), host).unwrap()
+}
+
 /// Deterministic pseudo-random stream (splitmix64).
 struct Rng(u64);
 impl Rng {
@@ -368,10 +376,7 @@ fn cuda_drafter_matches_host() {
         return;
     };
     for m in models(test) {
-        let g = Arc::new(Gguf::open(&m.path).unwrap());
-        let cfg = TargetConfig::from_gguf(&g).unwrap();
-        let host = Drafter::load(&m.drafter, &g, &cfg).unwrap();
-        let d = CudaDrafter::new(b.gpu_arc(), host).unwrap();
+        let d = gpu_drafter(&b, &m);
         let h = d.host();
         let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
         let mut hs = h.new_state();
@@ -424,10 +429,7 @@ fn cuda_drafter_graph_equals_eager() {
         return;
     };
     for m in models(test) {
-        let g = Arc::new(Gguf::open(&m.path).unwrap());
-        let cfg = TargetConfig::from_gguf(&g).unwrap();
-        let host = Drafter::load(&m.drafter, &g, &cfg).unwrap();
-        let d = CudaDrafter::new(b.gpu_arc(), host).unwrap();
+        let d = gpu_drafter(&b, &m);
         let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
         // the same context in two states: one drafts eagerly, the other replays its graph
         let mut se = d.new_state().unwrap();

@@ -904,17 +904,7 @@ fn cuda_spec_round_cost() {
                     );
                     let launches = cuda.gpu().profile_end();
                     ids.unwrap();
-                    let mut agg: Vec<(String, usize, f64)> = Vec::new();
-                    for (name, us) in &launches {
-                        match agg.iter_mut().find(|a| &a.0 == name) {
-                            Some(a) => {
-                                a.1 += 1;
-                                a.2 += *us as f64;
-                            }
-                            None => agg.push((name.clone(), 1, *us as f64)),
-                        }
-                    }
-                    agg.sort_by(|a, b| b.2.total_cmp(&a.2));
+                    let agg = common::group_launches(&launches);
                     let total: f64 = agg.iter().map(|a| a.2).sum();
                     for (name, cnt, us) in &agg {
                         println!("DPROF {name:<40} {cnt:>3} launches {us:9.1} us");

@@ -303,23 +303,25 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
         qs[idx / hd][idx % hd] = qo[(size_t)(idx / hd) * nh * hd + h * hd + idx % hd];
     __syncthreads();
     int epl = hd >> 5;  // elements per lane (<= 8)
-    // key rows of chunk index i: context ring row or block row
-    auto key_row = [&](const float* ring, const float* blk, int i) {
-        int li = i0 + i;
-        return (li < len ? ring + (size_t)((off + li) % cap) * kvw : blk + (size_t)(li - len) * kvw) + g * hd;
-    };
-    // scores: warp w takes keys w, w + 8, ..., DSP_KU of them per step with all their loads issued
-    // first (the loads of one key alone would leave the warp waiting on each in turn)
+    // this lane's columns (lane + 32e) of the K or V rows of chunk indices i, i + 8, ..: DSP_KU
+    // rows, all loads issued before any is used (one key's loads alone would leave the warp
+    // waiting on each in turn); rows past the chunk read as 0. A row is a context ring row or a
+    // block row.
 #define DSP_KU 4
-    for (int i = w; i < cnt; i += 8 * DSP_KU) {
-        float kv[DSP_KU][8];
+    auto load_rows = [&](const float* ring, const float* blk, int i, float (&v)[DSP_KU][8]) {
 #pragma unroll
         for (int u = 0; u < DSP_KU; ++u) {
-            const int iu = i + 8 * u;
-            const float* kr = key_row(kc, kb, iu < cnt ? iu : i);
+            const int iu = i + 8 * u, li = i0 + (iu < cnt ? iu : i);
+            const float* r =
+                (li < len ? ring + (size_t)((off + li) % cap) * kvw : blk + (size_t)(li - len) * kvw) + g * hd;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) kv[u][e] = e < epl && iu < cnt ? kr[lane + 32 * e] : 0.f;
+            for (int e = 0; e < 8; ++e) v[u][e] = e < epl && iu < cnt ? r[lane + 32 * e] : 0.f;
         }
+    };
+    // scores: warp w takes keys w, w + 8, ..., DSP_KU of them per step
+    for (int i = w; i < cnt; i += 8 * DSP_KU) {
+        float kv[DSP_KU][8];
+        load_rows(kc, kb, i, kv);
 #pragma unroll
         for (int u = 0; u < DSP_KU; ++u) {
             const int iu = i + 8 * u;
@@ -361,13 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
         for (int e = 0; e < 8; ++e) o[t][e] = 0.f;
     for (int i = w; i < cnt; i += 8 * DSP_KU) {
         float vv[DSP_KU][8];
-#pragma unroll
-        for (int u = 0; u < DSP_KU; ++u) {
-            const int iu = i + 8 * u;
-            const float* vr = key_row(vc, vb, iu < cnt ? iu : i);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) vv[u][e] = e < epl && iu < cnt ? vr[lane + 32 * e] : 0.f;
-        }
+        load_rows(vc, vb, i, vv);
 #pragma unroll
         for (int u = 0; u < DSP_KU; ++u) {
             const int iu = i + 8 * u;

@@ -887,34 +887,18 @@ fn matvec_mvc_equals_one_row() {
                 };
                 g.set_mvc_chains(cpw);
                 g.set_mv_override(Some(plan));
-                let mut rng = Rng(seed);
-                let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
-                let rt = retile(qt, &raw, n_in, n_out);
-                let codes = g.upload(&rt.codes).unwrap();
-                let scales = g.upload(&rt.scales).unwrap();
                 let n_max = 8;
-                let x = rng.vec(n_max * n_in, 1.0);
-                let xb = g.upload(&x).unwrap();
-                let q = g.alloc(n_max * n_in).unwrap();
-                let d = g.alloc(n_max * n_in / 32 * 4).unwrap();
-                let s = g.alloc(n_max * n_in / 32 * 4).unwrap();
-                g.quant_rows(xb.ptr(), n_max, n_in, q.ptr(), d.ptr(), s.ptr())
-                    .unwrap();
+                let c = LowbitCase::new(g, qt, n_in, n_out, n_max, seed);
                 let what =
                     format!("{qt:?} [{n_in}x{n_out}] ks {ks} cpw {cpw} k2_b2 {b2} pre {pre}");
-                let segs = seg_launcher(g, rt.kind, &q, &d, &s, n_in);
-                let one = whole_matrix(&codes, &scales, n_out);
+                let segs = seg_launcher(g, c.rt.kind, &c.q, &c.d, &c.s, n_in);
+                let one = whole_matrix(&c.codes, &c.scales, n_out);
                 let launch = |n: usize, y: &DevBuf| {
                     segs(&[one(y)], 0, n, false);
                     down::<f32>(g, y, n * n_out)
                 };
                 // the one-row rows (the oracle)
-                let mut y1 = Vec::with_capacity(n_max * n_out);
-                let yr = g.alloc(n_out * 4).unwrap();
-                for t in 0..n_max {
-                    segs(&[one(&yr)], t, 1, false);
-                    y1.extend(down::<f32>(g, &yr, n_out));
-                }
+                let y1 = one_row_rows(g, &segs, &one, n_max, n_out);
                 for n in [2, 5, 8] {
                     let y = g.alloc(n * n_out * 4).unwrap();
                     g.profile_begin();
@@ -976,22 +960,10 @@ fn matvec_rsplit_equals_one_row() {
             (384, 50),
             (1152, 37),
         ] {
-            let mut rng = Rng(seed);
-            let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
-            let rt = retile(qt, &raw, n_in, n_out);
-            let codes = g.upload(&rt.codes).unwrap();
-            let scales = g.upload(&rt.scales).unwrap();
             let n_max = 5;
-            let x = rng.vec(n_max * n_in, 1.0);
-            let xb = g.upload(&x).unwrap();
-            let q = g.alloc(n_max * n_in).unwrap();
-            let d = g.alloc(n_max * n_in / 32 * 4).unwrap();
-            let sb = g.alloc(n_max * n_in / 32 * 4).unwrap();
-            g.quant_rows(xb.ptr(), n_max, n_in, q.ptr(), d.ptr(), sb.ptr())
-                .unwrap();
-            let segs = seg_launcher(g, rt.kind, &q, &d, &sb, n_in);
-            let one = whole_matrix(&codes, &scales, n_out);
-            let yr = g.alloc(n_out * 4).unwrap();
+            let c = LowbitCase::new(g, qt, n_in, n_out, n_max, seed);
+            let segs = seg_launcher(g, c.rt.kind, &c.q, &c.d, &c.s, n_in);
+            let one = whole_matrix(&c.codes, &c.scales, n_out);
             for ks in [1, 2, 4] {
                 for rn in [4, 8] {
                     seed += 1;
@@ -1003,11 +975,7 @@ fn matvec_rsplit_equals_one_row() {
                     g.set_mv_override(Some(plan));
                     let what = format!("{qt:?} [{n_in}x{n_out}] ks {ks} rn {rn}");
                     // the one-row rows (the oracle)
-                    let mut y1 = Vec::with_capacity(n_max * n_out);
-                    for t in 0..n_max {
-                        segs(&[one(&yr)], t, 1, false);
-                        y1.extend(down::<f32>(g, &yr, n_out));
-                    }
+                    let y1 = one_row_rows(g, &segs, &one, n_max, n_out);
                     for n in 2..=n_max {
                         let y = g.alloc(n * n_out * 4).unwrap();
                         g.set_mv_rsplit(Some(true));
@@ -1399,6 +1367,59 @@ fn mvs_swiglu_equals_matvec_then_swiglu() {
 
 /// A grouped low-bit mat-vec launch over the quantized activations `q`, `d`, `s` (rows of `n_in`):
 /// `(segments, first activation row, rows, accumulate)`.
+/// A random low-bit matrix re-tiled and uploaded, with `n_max` random activation rows quantized
+/// on the device (`q` / `d` / `s`): the setup of the verify-kernel equality tests.
+struct LowbitCase {
+    rt: Retiled,
+    codes: DevBuf,
+    scales: DevBuf,
+    q: DevBuf,
+    d: DevBuf,
+    s: DevBuf,
+}
+
+impl LowbitCase {
+    fn new(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, n_max: usize, seed: u64) -> Self {
+        let mut rng = Rng(seed);
+        let raw = rand_lowbit(&mut rng, qt, n_in, n_out);
+        let rt = retile(qt, &raw, n_in, n_out);
+        let codes = g.upload(&rt.codes).unwrap();
+        let scales = g.upload(&rt.scales).unwrap();
+        let x = rng.vec(n_max * n_in, 1.0);
+        let xb = g.upload(&x).unwrap();
+        let q = g.alloc(n_max * n_in).unwrap();
+        let d = g.alloc(n_max * n_in / 32 * 4).unwrap();
+        let s = g.alloc(n_max * n_in / 32 * 4).unwrap();
+        g.quant_rows(xb.ptr(), n_max, n_in, q.ptr(), d.ptr(), s.ptr())
+            .unwrap();
+        LowbitCase {
+            rt,
+            codes,
+            scales,
+            q,
+            d,
+            s,
+        }
+    }
+}
+
+/// Rows `0..n_max` of a one-row launch each (the oracle of the n-row kernels), `[n_max, n_out]`.
+fn one_row_rows(
+    g: &Gpu,
+    segs: &impl Fn(&[MvSeg], usize, usize, bool),
+    one: &impl Fn(&DevBuf) -> MvSeg,
+    n_max: usize,
+    n_out: usize,
+) -> Vec<f32> {
+    let yr = g.alloc(n_out * 4).unwrap();
+    let mut y1 = Vec::with_capacity(n_max * n_out);
+    for t in 0..n_max {
+        segs(&[one(&yr)], t, 1, false);
+        y1.extend(down::<f32>(g, &yr, n_out));
+    }
+    y1
+}
+
 fn seg_launcher<'a>(
     g: &'a Gpu,
     kind: WKind,

@@ -610,3 +610,20 @@ pub fn cuda_bench_model(test: &str, var: &str) -> Option<String> {
     }
     Some(path)
 }
+
+/// Launches of a profiled run (`Gpu::profile_end`: name and grid, µs) grouped by name and grid,
+/// most time first: `(name, launches, total µs)`.
+pub fn group_launches(launches: &[(String, f32)]) -> Vec<(String, usize, f64)> {
+    let mut agg: Vec<(String, usize, f64)> = Vec::new();
+    for (name, us) in launches {
+        match agg.iter_mut().find(|a| &a.0 == name) {
+            Some(a) => {
+                a.1 += 1;
+                a.2 += *us as f64;
+            }
+            None => agg.push((name.clone(), 1, *us as f64)),
+        }
+    }
+    agg.sort_by(|a, b| b.2.total_cmp(&a.2));
+    agg
+}
