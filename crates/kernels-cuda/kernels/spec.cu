@@ -378,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
         }
     }
 #undef DSP_KU
-    // tmp: [8 warps][256 columns] for one row at a time
+    // the warps' partial sums of one activation row at a time: [8 warps][256 columns]
     __shared__ float vsum[8][256];
 #pragma unroll
     for (int t = 0; t < MAXN; ++t) {

@@ -15,6 +15,14 @@ use half::f16;
 mod common;
 use common::Rng;
 
+/// Every low-bit weight kind the dp4a mat-vec kernels take.
+const LOWBIT_KINDS: [QuantType; 4] = [
+    QuantType::Q1_0,
+    QuantType::Q2_0G128,
+    QuantType::PQ2_0,
+    QuantType::Q2_0G64,
+];
+
 /// Random GGUF rows of a low-bit type with sane f16 scales; Q2 codes restricted to {0,1,2}.
 fn rand_lowbit(rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize) -> Vec<u8> {
     let mut raw = rng.bytes(qt.row_bytes(n_in).unwrap() * n_out);
@@ -735,12 +743,7 @@ fn mv_sub_timing() {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_lowbit_real_shapes_vs_reference() {
     let g = need_gpu!("matvec_lowbit_real_shapes_vs_reference");
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in LOWBIT_KINDS {
         run_mv(g, qt, 5120, 17408, 3, 1);
         run_mv(g, qt, 17408, 5120, 1, 2);
         run_mv(g, qt, 6144, 5120, 8, 3);
@@ -856,12 +859,7 @@ fn matvec_mvc_equals_one_row() {
     let g = need_gpu!("matvec_mvc_equals_one_row");
     g.set_mvc(true);
     let mut seed = 700;
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in LOWBIT_KINDS {
         for (n_in, n_out) in [
             (6144, 5120),
             (17408, 5120),
@@ -947,12 +945,7 @@ fn matvec_mvc_equals_one_row() {
 fn matvec_rsplit_equals_one_row() {
     let g = need_gpu!("matvec_rsplit_equals_one_row");
     let mut seed = 900;
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in LOWBIT_KINDS {
         for (n_in, n_out) in [
             (6144, 5120),
             (17408, 5120),
@@ -1639,12 +1632,7 @@ fn run_mvm_case(g: &Gpu, qt: QuantType, n_in: usize, n_out: usize, seed: u64, pl
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_mma_real_shapes_vs_emulation() {
     let g = need_gpu!("matvec_mma_real_shapes_vs_emulation");
-    for qt in [
-        QuantType::Q1_0,
-        QuantType::Q2_0G128,
-        QuantType::PQ2_0,
-        QuantType::Q2_0G64,
-    ] {
+    for qt in LOWBIT_KINDS {
         let kind = WKind::from_qt(qt);
         for (i, (n_in, n_out)) in [
             (5120, 17408),
