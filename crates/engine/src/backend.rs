@@ -293,6 +293,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.decode_step(cfg, w, st, id, logits)?;
         Ok(None)
     }
+
+    /// [`Backend::decode_step_stats`] for a sampler that reads the row's statistics and its `n`
+    /// best entries ([`crate::sampling::RowNeed::Top`]). A backend that computes them where the
+    /// logits live fills `top` (best first, value descending then the lower id, NaN as −inf; at
+    /// least `min(n, n_vocab)` entries) with usable statistics, and may then leave `logits`
+    /// empty; otherwise it leaves `top` empty and fills the row. The default computes no entries
+    /// and fills the row.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_step_top(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        n: usize,
+        logits: &mut Vec<f32>,
+        top: &mut Vec<(u32, f32)>,
+    ) -> Result<Option<LogitStats>> {
+        let _ = n;
+        top.clear();
+        self.decode_step_stats(cfg, w, st, id, logits, true)
+    }
 }
 
 /// Width of one verify-record row of a GDN layer: `mixed` (conv_dim) ‖ `k` (H_k·d_k) ‖ `v` (H_v·d_v)

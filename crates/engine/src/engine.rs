@@ -20,7 +20,7 @@ use crate::drafter::{DraftState, Drafter};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
-use crate::sampling::{Sampled, Sampler, SamplerParams};
+use crate::sampling::{RowNeed, Sampled, Sampler, SamplerParams};
 use crate::spec::{
     ngram_draft, verify_round, Policy, PolicyMode, Rollback, RoundBufs, SpecStats, Timer,
 };
@@ -751,6 +751,8 @@ impl<B: Backend> Worker<B> {
             _ => (None, 0),
         };
         let mut logits = Vec::new();
+        // a row's best entries, when the backend computes them for the sampler
+        let mut top: Vec<(u32, f32)> = Vec::new();
         let mut taps = Vec::new();
         // Prefill in chunks; logits only for the last row of the last chunk. With a drafter, the taps
         // of the last `window` prompt positions are captured per chunk and staged right away.
@@ -891,6 +893,7 @@ impl<B: Backend> Worker<B> {
             // a plain decode step (with the drafter's context row when drafting is possible)
             let timer = Timer::start();
             let mut row_stats = None;
+            top.clear();
             match &tap_layers {
                 Some(l) => {
                     forward(
@@ -914,22 +917,41 @@ impl<B: Backend> Worker<B> {
                     self.stage(&taps, start, 1)?;
                 }
                 // no side outputs: the backend's decode step (a graph replay on CUDA), with the
-                // row's statistics when the backend has them (a greedy pick needs no host scan)
+                // row's statistics, and its best entries for a top-k draw, when the backend has
+                // them (then the row need not be copied and scanned on the host)
                 None => {
-                    row_stats = self.backend.decode_step_stats(
-                        &self.cfg,
-                        &self.weights,
-                        &mut self.state,
-                        id_last,
-                        &mut logits,
-                        !sampler.stats_suffice(),
-                    )?
+                    row_stats = match sampler.row_need() {
+                        RowNeed::Top(n) => self.backend.decode_step_top(
+                            &self.cfg,
+                            &self.weights,
+                            &mut self.state,
+                            id_last,
+                            n,
+                            &mut logits,
+                            &mut top,
+                        )?,
+                        need => self.backend.decode_step_stats(
+                            &self.cfg,
+                            &self.weights,
+                            &mut self.state,
+                            id_last,
+                            &mut logits,
+                            need == RowNeed::Row,
+                        )?,
+                    }
                 }
             }
-            let s = match row_stats.and_then(|st| sampler.sample_from_stats(&st, self.cfg.n_vocab))
+            let s = match row_stats
+                .and_then(|st| sampler.sample_from_top(&st, &top, self.cfg.n_vocab))
             {
                 Some(s) => s,
-                None => sampler.sample(&logits),
+                None if logits.len() == self.cfg.n_vocab => sampler.sample(&logits),
+                None => {
+                    return Err(Error::Backend(format!(
+                        "{}: the decode step gave neither usable statistics nor the logits row",
+                        self.backend.name()
+                    )))
+                }
             };
             sampler.accept(s.id);
             if use_spec {

@@ -156,6 +156,20 @@ pub struct LogitStats {
     pub lse: f64,
 }
 
+/// What a [`Sampler`] reads of a logits row ([`Sampler::row_need`]); a backend may compute the
+/// rest where the logits live and skip copying the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowNeed {
+    /// The row's [`LogitStats`] alone: a greedy pick without top-N logprobs.
+    Stats,
+    /// The statistics and the row's `n` best entries, best first, in the sampler's order (value
+    /// descending, then the lower id; NaN as −inf): a top-k draw with k ≤ n, or top-N logprobs.
+    /// A row shorter than `n` gives all its entries.
+    Top(usize),
+    /// The whole row: logit bias, penalties, or a draw with no top-k bound.
+    Row,
+}
+
 /// One sampled token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
@@ -243,6 +257,60 @@ fn top_k_scan(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
             floor = out[w].1;
         }
     }
+}
+
+/// Steps 5–9 of the chain on `cand`, the top-k candidates sorted by [`desc`] (NaN already −inf),
+/// with the uniform `u` in [0, 1).
+fn draw_from(cand: &[(u32, f32)], sp: &SamplerParams, u: f64) -> u32 {
+    // Drop banned tokens, unless every one is banned (then the first: lowest id).
+    let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+    if finite == 0 {
+        return cand[0].0;
+    }
+    let cand = &cand[..finite];
+
+    // 5–6. temperature and softmax (f64 accumulation).
+    let inv_t = 1.0 / sp.temperature as f64;
+    let l0 = cand[0].1 as f64 * inv_t;
+    let mut probs: Vec<f64> = cand
+        .iter()
+        .map(|c| (c.1 as f64 * inv_t - l0).exp())
+        .collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+
+    // 7. top-p: smallest prefix with mass ≥ top_p.
+    let mut n = probs.len();
+    if sp.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, &p) in probs.iter().enumerate() {
+            acc += p;
+            if acc >= sp.top_p as f64 {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    // 8. min-p relative to the most likely candidate (probs[0] is the maximum).
+    if sp.min_p > 0.0 {
+        let floor = sp.min_p as f64 * probs[0];
+        n = probs[..n]
+            .iter()
+            .take_while(|&&p| p >= floor)
+            .count()
+            .max(1);
+    }
+    // 9. renormalize and draw by inverse CDF.
+    let total: f64 = probs[..n].iter().sum();
+    let target = u * total;
+    let mut acc = 0.0;
+    for i in 0..n {
+        acc += probs[i];
+        if target < acc {
+            return cand[i].0;
+        }
+    }
+    cand[n - 1].0
 }
 
 pub struct Sampler {
@@ -367,13 +435,82 @@ impl Sampler {
     /// Whether [`Sampler::sample_from_stats`] gives this sampler's result: greedy, with no bias,
     /// no penalties and no top-N logprobs (the pick needs only the row's argmax, max and lse).
     pub fn stats_suffice(&self) -> bool {
+        self.row_need() == RowNeed::Stats
+    }
+
+    /// What this sampler reads of a row (see [`RowNeed`]): with bias or penalties the whole row
+    /// (they change logits anywhere in it); greedy, the statistics, plus the best `n_logprobs`
+    /// entries when it reports them; a draw, the best `max(top_k, n_logprobs)` entries when top-k
+    /// is on, and the whole row when it is off (top-p / min-p alone may keep any number).
+    pub fn row_need(&self) -> RowNeed {
         let p = &self.p;
-        p.temperature == 0.0
-            && p.logit_bias.is_empty()
-            && p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
-            && p.n_logprobs == 0
+        if !p.logit_bias.is_empty()
+            || p.repetition_penalty != 1.0
+            || p.frequency_penalty != 0.0
+            || p.presence_penalty != 0.0
+        {
+            return RowNeed::Row;
+        }
+        if p.temperature == 0.0 {
+            return match p.n_logprobs {
+                0 => RowNeed::Stats,
+                n => RowNeed::Top(n),
+            };
+        }
+        match p.top_k {
+            0 => RowNeed::Row,
+            k => RowNeed::Top(k.max(p.n_logprobs)),
+        }
+    }
+
+    /// [`Sampler::sample`] from what a backend computed where the logits live: the row's
+    /// statistics and its best entries `top` (best first, in the sampler's order, NaN as −inf; at
+    /// least `min(n, n_vocab)` of them for [`RowNeed::Top`]`(n)`). The same token as `sample` on the
+    /// row and the same RNG advance; a reported logprob comes from the statistics' log-sum-exp.
+    /// `None` (and no RNG advance) when this sampler needs the row, the statistics are unusable
+    /// (every logit NaN or −inf), or `top` is too short: the caller then samples the row.
+    pub fn sample_from_top(
+        &mut self,
+        st: &LogitStats,
+        top: &[(u32, f32)],
+        n_vocab: usize,
+    ) -> Option<Sampled> {
+        let need = match self.row_need() {
+            RowNeed::Stats => 0,
+            RowNeed::Top(n) => n.min(n_vocab),
+            RowNeed::Row => return None,
+        };
+        if need == 0 {
+            return self.sample_from_stats(st, n_vocab);
+        }
+        if st.argmax as usize >= n_vocab
+            || !st.max.is_finite()
+            || !st.lse.is_finite()
+            || top.len() < need
+        {
+            return None;
+        }
+        let u = self.rng.next_f64();
+        let lp = |l: f32| (l as f64 - st.lse) as f32;
+        let (id, logprob) = if self.p.temperature == 0.0 {
+            (st.argmax, lp(st.max))
+        } else {
+            // draw(): the top-k candidates, already in order (k ≤ need ≤ top.len())
+            let k = self.p.top_k.min(n_vocab);
+            let cand = &top[..k];
+            let id = draw_from(cand, &self.p, u);
+            let l = cand
+                .iter()
+                .find(|c| c.0 == id)
+                .map_or(f32::NEG_INFINITY, |c| c.1);
+            (id, lp(l))
+        };
+        let n_top = self.p.n_logprobs.min(n_vocab);
+        Some(Sampled {
+            id,
+            logprob,
+            top: top[..n_top].iter().map(|&(i, l)| (i, lp(l))).collect(),
+        })
     }
 
     /// [`Sampler::sample`] from statistics of the row computed elsewhere (on the device): the
@@ -413,57 +550,8 @@ impl Sampler {
             }
         }
         cand.sort_unstable_by(desc);
-        // Drop banned tokens, unless every one is banned (then keep the first: lowest id).
-        let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
-        cand.truncate(finite.max(1));
-        if finite == 0 {
-            return cand[0].0;
-        }
-
-        // 5–6. temperature and softmax (f64 accumulation).
-        let inv_t = 1.0 / self.p.temperature as f64;
-        let l0 = cand[0].1 as f64 * inv_t;
-        let mut probs: Vec<f64> = cand
-            .iter()
-            .map(|c| (c.1 as f64 * inv_t - l0).exp())
-            .collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-
-        // 7. top-p: smallest prefix with mass ≥ top_p.
-        let mut n = probs.len();
-        if self.p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &p) in probs.iter().enumerate() {
-                acc += p;
-                if acc >= self.p.top_p as f64 {
-                    n = i + 1;
-                    break;
-                }
-            }
-        }
-        // 8. min-p relative to the most likely candidate (probs[0] is the maximum).
-        if self.p.min_p > 0.0 {
-            let floor = self.p.min_p as f64 * probs[0];
-            n = probs[..n]
-                .iter()
-                .take_while(|&&p| p >= floor)
-                .count()
-                .max(1);
-        }
-        // 9. renormalize and draw by inverse CDF.
-        let total: f64 = probs[..n].iter().sum();
-        let target = u * total;
-        let mut acc = 0.0;
-        for i in 0..n {
-            acc += probs[i];
-            if target < acc {
-                return cand[i].0;
-            }
-        }
-        cand[n - 1].0
+        draw_from(cand, &self.p, u)
     }
-
     /// Records an emitted token into the penalty history.
     pub fn accept(&mut self, id: u32) {
         let last_n = self.p.penalty_last_n;
@@ -579,5 +667,161 @@ mod tests {
             want.truncate(k);
             assert_eq!(got, want, "case {case}: n {n} k {k}");
         }
+    }
+
+    /// A row's best `n` entries the way a device computes them (NaN as −inf, −0 as +0), and
+    /// its statistics.
+    fn device_view(row: &[f32], n: usize) -> (LogitStats, Vec<(u32, f32)>) {
+        let clean: Vec<f32> = row
+            .iter()
+            .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
+            .collect();
+        let mut best = 0usize;
+        for (i, &x) in clean.iter().enumerate() {
+            if x > clean[best] {
+                best = i;
+            }
+        }
+        let mut all: Vec<(u32, f32)> = clean
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (i as u32, if x == 0.0 { 0.0 } else { x }))
+            .collect();
+        all.sort_unstable_by(desc);
+        all.truncate(n);
+        let st = LogitStats {
+            argmax: best as u32,
+            max: clean[best],
+            lse: bonsai_kernels_cpu::ops::log_sum_exp(&clean),
+        };
+        (st, all)
+    }
+
+    /// What each parameter set reads of a row.
+    #[test]
+    fn row_need_follows_the_chain() {
+        let g = SamplerParams::greedy;
+        let need = |p: SamplerParams| Sampler::new(p).row_need();
+        assert_eq!(need(g()), RowNeed::Stats);
+        let lp = SamplerParams {
+            n_logprobs: 5,
+            ..g()
+        };
+        assert_eq!(need(lp), RowNeed::Top(5));
+        assert_eq!(need(SamplerParams::default()), RowNeed::Top(20));
+        let more_lp = SamplerParams {
+            n_logprobs: 20,
+            top_k: 3,
+            ..Default::default()
+        };
+        assert_eq!(need(more_lp), RowNeed::Top(20));
+        let no_k = SamplerParams {
+            top_k: 0,
+            ..Default::default()
+        };
+        assert_eq!(need(no_k), RowNeed::Row);
+        let bias = SamplerParams {
+            logit_bias: vec![(3, 1.0)],
+            ..g()
+        };
+        assert_eq!(need(bias), RowNeed::Row);
+        for p in [
+            SamplerParams {
+                repetition_penalty: 1.1,
+                ..Default::default()
+            },
+            SamplerParams {
+                frequency_penalty: 0.5,
+                ..g()
+            },
+            SamplerParams {
+                presence_penalty: -0.5,
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(need(p), RowNeed::Row);
+        }
+        assert!(Sampler::new(g()).stats_suffice());
+        assert!(!Sampler::new(SamplerParams::default()).stats_suffice());
+    }
+
+    /// Sampling from a row's statistics and best entries gives the tokens, top-N lists and RNG
+    /// stream of sampling the row itself, over sequences of draws with many parameter sets, on
+    /// rows with ties, −inf, NaN and signed zeros, and vocabularies shorter than top-k.
+    #[test]
+    fn sample_from_top_equals_sample() {
+        let mut rng = Rng::new(11);
+        let mut cases = 0;
+        for &n_vocab in &[7usize, 64, 3000] {
+            for &t in &[0.0f32, 0.3, 0.7, 1.5] {
+                for &k in &[1usize, 5, 20, 64] {
+                    for &(top_p, min_p) in &[(1.0f32, 0.0f32), (0.95, 0.0), (0.5, 0.05), (1.0, 0.2)]
+                    {
+                        for &n_lp in &[0usize, 3, 20] {
+                            let p = SamplerParams {
+                                temperature: t,
+                                top_k: k,
+                                top_p,
+                                min_p,
+                                n_logprobs: n_lp,
+                                seed: rng.next_u64(),
+                                ..Default::default()
+                            };
+                            let need = match Sampler::new(p.clone()).row_need() {
+                                RowNeed::Top(n) => n,
+                                RowNeed::Stats => 0,
+                                RowNeed::Row => unreachable!("no bias or penalties here"),
+                            };
+                            let mut a = Sampler::new(p.clone());
+                            let mut b = Sampler::new(p);
+                            for step in 0..6 {
+                                let row: Vec<f32> = (0..n_vocab)
+                                    .map(|_| match rng.next_u64() % 16 {
+                                        0 => f32::NEG_INFINITY,
+                                        1 => f32::NAN,
+                                        2 => -0.0,
+                                        3 => 0.0,
+                                        r => (r % 5) as f32 * 0.5 - 1.0 + step as f32 * 0.1,
+                                    })
+                                    .collect();
+                                let (st, top) = device_view(&row, need.min(n_vocab));
+                                let want = a.sample(&row);
+                                let got = b
+                                    .sample_from_top(&st, &top, n_vocab)
+                                    .expect("usable statistics and enough entries");
+                                assert_eq!(
+                                    got.id, want.id,
+                                    "n_vocab {n_vocab} T {t} k {k} step {step}"
+                                );
+                                let ids =
+                                    |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+                                assert_eq!(ids(&got.top), ids(&want.top), "top-N ids");
+                                assert!((got.logprob - want.logprob).abs() <= 1e-6, "logprob");
+                                a.accept(want.id);
+                                b.accept(got.id);
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 1000);
+        // too few entries or unusable statistics: None, and the RNG does not move
+        let p = SamplerParams::default();
+        let row: Vec<f32> = (0..100).map(|i| (i % 13) as f32).collect();
+        let (st, top) = device_view(&row, 20);
+        let mut a = Sampler::new(p.clone());
+        let mut b = Sampler::new(p);
+        assert!(b.sample_from_top(&st, &top[..19], 100).is_none());
+        let bad = LogitStats {
+            lse: f64::NEG_INFINITY,
+            ..st
+        };
+        assert!(b.sample_from_top(&bad, &top, 100).is_none());
+        assert_eq!(
+            b.sample_from_top(&st, &top, 100).unwrap().id,
+            a.sample(&row).id
+        );
     }
 }

@@ -13,6 +13,7 @@ use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{decode_step_eager, forward, Capture, LogitRows, SeqState, Weights};
+use bonsai_engine::sampling::{Sampler, SamplerParams};
 use bonsai_kernels_cuda::GdnPrefill;
 
 fn models() -> Option<Vec<PathBuf>> {
@@ -419,7 +420,9 @@ fn cuda_batch_invariance_and_graph() {
 /// Some steps go through `decode_step_stats` without the row (the second graph, without the row
 /// copy): no row comes back, and the statistics are the eager row's first maximum and its
 /// log-sum-exp; one step forces the row fallback (the row copied after the row-less graph): the
-/// row is back, bit-identical.
+/// row is back, bit-identical. Other steps go through `decode_step_top` (the third graph, ending
+/// with `topk_rows`): the 64 entries equal the host twin's on the eager row and a top-k sampler
+/// draws the same token from them as from the row; one step forces the row fallback.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_decode_step_graph_equals_eager() {
@@ -481,6 +484,50 @@ fn cuda_decode_step_graph_equals_eager() {
                         tok = am as u32;
                         continue;
                     }
+                } else if step == 3 || step == 8 || step == 9 {
+                    // the top-entries graph (a top-k sampler's step): statistics and the row's
+                    // best 64 entries, equal to the host twin's on the eager row, and a default
+                    // sampler draws the token it draws from the row; on step 9 the fallback
+                    // gives the row and no entries
+                    cuda.set_force_row_fallback(step == 9);
+                    let mut top = vec![(0u32, 0f32); 3];
+                    let r = cuda.decode_step_top(&cfg, &w, &mut sg, tok, 20, &mut b, &mut top);
+                    cuda.set_force_row_fallback(false);
+                    let s = r.unwrap().expect("a finite row has statistics");
+                    assert_eq!(se.pos, sg.pos);
+                    if step != 9 {
+                        let want = bonsai_kernels_cuda::host_topk_row(&a);
+                        let same = top.len() == want.len()
+                            && top
+                                .iter()
+                                .zip(&want)
+                                .all(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits());
+                        assert!(
+                            same,
+                            "{}: round {round} step {step}: device top {:?} vs host {:?}",
+                            p.display(),
+                            &top[..top.len().min(4)],
+                            &want[..want.len().min(4)]
+                        );
+                        assert!(b.is_empty(), "top step returned {} values", b.len());
+                        let params = SamplerParams {
+                            seed: 99 + step as u64,
+                            ..Default::default()
+                        };
+                        let x = Sampler::new(params.clone()).sample(&a);
+                        let y = Sampler::new(params)
+                            .sample_from_top(&s, &top, cfg.n_vocab)
+                            .expect("usable statistics and 64 entries serve top-k 20");
+                        assert_eq!(x.id, y.id, "round {round} step {step}: drawn token");
+                        compared += 1;
+                        tok = argmax(&a) as u32;
+                        continue;
+                    }
+                    assert!(
+                        top.is_empty(),
+                        "fallback step returned {} entries",
+                        top.len()
+                    );
                 } else {
                     cuda.decode_step(&cfg, &w, &mut sg, tok, &mut b).unwrap();
                 }
@@ -504,7 +551,9 @@ fn cuda_decode_step_graph_equals_eager() {
         assert!(cuda.decode_step(&cfg, &w, &mut sg, nv, &mut l).is_err());
         println!(
             "{}: decode_step graph == eager, {compared} steps bit-identical (6 of them through \
-             the row-less graph: statistics == the eager row's, 2 with the row by the fallback)",
+             the row-less graph: statistics == the eager row's, 2 with the row by the fallback; \
+             4 through the top-entries graph: entries == the host twin's, 2 with the row by the \
+             fallback)",
             p.display()
         );
     }

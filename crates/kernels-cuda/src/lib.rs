@@ -814,6 +814,32 @@ impl LogitRowStats {
     }
 }
 
+/// Decode one row of [`Gpu::topk_rows`]' output (`[TOPK_ROW, 2]` u32): the `(id, value)` pairs
+/// with `id < nv`, best first.
+pub fn topk_from_words(w: &[u32], nv: usize) -> Vec<(u32, f32)> {
+    w.chunks_exact(2)
+        .filter(|p| (p[0] as usize) < nv)
+        .map(|p| (p[0], f32::from_bits(p[1])))
+        .collect()
+}
+
+/// Host twin of [`Gpu::topk_rows`] for one row: its `min(TOPK_ROW, row.len())` best entries, best
+/// first, by value descending then the lower id, with NaN read as −inf and −0 as +0.
+pub fn host_topk_row(row: &[f32]) -> Vec<(u32, f32)> {
+    let mut all: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+            (i as u32, if v == 0.0 { 0.0 } else { v })
+        })
+        .collect();
+    // no NaN is left, so the order is total
+    all.sort_unstable_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+    all.truncate(TOPK_ROW);
+    all
+}
+
 /// One matrix of a grouped mat-vec launch: re-tiled codes and scales, output `y [n, n_out]` f32.
 #[derive(Clone, Copy, Debug)]
 pub struct MvSeg {
@@ -1554,6 +1580,7 @@ kernels!(
         swiglu_quant_p16,
         argmax_rows,
         logit_stats_rows,
+        topk_rows,
         step_advance,
         // ---- prefill.cu (n > MAX_ROWS) ----
         gdn_conv_rows,
@@ -1992,6 +2019,10 @@ pub struct Gpu {
     /// and per-row arrival counters `[ROW_STATS_ROWS]` u32 (zero between launches), allocated
     /// with the GPU so that a captured launch can use them.
     row_stats: std::sync::OnceLock<DevBuf>,
+    /// `topk_rows`' block selections `[TOPK_ROWS, ROW_STATS_MAX_BLOCKS, TOPK_ROW]` u64 and per-row
+    /// arrival counters `[TOPK_ROWS]` u32 (zero between launches), allocated with the GPU so that
+    /// a captured launch can use them.
+    topk_scratch: std::sync::OnceLock<DevBuf>,
     /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32, then
     /// `attn_decode_fused`'s per-head ones `[ATTN_CNT]` (zero between launches), allocated with
     /// the GPU so that a captured launch can use them.
@@ -2133,6 +2164,12 @@ const ROW_STATS_ROWS: usize = 64;
 /// partials per lane).
 const ROW_STATS_MAX_BLOCKS: usize = 64;
 
+/// Entries per row of [`Gpu::topk_rows`] (`TOPK_N` in bonsai.cu): the most a device-side
+/// candidate list serves (a top-k draw with k ≤ this, top-N logprobs).
+pub const TOPK_ROW: usize = 64;
+/// Rows one `topk_rows` launch covers (longer launches go in chunks of this).
+const TOPK_ROWS: usize = 16;
+
 /// Blocks per row of the row-statistics kernels: from the row length alone (never from the row
 /// count), about 4,096 logits per block.
 fn row_stats_blocks(nv: usize) -> u32 {
@@ -2262,6 +2299,7 @@ impl Gpu {
             gemm_f16_scratch: Mutex::new(None),
             gemm_part_scratch: Mutex::new(None),
             row_stats: std::sync::OnceLock::new(),
+            topk_scratch: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
             attn_fused: AtomicBool::new(env_on("BONSAI_CUDA_ATTN_FUSED")),
@@ -2280,6 +2318,8 @@ impl Gpu {
         };
         let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
         let _ = gpu.row_stats.set(rs);
+        let tk = gpu.alloc(TOPK_ROWS * (ROW_STATS_MAX_BLOCKS * TOPK_ROW * 8 + 4))?;
+        let _ = gpu.topk_scratch.set(tk);
         let gc = gpu.alloc((GDN_CNT + ATTN_CNT) * 4)?;
         let _ = gpu.gdn_cnt.set(gc);
         let mut gpu = gpu;
@@ -5494,6 +5534,33 @@ impl Gpu {
     /// `out [rows, 4]` u32 (see `logit_stats_rows` in bonsai.cu; [`LogitRowStats::from_words`]).
     pub fn logit_stats_rows(&self, logits: u64, rows: usize, nv: usize, out: u64) -> Result<()> {
         self.row_stats_launch(self.f.logit_stats_rows, logits, rows, nv, out, 16)
+    }
+
+    /// Per row of `logits [rows, nv]`: its [`TOPK_ROW`] best entries, best first, in the host
+    /// sampler's order (value descending, then the lower id; NaN counts as −inf, −0 as +0), into
+    /// `out [rows, TOPK_ROW, 2]` u32 as (id, f32 bits); ids `0xffff_ffff` pad rows shorter than
+    /// [`TOPK_ROW`]. [`topk_from_words`] decodes a row; [`host_topk_row`] is the host twin.
+    pub fn topk_rows(&self, logits: u64, rows: usize, nv: usize, out: u64) -> Result<()> {
+        let tk = self.topk_scratch.get().expect("top-k scratch");
+        let cnt = tk.at(TOPK_ROWS * ROW_STATS_MAX_BLOCKS * TOPK_ROW * 8);
+        let mut t0 = 0;
+        while t0 < rows {
+            let nr = (rows - t0).min(TOPK_ROWS);
+            self.launch(
+                self.f.topk_rows,
+                (row_stats_blocks(nv), nr as u32, 1),
+                (512, 1, 1),
+                &[
+                    Arg::P(logits + (t0 * nv * 4) as u64),
+                    Arg::I(nv as i32),
+                    Arg::P(out + (t0 * TOPK_ROW * 8) as u64),
+                    Arg::P(tk.ptr()),
+                    Arg::P(cnt),
+                ],
+            )?;
+            t0 += nr;
+        }
+        Ok(())
     }
 
     /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.

@@ -2980,6 +2980,74 @@ fn logit_stats_rows_vs_host() {
     }
 }
 
+/// `topk_rows`: each row's `TOPK_ROW` best entries (value descending, then the lower id; NaN as
+/// −inf, −0 as +0) equal the host twin's, entry for entry, on rows of many ties, NaN, −inf, signed
+/// zeros, a row with nothing finite, rows shorter than `TOPK_ROW`, a row long enough that a block
+/// sorts its slice in several batches, and launches of more rows than one launch covers; a row
+/// alone and a repeated launch give the same words.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn topk_rows_vs_host() {
+    use bonsai_kernels_cuda::{host_topk_row, topk_from_words, TOPK_ROW};
+    let g = need_gpu!("topk_rows_vs_host");
+    let mut rng = Rng(77);
+    for (nv, rows) in [
+        (248320usize, 4usize),
+        (50, 3),
+        (300_001, 2),
+        (4097, 20),
+        (64, 1),
+    ] {
+        let mut l: Vec<f32> = (0..rows * nv)
+            // few distinct values: long runs of ties across the whole row
+            .map(|_| (rng.below(41) as f32 - 20.0) * 0.25)
+            .collect();
+        for t in 0..rows {
+            let row = &mut l[t * nv..(t + 1) * nv];
+            for _ in 0..(nv / 50).max(2) {
+                let i = rng.below(nv);
+                row[i] = match rng.below(4) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => -0.0,
+                    _ => 5.0, // the row's maximum, many times over
+                };
+            }
+            if t == 1 {
+                row.fill(f32::NEG_INFINITY); // nothing finite
+                row[nv / 2] = f32::NAN;
+            }
+        }
+        let lb = g.upload(&l).unwrap();
+        let out = g.alloc(rows * TOPK_ROW * 8).unwrap();
+        g.topk_rows(lb.ptr(), rows, nv, out.ptr()).unwrap();
+        let w: Vec<u32> = down(g, &out, rows * TOPK_ROW * 2);
+        for t in 0..rows {
+            let got = topk_from_words(&w[t * TOPK_ROW * 2..(t + 1) * TOPK_ROW * 2], nv);
+            let want = host_topk_row(&l[t * nv..(t + 1) * nv]);
+            assert_eq!(got.len(), want.len(), "nv {nv} row {t}: entries");
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    a.0 == b.0 && a.1.to_bits() == b.1.to_bits(),
+                    "nv {nv} row {t} entry {j}: device {a:?}, host {b:?}"
+                );
+            }
+        }
+        // the last row alone, twice (the arrival counters reset themselves)
+        let one = g.alloc(TOPK_ROW * 8).unwrap();
+        for _ in 0..2 {
+            g.topk_rows(lb.ptr() + ((rows - 1) * nv * 4) as u64, 1, nv, one.ptr())
+                .unwrap();
+            assert_eq!(
+                down::<u32>(g, &one, TOPK_ROW * 2),
+                w[(rows - 1) * TOPK_ROW * 2..].to_vec(),
+                "nv {nv}: the last row alone"
+            );
+        }
+        eprintln!("topk_rows nv {nv} rows {rows}: equal to the host twin");
+    }
+}
+
 /// DSpark rollback kernels (spec.cu): the verify record is the exact concatenation of the conv
 /// kernel's outputs (pre-conv `mixed` ‖ L2-normed `k` ‖ `v` ‖ `g` ‖ `β`), and replaying its first `m`
 /// rows from the pre-verify state gives the conv window and recurrent state `gdn_conv` + `gdn_step`

@@ -16,9 +16,11 @@
 //! argmax that feeds the next step's embedding, and a position increment.
 //! The engine's plain decode step ([`Backend::decode_step`]) replays a similar graph that ends with
 //! the row's statistics (argmax, max, log-sum-exp) and the logits row copied to pinned host memory
-//! instead (sampling stays on the host). A second variant without the row copy serves
-//! [`Backend::decode_step_stats`] when the sampler reads only the statistics; when they turn out
-//! unusable the row is copied from the device logits afterwards.
+//! instead. A second variant without the row copy serves [`Backend::decode_step_stats`] when the
+//! sampler reads only the statistics (greedy), and a third serves [`Backend::decode_step_top`]:
+//! it ends with `topk_rows` and copies back the row's 64 best entries, from which the host
+//! sampler draws a top-k token (top-k ≤ 64, no bias or penalties) without the 1 MB row. When the
+//! statistics turn out unusable the row is copied from the device logits afterwards.
 //!
 //! Speculative rounds (MODEL.md §4.9 option C): [`Backend::gdn_block_rec`] adds one copy kernel
 //! per GDN layer that writes each verify row's replay inputs (pre-conv `mixed` ‖ L2-normed `k` ‖
@@ -216,9 +218,9 @@ pub struct CudaBackend {
     scratch_gens: AtomicU64,
     max_ctx: Mutex<usize>,
     /// The captured plain decode steps ([`Backend::decode_step`]), rebuilt when their key
-    /// changes: `[0]` without the copy of the logits row to the host (a sampler that reads only
-    /// the statistics), `[1]` with it.
-    step_graph: Mutex<[Option<StepGraph>; 2]>,
+    /// changes, one per [`StepOut`] (indexed by it): the statistics alone, the statistics and
+    /// the row's best entries, or the whole logits row.
+    step_graph: Mutex<[Option<StepGraph>; 3]>,
     /// Whether the speculative round's device work replays captured graphs
     /// ([`Backend::verify_forward`], [`Backend::copy_gdn_all`], [`Backend::rollback_gdn`]). On by
     /// default; `BONSAI_CUDA_ROUND_GRAPH=0` turns it off, [`CudaBackend::set_round_graph`] too.
@@ -307,8 +309,11 @@ struct StepGraph {
     _x: CudaAct,
     /// [id, pos] i32, read by the graph's first two copies.
     input: kc::PinnedBuf,
-    /// [n_vocab] f32, written by the graph's logits copy (`None`: the variant without it).
+    /// [n_vocab] f32, written by the graph's logits copy (`None`: the variants without it).
     logits: Option<kc::PinnedBuf>,
+    /// The row's best entries: device [TOPK_ROW, 2] u32 → pinned (`topk_rows`; `None`: the
+    /// variants without them).
+    top: Option<(DevBuf, kc::PinnedBuf)>,
     /// The row's statistics: device [4] u32 → pinned [4] u32 (argmax, max, lse).
     _stats_dev: DevBuf,
     stats: kc::PinnedBuf,
@@ -316,6 +321,18 @@ struct StepGraph {
 
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
+
+/// What a captured decode step copies back besides the row's statistics (the index of its
+/// variant in `CudaBackend::step_graph`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepOut {
+    /// The statistics alone (a greedy pick).
+    Stats = 0,
+    /// The statistics and the row's [`kc::TOPK_ROW`] best entries (a top-k draw, top-N logprobs).
+    Top = 1,
+    /// The statistics and the whole logits row.
+    Row = 2,
+}
 
 /// A GDN layer's two device buffers as addresses and sizes (what a pending snapshot keeps).
 #[derive(Clone, Copy, Debug)]
@@ -398,7 +415,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             scratch_gens: AtomicU64::new(0),
             max_ctx: Mutex::new(1),
-            step_graph: Mutex::new([None, None]),
+            step_graph: Mutex::new([None, None, None]),
             round_graph: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_ROUND_GRAPH").map_or(true, |v| v != "0"),
             ),
@@ -432,6 +449,104 @@ impl CudaBackend {
     /// Set [`Self::snap_fused`] (benchmarks compare both in one process).
     pub fn set_snap_fused(&self, on: bool) {
         self.snap_fused.store(on, Ordering::Relaxed);
+    }
+
+    /// One decode step through the captured graph of variant `out` (see [`StepOut`]). With
+    /// [`StepOut::Top`] the row's best entries go to `top` when they serve a sampler that reads
+    /// `n` of them (usable statistics, `min(n, n_vocab)` entries); otherwise `top` stays empty and
+    /// the row is read from the device logits instead.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_step_out(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+        out: StepOut,
+        n: usize,
+        top: Option<&mut Vec<(u32, f32)>>,
+    ) -> Result<Option<LogitStats>> {
+        if st.pos + 1 > st.n_ctx {
+            return Err(Error::ContextOverflow(format!(
+                "{} positions requested, context is {}",
+                st.pos + 1,
+                st.n_ctx
+            )));
+        }
+        if id as usize >= cfg.n_vocab || id as usize >= w.tok_embd.n_out {
+            return Err(Error::InvalidRequest(format!(
+                "token id {id} out of range (n_vocab {})",
+                cfg.n_vocab
+            )));
+        }
+        if w.head_mat().n_out != cfg.n_vocab {
+            return Err(Error::Backend(format!(
+                "head has {} rows, n_vocab is {}",
+                w.head_mat().n_out,
+                cfg.n_vocab
+            )));
+        }
+        if let Some(kv) = st.kv.iter().find(|kv| kv.len != st.pos) {
+            return Err(Error::Backend(format!(
+                "KV cache holds {} rows, step starts at {}",
+                kv.len, st.pos
+            )));
+        }
+        let nv = cfg.n_vocab;
+        let mut slots = self.step_graph.lock().expect("step graph lock");
+        let slot = &mut slots[out as usize];
+        let stats = self.with_scratch(cfg, 1, |sc| {
+            let mut key = Self::step_key(cfg, w, st, sc.gen);
+            // a graph bakes in the launch mode (PDL edges or full ones), the mat-vec family and
+            // what it copies back
+            key.extend(self.gpu.launch_mode_key());
+            key.push(out as u64);
+            if slot.as_ref().is_none_or(|g| g.key != key) {
+                *slot = None;
+                *slot = Some(self.capture_step(sc, cfg, w, st, key, out)?);
+            }
+            let g = slot.as_mut().expect("step graph");
+            g.input.set_i32(0, id as i32);
+            g.input.set_i32(1, st.pos as i32);
+            // the graph overwrites the device position slot
+            sc.pos_host = None;
+            self.gpu.launch_graph(&g.graph).map_err(be)?;
+            self.gpu.sync().map_err(be)?;
+            let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
+            let stats = r.argmax.map(|argmax| LogitStats {
+                argmax,
+                max: r.max,
+                lse: r.lse,
+            });
+            logits.clear();
+            let mut served = self.rows_skippable(&[stats], 1, nv);
+            if let (Some((_, host)), Some(top)) = (&g.top, top) {
+                top.clear();
+                if served {
+                    top.extend(kc::topk_from_words(host.u32s(kc::TOPK_ROW * 2), nv));
+                    served = top.len() >= n.min(nv);
+                }
+                if !served {
+                    top.clear();
+                }
+            }
+            if let Some(row) = &g.logits {
+                logits.extend_from_slice(row.f32s(nv));
+            } else if !served {
+                // a row-less graph ran and the statistics are unusable (or the best entries too
+                // few): the step has advanced the state (no replay), but the scratch logits still
+                // hold the row
+                logits.resize(nv, 0.0);
+                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
+            }
+            Ok(stats)
+        })?;
+        st.pos += 1;
+        for kv in &mut st.kv {
+            kv.len = st.pos;
+        }
+        Ok(stats)
     }
 
     /// Tests only: with `on`, [`Backend::decode_step_stats`] and [`Backend::verify_forward`]
@@ -1520,13 +1635,21 @@ impl CudaBackend {
         w: &Weights<Self>,
         st: &mut SeqState<Self>,
         key: Vec<u64>,
-        with_row: bool,
+        out: StepOut,
     ) -> Result<StepGraph> {
         let nv = cfg.n_vocab;
         let x = self.new_act(1, cfg.n_embd);
         let input = self.gpu.alloc_pinned(8).map_err(be)?;
-        let logits = if with_row {
+        let logits = if out == StepOut::Row {
             Some(self.gpu.alloc_pinned(nv * 4).map_err(be)?)
+        } else {
+            None
+        };
+        let top = if out == StepOut::Top {
+            Some((
+                self.gpu.alloc(kc::TOPK_ROW * 8).map_err(be)?,
+                self.gpu.alloc_pinned(kc::TOPK_ROW * 8).map_err(be)?,
+            ))
         } else {
             None
         };
@@ -1547,6 +1670,11 @@ impl CudaBackend {
                 g.dtoh_pinned_async(logits, 0, sc.logits.ptr(), nv * 4)
                     .map_err(be)?;
             }
+            if let Some((dev, host)) = &top {
+                g.topk_rows(sc.logits.ptr(), 1, nv, dev.ptr()).map_err(be)?;
+                g.dtoh_pinned_async(host, 0, dev.ptr(), kc::TOPK_ROW * 8)
+                    .map_err(be)?;
+            }
             g.dtoh_pinned_async(&stats, 0, stats_dev.ptr(), 16)
                 .map_err(be)
         })();
@@ -1559,6 +1687,7 @@ impl CudaBackend {
             _x: x,
             input,
             logits,
+            top,
             _stats_dev: stats_dev,
             stats,
         })
@@ -2590,7 +2719,8 @@ impl Backend for CudaBackend {
     /// position go in through a pinned buffer, the logits row comes back through another. The
     /// launches are those of the eager forward, so the logits are bit-identical.
     /// [`Backend::decode_step_stats`] with `row_needed == false` replays a second graph without
-    /// the row copy (both variants are kept, keyed separately).
+    /// the row copy, [`Backend::decode_step_top`] a third that copies back the row's best entries
+    /// instead (the variants are kept, keyed separately).
     fn decode_step(
         &self,
         cfg: &TargetConfig,
@@ -2612,74 +2742,32 @@ impl Backend for CudaBackend {
         logits: &mut Vec<f32>,
         row_needed: bool,
     ) -> Result<Option<LogitStats>> {
-        if st.pos + 1 > st.n_ctx {
-            return Err(Error::ContextOverflow(format!(
-                "{} positions requested, context is {}",
-                st.pos + 1,
-                st.n_ctx
-            )));
+        let out = if row_needed {
+            StepOut::Row
+        } else {
+            StepOut::Stats
+        };
+        self.decode_step_out(cfg, w, st, id, logits, out, 0, None)
+    }
+
+    /// The variant of the decode graph that ends with `topk_rows` and copies back the row's
+    /// [`kc::TOPK_ROW`] best entries instead of the row, for `n <= TOPK_ROW`; the one with the row
+    /// otherwise. Falls back to the row like [`Backend::decode_step_stats`] when the statistics
+    /// are unusable.
+    fn decode_step_top(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        n: usize,
+        logits: &mut Vec<f32>,
+        top: &mut Vec<(u32, f32)>,
+    ) -> Result<Option<LogitStats>> {
+        top.clear();
+        if n == 0 || n > kc::TOPK_ROW {
+            return self.decode_step_out(cfg, w, st, id, logits, StepOut::Row, 0, None);
         }
-        if id as usize >= cfg.n_vocab || id as usize >= w.tok_embd.n_out {
-            return Err(Error::InvalidRequest(format!(
-                "token id {id} out of range (n_vocab {})",
-                cfg.n_vocab
-            )));
-        }
-        if w.head_mat().n_out != cfg.n_vocab {
-            return Err(Error::Backend(format!(
-                "head has {} rows, n_vocab is {}",
-                w.head_mat().n_out,
-                cfg.n_vocab
-            )));
-        }
-        if let Some(kv) = st.kv.iter().find(|kv| kv.len != st.pos) {
-            return Err(Error::Backend(format!(
-                "KV cache holds {} rows, step starts at {}",
-                kv.len, st.pos
-            )));
-        }
-        let nv = cfg.n_vocab;
-        let mut slots = self.step_graph.lock().expect("step graph lock");
-        // the variant with the row copy when the caller reads the row, else the one without
-        let slot = &mut slots[row_needed as usize];
-        let stats = self.with_scratch(cfg, 1, |sc| {
-            let mut key = Self::step_key(cfg, w, st, sc.gen);
-            // a graph bakes in the launch mode (PDL edges or full ones), the mat-vec family and
-            // whether it copies the row
-            key.extend(self.gpu.launch_mode_key());
-            key.push(row_needed as u64);
-            if slot.as_ref().is_none_or(|g| g.key != key) {
-                *slot = None;
-                *slot = Some(self.capture_step(sc, cfg, w, st, key, row_needed)?);
-            }
-            let g = slot.as_mut().expect("step graph");
-            g.input.set_i32(0, id as i32);
-            g.input.set_i32(1, st.pos as i32);
-            // the graph overwrites the device position slot
-            sc.pos_host = None;
-            self.gpu.launch_graph(&g.graph).map_err(be)?;
-            self.gpu.sync().map_err(be)?;
-            let r = kc::LogitRowStats::from_words(g.stats.u32s(4));
-            let stats = r.argmax.map(|argmax| LogitStats {
-                argmax,
-                max: r.max,
-                lse: r.lse,
-            });
-            logits.clear();
-            if let Some(row) = &g.logits {
-                logits.extend_from_slice(row.f32s(nv));
-            } else if !self.rows_skippable(&[stats], 1, nv) {
-                // the row-less graph ran and the statistics are unusable: the step has advanced
-                // the state (no replay), but the scratch logits still hold the row
-                logits.resize(nv, 0.0);
-                self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
-            }
-            Ok(stats)
-        })?;
-        st.pos += 1;
-        for kv in &mut st.kv {
-            kv.len = st.pos;
-        }
-        Ok(stats)
+        self.decode_step_out(cfg, w, st, id, logits, StepOut::Top, n, Some(top))
     }
 }
