@@ -27,7 +27,8 @@ def main() -> None:
     api = load("cuda-python-api-check.json") or {}
     meta = None
     lines.append(
-        "| weights | decode tok/s (graph) | of 4.49 TB/s | Python API greedy | Python API sampled | "
+        "| weights | decode tok/s (graph) | of 4.49 TB/s | Python API greedy | "
+        "Python API sampled (top-k 20; reading whole rows) | "
         "pp512 tok/s | n-gram round ms (k=0..4), round graphs | R = round / greedy graph step | "
         "same R, eager round | DSpark GPU drafter, round graphs: draft ms, R | "
         "DSpark tok/s: random drafter (0 accepted), agreeing (4 of 4) | resident GB |"
@@ -71,7 +72,9 @@ def main() -> None:
         lines.append(
             f"| {d['weight_type']} | **{d['decode_tok_s']:.1f}** ({d['decode_tok_s'] / pk:.1f}× fork, "
             f"{d['decode_tok_s'] / tk:.2f}× turbo) | {100 * d['fraction_of_4_49_TBps']:.0f}% | "
-            f"{a.get('decode_tok_s_median', float('nan')):.1f} | {a.get('sampled_tok_s_median', float('nan')):.1f} | "
+            f"{a.get('decode_tok_s_median', float('nan')):.1f} | {a.get('sampled_tok_s_median', float('nan')):.1f}"
+            + (f" ({a['sampled_row_tok_s_median']:.1f})" if "sampled_row_tok_s_median" in a else "")
+            + " | "
             f"{pp:.0f} ({pp / PP_PEER[v]:.2f}× fork) | "
             f"{ms} | {ng} | {nge} | {ds.get('draft_ms', float('nan')):.2f}, "
             f"{ds.get('total_ms', float('nan')) / step:.2f} | {tps_random:.0f}, {tps_agree:.0f} | "

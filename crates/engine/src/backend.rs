@@ -234,6 +234,30 @@ pub trait Backend: Send + Sync + Sized + 'static {
         crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
         Ok(Vec::new())
     }
+    /// [`Backend::verify_forward`] for a sampler that reads each row's statistics and its `n_top`
+    /// best entries ([`crate::sampling::RowNeed::Top`]). A backend that computes them where the
+    /// logits live fills `tops` with one list per row (best first, value descending then the
+    /// lower id, NaN as −inf; at least `min(n_top, n_vocab)` entries each) and usable statistics
+    /// for every row, and may then leave `logits` empty; otherwise it leaves `tops` empty and
+    /// fills the rows. Logits, taps, records and state are those of `verify_forward`. The default
+    /// computes no entries and fills the rows.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn verify_forward_top(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [Self::Act],
+        taps: Option<(&[usize], &mut Vec<f32>)>,
+        n_top: usize,
+        logits: &mut Vec<f32>,
+        tops: &mut Vec<Vec<(u32, f32)>>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        let _ = n_top;
+        tops.clear();
+        self.verify_forward(cfg, w, st, ids, recs, taps, logits, true)
+    }
     /// `x += W_o(σ(gate) ⊙ attn(rope(qnorm(q)), rope(knorm(k)), v))`, appending K/V at the step's
     /// positions (causal within the step).
     fn attn_block(

@@ -599,6 +599,21 @@ impl Sampler {
         draft: &[u32],
         n_vocab: usize,
     ) -> Vec<Sampled> {
+        self.sample_and_accept_n_top(rows, stats, &[], draft, n_vocab)
+    }
+
+    /// [`Sampler::sample_and_accept_n_stats`] that also takes each row's best entries `tops[i]`
+    /// (empty: none), so a top-k sampler draws row `i` through [`Sampler::sample_from_top`]. The
+    /// same tokens as `sample_and_accept_n`; rows are read only where the statistics and entries
+    /// do not serve.
+    pub fn sample_and_accept_n_top(
+        &mut self,
+        rows: &[&[f32]],
+        stats: &[Option<LogitStats>],
+        tops: &[Vec<(u32, f32)>],
+        draft: &[u32],
+        n_vocab: usize,
+    ) -> Vec<Sampled> {
         let n = draft.len() + 1;
         debug_assert!(
             rows.is_empty() || rows.len() == n,
@@ -606,11 +621,12 @@ impl Sampler {
         );
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
+            let top = tops.get(i).map_or(&[][..], |t| &t[..]);
             let from_stats = stats
                 .get(i)
                 .copied()
                 .flatten()
-                .and_then(|st| self.sample_from_stats(&st, n_vocab));
+                .and_then(|st| self.sample_from_top(&st, top, n_vocab));
             let s = match from_stats {
                 Some(s) => s,
                 None => {
@@ -823,5 +839,67 @@ mod tests {
             b.sample_from_top(&st, &top, 100).unwrap().id,
             a.sample(&row).id
         );
+    }
+
+    /// Sample-and-accept-n from each row's statistics and best entries gives the tokens of the
+    /// rows themselves, for top-k draws and greedy with top logprobs, with drafts that match up
+    /// to every position.
+    #[test]
+    fn sample_and_accept_n_top_equals_rows() {
+        let mut rng = Rng::new(5);
+        let n_vocab = 500;
+        for (case, p) in [
+            SamplerParams {
+                seed: 3,
+                ..Default::default()
+            },
+            SamplerParams {
+                temperature: 1.2,
+                top_k: 4,
+                top_p: 1.0,
+                n_logprobs: 2,
+                seed: 4,
+                ..Default::default()
+            },
+            SamplerParams {
+                n_logprobs: 5,
+                ..SamplerParams::greedy()
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let RowNeed::Top(need) = Sampler::new(p.clone()).row_need() else {
+                panic!("case {case}: a top-k sampler");
+            };
+            let (mut a, mut b) = (Sampler::new(p.clone()), Sampler::new(p));
+            for round in 0..40 {
+                // peaked rows, so that drafts of the likely token get accepted
+                let rows: Vec<Vec<f32>> = (0..5)
+                    .map(|_| {
+                        let hot = (rng.next_u64() % 3) as usize;
+                        (0..n_vocab)
+                            .map(|i| {
+                                let x = (rng.next_u64() % 1000) as f32 / 500.0;
+                                if i == hot {
+                                    x + 8.0
+                                } else {
+                                    x
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let views: Vec<_> = rows.iter().map(|r| device_view(r, need)).collect();
+                let stats: Vec<Option<LogitStats>> = views.iter().map(|v| Some(v.0)).collect();
+                let tops: Vec<Vec<(u32, f32)>> = views.iter().map(|v| v.1.clone()).collect();
+                let draft: Vec<u32> = (0..4).map(|_| (rng.next_u64() % 3) as u32).collect();
+                let refs: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
+                let want = a.sample_and_accept_n(&refs, &draft);
+                let got = b.sample_and_accept_n_top(&[], &stats, &tops, &draft, n_vocab);
+                let ids = |v: &[Sampled]| v.iter().map(|x| x.id).collect::<Vec<_>>();
+                assert_eq!(ids(&got), ids(&want), "case {case} round {round}");
+            }
+        }
     }
 }

@@ -23,7 +23,7 @@ use crate::backend::{gdn_rec_width, Backend, GdnMode};
 use crate::config::TargetConfig;
 use crate::error::Result;
 use crate::model::{forward, Capture, LogitRows, SeqState, Weights};
-use crate::sampling::{LogitStats, Sampled, Sampler};
+use crate::sampling::{LogitStats, RowNeed, Sampled, Sampler};
 
 /// How the GDN state is rolled back after a partial accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,8 @@ pub struct RoundBufs<B: Backend> {
     logits: Vec<f32>,
     /// Per-row logit statistics the backend returned with the last verify (empty when none).
     stats: Vec<Option<LogitStats>>,
+    /// Per-row best entries the backend returned with the last verify (empty when none).
+    tops: Vec<Vec<(u32, f32)>>,
     /// Verify taps `[rows, tap_width]` (rows of the last verify).
     pub taps: Vec<f32>,
 }
@@ -50,8 +52,8 @@ pub struct RoundBufs<B: Backend> {
 impl<B: Backend> RoundBufs<B> {
     /// Logits `[rows, n_vocab]` of the last verify (tests compare them across backends' paths).
     /// Empty when the backend skipped the rows: the sampler did not need them
-    /// ([`Sampler::stats_suffice`]) and [`RoundBufs::stats`] holds usable statistics for every
-    /// row (see [`Backend::verify_forward`]).
+    /// ([`Sampler::row_need`]) and [`RoundBufs::stats`] (and [`RoundBufs::tops`] for a top-k
+    /// sampler) serve every row (see [`Backend::verify_forward`], [`Backend::verify_forward_top`]).
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
@@ -59,6 +61,11 @@ impl<B: Backend> RoundBufs<B> {
     /// computed none; tests compare them with the logits rows).
     pub fn stats(&self) -> &[Option<LogitStats>] {
         &self.stats
+    }
+    /// Per-row best entries of the last verify, as the backend returned them for a top-k
+    /// sampler (empty when it computed none; see [`Backend::verify_forward_top`]).
+    pub fn tops(&self) -> &[Vec<(u32, f32)>] {
+        &self.tops
     }
 }
 
@@ -72,6 +79,7 @@ impl<B: Backend> RoundBufs<B> {
                 .collect(),
             logits: Vec::new(),
             stats: Vec::new(),
+            tops: Vec::new(),
             taps: Vec::new(),
         })
     }
@@ -133,20 +141,35 @@ pub fn verify_round<B: Backend>(
     let taps = tap_layers.map(|layers| (layers, &mut bufs.taps));
     //    (the rows only when the sampler reads them: a greedy accept uses the statistics, and the
     //    backend still fills the rows when any row's statistics are unusable)
-    let rows_needed = !sampler.stats_suffice();
-    bufs.stats = b.verify_forward(
-        cfg,
-        w,
-        st,
-        &ids,
-        &mut bufs.recs,
-        taps,
-        &mut bufs.logits,
-        rows_needed,
-    )?;
+    //    (a top-k draw reads each row's best entries, which the backend may compute too)
+    bufs.tops.clear();
+    bufs.stats = match sampler.row_need() {
+        RowNeed::Top(n_top) => b.verify_forward_top(
+            cfg,
+            w,
+            st,
+            &ids,
+            &mut bufs.recs,
+            taps,
+            n_top,
+            &mut bufs.logits,
+            &mut bufs.tops,
+        )?,
+        need => b.verify_forward(
+            cfg,
+            w,
+            st,
+            &ids,
+            &mut bufs.recs,
+            taps,
+            &mut bufs.logits,
+            need == RowNeed::Row,
+        )?,
+    };
     // 3. accept: sample row i with the full chain, continue while it equals draft i
     let rows: Vec<&[f32]> = bufs.logits.chunks_exact(cfg.n_vocab).collect();
-    let tokens = sampler.sample_and_accept_n_stats(&rows, &bufs.stats, draft, cfg.n_vocab);
+    let tokens =
+        sampler.sample_and_accept_n_top(&rows, &bufs.stats, &bufs.tops, draft, cfg.n_vocab);
     let n_acc = tokens.len() - 1;
     let keep = n_acc + 1;
     timing.verify_s = t.elapsed().as_secs_f64();

@@ -18,10 +18,11 @@
 //!   and re-forward rollback, without and with taps, greedy (device statistics) and seeded
 //!   sampling (host sampler): the tokens, the logits rows, the taps and the full state after
 //!   every round are identical, and the greedy tokens equal plain greedy decoding; every fourth
-//!   step is a plain decode step (decode graph) on both. A sampler that reads rows (seeded, or
-//!   greedy with top logprobs) gets them and they are compared bit for bit; a plain greedy
-//!   sampler gets none from the graph round / step (its statistics are then checked against the
-//!   eager rows), and the tokens are the same.
+//!   step is a plain decode step (decode graph) on both. A sampler that reads rows (a zero logit
+//!   bias, seeded or greedy) gets them and they are compared bit for bit; a plain greedy sampler
+//!   gets none from the graph round / step (its statistics are then checked against the eager
+//!   rows), and a top-k sampler (seeded, or greedy with top logprobs) gets each row's best
+//!   entries instead (checked against the host twin on the eager rows); the tokens are the same.
 //!
 //! Models: the tiny builder targets of `common` (all four weight types) and the synthetic
 //! `*.gguf` files in `$BONSAI_CUDA_MODELS` (scripts/gpu_check.sh). Without a CUDA device each test
@@ -40,7 +41,7 @@ use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, Weights};
-use bonsai_engine::sampling::{LogitStats, Sampler, SamplerParams};
+use bonsai_engine::sampling::{LogitStats, RowNeed, Sampler, SamplerParams};
 use bonsai_engine::spec::{verify_round, Rollback, RoundBufs, RoundOut};
 use bonsai_engine::QuantType;
 
@@ -673,7 +674,8 @@ fn round_checks<B: Switch>(
     let nv = cfg.n_vocab;
     let greedy = params.temperature == 0.0;
     // what verify_round / the engine ask the backend for
-    let rows_needed = !Sampler::new(params.clone()).stats_suffice();
+    let need = Sampler::new(params.clone()).row_need();
+    let rows_needed = need == RowNeed::Row;
     let layers = tap_layers(&cfg);
     let taps = with_taps.then_some(&layers[..]);
     let mut seen = [false; 5];
@@ -708,25 +710,33 @@ fn round_checks<B: Switch>(
             let id_last = *got.last().unwrap();
             if step % 4 == 3 {
                 // A: decode_step (always the row), host sampling; B: the engine's plain step
-                // (decode_step_stats, the row only when the sampler reads it)
-                let (mut la, mut lb) = (Vec::new(), Vec::new());
+                // (decode_step_stats, or decode_step_top for a top-k sampler: the row only when
+                // the sampler reads it)
+                let (mut la, mut lb, mut top) = (Vec::new(), Vec::new(), Vec::new());
                 b.decode_step(&cfg, &w, &mut sa, id_last, &mut la).unwrap();
-                let st_b = b
-                    .decode_step_stats(&cfg, &w, &mut sb, id_last, &mut lb, rows_needed)
-                    .unwrap();
+                let st_b = match need {
+                    RowNeed::Top(k) => b
+                        .decode_step_top(&cfg, &w, &mut sb, id_last, k, &mut lb, &mut top)
+                        .unwrap(),
+                    _ => b
+                        .decode_step_stats(&cfg, &w, &mut sb, id_last, &mut lb, rows_needed)
+                        .unwrap(),
+                };
                 let stats = step_stats(b, st_b, &what);
                 let skippable =
                     b.graphs_give_stats() && !rows_needed && stats_usable(&stats, 1, nv);
                 assert_eq!(lb.is_empty(), skippable, "{what}: decode step row skipped");
                 if skippable {
                     check_stats(&what, nv, &la, &stats, true);
+                    check_tops(&what, nv, &la, std::slice::from_ref(&top), need);
                     steps_skipped += 1;
                 } else {
                     assert!(bits(&la) == bits(&lb), "{what}: decode step logits");
+                    assert!(top.is_empty(), "{what}: entries with the row");
                 }
                 n_steps += 1;
                 let xa = ka.sample(&la);
-                let xb = match st_b.and_then(|s| kb.sample_from_stats(&s, nv)) {
+                let xb = match st_b.and_then(|s| kb.sample_from_top(&s, &top, nv)) {
                     Some(x) => x,
                     None => kb.sample(&lb),
                 };
@@ -777,8 +787,9 @@ fn round_checks<B: Switch>(
                     bb.logits().len()
                 );
                 if skippable {
-                    // the device statistics against the eager rows
+                    // the device statistics (and best entries) against the eager rows
                     check_stats(&what, nv, ba.logits(), bb.stats(), true);
+                    check_tops(&what, nv, ba.logits(), bb.tops(), need);
                     skipped += 1;
                 } else if let Some(d) = logits_diff(nv, ba.logits(), bb.logits()) {
                     let mut ids_v = vec![id_last];
@@ -791,7 +802,12 @@ fn round_checks<B: Switch>(
                     );
                 }
                 check_stats(&what, nv, ba.logits(), ba.stats(), false);
+                assert!(
+                    ba.tops().is_empty(),
+                    "{what}: the eager round computed entries"
+                );
                 if !skippable {
+                    assert!(bb.tops().is_empty(), "{what}: entries with the rows");
                     check_stats(&what, nv, bb.logits(), bb.stats(), b.graphs_give_stats());
                 }
                 if with_taps {
@@ -826,7 +842,7 @@ fn round_checks<B: Switch>(
     if b.graphs_give_stats() && !rows_needed {
         assert!(
             skipped > 0 && steps_skipped > 0,
-            "{} {rollback:?}: a greedy sampler never skipped the rows ({skipped} of {n_rounds} \
+            "{} {rollback:?}: a sampler that reads no rows never skipped them ({skipped} of {n_rounds} \
              rounds, {steps_skipped} of {n_steps} steps)",
             m.name
         );
@@ -856,15 +872,58 @@ fn all_round_checks<B: Switch>(b: &B, m: &Model) {
             round_checks(b, m, rb, with_taps, &greedy_with_rows());
         }
     }
+    // top-k draws and greedy with top logprobs read each row's best entries: from the graphs
+    // without the rows
     round_checks(b, m, Rollback::Replay, true, &sampled);
+    round_checks(b, m, Rollback::Replay, false, &greedy_with_logprobs());
+    // the same draws with a zero logit bias read the rows (compared bit for bit)
+    let sampled_rows = SamplerParams {
+        logit_bias: vec![(0, 0.0)],
+        ..sampled
+    };
+    round_checks(b, m, Rollback::Replay, true, &sampled_rows);
 }
 
-/// Greedy, but with top logprobs: the sampler reads the rows (`stats_suffice` is false), so the
-/// backend must return them and the tests compare them.
+/// Greedy, but with a zero logit bias (no logit changes): the sampler reads the rows
+/// (`RowNeed::Row`), so the backend must return them and the tests compare them.
 fn greedy_with_rows() -> SamplerParams {
     SamplerParams {
+        logit_bias: vec![(0, 0.0)],
         n_logprobs: 1,
         ..SamplerParams::greedy()
+    }
+}
+
+/// Greedy with top logprobs: the sampler reads the statistics and each row's 3 best entries.
+fn greedy_with_logprobs() -> SamplerParams {
+    SamplerParams {
+        n_logprobs: 3,
+        ..SamplerParams::greedy()
+    }
+}
+
+/// For a sampler that reads best entries: each row's list equals the host twin's on the eager
+/// row (every entry bit for bit); for any other sampler no list came back.
+fn check_tops(what: &str, nv: usize, logits: &[f32], tops: &[Vec<(u32, f32)>], need: RowNeed) {
+    if !matches!(need, RowNeed::Top(_)) {
+        assert!(tops.iter().all(|t| t.is_empty()), "{what}: unasked entries");
+        return;
+    }
+    assert_eq!(
+        tops.len(),
+        logits.len() / nv,
+        "{what}: one entry list per row"
+    );
+    for (i, t) in tops.iter().enumerate() {
+        let want = bonsai_kernels_cuda::host_topk_row(&logits[i * nv..(i + 1) * nv]);
+        let same = t.len() == want.len()
+            && t.iter()
+                .zip(&want)
+                .all(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits());
+        assert!(
+            same,
+            "{what}: row {i} best entries differ from the host twin's"
+        );
     }
 }
 

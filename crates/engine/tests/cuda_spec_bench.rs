@@ -40,7 +40,7 @@ use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::{DraftState, Drafter};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
-use bonsai_engine::sampling::{Sampler, SamplerParams};
+use bonsai_engine::sampling::{RowNeed, Sampler, SamplerParams};
 use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs};
 
 const K: usize = 4;
@@ -472,6 +472,124 @@ fn cuda_rsplit_round_ab() {
     );
     println!("RSPLITAB {json}");
     if let Ok(out) = std::env::var("BONSAI_RSPLIT_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
+/// One sampler's cost through the engine's paths: the round (`verify_round`: round graphs, no
+/// taps, replay rollback, K drafts rejected at once, the accept on the host included) and the
+/// plain step (`decode_step_top` / `decode_step_stats` as `RowNeed` asks, then the host pick),
+/// medians in ms over ROUNDS each after one warm-up.
+fn sampled_round_and_step(t: &Target, first: u32, params: &SamplerParams) -> (f64, f64) {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
+    let mut s = Sampler::new(params.clone());
+    let mut id_last = first;
+    let mut tr = Vec::new();
+    for r in 0..=ROUNDS {
+        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+        let (out, secs) = timed(cuda, || {
+            verify_round(
+                cuda,
+                cfg,
+                w,
+                &mut st,
+                &mut bufs,
+                &mut s,
+                id_last,
+                &draft,
+                None,
+                Rollback::Replay,
+            )
+            .unwrap()
+        });
+        id_last = out.tokens.last().map_or(id_last, |x| x.id) % t.text;
+        if r > 0 {
+            tr.push(secs);
+        }
+    }
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let mut s = Sampler::new(params.clone());
+    let (mut lg, mut top) = (Vec::new(), Vec::new());
+    let mut id = first;
+    let mut tp = Vec::new();
+    for i in 0..=ROUNDS {
+        let (x, secs) = timed(cuda, || {
+            let stats = match s.row_need() {
+                RowNeed::Top(n) => cuda
+                    .decode_step_top(cfg, w, &mut st, id, n, &mut lg, &mut top)
+                    .unwrap(),
+                need => cuda
+                    .decode_step_stats(cfg, w, &mut st, id, &mut lg, need == RowNeed::Row)
+                    .unwrap(),
+            };
+            match stats.and_then(|x| s.sample_from_top(&x, &top, cfg.n_vocab)) {
+                Some(x) => x,
+                None => s.sample(&lg),
+            }
+        });
+        s.accept(x.id);
+        id = x.id % t.text;
+        if i > 0 {
+            tp.push(secs);
+        }
+    }
+    (median_ms(&mut tr), median_ms(&mut tp))
+}
+
+/// What sampling costs on the device paths: greedy (statistics only), a top-k draw (T 0.7,
+/// top-k 20, top-p 0.95: each row's 64 best entries from `topk_rows` in the graphs), and the same
+/// draw with a zero logit bias (the sampler reads the whole rows: copied to pinned memory and
+/// scanned on the host): the round and the plain step of [`sampled_round_and_step`], alternating
+/// in one process (three times each). `BONSAI_SAMPLED_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_sampled_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_sampled_round_ab") else {
+        return;
+    };
+    let top_k = SamplerParams {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.95,
+        seed: 7,
+        ..Default::default()
+    };
+    let rows_read = SamplerParams {
+        logit_bias: vec![(0, 0.0)],
+        ..top_k.clone()
+    };
+    let modes = [
+        ("greedy", SamplerParams::greedy()),
+        ("top-k entries", top_k),
+        ("top-k rows", rows_read),
+    ];
+    let mut rows = Vec::new();
+    for rep in 0..3 {
+        for (name, params) in &modes {
+            let (round, step) = sampled_round_and_step(&t, first, params);
+            println!(
+                "SAMPLEDAB rep {rep} {name:<13} round {round:.3} ms, step {step:.3} ms ({:.1} tok/s)",
+                1e3 / step
+            );
+            rows.push(format!(
+                "{{\"sampler\": \"{name}\", \"need\": \"{:?}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"step_tok_s\": {:.2}}}",
+                Sampler::new(params.clone()).row_need(),
+                1e3 / step
+            ));
+        }
+    }
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback, 4 drafts rejected at once, host accept included\", \"step\": \"decode graph + host pick, as the engine runs it\", \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        t.cuda.name(),
+        rows.join(", ")
+    );
+    println!("SAMPLEDAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_SAMPLED_AB_OUT") {
         std::fs::write(out, &json).unwrap();
     }
 }

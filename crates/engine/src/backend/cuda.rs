@@ -291,6 +291,9 @@ struct RoundIo {
     /// Per-row statistics `[MV_ROWS, 4]` u32: device, then pinned.
     stats_dev: DevBuf,
     stats: kc::PinnedBuf,
+    /// Per-row best entries `[MV_ROWS, TOPK_ROW, 2]` u32 (`topk_rows`): device, then pinned.
+    top_dev: DevBuf,
+    top: kc::PinnedBuf,
     /// Taps `[tap layer j][row][n_embd]` f32 (j-major: one copy per tapped layer): device, then
     /// pinned; the host reorders them into the `[row][j][n_embd]` layout of `TapRequest`.
     taps_dev: DevBuf,
@@ -321,6 +324,10 @@ struct StepGraph {
 
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
+
+/// A verify's request for each row's best entries: how many the sampler reads, and the lists to
+/// fill (one per row, best first).
+type RowTops<'a> = (usize, &'a mut Vec<Vec<(u32, f32)>>);
 
 /// What a captured decode step copies back besides the row's statistics (the index of its
 /// variant in `CudaBackend::step_graph`).
@@ -547,6 +554,67 @@ impl CudaBackend {
             kv.len = st.pos;
         }
         Ok(stats)
+    }
+
+    /// [`Backend::verify_forward`] with the round graph of variant `out` (see [`StepOut`]). With
+    /// [`StepOut::Top`] each row's best entries go to `top.1` when they serve a sampler that reads
+    /// `top.0` of them (usable statistics, `min(top.0, n_vocab)` entries for every row); otherwise
+    /// `top.1` stays empty and the rows are read from the device logits instead. The eager path
+    /// (round graphs off, more than 8 rows, taps past the layers) always fills the rows.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn verify_forward_out(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [CudaAct],
+        taps: Option<(&[usize], &mut Vec<f32>)>,
+        logits: &mut Vec<f32>,
+        out: StepOut,
+        top: Option<RowTops<'_>>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        let step_out = out;
+        let n = ids.len();
+        let taps_inside = taps
+            .as_ref()
+            .is_none_or(|(l, _)| l.iter().all(|&il| il < w.layers.len()));
+        let graph = self.round_graph() && n > 0 && n <= MV_ROWS && taps_inside;
+        // a snapshot asked for by round_snapshot: the fused GDN kernels of the verify graph write
+        // it as they read the state; every other path copies it first
+        let pending = self.pending_snap.lock().expect("snapshot lock").take();
+        let mut snaps = Vec::new();
+        if let Some(pairs) = pending {
+            if pairs.len() != st.gdn.len()
+                || pairs
+                    .iter()
+                    .zip(&st.gdn)
+                    .any(|(p, g)| p.live.s != g.s.ptr() || p.live.conv != g.conv.ptr())
+            {
+                return Err(Error::Backend(
+                    "verify_forward: the round snapshot was taken of another sequence's state"
+                        .into(),
+                ));
+            }
+            if graph && self.gdn_fused_path(cfg, n) {
+                snaps = pairs;
+            } else {
+                for p in &pairs {
+                    self.copy_gdn_ptrs(p.live, p.snap)?;
+                }
+            }
+        }
+        if !graph {
+            crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
+            return Ok(Vec::new());
+        }
+        let (layers, out) = match taps {
+            Some((l, o)) => (l, Some(o)),
+            None => (&[][..], None),
+        };
+        self.verify_graph(
+            cfg, w, st, ids, recs, layers, out, logits, step_out, top, &snaps,
+        )
     }
 
     /// Tests only: with `on`, [`Backend::decode_step_stats`] and [`Backend::verify_forward`]
@@ -1734,6 +1802,8 @@ impl CudaBackend {
             logits: g.alloc_pinned(MV_ROWS * n_vocab * 4).map_err(be)?,
             stats_dev: g.alloc(MV_ROWS * 16).map_err(be)?,
             stats: g.alloc_pinned(MV_ROWS * 16).map_err(be)?,
+            top_dev: g.alloc(MV_ROWS * kc::TOPK_ROW * 8).map_err(be)?,
+            top: g.alloc_pinned(MV_ROWS * kc::TOPK_ROW * 8).map_err(be)?,
             taps_dev: g.alloc(tap_bytes).map_err(be)?,
             taps: g.alloc_pinned(tap_bytes).map_err(be)?,
         })
@@ -1758,7 +1828,7 @@ impl CudaBackend {
         snaps: &[SnapPair],
         tap_layers: &[usize],
         n: usize,
-        rows: bool,
+        out: StepOut,
     ) -> Result<()> {
         let g = &self.gpu;
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
@@ -1790,9 +1860,17 @@ impl CudaBackend {
         self.head_impl(sc, cfg, &w.output_norm, w.head_mat(), x, n)?;
         g.logit_stats_rows(sc.logits.ptr(), n, nv, io.stats_dev.ptr())
             .map_err(be)?;
-        if rows {
-            g.dtoh_pinned_async(&io.logits, 0, sc.logits.ptr(), n * nv * 4)
-                .map_err(be)?;
+        match out {
+            StepOut::Row => g
+                .dtoh_pinned_async(&io.logits, 0, sc.logits.ptr(), n * nv * 4)
+                .map_err(be)?,
+            StepOut::Top => {
+                g.topk_rows(sc.logits.ptr(), n, nv, io.top_dev.ptr())
+                    .map_err(be)?;
+                g.dtoh_pinned_async(&io.top, 0, io.top_dev.ptr(), n * kc::TOPK_ROW * 8)
+                    .map_err(be)?;
+            }
+            StepOut::Stats => {}
         }
         g.dtoh_pinned_async(&io.stats, 0, io.stats_dev.ptr(), n * 16)
             .map_err(be)?;
@@ -1821,7 +1899,8 @@ impl CudaBackend {
         tap_layers: &[usize],
         tap_out: Option<&mut Vec<f32>>,
         logits: &mut Vec<f32>,
-        rows_needed: bool,
+        out: StepOut,
+        top: Option<RowTops<'_>>,
         snaps: &[SnapPair],
     ) -> Result<Vec<Option<LogitStats>>> {
         let n = ids.len();
@@ -1895,7 +1974,7 @@ impl CudaBackend {
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
                 n_taps as u64,
-                rows_needed as u64,
+                out as u64,
             ]);
             key.extend(tap_layers.iter().map(|&l| l as u64));
             key.extend(&recp);
@@ -1906,18 +1985,7 @@ impl CudaBackend {
             let io_ref: &RoundIo = io;
             let idx = cached_graph(graphs, key, || {
                 self.capture_graph(|| {
-                    self.verify_body(
-                        sc,
-                        cfg,
-                        w,
-                        st,
-                        io_ref,
-                        &recp,
-                        snaps,
-                        tap_layers,
-                        n,
-                        rows_needed,
-                    )
+                    self.verify_body(sc, cfg, w, st, io_ref, &recp, snaps, tap_layers, n, out)
                 })
             })?;
             for (t, &id) in ids.iter().enumerate() {
@@ -1942,10 +2010,26 @@ impl CudaBackend {
                 })
                 .collect::<Vec<_>>();
             logits.clear();
-            if rows_needed {
+            let mut served = self.rows_skippable(&stats, n, nv);
+            if let (StepOut::Top, Some((n_top, tops))) = (out, top) {
+                tops.clear();
+                if served {
+                    let words = io.top.u32s(n * kc::TOPK_ROW * 2);
+                    tops.extend(
+                        words
+                            .chunks_exact(kc::TOPK_ROW * 2)
+                            .map(|w| kc::topk_from_words(w, nv)),
+                    );
+                    served = tops.iter().all(|t| t.len() >= n_top.min(nv));
+                }
+                if !served {
+                    tops.clear();
+                }
+            }
+            if out == StepOut::Row {
                 logits.extend_from_slice(io.logits.f32s(n * nv));
-            } else if !self.rows_skippable(&stats, n, nv) {
-                // the row-less graph ran: the rows are still in the scratch logits
+            } else if !served {
+                // a row-less graph ran: the rows are still in the scratch logits
                 logits.resize(n * nv, 0.0);
                 self.gpu.dtoh(&sc.logits, 0, &mut logits[..]).map_err(be)?;
             }
@@ -2543,55 +2627,45 @@ impl Backend for CudaBackend {
         logits: &mut Vec<f32>,
         rows_needed: bool,
     ) -> Result<Vec<Option<LogitStats>>> {
-        let n = ids.len();
-        let taps_inside = taps
-            .as_ref()
-            .is_none_or(|(l, _)| l.iter().all(|&il| il < w.layers.len()));
-        let graph = self.round_graph() && n > 0 && n <= MV_ROWS && taps_inside;
-        // a snapshot asked for by round_snapshot: the fused GDN kernels of the verify graph write
-        // it as they read the state; every other path copies it first
-        let pending = self.pending_snap.lock().expect("snapshot lock").take();
-        let mut snaps = Vec::new();
-        if let Some(pairs) = pending {
-            if pairs.len() != st.gdn.len()
-                || pairs
-                    .iter()
-                    .zip(&st.gdn)
-                    .any(|(p, g)| p.live.s != g.s.ptr() || p.live.conv != g.conv.ptr())
-            {
-                return Err(Error::Backend(
-                    "verify_forward: the round snapshot was taken of another sequence's state"
-                        .into(),
-                ));
-            }
-            if graph && self.gdn_fused_path(cfg, n) {
-                snaps = pairs;
-            } else {
-                for p in &pairs {
-                    self.copy_gdn_ptrs(p.live, p.snap)?;
-                }
-            }
-        }
-        if !graph {
-            crate::model::verify_forward_eager(self, cfg, w, st, ids, recs, taps, logits)?;
-            return Ok(Vec::new());
-        }
-        let (layers, out) = match taps {
-            Some((l, o)) => (l, Some(o)),
-            None => (&[][..], None),
+        let out = if rows_needed {
+            StepOut::Row
+        } else {
+            StepOut::Stats
         };
-        self.verify_graph(
-            cfg,
-            w,
-            st,
-            ids,
-            recs,
-            layers,
-            out,
-            logits,
-            rows_needed,
-            &snaps,
-        )
+        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, out, None)
+    }
+
+    /// The round graph's variant that ends with `topk_rows` over the verified rows and copies
+    /// back their [`kc::TOPK_ROW`] best entries instead of the rows, for `n_top <= TOPK_ROW`; the
+    /// one with the rows otherwise.
+    fn verify_forward_top(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        ids: &[u32],
+        recs: &mut [CudaAct],
+        taps: Option<(&[usize], &mut Vec<f32>)>,
+        n_top: usize,
+        logits: &mut Vec<f32>,
+        tops: &mut Vec<Vec<(u32, f32)>>,
+    ) -> Result<Vec<Option<LogitStats>>> {
+        tops.clear();
+        if n_top == 0 || n_top > kc::TOPK_ROW {
+            return self.verify_forward_out(
+                cfg,
+                w,
+                st,
+                ids,
+                recs,
+                taps,
+                logits,
+                StepOut::Row,
+                None,
+            );
+        }
+        let top = Some((n_top, tops));
+        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, StepOut::Top, top)
     }
 
     /// No copy here: the next [`Backend::verify_forward`] takes the snapshot — its fused GDN
