@@ -2984,12 +2984,21 @@ fn logit_stats_rows_vs_host() {
 /// −inf, −0 as +0) equal the host twin's, entry for entry, on rows of many ties, NaN, −inf, signed
 /// zeros, a row with nothing finite, rows shorter than `TOPK_ROW`, a row long enough that a block
 /// sorts its slice in several batches, and launches of more rows than one launch covers; a row
-/// alone and a repeated launch give the same words.
+/// alone and a repeated launch give the same words. Both kernels (`topk_rows_v2`, the default,
+/// and `topk_rows`), each timed on the real vocabulary.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn topk_rows_vs_host() {
-    use bonsai_kernels_cuda::{host_topk_row, topk_from_words, TOPK_ROW};
     let g = need_gpu!("topk_rows_vs_host");
+    for v2 in [true, false] {
+        g.set_topk_v2(v2);
+        topk_rows_cases(g, v2);
+    }
+    g.set_topk_v2(true);
+}
+
+fn topk_rows_cases(g: &Gpu, v2: bool) {
+    use bonsai_kernels_cuda::{host_topk_row, topk_from_words, TOPK_ROW};
     let mut rng = Rng(77);
     for (nv, rows) in [
         (248320usize, 4usize),
@@ -3044,7 +3053,27 @@ fn topk_rows_vs_host() {
                 "nv {nv}: the last row alone"
             );
         }
-        eprintln!("topk_rows nv {nv} rows {rows}: equal to the host twin");
+        // time it on the real vocabulary: one row (a decode step) and four (verify-sized)
+        if nv == 248320 {
+            let mut us = [0f32; 2];
+            for (u, r) in us.iter_mut().zip([1usize, 4]) {
+                g.topk_rows(lb.ptr(), r, nv, out.ptr()).unwrap();
+                let ms = g
+                    .time_ms(|| {
+                        for _ in 0..50 {
+                            g.topk_rows(lb.ptr(), r, nv, out.ptr())?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                *u = ms * 1e3 / 50.0;
+            }
+            eprintln!(
+                "TOPK v2 {v2}: nv {nv}: {:.1} us per launch for 1 row, {:.1} for 4 rows",
+                us[0], us[1]
+            );
+        }
+        eprintln!("topk_rows (v2 {v2}) nv {nv} rows {rows}: equal to the host twin");
     }
 }
 
