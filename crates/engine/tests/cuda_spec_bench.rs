@@ -543,9 +543,8 @@ fn sampled_round_and_step(t: &Target, first: u32, params: &SamplerParams) -> (f6
 /// What sampling costs on the device paths: greedy (statistics only), a top-k draw (T 0.7,
 /// top-k 20, top-p 0.95: each row's 64 best entries from `topk_rows` in the graphs), and the same
 /// draw with a zero logit bias (the sampler reads the whole rows: copied to pinned memory and
-/// scanned on the host), and the top-k draw with the full-sort `topk_rows` kernel instead of the
-/// default `topk_rows_v2`: the round and the plain step of [`sampled_round_and_step`],
-/// alternating in one process (three times each). `BONSAI_SAMPLED_AB_OUT` gets the JSON.
+/// scanned on the host): the round and the plain step of [`sampled_round_and_step`], alternating
+/// in one process (three times each). `BONSAI_SAMPLED_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_sampled_round_ab() {
@@ -563,17 +562,14 @@ fn cuda_sampled_round_ab() {
         logit_bias: vec![(0, 0.0)],
         ..top_k.clone()
     };
-    // (name, sampler, topk_rows_v2: the default top-k kernel, or the full-sort one)
     let modes = [
-        ("greedy", SamplerParams::greedy(), true),
-        ("top-k entries", top_k.clone(), true),
-        ("top-k entries sort", top_k, false),
-        ("top-k rows", rows_read, true),
+        ("greedy", SamplerParams::greedy()),
+        ("top-k entries", top_k),
+        ("top-k rows", rows_read),
     ];
     let mut rows = Vec::new();
     for rep in 0..3 {
-        for (name, params, v2) in &modes {
-            t.cuda.gpu().set_topk_v2(*v2);
+        for (name, params) in &modes {
             let (round, step) = sampled_round_and_step(&t, first, params);
             println!(
                 "SAMPLEDAB rep {rep} {name:<18} round {round:.3} ms, step {step:.3} ms ({:.1} tok/s)",
@@ -586,7 +582,6 @@ fn cuda_sampled_round_ab() {
             ));
         }
     }
-    t.cuda.gpu().set_topk_v2(true);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback, 4 drafts rejected at once, host accept included\", \"step\": \"decode graph + host pick, as the engine runs it\", \"rows\": [{}]}}",
         t.cfg.weight_type.name(),

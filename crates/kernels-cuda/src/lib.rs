@@ -1581,7 +1581,6 @@ kernels!(
         argmax_rows,
         logit_stats_rows,
         topk_rows,
-        topk_rows_v2,
         step_advance,
         // ---- prefill.cu (n > MAX_ROWS) ----
         gdn_conv_rows,
@@ -2044,9 +2043,6 @@ pub struct Gpu {
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
     skip_any: AtomicBool,
-    /// Whether [`Gpu::topk_rows`] runs `topk_rows_v2` (the bitonic top-k reduction; default) or
-    /// `topk_rows` (a full bitonic sort of each batch); [`Gpu::set_topk_v2`].
-    topk_v2: AtomicBool,
 }
 
 /// Which of a decode / verify GDN layer's kernels run fused (the same bits in every mode).
@@ -2319,7 +2315,6 @@ impl Gpu {
             ),
             skip: Mutex::new(Vec::new()),
             skip_any: AtomicBool::new(false),
-            topk_v2: AtomicBool::new(true),
         };
         let rs = gpu.alloc(ROW_STATS_ROWS * (ROW_STATS_MAX_BLOCKS * 4 + 1) * 4)?;
         let _ = gpu.row_stats.set(rs);
@@ -5546,18 +5541,13 @@ impl Gpu {
     /// `out [rows, TOPK_ROW, 2]` u32 as (id, f32 bits); ids `0xffff_ffff` pad rows shorter than
     /// [`TOPK_ROW`]. [`topk_from_words`] decodes a row; [`host_topk_row`] is the host twin.
     pub fn topk_rows(&self, logits: u64, rows: usize, nv: usize, out: u64) -> Result<()> {
-        let f = if self.topk_v2.load(Ordering::Relaxed) {
-            self.f.topk_rows_v2
-        } else {
-            self.f.topk_rows
-        };
         let tk = self.topk_scratch.get().expect("top-k scratch");
         let cnt = tk.at(TOPK_ROWS * ROW_STATS_MAX_BLOCKS * TOPK_ROW * 8);
         let mut t0 = 0;
         while t0 < rows {
             let nr = (rows - t0).min(TOPK_ROWS);
             self.launch(
-                f,
+                self.f.topk_rows,
                 (row_stats_blocks(nv), nr as u32, 1),
                 (512, 1, 1),
                 &[
@@ -5571,13 +5561,6 @@ impl Gpu {
             t0 += nr;
         }
         Ok(())
-    }
-
-    /// Which kernel [`Gpu::topk_rows`] runs: `topk_rows_v2` (true, the default) or `topk_rows`
-    /// (the same entries; tests and benches compare them).
-    #[doc(hidden)]
-    pub fn set_topk_v2(&self, on: bool) {
-        self.topk_v2.store(on, Ordering::Relaxed);
     }
 
     /// `ids[t] = argmax logits[t]` (lowest index on ties), rows × nv.

@@ -2984,21 +2984,12 @@ fn logit_stats_rows_vs_host() {
 /// −inf, −0 as +0) equal the host twin's, entry for entry, on rows of many ties, NaN, −inf, signed
 /// zeros, a row with nothing finite, rows shorter than `TOPK_ROW`, a row long enough that a block
 /// sorts its slice in several batches, and launches of more rows than one launch covers; a row
-/// alone and a repeated launch give the same words. Both kernels (`topk_rows_v2`, the default,
-/// and `topk_rows`), each timed on the real vocabulary.
+/// alone and a repeated launch give the same words. Timed on the real vocabulary.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn topk_rows_vs_host() {
-    let g = need_gpu!("topk_rows_vs_host");
-    for v2 in [true, false] {
-        g.set_topk_v2(v2);
-        topk_rows_cases(g, v2);
-    }
-    g.set_topk_v2(true);
-}
-
-fn topk_rows_cases(g: &Gpu, v2: bool) {
     use bonsai_kernels_cuda::{host_topk_row, topk_from_words, TOPK_ROW};
+    let g = need_gpu!("topk_rows_vs_host");
     let mut rng = Rng(77);
     for (nv, rows) in [
         (248320usize, 4usize),
@@ -3069,11 +3060,11 @@ fn topk_rows_cases(g: &Gpu, v2: bool) {
                 *u = ms * 1e3 / 50.0;
             }
             eprintln!(
-                "TOPK v2 {v2}: nv {nv}: {:.1} us per launch for 1 row, {:.1} for 4 rows",
+                "TOPK nv {nv}: {:.1} us per launch for 1 row, {:.1} for 4 rows",
                 us[0], us[1]
             );
         }
-        eprintln!("topk_rows (v2 {v2}) nv {nv} rows {rows}: equal to the host twin");
+        eprintln!("topk_rows nv {nv} rows {rows}: equal to the host twin");
     }
 }
 
