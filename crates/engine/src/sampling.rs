@@ -685,32 +685,22 @@ mod tests {
         }
     }
 
-    /// A row's best `n` entries the way a device computes them (NaN as −inf, −0 as +0), and
-    /// its statistics.
+    /// A row's best `n` entries and its statistics as a device computes them (the CUDA
+    /// kernels' host twins; NaN as −inf, −0 as +0), with the sampler's own log-sum-exp.
     fn device_view(row: &[f32], n: usize) -> (LogitStats, Vec<(u32, f32)>) {
+        let st = bonsai_kernels_cuda::host_logit_stats(row);
+        let mut top = bonsai_kernels_cuda::host_topk_row(row);
+        top.truncate(n);
         let clean: Vec<f32> = row
             .iter()
             .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
             .collect();
-        let mut best = 0usize;
-        for (i, &x) in clean.iter().enumerate() {
-            if x > clean[best] {
-                best = i;
-            }
-        }
-        let mut all: Vec<(u32, f32)> = clean
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| (i as u32, if x == 0.0 { 0.0 } else { x }))
-            .collect();
-        all.sort_unstable_by(desc);
-        all.truncate(n);
         let st = LogitStats {
-            argmax: best as u32,
-            max: clean[best],
+            argmax: st.argmax.unwrap_or(0),
+            max: st.max,
             lse: bonsai_kernels_cpu::ops::log_sum_exp(&clean),
         };
-        (st, all)
+        (st, top)
     }
 
     /// What each parameter set reads of a row.

@@ -185,8 +185,6 @@ fn round_target(test: &str) -> Option<(String, Target, u32)> {
     Some((path, t, first))
 }
 
-/// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
-/// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
 /// The kernels of `names` that are not mat-vecs (nor the profiling spin): what the round benches
 /// skip to time the mat-vecs alone.
 fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
@@ -197,17 +195,19 @@ fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
-fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
+/// Median ms of ROUNDS `verify_round`s (after one warm-up) from the prompt state with `params`'
+/// sampler: round graphs, no taps, replay rollback, K drafts the target rejects at once (not its
+/// continuation, whatever the launches left out make of the logits); the accept on the host is
+/// included.
+fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
-    let mut s = Sampler::new(SamplerParams::greedy());
+    let mut s = Sampler::new(params.clone());
     let mut id_last = first;
     let mut tr = Vec::new();
     for r in 0..=ROUNDS {
-        // drafts that the target rejects at once (not its greedy continuation, whatever the
-        // launches left out make of the logits)
         let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
         let (out, secs) = timed(cuda, || {
             verify_round(
@@ -229,6 +229,14 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
             tr.push(secs);
         }
     }
+    median_ms(&mut tr)
+}
+
+/// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
+/// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
+fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let round = rejected_rounds_ms(t, first, &SamplerParams::greedy());
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut lg = Vec::new();
@@ -244,7 +252,7 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
             tp.push(secs);
         }
     }
-    (median_ms(&mut tr), median_ms(&mut tp))
+    (round, median_ms(&mut tp))
 }
 
 /// [`round_and_step`], then the same with the kernels `other` skipped (the mat-vecs alone):
@@ -476,40 +484,12 @@ fn cuda_rsplit_round_ab() {
     }
 }
 
-/// One sampler's cost through the engine's paths: the round (`verify_round`: round graphs, no
-/// taps, replay rollback, K drafts rejected at once, the accept on the host included) and the
+/// One sampler's cost through the engine's paths: the round ([`rejected_rounds_ms`]) and the
 /// plain step (`decode_step_top` / `decode_step_stats` as `RowNeed` asks, then the host pick),
 /// medians in ms over ROUNDS each after one warm-up.
 fn sampled_round_and_step(t: &Target, first: u32, params: &SamplerParams) -> (f64, f64) {
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
-    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
-    st.copy_from(cuda, &t.base);
-    let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
-    let mut s = Sampler::new(params.clone());
-    let mut id_last = first;
-    let mut tr = Vec::new();
-    for r in 0..=ROUNDS {
-        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
-        let (out, secs) = timed(cuda, || {
-            verify_round(
-                cuda,
-                cfg,
-                w,
-                &mut st,
-                &mut bufs,
-                &mut s,
-                id_last,
-                &draft,
-                None,
-                Rollback::Replay,
-            )
-            .unwrap()
-        });
-        id_last = out.tokens.last().map_or(id_last, |x| x.id) % t.text;
-        if r > 0 {
-            tr.push(secs);
-        }
-    }
+    let round = rejected_rounds_ms(t, first, params);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut s = Sampler::new(params.clone());
@@ -537,7 +517,7 @@ fn sampled_round_and_step(t: &Target, first: u32, params: &SamplerParams) -> (f6
             tp.push(secs);
         }
     }
-    (median_ms(&mut tr), median_ms(&mut tp))
+    (round, median_ms(&mut tp))
 }
 
 /// What sampling costs on the device paths: greedy (statistics only), a top-k draw (T 0.7,

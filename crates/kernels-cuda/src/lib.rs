@@ -823,6 +823,35 @@ pub fn topk_from_words(w: &[u32], nv: usize) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// Host twin of `logit_stats_rows` for one row: NaN read as −inf, the first maximum and its value,
+/// and the log-sum-exp in f64 (`argmax: None` when no logit is above −inf).
+pub fn host_logit_stats(row: &[f32]) -> LogitRowStats {
+    let clean = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    let mut best = 0usize;
+    for (i, &x) in row.iter().enumerate() {
+        if clean(x) > clean(row[best]) {
+            best = i;
+        }
+    }
+    let m = row.get(best).copied().map_or(f32::NEG_INFINITY, clean);
+    if m == f32::NEG_INFINITY {
+        return LogitRowStats {
+            argmax: None,
+            max: m,
+            lse: f64::NEG_INFINITY,
+        };
+    }
+    let sum: f64 = row
+        .iter()
+        .map(|&x| (clean(x) as f64 - m as f64).exp())
+        .sum();
+    LogitRowStats {
+        argmax: Some(best as u32),
+        max: m,
+        lse: m as f64 + sum.ln(),
+    }
+}
+
 /// Host twin of [`Gpu::topk_rows`] for one row: its `min(TOPK_ROW, row.len())` best entries, best
 /// first, by value descending then the lower id, with NaN read as −inf and −0 as +0.
 pub fn host_topk_row(row: &[f32]) -> Vec<(u32, f32)> {

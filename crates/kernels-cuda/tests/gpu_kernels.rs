@@ -2933,28 +2933,13 @@ fn logit_stats_rows_vs_host() {
         let row = &l[r * nv..(r + 1) * nv];
         let st = bonsai_kernels_cuda::LogitRowStats::from_words(&w[r * 4..r * 4 + 4]);
         // host: NaN → −inf, first maximum, f64 log-sum-exp
-        let clean: Vec<f32> = row
-            .iter()
-            .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
-            .collect();
-        let mut best = 0usize;
-        for (i, &x) in clean.iter().enumerate() {
-            if x > clean[best] {
-                best = i;
-            }
-        }
-        let m = clean[best];
-        if m == f32::NEG_INFINITY {
+        let want = bonsai_kernels_cuda::host_logit_stats(row);
+        let Some(best) = want.argmax else {
             assert_eq!(st.argmax, None, "row {r}: no finite logit");
             continue;
-        }
-        let lse = m as f64
-            + clean
-                .iter()
-                .map(|&x| ((x as f64) - m as f64).exp())
-                .sum::<f64>()
-                .ln();
-        assert_eq!(st.argmax, Some(best as u32), "row {r}: argmax");
+        };
+        let (m, lse) = (want.max, want.lse);
+        assert_eq!(st.argmax, Some(best), "row {r}: argmax");
         assert_eq!(st.max.to_bits(), m.to_bits(), "row {r}: max");
         assert!(
             (st.lse - lse).abs() <= 1e-5 * lse.abs().max(1.0),
