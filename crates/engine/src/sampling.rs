@@ -8,7 +8,8 @@
 //! 3. **greedy** if `temperature == 0`: argmax, ties → lowest id. Steps 4–9 are skipped.
 //! 4. **top-k** (`top_k > 0`): keep the k largest (ties → lower id).
 //! 5. **temperature**: `l / T`.
-//! 6. **softmax** over the kept candidates.
+//! 6. **softmax** over the kept candidates (f64). With top-k off the normalizer sums every finite
+//!    candidate in id order, and only the lead candidates that top-p / min-p can keep get sorted.
 //! 7. **top-p** (`top_p < 1`): keep the smallest prefix of the descending list whose mass is ≥ `top_p`.
 //! 8. **min-p** (`min_p > 0`): keep candidates with `p ≥ min_p · p_max`.
 //! 9. **renormalize** and **draw** by inverse CDF with one uniform from the seeded RNG.
@@ -260,7 +261,7 @@ fn top_k_scan(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
 }
 
 /// Steps 5–9 of the chain on `cand`, the top-k candidates sorted by [`desc`] (NaN already −inf),
-/// with the uniform `u` in [0, 1).
+/// with the uniform `u` in [0, 1). The softmax normalizer is the sum over `cand` in that order.
 fn draw_from(cand: &[(u32, f32)], sp: &SamplerParams, u: f64) -> u32 {
     // Drop banned tokens, unless every one is banned (then the first: lowest id).
     let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
@@ -278,29 +279,47 @@ fn draw_from(cand: &[(u32, f32)], sp: &SamplerParams, u: f64) -> u32 {
         .collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
+    let n = kept_prefix(&probs, sp, true).expect("a complete candidate list decides the cut");
+    draw_kept(cand, &probs, n, u)
+}
 
+/// Steps 7–8 on `probs`, a prefix of the descending probabilities (`complete`: all of them): how
+/// many lead candidates top-p and min-p keep, or `None` when that depends on candidates past the
+/// prefix.
+fn kept_prefix(probs: &[f64], sp: &SamplerParams, complete: bool) -> Option<usize> {
     // 7. top-p: smallest prefix with mass ≥ top_p.
     let mut n = probs.len();
+    let mut decided = complete;
     if sp.top_p < 1.0 {
         let mut acc = 0.0;
         for (i, &p) in probs.iter().enumerate() {
             acc += p;
             if acc >= sp.top_p as f64 {
                 n = i + 1;
+                decided = true;
                 break;
             }
         }
     }
-    // 8. min-p relative to the most likely candidate (probs[0] is the maximum).
+    // 8. min-p relative to the most likely candidate (probs[0] is the maximum); a cut inside the
+    // prefix is the cut of the whole list too.
     if sp.min_p > 0.0 {
         let floor = sp.min_p as f64 * probs[0];
-        n = probs[..n]
+        let kept = probs[..n]
             .iter()
             .take_while(|&&p| p >= floor)
             .count()
             .max(1);
+        if kept < n {
+            n = kept;
+            decided = true;
+        }
     }
-    // 9. renormalize and draw by inverse CDF.
+    decided.then_some(n)
+}
+
+/// Step 9: renormalize the first `n` of `probs` and draw `cand`'s id by inverse CDF.
+fn draw_kept(cand: &[(u32, f32)], probs: &[f64], n: usize, u: f64) -> u32 {
     let total: f64 = probs[..n].iter().sum();
     let target = u * total;
     let mut acc = 0.0;
@@ -311,6 +330,57 @@ fn draw_from(cand: &[(u32, f32)], sp: &SamplerParams, u: f64) -> u32 {
         }
     }
     cand[n - 1].0
+}
+
+/// Steps 5–9 with top-k off, on the whole row `work` (NaN already −inf): the softmax normalizer
+/// is the sum of every finite candidate's exp in id order, and the candidates are sorted only as
+/// far as top-p / min-p reach (the best 256, then 8× more until the cut is decided; a flat row
+/// sorts all of them). `cand` is scratch.
+fn draw_all(work: &[f32], sp: &SamplerParams, u: f64, cand: &mut Vec<(u32, f32)>) -> u32 {
+    let (mut best, mut bv) = (0usize, f32::NEG_INFINITY);
+    let mut n_finite = 0usize;
+    for (i, &l) in work.iter().enumerate() {
+        if l > bv {
+            (best, bv) = (i, l);
+        }
+        n_finite += (l > f32::NEG_INFINITY) as usize;
+    }
+    if n_finite == 0 {
+        // every token banned: the lowest id
+        return 0;
+    }
+    let inv_t = 1.0 / sp.temperature as f64;
+    let l0 = work[best] as f64 * inv_t;
+    let sum: f64 = work
+        .iter()
+        .filter(|&&l| l > f32::NEG_INFINITY)
+        .map(|&l| (l as f64 * inv_t - l0).exp())
+        .sum();
+    let mut m = 256usize;
+    loop {
+        let m_eff = m.min(work.len());
+        cand.clear();
+        if m_eff <= TOPK_SCAN_MAX && m_eff < work.len() {
+            top_k_scan(work, m_eff, cand);
+        } else {
+            cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            if m_eff < cand.len() {
+                cand.select_nth_unstable_by(m_eff - 1, desc);
+                cand.truncate(m_eff);
+            }
+        }
+        cand.sort_unstable_by(desc);
+        let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+        cand.truncate(finite);
+        let probs: Vec<f64> = cand
+            .iter()
+            .map(|c| (c.1 as f64 * inv_t - l0).exp() / sum)
+            .collect();
+        if let Some(n) = kept_prefix(&probs, sp, finite == n_finite) {
+            return draw_kept(cand, &probs, n, u);
+        }
+        m = m.saturating_mul(8);
+    }
 }
 
 pub struct Sampler {
@@ -540,11 +610,14 @@ impl Sampler {
         cand.clear();
         // 4. top-k, then sort the survivors descending.
         let k = self.p.top_k;
-        if k > 0 && k <= TOPK_SCAN_MAX && k < work.len() {
+        if k == 0 {
+            return draw_all(work, &self.p, u, cand);
+        }
+        if k <= TOPK_SCAN_MAX && k < work.len() {
             top_k_scan(work, k, cand);
         } else {
             cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-            if k > 0 && k < cand.len() {
+            if k < cand.len() {
                 cand.select_nth_unstable_by(k - 1, desc);
                 cand.truncate(k);
             }
@@ -891,5 +964,121 @@ mod tests {
                 assert_eq!(ids(&got), ids(&want), "case {case} round {round}");
             }
         }
+    }
+
+    /// The chain with top-k off as a plain full sort would run it (every candidate sorted, the
+    /// softmax normalizer summed in id order): the reference for `draw_all`'s partial sorting.
+    fn full_sort_reference(row: &[f32], p: &SamplerParams, u: f64) -> u32 {
+        let work: Vec<f32> = row
+            .iter()
+            .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
+            .collect();
+        let mut cand: Vec<(u32, f32)> = work
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        cand.sort_by(desc);
+        let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+        if finite == 0 {
+            return cand[0].0;
+        }
+        cand.truncate(finite);
+        let inv_t = 1.0 / p.temperature as f64;
+        let l0 = cand[0].1 as f64 * inv_t;
+        let sum: f64 = work
+            .iter()
+            .filter(|&&l| l > f32::NEG_INFINITY)
+            .map(|&l| (l as f64 * inv_t - l0).exp())
+            .sum();
+        let probs: Vec<f64> = cand
+            .iter()
+            .map(|c| (c.1 as f64 * inv_t - l0).exp() / sum)
+            .collect();
+        let mut n = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p.top_p as f64 {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p as f64 * probs[0];
+            n = probs[..n]
+                .iter()
+                .take_while(|&&q| q >= floor)
+                .count()
+                .max(1);
+        }
+        let total: f64 = probs[..n].iter().sum();
+        let mut acc = 0.0;
+        for i in 0..n {
+            acc += probs[i];
+            if u * total < acc {
+                return cand[i].0;
+            }
+        }
+        cand[n - 1].0
+    }
+
+    /// With top-k off the sampler sorts only as far as top-p / min-p reach, and draws what a
+    /// full sort draws: peaked rows (a short nucleus), flat rows (the prefix grows to the whole
+    /// row), ties, −inf and NaN, vocabularies below and above the first prefix of 256.
+    #[test]
+    fn top_k_off_equals_full_sort() {
+        let mut rng = Rng::new(21);
+        let mut cases = 0;
+        for &n_vocab in &[50usize, 1000, 5000] {
+            for &t in &[0.3f32, 0.7, 1.5] {
+                for &(top_p, min_p) in &[
+                    (0.95f32, 0.0f32),
+                    (0.5, 0.0),
+                    (0.999_999, 0.0),
+                    (1.0, 0.0),
+                    (1.0, 0.01),
+                    (0.9, 0.2),
+                ] {
+                    let p = SamplerParams {
+                        temperature: t,
+                        top_k: 0,
+                        top_p,
+                        min_p,
+                        seed: rng.next_u64(),
+                        ..Default::default()
+                    };
+                    let mut s = Sampler::new(p.clone());
+                    let mut r = Rng::new(p.seed);
+                    for step in 0..8 {
+                        let spread = [0.01f32, 1.0, 6.0, 30.0][step % 4];
+                        let row: Vec<f32> = (0..n_vocab)
+                            .map(|_| match rng.next_u64() % 50 {
+                                0 => f32::NEG_INFINITY,
+                                1 => f32::NAN,
+                                2 => 3.0, // ties at a high value
+                                x => (x as f32 / 50.0 - 0.5) * spread,
+                            })
+                            .collect();
+                        let want = full_sort_reference(&row, &p, r.next_f64());
+                        let got = s.sample(&row).id;
+                        assert_eq!(
+                            got, want,
+                            "n_vocab {n_vocab} T {t} top_p {top_p} min_p {min_p} step {step}"
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert!(cases >= 400);
+        // every token banned: the lowest id, as a full sort gives
+        let mut s = Sampler::new(SamplerParams {
+            top_k: 0,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&[f32::NEG_INFINITY; 300]).id, 0);
     }
 }
