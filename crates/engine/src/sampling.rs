@@ -260,6 +260,22 @@ fn top_k_scan(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
     }
 }
 
+/// The `min(k, row.len())` best `(id, logit)` of `row` (k ≥ 1) into `out`, sorted by [`desc`]: a
+/// one-pass scan for small k, a selection over the whole row otherwise.
+fn best_sorted(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    if k <= TOPK_SCAN_MAX && k < row.len() {
+        top_k_scan(row, k, out);
+    } else {
+        out.extend(row.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if k < out.len() {
+            out.select_nth_unstable_by(k - 1, desc);
+            out.truncate(k);
+        }
+    }
+    out.sort_unstable_by(desc);
+}
+
 /// Steps 5–9 of the chain on `cand`, the top-k candidates sorted by [`desc`] (NaN already −inf),
 /// with the uniform `u` in [0, 1). The softmax normalizer is the sum over `cand` in that order.
 fn draw_from(cand: &[(u32, f32)], sp: &SamplerParams, u: f64) -> u32 {
@@ -359,17 +375,7 @@ fn draw_all(work: &[f32], sp: &SamplerParams, u: f64, cand: &mut Vec<(u32, f32)>
     let mut m = 256usize;
     loop {
         let m_eff = m.min(work.len());
-        cand.clear();
-        if m_eff <= TOPK_SCAN_MAX && m_eff < work.len() {
-            top_k_scan(work, m_eff, cand);
-        } else {
-            cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-            if m_eff < cand.len() {
-                cand.select_nth_unstable_by(m_eff - 1, desc);
-                cand.truncate(m_eff);
-            }
-        }
-        cand.sort_unstable_by(desc);
+        best_sorted(work, m_eff, cand);
         let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
         cand.truncate(finite);
         let probs: Vec<f64> = cand
@@ -613,16 +619,7 @@ impl Sampler {
         if k == 0 {
             return draw_all(work, &self.p, u, cand);
         }
-        if k <= TOPK_SCAN_MAX && k < work.len() {
-            top_k_scan(work, k, cand);
-        } else {
-            cand.extend(work.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-            if k < cand.len() {
-                cand.select_nth_unstable_by(k - 1, desc);
-                cand.truncate(k);
-            }
-        }
-        cand.sort_unstable_by(desc);
+        best_sorted(work, k, cand);
         draw_from(cand, &self.p, u)
     }
     /// Records an emitted token into the penalty history.
