@@ -869,6 +869,16 @@ pub fn host_topk_row(row: &[f32]) -> Vec<(u32, f32)> {
     all
 }
 
+/// Whether `got` (from [`topk_from_words`]) is [`host_topk_row`]`(row)`, every entry bit for bit.
+pub fn host_topk_matches(row: &[f32], got: &[(u32, f32)]) -> bool {
+    let want = host_topk_row(row);
+    want.len() == got.len()
+        && want
+            .iter()
+            .zip(got)
+            .all(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits())
+}
+
 /// One matrix of a grouped mat-vec launch: re-tiled codes and scales, output `y [n, n_out]` f32.
 #[derive(Clone, Copy, Debug)]
 pub struct MvSeg {

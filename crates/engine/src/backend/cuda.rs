@@ -325,6 +325,10 @@ struct StepGraph {
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
 
+/// A decode step's request for the row's best entries: how many the sampler reads, and the list
+/// to fill (best first).
+type RowTop<'a> = (usize, &'a mut Vec<(u32, f32)>);
+
 /// A verify's request for each row's best entries: how many the sampler reads, and the lists to
 /// fill (one per row, best first).
 type RowTops<'a> = (usize, &'a mut Vec<Vec<(u32, f32)>>);
@@ -339,6 +343,17 @@ enum StepOut {
     Top = 1,
     /// The statistics and the whole logits row.
     Row = 2,
+}
+
+impl StepOut {
+    /// The variant for a caller that asks for best entries (`top`), else for the rows or not.
+    fn of(rows_needed: bool, top: bool) -> StepOut {
+        match (top, rows_needed) {
+            (true, _) => StepOut::Top,
+            (false, true) => StepOut::Row,
+            (false, false) => StepOut::Stats,
+        }
+    }
 }
 
 /// A GDN layer's two device buffers as addresses and sizes (what a pending snapshot keeps).
@@ -458,10 +473,10 @@ impl CudaBackend {
         self.snap_fused.store(on, Ordering::Relaxed);
     }
 
-    /// One decode step through the captured graph of variant `out` (see [`StepOut`]). With
-    /// [`StepOut::Top`] the row's best entries go to `top` when they serve a sampler that reads
-    /// `n` of them (usable statistics, `min(n, n_vocab)` entries); otherwise `top` stays empty and
-    /// the row is read from the device logits instead.
+    /// One decode step through the captured graph of the variant [`StepOut::of`] picks. With
+    /// `top = Some((n, list))` the row's best entries go to `list` when they serve a sampler that
+    /// reads `n` of them (usable statistics, `min(n, n_vocab)` entries); otherwise `list` stays
+    /// empty and the row is read from the device logits instead.
     #[allow(clippy::too_many_arguments)]
     fn decode_step_out(
         &self,
@@ -470,10 +485,10 @@ impl CudaBackend {
         st: &mut SeqState<Self>,
         id: u32,
         logits: &mut Vec<f32>,
-        out: StepOut,
-        n: usize,
-        top: Option<&mut Vec<(u32, f32)>>,
+        rows_needed: bool,
+        top: Option<RowTop<'_>>,
     ) -> Result<Option<LogitStats>> {
+        let out = StepOut::of(rows_needed, top.is_some());
         if st.pos + 1 > st.n_ctx {
             return Err(Error::ContextOverflow(format!(
                 "{} positions requested, context is {}",
@@ -528,7 +543,7 @@ impl CudaBackend {
             });
             logits.clear();
             let mut served = self.rows_skippable(&[stats], 1, nv);
-            if let (Some((_, host)), Some(top)) = (&g.top, top) {
+            if let (Some((_, host)), Some((n, top))) = (&g.top, top) {
                 top.clear();
                 if served {
                     top.extend(kc::topk_from_words(host.u32s(kc::TOPK_ROW * 2), nv));
@@ -556,9 +571,9 @@ impl CudaBackend {
         Ok(stats)
     }
 
-    /// [`Backend::verify_forward`] with the round graph of variant `out` (see [`StepOut`]). With
-    /// [`StepOut::Top`] each row's best entries go to `top.1` when they serve a sampler that reads
-    /// `top.0` of them (usable statistics, `min(top.0, n_vocab)` entries for every row); otherwise
+    /// [`Backend::verify_forward`] with the round graph of the variant [`StepOut::of`] picks. With
+    /// `top` each row's best entries go to `top.1` when they serve a sampler that reads `top.0` of
+    /// them (usable statistics, `min(top.0, n_vocab)` entries for every row); otherwise
     /// `top.1` stays empty and the rows are read from the device logits instead. The eager path
     /// (round graphs off, more than 8 rows, taps past the layers) always fills the rows.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -571,10 +586,9 @@ impl CudaBackend {
         recs: &mut [CudaAct],
         taps: Option<(&[usize], &mut Vec<f32>)>,
         logits: &mut Vec<f32>,
-        out: StepOut,
+        rows_needed: bool,
         top: Option<RowTops<'_>>,
     ) -> Result<Vec<Option<LogitStats>>> {
-        let step_out = out;
         let n = ids.len();
         let taps_inside = taps
             .as_ref()
@@ -613,7 +627,17 @@ impl CudaBackend {
             None => (&[][..], None),
         };
         self.verify_graph(
-            cfg, w, st, ids, recs, layers, out, logits, step_out, top, &snaps,
+            cfg,
+            w,
+            st,
+            ids,
+            recs,
+            layers,
+            out,
+            logits,
+            rows_needed,
+            top,
+            &snaps,
         )
     }
 
@@ -1899,10 +1923,11 @@ impl CudaBackend {
         tap_layers: &[usize],
         tap_out: Option<&mut Vec<f32>>,
         logits: &mut Vec<f32>,
-        out: StepOut,
+        rows_needed: bool,
         top: Option<RowTops<'_>>,
         snaps: &[SnapPair],
     ) -> Result<Vec<Option<LogitStats>>> {
+        let out = StepOut::of(rows_needed, top.is_some());
         let n = ids.len();
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
         // the checks of model::forward and of the eager blocks, before anything is queued
@@ -2011,7 +2036,7 @@ impl CudaBackend {
                 .collect::<Vec<_>>();
             logits.clear();
             let mut served = self.rows_skippable(&stats, n, nv);
-            if let (StepOut::Top, Some((n_top, tops))) = (out, top) {
+            if let Some((n_top, tops)) = top {
                 tops.clear();
                 if served {
                     let words = io.top.u32s(n * kc::TOPK_ROW * 2);
@@ -2627,12 +2652,7 @@ impl Backend for CudaBackend {
         logits: &mut Vec<f32>,
         rows_needed: bool,
     ) -> Result<Vec<Option<LogitStats>>> {
-        let out = if rows_needed {
-            StepOut::Row
-        } else {
-            StepOut::Stats
-        };
-        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, out, None)
+        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, rows_needed, None)
     }
 
     /// The round graph's variant that ends with `topk_rows` over the verified rows and copies
@@ -2652,20 +2672,10 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Option<LogitStats>>> {
         tops.clear();
         if n_top == 0 || n_top > kc::TOPK_ROW {
-            return self.verify_forward_out(
-                cfg,
-                w,
-                st,
-                ids,
-                recs,
-                taps,
-                logits,
-                StepOut::Row,
-                None,
-            );
+            return self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, true, None);
         }
         let top = Some((n_top, tops));
-        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, StepOut::Top, top)
+        self.verify_forward_out(cfg, w, st, ids, recs, taps, logits, false, top)
     }
 
     /// No copy here: the next [`Backend::verify_forward`] takes the snapshot — its fused GDN
@@ -2816,12 +2826,7 @@ impl Backend for CudaBackend {
         logits: &mut Vec<f32>,
         row_needed: bool,
     ) -> Result<Option<LogitStats>> {
-        let out = if row_needed {
-            StepOut::Row
-        } else {
-            StepOut::Stats
-        };
-        self.decode_step_out(cfg, w, st, id, logits, out, 0, None)
+        self.decode_step_out(cfg, w, st, id, logits, row_needed, None)
     }
 
     /// The variant of the decode graph that ends with `topk_rows` and copies back the row's
@@ -2840,8 +2845,8 @@ impl Backend for CudaBackend {
     ) -> Result<Option<LogitStats>> {
         top.clear();
         if n == 0 || n > kc::TOPK_ROW {
-            return self.decode_step_out(cfg, w, st, id, logits, StepOut::Row, 0, None);
+            return self.decode_step_out(cfg, w, st, id, logits, true, None);
         }
-        self.decode_step_out(cfg, w, st, id, logits, StepOut::Top, n, Some(top))
+        self.decode_step_out(cfg, w, st, id, logits, false, Some((n, top)))
     }
 }
