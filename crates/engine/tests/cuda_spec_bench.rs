@@ -574,6 +574,41 @@ fn cuda_sampled_round_ab() {
     }
 }
 
+/// The rollback's GDN replay as one `gdn_replay_layers` launch over every layer (the default)
+/// against one `gdn_replay` launch per layer: greedy rounds whose 4 drafts are all rejected (a
+/// 5-row verify, then the replay of 1 row), round graphs on, alternating in one process (four
+/// times each). `BONSAI_REPLAY_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_replay_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_replay_round_ab") else {
+        return;
+    };
+    let layers0 = t.cuda.replay_layers();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for on in [false, true] {
+            t.cuda.set_replay_layers(on);
+            let round = rejected_rounds_ms(&t, first, &SamplerParams::greedy());
+            println!("REPLAYAB rep {rep} replay_layers {on:<5} round {round:.3} ms");
+            rows.push(format!(
+                "{{\"replay_layers\": {on}, \"round_ms\": {round:.4}}}"
+            ));
+        }
+    }
+    t.cuda.set_replay_layers(layers0);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback of 1 row, 4 drafts rejected at once, host accept included\", \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        t.cuda.name(),
+        rows.join(", ")
+    );
+    println!("REPLAYAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_REPLAY_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel
@@ -680,8 +715,12 @@ fn cuda_round_what_if() {
         ));
     }
     let (round1, step1) = measure();
+    let (round_prof, step_prof) = (
+        eager_round_profile(&t, first),
+        eager_step_profile(&t, first),
+    );
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}]}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}], \"eager_round_profile\": {round_prof}, \"eager_step_profile\": {step_prof}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rows.join(", ")
@@ -690,6 +729,83 @@ fn cuda_round_what_if() {
     if let Ok(out) = std::env::var("BONSAI_WHATIF_OUT") {
         std::fs::write(out, &json).unwrap();
     }
+}
+
+/// The launches of `launches` grouped by kernel name and grid (`common::group_launches`), printed
+/// under `tag` and as a JSON object: the number of launches, their total µs and the groups.
+fn profile_json(tag: &str, launches: &[(String, f32)]) -> String {
+    let agg = common::group_launches(launches);
+    let total: f64 = agg.iter().map(|a| a.2).sum();
+    for (name, cnt, us) in &agg {
+        println!("{tag} {name:<44} {cnt:>4} launches {us:9.1} us");
+    }
+    println!(
+        "{tag} {} launches, {total:.1} us of kernels alone",
+        launches.len()
+    );
+    format!(
+        "{{\"launches\": {}, \"kernels_alone_us\": {total:.1}, \"by_kernel\": [{}]}}",
+        launches.len(),
+        agg.iter()
+            .map(|(n, c, us)| format!(
+                "{{\"kernel\": \"{n}\", \"launches\": {c}, \"us\": {us:.1}}}"
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// One what-if round (5-row verify, first draft wrong, replay rollback, no taps) run eagerly with
+/// every launch timed alone (`Gpu::profile_begin`: a spin kernel ahead of each, so no launch gap
+/// is counted): where the round's kernel time goes, launch family by launch family.
+fn eager_round_profile(t: &Target, first: u32) -> String {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let graphs = cuda.round_graph();
+    cuda.set_round_graph(false);
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
+    let mut s = Sampler::new(SamplerParams::greedy());
+    let mut id_last = first;
+    let mut launches = Vec::new();
+    // one warm-up round, then the profiled one
+    for r in 0..2 {
+        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+        if r == 1 {
+            cuda.gpu().profile_begin();
+        }
+        let out = verify_round(
+            cuda,
+            cfg,
+            w,
+            &mut st,
+            &mut bufs,
+            &mut s,
+            id_last,
+            &draft,
+            None,
+            Rollback::Replay,
+        )
+        .unwrap();
+        if r == 1 {
+            launches = cuda.gpu().profile_end();
+        }
+        id_last = out.tokens.last().map_or(id_last, |x| x.id);
+    }
+    cuda.set_round_graph(graphs);
+    profile_json("RPROF", &launches)
+}
+
+/// The plain eager step with every launch timed alone, as [`eager_round_profile`] times the round.
+fn eager_step_profile(t: &Target, _first: u32) -> String {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
+    st.copy_from(cuda, &t.base);
+    let _ = cuda.time_step_eager(cfg, w, &mut st, 1).unwrap();
+    cuda.gpu().profile_begin();
+    let _ = cuda.time_step_eager(cfg, w, &mut st, 1).unwrap();
+    let launches = cuda.gpu().profile_end();
+    profile_json("SPROF", &launches)
 }
 
 #[test]
@@ -1002,26 +1118,7 @@ fn cuda_spec_round_cost() {
                     );
                     let launches = cuda.gpu().profile_end();
                     ids.unwrap();
-                    let agg = common::group_launches(&launches);
-                    let total: f64 = agg.iter().map(|a| a.2).sum();
-                    for (name, cnt, us) in &agg {
-                        println!("DPROF {name:<40} {cnt:>3} launches {us:9.1} us");
-                    }
-                    println!(
-                        "DPROF {} launches, {:.1} us of kernels alone",
-                        launches.len(),
-                        total
-                    );
-                    draft_prof = format!(
-                        "{{\"launches\": {}, \"kernels_alone_us\": {total:.1}, \"by_kernel\": [{}]}}",
-                        launches.len(),
-                        agg.iter()
-                            .map(|(n, c, us)| format!(
-                                "{{\"kernel\": \"{n}\", \"launches\": {c}, \"us\": {us:.1}}}"
-                            ))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
+                    draft_prof = profile_json("DPROF", &launches);
                 }
             }
             let (dm, sm, rm, tm) = (

@@ -49,9 +49,9 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 // oldest window row and append the row's pre-conv input, exactly as gdn_conv updates it.
 // S_src / conv_src: where the state and window are read (the round's snapshot, so the rollback
 // needs no restore copy first; equal to S / conv_state for an in-place replay).
-extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* S_src, const float* conv_src,
-                                      const float* rec, int rec_w, int hk, int hv, int dk, int dv, int kconv,
-                                      int n) {
+__device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, const float* S_src,
+                                                const float* conv_src, const float* rec, int rec_w, int hk,
+                                                int hv, int dk, int dv, int kconv, int n) {
     __shared__ float ks[128], red[8][32];
     int conv_dim = 2 * hk * dk + hv * dv;
     if ((int)blockIdx.x >= hv) {
@@ -110,6 +110,29 @@ extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* 
 #pragma unroll
     for (int r = 0; r < 16; ++r)
         if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
+}
+
+extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* S_src, const float* conv_src,
+                                      const float* rec, int rec_w, int hk, int hv, int dk, int dv, int kconv,
+                                      int n) {
+    gdn_replay_body(S, conv_state, S_src, conv_src, rec, rec_w, hk, hv, dk, dv, kconv, n);
+}
+
+// gdn_replay of up to REPLAY_MAX_LAYERS GDN layers of a rollback in one launch (the layers are
+// independent; one launch per layer ran them one after the other, ~8 µs each on a 27B model).
+// grid (as gdn_replay's, L): block z replays layer z, whose five pointers are tab.p[5z ..]: S,
+// conv_state, S_src, conv_src, rec. The table is a by-value parameter (2.5 KiB of the 4 KiB
+// parameter space), read in place (__grid_constant__). The same body as gdn_replay, so the same
+// bits.
+#define REPLAY_MAX_LAYERS 64
+struct ReplayTab {
+    u64 p[5 * REPLAY_MAX_LAYERS];
+};
+extern "C" __global__ void gdn_replay_layers(const __grid_constant__ ReplayTab tab, int rec_w, int hk, int hv,
+                                             int dk, int dv, int kconv, int n) {
+    const u64* p = tab.p + 5 * blockIdx.z;
+    gdn_replay_body((float*)p[0], (float*)p[1], (const float*)p[2], (const float*)p[3], (const float*)p[4],
+                    rec_w, hk, hv, dk, dv, kconv, n);
 }
 
 // ---- DSpark drafter (MODEL.md §4.5–§4.6) ---------------------------------------------------------

@@ -578,6 +578,10 @@ pub fn mvbp_warps(ks: usize) -> usize {
     ks.max(4)
 }
 
+/// Most u64 words of the struct a [`Gpu`] launch passes by value as a kernel's first parameter
+/// (the parameter space is 4 KiB; the rest is left for the scalar parameters after it).
+pub const BLOB_MAX_U64: usize = 480;
+
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
 
@@ -1908,6 +1912,7 @@ kernels!(
         // ---- spec.cu (DSpark round) ----
         gdn_rec_write,
         gdn_replay,
+        gdn_replay_layers,
         mv_q41,
         mv_q41_r4,
         mv_q41_n4,
@@ -2555,6 +2560,45 @@ impl Gpu {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
+        self.launch_params(f, grid, block, smem, &mut params)
+    }
+
+    /// A launch of a kernel whose first parameter is a struct of `blob.len()` u64 passed by value
+    /// (at most [`BLOB_MAX_U64`]: the parameter space is 4 KiB), then `args` as for
+    /// [`Self::launch`]; no dynamic shared memory.
+    pub(crate) fn launch_blob(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        blob: &[u64],
+        args: &[Arg],
+    ) -> Result<()> {
+        if blob.len() > BLOB_MAX_U64 {
+            return Err(CudaError(format!(
+                "launch {}: a {}-word parameter struct (at most {BLOB_MAX_U64})",
+                self.f.name(f),
+                blob.len()
+            )));
+        }
+        let mut blob = blob.to_vec();
+        let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(slots.len() + 1);
+        params.push(blob.as_mut_ptr() as *mut c_void);
+        params.extend(slots.iter_mut().map(|s| s as *mut u64 as *mut c_void));
+        self.launch_params(f, grid, block, 0, &mut params)
+    }
+
+    /// The launch itself: `params` point at the kernel's parameters, in order (see the SAFETY
+    /// notes below).
+    fn launch_params(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &mut Vec<*mut c_void>,
+    ) -> Result<()> {
         self.bind()?;
         if self.skip_any.load(Ordering::Relaxed)
             && self
@@ -2577,7 +2621,7 @@ impl Gpu {
             let us = self.time_ms(|| {
                 // SAFETY: as below.
                 unsafe {
-                    cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), &mut params)
+                    cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), params)
                         .map_err(err("launch"))
                 }
             })? * 1e3;
@@ -2618,10 +2662,12 @@ impl Gpu {
             };
         }
         // SAFETY: f is a kernel of our module; params point at one 8-byte slot per declared kernel
-        // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes); every
-        // pointer argument comes from a live DevBuf sized by the caller for the given dims.
+        // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes), or, for
+        // launch_blob's first parameter, at the whole struct the kernel declares (its u64 words,
+        // alive until this call returns; the launch copies parameters); every pointer argument
+        // comes from a live DevBuf sized by the caller for the given dims.
         unsafe {
-            cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), &mut params)
+            cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), params)
                 .map_err(err("launch"))
         }
     }
@@ -4631,7 +4677,8 @@ impl Gpu {
     ) -> Result<()> {
         self.launch(
             self.f.embed_rows,
-            (n as u32, 1, 1),
+            // about 4 elements per thread (5 blocks per row for n_in = 5,120)
+            (n as u32, cdiv(n_in, 1024), 1),
             (256, 1, 1),
             &[
                 Arg::I(kind as i32),

@@ -8,6 +8,8 @@ use crate::{cdiv, push_seg_args, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
 pub const Q41_MAX_SEGS: usize = 3;
 /// Vocab entries per warp of [`Gpu::dsp_markov_scores`] (`DSP_MV` in the source).
 const DSP_MARKOV_PER_WARP: usize = 4;
+/// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
+pub const REPLAY_MAX_LAYERS: usize = 64;
 /// Keys per chunk of the drafter's block attention (`DSP_CH` in the source).
 pub const DSP_ATTN_CHUNK: usize = 256;
 
@@ -128,18 +130,7 @@ impl Gpu {
         kconv: usize,
         n: usize,
     ) -> Result<()> {
-        if dk > 128 || dk % 8 != 0 || dv % 32 != 0 || kconv == 0 || kconv > 8 {
-            return Err(CudaError(format!(
-                "gdn_replay: needs dk <= 128 and a multiple of 8, dv a multiple of 32, \
-                 1 <= kconv <= 8 (dk {dk}, dv {dv}, kconv {kconv})"
-            )));
-        }
-        if rec_w != gdn_rec_width(hk, hv, dk, dv) {
-            return Err(CudaError(format!(
-                "gdn_replay: record width {rec_w}, expected {}",
-                gdn_rec_width(hk, hv, dk, dv)
-            )));
-        }
+        replay_shape_ok("gdn_replay", rec_w, hk, hv, dk, dv, kconv)?;
         if n == 0 && src.is_none() {
             return Ok(());
         }
@@ -164,6 +155,82 @@ impl Gpu {
             ],
         )
     }
+}
+
+impl Gpu {
+    /// [`Gpu::gdn_replay`] of every layer of `tab` in one launch per [`REPLAY_MAX_LAYERS`]
+    /// layers (they are independent): layer `z`'s state, conv window, snapshot state, snapshot
+    /// window and record are the five device pointers `tab[5z..5z + 5]` (a snapshot equal to the
+    /// state replays in place). Every layer has the shapes given and its record `n` valid rows.
+    /// The same bits as a `gdn_replay` per layer (one kernel body).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_replay_layers(
+        &self,
+        tab: &[[u64; 5]],
+        rec_w: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        kconv: usize,
+        n: usize,
+    ) -> Result<()> {
+        replay_shape_ok("gdn_replay_layers", rec_w, hk, hv, dk, dv, kconv)?;
+        let conv_dim = 2 * hk * dk + hv * dv;
+        for chunk in tab.chunks(REPLAY_MAX_LAYERS) {
+            // the kernel's by-value table: every slot, the unused ones zero
+            let mut blob = vec![0u64; 5 * REPLAY_MAX_LAYERS];
+            for (z, p) in chunk.iter().enumerate() {
+                blob[5 * z..5 * z + 5].copy_from_slice(p);
+            }
+            self.launch_blob(
+                self.f.gdn_replay_layers,
+                (
+                    (hv as u32) + cdiv(conv_dim, 256),
+                    (dv / 32) as u32,
+                    chunk.len() as u32,
+                ),
+                (256, 1, 1),
+                &blob,
+                &[
+                    Arg::I(rec_w as i32),
+                    Arg::I(hk as i32),
+                    Arg::I(hv as i32),
+                    Arg::I(dk as i32),
+                    Arg::I(dv as i32),
+                    Arg::I(kconv as i32),
+                    Arg::I(n as i32),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The shapes the replay kernels take: the limits of [`Gpu::gdn_step`], a conv kernel of at most
+/// 8 taps, and a record row of [`gdn_rec_width`].
+fn replay_shape_ok(
+    name: &str,
+    rec_w: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    kconv: usize,
+) -> Result<()> {
+    if dk > 128 || dk % 8 != 0 || dv % 32 != 0 || kconv == 0 || kconv > 8 {
+        return Err(CudaError(format!(
+            "{name}: needs dk <= 128 and a multiple of 8, dv a multiple of 32, 1 <= kconv <= 8 \
+             (dk {dk}, dv {dv}, kconv {kconv})"
+        )));
+    }
+    if rec_w != gdn_rec_width(hk, hv, dk, dv) {
+        return Err(CudaError(format!(
+            "{name}: record width {rec_w}, expected {}",
+            gdn_rec_width(hk, hv, dk, dv)
+        )));
+    }
+    Ok(())
 }
 
 impl Gpu {

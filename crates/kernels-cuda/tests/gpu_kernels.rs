@@ -3267,6 +3267,46 @@ fn gdn_rec_write_and_replay_bit_exact() {
                 bits(&s0),
                 "case {case}: the snapshot is read only"
             );
+            // the same replays as one launch over three layers (gdn_replay_layers): two from the
+            // snapshot into buffers holding something else, one in place between them
+            let ls: Vec<(DevBuf, DevBuf)> = (0..3)
+                .map(|l| {
+                    if l == 1 {
+                        (up(&s0), up(&conv0))
+                    } else {
+                        (
+                            up(&vec![l as f32 - 2.5; s0.len()]),
+                            up(&vec![f32::NAN; conv0.len()]),
+                        )
+                    }
+                })
+                .collect();
+            let tab: Vec<[u64; 5]> = ls
+                .iter()
+                .enumerate()
+                .map(|(l, (s, c))| {
+                    let (s_src, c_src) = if l == 1 {
+                        (s.ptr(), c.ptr())
+                    } else {
+                        (ss.ptr(), cs.ptr())
+                    };
+                    [s.ptr(), c.ptr(), s_src, c_src, rec.ptr()]
+                })
+                .collect();
+            g.gdn_replay_layers(&tab, width, hk, hv, dk, dv, kconv, m)
+                .unwrap();
+            for (l, (s, c)) in ls.iter().enumerate() {
+                assert_eq!(
+                    bits(&down::<f32>(g, c, (kconv - 1) * conv_dim)),
+                    bits(&down::<f32>(g, &cr, (kconv - 1) * conv_dim)),
+                    "case {case}: conv window of layer {l} after {m} rows, all layers in one launch"
+                );
+                assert_eq!(
+                    bits(&down::<f32>(g, s, hv * dk * dv)),
+                    bits(&down::<f32>(g, &sr, hv * dk * dv)),
+                    "case {case}: state of layer {l} after {m} rows, all layers in one launch"
+                );
+            }
             let (a, b): (Vec<f32>, Vec<f32>) = (
                 down(g, &cp, (kconv - 1) * conv_dim),
                 down(g, &cr, (kconv - 1) * conv_dim),

@@ -234,6 +234,9 @@ pub struct CudaBackend {
     /// rollback's replay reads it directly (on unless `BONSAI_CUDA_SNAP_FUSED=0`; off: a copy of
     /// every layer before the verify, and a restore copy before an in-place replay).
     snap_fused: AtomicBool,
+    /// Whether a rollback replays every GDN layer in one `gdn_replay_layers` launch (on unless
+    /// `BONSAI_CUDA_REPLAY_LAYERS=0`; off: one `gdn_replay` launch per layer). The same states.
+    replay_layers: AtomicBool,
     /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
     /// unusable when deciding whether rows may be skipped.
     force_row_fallback: AtomicBool,
@@ -446,6 +449,9 @@ impl CudaBackend {
             snap_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SNAP_FUSED").map_or(true, |v| v != "0"),
             ),
+            replay_layers: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_REPLAY_LAYERS").map_or(true, |v| v != "0"),
+            ),
             force_row_fallback: AtomicBool::new(false),
         })
     }
@@ -471,6 +477,17 @@ impl CudaBackend {
     /// Set [`Self::snap_fused`] (benchmarks compare both in one process).
     pub fn set_snap_fused(&self, on: bool) {
         self.snap_fused.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a rollback replays all GDN layers in one launch (see `replay_layers`; on unless
+    /// `BONSAI_CUDA_REPLAY_LAYERS=0`). The same states either way.
+    pub fn replay_layers(&self) -> bool {
+        self.replay_layers.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::replay_layers`] (benchmarks compare both in one process).
+    pub fn set_replay_layers(&self, on: bool) {
+        self.replay_layers.store(on, Ordering::Relaxed);
     }
 
     /// One decode step through the captured graph of the variant [`StepOut::of`] picks. With
@@ -2589,11 +2606,49 @@ impl Backend for CudaBackend {
         // each layer's replay reads the snapshot and writes the live state (no restore copy;
         // with snap_fused off: the restore copies, then the replays in place)
         let fused = self.snap_fused();
+        let layers = self.replay_layers();
         let replay_all = |gdn: &[CudaGdn]| -> Result<()> {
             if !fused {
                 for (g, s) in gdn.iter().zip(snap) {
                     self.copy_gdn_state(s, g)?;
                 }
+            }
+            if layers {
+                // one launch: per layer the live state and window, where they are read from (the
+                // snapshot, or in place after the restore copies) and the record
+                let mut tab = Vec::with_capacity(gdn.len());
+                for ((g, s), rec) in gdn.iter().zip(snap).zip(recs) {
+                    if !s.same_shape(g) {
+                        return Err(Error::Backend(format!(
+                            "rollback_gdn: snapshot of {} + {} bytes for a state of {} + {}",
+                            s.s.bytes(),
+                            s.conv.bytes(),
+                            g.s.bytes(),
+                            g.conv.bytes()
+                        )));
+                    }
+                    let src = if fused { s } else { g };
+                    tab.push([
+                        g.s.ptr(),
+                        g.conv.ptr(),
+                        src.s.ptr(),
+                        src.conv.ptr(),
+                        rec.buf.ptr(),
+                    ]);
+                }
+                return self
+                    .gpu
+                    .gdn_replay_layers(
+                        &tab,
+                        width,
+                        cfg.ssm_n_group,
+                        cfg.ssm_dt_rank,
+                        cfg.ssm_d_state,
+                        cfg.ssm_head_v_dim(),
+                        cfg.ssm_conv_kernel,
+                        keep,
+                    )
+                    .map_err(be);
             }
             for ((g, s), rec) in gdn.iter().zip(snap).zip(recs) {
                 self.replay_layer(cfg, g, fused.then_some(s), rec, keep)?;
@@ -2609,6 +2664,7 @@ impl Backend for CudaBackend {
             KEY_ROLLBACK,
             keep as u64,
             fused as u64,
+            layers as u64,
             self.gpu.pdl() as u64,
             width as u64,
             hk as u64,
