@@ -574,29 +574,35 @@ fn cuda_sampled_round_ab() {
     }
 }
 
-/// The rollback's GDN replay as one `gdn_replay_layers` launch over every layer (the default)
-/// against one `gdn_replay` launch per layer: greedy rounds whose 4 drafts are all rejected (a
-/// 5-row verify, then the replay of 1 row), round graphs on, alternating in one process (four
-/// times each). `BONSAI_REPLAY_AB_OUT` gets the JSON.
+/// The round's GDN bookkeeping launches: the rollback's replay as one `gdn_replay_layers` launch
+/// over every layer (`replay_layers`) against one `gdn_replay` launch per layer, and the verify
+/// record written by the fused GDN kernel (`rec_fused`) against a `gdn_rec_write` launch per
+/// layer. Greedy rounds whose 4 drafts are all rejected (a 5-row verify, then the replay of 1
+/// row), round graphs on, the three settings alternating in one process (four times each).
+/// `BONSAI_REPLAY_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_replay_round_ab() {
     let Some((path, t, first)) = round_target("cuda_replay_round_ab") else {
         return;
     };
-    let layers0 = t.cuda.replay_layers();
+    let (layers0, rec0) = (t.cuda.replay_layers(), t.cuda.rec_fused_mode());
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for on in [false, true] {
-            t.cuda.set_replay_layers(on);
+        for (layers, rec) in [(false, false), (true, false), (true, true)] {
+            t.cuda.set_replay_layers(layers);
+            t.cuda.set_rec_fused(Some(rec));
             let round = rejected_rounds_ms(&t, first, &SamplerParams::greedy());
-            println!("REPLAYAB rep {rep} replay_layers {on:<5} round {round:.3} ms");
+            println!(
+                "REPLAYAB rep {rep} replay_layers {layers:<5} rec_fused {rec:<5} round {round:.3} ms"
+            );
             rows.push(format!(
-                "{{\"replay_layers\": {on}, \"round_ms\": {round:.4}}}"
+                "{{\"replay_layers\": {layers}, \"rec_fused\": {rec}, \"round_ms\": {round:.4}}}"
             ));
         }
     }
     t.cuda.set_replay_layers(layers0);
+    t.cuda.set_rec_fused(rec0);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback of 1 row, 4 drafts rejected at once, host accept included\", \"rows\": [{}]}}",
         t.cfg.weight_type.name(),

@@ -1012,7 +1012,10 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   atomic) and the last one writes them and resets the counter (cnt [≥ hk] u32, zero between
 //   launches).
 //   ko / vo / beta_out / g_out (L2-normed k [n, hk·dk], v [n, hv·dv], gates [n, hv], as gdn_conv
-//   writes them) only when ko != 0: the verify record reads them. out [n, hv·dv] unless 0.
+//   writes them) only when ko != 0: the verify record reads them. With rec_w > 0 they point into
+//   the verify record itself (rows of rec_w floats: mixed ‖ k ‖ v ‖ g ‖ β, spec.cu) and the kernel
+//   also copies each row's pre-conv input to the record (at ko − conv_dim): what gdn_rec_write
+//   would write, with no launch of its own. out [n, hv·dv] unless 0.
 //   snap_s / snap_conv (unless 0; S's and conv_state's layouts): the state and windows as this
 //   launch read them, i.e. the speculative round's snapshot, written as a side output instead of
 //   a separate copy of every layer before the verify.
@@ -1026,7 +1029,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw_, float norm_eps,
+    float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw_, float norm_eps,
     float* yf, i8* yq, float* yd, int* ys, P16Out po = {}) {
     static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
     static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
@@ -1040,6 +1043,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
     int R = dk / 8;
     int kap = h % hk;
     int conv_dim = 2 * hk * dk + hv * dk;
+    // row strides of the side outputs: their own buffers, or the verify record's rows (rec_w)
+    const size_t rs_k = rec_w > 0 ? rec_w : hk * dk, rs_v = rec_w > 0 ? rec_w : hv * dv,
+                 rs_g = rec_w > 0 ? rec_w : hv;
     float* Sh = S + (size_t)h * dk * dv;
     float s[16];
     // S before the PDL wait, as in gdn_step (only this kernel and the round's rollback write it)
@@ -1106,6 +1112,13 @@ __device__ __forceinline__ void gdn_conv_step_body(
         // conv + SiLU of the q / k channel and of the value column
         float xqk = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
         float xv = mixed[(size_t)t * conv_dim + v_ch];
+        if (rec_w > 0) {
+            // the record's pre-conv row (what gdn_rec_write copied): each value channel from
+            // its block's warp 0, each q / k channel from one block of its k-head
+            float* rm = ko - conv_dim + (size_t)t * rec_w;
+            if (w == 0) rm[v_ch] = xv;
+            if (qk_ch >= 0 && h == kap && blockIdx.y == 0) rm[qk_ch] = xqk;
+        }
         float zt = 0.f;
         if (NORM && w == 0) zt = z[((size_t)t * hv + h) * dv + j];
         float y = qk_ch >= 0 ? conv_silu(cw_qk, win_qk, xqk) : 0.f;
@@ -1127,7 +1140,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 qs[tid] = v;
             } else {
                 ks[tid - 128] = v;
-                if (ko && h == kap && blockIdx.y == 0) ko[((size_t)t * hk + kap) * dk + tid - 128] = v;
+                if (ko && h == kap && blockIdx.y == 0) ko[(size_t)t * rs_k + kap * dk + tid - 128] = v;
             }
         }
         float a = aa[t * hv + h] + dtb;
@@ -1135,10 +1148,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
         float gt = sa * sp;
         float bt = sigmoidf_(bb[t * hv + h]);
         if (ko && w == 0) {
-            vo[((size_t)t * hv + h) * dv + j] = yv;
+            vo[(size_t)t * rs_v + h * dv + j] = yv;
             if (blockIdx.y == 0 && lane == 0) {
-                beta_out[t * hv + h] = bt;
-                g_out[t * hv + h] = gt;
+                beta_out[(size_t)t * rs_g + h] = bt;
+                g_out[(size_t)t * rs_g + h] = gt;
             }
         }
         __syncthreads();
@@ -1277,9 +1290,9 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv) {
+    float* g_out, int rec_w, float* snap_s, float* snap_conv) {
     gdn_conv_step_body<false>(S, mixed, conv_state, convw, kconv, hk, hv, dk, n, eps, bb, aa, dt_bias,
-                              ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, nullptr,
+                              ssm_a, cnt, out, ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, nullptr,
                               nullptr, 0.f, nullptr, nullptr, nullptr, nullptr);
 }
 
@@ -1299,11 +1312,11 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
         float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
         int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
         const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
-        float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
+        float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
         float* yf, i8* yq, float* yd, int* ys) {                                                         \
         gdn_conv_step_body<true, false, BN, SNAP>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n,     \
                                                   eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
-                                                  beta_out, g_out, snap_s, snap_conv, z, nw, norm_eps,    \
+                                                  beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps,    \
                                                   yf, yq, yd, ys);                                        \
     }
 GDN_NORM_ENTRY(gdn_conv_step_norm_d128, false, false)
@@ -1318,10 +1331,10 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
-    float* g_out, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
+    float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
     float* yf, u32* xp, float* xu, int* xs, u8* xv) {
     gdn_conv_step_body<true, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, snap_s, snap_conv, z, nw,
+                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, z, nw,
                                    norm_eps, yf, nullptr, nullptr, nullptr, P16Out{xp, xu, xs, xv});
 }
 

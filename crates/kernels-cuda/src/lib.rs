@@ -2168,6 +2168,19 @@ impl P16Out {
     }
 }
 
+/// Where a verify's [`Gpu::gdn_conv_step`] writes its side outputs, the pieces of the GDN verify
+/// record: the L2-normed k, v and the gates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnSide {
+    /// Their own buffers: k `[n, hk·dk]`, v `[n, hv·dv]`, β and g `[n, hv]` (f32), for
+    /// [`Gpu::gdn_rec_write`] to copy into the record.
+    Bufs { k: u64, v: u64, beta: u64, g: u64 },
+    /// The record `[n, gdn_rec_width]` itself (`mixed ‖ k ‖ v ‖ g ‖ β`, f32 rows): the launch also
+    /// copies each row's pre-conv input there, so no [`Gpu::gdn_rec_write`] follows. The same
+    /// record bit for bit.
+    Record(u64),
+}
+
 /// Where `gdn_conv_step_norm_d128` writes the gated norm of its output (as
 /// [`Gpu::gated_norm_quant`] does): gate input `z` `[n, hv·dv]`, norm weight `w` `[dv]`, `eps`,
 /// and the output.
@@ -4754,8 +4767,8 @@ impl Gpu {
 
     /// [`Self::gdn_conv`] fused into [`Self::gdn_step`] (`gdn_conv_step`): the conv window, the
     /// state `s` and `out` (unless 0) come out bit for bit as from the two launches; q never
-    /// leaves the kernel, and the L2-normed k, v and the gates go to `rec_out` = (k, v, beta, g)
-    /// when given (the verify record reads them). With `norm` (dv = 128 only), the gated norm of
+    /// leaves the kernel, and the L2-normed k, v and the gates go to `rec_out` when given (the
+    /// verify record: [`GdnSide`]). With `norm` (dv = 128 only), the gated norm of
     /// the output is fused in as well (`gdn_conv_step_norm_d128`, a cluster of the head's 4
     /// blocks): `norm` receives what [`Self::gated_norm_quant`] would write, bit for bit.
     /// With `snap = Some((s_snap, conv_snap))` the state and conv window as the launch reads them
@@ -4775,7 +4788,7 @@ impl Gpu {
         eps: f32,
         (bb, aa, dt_bias, ssm_a): (u64, u64, u64, u64),
         out: u64,
-        rec_out: Option<(u64, u64, u64, u64)>,
+        rec_out: Option<GdnSide>,
         snap: Option<(u64, u64)>,
         norm: Option<GdnNormOut>,
     ) -> Result<()> {
@@ -4800,7 +4813,24 @@ impl Gpu {
             return Ok(());
         }
         let cnt = self.gdn_cnt.get().expect("gdn counters").ptr();
-        let (ko, vo, beta, g) = rec_out.unwrap_or((0, 0, 0, 0));
+        let (ko, vo, beta, g, rec_w) = match rec_out {
+            None => (0, 0, 0, 0, 0),
+            Some(GdnSide::Bufs { k, v, beta, g }) => (k, v, beta, g, 0),
+            Some(GdnSide::Record(rec)) => {
+                // the record row: mixed ‖ k ‖ v ‖ g ‖ β (f32)
+                let conv_dim = 2 * hk * dk + hv * dv;
+                let k = rec + 4 * conv_dim as u64;
+                let v = k + 4 * (hk * dk) as u64;
+                let g = v + 4 * (hv * dv) as u64;
+                (
+                    k,
+                    v,
+                    g + 4 * hv as u64,
+                    g,
+                    spec::gdn_rec_width(hk, hv, dk, dv),
+                )
+            }
+        };
         let mut args = vec![
             Arg::P(s),
             Arg::P(mixed),
@@ -4822,6 +4852,7 @@ impl Gpu {
             Arg::P(vo),
             Arg::P(beta),
             Arg::P(g),
+            Arg::I(rec_w as i32),
             Arg::P(snap.map_or(0, |(ss, _)| ss)),
             Arg::P(snap.map_or(0, |(_, cs)| cs)),
         ];

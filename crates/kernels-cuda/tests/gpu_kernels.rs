@@ -8,7 +8,7 @@ use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
     b1_planes_host, b1q_acts_host, gdn_chunked_supported, host_quant, host_quant_p16,
     host_quant_sub, mv_b1_host, mv_default_plan, mv_sub_host, mvbp_ks, retile, DevBuf, GdnNormOut,
-    GdnPrefill, Gpu, MvPlan, MvSeg, P16Out, QuantOut, Retiled, WKind,
+    GdnPrefill, GdnSide, Gpu, MvPlan, MvSeg, P16Out, QuantOut, Retiled, WKind,
 };
 use half::f16;
 
@@ -3441,8 +3441,27 @@ fn gdn_conv_step_equals_conv_then_step() {
                 ysa.ptr(),
             )
             .unwrap();
-            // fused: without / with the side outputs, without / with the gated norm (dv = 128)
-            for side in [false, true] {
+            // the verify record of the two launches' outputs (gdn_rec_write)
+            let width = bonsai_kernels_cuda::gdn_rec_width(hk, hv, dk, dv);
+            let reca = z(n * width);
+            g.gdn_rec_write(
+                mb.ptr(),
+                ko.ptr(),
+                vo.ptr(),
+                gg.ptr(),
+                beta.ptr(),
+                hk,
+                hv,
+                dk,
+                dv,
+                n,
+                reca.ptr(),
+            )
+            .unwrap();
+            // fused: without / with the side outputs (1: in their own buffers, 2: straight into
+            // the verify record), without / with the gated norm (dv = 128)
+            for side_mode in 0..3 {
+                let side = side_mode > 0;
                 // the gated norm: 0 none, 1 int8 codes (n ≥ 2: all rows' norms after the
                 // recurrence, `gdn_conv_step_norm_bn_d128`), 2 b1-plane activations (with the
                 // byte-split codes for n ≥ 2, as verify launches write them), 3 int8 codes with
@@ -3456,6 +3475,17 @@ fn gdn_conv_step_equals_conv_then_step() {
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
+                    let recb = g.upload(&vec![f32::NAN; n * width]).unwrap();
+                    let side_out = match side_mode {
+                        0 => None,
+                        1 => Some(GdnSide::Bufs {
+                            k: kb.ptr(),
+                            v: vb.ptr(),
+                            beta: betab.ptr(),
+                            g: gb.ptr(),
+                        }),
+                        _ => Some(GdnSide::Record(recb.ptr())),
+                    };
                     let (yfb, yqb, ydb, ysb) =
                         (z(n * vd), z(n * vd / 4), z(n * vd / 32), z(n * vd / 32));
                     // the verify launches (side outputs) also write the round's snapshot
@@ -3474,7 +3504,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                         eps,
                         (bbb.ptr(), aab.ptr(), dtb.ptr(), ab.ptr()),
                         if norm { 0 } else { outb.ptr() },
-                        side.then(|| (kb.ptr(), vb.ptr(), betab.ptr(), gb.ptr())),
+                        side_out,
                         side.then(|| (snap_s.ptr(), snap_c.ptr())),
                         norm.then(|| GdnNormOut {
                             z: zb.ptr(),
@@ -3491,7 +3521,7 @@ fn gdn_conv_step_equals_conv_then_step() {
                     )
                     .unwrap();
                     let tag = format!(
-                        "hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side {side} norm mode {norm_mode}"
+                        "hk {hk} hv {hv} dk {dk} conv {kconv} n {n} side mode {side_mode} norm mode {norm_mode}"
                     );
                     let cmp = |name: &str, a: &DevBuf, b: &DevBuf, len: usize| {
                         let (x, y): (Vec<u32>, Vec<u32>) = (down(g, a, len), down(g, b, len));
@@ -3535,10 +3565,14 @@ fn gdn_conv_step_equals_conv_then_step() {
                             bits(&conv0),
                             "{tag}: snapshot of the conv window"
                         );
+                    }
+                    if side_mode == 1 {
                         cmp("k", &ko, &kb, n * qk);
                         cmp("v", &vo, &vb, n * vd);
                         cmp("beta", &beta, &betab, n * hv);
                         cmp("g", &gg, &gb, n * hv);
+                    } else if side_mode == 2 {
+                        cmp("verify record", &reca, &recb, n * width);
                     }
                 }
             }

@@ -41,7 +41,7 @@
 //! That is `Backend::verify_forward`, `round_snapshot`, `copy_gdn_all` and `rollback_gdn`.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
@@ -237,6 +237,10 @@ pub struct CudaBackend {
     /// Whether a rollback replays every GDN layer in one `gdn_replay_layers` launch (on unless
     /// `BONSAI_CUDA_REPLAY_LAYERS=0`; off: one `gdn_replay` launch per layer). The same states.
     replay_layers: AtomicBool,
+    /// Whether the verify's fused GDN kernel writes the GDN verify record itself (1) or its side
+    /// outputs, then a `gdn_rec_write` launch per layer (0); 2: by weight kind, see
+    /// [`CudaBackend::rec_fused`]. `BONSAI_CUDA_REC_FUSED=0|1`. The same records either way.
+    rec_fused: AtomicU8,
     /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
     /// unusable when deciding whether rows may be skipped.
     force_row_fallback: AtomicBool,
@@ -452,6 +456,11 @@ impl CudaBackend {
             replay_layers: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_REPLAY_LAYERS").map_or(true, |v| v != "0"),
             ),
+            rec_fused: AtomicU8::new(match std::env::var("BONSAI_CUDA_REC_FUSED").as_deref() {
+                Ok("0") => 0,
+                Ok("1") => 1,
+                _ => 2,
+            }),
             force_row_fallback: AtomicBool::new(false),
         })
     }
@@ -488,6 +497,36 @@ impl CudaBackend {
     /// Set [`Self::replay_layers`] (benchmarks compare both in one process).
     pub fn set_replay_layers(&self, on: bool) {
         self.replay_layers.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the verify's fused GDN kernel writes the verify record itself for this model
+    /// (`BONSAI_CUDA_REC_FUSED=0|1`; by default on except for Q1_0 weights). The same records
+    /// either way. On the H200's 27B rounds (`cuda_spec_bench::cuda_replay_round_ab`,
+    /// `bench/results/cuda-rollback-ab-27b-*.json`) it took Q2_0's round from 7.84–7.88 to
+    /// 7.74–7.77 ms, and Q1_0's from 7.13–7.16 to 7.15–7.18 ms (why Q1_0 does not gain was not
+    /// investigated).
+    pub fn rec_fused(&self, cfg: &TargetConfig) -> bool {
+        match self.rec_fused.load(Ordering::Relaxed) {
+            0 => false,
+            1 => true,
+            _ => cfg.weight_type != bonsai_kernels_cpu::QuantType::Q1_0,
+        }
+    }
+
+    /// The [`Self::rec_fused`] setting: `Some(on)` forced, `None` by weight kind.
+    pub fn rec_fused_mode(&self) -> Option<bool> {
+        match self.rec_fused.load(Ordering::Relaxed) {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+
+    /// Set [`Self::rec_fused`] (benchmarks compare both in one process; the verify graphs key on
+    /// it).
+    pub fn set_rec_fused(&self, mode: Option<bool>) {
+        self.rec_fused
+            .store(mode.map_or(2, u8::from), Ordering::Relaxed);
     }
 
     /// One decode step through the captured graph of the variant [`StepOut::of`] picks. With
@@ -1184,12 +1223,27 @@ impl CudaBackend {
                 eps,
                 (bb, aa, w.dt_bias.buf.ptr(), w.ssm_a.buf.ptr()),
                 if norm.is_some() { 0 } else { sc.go.ptr() },
-                rec.map(|_| (sc.gk.ptr(), sc.gv.ptr(), sc.gbeta.ptr(), sc.gg.ptr())),
+                // the verify record written by the kernel itself (no gdn_rec_write launch), or
+                // its pieces for gdn_rec_write
+                rec.map(|r| {
+                    if self.rec_fused(cfg) {
+                        kc::GdnSide::Record(r)
+                    } else {
+                        kc::GdnSide::Bufs {
+                            k: sc.gk.ptr(),
+                            v: sc.gv.ptr(),
+                            beta: sc.gbeta.ptr(),
+                            g: sc.gg.ptr(),
+                        }
+                    }
+                }),
                 snap,
                 norm,
             )
             .map_err(be)?;
-            Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
+            if !self.rec_fused(cfg) {
+                Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
+            }
             if let Some(acts) = norm.and_then(|m| m.p16) {
                 return self.proj_b1p(&[(&w.ssm_out, x)], n, true, acts);
             }
@@ -2011,6 +2065,7 @@ impl CudaBackend {
             // the kind tag first (the copy and rollback keys start with theirs)
             let mut key = vec![KEY_VERIFY, n as u64];
             key.extend(self.gpu.launch_mode_key());
+            key.push(self.rec_fused(cfg) as u64);
             key.extend([
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
