@@ -200,7 +200,7 @@ fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
 /// continuation, whatever the launches left out make of the logits); the accept on the host is
 /// included.
 fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
-    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
@@ -208,28 +208,41 @@ fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
     let mut id_last = first;
     let mut tr = Vec::new();
     for r in 0..=ROUNDS {
-        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
-        let (out, secs) = timed(cuda, || {
-            verify_round(
-                cuda,
-                cfg,
-                w,
-                &mut st,
-                &mut bufs,
-                &mut s,
-                id_last,
-                &draft,
-                None,
-                Rollback::Replay,
-            )
-            .unwrap()
+        let (next, secs) = timed(cuda, || {
+            rejected_round(t, &mut st, &mut bufs, &mut s, id_last)
         });
-        id_last = out.tokens.last().map_or(id_last, |x| x.id);
+        id_last = next;
         if r > 0 {
             tr.push(secs);
         }
     }
     median_ms(&mut tr)
+}
+
+/// One `verify_round` of K drafts the target rejects at once (tokens after `id_last`, not its
+/// continuation), no taps, replay rollback; returns the round's last token.
+fn rejected_round(
+    t: &Target,
+    st: &mut SeqState<CudaBackend>,
+    bufs: &mut RoundBufs<CudaBackend>,
+    s: &mut Sampler,
+    id_last: u32,
+) -> u32 {
+    let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+    let out = verify_round(
+        &t.cuda,
+        &t.cfg,
+        &t.w,
+        st,
+        bufs,
+        s,
+        id_last,
+        &draft,
+        None,
+        Rollback::Replay,
+    )
+    .unwrap();
+    out.tokens.last().map_or(id_last, |x| x.id)
 }
 
 /// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
@@ -765,7 +778,7 @@ fn profile_json(tag: &str, launches: &[(String, f32)]) -> String {
 /// every launch timed alone (`Gpu::profile_begin`: a spin kernel ahead of each, so no launch gap
 /// is counted): where the round's kernel time goes, launch family by launch family.
 fn eager_round_profile(t: &Target, first: u32) -> String {
-    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let (cuda, cfg) = (&t.cuda, &t.cfg);
     let graphs = cuda.round_graph();
     cuda.set_round_graph(false);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
@@ -776,27 +789,13 @@ fn eager_round_profile(t: &Target, first: u32) -> String {
     let mut launches = Vec::new();
     // one warm-up round, then the profiled one
     for r in 0..2 {
-        let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
         if r == 1 {
             cuda.gpu().profile_begin();
         }
-        let out = verify_round(
-            cuda,
-            cfg,
-            w,
-            &mut st,
-            &mut bufs,
-            &mut s,
-            id_last,
-            &draft,
-            None,
-            Rollback::Replay,
-        )
-        .unwrap();
+        id_last = rejected_round(t, &mut st, &mut bufs, &mut s, id_last);
         if r == 1 {
             launches = cuda.gpu().profile_end();
         }
-        id_last = out.tokens.last().map_or(id_last, |x| x.id);
     }
     cuda.set_round_graph(graphs);
     profile_json("RPROF", &launches)

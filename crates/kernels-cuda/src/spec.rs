@@ -134,25 +134,19 @@ impl Gpu {
         if n == 0 && src.is_none() {
             return Ok(());
         }
-        let conv_dim = 2 * hk * dk + hv * dv;
+        let mut args = vec![
+            Arg::P(s),
+            Arg::P(conv_state),
+            Arg::P(src.map_or(s, |(ss, _)| ss)),
+            Arg::P(src.map_or(conv_state, |(_, cs)| cs)),
+            Arg::P(rec),
+        ];
+        args.extend(replay_dims(rec_w, hk, hv, dk, dv, kconv, n));
         self.launch(
             self.f.gdn_replay,
-            ((hv as u32) + cdiv(conv_dim, 256), (dv / 32) as u32, 1),
+            replay_grid(hk, hv, dk, dv, 1),
             (256, 1, 1),
-            &[
-                Arg::P(s),
-                Arg::P(conv_state),
-                Arg::P(src.map_or(s, |(ss, _)| ss)),
-                Arg::P(src.map_or(conv_state, |(_, cs)| cs)),
-                Arg::P(rec),
-                Arg::I(rec_w as i32),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(dv as i32),
-                Arg::I(kconv as i32),
-                Arg::I(n as i32),
-            ],
+            &args,
         )
     }
 }
@@ -176,7 +170,6 @@ impl Gpu {
         n: usize,
     ) -> Result<()> {
         replay_shape_ok("gdn_replay_layers", rec_w, hk, hv, dk, dv, kconv)?;
-        let conv_dim = 2 * hk * dk + hv * dv;
         for chunk in tab.chunks(REPLAY_MAX_LAYERS) {
             // the kernel's by-value table: every slot, the unused ones zero
             let mut blob = vec![0u64; 5 * REPLAY_MAX_LAYERS];
@@ -185,26 +178,38 @@ impl Gpu {
             }
             self.launch_blob(
                 self.f.gdn_replay_layers,
-                (
-                    (hv as u32) + cdiv(conv_dim, 256),
-                    (dv / 32) as u32,
-                    chunk.len() as u32,
-                ),
+                replay_grid(hk, hv, dk, dv, chunk.len()),
                 (256, 1, 1),
                 &blob,
-                &[
-                    Arg::I(rec_w as i32),
-                    Arg::I(hk as i32),
-                    Arg::I(hv as i32),
-                    Arg::I(dk as i32),
-                    Arg::I(dv as i32),
-                    Arg::I(kconv as i32),
-                    Arg::I(n as i32),
-                ],
+                &replay_dims(rec_w, hk, hv, dk, dv, kconv, n),
             )?;
         }
         Ok(())
     }
+}
+
+/// The replay kernels' grid for `layers` layers: a block per v-head and 32 value columns, then
+/// the conv-window blocks (row 0), and the layers along z.
+fn replay_grid(hk: usize, hv: usize, dk: usize, dv: usize, layers: usize) -> (u32, u32, u32) {
+    let conv_dim = 2 * hk * dk + hv * dv;
+    (
+        (hv as u32) + cdiv(conv_dim, 256),
+        (dv / 32) as u32,
+        layers as u32,
+    )
+}
+
+/// The replay kernels' scalar parameters after their pointers: rec_w, hk, hv, dk, dv, kconv, n.
+fn replay_dims(
+    rec_w: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    kconv: usize,
+    n: usize,
+) -> [Arg; 7] {
+    [rec_w, hk, hv, dk, dv, kconv, n].map(|v| Arg::I(v as i32))
 }
 
 /// The shapes the replay kernels take: the limits of [`Gpu::gdn_step`], a conv kernel of at most
