@@ -102,6 +102,8 @@ def main() -> None:
         head[-2] += f" The Q2_0 decode and round columns are from commit {q2['commit']} (`{q2.get('command')}`)."
     lines += prefill_section()
     lines += whatif_section()
+    lines += round_profile_section()
+    lines += rollback_ab_section()
     lines += staged_section()
     lines += mma_section()
     lines += pipe_section()
@@ -287,6 +289,65 @@ def whatif_section() -> list[str]:
                 f"| {r['skipped']} | {r['round_saved_ms']:.3f} | {o.get('round_saved_ms', float('nan')):.3f} | "
                 f"{r['step_saved_ms']:.3f} | {o.get('step_saved_ms', float('nan')):.3f} |"
             )
+    return out
+
+
+def round_profile_section() -> list[str]:
+    """One what-if round and one plain step run eagerly with every launch timed alone, by kernel
+    and grid (cuda_round_what_if's eager profiles; the newest what-if JSON that has them)."""
+    for name in ("cuda-whatif-round-27b-q1.json", "cuda-h100-whatif-round-27b-q1.json"):
+        d = load(name)
+        if d and "eager_round_profile" in d:
+            break
+    else:
+        return []
+    rp, sp = d["eager_round_profile"], d["eager_step_profile"]
+    out = [
+        "",
+        f"Where one round's kernel time goes (`cuda_round_what_if`'s eager profiles, `{name}`: {d['round']}, "
+        f"then a plain step; every launch timed alone after a spin kernel, so launch gaps are not counted but "
+        f"each launch's ramp is). Q1_0, {d.get('gpu')}, commit {d.get('commit')}: "
+        f"{rp['kernels_alone_us'] / 1e3:.2f} ms of kernels in {rp['launches']} launches for the round, "
+        f"{sp['kernels_alone_us'] / 1e3:.2f} ms in {sp['launches']} for the step.",
+        "",
+        "| kernel and grid (round) | launches | µs | kernel and grid (step) | launches | µs |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(k: dict | None) -> str:
+        return f"`{esc(k['kernel'])}` | {k['launches']} | {k['us']:.1f}" if k else " | | "
+
+    rk, sk = rp["by_kernel"], sp["by_kernel"]
+    for i in range(max(len(rk), len(sk))):
+        out.append(f"| {cell(rk[i] if i < len(rk) else None)} | {cell(sk[i] if i < len(sk) else None)} |")
+    return out
+
+
+def rollback_ab_section() -> list[str]:
+    """The round's GDN bookkeeping launches, alternating in one process (cuda_replay_round_ab):
+    one gdn_replay per layer or one launch for all, and the verify record by gdn_rec_write or by
+    the fused GDN kernel."""
+    runs = {v: load(f"cuda-rollback-ab-27b-{v}.json") for v in ("q1", "q2")}
+    if not all(runs.values()):
+        return []
+    out = [
+        "",
+        "The rollback's replay and the verify record (`cuda_spec_bench::cuda_replay_round_ab`: rounds of 4 "
+        f"drafts rejected at once, round graphs, four alternations in one process; commit "
+        f"{runs['q1'].get('commit')}, {runs['q1'].get('gpu')}): round ms, min – max.",
+        "",
+        "| replay | verify record | Q1_0 | Q2_0 |",
+        "|---|---|---|---|",
+    ]
+    for layers, rec in ((False, False), (True, False), (True, True)):
+        cells = []
+        for v in ("q1", "q2"):
+            ms = [r["round_ms"] for r in runs[v]["rows"] if r["replay_layers"] == layers and r["rec_fused"] == rec]
+            cells.append(f"{min(ms):.3f} – {max(ms):.3f}")
+        out.append(
+            f"| {'one launch, all layers' if layers else 'a launch per layer'} | "
+            f"{'by the GDN kernel' if rec else 'gdn_rec_write per layer'} | {cells[0]} | {cells[1]} |"
+        )
     return out
 
 
