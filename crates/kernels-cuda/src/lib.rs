@@ -44,6 +44,7 @@ pub use retile::{
 };
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, DspPar, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
+    REPLAY_MAX_LAYERS,
 };
 pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
 
