@@ -2182,6 +2182,24 @@ pub enum GdnSide {
     Record(u64),
 }
 
+impl GdnSide {
+    /// The kernel's side-output parameters (k, v, β, g, row stride; stride 0 for the own
+    /// buffers' layouts) for heads (hk, hv, dk, dv).
+    pub fn ptrs(self, hk: usize, hv: usize, dk: usize, dv: usize) -> (u64, u64, u64, u64, usize) {
+        match self {
+            GdnSide::Bufs { k, v, beta, g } => (k, v, beta, g, 0),
+            GdnSide::Record(rec) => {
+                // the record row: mixed ‖ k ‖ v ‖ g ‖ β (f32)
+                let conv_dim = 2 * hk * dk + hv * dv;
+                let k = rec + 4 * conv_dim as u64;
+                let v = k + 4 * (hk * dk) as u64;
+                let g = v + 4 * (hv * dv) as u64;
+                (k, v, g + 4 * hv as u64, g, gdn_rec_width(hk, hv, dk, dv))
+            }
+        }
+    }
+}
+
 /// Where `gdn_conv_step_norm_d128` writes the gated norm of its output (as
 /// [`Gpu::gated_norm_quant`] does): gate input `z` `[n, hv·dv]`, norm weight `w` `[dv]`, `eps`,
 /// and the output.
@@ -4816,21 +4834,7 @@ impl Gpu {
         let cnt = self.gdn_cnt.get().expect("gdn counters").ptr();
         let (ko, vo, beta, g, rec_w) = match rec_out {
             None => (0, 0, 0, 0, 0),
-            Some(GdnSide::Bufs { k, v, beta, g }) => (k, v, beta, g, 0),
-            Some(GdnSide::Record(rec)) => {
-                // the record row: mixed ‖ k ‖ v ‖ g ‖ β (f32)
-                let conv_dim = 2 * hk * dk + hv * dv;
-                let k = rec + 4 * conv_dim as u64;
-                let v = k + 4 * (hk * dk) as u64;
-                let g = v + 4 * (hv * dv) as u64;
-                (
-                    k,
-                    v,
-                    g + 4 * hv as u64,
-                    g,
-                    spec::gdn_rec_width(hk, hv, dk, dv),
-                )
-            }
+            Some(side) => side.ptrs(hk, hv, dk, dv),
         };
         let mut args = vec![
             Arg::P(s),

@@ -510,6 +510,48 @@ mod tests {
     }
 
     #[test]
+    fn replay_launch_shape_and_scalars() {
+        // the kernels' scalar parameters after their pointers, in order: rec_w, hk, hv, dk, dv,
+        // kconv, n (spec.cu's gdn_replay / gdn_replay_layers)
+        let slots: Vec<u64> = super::replay_dims(18528, 16, 48, 128, 128, 4, 5)
+            .iter()
+            .map(|a| a.slot())
+            .collect();
+        assert_eq!(slots, [18528, 16, 48, 128, 128, 4, 5]);
+        // the 27B shapes: 48 v-heads + 40 conv-window blocks of 256 channels, 4 column blocks,
+        // the layers along z
+        assert_eq!(super::replay_grid(16, 48, 128, 128, 48), (88, 4, 48));
+        assert_eq!(super::replay_grid(2, 6, 64, 64, 1), (6 + 3, 2, 1));
+        // a record row of the wrong width is refused before any launch
+        assert!(super::replay_shape_ok("t", 18527, 16, 48, 128, 128, 4).is_err());
+        assert!(super::replay_shape_ok("t", 18528, 16, 48, 128, 128, 9).is_err());
+        assert!(super::replay_shape_ok("t", 18528, 16, 48, 128, 128, 4).is_ok());
+    }
+
+    #[test]
+    fn gdn_side_record_offsets() {
+        use crate::GdnSide;
+        // the record row of the real model: mixed (10240) ‖ k (2048) ‖ v (6144) ‖ g (48) ‖ β (48)
+        let rec = 1 << 20;
+        let (k, v, beta, g, w) = GdnSide::Record(rec).ptrs(16, 48, 128, 128);
+        assert_eq!(k, rec + 4 * 10240);
+        assert_eq!(v, k + 4 * 2048);
+        assert_eq!(g, v + 4 * 6144);
+        assert_eq!(beta, g + 4 * 48);
+        assert_eq!(w, super::gdn_rec_width(16, 48, 128, 128));
+        // the last β of a row is the row's last float
+        assert_eq!(beta + 4 * 47, rec + 4 * (w as u64 - 1));
+        // own buffers: as given, stride 0 (each output's own layout)
+        let b = GdnSide::Bufs {
+            k: 1,
+            v: 2,
+            beta: 3,
+            g: 4,
+        };
+        assert_eq!(b.ptrs(16, 48, 128, 128), (1, 2, 3, 4, 0));
+    }
+
+    #[test]
     fn dsp_part_floats_counts_chunks() {
         // the real drafter at a full window: 4092 context rows + 4 block rows = 16 chunks
         assert_eq!(
