@@ -2613,10 +2613,10 @@ impl Gpu {
                 blob.len()
             )));
         }
-        let mut blob = blob.to_vec();
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut params: Vec<*mut c_void> = Vec::with_capacity(slots.len() + 1);
-        params.push(blob.as_mut_ptr() as *mut c_void);
+        // the driver only reads kernel parameters (it copies them at the launch)
+        params.push(blob.as_ptr() as *mut c_void);
         params.extend(slots.iter_mut().map(|s| s as *mut u64 as *mut c_void));
         self.launch_params(f, grid, block, 0, &mut params)
     }
@@ -2696,7 +2696,7 @@ impl Gpu {
         // SAFETY: f is a kernel of our module; params point at one 8-byte slot per declared kernel
         // parameter, in order (pointers 8 bytes, int/float read from the low 4 bytes), or, for
         // launch_blob's first parameter, at the whole struct the kernel declares (its u64 words,
-        // alive until this call returns; the launch copies parameters); every pointer argument
+        // borrowed for the call and only read: the launch copies parameters); every pointer argument
         // comes from a live DevBuf sized by the caller for the given dims.
         unsafe {
             cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), params)

@@ -420,6 +420,20 @@ fn cached_graph(
     }
 }
 
+/// A snapshot `snap` that the replay may read into `state`: the same state and window sizes.
+fn snap_fits(what: &str, snap: &CudaGdn, state: &CudaGdn) -> Result<()> {
+    if snap.same_shape(state) {
+        return Ok(());
+    }
+    Err(Error::Backend(format!(
+        "{what}: snapshot of {} + {} bytes for a state of {} + {}",
+        snap.s.bytes(),
+        snap.conv.bytes(),
+        state.s.bytes(),
+        state.conv.bytes()
+    )))
+}
+
 /// A decode step captured as one CUDA graph (n = 1, greedy): `embed(ids[0])` → 64 layers → head →
 /// argmax → `ids[0]`; `hist[pos] = token`; `pos += 1`.
 pub struct DecodeGraph {
@@ -1212,6 +1226,7 @@ impl CudaBackend {
                 },
                 p16: out_p16,
             });
+            let rec_fused = self.rec_fused(cfg);
             g.gdn_conv_step(
                 st.s.ptr(),
                 mixed,
@@ -1226,7 +1241,7 @@ impl CudaBackend {
                 // the verify record written by the kernel itself (no gdn_rec_write launch), or
                 // its pieces for gdn_rec_write
                 rec.map(|r| {
-                    if self.rec_fused(cfg) {
+                    if rec_fused {
                         kc::GdnSide::Record(r)
                     } else {
                         kc::GdnSide::Bufs {
@@ -1241,7 +1256,7 @@ impl CudaBackend {
                 norm,
             )
             .map_err(be)?;
-            if !self.rec_fused(cfg) {
+            if !rec_fused {
                 Self::gdn_record(g, sc, mixed, (hk, hv, dk, dv), n, rec)?;
             }
             if let Some(acts) = norm.and_then(|m| m.p16) {
@@ -1335,15 +1350,7 @@ impl CudaBackend {
         n: usize,
     ) -> Result<()> {
         if let Some(s) = src {
-            if !s.same_shape(dst) {
-                return Err(Error::Backend(format!(
-                    "gdn_replay: snapshot of {} + {} bytes for a state of {} + {}",
-                    s.s.bytes(),
-                    s.conv.bytes(),
-                    dst.s.bytes(),
-                    dst.conv.bytes()
-                )));
-            }
+            snap_fits("gdn_replay", s, dst)?;
         }
         self.gpu
             .gdn_replay(
@@ -2673,15 +2680,7 @@ impl Backend for CudaBackend {
                 // snapshot, or in place after the restore copies) and the record
                 let mut tab = Vec::with_capacity(gdn.len());
                 for ((g, s), rec) in gdn.iter().zip(snap).zip(recs) {
-                    if !s.same_shape(g) {
-                        return Err(Error::Backend(format!(
-                            "rollback_gdn: snapshot of {} + {} bytes for a state of {} + {}",
-                            s.s.bytes(),
-                            s.conv.bytes(),
-                            g.s.bytes(),
-                            g.conv.bytes()
-                        )));
-                    }
+                    snap_fits("rollback_gdn", s, g)?;
                     let src = if fused { s } else { g };
                     tab.push([
                         g.s.ptr(),
