@@ -628,6 +628,45 @@ fn cuda_replay_round_ab() {
     }
 }
 
+/// The RMS norms without their int8 codes where every consumer reads the b1-plane activations
+/// (`Gpu::norm_p16_only`) against the norms writing both: the what-if's rejected round and the
+/// greedy step, alternating in one process (four times). `BONSAI_NORM_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_norm_p16_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_norm_p16_round_ab") else {
+        return;
+    };
+    let gpu = t.cuda.gpu();
+    let on0 = gpu.norm_p16_only();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for on in [false, true] {
+            gpu.set_norm_p16_only(on);
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "NORMAB rep {rep} norm_p16_only {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"norm_p16_only\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_norm_p16_only(on0);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        t.cuda.name(),
+        rows.join(", ")
+    );
+    println!("NORMAB {json}");
+    if let Ok(out) = std::env::var("BONSAI_NORM_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel

@@ -264,7 +264,8 @@ extern "C" __global__ void quant_rows_sub(const float* x, int k, int ge, i8* q, 
     quant_sub32(v, gmax, un, q + (size_t)t * k + 32 * j, m + (size_t)t * nsb + j, s + (size_t)t * nsb + j);
 }
 
-// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized. grid (gx, n), block 256:
+// xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized: int8 per 32 (q, d, s; q
+// may be null when the b1-plane outputs are asked for) and b1-plane. grid (gx, n), block 256:
 // every block computes the row's sum of squares itself (same fixed order in every block, so all
 // agree bit for bit), then normalizes and quantizes the 256-element segments blockIdx.x,
 // blockIdx.x + gx, ... (one 32-block per warp). Decode launches take one segment per block (many
@@ -311,7 +312,8 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
         }
         float v = xv * inv * wv;
         if (xf) xf[(size_t)t * k + i] = v;
-        quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
+        // the int8 codes only when asked (null where every consumer reads the b1-plane outputs)
+        if (q) quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
         // the b1-plane activations too (k % 256 == 0, so every warp of the block runs the same
         // iterations and the 4 warps of a 128-element block are warps 4h .. 4h + 3)
         if (p16)

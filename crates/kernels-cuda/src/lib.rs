@@ -2017,6 +2017,8 @@ pub struct Gpu {
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
     gdn_norm_batch: AtomicBool,
+    /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
+    norm_p16_only: AtomicBool,
     /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
     mvc: AtomicBool,
     /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
@@ -2332,6 +2334,9 @@ impl Gpu {
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gdn_norm_batch: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
+            ),
+            norm_p16_only: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
             mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
             mvc_pre: AtomicUsize::new(
@@ -3017,7 +3022,8 @@ impl Gpu {
     /// input of [`Self::mv_b1p`]; `(0, 0, 0, 0)`: none) from the same normalized values; host twin
     /// [`host_quant_p16`]. The fourth buffer (0: none) gets the same codes byte-split for
     /// [`Self::mv_b1q`] (`[n, k / 128, 4, 4]` uint4, host twin [`b1q_acts_host`]). The b1-plane
-    /// outputs need `k % 256 == 0`.
+    /// outputs need `k % 256 == 0`. With them, `q = 0` skips the int8 codes (`d`, `s` unused):
+    /// for rows whose every consumer reads the b1-plane outputs (the planes do not change).
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_quant_p16(
         &self,
@@ -3038,6 +3044,12 @@ impl Gpu {
             return Err(CudaError(format!(
                 "rmsnorm_quant: b1-plane outputs need k % 256 == 0 and the planes, units and sums (k = {k})"
             )));
+        }
+        if !p16 && (q == 0 || d == 0 || s == 0) {
+            return Err(CudaError(
+                "rmsnorm_quant: the int8 codes (q, d, s) may be skipped only when the b1-plane outputs are written"
+                    .into(),
+            ));
         }
         let args = [
             Arg::P(x),
@@ -3520,7 +3532,8 @@ impl Gpu {
                 | (self.mvc_pre() as u64) << 13
                 | (self.b2p_unr3() as u64) << 20
                 | (self.q41_r4() as u64) << 21
-                | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22,
+                | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
+                | (self.norm_p16_only() as u64) << 23,
         ]
     }
 
@@ -3994,6 +4007,18 @@ impl Gpu {
     /// Set [`Self::gdn_norm_batch`] (capture graphs after setting it).
     pub fn set_gdn_norm_batch(&self, on: bool) {
         self.gdn_norm_batch.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether an RMS norm whose every consumer reads its b1-plane outputs skips the int8 codes
+    /// ([`Self::rmsnorm_quant_p16`] with `q = 0`; the engine decides per norm). Default on;
+    /// `BONSAI_CUDA_NORM_P16_ONLY=0` writes them always. The same planes either way.
+    pub fn norm_p16_only(&self) -> bool {
+        self.norm_p16_only.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::norm_p16_only`] (capture graphs after setting it).
+    pub fn set_norm_p16_only(&self, on: bool) {
+        self.norm_p16_only.store(on, Ordering::Relaxed);
     }
 
     /// Whether the producers of the out-projections' inputs (the gated norm fused into the GDN

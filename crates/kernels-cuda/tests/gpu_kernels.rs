@@ -2000,8 +2000,55 @@ fn rmsnorm_quant_p16_equals_host_twin() {
         assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
         let rows: Vec<f32> = got_f.iter().map(|&b| f32::from_bits(b)).collect();
         assert_p16_eq_host(g, &rows, n, k, &p16, true, &format!("rmsnorm [{n} x {k}]"));
+        // the int8 codes skipped (q = 0): the same b1-plane outputs, the int8 buffers untouched
+        let p16b = p16_alloc(g, n, k);
+        let [yp, yu, ys, yv] = &p16b;
+        let poison = vec![0x5a5a_5a5au32; n * k / 4];
+        g.htod(&q, 0, &poison).unwrap();
+        g.rmsnorm_quant_p16(
+            xb.ptr(),
+            wb.ptr(),
+            1e-6,
+            n,
+            k,
+            0,
+            0,
+            d.ptr(),
+            s.ptr(),
+            (yp.ptr(), yu.ptr(), ys.ptr(), yv.ptr()),
+        )
+        .unwrap();
+        let words = [n * k / 2, n * k / 128, n * k / 32, n * k / 2];
+        let outs = [
+            (xp, yp, "planes"),
+            (xu, yu, "units"),
+            (xs, ys, "sums"),
+            (xv, yv, "byte-split codes"),
+        ];
+        for ((a, b, what), len) in outs.into_iter().zip(words) {
+            assert_eq!(
+                down::<u32>(g, b, len),
+                down::<u32>(g, a, len),
+                "[{n} x {k}] {what} without the int8 codes"
+            );
+        }
+        assert_eq!(
+            down::<u32>(g, &q, n * k / 4),
+            poison,
+            "[{n} x {k}] codes written with q = 0"
+        );
+        assert_eq!(
+            down::<u32>(g, &d, n * k / 32),
+            d0,
+            "[{n} x {k}] scales touched with q = 0"
+        );
+        assert_eq!(
+            down::<i32>(g, &s, n * k / 32),
+            s0,
+            "[{n} x {k}] sums touched with q = 0"
+        );
         eprintln!(
-            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin"
+            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin, the same with the int8 codes skipped"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
@@ -2012,6 +2059,10 @@ fn rmsnorm_quant_p16_equals_host_twin() {
     // byte-split codes without the planes
     assert!(g
         .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, p, p, p, (0, 0, 0, p))
+        .is_err());
+    // no int8 codes and no planes: nothing to write
+    assert!(g
+        .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, 0, p, p, (0, 0, 0, 0))
         .is_err());
 }
 

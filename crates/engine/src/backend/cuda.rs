@@ -989,8 +989,10 @@ impl CudaBackend {
 
     /// RMSNorm of `n` rows into the projection input (int8 codes; the f32 copy only when one of
     /// `consumers` needs it; the b1-plane activations too when `n ≤ MV_ROWS`, [`Gpu::b1p`] is on
-    /// and a consumer has a b1-plane layout). Returns whether it wrote the b1-plane activations
-    /// (then pass `true` to [`Self::proj_multi_p16`]).
+    /// and a consumer has a b1-plane layout). The int8 codes are skipped when every consumer
+    /// takes the b1-plane path of [`Self::proj_multi_p16`] ([`Self::b1p_mats`]) and
+    /// [`Gpu::norm_p16_only`] is on. Returns whether it wrote the b1-plane activations (then pass
+    /// `true` to [`Self::proj_multi_p16`]; `consumers` must be the matrices passed there).
     #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
@@ -1007,6 +1009,12 @@ impl CudaBackend {
             && k <= sc.kmax
             && self.gpu.b1p()
             && consumers.iter().any(|m| m.b1p.is_some());
+        // no int8 codes where nothing reads them (the b1-plane kernels read only the planes)
+        let q = if p16 && self.gpu.norm_p16_only() && self.b1p_mats(consumers, k) {
+            0
+        } else {
+            sc.xq.ptr()
+        };
         self.gpu
             .rmsnorm_quant_p16(
                 x,
@@ -1015,7 +1023,7 @@ impl CudaBackend {
                 n,
                 k,
                 Self::f32_input(sc, consumers),
-                sc.xq.ptr(),
+                q,
                 sc.xd.ptr(),
                 sc.xs.ptr(),
                 if p16 {
@@ -1051,17 +1059,25 @@ impl CudaBackend {
         p16: bool,
     ) -> Result<()> {
         let k = mats[0].0.n_in;
-        let b1p = p16
-            && n <= MV_ROWS
-            && self.gpu.b1p()
-            && mats.len() <= kc::MAX_SEGS
-            && mats.iter().all(|(m, _)| {
-                m.b1p.is_some() && m.n_in == k && m.b1p_planes() == mats[0].0.b1p_planes()
-            });
+        let ms: Vec<&CudaMat> = mats.iter().map(|&(m, _)| m).collect();
+        let b1p = p16 && n <= MV_ROWS && self.b1p_mats(&ms, k);
         if !b1p {
             return self.proj_multi(sc, mats, n, accumulate);
         }
         self.proj_b1p(mats, n, accumulate, Self::p16_acts(sc, n, self.b1q_rows(n)))
+    }
+
+    /// Whether [`Self::proj_multi_p16`] runs `mats` (inputs `k` wide) on the b1-plane kernels
+    /// when the norm wrote b1-plane activations: [`Gpu::b1p`] on, at most `kc::MAX_SEGS`
+    /// matrices, each with a b1-plane layout of `k` inputs and the same plane count. The norm
+    /// skips its int8 codes on exactly this condition, so the two must stay one function.
+    fn b1p_mats(&self, mats: &[&CudaMat], k: usize) -> bool {
+        self.gpu.b1p()
+            && !mats.is_empty()
+            && mats.len() <= kc::MAX_SEGS
+            && mats
+                .iter()
+                .all(|m| m.b1p.is_some() && m.n_in == k && m.b1p_planes() == mats[0].b1p_planes())
     }
 
     /// The scratch's b1-plane activation rows (`xp`, `xu`, `xsum`; `xv` with `byte_split`).
