@@ -629,8 +629,9 @@ fn cuda_replay_round_ab() {
 }
 
 /// The RMS norms without their int8 codes where every consumer reads the b1-plane activations
-/// (`Gpu::norm_p16_only`) against the norms writing both: the what-if's rejected round and the
-/// greedy step, alternating in one process (four times). `BONSAI_NORM_AB_OUT` gets the JSON.
+/// (`Gpu::norm_p16_only`), then also without the planes where only the int8 tensor-core verify
+/// reads the rows (`Gpu::norm_b1q_only`), against the norms writing everything: the what-if's
+/// rejected round and the greedy step, alternating in one process (four times). `BONSAI_NORM_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_norm_p16_round_ab() {
@@ -638,23 +639,25 @@ fn cuda_norm_p16_round_ab() {
         return;
     };
     let gpu = t.cuda.gpu();
-    let on0 = gpu.norm_p16_only();
+    let (on0, b1q0) = (gpu.norm_p16_only(), gpu.norm_b1q_only());
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for on in [false, true] {
+        for (on, b1q) in [(false, false), (true, false), (true, true)] {
             gpu.set_norm_p16_only(on);
+            gpu.set_norm_b1q_only(b1q);
             let (round, step) = round_and_step(&t, first);
             println!(
-                "NORMAB rep {rep} norm_p16_only {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "NORMAB rep {rep} norm_p16_only {on:<5} norm_b1q_only {b1q:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"norm_p16_only\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"norm_p16_only\": {on}, \"norm_b1q_only\": {b1q}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
     gpu.set_norm_p16_only(on0);
+    gpu.set_norm_b1q_only(b1q0);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
         t.cfg.weight_type.name(),

@@ -154,7 +154,8 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
 // (`mvbq_q1_*` in kernels/mvbp.cu, which documents the layout): the high byte (signed) and the low
 // byte of element e = 2j + h + 8m of sub-block w & 3 at bytes 8·(j & 1) + 4h + m of the sub-block's
 // 64-byte chunk, the high in its 16-byte half 2·(j >> 1), the low in the half after. Host twin:
-// `b1q_acts_host`.
+// `b1q_acts_host`. With `xp` null no planes are written (the rows only the int8 tensor-core
+// verify reads: it takes the byte-split codes, the units and the sums).
 // One warp's share of quant_p16_part given the block's amax: the calling warp holds sub-block j
 // (lane i element 32j + i) of 128-element block `blk` and writes its codes' planes, its byte-split
 // codes (xv, unless null), its code sum, and (j == 0) the unit. The producers whose 128-element
@@ -167,16 +168,18 @@ __device__ __forceinline__ void quant_p16_store(float v, float amax, int blk, in
     const float u = amax / 32767.0f;
     const float iu = u != 0.0f ? 1.0f / u : 0.0f;
     const int code = (int)fminf(fmaxf(rintf(v * iu), -32767.0f), 32767.0f);
-    u32 mine = 0u;
+    if (xp) {  // warp-uniform: null when only the int8 tensor-core verify reads these rows
+        u32 mine = 0u;
 #pragma unroll
-    for (int p = 0; p < 16; ++p) {
-        const u32 word = __ballot_sync(0xffffffffu, ((u32)code >> p) & 1u);
-        if (lane == p) mine = word;
-    }
-    const int pair = blk >> 1, hb = blk & 1;
-    if (lane < 16) {
-        const int L = 4 * (lane & 7) + j, slot = 2 * hb + (lane >> 3);
-        xp[((size_t)pair * 32 + L) * 4 + slot] = mine;
+        for (int p = 0; p < 16; ++p) {
+            const u32 word = __ballot_sync(0xffffffffu, ((u32)code >> p) & 1u);
+            if (lane == p) mine = word;
+        }
+        const int pair = blk >> 1, hb = blk & 1;
+        if (lane < 16) {
+            const int L = 4 * (lane & 7) + j, slot = 2 * hb + (lane >> 3);
+            xp[((size_t)pair * 32 + L) * 4 + slot] = mine;
+        }
     }
     if (xv) {
         const int jj = (lane >> 1) & 3, h = lane & 1, m = lane >> 3;
@@ -316,8 +319,8 @@ extern "C" __global__ void rmsnorm_quant(const float* x, const float* w, float e
         if (q) quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
         // the b1-plane activations too (k % 256 == 0, so every warp of the block runs the same
         // iterations and the 4 warps of a 128-element block are warps 4h .. 4h + 3)
-        if (p16)
-            quant_p16_part(v, b >> 2, it, p16sm, p16 + (size_t)t * (k >> 1), p16u + (size_t)t * (k >> 7),
+        if (p16u)
+            quant_p16_part(v, b >> 2, it, p16sm, p16 ? p16 + (size_t)t * (k >> 1) : nullptr, p16u + (size_t)t * (k >> 7),
                            p16s + (size_t)t * (k >> 5), p16v ? p16v + (size_t)t * k * 2 : nullptr);
     }
 }

@@ -2019,6 +2019,8 @@ pub struct Gpu {
     gdn_norm_batch: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
+    /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
+    norm_b1q_only: AtomicBool,
     /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
     mvc: AtomicBool,
     /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
@@ -2337,6 +2339,9 @@ impl Gpu {
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
+            ),
+            norm_b1q_only: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_NORM_B1Q_ONLY").map_or(true, |v| v != "0"),
             ),
             mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
             mvc_pre: AtomicUsize::new(
@@ -3023,7 +3028,9 @@ impl Gpu {
     /// [`host_quant_p16`]. The fourth buffer (0: none) gets the same codes byte-split for
     /// [`Self::mv_b1q`] (`[n, k / 128, 4, 4]` uint4, host twin [`b1q_acts_host`]). The b1-plane
     /// outputs need `k % 256 == 0`. With them, `q = 0` skips the int8 codes (`d`, `s` unused):
-    /// for rows whose every consumer reads the b1-plane outputs (the planes do not change).
+    /// for rows whose every consumer reads the b1-plane outputs (the planes do not change). With
+    /// the byte-split codes, `xp = 0` skips the planes: for rows that only [`Self::mv_b1q`]
+    /// reads (the units, sums and byte-split codes do not change).
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_quant_p16(
         &self,
@@ -3039,10 +3046,11 @@ impl Gpu {
         (xp, xu, xs, xv): (u64, u64, u64, u64),
     ) -> Result<()> {
         assert_eq!(k % 32, 0);
-        let p16 = xp != 0;
-        if p16 && (k % 256 != 0 || xu == 0 || xs == 0) || (xv != 0 && !p16) {
+        // b1-plane outputs: the planes and / or the byte-split codes, each with the units and sums
+        let p16 = xp != 0 || xv != 0;
+        if p16 && (k % 256 != 0 || xu == 0 || xs == 0) || (!p16 && (xu != 0 || xs != 0)) {
             return Err(CudaError(format!(
-                "rmsnorm_quant: b1-plane outputs need k % 256 == 0 and the planes, units and sums (k = {k})"
+                "rmsnorm_quant: b1-plane outputs need k % 256 == 0, the planes or the byte-split codes, and the units and sums (k = {k})"
             )));
         }
         if !p16 && (q == 0 || d == 0 || s == 0) {
@@ -3533,7 +3541,8 @@ impl Gpu {
                 | (self.b2p_unr3() as u64) << 20
                 | (self.q41_r4() as u64) << 21
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
-                | (self.norm_p16_only() as u64) << 23,
+                | (self.norm_p16_only() as u64) << 23
+                | (self.norm_b1q_only() as u64) << 24,
         ]
     }
 
@@ -4019,6 +4028,19 @@ impl Gpu {
     /// Set [`Self::norm_p16_only`] (capture graphs after setting it).
     pub fn set_norm_p16_only(&self, on: bool) {
         self.norm_p16_only.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether an RMS norm of verify rows whose every consumer runs on [`Self::mv_b1q`] also
+    /// skips the b1-plane planes (`xp = 0`: that kernel reads the byte-split codes, units and
+    /// sums). Takes effect with [`Self::norm_p16_only`]. Default on;
+    /// `BONSAI_CUDA_NORM_B1Q_ONLY=0` writes them always. The same verify bits either way.
+    pub fn norm_b1q_only(&self) -> bool {
+        self.norm_b1q_only.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::norm_b1q_only`] (capture graphs after setting it).
+    pub fn set_norm_b1q_only(&self, on: bool) {
+        self.norm_b1q_only.store(on, Ordering::Relaxed);
     }
 
     /// Whether the producers of the out-projections' inputs (the gated norm fused into the GDN

@@ -1960,7 +1960,9 @@ fn rmsnorm_quant_vs_reference() {
 
 /// `rmsnorm_quant_p16`: the int8 outputs and the f32 row are those of `rmsnorm_quant`, and the
 /// b1-plane outputs (planes, units, sums) are `host_quant_p16` of the device's own f32 row, bit for
-/// bit, for 1 and 5 rows at the 27B widths; widths that are not a multiple of 256 are refused.
+/// bit, for 1 and 5 rows at the 27B widths; skipping the int8 codes (`q = 0`), then the planes
+/// too (`xp = 0`), leaves the other outputs' bits and the skipped buffers untouched; widths that
+/// are not a multiple of 256 and output sets that make no sense are refused.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn rmsnorm_quant_p16_equals_host_twin() {
@@ -2047,8 +2049,44 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             s0,
             "[{n} x {k}] sums touched with q = 0"
         );
+        // the planes skipped too (xp = 0; what the int8 tensor-core verify reads): the same
+        // units, sums and byte-split codes, the planes untouched
+        let p16c = p16_alloc(g, n, k);
+        let [zp, zu, zs, zv] = &p16c;
+        let ppoison = vec![0xa5a5_a5a5u32; n * k / 2];
+        g.htod(zp, 0, &ppoison).unwrap();
+        g.rmsnorm_quant_p16(
+            xb.ptr(),
+            wb.ptr(),
+            1e-6,
+            n,
+            k,
+            0,
+            0,
+            d.ptr(),
+            s.ptr(),
+            (0, zu.ptr(), zs.ptr(), zv.ptr()),
+        )
+        .unwrap();
+        let outs = [
+            (xu, zu, "units"),
+            (xs, zs, "sums"),
+            (xv, zv, "byte-split codes"),
+        ];
+        for ((a, b, what), len) in outs.into_iter().zip(words[1..].iter().copied()) {
+            assert_eq!(
+                down::<u32>(g, b, len),
+                down::<u32>(g, a, len),
+                "[{n} x {k}] {what} without the planes"
+            );
+        }
+        assert_eq!(
+            down::<u32>(g, zp, n * k / 2),
+            ppoison,
+            "[{n} x {k}] planes written with xp = 0"
+        );
         eprintln!(
-            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin, the same with the int8 codes skipped"
+            "rmsnorm_quant_p16 [{n} x {k}]: int8 outputs unchanged, b1-plane outputs and byte-split codes == host twin, the same with the int8 codes skipped and with the planes skipped"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
@@ -2056,9 +2094,13 @@ fn rmsnorm_quant_p16_equals_host_twin() {
     assert!(g
         .rmsnorm_quant_p16(p, p, 1e-6, 1, 384, 0, p, p, p, (p, p, p, 0))
         .is_err());
-    // byte-split codes without the planes
+    // byte-split codes without the units and sums
     assert!(g
         .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, p, p, p, (0, 0, 0, p))
+        .is_err());
+    // units and sums with neither planes nor byte-split codes
+    assert!(g
+        .rmsnorm_quant_p16(p, p, 1e-6, 1, 256, 0, p, p, p, (0, p, p, 0))
         .is_err());
     // no int8 codes and no planes: nothing to write
     assert!(g

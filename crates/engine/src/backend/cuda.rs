@@ -991,7 +991,8 @@ impl CudaBackend {
     /// `consumers` needs it; the b1-plane activations too when `n ≤ MV_ROWS`, [`Gpu::b1p`] is on
     /// and a consumer has a b1-plane layout). The int8 codes are skipped when every consumer
     /// takes the b1-plane path of [`Self::proj_multi_p16`] ([`Self::b1p_mats`]) and
-    /// [`Gpu::norm_p16_only`] is on. Returns whether it wrote the b1-plane activations (then pass
+    /// [`Gpu::norm_p16_only`] is on; then for verify rows ([`Self::b1q_rows`]) the planes too,
+    /// which [`Gpu::mv_b1q`] does not read ([`Gpu::norm_b1q_only`]). Returns whether it wrote the b1-plane activations (then pass
     /// `true` to [`Self::proj_multi_p16`]; `consumers` must be the matrices passed there).
     #[allow(clippy::too_many_arguments)]
     fn norm_in(
@@ -1009,11 +1010,15 @@ impl CudaBackend {
             && k <= sc.kmax
             && self.gpu.b1p()
             && consumers.iter().any(|m| m.b1p.is_some());
-        // no int8 codes where nothing reads them (the b1-plane kernels read only the planes)
-        let q = if p16 && self.gpu.norm_p16_only() && self.b1p_mats(consumers, k) {
+        // no int8 codes where nothing reads them (the b1-plane kernels read only the b1-plane
+        // outputs), and for verify rows on the int8 tensor cores no planes either (mv_b1q reads
+        // the byte-split codes, units and sums)
+        let only_p16 = p16 && self.gpu.norm_p16_only() && self.b1p_mats(consumers, k);
+        let q = if only_p16 { 0 } else { sc.xq.ptr() };
+        let planes = if only_p16 && self.b1q_rows(n) && self.gpu.norm_b1q_only() {
             0
         } else {
-            sc.xq.ptr()
+            sc.xp.ptr()
         };
         self.gpu
             .rmsnorm_quant_p16(
@@ -1028,7 +1033,7 @@ impl CudaBackend {
                 sc.xs.ptr(),
                 if p16 {
                     let xv = if self.b1q_rows(n) { sc.xv.ptr() } else { 0 };
-                    (sc.xp.ptr(), sc.xu.ptr(), sc.xsum.ptr(), xv)
+                    (planes, sc.xu.ptr(), sc.xsum.ptr(), xv)
                 } else {
                     (0, 0, 0, 0)
                 },
