@@ -590,8 +590,10 @@ fn cuda_sampled_round_ab() {
 /// The round's GDN bookkeeping launches: the rollback's replay as one `gdn_replay_layers` launch
 /// over every layer (`replay_layers`) against one `gdn_replay` launch per layer, and the verify
 /// record written by the fused GDN kernel (`rec_fused`) against a `gdn_rec_write` launch per
-/// layer. Greedy rounds whose 4 drafts are all rejected (a 5-row verify, then the replay of 1
-/// row), round graphs on, the three settings alternating in one process (four times each).
+/// layer, each with `kernels/spec.cu`'s kernels launched plainly and with programmatic dependent
+/// launch (`Gpu::spec_pdl`). Greedy rounds whose 4 drafts are all rejected (a 5-row verify, then
+/// the replay of 1 row), round graphs on, the five settings alternating in one process (four
+/// times each).
 /// `BONSAI_REPLAY_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
@@ -599,23 +601,36 @@ fn cuda_replay_round_ab() {
     let Some((path, t, first)) = round_target("cuda_replay_round_ab") else {
         return;
     };
-    let (layers0, rec0) = (t.cuda.replay_layers(), t.cuda.rec_fused_mode());
+    let gpu = t.cuda.gpu();
+    let (layers0, rec0, sp0) = (
+        t.cuda.replay_layers(),
+        t.cuda.rec_fused_mode(),
+        gpu.spec_pdl(),
+    );
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for (layers, rec) in [(false, false), (true, false), (true, true)] {
+        for (layers, rec, sp) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, false, true),
+            (true, true, true),
+        ] {
             t.cuda.set_replay_layers(layers);
             t.cuda.set_rec_fused(Some(rec));
+            gpu.set_spec_pdl(sp);
             let round = rejected_rounds_ms(&t, first, &SamplerParams::greedy());
             println!(
-                "REPLAYAB rep {rep} replay_layers {layers:<5} rec_fused {rec:<5} round {round:.3} ms"
+                "REPLAYAB rep {rep} replay_layers {layers:<5} rec_fused {rec:<5} spec_pdl {sp:<5} round {round:.3} ms"
             );
             rows.push(format!(
-                "{{\"replay_layers\": {layers}, \"rec_fused\": {rec}, \"round_ms\": {round:.4}}}"
+                "{{\"replay_layers\": {layers}, \"rec_fused\": {rec}, \"spec_pdl\": {sp}, \"round_ms\": {round:.4}}}"
             ));
         }
     }
     t.cuda.set_replay_layers(layers0);
     t.cuda.set_rec_fused(rec0);
+    gpu.set_spec_pdl(sp0);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback of 1 row, 4 drafts rejected at once, host accept included\", \"rows\": [{}]}}",
         t.cfg.weight_type.name(),

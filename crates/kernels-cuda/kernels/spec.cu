@@ -16,6 +16,7 @@
 //   mixed [n, conv_dim]; k [n, qk]; v [n, vd]; g/beta [n, hv]; rec [n, W].
 extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, const float* v, const float* g,
                                          const float* beta, int conv_dim, int qk, int vd, int hv, float* rec) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int t = blockIdx.y;
     int c0 = blockIdx.x * blockDim.x + threadIdx.x;
     int W = conv_dim + qk + vd + 2 * hv;
@@ -115,6 +116,7 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
 extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* S_src, const float* conv_src,
                                       const float* rec, int rec_w, int hk, int hv, int dk, int dv, int kconv,
                                       int n) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     gdn_replay_body(S, conv_state, S_src, conv_src, rec, rec_w, hk, hv, dk, dv, kconv, n);
 }
 
@@ -130,6 +132,7 @@ struct ReplayTab {
 };
 extern "C" __global__ void gdn_replay_layers(const __grid_constant__ ReplayTab tab, int rec_w, int hk, int hv,
                                              int dk, int dv, int kconv, int n) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     const u64* p = tab.p + 5 * blockIdx.z;
     gdn_replay_body((float*)p[0], (float*)p[1], (const float*)p[2], (const float*)p[3], (const float*)p[4],
                     rec_w, hk, hv, dk, dv, kconv, n);
@@ -246,6 +249,7 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
         name(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1,    \
              int n1, const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q,              \
              const float* __restrict__ da, const int* __restrict__ sa, int n_in, int n, int accumulate) {       \
+        PDL_ENTRY();                                                                                            \
         mv_q41_rows<R, NT>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate);  \
     }
 MV_Q41_ENTRY(mv_q41, 2, MAXN)
@@ -268,6 +272,7 @@ __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
 extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const float* w, float eps, int hd,
                                          int pos0, float rope_base, float* dst, int dst_stride, int cap,
                                          int slot0, const int* par) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     __shared__ float red[32], buf[256];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     if (par) pos0 = par[DSP_PAR_POS];
@@ -290,6 +295,7 @@ extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const
 // grid (ceil(width / 256), n), block 256.
 extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int width, float* dst, int cap,
                                          int slot0) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     dst[dsp_ring_row(t, cap, slot0) * width + c] = src[(size_t)t * src_stride + c];
@@ -309,6 +315,7 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
                                                                  const float* kb, const float* vb, int n,
                                                                  int nh, int nkv, int hd, float scale,
                                                                  int nchunk, float* part, const int* par) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     __shared__ float qs[MAXN][256];
     __shared__ float sc[MAXN][DSP_CH];
     __shared__ float red[32];
@@ -430,6 +437,7 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
 // partials in the same order as the launch sized for them.
 extern "C" __global__ void dsp_attn_merge(const float* part, int nh, int hd, int nchunk, float* out, i8* q,
                                           float* d, int* s, const int* par) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
     const int cnt = par ? min(nchunk, (par[DSP_PAR_LEN] + (int)gridDim.y + DSP_CH - 1) / DSP_CH) : nchunk;
@@ -465,6 +473,7 @@ __device__ __forceinline__ float dsp_ld(const void* p, int kind, size_t i) {
 #define DSP_MV 4  // vocab entries per warp
 extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a, int ka, const void* b, int kb,
                                              int rank, int nv, int mask, const int* prev, float* scores) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int lane = threadIdx.x & 31;
     int v0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * DSP_MV;
     if (v0 >= nv) return;

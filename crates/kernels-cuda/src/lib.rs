@@ -1516,6 +1516,18 @@ kernels!(
         quant_rows_sub,
         rmsnorm_quant,
         rmsnorm_quant_rows,
+        // spec.cu (the speculative round's record and rollback, the DSpark drafter)
+        gdn_rec_write,
+        gdn_replay,
+        gdn_replay_layers,
+        mv_q41,
+        mv_q41_r4,
+        mv_q41_n4,
+        dsp_norm_rope,
+        dsp_copy_rows,
+        dsp_attn_part,
+        dsp_attn_merge,
+        dsp_markov_scores,
         mv_q1_n8_k1,
         mv_q1_n8_k2,
         mv_q1_n8_k4,
@@ -1910,18 +1922,6 @@ kernels!(
         gemmws_q2_n64,
         gemmws_q2g64_n64,
         gemm_splitk_sum,
-        // ---- spec.cu (DSpark round) ----
-        gdn_rec_write,
-        gdn_replay,
-        gdn_replay_layers,
-        mv_q41,
-        mv_q41_r4,
-        mv_q41_n4,
-        dsp_norm_rope,
-        dsp_copy_rows,
-        dsp_attn_part,
-        dsp_attn_merge,
-        dsp_markov_scores,
     ],
 );
 
@@ -2021,6 +2021,8 @@ pub struct Gpu {
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
     norm_b1q_only: AtomicBool,
+    /// [`Gpu::spec_pdl`] (`BONSAI_CUDA_SPEC_PDL=0` turns it off).
+    spec_pdl: AtomicBool,
     /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
     mvc: AtomicBool,
     /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
@@ -2342,6 +2344,9 @@ impl Gpu {
             ),
             norm_b1q_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_B1Q_ONLY").map_or(true, |v| v != "0"),
+            ),
+            spec_pdl: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_SPEC_PDL").map_or(true, |v| v != "0"),
             ),
             mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
             mvc_pre: AtomicUsize::new(
@@ -2673,7 +2678,11 @@ impl Gpu {
             return Ok(());
         }
         let after_kernel = self.prev_kernel.swap(true, Ordering::Relaxed);
-        if after_kernel && self.pdl.load(Ordering::Relaxed) && self.f.pdl_aware(f) {
+        if after_kernel
+            && self.pdl.load(Ordering::Relaxed)
+            && self.f.pdl_aware(f)
+            && (self.spec_pdl() || !self.is_spec_kernel(f))
+        {
             let mut attr = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
@@ -2753,6 +2762,38 @@ impl Gpu {
     pub fn set_pdl(&self, on: bool) {
         self.pdl
             .store(on && self.arch.0 >= 9 && !no_griddep(), Ordering::Relaxed);
+    }
+
+    /// Whether the speculative round's record and rollback kernels and the DSpark drafter's
+    /// kernels (`kernels/spec.cu`) take programmatic dependent launch like the others (with
+    /// [`Self::pdl`]; default on, `BONSAI_CUDA_SPEC_PDL=0` launches them plainly, as before they
+    /// waited on entry). A graph captures the setting in force.
+    pub fn spec_pdl(&self) -> bool {
+        self.spec_pdl.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::spec_pdl`] (benchmarks compare both in one process).
+    pub fn set_spec_pdl(&self, on: bool) {
+        self.spec_pdl.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether `f` is one of `kernels/spec.cu`'s kernels ([`Self::spec_pdl`]).
+    fn is_spec_kernel(&self, f: sys::CUfunction) -> bool {
+        let k = &self.f;
+        [
+            k.gdn_rec_write,
+            k.gdn_replay,
+            k.gdn_replay_layers,
+            k.mv_q41,
+            k.mv_q41_r4,
+            k.mv_q41_n4,
+            k.dsp_norm_rope,
+            k.dsp_copy_rows,
+            k.dsp_attn_part,
+            k.dsp_attn_merge,
+            k.dsp_markov_scores,
+        ]
+        .contains(&f)
     }
 
     /// Start profiling: from now on every launch is preceded by a short spin kernel and timed
@@ -3542,7 +3583,8 @@ impl Gpu {
                 | (self.q41_r4() as u64) << 21
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
                 | (self.norm_p16_only() as u64) << 23
-                | (self.norm_b1q_only() as u64) << 24,
+                | (self.norm_b1q_only() as u64) << 24
+                | (self.spec_pdl() as u64) << 25,
         ]
     }
 

@@ -2740,7 +2740,7 @@ impl Backend for CudaBackend {
             keep as u64,
             fused as u64,
             layers as u64,
-            self.gpu.pdl() as u64,
+            self.gpu.pdl() as u64 | (self.gpu.spec_pdl() as u64) << 1,
             width as u64,
             hk as u64,
             hv as u64,

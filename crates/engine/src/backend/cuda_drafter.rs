@@ -260,7 +260,9 @@ impl CudaDrafter {
         [
             self.mask_rows.ptr(),
             w,
-            self.gpu.pdl() as u64 | (self.gpu.q41_r4() as u64) << 1,
+            self.gpu.pdl() as u64
+                | (self.gpu.q41_r4() as u64) << 1
+                | (self.gpu.spec_pdl() as u64) << 2,
         ]
     }
 
