@@ -238,7 +238,7 @@ pub struct CudaBackend {
     /// `BONSAI_CUDA_REPLAY_LAYERS=0`; off: one `gdn_replay` launch per layer). The same states.
     replay_layers: AtomicBool,
     /// Whether the verify's fused GDN kernel writes the GDN verify record itself (1) or its side
-    /// outputs, then a `gdn_rec_write` launch per layer (0); 2: by weight kind, see
+    /// outputs, then a `gdn_rec_write` launch per layer (0); 2: the default (on), see
     /// [`CudaBackend::rec_fused`]. `BONSAI_CUDA_REC_FUSED=0|1`. The same records either way.
     rec_fused: AtomicU8,
     /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
@@ -513,21 +513,19 @@ impl CudaBackend {
         self.replay_layers.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the verify's fused GDN kernel writes the verify record itself for this model
-    /// (`BONSAI_CUDA_REC_FUSED=0|1`; by default on except for Q1_0 weights). The same records
-    /// either way. On the H200's 27B rounds (`cuda_spec_bench::cuda_replay_round_ab`,
-    /// `bench/results/cuda-rollback-ab-27b-*.json`) it took Q2_0's round from 7.84–7.88 to
-    /// 7.74–7.77 ms, and Q1_0's from 7.13–7.16 to 7.15–7.18 ms (why Q1_0 does not gain was not
-    /// investigated).
-    pub fn rec_fused(&self, cfg: &TargetConfig) -> bool {
-        match self.rec_fused.load(Ordering::Relaxed) {
-            0 => false,
-            1 => true,
-            _ => cfg.weight_type != bonsai_kernels_cpu::QuantType::Q1_0,
-        }
+    /// Whether the verify's fused GDN kernel writes the verify record itself
+    /// (`BONSAI_CUDA_REC_FUSED=0|1`; on by default). The same records either way. On the H200's
+    /// 27B rounds (`cuda_spec_bench::cuda_replay_round_ab`) it took Q2_0's round from 7.84–7.88
+    /// to 7.74–7.77 ms at 470bc9a (`bench/results/cuda-rollback-ab-27b-*.json`), while Q1_0's
+    /// went 7.13–7.16 → 7.15–7.18 ms then, so Q1_0 kept the `gdn_rec_write` launches. Since the
+    /// norms skip their unread outputs (b0cdaf7) it gains on both (`cuda-replay-pdl-ab-27b-*.json`,
+    /// b012dcc): Q1_0 7.05–7.08 → 7.01–7.02 ms, Q2_0 7.73–7.75 → 7.63–7.65 ms; the reason for
+    /// the earlier Q1_0 result was not found. `cfg` is kept for a per-model choice.
+    pub fn rec_fused(&self, _cfg: &TargetConfig) -> bool {
+        self.rec_fused.load(Ordering::Relaxed) != 0
     }
 
-    /// The [`Self::rec_fused`] setting: `Some(on)` forced, `None` by weight kind.
+    /// The [`Self::rec_fused`] setting: `Some(on)` forced, `None` the default.
     pub fn rec_fused_mode(&self) -> Option<bool> {
         match self.rec_fused.load(Ordering::Relaxed) {
             0 => Some(false),
