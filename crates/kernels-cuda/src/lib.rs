@@ -1434,6 +1434,10 @@ macro_rules! kernels {
         /// Function handles of every kernel in the module.
         #[allow(non_snake_case)]
         struct Funcs { $($p: sys::CUfunction,)* $($q: sys::CUfunction,)* }
+        /// The names of the kernels launched with programmatic stream serialization (the `pdl`
+        /// list; `tests::pdl_kernels_wait_first` checks their source).
+        #[cfg(test)]
+        const PDL_NAMES: &[&str] = &[$(stringify!($p)),*];
         impl Funcs {
             fn load(module: sys::CUmodule) -> Result<Funcs> {
                 Ok(Funcs {
@@ -5929,6 +5933,104 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 
 #[cfg(test)]
 mod tests {
+    /// The body of the function `name` in `src` defined with `qual` (`__global__` for a kernel,
+    /// `__device__` for a helper; from its opening brace to the matching closing one), or None
+    /// where the name is made by a macro (token pasting).
+    fn fn_body<'a>(src: &'a str, name: &str, qual: &str) -> Option<&'a str> {
+        let mut from = 0;
+        while let Some(at) = src[from..].find(name) {
+            let at = from + at;
+            from = at + name.len();
+            let before = src[..at].trim_end();
+            let after = &src[at + name.len()..];
+            let is_def = after.starts_with('(')
+                && (before.ends_with("void") || before.ends_with(')'))
+                && src[..at].rfind(qual).is_some_and(|e| {
+                    let head = &src[e..at];
+                    !head.contains(';') && !head.contains('{') && !head.contains('}')
+                });
+            if !is_def {
+                continue;
+            }
+            // past the parameter list (which may hold `= {}` defaults), then the body's braces
+            let mut paren = 0usize;
+            let close = after.char_indices().find_map(|(i, c)| {
+                match c {
+                    '(' => paren += 1,
+                    ')' => {
+                        paren -= 1;
+                        if paren == 0 {
+                            return Some(i);
+                        }
+                    }
+                    _ => {}
+                }
+                None
+            })?;
+            let open = at + name.len() + close + after[close..].find('{')?;
+            let mut depth = 0usize;
+            for (i, c) in src[open..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(&src[open..open + i + 1]);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        None
+    }
+
+    /// Every kernel on the `pdl` list whose definition is spelled out in the source (the others
+    /// are instances of macros) waits for the previous grid (`PDL_ENTRY()` / `PDL_WAIT()`, directly
+    /// or in the one `__device__` body it calls): a kernel launched with programmatic stream
+    /// serialization that read or wrote dependent memory before that wait would race its
+    /// predecessor.
+    #[test]
+    fn pdl_kernels_wait_first() {
+        use super::{PDL_NAMES, SOURCE};
+        let waits = |b: &str| b.contains("PDL_ENTRY()") || b.contains("PDL_WAIT()");
+        // the `*_body` helper a kernel calls, if any: its name is the identifier before "_body"
+        let helper = |b: &str| -> Option<String> {
+            let at = b.find("_body")?;
+            let start = b[..at]
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(0, |i| i + 1);
+            Some(format!("{}_body", &b[start..at]))
+        };
+        let mut spelled = 0;
+        let mut missing = Vec::new();
+        for name in PDL_NAMES {
+            let Some(body) = fn_body(SOURCE, name, "__global__") else {
+                continue;
+            };
+            spelled += 1;
+            let ok = waits(body)
+                || helper(body)
+                    .and_then(|h| fn_body(SOURCE, &h, "__device__"))
+                    .is_some_and(waits);
+            if !ok {
+                missing.push(*name);
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "pdl kernels without a wait: {missing:?}"
+        );
+        assert!(
+            spelled >= 30,
+            "only {spelled} pdl kernels found in the source"
+        );
+        eprintln!(
+            "{spelled} of {} pdl kernels spelled out in the source, each waits",
+            PDL_NAMES.len()
+        );
+    }
+
     /// Every (n, r, n5) the launcher can ask for maps to a kernel whose compiled R is the rows per
     /// warp the launch grid is sized with, and whose NT covers n (a mismatch would compute rows of
     /// other warps' groups or drop activation rows, silently).
