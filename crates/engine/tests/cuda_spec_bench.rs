@@ -645,8 +645,9 @@ fn cuda_replay_round_ab() {
 
 /// The RMS norms without their int8 codes where every consumer reads the b1-plane activations
 /// (`Gpu::norm_p16_only`), then also without the planes where only the int8 tensor-core verify
-/// reads the rows (`Gpu::norm_b1q_only`), against the norms writing everything: the what-if's
-/// rejected round and the greedy step, alternating in one process (four times). `BONSAI_NORM_AB_OUT` gets the JSON.
+/// reads the rows (`Gpu::norm_b1q_only`), against the norms writing everything, and then 2 and 4
+/// segments per norm block (`Gpu::norm_segs`): the what-if's rejected round and the greedy step,
+/// alternating in one process (four times). `BONSAI_NORM_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_norm_p16_round_ab() {
@@ -654,25 +655,33 @@ fn cuda_norm_p16_round_ab() {
         return;
     };
     let gpu = t.cuda.gpu();
-    let (on0, b1q0) = (gpu.norm_p16_only(), gpu.norm_b1q_only());
+    let (on0, b1q0, segs0) = (gpu.norm_p16_only(), gpu.norm_b1q_only(), gpu.norm_segs());
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for (on, b1q) in [(false, false), (true, false), (true, true)] {
+        for (on, b1q, segs) in [
+            (false, false, 1),
+            (true, false, 1),
+            (true, true, 1),
+            (true, true, 2),
+            (true, true, 4),
+        ] {
             gpu.set_norm_p16_only(on);
             gpu.set_norm_b1q_only(b1q);
+            gpu.set_norm_segs(segs);
             let (round, step) = round_and_step(&t, first);
             println!(
-                "NORMAB rep {rep} norm_p16_only {on:<5} norm_b1q_only {b1q:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "NORMAB rep {rep} norm_p16_only {on:<5} norm_b1q_only {b1q:<5} norm_segs {segs} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"norm_p16_only\": {on}, \"norm_b1q_only\": {b1q}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"norm_p16_only\": {on}, \"norm_b1q_only\": {b1q}, \"norm_segs\": {segs}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
     gpu.set_norm_p16_only(on0);
     gpu.set_norm_b1q_only(b1q0);
+    gpu.set_norm_segs(segs0);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
         t.cfg.weight_type.name(),

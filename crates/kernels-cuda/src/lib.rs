@@ -2027,6 +2027,8 @@ pub struct Gpu {
     norm_b1q_only: AtomicBool,
     /// [`Gpu::spec_pdl`] (`BONSAI_CUDA_SPEC_PDL=1` turns it on).
     spec_pdl: AtomicBool,
+    /// [`Gpu::norm_segs`] (`BONSAI_CUDA_NORM_SEGS`, default 1).
+    norm_segs: AtomicUsize,
     /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
     mvc: AtomicBool,
     /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
@@ -2351,6 +2353,13 @@ impl Gpu {
             ),
             spec_pdl: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SPEC_PDL").is_ok_and(|v| v == "1"),
+            ),
+            norm_segs: AtomicUsize::new(
+                std::env::var("BONSAI_CUDA_NORM_SEGS")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|&v| (1..=8).contains(&v))
+                    .unwrap_or(1),
             ),
             mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
             mvc_pre: AtomicUsize::new(
@@ -2783,6 +2792,18 @@ impl Gpu {
         self.spec_pdl.store(on, Ordering::Relaxed);
     }
 
+    /// 256-element segments per block of a short (≤ [`MAX_ROWS`] rows) `rmsnorm_quant` launch
+    /// (`BONSAI_CUDA_NORM_SEGS`, 1..=8, default 1): fewer blocks that each re-read the row for its
+    /// sum of squares, each doing more segments. Every output is the same whatever the split.
+    pub fn norm_segs(&self) -> usize {
+        self.norm_segs.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::norm_segs`] (1..=8; capture graphs after setting it).
+    pub fn set_norm_segs(&self, segs: usize) {
+        self.norm_segs.store(segs.clamp(1, 8), Ordering::Relaxed);
+    }
+
     /// Whether `f` is one of `kernels/spec.cu`'s kernels ([`Self::spec_pdl`]).
     fn is_spec_kernel(&self, f: sys::CUfunction) -> bool {
         let k = &self.f;
@@ -3133,7 +3154,7 @@ impl Gpu {
         // all (values do not depend on the split)
         let segs = k.div_ceil(256);
         let gx = if n <= MAX_ROWS {
-            segs
+            segs.div_ceil(self.norm_segs())
         } else {
             segs.min(2048usize.div_ceil(n)).max(1)
         };
@@ -3590,7 +3611,8 @@ impl Gpu {
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
                 | (self.norm_p16_only() as u64) << 23
                 | (self.norm_b1q_only() as u64) << 24
-                | (self.spec_pdl() as u64) << 25,
+                | (self.spec_pdl() as u64) << 25
+                | (self.norm_segs() as u64) << 26,
         ]
     }
 

@@ -2002,6 +2002,54 @@ fn rmsnorm_quant_p16_equals_host_twin() {
         assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
         let rows: Vec<f32> = got_f.iter().map(|&b| f32::from_bits(b)).collect();
         assert_p16_eq_host(g, &rows, n, k, &p16, true, &format!("rmsnorm [{n} x {k}]"));
+        // 3 segments per block (Gpu::norm_segs): every output the same bits
+        for segs in [2usize, 3] {
+            let segs0 = g.norm_segs();
+            g.set_norm_segs(segs);
+            let (q3, d3, s3) = (
+                g.alloc(n * k).unwrap(),
+                g.alloc(n * k / 32 * 4).unwrap(),
+                g.alloc(n * k / 32 * 4).unwrap(),
+            );
+            let p16s = p16_alloc(g, n, k);
+            g.rmsnorm_quant_p16(
+                xb.ptr(),
+                wb.ptr(),
+                1e-6,
+                n,
+                k,
+                0,
+                q3.ptr(),
+                d3.ptr(),
+                s3.ptr(),
+                (p16s[0].ptr(), p16s[1].ptr(), p16s[2].ptr(), p16s[3].ptr()),
+            )
+            .unwrap();
+            g.set_norm_segs(segs0);
+            assert_eq!(
+                down::<i8>(g, &q3, n * k),
+                q0,
+                "[{n} x {k}] codes, {segs} segments per block"
+            );
+            assert_eq!(
+                down::<u32>(g, &d3, n * k / 32),
+                d0,
+                "[{n} x {k}] scales, {segs} segments"
+            );
+            assert_eq!(
+                down::<i32>(g, &s3, n * k / 32),
+                s0,
+                "[{n} x {k}] sums, {segs} segments"
+            );
+            let words = [n * k / 2, n * k / 128, n * k / 32, n * k / 2];
+            for ((a, b), len) in p16.iter().zip(p16s.iter()).zip(words) {
+                assert_eq!(
+                    down::<u32>(g, b, len),
+                    down::<u32>(g, a, len),
+                    "[{n} x {k}] b1-plane outputs, {segs} segments per block"
+                );
+            }
+        }
         // the int8 codes skipped (q = 0): the same b1-plane outputs, the int8 buffers untouched
         let p16b = p16_alloc(g, n, k);
         let [yp, yu, ys, yv] = &p16b;
