@@ -990,8 +990,9 @@ impl CudaBackend {
     /// and a consumer has a b1-plane layout). The int8 codes are skipped when every consumer
     /// takes the b1-plane path of [`Self::proj_multi_p16`] ([`Self::b1p_mats`]) and
     /// [`Gpu::norm_p16_only`] is on; then for verify rows ([`Self::b1q_rows`]) the planes too,
-    /// which [`Gpu::mv_b1q`] does not read ([`Gpu::norm_b1q_only`]). Returns whether it wrote the b1-plane activations (then pass
-    /// `true` to [`Self::proj_multi_p16`]; `consumers` must be the matrices passed there).
+    /// which [`Gpu::mv_b1q`] does not read ([`Gpu::norm_b1q_only`]). Returns whether it wrote
+    /// the b1-plane activations (then pass `true` to [`Self::proj_multi_p16`]; `consumers` must
+    /// be the matrices passed there).
     #[allow(clippy::too_many_arguments)]
     fn norm_in(
         &self,
