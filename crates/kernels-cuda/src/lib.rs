@@ -5955,6 +5955,22 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 
 #[cfg(test)]
 mod tests {
+    /// The index in `s` of the `close` that matches the first `open` (nesting counted).
+    fn matching(s: &str, open: char, close: char) -> Option<usize> {
+        let mut depth = 0usize;
+        for (i, c) in s.char_indices() {
+            if c == open {
+                depth += 1;
+            } else if c == close && depth > 0 {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
     /// The body of the function `name` in `src` defined with `qual` (`__global__` for a kernel,
     /// `__device__` for a helper; from its opening brace to the matching closing one), or None
     /// where the name is made by a macro (token pasting).
@@ -5975,34 +5991,10 @@ mod tests {
                 continue;
             }
             // past the parameter list (which may hold `= {}` defaults), then the body's braces
-            let mut paren = 0usize;
-            let close = after.char_indices().find_map(|(i, c)| {
-                match c {
-                    '(' => paren += 1,
-                    ')' => {
-                        paren -= 1;
-                        if paren == 0 {
-                            return Some(i);
-                        }
-                    }
-                    _ => {}
-                }
-                None
-            })?;
+            let close = matching(after, '(', ')')?;
             let open = at + name.len() + close + after[close..].find('{')?;
-            let mut depth = 0usize;
-            for (i, c) in src[open..].char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(&src[open..open + i + 1]);
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            let end = matching(&src[open..], '{', '}')?;
+            return Some(&src[open..open + end + 1]);
         }
         None
     }

@@ -520,8 +520,8 @@ impl CudaBackend {
     /// went 7.13–7.16 → 7.15–7.18 ms then, so Q1_0 kept the `gdn_rec_write` launches. Since the
     /// norms skip their unread outputs (b0cdaf7) it gains on both (`cuda-replay-pdl-ab-27b-*.json`,
     /// b012dcc): Q1_0 7.05–7.08 → 7.01–7.02 ms, Q2_0 7.73–7.75 → 7.63–7.65 ms; the reason for
-    /// the earlier Q1_0 result was not found. `cfg` is kept for a per-model choice.
-    pub fn rec_fused(&self, _cfg: &TargetConfig) -> bool {
+    /// the earlier Q1_0 result was not found.
+    pub fn rec_fused(&self) -> bool {
         self.rec_fused.load(Ordering::Relaxed) != 0
     }
 
@@ -1012,7 +1012,8 @@ impl CudaBackend {
         // no int8 codes where nothing reads them (the b1-plane kernels read only the b1-plane
         // outputs), and for verify rows on the int8 tensor cores no planes either (mv_b1q reads
         // the byte-split codes, units and sums)
-        let only_p16 = p16 && self.gpu.norm_p16_only() && self.b1p_mats(consumers, k);
+        let only_p16 =
+            p16 && self.gpu.norm_p16_only() && self.b1p_mats(consumers.iter().copied(), k);
         let q = if only_p16 { 0 } else { sc.xq.ptr() };
         let planes = if only_p16 && self.b1q_rows(n) && self.gpu.norm_b1q_only() {
             0
@@ -1063,8 +1064,7 @@ impl CudaBackend {
         p16: bool,
     ) -> Result<()> {
         let k = mats[0].0.n_in;
-        let ms: Vec<&CudaMat> = mats.iter().map(|&(m, _)| m).collect();
-        let b1p = p16 && n <= MV_ROWS && self.b1p_mats(&ms, k);
+        let b1p = p16 && n <= MV_ROWS && self.b1p_mats(mats.iter().map(|&(m, _)| m), k);
         if !b1p {
             return self.proj_multi(sc, mats, n, accumulate);
         }
@@ -1075,13 +1075,13 @@ impl CudaBackend {
     /// when the norm wrote b1-plane activations: [`Gpu::b1p`] on, at most `kc::MAX_SEGS`
     /// matrices, each with a b1-plane layout of `k` inputs and the same plane count. The norm
     /// skips its int8 codes on exactly this condition, so the two must stay one function.
-    fn b1p_mats(&self, mats: &[&CudaMat], k: usize) -> bool {
+    fn b1p_mats<'m>(&self, mut mats: impl Iterator<Item = &'m CudaMat> + Clone, k: usize) -> bool {
+        let Some(first) = mats.clone().next() else {
+            return false;
+        };
         self.gpu.b1p()
-            && !mats.is_empty()
-            && mats.len() <= kc::MAX_SEGS
-            && mats
-                .iter()
-                .all(|m| m.b1p.is_some() && m.n_in == k && m.b1p_planes() == mats[0].b1p_planes())
+            && mats.clone().count() <= kc::MAX_SEGS
+            && mats.all(|m| m.b1p.is_some() && m.n_in == k && m.b1p_planes() == first.b1p_planes())
     }
 
     /// The scratch's b1-plane activation rows (`xp`, `xu`, `xsum`; `xv` with `byte_split`).
@@ -1246,7 +1246,7 @@ impl CudaBackend {
                 },
                 p16: out_p16,
             });
-            let rec_fused = self.rec_fused(cfg);
+            let rec_fused = self.rec_fused();
             g.gdn_conv_step(
                 st.s.ptr(),
                 mixed,
@@ -2092,7 +2092,7 @@ impl CudaBackend {
             // the kind tag first (the copy and rollback keys start with theirs)
             let mut key = vec![KEY_VERIFY, n as u64];
             key.extend(self.gpu.launch_mode_key());
-            key.push(self.rec_fused(cfg) as u64);
+            key.push(self.rec_fused() as u64);
             key.extend([
                 io.x.buf.ptr(),
                 io.stats_dev.ptr(),
