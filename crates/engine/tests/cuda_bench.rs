@@ -1028,6 +1028,48 @@ fn cuda_b1p_xs_sweep() {
     report("XS", "BONSAI_XS_OUT", (&path, &cfg, &cuda, steps), &rest);
 }
 
+/// Decode graph time with the fused GDN launch counting its shared window loads before its PDL
+/// wait ([`Gpu::set_gdn_early_count`], the default) against after its first barriers:
+/// `BONSAI_BENCH_MODEL` (Q1_0 or Q2_0); benchmark only. Each row a fresh capture in one process,
+/// off and on alternating four times, the median of 3 replays; the tokens are checked against the
+/// first row's (the switch never changes a bit). `BONSAI_EARLY_OUT` receives the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU and BONSAI_BENCH_MODEL"]
+fn cuda_gdn_early_ab() {
+    let Some(Graphed {
+        path,
+        cuda,
+        cfg,
+        w,
+        st,
+        first,
+    }) = graphed("cuda_gdn_early_ab")
+    else {
+        return;
+    };
+    let steps = 128;
+    let gpu = cuda.gpu();
+    let early0 = gpu.gdn_early_count();
+    let mut base: Option<Vec<u32>> = None;
+    let mut json = Vec::new();
+    for i in 0..8 {
+        let on = i % 2 == 1;
+        gpu.set_gdn_early_count(on);
+        let label = if on { "count early" } else { "count after" };
+        json.push(checked_row("EARLY", label, steps, &mut base, || {
+            graph_runs(&cuda, &cfg, &w, &st, first, steps)
+        }));
+    }
+    gpu.set_gdn_early_count(early0);
+    let rest = format!("\"rows\": [{}]", json.join(", "));
+    report(
+        "EARLY",
+        "BONSAI_EARLY_OUT",
+        (&path, &cfg, &cuda, steps),
+        &rest,
+    );
+}
+
 /// The decode graph with the norm-fed Q1_0 projections on b1-planes ([`Gpu::set_b1p`]) against
 /// dp4a, and with the timing substitution ([`Gpu::set_b1p_timing`]: every Q1_0 mat-vec of at least
 /// `BONSAI_CUDA_B1P_MIN_ROWS` rows and the SwiGLU gate‖up launch swapped for a b1-plane launch over

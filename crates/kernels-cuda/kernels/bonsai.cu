@@ -505,6 +505,14 @@ __device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
     return r;
 }
+// Release only: the thread goes on without waiting for the old value until it is used; a reader
+// that acts on the value pairs it with fence_acq_rel_gpu().
+__device__ __forceinline__ unsigned atom_add_release_gpu(unsigned* p, unsigned v) {
+    unsigned r;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
+    return r;
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void cluster_sync_all() {
 #if BONSAI_SM90
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -1029,7 +1037,7 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
 #define GDN_BN_MAXN 8  // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
-template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true>
+template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
@@ -1077,6 +1085,16 @@ __device__ __forceinline__ void gdn_conv_step_body(
     }
     // the head's gate constants and (NORM) this column's norm weight
     const float dtb = dt_bias[h], sa = ssm_a[h], nwj = NORM ? nw_[j] : 0.f;
+    const unsigned nshare = (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);  // blocks of k-head kap
+    unsigned cnt_old = 0u;
+    if (EARLY) {
+        // EARLY: count this block's window loads as consumed before the PDL wait (a block barrier
+        // sees every thread's loads performed, then a release-only add), so the count's fence and
+        // round trip overlap the wait instead of stalling a barrier chain after it; the last
+        // block pairs the old value with an acquire fence before it writes the windows
+        __syncthreads();
+        if (tid == 0) cnt_old = atom_add_release_gpu(cnt + kap, 1u);
+    }
     PDL_ENTRY();
     if (SNAP && snap_s) {
         // the speculative round's snapshot of what this launch reads (after the wait: the round's
@@ -1132,9 +1150,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
         __syncthreads();  // the previous row's readers of ks / qs / red are done
         if (lane == 0) wsum[w] = ws;
         __syncthreads();
-        if (t == 0 && tid == 0) {
+        if (!EARLY && t == 0 && tid == 0) {
             // every window load of this block has been consumed (the block barrier above): count
-            last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);
+            last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
         }
         if (qk_ch >= 0) {
             int base = is_q ? 0 : 4;
@@ -1279,9 +1297,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
         for (int i = 0; i < 7; ++i)
             if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = win_v[i];
     }
-    if (tid == 0) last_s = last;
+    if (tid == 0) last_s = EARLY ? cnt_old + 1 == nshare : last;
     __syncthreads();
     if (last_s) {
+        if (EARLY) fence_acq_rel_gpu();
         if (qk_ch >= 0) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
@@ -1312,14 +1331,16 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 //   gdn_conv_step_norm_bn_d128    verify launches (2 ≤ n ≤ 8): the gated norm of all rows after the
 //                                 recurrence with one cluster exchange instead of a cluster barrier
 //                                 per row; the same bits.
-#define GDN_NORM_ENTRY(NAME, BN, SNAP)                                                                 \
+#define GDN_NORM_ENTRY(NAME, BN, SNAP) GDN_NORM_ENTRY_E(NAME, BN, SNAP, false)
+#define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY)                                                        \
     extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) NAME(                        \
         float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
         int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
         const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
         float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
         float* yf, i8* yq, float* yd, int* ys) {                                                         \
-        gdn_conv_step_body<true, false, BN, SNAP>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n,     \
+        gdn_conv_step_body<true, false, BN, SNAP, EARLY>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
+                                                         n,                                               \
                                                   eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
                                                   beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps,    \
                                                   yf, yq, yd, ys);                                        \
@@ -1327,6 +1348,10 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 GDN_NORM_ENTRY(gdn_conv_step_norm_d128, false, false)
 GDN_NORM_ENTRY(gdn_conv_step_norm_snap_d128, false, true)
 GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
+// The decode kernel counting its window loads before the PDL wait (`Gpu::gdn_early_count`, the
+// default for one-row launches without a snapshot): decode graph 2.504 -> 2.492 ms per token on
+// Q1_0, 3.162 -> 3.144 on Q2_0 (bench/results/cuda-gdn-early-ab-27b-*.json).
+GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true)
 
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of

@@ -3606,13 +3606,16 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // the gated norm: 0 none, 1 int8 codes (n ≥ 2: all rows' norms after the
                 // recurrence, `gdn_conv_step_norm_bn_d128`), 2 b1-plane activations (with the
                 // byte-split codes for n ≥ 2, as verify launches write them), 3 int8 codes with
-                // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`)
-                for norm_mode in 0..4 {
+                // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`), 4 int8 codes
+                // with the window count after the first barriers instead of before the PDL wait
+                // (`Gpu::set_gdn_early_count(false)`; what one decode row takes)
+                for norm_mode in 0..5 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
                     g.set_gdn_norm_batch(norm_mode != 3);
+                    g.set_gdn_early_count(norm_mode != 4);
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
@@ -3719,6 +3722,7 @@ fn gdn_conv_step_equals_conv_then_step() {
             }
         }
         g.set_gdn_norm_batch(true);
+        g.set_gdn_early_count(true);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows
