@@ -1088,10 +1088,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
     const unsigned nshare = (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);  // blocks of k-head kap
     unsigned cnt_old = 0u;
     if (EARLY) {
-        // EARLY: count this block's window loads as consumed before the PDL wait (a block barrier
-        // sees every thread's loads performed, then a release-only add), so the count's fence and
-        // round trip overlap the wait instead of stalling a barrier chain after it; the last
-        // block pairs the old value with an acquire fence before it writes the windows
+        // EARLY: count this block's window loads before the PDL wait (a block barrier orders
+        // every thread's loads before thread 0's release-only add), so the count's fence and
+        // round trip overlap the wait instead of stalling a barrier chain after it; thread 0 of
+        // the last block pairs the old value with an acquire fence before the window writes
         __syncthreads();
         if (tid == 0) cnt_old = atom_add_release_gpu(cnt + kap, 1u);
     }
@@ -1297,10 +1297,17 @@ __device__ __forceinline__ void gdn_conv_step_body(
         for (int i = 0; i < 7; ++i)
             if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = win_v[i];
     }
-    if (tid == 0) last_s = EARLY ? cnt_old + 1 == nshare : last;
+    if (tid == 0) {
+        if (EARLY) {
+            last = cnt_old + 1 == nshare;
+            // acquire (the add was release-only): the other blocks' counted window loads come
+            // before this block's window writes, which follow the barrier below
+            if (last) fence_acq_rel_gpu();
+        }
+        last_s = last;
+    }
     __syncthreads();
     if (last_s) {
-        if (EARLY) fence_acq_rel_gpu();
         if (qk_ch >= 0) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
