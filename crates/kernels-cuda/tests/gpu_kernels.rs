@@ -3607,8 +3607,9 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // recurrence, `gdn_conv_step_norm_bn_d128`), 2 b1-plane activations (with the
                 // byte-split codes for n ≥ 2, as verify launches write them), 3 int8 codes with
                 // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`), 4 int8 codes
-                // with the window count after the first barriers instead of before the PDL wait
-                // (`Gpu::set_gdn_early_count(false)`; what one decode row takes)
+                // with the previous window count, after the first barriers
+                // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
+                // wherever the launch takes the early kernel: no snapshot, not the batched norm)
                 for norm_mode in 0..5 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
