@@ -3919,8 +3919,8 @@ impl Gpu {
         self.b1p_xs.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the one-row fused GDN launch with the int8 gated norm (the decode step) counts its
-    /// shared q / k window loads before its PDL wait with a release-only add
+    /// Whether a fused GDN launch with the int8 gated norm, no snapshot and not the batched norm
+    /// (the decode step) counts its shared q / k window loads before its PDL wait with a release-only add
     /// (`gdn_conv_step_norm_early_d128`) instead of after its first barriers with an acq_rel one
     /// (default on, `BONSAI_CUDA_GDN_EARLY=0` off). The same bits; the count's fence and round
     /// trip then overlap the PDL wait instead of stalling the block's barrier chain: decode graph

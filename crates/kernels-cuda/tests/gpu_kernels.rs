@@ -2002,7 +2002,7 @@ fn rmsnorm_quant_p16_equals_host_twin() {
         assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
         let rows: Vec<f32> = got_f.iter().map(|&b| f32::from_bits(b)).collect();
         assert_p16_eq_host(g, &rows, n, k, &p16, true, &format!("rmsnorm [{n} x {k}]"));
-        // 3 segments per block (Gpu::norm_segs): every output the same bits
+        // 2 and 3 segments per block (Gpu::norm_segs): every output the same bits
         for segs in [2usize, 3] {
             let segs0 = g.norm_segs();
             g.set_norm_segs(segs);
