@@ -1979,27 +1979,42 @@ fn rmsnorm_quant_p16_equals_host_twin() {
             g.alloc(n * k / 32 * 4).unwrap(),
             g.alloc(n * k / 32 * 4).unwrap(),
         );
+        // one launch of the norm on this row set: (xf, q, d, s) and the b1-plane outputs
+        let norm = |xf: u64, q: u64, d: u64, s: u64, p: (u64, u64, u64, u64)| {
+            g.rmsnorm_quant_p16(xb.ptr(), wb.ptr(), 1e-6, n, k, xf, q, d, s, p)
+                .unwrap()
+        };
+        let ptrs = |p: &[DevBuf; 4]| (p[0].ptr(), p[1].ptr(), p[2].ptr(), p[3].ptr());
+        // u32 words of the planes, units, sums and byte-split codes
+        let words = [n * k / 2, n * k / 128, n * k / 32, n * k / 2];
+        let what = ["planes", "units", "sums", "byte-split codes"];
+        // the b1-plane outputs `from..` of `b` equal those of `a`, word for word
+        let same_p16 = |a: &[DevBuf; 4], b: &[DevBuf; 4], from: usize, case: &str| {
+            for i in from..4 {
+                assert_eq!(
+                    down::<u32>(g, &b[i], words[i]),
+                    down::<u32>(g, &a[i], words[i]),
+                    "[{n} x {k}] {} {case}",
+                    what[i]
+                );
+            }
+        };
         let p16 = p16_alloc(g, n, k);
-        let [xp, xu, xs, xv] = &p16;
-        g.rmsnorm_quant_p16(
-            xb.ptr(),
-            wb.ptr(),
-            1e-6,
-            n,
-            k,
-            xf.ptr(),
-            q.ptr(),
-            d.ptr(),
-            s.ptr(),
-            (xp.ptr(), xu.ptr(), xs.ptr(), xv.ptr()),
-        )
-        .unwrap();
+        norm(xf.ptr(), q.ptr(), d.ptr(), s.ptr(), ptrs(&p16));
         let (xf0, q0, d0, s0) = rmsnorm_rows(g, &xb, &wb, 0, n, k, true);
         let got_f: Vec<u32> = down(g, &xf, n * k);
         assert_eq!(got_f, xf0, "[{n} x {k}] f32 row");
-        assert_eq!(down::<i8>(g, &q, n * k), q0, "[{n} x {k}] codes");
-        assert_eq!(down::<u32>(g, &d, n * k / 32), d0, "[{n} x {k}] scales");
-        assert_eq!(down::<i32>(g, &s, n * k / 32), s0, "[{n} x {k}] sums");
+        // the int8 outputs of `q`, `d`, `s` are those of `rmsnorm_quant`
+        let same_int8 = |q: &DevBuf, d: &DevBuf, s: &DevBuf, case: &str| {
+            assert_eq!(down::<i8>(g, q, n * k), q0, "[{n} x {k}] codes {case}");
+            assert_eq!(
+                down::<u32>(g, d, n * k / 32),
+                d0,
+                "[{n} x {k}] scales {case}"
+            );
+            assert_eq!(down::<i32>(g, s, n * k / 32), s0, "[{n} x {k}] sums {case}");
+        };
+        same_int8(&q, &d, &s, "");
         let rows: Vec<f32> = got_f.iter().map(|&b| f32::from_bits(b)).collect();
         assert_p16_eq_host(g, &rows, n, k, &p16, true, &format!("rmsnorm [{n} x {k}]"));
         // 2 and 3 segments per block (Gpu::norm_segs): every output the same bits
@@ -2012,76 +2027,18 @@ fn rmsnorm_quant_p16_equals_host_twin() {
                 g.alloc(n * k / 32 * 4).unwrap(),
             );
             let p16s = p16_alloc(g, n, k);
-            g.rmsnorm_quant_p16(
-                xb.ptr(),
-                wb.ptr(),
-                1e-6,
-                n,
-                k,
-                0,
-                q3.ptr(),
-                d3.ptr(),
-                s3.ptr(),
-                (p16s[0].ptr(), p16s[1].ptr(), p16s[2].ptr(), p16s[3].ptr()),
-            )
-            .unwrap();
+            norm(0, q3.ptr(), d3.ptr(), s3.ptr(), ptrs(&p16s));
             g.set_norm_segs(segs0);
-            assert_eq!(
-                down::<i8>(g, &q3, n * k),
-                q0,
-                "[{n} x {k}] codes, {segs} segments per block"
-            );
-            assert_eq!(
-                down::<u32>(g, &d3, n * k / 32),
-                d0,
-                "[{n} x {k}] scales, {segs} segments"
-            );
-            assert_eq!(
-                down::<i32>(g, &s3, n * k / 32),
-                s0,
-                "[{n} x {k}] sums, {segs} segments"
-            );
-            let words = [n * k / 2, n * k / 128, n * k / 32, n * k / 2];
-            for ((a, b), len) in p16.iter().zip(p16s.iter()).zip(words) {
-                assert_eq!(
-                    down::<u32>(g, b, len),
-                    down::<u32>(g, a, len),
-                    "[{n} x {k}] b1-plane outputs, {segs} segments per block"
-                );
-            }
+            let case = format!("with {segs} segments per block");
+            same_int8(&q3, &d3, &s3, &case);
+            same_p16(&p16, &p16s, 0, &case);
         }
         // the int8 codes skipped (q = 0): the same b1-plane outputs, the int8 buffers untouched
         let p16b = p16_alloc(g, n, k);
-        let [yp, yu, ys, yv] = &p16b;
         let poison = vec![0x5a5a_5a5au32; n * k / 4];
         g.htod(&q, 0, &poison).unwrap();
-        g.rmsnorm_quant_p16(
-            xb.ptr(),
-            wb.ptr(),
-            1e-6,
-            n,
-            k,
-            0,
-            0,
-            d.ptr(),
-            s.ptr(),
-            (yp.ptr(), yu.ptr(), ys.ptr(), yv.ptr()),
-        )
-        .unwrap();
-        let words = [n * k / 2, n * k / 128, n * k / 32, n * k / 2];
-        let outs = [
-            (xp, yp, "planes"),
-            (xu, yu, "units"),
-            (xs, ys, "sums"),
-            (xv, yv, "byte-split codes"),
-        ];
-        for ((a, b, what), len) in outs.into_iter().zip(words) {
-            assert_eq!(
-                down::<u32>(g, b, len),
-                down::<u32>(g, a, len),
-                "[{n} x {k}] {what} without the int8 codes"
-            );
-        }
+        norm(0, 0, d.ptr(), s.ptr(), ptrs(&p16b));
+        same_p16(&p16, &p16b, 0, "without the int8 codes");
         assert_eq!(
             down::<u32>(g, &q, n * k / 4),
             poison,
@@ -2100,36 +2057,13 @@ fn rmsnorm_quant_p16_equals_host_twin() {
         // the planes skipped too (xp = 0; what the int8 tensor-core verify reads): the same
         // units, sums and byte-split codes, the planes untouched
         let p16c = p16_alloc(g, n, k);
-        let [zp, zu, zs, zv] = &p16c;
         let ppoison = vec![0xa5a5_a5a5u32; n * k / 2];
-        g.htod(zp, 0, &ppoison).unwrap();
-        g.rmsnorm_quant_p16(
-            xb.ptr(),
-            wb.ptr(),
-            1e-6,
-            n,
-            k,
-            0,
-            0,
-            d.ptr(),
-            s.ptr(),
-            (0, zu.ptr(), zs.ptr(), zv.ptr()),
-        )
-        .unwrap();
-        let outs = [
-            (xu, zu, "units"),
-            (xs, zs, "sums"),
-            (xv, zv, "byte-split codes"),
-        ];
-        for ((a, b, what), len) in outs.into_iter().zip(words[1..].iter().copied()) {
-            assert_eq!(
-                down::<u32>(g, b, len),
-                down::<u32>(g, a, len),
-                "[{n} x {k}] {what} without the planes"
-            );
-        }
+        g.htod(&p16c[0], 0, &ppoison).unwrap();
+        let (_, zu, zs, zv) = ptrs(&p16c);
+        norm(0, 0, d.ptr(), s.ptr(), (0, zu, zs, zv));
+        same_p16(&p16, &p16c, 1, "without the planes");
         assert_eq!(
-            down::<u32>(g, zp, n * k / 2),
+            down::<u32>(g, &p16c[0], n * k / 2),
             ppoison,
             "[{n} x {k}] planes written with xp = 0"
         );
