@@ -200,6 +200,11 @@ fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
 /// continuation, whatever the launches left out make of the logits); the accept on the host is
 /// included.
 fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
+    rejected_rounds_ms_n(t, first, params, K)
+}
+
+/// [`rejected_rounds_ms`] with `nd` drafts (a verify of `nd + 1` rows).
+fn rejected_rounds_ms_n(t: &Target, first: u32, params: &SamplerParams, nd: usize) -> f64 {
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
@@ -209,7 +214,7 @@ fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
     let mut tr = Vec::new();
     for r in 0..=ROUNDS {
         let (next, secs) = timed(cuda, || {
-            rejected_round(t, &mut st, &mut bufs, &mut s, id_last)
+            rejected_round(t, &mut st, &mut bufs, &mut s, id_last, nd)
         });
         id_last = next;
         if r > 0 {
@@ -219,7 +224,7 @@ fn rejected_rounds_ms(t: &Target, first: u32, params: &SamplerParams) -> f64 {
     median_ms(&mut tr)
 }
 
-/// One `verify_round` of K drafts the target rejects at once (tokens after `id_last`, not its
+/// One `verify_round` of `nd` drafts the target rejects at once (tokens after `id_last`, not its
 /// continuation), no taps, replay rollback; returns the round's last token.
 fn rejected_round(
     t: &Target,
@@ -227,8 +232,9 @@ fn rejected_round(
     bufs: &mut RoundBufs<CudaBackend>,
     s: &mut Sampler,
     id_last: u32,
+    nd: usize,
 ) -> u32 {
-    let draft: Vec<u32> = (0..K as u32).map(|j| (id_last + 1 + j) % t.text).collect();
+    let draft: Vec<u32> = (0..nd as u32).map(|j| (id_last + 1 + j) % t.text).collect();
     let out = verify_round(
         &t.cuda,
         &t.cfg,
@@ -248,8 +254,13 @@ fn rejected_round(
 /// (round ms, plain step ms) of the what-if's round (round graphs, no taps, replay rollback, K
 /// drafts the target rejects at once): medians over ROUNDS rounds / steps after one warm-up each.
 fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
+    round_and_step_n(t, first, K)
+}
+
+/// [`round_and_step`] with rounds of `nd` drafts.
+fn round_and_step_n(t: &Target, first: u32, nd: usize) -> (f64, f64) {
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
-    let round = rejected_rounds_ms(t, first, &SamplerParams::greedy());
+    let round = rejected_rounds_ms_n(t, first, &SamplerParams::greedy(), nd);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut lg = Vec::new();
@@ -748,11 +759,50 @@ fn cuda_b1p_round_ab() {
     }
 }
 
+/// The round's cost by its draft count: rounds of 1..=4 drafts the target rejects at once (round
+/// graphs, no taps, replay rollback: a verify of 2..=5 rows, then the rollback to 1 row) against
+/// the greedy step, alternating three times in one process. A shorter draft pays only where its
+/// round costs fewer steps than the tokens it is expected to give (1 + the accepted prefix).
+/// `BONSAI_BY_DRAFTS_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_round_by_drafts() {
+    let Some((path, t, first)) = round_target("cuda_round_by_drafts") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    for rep in 0..3 {
+        let (_, step) = round_and_step(&t, first);
+        for nd in 1..=K {
+            let round = rejected_rounds_ms_n(&t, first, &SamplerParams::greedy(), nd);
+            println!(
+                "BYDRAFTS rep {rep} drafts {nd} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"rep\": {rep}, \"drafts\": {nd}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, drafts rejected at once\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        t.cuda.name(),
+        rows.join(", ")
+    );
+    println!("BYDRAFTS {json}");
+    if let Ok(out) = std::env::var("BONSAI_BY_DRAFTS_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
 /// 4 drafts of which the first is wrong: a 5-row verify, then the rollback to 1 row) and in the
 /// plain greedy step (the decode graph without the logits row): both captured again with the
 /// family's launches dropped (the tokens are then meaningless; only the time is kept), against
-/// the full ones in the same process. Writes JSON to `$BONSAI_WHATIF_OUT`.
+/// the full ones in the same process. `$BONSAI_WHATIF_DRAFTS` (1..=4, default 4) sets the round's
+/// draft count (the eager round profile keeps 4). Writes JSON to `$BONSAI_WHATIF_OUT`.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_round_what_if() {
@@ -761,7 +811,12 @@ fn cuda_round_what_if() {
     };
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let gpu = cuda.gpu();
-    let measure = || round_and_step(&t, first);
+    let nd = std::env::var("BONSAI_WHATIF_DRAFTS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=K).contains(n))
+        .unwrap_or(K);
+    let measure = || round_and_step_n(&t, first, nd);
     let (round0, step0) = measure();
     let names = gpu.kernel_names();
     let matvec = gpu.matvec_kernel_names();
@@ -805,7 +860,7 @@ fn cuda_round_what_if() {
         eager_step_profile(&t, first),
     );
     let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}], \"eager_round_profile\": {round_prof}, \"eager_step_profile\": {step_prof}}}",
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, {nd} drafts, first wrong\", \"drafts\": {nd}, \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}], \"eager_round_profile\": {round_prof}, \"eager_step_profile\": {step_prof}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rows.join(", ")
@@ -858,7 +913,7 @@ fn eager_round_profile(t: &Target, first: u32) -> String {
         if r == 1 {
             cuda.gpu().profile_begin();
         }
-        id_last = rejected_round(t, &mut st, &mut bufs, &mut s, id_last);
+        id_last = rejected_round(t, &mut st, &mut bufs, &mut s, id_last, K);
         if r == 1 {
             launches = cuda.gpu().profile_end();
         }
