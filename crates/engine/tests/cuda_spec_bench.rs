@@ -802,7 +802,8 @@ fn cuda_round_by_drafts() {
 /// plain greedy step (the decode graph without the logits row): both captured again with the
 /// family's launches dropped (the tokens are then meaningless; only the time is kept), against
 /// the full ones in the same process. `$BONSAI_WHATIF_DRAFTS` (1..=4, default 4) sets the round's
-/// draft count (the eager round profile keeps 4). Writes JSON to `$BONSAI_WHATIF_OUT`.
+/// draft count. A family none of whose kernels the eager round or step launches fails the test
+/// (its list of names is stale). Writes JSON to `$BONSAI_WHATIF_OUT`.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh --what-if runs it on the H200"]
 fn cuda_round_what_if() {
@@ -827,18 +828,45 @@ fn cuda_round_what_if() {
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         (
             "GDN (conv, step, gated norm, record)",
-            [&common::GDN_DECODE_KERNELS[..], &["gdn_rec_write"]].concat(),
+            [
+                &common::GDN_DECODE_KERNELS[..],
+                &common::GDN_VERIFY_KERNELS[..],
+            ]
+            .concat(),
         ),
         (
             "attention (prep, chunks, merge)",
             common::ATTN_DECODE_KERNELS.to_vec(),
         ),
         ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
-        ("rollback replay (gdn_replay)", vec!["gdn_replay"]),
+        (
+            "rollback replay (gdn_replay)",
+            vec!["gdn_replay", "gdn_replay_layers"],
+        ),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];
+    // launched only inside the round graphs (the eager round reads whole rows on the host), so
+    // the eager profiles below cannot vouch for them
+    let graph_only = ["logit_stats_rows"];
+    // what the round and the step launch (eager, every launch timed alone): a set that drops
+    // none of them is a stale list of names, and its row would read as "costs nothing"
+    let ((round_prof, round_names), (step_prof, step_names)) = (
+        eager_round_profile(&t, first, nd),
+        eager_step_profile(&t, first),
+    );
     let mut rows = Vec::new();
     for (label, set) in &sets {
+        let hits = |launched: &[String]| -> Vec<&str> {
+            set.iter()
+                .copied()
+                .filter(|n| launched.iter().any(|l| l == n))
+                .collect()
+        };
+        let (in_round, in_step) = (hits(&round_names), hits(&step_names));
+        assert!(
+            !in_round.is_empty() || !in_step.is_empty() || set.iter().all(|n| graph_only.contains(n)),
+            "what-if set {label:?} drops no launch of the round or the step (stale names?): round launches {round_names:?}"
+        );
         let known: Vec<&str> = set.iter().copied().filter(|n| names.contains(n)).collect();
         gpu.set_skip_kernels(&known).unwrap();
         let (round, step) = measure();
@@ -849,16 +877,12 @@ fn cuda_round_what_if() {
             step0 - step
         );
         rows.push(format!(
-            "{{\"skipped\": \"{label}\", \"kernels\": {known:?}, \"round_ms\": {round:.4}, \"round_saved_ms\": {:.4}, \"step_ms\": {step:.4}, \"step_saved_ms\": {:.4}}}",
+            "{{\"skipped\": \"{label}\", \"kernels\": {known:?}, \"launched_in_round\": {in_round:?}, \"launched_in_step\": {in_step:?}, \"round_ms\": {round:.4}, \"round_saved_ms\": {:.4}, \"step_ms\": {step:.4}, \"step_saved_ms\": {:.4}}}",
             round0 - round,
             step0 - step
         ));
     }
     let (round1, step1) = measure();
-    let (round_prof, step_prof) = (
-        eager_round_profile(&t, first),
-        eager_step_profile(&t, first),
-    );
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, {nd} drafts, first wrong\", \"drafts\": {nd}, \"round_ms\": {round0:.4}, \"step_ms\": {step0:.4}, \"round_ms_again\": {round1:.4}, \"step_ms_again\": {step1:.4}, \"without\": [{}], \"eager_round_profile\": {round_prof}, \"eager_step_profile\": {step_prof}}}",
         cfg.weight_type.name(),
@@ -898,7 +922,7 @@ fn profile_json(tag: &str, launches: &[(String, f32)]) -> String {
 /// One what-if round (5-row verify, first draft wrong, replay rollback, no taps) run eagerly with
 /// every launch timed alone (`Gpu::profile_begin`: a spin kernel ahead of each, so no launch gap
 /// is counted): where the round's kernel time goes, launch family by launch family.
-fn eager_round_profile(t: &Target, first: u32) -> String {
+fn eager_round_profile(t: &Target, first: u32, nd: usize) -> (String, Vec<String>) {
     let (cuda, cfg) = (&t.cuda, &t.cfg);
     let graphs = cuda.round_graph();
     cuda.set_round_graph(false);
@@ -913,17 +937,28 @@ fn eager_round_profile(t: &Target, first: u32) -> String {
         if r == 1 {
             cuda.gpu().profile_begin();
         }
-        id_last = rejected_round(t, &mut st, &mut bufs, &mut s, id_last, K);
+        id_last = rejected_round(t, &mut st, &mut bufs, &mut s, id_last, nd);
         if r == 1 {
             launches = cuda.gpu().profile_end();
         }
     }
     cuda.set_round_graph(graphs);
-    profile_json("RPROF", &launches)
+    (profile_json("RPROF", &launches), launched_names(&launches))
+}
+
+/// The distinct kernel names of profiled launches (a launch is named "kernel grid").
+fn launched_names(launches: &[(String, f32)]) -> Vec<String> {
+    let mut v: Vec<String> = launches
+        .iter()
+        .map(|(n, _)| n.split(' ').next().unwrap_or(n).to_string())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// The plain eager step with every launch timed alone, as [`eager_round_profile`] times the round.
-fn eager_step_profile(t: &Target, _first: u32) -> String {
+fn eager_step_profile(t: &Target, _first: u32) -> (String, Vec<String>) {
     let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
@@ -931,7 +966,7 @@ fn eager_step_profile(t: &Target, _first: u32) -> String {
     cuda.gpu().profile_begin();
     let _ = cuda.time_step_eager(cfg, w, &mut st, 1).unwrap();
     let launches = cuda.gpu().profile_end();
-    profile_json("SPROF", &launches)
+    (profile_json("SPROF", &launches), launched_names(&launches))
 }
 
 #[test]
