@@ -273,22 +273,74 @@ def whatif_section() -> list[str]:
     rounds = {v: load(f"cuda-whatif-round-27b-{v}.json") for v in ("q1", "q2")}
     if all(rounds.values()):
         r1, r2 = rounds["q1"], rounds["q2"]
+        # the same what-if at one draft (a 2-row verify), where it was run
+        one = {v: load(f"cuda-whatif-round-d1-27b-{v}.json") for v in ("q1", "q2")}
+        one_ok = all(one.values())
+        head = "| launches left out | round Q1_0 | round Q2_0 | step Q1_0 | step Q2_0 |"
+        rule = "|---|---|---|---|---|"
+        if one_ok:
+            head += " 1-draft round Q1_0 | 1-draft round Q2_0 |"
+            rule += "---|---|"
         out += [
             "",
             f"The same for a speculative round (`cuda_spec_bench::cuda_round_what_if`: {r1['round']}) and the "
             f"greedy step measured beside it: ms saved, of a {r1['round_ms']:.2f} / {r2['round_ms']:.2f} ms round "
-            f"and a {r1['step_ms']:.2f} / {r2['step_ms']:.2f} ms step (Q1_0 / Q2_0; commit {r1.get('commit')}).",
+            f"and a {r1['step_ms']:.2f} / {r2['step_ms']:.2f} ms step (Q1_0 / Q2_0; commit {r1.get('commit')}, "
+            f"{r1.get('gpu')})"
+            + (
+                f"; the last two columns: rounds of 1 draft (a 2-row verify), of {one['q1']['round_ms']:.2f} / "
+                f"{one['q2']['round_ms']:.2f} ms"
+                if one_ok
+                else ""
+            )
+            + ".",
             "",
-            "| launches left out | round Q1_0 | round Q2_0 | step Q1_0 | step Q2_0 |",
-            "|---|---|---|---|---|",
+            head,
+            rule,
         ]
         by2 = {r["skipped"]: r for r in r2["without"]}
+        d1 = {v: {r["skipped"]: r for r in one[v]["without"]} for v in one} if one_ok else {}
+        nan = float("nan")
         for r in r1["without"]:
             o = by2.get(r["skipped"], {})
-            out.append(
-                f"| {r['skipped']} | {r['round_saved_ms']:.3f} | {o.get('round_saved_ms', float('nan')):.3f} | "
-                f"{r['step_saved_ms']:.3f} | {o.get('step_saved_ms', float('nan')):.3f} |"
+            row = (
+                f"| {r['skipped']} | {r['round_saved_ms']:.3f} | {o.get('round_saved_ms', nan):.3f} | "
+                f"{r['step_saved_ms']:.3f} | {o.get('step_saved_ms', nan):.3f} |"
             )
+            if one_ok:
+                row += "".join(f" {d1[v].get(r['skipped'], {}).get('round_saved_ms', nan):.3f} |" for v in ("q1", "q2"))
+            out.append(row)
+    out += by_drafts_section()
+    return out
+
+
+def by_drafts_section() -> list[str]:
+    """The round's cost by draft count (cuda_round_by_drafts): R for 1..4 drafts rejected at once."""
+    runs = {v: load(f"cuda-round-by-drafts-27b-{v}.json") for v in ("q1", "q2")}
+    if not all(runs.values()):
+        return []
+    alt = load("cuda-round-by-drafts-b1q0-27b-q1.json")
+
+    def cells(d: dict) -> str:
+        def span(n: int) -> str:
+            rs = [r["R"] for r in d["rows"] if r["drafts"] == n]
+            return f"{min(rs):.2f} – {max(rs):.2f}"
+
+        return " | ".join(span(n) for n in range(1, 5))
+
+    out = [
+        "",
+        "The round's cost by its draft count (`cuda_spec_bench::cuda_round_by_drafts`: "
+        f"{runs['q1']['round']}, against the greedy step, three alternations in one process; commit "
+        f"{runs['q1'].get('commit')}, {runs['q1'].get('gpu')}): R, min – max.",
+        "",
+        "| weights | verify kernels | 1 draft | 2 drafts | 3 drafts | 4 drafts |",
+        "|---|---|---|---|---|---|",
+        f"| Q1_0 | default | {cells(runs['q1'])} |",
+    ]
+    if alt:
+        out.append(f"| Q1_0 | 5-row b1-plane instead of the int8 tensor cores (`BONSAI_CUDA_B1Q=0`) | {cells(alt)} |")
+    out.append(f"| Q2_0(g128) | default | {cells(runs['q2'])} |")
     return out
 
 
