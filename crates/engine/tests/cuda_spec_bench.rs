@@ -759,47 +759,6 @@ fn cuda_b1p_round_ab() {
     }
 }
 
-/// The batched-norm GDN verify kernel loading each row's inputs a row ahead (`Gpu::gdn_prefetch`)
-/// against loading them at the row's start: the what-if's round (4 drafts, first wrong) and the
-/// greedy step, alternating four times in one process, with a 2-draft round too.
-/// `BONSAI_GDN_PF_AB_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_gdn_pf_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_gdn_pf_round_ab") else {
-        return;
-    };
-    let gpu = t.cuda.gpu();
-    let on0 = gpu.gdn_prefetch();
-    let mut rows = Vec::new();
-    for rep in 0..4 {
-        for on in [false, true] {
-            gpu.set_gdn_prefetch(on);
-            let (round, step) = round_and_step(&t, first);
-            let round2 = rejected_rounds_ms_n(&t, first, &SamplerParams::greedy(), 2);
-            println!(
-                "GDNPFAB rep {rep} gdn_prefetch {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; 2-draft round {round2:.3} ms",
-                round / step
-            );
-            rows.push(format!(
-                "{{\"rep\": {rep}, \"gdn_prefetch\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"round_2_drafts_ms\": {round2:.4}}}",
-                round / step
-            ));
-        }
-    }
-    gpu.set_gdn_prefetch(on0);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        t.cuda.name(),
-        rows.join(", ")
-    );
-    println!("GDNPFAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_GDN_PF_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
-}
-
 /// The round's cost by its draft count: rounds of 1..=4 drafts the target rejects at once (round
 /// graphs, no taps, replay rollback: a verify of 2..=5 rows, then the rollback to 1 row) against
 /// the greedy step, alternating three times in one process. A shorter draft pays only where its

@@ -1037,7 +1037,7 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
 #define GDN_BN_MAXN 8  // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
-template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, bool PF = false>
+template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
@@ -1131,32 +1131,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
     float scale = 1.0f / sqrtf((float)dk);
     int nwq = dk >> 5;
     int last = 0;
-    // a row's inputs: the q / k and value channels' pre-conv values, (NORM, warp 0) the gate
-    // input, the a and b gate inputs. PF (verify launches): row t + 1's are loaded while row t
-    // runs, so their L2 round trip leaves the row-to-row chain; the same values either way
-    auto load_row = [&](int t, float* r) {
-        r[0] = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
-        r[1] = mixed[(size_t)t * conv_dim + v_ch];
-        r[2] = NORM && w == 0 ? z[((size_t)t * hv + h) * dv + j] : 0.f;
-        r[3] = aa[t * hv + h];
-        r[4] = bb[t * hv + h];
-    };
-    float nxt[5];
-    if (PF && n > 0) load_row(0, nxt);
     for (int t = 0; t < n; ++t) {
-        float cur[5];
-        if (PF) {
-#pragma unroll
-            for (int i = 0; i < 5; ++i) cur[i] = nxt[i];
-            if (t + 1 < n) load_row(t + 1, nxt);
-        } else {
-            // the loads where the row uses them (the decode kernel's placement)
-            cur[0] = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
-            cur[1] = mixed[(size_t)t * conv_dim + v_ch];
-        }
         // conv + SiLU of the q / k channel and of the value column
-        float xqk = cur[0];
-        float xv = cur[1];
+        float xqk = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
+        float xv = mixed[(size_t)t * conv_dim + v_ch];
         if (rec_w > 0) {
             // the record's pre-conv row (what gdn_rec_write copied): each value channel from
             // its block's warp 0, each q / k channel from one block of its k-head
@@ -1164,7 +1142,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
             if (w == 0) rm[v_ch] = xv;
             if (qk_ch >= 0 && h == kap && blockIdx.y == 0) rm[qk_ch] = xqk;
         }
-        float zt = PF ? cur[2] : NORM && w == 0 ? z[((size_t)t * hv + h) * dv + j] : 0.f;
+        float zt = 0.f;
+        if (NORM && w == 0) zt = z[((size_t)t * hv + h) * dv + j];
         float y = qk_ch >= 0 ? conv_silu(cw_qk, win_qk, xqk) : 0.f;
         float yv = conv_silu(cw_v, win_v, xv);
         float ws = warp_sum(y * y);
@@ -1187,10 +1166,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 if (ko && h == kap && blockIdx.y == 0) ko[(size_t)t * rs_k + kap * dk + tid - 128] = v;
             }
         }
-        float a = (PF ? cur[3] : aa[t * hv + h]) + dtb;
+        float a = aa[t * hv + h] + dtb;
         float sp = a > 20.f ? a : log1pf(expf(a));
         float gt = sa * sp;
-        float bt = sigmoidf_(PF ? cur[4] : bb[t * hv + h]);
+        float bt = sigmoidf_(bb[t * hv + h]);
         if (ko && w == 0) {
             vo[(size_t)t * rs_v + h * dv + j] = yv;
             if (blockIdx.y == 0 && lane == 0) {
@@ -1359,15 +1338,15 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 //   gdn_conv_step_norm_bn_d128    verify launches (2 ≤ n ≤ 8): the gated norm of all rows after the
 //                                 recurrence with one cluster exchange instead of a cluster barrier
 //                                 per row; the same bits.
-#define GDN_NORM_ENTRY(NAME, BN, SNAP) GDN_NORM_ENTRY_E(NAME, BN, SNAP, false, false)
-#define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY, PF)                                                    \
+#define GDN_NORM_ENTRY(NAME, BN, SNAP) GDN_NORM_ENTRY_E(NAME, BN, SNAP, false)
+#define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY)                                                        \
     extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) NAME(                        \
         float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
         int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
         const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
         float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
         float* yf, i8* yq, float* yd, int* ys) {                                                         \
-        gdn_conv_step_body<true, false, BN, SNAP, EARLY, PF>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
+        gdn_conv_step_body<true, false, BN, SNAP, EARLY>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
                                                          n,                                               \
                                                   eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
                                                   beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps,    \
@@ -1379,9 +1358,7 @@ GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
 // The decode kernel counting its window loads before the PDL wait (`Gpu::gdn_early_count`, the
 // default for one-row launches without a snapshot): decode graph 2.504 -> 2.492 ms per token on
 // Q1_0, 3.162 -> 3.144 on Q2_0 (bench/results/cuda-gdn-early-ab-27b-*.json).
-GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true, false)
-// The batched-norm verify kernel loading each row's inputs a row ahead (`Gpu::gdn_prefetch`).
-GDN_NORM_ENTRY_E(gdn_conv_step_norm_bn_pf_d128, true, true, false, true)
+GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true)
 
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of

@@ -1625,7 +1625,6 @@ kernels!(
         gdn_conv_step_norm_snap_d128,
         gdn_conv_step_norm_bn_d128,
         gdn_conv_step_norm_early_d128,
-        gdn_conv_step_norm_bn_pf_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
         gated_norm_quant_v4,
@@ -2021,8 +2020,6 @@ pub struct Gpu {
     b1p_xs: AtomicBool,
     /// [`Gpu::gdn_early_count`] (`BONSAI_CUDA_GDN_EARLY=0` turns it off).
     gdn_early: AtomicBool,
-    /// [`Gpu::gdn_prefetch`] (`BONSAI_CUDA_GDN_PF=1` turns it on).
-    gdn_pf: AtomicBool,
     /// [`Gpu::b1q`] (`BONSAI_CUDA_B1Q=0` turns it off).
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
@@ -2134,9 +2131,6 @@ impl GdnFused {
         }
     }
 }
-
-/// [`Gpu::gdn_prefetch`]'s default.
-pub const GDN_PREFETCH_DEFAULT: bool = false;
 
 /// The default [`GdnFused`] mode.
 pub const GDN_FUSED_DEFAULT: GdnFused = GdnFused::ConvNorm;
@@ -2352,9 +2346,6 @@ impl Gpu {
             b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
             gdn_early: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_EARLY").map_or(true, |v| v != "0"),
-            ),
-            gdn_pf: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_PF").map_or(GDN_PREFETCH_DEFAULT, |v| v == "1"),
             ),
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gdn_norm_batch: AtomicBool::new(
@@ -3628,8 +3619,7 @@ impl Gpu {
                 | (self.norm_b1q_only() as u64) << 24
                 | (self.spec_pdl() as u64) << 25
                 | (self.norm_segs() as u64) << 26
-                | (self.gdn_early_count() as u64) << 27
-                | (self.gdn_prefetch() as u64) << 28,
+                | (self.gdn_early_count() as u64) << 27,
         ]
     }
 
@@ -4118,20 +4108,6 @@ impl Gpu {
     /// Set [`Self::gdn_norm_batch`] (capture graphs after setting it).
     pub fn set_gdn_norm_batch(&self, on: bool) {
         self.gdn_norm_batch.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the batched-norm verify launches ([`Self::gdn_norm_batch`]) take
-    /// `gdn_conv_step_norm_bn_pf_d128`, which loads row t + 1's inputs (pre-conv values, gate
-    /// inputs) while row t runs instead of at the row's start, so their L2 round trip leaves the
-    /// row-to-row chain ([`GDN_PREFETCH_DEFAULT`]; `BONSAI_CUDA_GDN_PF=0|1`). The same bits
-    /// either way.
-    pub fn gdn_prefetch(&self) -> bool {
-        self.gdn_pf.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::gdn_prefetch`] (capture graphs after setting it).
-    pub fn set_gdn_prefetch(&self, on: bool) {
-        self.gdn_pf.store(on, Ordering::Relaxed);
     }
 
     /// Whether an RMS norm whose every consumer reads its b1-plane outputs skips the int8 codes
@@ -5036,11 +5012,7 @@ impl Gpu {
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
                         if n >= 2 && self.gdn_norm_batch() {
-                            if self.gdn_prefetch() {
-                                self.f.gdn_conv_step_norm_bn_pf_d128
-                            } else {
-                                self.f.gdn_conv_step_norm_bn_d128
-                            }
+                            self.f.gdn_conv_step_norm_bn_d128
                         } else if snap.is_some() {
                             self.f.gdn_conv_step_norm_snap_d128
                         } else if self.gdn_early_count() {

@@ -3543,17 +3543,14 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`), 4 int8 codes
                 // with the previous window count, after the first barriers
                 // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
-                // wherever the launch takes the early kernel: no snapshot, not the batched norm),
-                // 5 as 1 with each row's inputs loaded a row ahead in the batched-norm kernel
-                // (`Gpu::set_gdn_prefetch(true)`)
-                for norm_mode in 0..6 {
+                // wherever the launch takes the early kernel: no snapshot, not the batched norm)
+                for norm_mode in 0..5 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
                     g.set_gdn_norm_batch(norm_mode != 3);
                     g.set_gdn_early_count(norm_mode != 4);
-                    g.set_gdn_prefetch(norm_mode == 5);
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
@@ -3661,7 +3658,6 @@ fn gdn_conv_step_equals_conv_then_step() {
         }
         g.set_gdn_norm_batch(true);
         g.set_gdn_early_count(true);
-        g.set_gdn_prefetch(bonsai_kernels_cuda::GDN_PREFETCH_DEFAULT);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows
