@@ -175,6 +175,21 @@ impl Target {
     }
 }
 
+/// Prints `{"model", "weight_type", "device", <fields>, "rows": [rows]}` after `tag` and writes it
+/// to the file that `$env` names, if set: the JSON record of an A/B bench.
+fn emit_rows(t: &Target, path: &str, (tag, env): (&str, &str), fields: &str, rows: &[String]) {
+    let json = format!(
+        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", {fields}, \"rows\": [{}]}}",
+        t.cfg.weight_type.name(),
+        t.cuda.name(),
+        rows.join(", ")
+    );
+    println!("{tag} {json}");
+    if let Ok(out) = std::env::var(env) {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// The target of the round benches (`BONSAI_SPEC_BENCH_MODEL`, loaded with round graphs on) and
 /// its greedy first token; `None` where the test is skipped.
 fn round_target(test: &str) -> Option<(String, Target, u32)> {
@@ -397,16 +412,13 @@ fn cuda_snap_round_ab() {
     }
     cuda.set_snap_fused(true);
     cuda.gpu().set_gdn_norm_batch(true);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("SNAPAB", "BONSAI_SNAP_AB_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\"",
+        &rows,
     );
-    println!("SNAPAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_SNAP_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// The verify's dp4a-plan mat-vecs on the tensor cores in the dp4a order (`Gpu::mvc`, off by
@@ -420,7 +432,7 @@ fn cuda_mvc_round_ab() {
     let Some((path, t, first)) = round_target("cuda_mvc_round_ab") else {
         return;
     };
-    let (cuda, cfg) = (&t.cuda, &t.cfg);
+    let cuda = &t.cuda;
     let gpu = cuda.gpu();
     let names = gpu.kernel_names();
     let other = non_matvec(&names);
@@ -442,16 +454,13 @@ fn cuda_mvc_round_ab() {
     }
     gpu.set_mvc(false);
     gpu.set_mvc_pre(7);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("MVCAB", "BONSAI_MVC_AB_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\"",
+        &rows,
     );
-    println!("MVCAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_MVC_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// The row-split dp4a verify kernels (`Gpu::mv_rsplit`: 4- and 5-row launches over 2 blocks of 3
@@ -464,7 +473,7 @@ fn cuda_rsplit_round_ab() {
     let Some((path, t, first)) = round_target("cuda_rsplit_round_ab") else {
         return;
     };
-    let (cuda, cfg) = (&t.cuda, &t.cfg);
+    let cuda = &t.cuda;
     let gpu = cuda.gpu();
     let names = gpu.kernel_names();
     let other = non_matvec(&names);
@@ -496,16 +505,13 @@ fn cuda_rsplit_round_ab() {
     }
     gpu.set_mv_rsplit(None);
     gpu.set_mv_verify(None, None);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
-        cfg.weight_type.name(),
-        cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("RSPLITAB", "BONSAI_RSPLIT_AB_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\"",
+        &rows,
     );
-    println!("RSPLITAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_RSPLIT_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// One sampler's cost through the engine's paths: the round ([`rejected_rounds_ms`]) and the
@@ -586,16 +592,13 @@ fn cuda_sampled_round_ab() {
             ));
         }
     }
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback, 4 drafts rejected at once, host accept included\", \"step\": \"decode graph + host pick, as the engine runs it\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        t.cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("SAMPLEDAB", "BONSAI_SAMPLED_AB_OUT"),
+        "\"round\": \"verify_round with round graphs, no taps, replay rollback, 4 drafts rejected at once, host accept included\", \"step\": \"decode graph + host pick, as the engine runs it\"",
+        &rows,
     );
-    println!("SAMPLEDAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_SAMPLED_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// The round's GDN bookkeeping launches: the rollback's replay as one `gdn_replay_layers` launch
@@ -642,16 +645,13 @@ fn cuda_replay_round_ab() {
     t.cuda.set_replay_layers(layers0);
     t.cuda.set_rec_fused(rec0);
     gpu.set_spec_pdl(sp0);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"verify_round with round graphs, no taps, replay rollback of 1 row, 4 drafts rejected at once, host accept included\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        t.cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("REPLAYAB", "BONSAI_REPLAY_AB_OUT"),
+        "\"round\": \"verify_round with round graphs, no taps, replay rollback of 1 row, 4 drafts rejected at once, host accept included\"",
+        &rows,
     );
-    println!("REPLAYAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_REPLAY_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// The RMS norms without their int8 codes where every consumer reads the b1-plane activations
@@ -693,16 +693,13 @@ fn cuda_norm_p16_round_ab() {
     gpu.set_norm_p16_only(on0);
     gpu.set_norm_b1q_only(b1q0);
     gpu.set_norm_segs(segs0);
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        t.cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("NORMAB", "BONSAI_NORM_AB_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
+        &rows,
     );
-    println!("NORMAB {json}");
-    if let Ok(out) = std::env::var("BONSAI_NORM_AB_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
@@ -785,16 +782,13 @@ fn cuda_round_by_drafts() {
             ));
         }
     }
-    let json = format!(
-        "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"round\": \"round graphs, no taps, replay rollback, drafts rejected at once\", \"step\": \"greedy decode graph\", \"rows\": [{}]}}",
-        t.cfg.weight_type.name(),
-        t.cuda.name(),
-        rows.join(", ")
+    emit_rows(
+        &t,
+        &path,
+        ("BYDRAFTS", "BONSAI_BY_DRAFTS_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, drafts rejected at once\", \"step\": \"greedy decode graph\"",
+        &rows,
     );
-    println!("BYDRAFTS {json}");
-    if let Ok(out) = std::env::var("BONSAI_BY_DRAFTS_OUT") {
-        std::fs::write(out, &json).unwrap();
-    }
 }
 
 /// What each family of launches costs in a verify round (round graphs, no taps, replay rollback,
