@@ -274,8 +274,14 @@ fn round_and_step(t: &Target, first: u32) -> (f64, f64) {
 
 /// [`round_and_step`] with rounds of `nd` drafts.
 fn round_and_step_n(t: &Target, first: u32, nd: usize) -> (f64, f64) {
-    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let round = rejected_rounds_ms_n(t, first, &SamplerParams::greedy(), nd);
+    (round, greedy_step_ms(t, first))
+}
+
+/// Median ms of ROUNDS greedy decode steps (the decode graph without the logits row) from the
+/// prompt state, after one warm-up step.
+fn greedy_step_ms(t: &Target, first: u32) -> f64 {
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
     let mut st = SeqState::new(cuda, cfg, t.n_ctx).unwrap();
     st.copy_from(cuda, &t.base);
     let mut lg = Vec::new();
@@ -291,7 +297,7 @@ fn round_and_step_n(t: &Target, first: u32, nd: usize) -> (f64, f64) {
             tp.push(secs);
         }
     }
-    (round, median_ms(&mut tp))
+    median_ms(&mut tp)
 }
 
 /// [`round_and_step`], then the same with the kernels `other` skipped (the mat-vecs alone):
@@ -769,7 +775,7 @@ fn cuda_round_by_drafts() {
     };
     let mut rows = Vec::new();
     for rep in 0..3 {
-        let (_, step) = round_and_step(&t, first);
+        let step = greedy_step_ms(&t, first);
         for nd in 1..=K {
             let round = rejected_rounds_ms_n(&t, first, &SamplerParams::greedy(), nd);
             println!(
