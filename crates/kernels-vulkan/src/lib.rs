@@ -1,0 +1,862 @@
+//! bonsai's Vulkan kernels: an ash context over `libvulkan.so.1` (loaded at run time, so nothing
+//! Vulkan is needed to build), device buffers addressed by `bufferDeviceAddress`, and the compute
+//! shaders of `shaders/` embedded as SPIR-V (see `build.rs`). Knows buffers and dimensions, never
+//! the model: the engine's Vulkan backend composes these dispatches into the qwen35 forward.
+//!
+//! Every shader takes its buffers as device addresses in one push-constant block, so there are no
+//! descriptor sets: a dispatch is bind pipeline, push constants, dispatch, barrier. Work is recorded
+//! into one command buffer per [`Vulkan::run`] and waited for on a fence. The shaders are written for
+//! correctness and batch invariance first: a row's result is computed by the same code in the same
+//! order whatever the number of rows in the dispatch (see `shaders/common.glsl`).
+
+mod spirv {
+    include!(concat!(env!("OUT_DIR"), "/spirv.rs"));
+}
+pub mod retile;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+
+pub use spirv::{FROM_GLSLC, SOURCE_FNV64};
+
+/// What went wrong, in words a user can act on.
+#[derive(Debug, Clone)]
+pub struct VkError(pub String);
+
+impl fmt::Display for VkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for VkError {}
+
+pub type Result<T> = std::result::Result<T, VkError>;
+
+fn vkerr(what: &str) -> impl Fn(vk::Result) -> VkError + '_ {
+    move |e| VkError(format!("vulkan: {what}: {e}"))
+}
+
+/// Push constants of one dispatch, at most 128 bytes (the Vulkan minimum): device addresses first
+/// (8 bytes each), then 32-bit scalars, in the order the shader's push-constant block declares them.
+#[derive(Clone)]
+pub struct Push {
+    bytes: [u8; 128],
+    len: usize,
+    scalars: bool,
+}
+
+impl Default for Push {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Push {
+    pub fn new() -> Push {
+        Push {
+            bytes: [0; 128],
+            len: 0,
+            scalars: false,
+        }
+    }
+    /// A buffer's device address (plus a byte offset into it).
+    pub fn addr(mut self, b: &Buffer, byte_off: u64) -> Push {
+        assert!(!self.scalars, "Push: addresses go before scalars");
+        assert!(
+            byte_off <= b.size && byte_off % 4 == 0,
+            "Push: offset {byte_off} outside a {}-byte buffer",
+            b.size
+        );
+        self.put(&(b.addr + byte_off).to_le_bytes());
+        self
+    }
+    /// An unused address slot (a shader reads it only under a flag that is off).
+    pub fn null(mut self) -> Push {
+        assert!(!self.scalars, "Push: addresses go before scalars");
+        self.put(&0u64.to_le_bytes());
+        self
+    }
+    pub fn u32(mut self, v: u32) -> Push {
+        self.scalars = true;
+        self.put(&v.to_le_bytes());
+        self
+    }
+    pub fn f32(mut self, v: f32) -> Push {
+        self.scalars = true;
+        self.put(&v.to_le_bytes());
+        self
+    }
+    fn put(&mut self, b: &[u8]) {
+        assert!(self.len + b.len() <= 128, "Push: over 128 bytes");
+        self.bytes[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The compute shaders (one SPIR-V module each; `shaders/variants.txt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Rmsnorm,
+    MvQ1,
+    MvQ2,
+    MvQ2g64,
+    MvF32,
+    Swiglu,
+    GdnConv,
+    GdnPrep,
+    GdnStep,
+    AttnPrep,
+    Attn,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 11] = [
+        Kernel::Rmsnorm,
+        Kernel::MvQ1,
+        Kernel::MvQ2,
+        Kernel::MvQ2g64,
+        Kernel::MvF32,
+        Kernel::Swiglu,
+        Kernel::GdnConv,
+        Kernel::GdnPrep,
+        Kernel::GdnStep,
+        Kernel::AttnPrep,
+        Kernel::Attn,
+    ];
+    pub fn module(self) -> &'static str {
+        match self {
+            Kernel::Rmsnorm => "rmsnorm",
+            Kernel::MvQ1 => "mv_q1",
+            Kernel::MvQ2 => "mv_q2",
+            Kernel::MvQ2g64 => "mv_q2g64",
+            Kernel::MvF32 => "mv_f32",
+            Kernel::Swiglu => "swiglu",
+            Kernel::GdnConv => "gdn_conv",
+            Kernel::GdnPrep => "gdn_prep",
+            Kernel::GdnStep => "gdn_step",
+            Kernel::AttnPrep => "attn_prep",
+            Kernel::Attn => "attn",
+        }
+    }
+}
+
+/// A physical device as the loader reports it.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// "discrete", "integrated", "virtual", "cpu" or "other".
+    pub kind: &'static str,
+    pub api: (u32, u32, u32),
+}
+
+struct Exec {
+    pool: vk::CommandPool,
+    cb: vk::CommandBuffer,
+    fence: vk::Fence,
+    /// Host-visible bounce buffer for uploads and downloads, grown on demand.
+    staging: Option<Buffer>,
+}
+
+struct Inner {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    queue: vk::Queue,
+    mem: vk::PhysicalDeviceMemoryProperties,
+    layout: vk::PipelineLayout,
+    pipelines: Vec<vk::Pipeline>, // indexed like Kernel::ALL
+    info: DeviceInfo,
+    exec: Mutex<Option<Exec>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: every Buffer holds an Arc<Inner>, so none is alive; the queue is idle after
+        // device_wait_idle, and each handle is destroyed once, children before the device.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            if let Some(ex) = self.exec.get_mut().ok().and_then(|e| e.take()) {
+                drop(ex.staging);
+                self.device.destroy_fence(ex.fence, None);
+                self.device.destroy_command_pool(ex.pool, None);
+            }
+            for &p in &self.pipelines {
+                self.device.destroy_pipeline(p, None);
+            }
+            self.device.destroy_pipeline_layout(self.layout, None);
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// A device buffer of `size` bytes with its device address.
+pub struct Buffer {
+    inner: Arc<Inner>,
+    buf: vk::Buffer,
+    mem: vk::DeviceMemory,
+    size: u64,
+    addr: u64,
+    host_visible: bool,
+}
+
+impl Buffer {
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: the buffer and its memory were created on this device and are destroyed once;
+        // `Vulkan::run` waits for its fence before returning, so no submitted work still uses them.
+        unsafe {
+            self.inner.device.destroy_buffer(self.buf, None);
+            self.inner.device.free_memory(self.mem, None);
+        }
+    }
+}
+
+/// The Vulkan context: one device, one compute queue, every pipeline built.
+#[derive(Clone)]
+pub struct Vulkan {
+    inner: Arc<Inner>,
+}
+
+fn kind_name(t: vk::PhysicalDeviceType) -> &'static str {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => "discrete",
+        vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated",
+        vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual",
+        vk::PhysicalDeviceType::CPU => "cpu",
+        _ => "other",
+    }
+}
+
+fn kind_rank(k: &str) -> u32 {
+    match k {
+        "discrete" => 0,
+        "integrated" => 1,
+        "virtual" => 2,
+        "other" => 3,
+        _ => 4,
+    }
+}
+
+fn load_entry() -> Result<ash::Entry> {
+    // SAFETY: dlopens the system Vulkan loader; ash checks the symbols it resolves.
+    unsafe { ash::Entry::load() }
+        .map_err(|e| VkError(format!("no Vulkan loader (libvulkan.so.1): {e}")))
+}
+
+fn new_instance(entry: &ash::Entry) -> Result<ash::Instance> {
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"bonsai")
+        .api_version(vk::make_api_version(0, 1, 2, 0));
+    let ci = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: the create info and what it points to outlive the call.
+    unsafe { entry.create_instance(&ci, None) }.map_err(vkerr("create instance"))
+}
+
+/// The usable physical devices, best first (discrete > integrated > virtual > other > CPU), each
+/// with Vulkan ≥ 1.2 and bufferDeviceAddress.
+fn usable_devices(instance: &ash::Instance) -> Result<Vec<(vk::PhysicalDevice, DeviceInfo, u32)>> {
+    // SAFETY: plain queries on a live instance.
+    let pds =
+        unsafe { instance.enumerate_physical_devices() }.map_err(vkerr("enumerate devices"))?;
+    let mut out = Vec::new();
+    for pd in pds {
+        // SAFETY: queries on a physical device the instance returned.
+        let (props, queues) = unsafe {
+            (
+                instance.get_physical_device_properties(pd),
+                instance.get_physical_device_queue_family_properties(pd),
+            )
+        };
+        let api = props.api_version;
+        let api = (
+            vk::api_version_major(api),
+            vk::api_version_minor(api),
+            vk::api_version_patch(api),
+        );
+        if api < (1, 2, 0) {
+            continue;
+        }
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut f12);
+        // SAFETY: f2 chains f12, both live across the call.
+        unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+        if f12.buffer_device_address == vk::FALSE {
+            continue;
+        }
+        let Some(family) = queues
+            .iter()
+            .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        else {
+            continue;
+        };
+        let name = props
+            .device_name_as_c_str()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "?".into());
+        out.push((
+            pd,
+            DeviceInfo {
+                name,
+                kind: kind_name(props.device_type),
+                api,
+            },
+            family as u32,
+        ));
+    }
+    out.sort_by_key(|(_, i, _)| kind_rank(i.kind));
+    Ok(out)
+}
+
+impl Vulkan {
+    /// The usable devices, best first; empty (not an error) when the loader finds none.
+    pub fn devices() -> Result<Vec<DeviceInfo>> {
+        let entry = load_entry()?;
+        let instance = new_instance(&entry)?;
+        let r = usable_devices(&instance);
+        // SAFETY: nothing created from this instance is alive.
+        unsafe { instance.destroy_instance(None) };
+        Ok(r?.into_iter().map(|(_, i, _)| i).collect())
+    }
+
+    /// Whether a usable non-CPU device exists (what `device="auto"` asks: a software rasterizer
+    /// such as llvmpipe is never picked automatically).
+    pub fn gpu_available() -> bool {
+        Self::devices().is_ok_and(|d| d.iter().any(|i| i.kind != "cpu"))
+    }
+
+    /// Open the best usable device. `allow_cpu` also accepts a CPU implementation (lavapipe), which
+    /// is what the tests run on where there is no GPU.
+    pub fn new(allow_cpu: bool) -> Result<Vulkan> {
+        let entry = load_entry()?;
+        let instance = new_instance(&entry)?;
+        let picked = usable_devices(&instance).and_then(|devs| {
+            devs.into_iter()
+                .find(|(_, i, _)| allow_cpu || i.kind != "cpu")
+                .ok_or_else(|| {
+                    VkError(
+                        "no Vulkan GPU with Vulkan 1.2 and bufferDeviceAddress (a CPU \
+                         implementation such as llvmpipe is not used unless asked for)"
+                            .into(),
+                    )
+                })
+        });
+        let (pd, info, family) = match picked {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: nothing created from this instance is alive.
+                unsafe { instance.destroy_instance(None) };
+                return Err(e);
+            }
+        };
+        let prio = [1.0f32];
+        let qci = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&prio)];
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true);
+        let dci = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&qci)
+            .push_next(&mut f12);
+        // SAFETY: pd belongs to this instance; the create infos outlive the call.
+        let device = match unsafe { instance.create_device(pd, &dci, None) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: as above.
+                unsafe { instance.destroy_instance(None) };
+                return Err(vkerr("create device")(e));
+            }
+        };
+        // SAFETY: queries on live handles.
+        let (queue, mem) = unsafe {
+            (
+                device.get_device_queue(family, 0),
+                instance.get_physical_device_memory_properties(pd),
+            )
+        };
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(128)];
+        let lci = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
+        // SAFETY: a layout with one push-constant range and no sets, on a live device.
+        let layout = unsafe { device.create_pipeline_layout(&lci, None) };
+        let mut inner = Inner {
+            _entry: entry,
+            instance,
+            device,
+            queue,
+            mem,
+            layout: vk::PipelineLayout::null(),
+            pipelines: Vec::new(),
+            info,
+            exec: Mutex::new(None),
+        };
+        // From here on Inner's Drop releases whatever was created.
+        inner.layout = layout.map_err(vkerr("create pipeline layout"))?;
+        for k in Kernel::ALL {
+            let p = build_pipeline(&inner.device, inner.layout, k)?;
+            inner.pipelines.push(p);
+        }
+        let pool_ci = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: live device; the pool, its buffer and the fence are owned by Exec and destroyed
+        // in Inner's Drop.
+        unsafe {
+            let pool = inner
+                .device
+                .create_command_pool(&pool_ci, None)
+                .map_err(vkerr("create command pool"))?;
+            let ai = vk::CommandBufferAllocateInfo::default()
+                .command_pool(pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1);
+            let cb = match inner.device.allocate_command_buffers(&ai) {
+                Ok(v) => v[0],
+                Err(e) => {
+                    inner.device.destroy_command_pool(pool, None);
+                    return Err(vkerr("allocate command buffer")(e));
+                }
+            };
+            let fence = match inner
+                .device
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+            {
+                Ok(f) => f,
+                Err(e) => {
+                    inner.device.destroy_command_pool(pool, None);
+                    return Err(vkerr("create fence")(e));
+                }
+            };
+            *inner.exec.get_mut().unwrap() = Some(Exec {
+                pool,
+                cb,
+                fence,
+                staging: None,
+            });
+        }
+        Ok(Vulkan {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// "NVIDIA H200 (discrete, Vulkan 1.3.x)".
+    pub fn name(&self) -> String {
+        let i = &self.inner.info;
+        format!(
+            "{} ({}, Vulkan {}.{}.{})",
+            i.name, i.kind, i.api.0, i.api.1, i.api.2
+        )
+    }
+
+    fn memory_type(&self, bits: u32, want: vk::MemoryPropertyFlags) -> Option<u32> {
+        let m = &self.inner.mem;
+        (0..m.memory_type_count).find(|&i| {
+            bits & (1 << i) != 0 && m.memory_types[i as usize].property_flags.contains(want)
+        })
+    }
+
+    fn create_buffer(&self, size: u64, host: bool) -> Result<Buffer> {
+        let size = size.max(4);
+        let d = &self.inner.device;
+        let bci = vk::BufferCreateInfo::default().size(size).usage(
+            vk::BufferUsageFlags::STORAGE_BUFFER
+                | vk::BufferUsageFlags::TRANSFER_SRC
+                | vk::BufferUsageFlags::TRANSFER_DST
+                | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
+        );
+        // SAFETY: live device; the buffer is freed by Buffer's Drop or below on failure.
+        let buf = unsafe { d.create_buffer(&bci, None) }.map_err(vkerr("create buffer"))?;
+        // SAFETY: buf is live.
+        let req = unsafe { d.get_buffer_memory_requirements(buf) };
+        let want = if host {
+            vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT
+        } else {
+            vk::MemoryPropertyFlags::DEVICE_LOCAL
+        };
+        let Some(ti) = self
+            .memory_type(req.memory_type_bits, want)
+            .or_else(|| self.memory_type(req.memory_type_bits, vk::MemoryPropertyFlags::empty()))
+        else {
+            // SAFETY: buf is live and unused.
+            unsafe { d.destroy_buffer(buf, None) };
+            return Err(VkError(
+                "vulkan: no memory type for a storage buffer".into(),
+            ));
+        };
+        let host_visible = self.inner.mem.memory_types[ti as usize]
+            .property_flags
+            .contains(
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            );
+        let mut flags =
+            vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
+        let ai = vk::MemoryAllocateInfo::default()
+            .allocation_size(req.size)
+            .memory_type_index(ti)
+            .push_next(&mut flags);
+        // SAFETY: live device, valid allocate info; on failure buf is destroyed.
+        let mem = match unsafe { d.allocate_memory(&ai, None) } {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: buf is live and unused.
+                unsafe { d.destroy_buffer(buf, None) };
+                return Err(VkError(format!(
+                    "vulkan: cannot allocate {size} bytes of {} memory: {e}",
+                    if host { "host-visible" } else { "device" }
+                )));
+            }
+        };
+        // SAFETY: mem was allocated for buf's requirements; the address query needs the binding.
+        let addr = unsafe {
+            if let Err(e) = d.bind_buffer_memory(buf, mem, 0) {
+                d.destroy_buffer(buf, None);
+                d.free_memory(mem, None);
+                return Err(vkerr("bind buffer memory")(e));
+            }
+            d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buf))
+        };
+        Ok(Buffer {
+            inner: self.inner.clone(),
+            buf,
+            mem,
+            size,
+            addr,
+            host_visible,
+        })
+    }
+
+    /// A zero-filled device buffer of `bytes` bytes.
+    pub fn alloc(&self, bytes: u64) -> Result<Buffer> {
+        let b = self.create_buffer(bytes, false)?;
+        self.run(|c| {
+            c.fill(&b, 0, b.size, 0);
+            Ok(())
+        })?;
+        Ok(b)
+    }
+
+    fn with_exec<T>(&self, f: impl FnOnce(&mut Exec) -> Result<T>) -> Result<T> {
+        let mut g = self
+            .inner
+            .exec
+            .lock()
+            .map_err(|_| VkError("vulkan: a previous submission panicked".into()))?;
+        let ex = g.as_mut().expect("Exec is set up in Vulkan::new");
+        f(ex)
+    }
+
+    /// Record `f`'s commands into one command buffer, submit it and wait for it.
+    pub fn run(&self, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
+        self.with_exec(|ex| self.submit(ex, f))
+    }
+
+    fn submit(&self, ex: &mut Exec, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
+        let d = &self.inner.device;
+        // SAFETY: the command buffer is not in flight (every submit waits for its fence before
+        // returning, under the Exec lock); reset, begin, record, end, submit, wait, reset fence.
+        unsafe {
+            d.reset_command_buffer(ex.cb, vk::CommandBufferResetFlags::empty())
+                .map_err(vkerr("reset command buffer"))?;
+            d.begin_command_buffer(
+                ex.cb,
+                &vk::CommandBufferBeginInfo::default()
+                    .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+            )
+            .map_err(vkerr("begin command buffer"))?;
+        }
+        let mut cmd = Cmd {
+            inner: &self.inner,
+            cb: ex.cb,
+        };
+        let rec = f(&mut cmd);
+        // SAFETY: as above; the buffer is ended even when recording failed, then not submitted.
+        unsafe {
+            d.end_command_buffer(ex.cb)
+                .map_err(vkerr("end command buffer"))?;
+            rec?;
+            let cbs = [ex.cb];
+            let si = [vk::SubmitInfo::default().command_buffers(&cbs)];
+            d.queue_submit(self.inner.queue, &si, ex.fence)
+                .map_err(vkerr("queue submit"))?;
+            let w = d.wait_for_fences(&[ex.fence], true, u64::MAX);
+            d.reset_fences(&[ex.fence]).map_err(vkerr("reset fence"))?;
+            w.map_err(vkerr("wait for the GPU"))?;
+        }
+        Ok(())
+    }
+
+    fn staging(&self, ex: &mut Exec, bytes: u64) -> Result<()> {
+        if ex.staging.as_ref().is_none_or(|s| s.size < bytes) {
+            ex.staging = None;
+            ex.staging = Some(self.create_buffer(bytes.next_power_of_two().max(1 << 16), true)?);
+        }
+        Ok(())
+    }
+
+    /// Copy `data` into `dst` at byte `off`.
+    pub fn upload(&self, dst: &Buffer, off: u64, data: &[u8]) -> Result<()> {
+        check_range(dst, off, data.len() as u64, "upload")?;
+        const CHUNK: usize = 64 << 20;
+        self.with_exec(|ex| {
+            for (i, part) in data.chunks(CHUNK).enumerate() {
+                self.staging(ex, part.len() as u64)?;
+                let st = ex.staging.as_ref().unwrap();
+                map_copy(st, |p| p[..part.len()].copy_from_slice(part))?;
+                let (src_buf, dst_buf) = (st.buf, dst.buf);
+                let at = off + (i * CHUNK) as u64;
+                let len = part.len() as u64;
+                self.submit(ex, |c| {
+                    c.copy_raw(src_buf, 0, dst_buf, at, len);
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Copy `out.len()` bytes of `src` from byte `off`.
+    pub fn download(&self, src: &Buffer, off: u64, out: &mut [u8]) -> Result<()> {
+        check_range(src, off, out.len() as u64, "download")?;
+        const CHUNK: usize = 64 << 20;
+        self.with_exec(|ex| {
+            for (i, part) in out.chunks_mut(CHUNK).enumerate() {
+                self.staging(ex, part.len() as u64)?;
+                let st_buf = ex.staging.as_ref().unwrap().buf;
+                let at = off + (i * CHUNK) as u64;
+                let len = part.len() as u64;
+                let src_buf = src.buf;
+                self.submit(ex, |c| {
+                    c.copy_raw(src_buf, at, st_buf, 0, len);
+                    Ok(())
+                })?;
+                map_copy(ex.staging.as_ref().unwrap(), |p| {
+                    part.copy_from_slice(&p[..part.len()])
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn upload_f32(&self, dst: &Buffer, off_elems: usize, v: &[f32]) -> Result<()> {
+        self.upload(dst, 4 * off_elems as u64, f32_bytes(v))
+    }
+
+    pub fn download_f32(&self, src: &Buffer, off_elems: usize, out: &mut [f32]) -> Result<()> {
+        // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1; the slice covers exactly
+        // out's memory.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                out.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(out),
+            )
+        };
+        self.download(src, 4 * off_elems as u64, bytes)
+    }
+
+    /// A device buffer holding `v`.
+    pub fn buffer_f32(&self, v: &[f32]) -> Result<Buffer> {
+        let b = self.create_buffer(4 * v.len() as u64, false)?;
+        if !v.is_empty() {
+            self.upload_f32(&b, 0, v)?;
+        }
+        Ok(b)
+    }
+
+    /// A device buffer holding `v`.
+    pub fn buffer_u32(&self, v: &[u32]) -> Result<Buffer> {
+        let b = self.create_buffer(4 * v.len() as u64, false)?;
+        if !v.is_empty() {
+            // SAFETY: u32 → bytes over exactly v's memory.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+            };
+            self.upload(&b, 0, bytes)?;
+        }
+        Ok(b)
+    }
+}
+
+/// `v` as bytes.
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 plain bytes; the slice covers exactly v's memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+fn check_range(b: &Buffer, off: u64, len: u64, what: &str) -> Result<()> {
+    if off.checked_add(len).is_none_or(|end| end > b.size) {
+        return Err(VkError(format!(
+            "vulkan: {what} of {len} bytes at {off} outside a {}-byte buffer",
+            b.size
+        )));
+    }
+    Ok(())
+}
+
+/// Map a host-visible buffer and give `f` its bytes.
+fn map_copy(b: &Buffer, f: impl FnOnce(&mut [u8])) -> Result<()> {
+    debug_assert!(b.host_visible);
+    let d = &b.inner.device;
+    // SAFETY: the staging buffer is host-visible and coherent, no submitted work touches it while
+    // the Exec lock is held and its last submission was waited for; the mapping covers `size`.
+    unsafe {
+        let p = d
+            .map_memory(b.mem, 0, b.size, vk::MemoryMapFlags::empty())
+            .map_err(vkerr("map memory"))?;
+        f(std::slice::from_raw_parts_mut(
+            p.cast::<u8>(),
+            b.size as usize,
+        ));
+        d.unmap_memory(b.mem);
+    }
+    Ok(())
+}
+
+fn build_pipeline(d: &ash::Device, layout: vk::PipelineLayout, k: Kernel) -> Result<vk::Pipeline> {
+    let bytes = spirv::MODULES
+        .iter()
+        .find(|(n, _)| *n == k.module())
+        .map(|(_, b)| *b)
+        .ok_or_else(|| VkError(format!("vulkan: no SPIR-V module {}", k.module())))?;
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let smci = vk::ShaderModuleCreateInfo::default().code(&words);
+    // SAFETY: words is a SPIR-V module built by glslc for Vulkan 1.2; the module is destroyed
+    // right after the pipeline is built from it.
+    unsafe {
+        let m = d
+            .create_shader_module(&smci, None)
+            .map_err(vkerr("create shader module"))?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(m)
+            .name(c"main");
+        let ci = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout)];
+        let r = d.create_compute_pipelines(vk::PipelineCache::null(), &ci, None);
+        d.destroy_shader_module(m, None);
+        match r {
+            Ok(p) => Ok(p[0]),
+            Err((_, e)) => Err(VkError(format!(
+                "vulkan: build pipeline {}: {e}",
+                k.module()
+            ))),
+        }
+    }
+}
+
+/// A command buffer being recorded ([`Vulkan::run`]). Every command is followed by a full memory
+/// barrier, so each dispatch sees everything the commands before it wrote.
+pub struct Cmd<'a> {
+    inner: &'a Inner,
+    cb: vk::CommandBuffer,
+}
+
+impl Cmd<'_> {
+    fn barrier(&mut self) {
+        let mb = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        // SAFETY: recording into a command buffer in the recording state.
+        unsafe {
+            self.inner.device.cmd_pipeline_barrier(
+                self.cb,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &mb,
+                &[],
+                &[],
+            )
+        };
+    }
+
+    /// Run `k` over `groups` workgroups (laid out as x ≤ 65535 by y; the shader reads the count
+    /// from its push constants and returns past it).
+    pub fn dispatch(&mut self, k: Kernel, groups: u32, push: &Push) {
+        if groups == 0 {
+            return;
+        }
+        let idx = Kernel::ALL.iter().position(|&x| x == k).unwrap();
+        let (gx, gy) = if groups <= 65535 {
+            (groups, 1)
+        } else {
+            (65535, groups.div_ceil(65535))
+        };
+        // SAFETY: recording state; the pipeline and layout belong to this device; the push bytes
+        // fit the layout's 128-byte range.
+        unsafe {
+            let d = &self.inner.device;
+            d.cmd_bind_pipeline(
+                self.cb,
+                vk::PipelineBindPoint::COMPUTE,
+                self.inner.pipelines[idx],
+            );
+            d.cmd_push_constants(
+                self.cb,
+                self.inner.layout,
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                push.as_bytes(),
+            );
+            d.cmd_dispatch(self.cb, gx, gy, 1);
+        }
+        self.barrier();
+    }
+
+    fn copy_raw(&mut self, src: vk::Buffer, so: u64, dst: vk::Buffer, dof: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let r = [vk::BufferCopy::default()
+            .src_offset(so)
+            .dst_offset(dof)
+            .size(len)];
+        // SAFETY: recording state; the ranges were checked by the callers.
+        unsafe { self.inner.device.cmd_copy_buffer(self.cb, src, dst, &r) };
+        self.barrier();
+    }
+
+    /// `dst[dof ..] ← src[so ..]`, `len` bytes (multiples of 4 not required).
+    pub fn copy(&mut self, src: &Buffer, so: u64, dst: &Buffer, dof: u64, len: u64) -> Result<()> {
+        check_range(src, so, len, "copy source")?;
+        check_range(dst, dof, len, "copy destination")?;
+        self.copy_raw(src.buf, so, dst.buf, dof, len);
+        Ok(())
+    }
+
+    /// Fill `len` bytes (a multiple of 4) of `dst` from `off` with the word `word`.
+    pub fn fill(&mut self, dst: &Buffer, off: u64, len: u64, word: u32) {
+        if len == 0 {
+            return;
+        }
+        // SAFETY: recording state; the range lies inside the buffer (callers pass sizes of it).
+        unsafe {
+            self.inner
+                .device
+                .cmd_fill_buffer(self.cb, dst.buf, off, len, word)
+        };
+        self.barrier();
+    }
+}

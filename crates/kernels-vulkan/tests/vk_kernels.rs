@@ -1,0 +1,687 @@
+//! Every Vulkan shader against the scalar CPU reference (`bonsai_kernels_cpu::reference`), on random
+//! inputs, plus batch invariance: a row of an n-row dispatch equals the one-row dispatch bit for bit.
+//!
+//! These run on any Vulkan 1.2 implementation with bufferDeviceAddress, a CPU one included: CI installs
+//! lavapipe (`mesa-vulkan-drivers`). Without any Vulkan device they fail, saying so.
+
+use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
+use bonsai_kernels_cpu::reference as r;
+use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
+use bonsai_kernels_vulkan::{Buffer, Kernel, Push, Vulkan};
+use half::f16;
+
+fn vk() -> Vulkan {
+    Vulkan::new(true).unwrap_or_else(|e| {
+        panic!(
+            "these tests need a Vulkan device (a CPU one is enough: apt-get install mesa-vulkan-drivers \
+             libvulkan1, as `make test` does): {e}"
+        )
+    })
+}
+
+/// xorshift64*: deterministic test data.
+struct Rng(u64);
+impl Rng {
+    fn u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+fn buf(v: &Vulkan, x: &[f32]) -> Buffer {
+    v.buffer_f32(x).unwrap()
+}
+
+fn get(v: &Vulkan, b: &Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    v.download_f32(b, 0, &mut out).unwrap();
+    out
+}
+
+/// max |a − b| / max(max |b|, 1e-30).
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for (&x, &y) in a.iter().zip(b) {
+        num = num.max((x as f64 - y as f64).abs());
+        den = den.max((y as f64).abs());
+    }
+    num / den.max(1e-30)
+}
+
+/// Random GGUF bytes of `n_out` rows of `n_in` elements of `qt` (random codes, scales in ±0.05).
+fn random_weights(rng: &mut Rng, qt: QuantType, n_in: usize, n_out: usize) -> Vec<u8> {
+    let rb = qt.row_bytes(n_in).unwrap();
+    let mut data = vec![0u8; rb * n_out];
+    match qt {
+        QuantType::F32 => {
+            for c in data.chunks_exact_mut(4) {
+                c.copy_from_slice(&(rng.f() * 0.1).to_le_bytes());
+            }
+        }
+        _ => {
+            let bb = qt.block_bytes();
+            for blk in data.chunks_exact_mut(bb) {
+                blk[..2].copy_from_slice(&f16::from_f32(rng.f() * 0.05).to_le_bytes());
+                for b in &mut blk[2..] {
+                    *b = rng.u64() as u8;
+                }
+            }
+        }
+    }
+    data
+}
+
+/// The `mv` dispatch for `qt`: returns (kernel, codes, scales).
+fn upload_mat(
+    v: &Vulkan,
+    qt: QuantType,
+    data: &[u8],
+    n_in: usize,
+    n_out: usize,
+) -> (Kernel, Buffer, Buffer) {
+    let (k, lb) = match qt {
+        QuantType::Q1_0 => (Kernel::MvQ1, LowBit::Q1),
+        QuantType::Q2_0G128 | QuantType::PQ2_0 => (Kernel::MvQ2, LowBit::Q2g128),
+        QuantType::Q2_0G64 => (Kernel::MvQ2g64, LowBit::Q2g64),
+        QuantType::F32 => {
+            let words: Vec<u32> = data
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            return (
+                Kernel::MvF32,
+                v.buffer_u32(&words).unwrap(),
+                v.alloc(4).unwrap(),
+            );
+        }
+        other => panic!("no mv kernel for {other:?}"),
+    };
+    let (codes, scales) = split_blocks(lb, data, n_in, n_out).unwrap();
+    (
+        k,
+        v.buffer_u32(&codes).unwrap(),
+        v.buffer_f32(&scales).unwrap(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_mv(
+    v: &Vulkan,
+    k: Kernel,
+    codes: &Buffer,
+    scales: &Buffer,
+    x: &Buffer,
+    y: &Buffer,
+    n: usize,
+    n_in: usize,
+    n_out: usize,
+    acc: bool,
+) {
+    v.run(|c| {
+        let p = Push::new()
+            .addr(codes, 0)
+            .addr(scales, 0)
+            .addr(x, 0)
+            .addr(y, 0)
+            .u32((n * n_out) as u32)
+            .u32(n_in as u32)
+            .u32(n_out as u32)
+            .u32(acc as u32);
+        c.dispatch(k, (n * n_out) as u32, &p);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn mv_matches_reference_and_one_row() {
+    let v = vk();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for (qt, n_in) in [
+        (QuantType::Q1_0, 640),
+        (QuantType::Q2_0G128, 512),
+        (QuantType::PQ2_0, 384),
+        (QuantType::Q2_0G64, 320),
+        (QuantType::F32, 200),
+    ] {
+        let (n_out, n) = (77, 5);
+        let data = random_weights(&mut rng, qt, n_in, n_out);
+        let (k, codes, scales) = upload_mat(&v, qt, &data, n_in, n_out);
+        let x = rng.vec(n * n_in, 1.0);
+        let xb = buf(&v, &x);
+        let y = v.alloc((4 * n * n_out) as u64).unwrap();
+        run_mv(&v, k, &codes, &scales, &xb, &y, n, n_in, n_out, false);
+        let got = get(&v, &y, n * n_out);
+        for t in 0..n {
+            let mut want = vec![0f32; n_out];
+            r::matvec(
+                &data,
+                qt,
+                n_in,
+                n_out,
+                &x[t * n_in..(t + 1) * n_in],
+                &mut want,
+            );
+            let e = rel_err(&got[t * n_out..(t + 1) * n_out], &want);
+            assert!(e < 2e-5, "{qt:?} row {t}: relative error {e:e}");
+            // the same row alone: bit for bit
+            let x1 = buf(&v, &x[t * n_in..(t + 1) * n_in]);
+            let y1 = v.alloc((4 * n_out) as u64).unwrap();
+            run_mv(&v, k, &codes, &scales, &x1, &y1, 1, n_in, n_out, false);
+            let one = get(&v, &y1, n_out);
+            assert!(
+                one.iter()
+                    .zip(&got[t * n_out..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{qt:?} row {t}: the 5-row dispatch differs from the one-row dispatch"
+            );
+        }
+        // accumulate: y += W x
+        run_mv(&v, k, &codes, &scales, &xb, &y, n, n_in, n_out, true);
+        let twice = get(&v, &y, n * n_out);
+        for (a, b) in twice.iter().zip(&got) {
+            assert_eq!(a.to_bits(), (b + b).to_bits(), "{qt:?}: accumulate");
+        }
+    }
+}
+
+#[test]
+fn mv_large_grid_covers_every_output() {
+    // more than 65,535 workgroups: the dispatch goes 2-D and every output must still be written
+    let v = vk();
+    let mut rng = Rng(7);
+    let (n_in, n_out, n) = (128, 70_001, 1);
+    let data = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out);
+    let (k, codes, scales) = upload_mat(&v, QuantType::Q1_0, &data, n_in, n_out);
+    let x = rng.vec(n_in, 1.0);
+    let xb = buf(&v, &x);
+    let y = v.buffer_f32(&vec![f32::NAN; n_out]).unwrap();
+    run_mv(&v, k, &codes, &scales, &xb, &y, n, n_in, n_out, false);
+    let got = get(&v, &y, n_out);
+    let mut want = vec![0f32; n_out];
+    r::matvec(&data, QuantType::Q1_0, n_in, n_out, &x, &mut want);
+    assert!(rel_err(&got, &want) < 2e-5);
+}
+
+#[test]
+fn split_blocks_matches_dequantize() {
+    let mut rng = Rng(11);
+    for (qt, lb, n_in) in [
+        (QuantType::Q1_0, LowBit::Q1, 256),
+        (QuantType::Q2_0G128, LowBit::Q2g128, 256),
+        (QuantType::Q2_0G64, LowBit::Q2g64, 192),
+    ] {
+        let data = random_weights(&mut rng, qt, n_in, 3);
+        let (codes, scales) = split_blocks(lb, &data, n_in, 3).unwrap();
+        let nblk = n_in / lb.block();
+        let wpb = lb.code_bytes() / 4;
+        let rb = qt.row_bytes(n_in).unwrap();
+        for o in 0..3 {
+            let mut want = vec![0f32; n_in];
+            dequantize_row(qt, &data[o * rb..(o + 1) * rb], &mut want);
+            for j in 0..n_in {
+                let (b, e) = (j / lb.block(), j % lb.block());
+                let d = scales[o * nblk + b];
+                let w = if lb == LowBit::Q1 {
+                    let bit = codes[(o * nblk + b) * wpb + e / 32] >> (e % 32) & 1;
+                    if bit == 1 {
+                        d
+                    } else {
+                        -d
+                    }
+                } else {
+                    let c = codes[(o * nblk + b) * wpb + e / 16] >> (2 * (e % 16)) & 3;
+                    (c as f32 - 1.0) * d
+                };
+                assert_eq!(w, want[j], "{qt:?} row {o} element {j}");
+            }
+        }
+        assert!(split_blocks(lb, &data[1..], n_in, 3).is_none());
+        assert!(split_blocks(lb, &data, n_in + 1, 3).is_none());
+    }
+}
+
+fn run_rmsnorm(
+    v: &Vulkan,
+    x: &Buffer,
+    w: &Buffer,
+    y: &Buffer,
+    z: Option<&Buffer>,
+    groups: usize,
+    gw: usize,
+    eps: f32,
+) {
+    v.run(|c| {
+        let p = Push::new().addr(x, 0).addr(w, 0).addr(y, 0);
+        let p = match z {
+            Some(z) => p.addr(z, 0),
+            None => p.null(),
+        };
+        let p = p
+            .u32(groups as u32)
+            .u32(gw as u32)
+            .f32(eps)
+            .u32(z.is_some() as u32);
+        c.dispatch(Kernel::Rmsnorm, groups as u32, &p);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn rmsnorm_plain_and_gated_match_reference() {
+    let v = vk();
+    let mut rng = Rng(3);
+    for (groups, gw) in [(3, 5120), (8, 128), (2, 37)] {
+        let x = rng.vec(groups * gw, 2.0);
+        let w = rng.vec(gw, 1.0);
+        let z = rng.vec(groups * gw, 3.0);
+        let (xb, wb, zb) = (buf(&v, &x), buf(&v, &w), buf(&v, &z));
+        let y = v.alloc((4 * groups * gw) as u64).unwrap();
+        run_rmsnorm(&v, &xb, &wb, &y, None, groups, gw, 1e-6);
+        let got = get(&v, &y, groups * gw);
+        let mut want = vec![0f32; groups * gw];
+        for g in 0..groups {
+            r::rmsnorm(
+                &x[g * gw..(g + 1) * gw],
+                &w,
+                1e-6,
+                &mut want[g * gw..(g + 1) * gw],
+            );
+        }
+        assert!(rel_err(&got, &want) < 1e-5, "rmsnorm {groups}x{gw}");
+        // gated, in place
+        run_rmsnorm(&v, &xb, &wb, &xb, Some(&zb), groups, gw, 1e-6);
+        let got = get(&v, &xb, groups * gw);
+        for (wv, zv) in want.iter_mut().zip(&z) {
+            *wv *= r::silu(*zv);
+        }
+        assert!(rel_err(&got, &want) < 1e-5, "gated rmsnorm {groups}x{gw}");
+    }
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    let v = vk();
+    let mut rng = Rng(5);
+    let n = 1000;
+    let (g, u) = (rng.vec(n, 6.0), rng.vec(n, 2.0));
+    let (gb, ub) = (buf(&v, &g), buf(&v, &u));
+    v.run(|c| {
+        let p = Push::new()
+            .addr(&gb, 0)
+            .addr(&ub, 0)
+            .addr(&gb, 0)
+            .u32(4)
+            .u32(n as u32);
+        c.dispatch(Kernel::Swiglu, 4, &p);
+        Ok(())
+    })
+    .unwrap();
+    let got = get(&v, &gb, n);
+    let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| r::silu(*a) * b).collect();
+    assert!(rel_err(&got, &want) < 1e-6);
+}
+
+/// The GDN shader chain (conv, prep, step) over `n` rows, from a given state; returns
+/// (outputs [n, H_v·d_v], window, state).
+#[allow(clippy::too_many_arguments)]
+fn gdn_gpu(
+    v: &Vulkan,
+    mixed: &[f32],
+    bb: &[f32],
+    aa: &[f32],
+    conv_w: &[f32],
+    ssm_a: &[f32],
+    dt_bias: &[f32],
+    win0: &[f32],
+    s0: &[f32],
+    (n, hk, hv, dk, dv, kconv): (usize, usize, usize, usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let cd = 2 * hk * dk + hv * dv;
+    let (mb, bbb, aab, wb, ab, db) = (
+        buf(v, mixed),
+        buf(v, bb),
+        buf(v, aa),
+        buf(v, conv_w),
+        buf(v, ssm_a),
+        buf(v, dt_bias),
+    );
+    let (win, s) = (buf(v, win0), buf(v, s0));
+    let c_out = v.alloc((4 * n * cd) as u64).unwrap();
+    let qk = v.alloc((4 * n * 2 * hk * dk) as u64).unwrap();
+    let g = v.alloc((4 * n * hv) as u64).unwrap();
+    let beta = v.alloc((4 * n * hv) as u64).unwrap();
+    let o = v.alloc((4 * n * hv * dv) as u64).unwrap();
+    v.run(|c| {
+        let p = Push::new()
+            .addr(&mb, 0)
+            .addr(&wb, 0)
+            .addr(&win, 0)
+            .addr(&c_out, 0)
+            .u32(cd.div_ceil(64) as u32)
+            .u32(cd as u32)
+            .u32(kconv as u32)
+            .u32(n as u32)
+            .u32(cd as u32)
+            .u32(1);
+        c.dispatch(Kernel::GdnConv, cd.div_ceil(64) as u32, &p);
+        let groups = n * (2 * hk + 1);
+        let p = Push::new()
+            .addr(&c_out, 0)
+            .addr(&qk, 0)
+            .addr(&bbb, 0)
+            .addr(&aab, 0)
+            .addr(&ab, 0)
+            .addr(&db, 0)
+            .addr(&g, 0)
+            .addr(&beta, 0)
+            .u32(groups as u32)
+            .u32(cd as u32)
+            .u32(dk as u32)
+            .u32(hk as u32)
+            .u32(hv as u32)
+            .f32(1e-6);
+        c.dispatch(Kernel::GdnPrep, groups as u32, &p);
+        let p = Push::new()
+            .addr(&s, 0)
+            .addr(&qk, 0)
+            .addr(&qk, (4 * hk * dk) as u64)
+            .addr(&c_out, (4 * 2 * hk * dk) as u64)
+            .addr(&g, 0)
+            .addr(&beta, 0)
+            .addr(&o, 0)
+            .u32(hv as u32)
+            .u32(dk as u32)
+            .u32(dv as u32)
+            .u32(hk as u32)
+            .u32(n as u32)
+            .u32((2 * hk * dk) as u32)
+            .u32((2 * hk * dk) as u32)
+            .u32(cd as u32)
+            .u32(hv as u32)
+            .u32((hv * dv) as u32)
+            .u32(1);
+        c.dispatch(Kernel::GdnStep, hv as u32, &p);
+        Ok(())
+    })
+    .unwrap();
+    (
+        get(v, &o, n * hv * dv),
+        get(v, &win, win0.len()),
+        get(v, &s, s0.len()),
+    )
+}
+
+#[test]
+fn gdn_chain_matches_reference_and_rows_are_invariant() {
+    let v = vk();
+    let mut rng = Rng(13);
+    for (hk, hv, dk, dv, kconv) in [(2, 4, 32, 32, 4), (1, 3, 128, 128, 4), (2, 2, 16, 48, 2)] {
+        let n = 4;
+        let cd = 2 * hk * dk + hv * dv;
+        let mixed = rng.vec(n * cd, 1.5);
+        let bb = rng.vec(n * hv, 2.0);
+        let aa = rng.vec(n * hv, 3.0);
+        let conv_w = rng.vec(cd * kconv, 0.7);
+        let ssm_a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|a| -a.abs() - 0.1).collect();
+        let dt_bias = rng.vec(hv, 1.0);
+        let win0 = rng.vec((kconv - 1) * cd, 1.0);
+        let s0 = rng.vec(hv * dk * dv, 0.3);
+        let dims = (n, hk, hv, dk, dv, kconv);
+        let (o, win, s) = gdn_gpu(
+            &v, &mixed, &bb, &aa, &conv_w, &ssm_a, &dt_bias, &win0, &s0, dims,
+        );
+
+        // the reference, row by row
+        let (mut rwin, mut rs) = (win0.clone(), s0.clone());
+        let mut ro = vec![0f32; n * hv * dv];
+        let qkw = hk * dk;
+        for t in 0..n {
+            let mut cvec = vec![0f32; cd];
+            r::conv1d_silu_step(
+                &mut rwin,
+                &mixed[t * cd..(t + 1) * cd],
+                &conv_w,
+                kconv,
+                &mut cvec,
+            );
+            let mut q = cvec[..qkw].to_vec();
+            let mut k = cvec[qkw..2 * qkw].to_vec();
+            r::l2norm_heads(&mut q, dk, 1e-6);
+            r::l2norm_heads(&mut k, dk, 1e-6);
+            let beta: Vec<f32> = (0..hv).map(|h| r::sigmoid(bb[t * hv + h])).collect();
+            let g: Vec<f32> = (0..hv)
+                .map(|h| ssm_a[h] * r::softplus(aa[t * hv + h] + dt_bias[h]))
+                .collect();
+            r::gdn_step(
+                &mut rs,
+                &q,
+                &k,
+                &cvec[2 * qkw..],
+                &g,
+                &beta,
+                hk,
+                dk,
+                dv,
+                &mut ro[t * hv * dv..(t + 1) * hv * dv],
+            );
+        }
+        assert!(rel_err(&win, &rwin) == 0.0, "conv window {dims:?}");
+        let (eo, es) = (rel_err(&o, &ro), rel_err(&s, &rs));
+        assert!(
+            eo < 1e-4 && es < 1e-4,
+            "{dims:?}: outputs {eo:e}, state {es:e}"
+        );
+
+        // batch invariance: the same rows one dispatch at a time give the same bits
+        let (mut w1, mut s1) = (win0.clone(), s0.clone());
+        for t in 0..n {
+            let one = (1, hk, hv, dk, dv, kconv);
+            let (o1, nw, ns) = gdn_gpu(
+                &v,
+                &mixed[t * cd..(t + 1) * cd],
+                &bb[t * hv..(t + 1) * hv],
+                &aa[t * hv..(t + 1) * hv],
+                &conv_w,
+                &ssm_a,
+                &dt_bias,
+                &w1,
+                &s1,
+                one,
+            );
+            let row = &o[t * hv * dv..(t + 1) * hv * dv];
+            assert!(
+                o1.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dims:?} row {t}"
+            );
+            (w1, s1) = (nw, ns);
+        }
+        assert!(
+            s1.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{dims:?}: final state"
+        );
+    }
+}
+
+/// f16 round trip, as the KV cache stores values.
+fn f16r(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+}
+
+#[test]
+fn attention_matches_reference() {
+    let v = vk();
+    let mut rng = Rng(17);
+    for (nh, nkv, hd, n_rot, pos0, n) in [
+        (4, 2, 64, 16, 70, 3),
+        (2, 1, 256, 64, 0, 2),
+        (6, 3, 128, 32, 129, 1),
+    ] {
+        let n_ctx = pos0 + n + 5;
+        let kvw = nkv * hd;
+        let qf = rng.vec(n * nh * 2 * hd, 1.5);
+        let kf = rng.vec(n * kvw, 1.5);
+        let vf = rng.vec(n * kvw, 1.5);
+        let qn = rng.vec(hd, 1.0);
+        let kn = rng.vec(hd, 1.0);
+        // a cache whose first pos0 rows already hold random f16 values
+        let k_old = f16r(&rng.vec(pos0 * kvw, 1.0));
+        let v_old = f16r(&rng.vec(pos0 * kvw, 1.0));
+        let pack = |x: &[f32]| -> Vec<u32> {
+            let mut w: Vec<u32> = x
+                .chunks_exact(2)
+                .map(|p| {
+                    f16::from_f32(p[0]).to_bits() as u32
+                        | (f16::from_f32(p[1]).to_bits() as u32) << 16
+                })
+                .collect();
+            w.resize(n_ctx * kvw / 2, 0);
+            w
+        };
+        let kc = v.buffer_u32(&pack(&k_old)).unwrap();
+        let vc = v.buffer_u32(&pack(&v_old)).unwrap();
+        let half = n_rot / 2;
+        let mut rope = Vec::new();
+        for t in 0..n {
+            for d in 0..half {
+                let th = (pos0 + t) as f64 * 1e6f64.powf(-2.0 * d as f64 / n_rot as f64);
+                rope.push(th.cos() as f32);
+                rope.push(th.sin() as f32);
+            }
+        }
+        let (qfb, kfb, vfb, qnb, knb, rb) = (
+            buf(&v, &qf),
+            buf(&v, &kf),
+            buf(&v, &vf),
+            buf(&v, &qn),
+            buf(&v, &kn),
+            buf(&v, &rope),
+        );
+        let q = v.alloc((4 * n * nh * hd) as u64).unwrap();
+        let out = v.alloc((4 * n * nh * hd) as u64).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        v.run(|c| {
+            let groups = n * (nh + 2 * nkv);
+            let p = Push::new()
+                .addr(&qfb, 0)
+                .addr(&kfb, 0)
+                .addr(&vfb, 0)
+                .addr(&qnb, 0)
+                .addr(&knb, 0)
+                .addr(&rb, 0)
+                .addr(&q, 0)
+                .addr(&kc, 0)
+                .addr(&vc, 0)
+                .u32(groups as u32)
+                .u32(nh as u32)
+                .u32(nkv as u32)
+                .u32(hd as u32)
+                .u32(n_rot as u32)
+                .u32(pos0 as u32)
+                .f32(1e-6);
+            c.dispatch(Kernel::AttnPrep, groups as u32, &p);
+            let p = Push::new()
+                .addr(&q, 0)
+                .addr(&qfb, 0)
+                .addr(&kc, 0)
+                .addr(&vc, 0)
+                .addr(&out, 0)
+                .u32((n * nh) as u32)
+                .u32(nh as u32)
+                .u32(nkv as u32)
+                .u32(hd as u32)
+                .u32(pos0 as u32)
+                .f32(scale);
+            c.dispatch(Kernel::Attn, (n * nh) as u32, &p);
+            Ok(())
+        })
+        .unwrap();
+        let got = get(&v, &out, n * nh * hd);
+
+        // reference: norms, RoPE (f64 angles), f16 cache, softmax attention, σ(gate)
+        let (mut kcache, mut vcache) = (k_old.clone(), v_old.clone());
+        let mut want = vec![0f32; n * nh * hd];
+        for t in 0..n {
+            let pos = pos0 + t;
+            let mut qh = Vec::new();
+            for h in 0..nh {
+                qh.extend_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
+            }
+            r::rmsnorm_heads(&mut qh, hd, &qn, 1e-6);
+            r::rope_neox(&mut qh, hd, n_rot, pos, 1e6);
+            let mut kt = kf[t * kvw..(t + 1) * kvw].to_vec();
+            r::rmsnorm_heads(&mut kt, hd, &kn, 1e-6);
+            r::rope_neox(&mut kt, hd, n_rot, pos, 1e6);
+            kcache.extend(f16r(&kt));
+            vcache.extend(f16r(&vf[t * kvw..(t + 1) * kvw]));
+            let o = &mut want[t * nh * hd..(t + 1) * nh * hd];
+            r::attention(&qh, &kcache, &vcache, pos + 1, nh, nkv, hd, scale, o);
+            for h in 0..nh {
+                for d in 0..hd {
+                    o[h * hd + d] *= r::sigmoid(qf[(t * nh + h) * 2 * hd + hd + d]);
+                }
+            }
+        }
+        let e = rel_err(&got, &want);
+        assert!(
+            e < 2e-3,
+            "attention nh {nh} nkv {nkv} hd {hd} pos0 {pos0}: relative error {e:e}"
+        );
+        // the cache rows the prep wrote
+        let mut kcw = vec![0u32; n_ctx * kvw / 2];
+        v.download(&kc, 0, bytemuck_u32(&mut kcw)).unwrap();
+        let kc_f: Vec<f32> = kcw
+            .iter()
+            .flat_map(|w| {
+                [
+                    f16::from_bits(*w as u16).to_f32(),
+                    f16::from_bits((*w >> 16) as u16).to_f32(),
+                ]
+            })
+            .collect();
+        let e = rel_err(&kc_f[..(pos0 + n) * kvw], &kcache);
+        assert!(e < 2e-3, "K cache rows: {e:e}");
+    }
+}
+
+fn bytemuck_u32(v: &mut [u32]) -> &mut [u8] {
+    // SAFETY: u32 → bytes over exactly v's memory; any byte pattern is a valid u32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+#[test]
+fn committed_spirv_matches_the_sources() {
+    let m =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/spv/manifest.txt")).unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.trim() == format!("source_fnv64 {}", bonsai_kernels_vulkan::SOURCE_FNV64)),
+        "spv/ was built from other shader sources: run scripts/build_spirv.py"
+    );
+}
+
+#[test]
+fn bad_ranges_are_errors_not_panics() {
+    let v = vk();
+    let b = v.alloc(64).unwrap();
+    assert!(v.upload(&b, 60, &[0u8; 8]).is_err());
+    let mut out = [0u8; 8];
+    assert!(v.download(&b, u64::MAX - 2, &mut out).is_err());
+    assert!(v.run(|c| c.copy(&b, 0, &b, 32, 40)).is_err());
+    // the context still works after the refused calls
+    v.upload(&b, 0, &[1u8; 8]).unwrap();
+    v.download(&b, 0, &mut out).unwrap();
+    assert_eq!(out, [1u8; 8]);
+}
