@@ -11,6 +11,18 @@ command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust (htt
 "$PY" -m pip install -q --upgrade "maturin>=1.9.4,<2" "numpy>=1.24" "aiohttp>=3.9" tqdm
 if [[ "${1:-}" == "--test" ]]; then
     "$PY" -m pip install -q "pytest>=8" ruff "openai>=1.40"
+    # Vulkan (no GPU needed): lavapipe, Mesa's Vulkan driver on the CPU, runs the Vulkan backend's
+    # tests. The shaders ship as committed SPIR-V, so no glslc is needed to build.
+    if ! ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1; then
+        if command -v apt-get >/dev/null; then
+            SUDO=$([[ "$(id -u)" == 0 ]] || echo sudo)
+            echo "setup: installing lavapipe (mesa-vulkan-drivers) for the Vulkan tests" >&2
+            $SUDO apt-get install -y -q mesa-vulkan-drivers libvulkan1 >/dev/null \
+                || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q mesa-vulkan-drivers libvulkan1 >/dev/null; }
+        else
+            echo "setup: no Vulkan driver found; install one (lavapipe: mesa-vulkan-drivers) or the Vulkan tests fail" >&2
+        fi
+    fi
     # NVRTC (no GPU needed): the tests compile the CUDA kernels for every architecture we ship
     "$PY" -m pip install -q "nvidia-cuda-nvrtc>=13,<14"
     if ! "$PY" -c "import llama_cpp" 2>/dev/null; then

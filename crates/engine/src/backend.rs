@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod cuda_drafter;
+pub mod vulkan;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -13,6 +13,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
+use crate::backend::vulkan::VulkanBackend;
 use crate::backend::{Backend, GdnMode, KvType};
 use crate::chat::{ChatMessage, ChatTemplate, QWEN35_TEMPLATE};
 use crate::config::{architecture, TargetConfig};
@@ -234,15 +235,24 @@ pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
 enum Device {
     Cpu,
     Cuda,
+    Vulkan,
 }
 
-/// `auto` picks CUDA when a driver and a device are present, else the CPU. Speculative decoding
-/// runs on either (on CUDA the target's verify and rollback run on the device, and so does the
-/// DSpark drafter unless `BONSAI_GPU_DRAFTER=0`).
+/// `auto` picks CUDA when a driver and a device are present, then a Vulkan GPU (never a CPU
+/// implementation such as llvmpipe), else the CPU. `"vulkan"` takes any Vulkan device, a CPU one
+/// included. Speculative decoding runs on every backend (on CUDA the target's verify and rollback
+/// run on the device, and so does the DSpark drafter unless `BONSAI_GPU_DRAFTER=0`; on Vulkan the
+/// verify and rollback run on the device and the drafter on the host).
 fn resolve_device(device: &str) -> Result<Device> {
     match device {
         "cpu" => Ok(Device::Cpu),
-        "auto" => Ok(if CudaBackend::available() { Device::Cuda } else { Device::Cpu }),
+        "auto" => Ok(if CudaBackend::available() {
+            Device::Cuda
+        } else if VulkanBackend::available() {
+            Device::Vulkan
+        } else {
+            Device::Cpu
+        }),
         "cuda" => {
             if CudaBackend::available() {
                 Ok(Device::Cuda)
@@ -252,9 +262,15 @@ fn resolve_device(device: &str) -> Result<Device> {
                 ))
             }
         }
-        "vulkan" => Err(Error::BackendUnavailable(
-            "device=\"vulkan\": the Vulkan backend is not part of this build yet; use device=\"cpu\" or \"auto\"".into(),
-        )),
+        "vulkan" => match bonsai_kernels_vulkan::Vulkan::devices() {
+            Ok(d) if !d.is_empty() => Ok(Device::Vulkan),
+            Ok(_) => Err(Error::BackendUnavailable(
+                "device=\"vulkan\": the Vulkan loader found no device with Vulkan 1.2 and bufferDeviceAddress; use device=\"cpu\" or \"auto\"".into(),
+            )),
+            Err(e) => Err(Error::BackendUnavailable(format!(
+                "device=\"vulkan\": {e}; install a Vulkan driver (libvulkan1 and an ICD) or use device=\"cpu\" or \"auto\""
+            ))),
+        },
         other => Err(Error::InvalidRequest(format!(
             "unknown device {other:?}; expected one of \"auto\", \"cpu\", \"cuda\", \"vulkan\""
         ))),
@@ -403,6 +419,18 @@ impl Engine {
                 let gpu = Some(b.gpu_arc());
                 start_worker(
                     b, gpu, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                )?
+            }
+            Device::Vulkan => {
+                if opts.kv_type != KvType::F16 {
+                    return Err(Error::BackendUnavailable(format!(
+                        "kv_cache=\"{}\" is available on the CPU backend only in this version; the Vulkan backend uses f16",
+                        opts.kv_type.name()
+                    )));
+                }
+                let b = VulkanBackend::new(true)?;
+                start_worker(
+                    b, None, "vulkan", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
                 )?
             }
         };

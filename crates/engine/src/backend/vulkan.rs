@@ -1,0 +1,826 @@
+//! The Vulkan backend: the qwen35 forward as `bonsai_kernels_vulkan` dispatches, one command buffer
+//! per block (mixer or MLP), f32 activations and GDN state, f16 KV cache.
+//!
+//! Low-bit matrices stay low-bit on the device (their blocks split into a code plane and an f32
+//! scale plane at load); other types are dequantized to f32 at load. Activations are not quantized,
+//! so the matmuls are the f32-activation products of MODEL.md §1.3 (closer to f32 than the CPU
+//! engine's int8 activations: the two are compared within tolerance, not bit for bit). Every shader
+//! computes a row the same way whatever the row count, so a speculative verify row equals the
+//! decode row bit for bit, and greedy speculative output equals plain greedy output.
+//!
+//! Correctness first: one workgroup per output, a submit and a fence wait per block. Fusing blocks
+//! into one submission per step, and faster mat-vecs, are the performance work still to come.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
+use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
+use bonsai_kernels_vulkan::{Buffer, Cmd, Kernel, Push, VkError, Vulkan};
+
+use super::{gdn_rec_width, Backend, Step};
+use crate::config::TargetConfig;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::{decode_step_eager, AttnWeights, GdnWeights, MlpWeights, SeqState, Weights};
+
+fn be(e: VkError) -> Error {
+    Error::Backend(e.to_string())
+}
+
+/// Limits of the shaders' shared arrays (`gdn_step`: d_k ≤ 256; attention: head dim ≤ 512).
+const MAX_DK: usize = 256;
+const MAX_HD: usize = 512;
+
+pub struct VulkanBackend {
+    vk: Vulkan,
+    scratch: Mutex<Vec<Option<Buffer>>>,
+}
+
+/// A weight matrix `[n_in, n_out]` on the device, plus where its rows are in the file (for `embed`).
+pub struct VkMat {
+    kernel: Kernel,
+    codes: Buffer,  // [n_out, nblk, words] u32, or the f32 matrix
+    scales: Buffer, // [n_out, nblk] f32 (unused for f32)
+    pub n_in: usize,
+    pub n_out: usize,
+    g: Arc<Gguf>,
+    idx: usize,
+    qt: QuantType,
+}
+
+/// A small f32 vector on the device.
+pub struct VkVector {
+    buf: Buffer,
+}
+
+/// Activation rows `[n, width]` f32 (the buffer holds at least `n` rows).
+pub struct VkAct {
+    pub n: usize,
+    pub width: usize,
+    buf: Buffer,
+}
+
+/// One attention layer's cache: K and V `[n_ctx, n_kv·hd]` f16, `len` rows in use.
+pub struct VkKv {
+    k: Buffer,
+    v: Buffer,
+    len: usize,
+    n_ctx: usize,
+    width: usize,
+}
+
+/// One GDN layer's state: conv window `[k−1, conv_dim]` and S `[H_v, d_k, d_v]`, f32.
+pub struct VkGdn {
+    conv: Buffer,
+    s: Buffer,
+}
+
+struct Dims {
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    qk: usize, // H_k·d_k
+    vd: usize, // H_v·d_v
+    cd: usize, // conv_dim
+    kconv: usize,
+}
+
+fn dims(cfg: &TargetConfig) -> Dims {
+    let dk = cfg.ssm_d_state;
+    let hv = cfg.ssm_dt_rank;
+    let dv = cfg.ssm_inner / hv.max(1);
+    let qk = cfg.ssm_n_group * dk;
+    Dims {
+        hk: cfg.ssm_n_group,
+        hv,
+        dk,
+        dv,
+        qk,
+        vd: hv * dv,
+        cd: 2 * qk + cfg.ssm_inner,
+        kconv: cfg.ssm_conv_kernel,
+    }
+}
+
+fn f4(n: usize) -> u64 {
+    4 * n as u64
+}
+
+/// The scratch buffers of one block, by slot.
+struct Scratch<'a>(MutexGuard<'a, Vec<Option<Buffer>>>);
+
+impl Scratch<'_> {
+    fn b(&self, i: usize) -> &Buffer {
+        self.0[i]
+            .as_ref()
+            .expect("slot sized by VulkanBackend::scratch")
+    }
+}
+
+fn norm(
+    c: &mut Cmd,
+    x: &Buffer,
+    x_off: u64,
+    w: &Buffer,
+    y: &Buffer,
+    z: Option<&Buffer>,
+    groups: usize,
+    gw: usize,
+    eps: f32,
+) {
+    let p = Push::new().addr(x, x_off).addr(w, 0).addr(y, 0);
+    let p = match z {
+        Some(z) => p.addr(z, 0),
+        None => p.null(),
+    };
+    let p = p
+        .u32(groups as u32)
+        .u32(gw as u32)
+        .f32(eps)
+        .u32(z.is_some() as u32);
+    c.dispatch(Kernel::Rmsnorm, groups as u32, &p);
+}
+
+/// `y[t] (+)= W x[t]` for `n` rows.
+fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
+    let groups = (n * m.n_out) as u32;
+    let p = Push::new()
+        .addr(&m.codes, 0)
+        .addr(&m.scales, 0)
+        .addr(x, 0)
+        .addr(y, 0)
+        .u32(groups)
+        .u32(m.n_in as u32)
+        .u32(m.n_out as u32)
+        .u32(acc as u32);
+    c.dispatch(m.kernel, groups, &p);
+}
+
+impl VulkanBackend {
+    /// Open the best Vulkan device; `allow_cpu` also accepts a CPU implementation (lavapipe).
+    pub fn new(allow_cpu: bool) -> Result<VulkanBackend> {
+        let vk = Vulkan::new(allow_cpu).map_err(|e| Error::BackendUnavailable(e.to_string()))?;
+        Ok(VulkanBackend {
+            vk,
+            scratch: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Test / debug import: overwrite the rows of `x` with `rows` (`[x.n, x.width]` host f32).
+    pub fn write_act(&self, x: &mut VkAct, rows: &[f32]) -> Result<()> {
+        if rows.len() != x.n * x.width {
+            return Err(Error::Backend(format!(
+                "write_act: {} values for {} rows × {}",
+                rows.len(),
+                x.n,
+                x.width
+            )));
+        }
+        self.vk.upload_f32(&x.buf, 0, rows).map_err(be)
+    }
+
+    /// Whether `device="auto"` should pick Vulkan: a loader and a non-CPU device are present.
+    pub fn available() -> bool {
+        Vulkan::gpu_available()
+    }
+
+    /// Scratch slots `0..sizes.len()` with at least `sizes[i]` f32 each.
+    fn scratch(&self, sizes: &[usize]) -> Result<Scratch<'_>> {
+        let mut g = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::Backend("vulkan: scratch lock poisoned".into()))?;
+        if g.len() < sizes.len() {
+            g.resize_with(sizes.len(), || None);
+        }
+        for (slot, &n) in g.iter_mut().zip(sizes) {
+            if slot.as_ref().is_none_or(|b| b.size() < f4(n)) {
+                *slot = None;
+                *slot = Some(
+                    self.vk
+                        .alloc(f4(n.max(1)).next_power_of_two())
+                        .map_err(be)?,
+                );
+            }
+        }
+        Ok(Scratch(g))
+    }
+
+    fn check_act(x: &VkAct, width: usize, what: &str) -> Result<()> {
+        if x.width != width || x.buf.size() < f4(x.n * x.width) {
+            return Err(Error::Backend(format!(
+                "vulkan {what}: activation of {} rows × {} does not fit the model width {width}",
+                x.n, x.width
+            )));
+        }
+        Ok(())
+    }
+
+    fn gdn_run(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut VkGdn,
+        x: &mut VkAct,
+        mut rec: Option<&mut VkAct>,
+    ) -> Result<()> {
+        let d = dims(cfg);
+        let (n, e) = (x.n, cfg.n_embd);
+        Self::check_act(x, e, "gdn_block")?;
+        let rw = gdn_rec_width(cfg);
+        if let Some(r) = rec.as_deref_mut() {
+            if r.buf.size() < f4(n * rw) {
+                r.buf = self.vk.alloc(f4(n * rw)).map_err(be)?;
+            }
+            r.n = n;
+            r.width = rw;
+        }
+        // slots: 0 xn [n, e] · 1 mixed [n, cd] · 2 z [n, vd] · 3 bb [n, hv] · 4 aa [n, hv]
+        //        5 conv out [n, cd] · 6 qk [n, 2·qk] · 7 g [n, hv] · 8 β [n, hv] · 9 o [n, vd]
+        let s = self.scratch(&[
+            n * e,
+            n * d.cd,
+            n * d.vd,
+            n * d.hv,
+            n * d.hv,
+            n * d.cd,
+            n * 2 * d.qk,
+            n * d.hv,
+            n * d.hv,
+            n * d.vd,
+        ])?;
+        let eps = cfg.rms_eps;
+        self.vk
+            .run(|c| {
+                norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
+                mv(c, &w.qkv, s.b(0), s.b(1), n, false);
+                mv(c, &w.gate, s.b(0), s.b(2), n, false);
+                mv(c, &w.beta, s.b(0), s.b(3), n, false);
+                mv(c, &w.alpha, s.b(0), s.b(4), n, false);
+                let cg = d.cd.div_ceil(64) as u32;
+                let p = Push::new()
+                    .addr(s.b(1), 0)
+                    .addr(&w.conv1d.buf, 0)
+                    .addr(&st.conv, 0)
+                    .addr(s.b(5), 0)
+                    .u32(cg)
+                    .u32(d.cd as u32)
+                    .u32(d.kconv as u32)
+                    .u32(n as u32)
+                    .u32(d.cd as u32)
+                    .u32(1);
+                c.dispatch(Kernel::GdnConv, cg, &p);
+                let pg = (n * (2 * d.hk + 1)) as u32;
+                let p = Push::new()
+                    .addr(s.b(5), 0)
+                    .addr(s.b(6), 0)
+                    .addr(s.b(3), 0)
+                    .addr(s.b(4), 0)
+                    .addr(&w.ssm_a.buf, 0)
+                    .addr(&w.dt_bias.buf, 0)
+                    .addr(s.b(7), 0)
+                    .addr(s.b(8), 0)
+                    .u32(pg)
+                    .u32(d.cd as u32)
+                    .u32(d.dk as u32)
+                    .u32(d.hk as u32)
+                    .u32(d.hv as u32)
+                    .f32(eps);
+                c.dispatch(Kernel::GdnPrep, pg, &p);
+                if let Some(r) = rec.as_deref() {
+                    // record row t: mixed ‖ k ‖ v ‖ g ‖ β
+                    for t in 0..n {
+                        let base = f4(t * rw);
+                        c.copy(s.b(1), f4(t * d.cd), &r.buf, base, f4(d.cd))?;
+                        let at = base + f4(d.cd);
+                        c.copy(s.b(6), f4(t * 2 * d.qk + d.qk), &r.buf, at, f4(d.qk))?;
+                        let at = at + f4(d.qk);
+                        c.copy(s.b(5), f4(t * d.cd + 2 * d.qk), &r.buf, at, f4(d.vd))?;
+                        let at = at + f4(d.vd);
+                        c.copy(s.b(7), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
+                        let at = at + f4(d.hv);
+                        c.copy(s.b(8), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
+                    }
+                }
+                let p = Push::new()
+                    .addr(&st.s, 0)
+                    .addr(s.b(6), 0)
+                    .addr(s.b(6), f4(d.qk))
+                    .addr(s.b(5), f4(2 * d.qk))
+                    .addr(s.b(7), 0)
+                    .addr(s.b(8), 0)
+                    .addr(s.b(9), 0)
+                    .u32(d.hv as u32)
+                    .u32(d.dk as u32)
+                    .u32(d.dv as u32)
+                    .u32(d.hk as u32)
+                    .u32(n as u32)
+                    .u32((2 * d.qk) as u32)
+                    .u32((2 * d.qk) as u32)
+                    .u32(d.cd as u32)
+                    .u32(d.hv as u32)
+                    .u32(d.vd as u32)
+                    .u32(1);
+                c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+                // gated norm per head, in place: o = rmsnorm(o) ⊙ ssm_norm ⊙ SiLU(z)
+                norm(
+                    c,
+                    s.b(9),
+                    0,
+                    &w.ssm_norm.buf,
+                    s.b(9),
+                    Some(s.b(2)),
+                    n * d.hv,
+                    d.dv,
+                    eps,
+                );
+                mv(c, &w.ssm_out, s.b(9), &x.buf, n, true);
+                Ok(())
+            })
+            .map_err(be)
+    }
+}
+
+impl Backend for VulkanBackend {
+    type Mat = VkMat;
+    type Vector = VkVector;
+    type Act = VkAct;
+    type Kv = VkKv;
+    type Gdn = VkGdn;
+
+    fn name(&self) -> String {
+        self.vk.name()
+    }
+
+    fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<VkMat> {
+        let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
+        let data = g.tensor_data(&g.tensors()[idx])?;
+        let lowbit = match qt {
+            QuantType::Q1_0 => Some((Kernel::MvQ1, LowBit::Q1)),
+            QuantType::Q2_0G128 | QuantType::PQ2_0 => Some((Kernel::MvQ2, LowBit::Q2g128)),
+            QuantType::Q2_0G64 => Some((Kernel::MvQ2g64, LowBit::Q2g64)),
+            _ => None,
+        };
+        let (kernel, codes, scales) = match lowbit {
+            Some((k, lb)) => {
+                let (codes, scales) = split_blocks(lb, data, n_in, n_out).ok_or_else(|| {
+                    Error::Backend(format!(
+                        "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
+                        data.len(),
+                        qt.name()
+                    ))
+                })?;
+                (
+                    k,
+                    self.vk.buffer_u32(&codes).map_err(be)?,
+                    self.vk.buffer_f32(&scales).map_err(be)?,
+                )
+            }
+            None => {
+                // other types: f32 on the device, row by row from the file's blocks
+                let rb = qt.row_bytes(n_in).ok_or_else(|| {
+                    Error::Backend(format!(
+                        "{name}: {n_in} is not a whole number of {} blocks",
+                        qt.name()
+                    ))
+                })?;
+                let mut f = vec![0f32; n_in * n_out]; // [n_out, n_in]
+                for (o, row) in f.chunks_exact_mut(n_in).enumerate() {
+                    dequantize_row(qt, &data[o * rb..(o + 1) * rb], row);
+                }
+                let words: Vec<u32> = f.iter().map(|v| v.to_bits()).collect();
+                (
+                    Kernel::MvF32,
+                    self.vk.buffer_u32(&words).map_err(be)?,
+                    self.vk.alloc(4).map_err(be)?,
+                )
+            }
+        };
+        Ok(VkMat {
+            kernel,
+            codes,
+            scales,
+            n_in,
+            n_out,
+            g: g.clone(),
+            idx,
+            qt,
+        })
+    }
+
+    fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<VkVector> {
+        let v = g.vector(name, n)?;
+        Ok(VkVector {
+            buf: self.vk.buffer_f32(&v).map_err(be)?,
+        })
+    }
+
+    fn new_act(&self, n: usize, width: usize) -> VkAct {
+        VkAct {
+            n,
+            width,
+            buf: self
+                .vk
+                .alloc(f4(n * width))
+                .expect("vulkan: activation allocation failed"),
+        }
+    }
+
+    fn new_kv(&self, cfg: &TargetConfig, n_ctx: usize) -> Result<VkKv> {
+        let width = cfg.n_head_kv * cfg.head_dim;
+        if cfg.head_dim > MAX_HD || cfg.head_dim % 2 != 0 {
+            return Err(Error::Unsupported(format!(
+                "the Vulkan backend handles even head dims up to {MAX_HD}, the model has {}",
+                cfg.head_dim
+            )));
+        }
+        let bytes = 2 * (n_ctx * width) as u64; // f16
+        Ok(VkKv {
+            k: self.vk.alloc(bytes).map_err(be)?,
+            v: self.vk.alloc(bytes).map_err(be)?,
+            len: 0,
+            n_ctx,
+            width,
+        })
+    }
+
+    fn new_gdn(&self, cfg: &TargetConfig) -> Result<VkGdn> {
+        let d = dims(cfg);
+        if d.dk > MAX_DK || d.hk == 0 || d.hv % d.hk != 0 || cfg.ssm_inner % d.hv.max(1) != 0 {
+            return Err(Error::Unsupported(format!(
+                "the Vulkan backend handles GDN key dims up to {MAX_DK} with H_v a multiple of H_k; \
+                 the model has d_k {}, H_k {}, H_v {}",
+                d.dk, d.hk, d.hv
+            )));
+        }
+        Ok(VkGdn {
+            conv: self.vk.alloc(f4((d.kconv.max(1) - 1) * d.cd)).map_err(be)?,
+            s: self.vk.alloc(f4(d.hv * d.dk * d.dv)).map_err(be)?,
+        })
+    }
+
+    fn reset_gdn(&self, st: &mut VkGdn) {
+        self.vk
+            .run(|c| {
+                c.fill(&st.conv, 0, st.conv.size(), 0);
+                c.fill(&st.s, 0, st.s.size(), 0);
+                Ok(())
+            })
+            .expect("vulkan: reset_gdn");
+    }
+
+    fn copy_gdn(&self, src: &VkGdn, dst: &mut VkGdn) {
+        self.vk
+            .run(|c| {
+                c.copy(&src.conv, 0, &dst.conv, 0, src.conv.size())?;
+                c.copy(&src.s, 0, &dst.s, 0, src.s.size())
+            })
+            .expect("vulkan: copy_gdn");
+    }
+
+    fn truncate_kv(&self, kv: &mut VkKv, len: usize) {
+        kv.len = kv.len.min(len);
+    }
+
+    fn copy_kv(&self, src: &VkKv, dst: &mut VkKv) {
+        assert!(src.len <= dst.n_ctx, "copy_kv: destination too short");
+        let bytes = 2 * (src.len * src.width) as u64;
+        self.vk
+            .run(|c| {
+                c.copy(&src.k, 0, &dst.k, 0, bytes)?;
+                c.copy(&src.v, 0, &dst.v, 0, bytes)
+            })
+            .expect("vulkan: copy_kv");
+        dst.len = src.len;
+    }
+
+    fn gdn_to_host(&self, st: &VkGdn) -> Result<Vec<f32>> {
+        let (nc, ns) = ((st.conv.size() / 4) as usize, (st.s.size() / 4) as usize);
+        let mut out = vec![0f32; nc + ns];
+        self.vk
+            .download_f32(&st.conv, 0, &mut out[..nc])
+            .map_err(be)?;
+        self.vk.download_f32(&st.s, 0, &mut out[nc..]).map_err(be)?;
+        Ok(out)
+    }
+
+    fn kv_to_host(&self, kv: &VkKv) -> Result<(usize, Vec<f32>)> {
+        let n = kv.len * kv.width;
+        let mut out = Vec::with_capacity(2 * n);
+        for b in [&kv.k, &kv.v] {
+            let mut raw = vec![0u8; 2 * n];
+            self.vk.download(b, 0, &mut raw).map_err(be)?;
+            out.extend(
+                raw.chunks_exact(2)
+                    .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32()),
+            );
+        }
+        Ok((kv.len, out))
+    }
+
+    fn gdn_block_rec(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut VkGdn,
+        x: &mut VkAct,
+        s: &Step,
+        rec: &mut VkAct,
+    ) -> Result<()> {
+        if s.gdn_mode != super::GdnMode::Recurrent {
+            return Err(Error::Backend(
+                "gdn_block_rec records recurrent steps only".into(),
+            ));
+        }
+        self.gdn_run(cfg, w, st, x, Some(rec))
+    }
+
+    fn gdn_replay(&self, cfg: &TargetConfig, st: &mut VkGdn, rec: &VkAct, n: usize) -> Result<()> {
+        let d = dims(cfg);
+        let rw = gdn_rec_width(cfg);
+        if n > rec.n || rec.width != rw {
+            return Err(Error::Backend(format!(
+                "gdn_replay: {n} rows requested, the record holds {} rows of width {}",
+                rec.n, rec.width
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.vk
+            .run(|c| {
+                let cg = d.cd.div_ceil(64) as u32;
+                let p = Push::new()
+                    .addr(&rec.buf, 0)
+                    .null()
+                    .addr(&st.conv, 0)
+                    .null()
+                    .u32(cg)
+                    .u32(d.cd as u32)
+                    .u32(d.kconv as u32)
+                    .u32(n as u32)
+                    .u32(rw as u32)
+                    .u32(0);
+                c.dispatch(Kernel::GdnConv, cg, &p);
+                // the state update does not read q: k in its place
+                let k_at = f4(d.cd);
+                let p = Push::new()
+                    .addr(&st.s, 0)
+                    .addr(&rec.buf, k_at)
+                    .addr(&rec.buf, k_at)
+                    .addr(&rec.buf, f4(d.cd + d.qk))
+                    .addr(&rec.buf, f4(d.cd + d.qk + d.vd))
+                    .addr(&rec.buf, f4(d.cd + d.qk + d.vd + d.hv))
+                    .null()
+                    .u32(d.hv as u32)
+                    .u32(d.dk as u32)
+                    .u32(d.dv as u32)
+                    .u32(d.hk as u32)
+                    .u32(n as u32)
+                    .u32(rw as u32)
+                    .u32(rw as u32)
+                    .u32(rw as u32)
+                    .u32(rw as u32)
+                    .u32(0)
+                    .u32(0);
+                c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+                Ok(())
+            })
+            .map_err(be)
+    }
+
+    fn embed(&self, table: &VkMat, ids: &[u32], x: &mut VkAct) -> Result<()> {
+        let e = table.n_in;
+        Self::check_act(x, e, "embed")?;
+        if ids.len() > x.n {
+            return Err(Error::Backend(format!(
+                "vulkan embed: {} ids for {} rows",
+                ids.len(),
+                x.n
+            )));
+        }
+        let rb = table.qt.row_bytes(e).expect("validated at load");
+        let data = table.g.tensor_data(&table.g.tensors()[table.idx])?;
+        let mut rows = vec![0f32; ids.len() * e]; // [n, n_embd]
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= table.n_out {
+                return Err(Error::InvalidRequest(format!(
+                    "token id {id} out of range ({})",
+                    table.n_out
+                )));
+            }
+            dequantize_row(
+                table.qt,
+                &data[id * rb..(id + 1) * rb],
+                &mut rows[t * e..(t + 1) * e],
+            );
+        }
+        self.vk.upload_f32(&x.buf, 0, &rows).map_err(be)
+    }
+
+    fn gdn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &GdnWeights<Self>,
+        st: &mut VkGdn,
+        x: &mut VkAct,
+        _s: &Step,
+    ) -> Result<()> {
+        // GdnMode::Chunked (prefill) runs the recurrent rule row by row: the same math (MODEL.md
+        // §3.3 is an exact reformulation), one dispatch over all the rows.
+        self.gdn_run(cfg, w, st, x, None)
+    }
+
+    fn attn_block(
+        &self,
+        cfg: &TargetConfig,
+        w: &AttnWeights<Self>,
+        kv: &mut VkKv,
+        x: &mut VkAct,
+        s: &Step,
+    ) -> Result<()> {
+        let (n, e) = (x.n, cfg.n_embd);
+        Self::check_act(x, e, "attn_block")?;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+        if kv.len != s.pos {
+            return Err(Error::Backend(format!(
+                "KV cache holds {} rows, step starts at {}",
+                kv.len, s.pos
+            )));
+        }
+        if s.pos + n > kv.n_ctx {
+            return Err(Error::ContextOverflow(format!(
+                "{} positions requested, the KV cache holds {}",
+                s.pos + n,
+                kv.n_ctx
+            )));
+        }
+        let half = cfg.n_rot / 2;
+        let mut rope = Vec::with_capacity(n * half * 2); // [n, n_rot/2, (cos, sin)]
+        for t in 0..n {
+            for d in 0..half {
+                let th = (s.pos + t) as f64
+                    * (cfg.rope_base as f64).powf(-2.0 * d as f64 / cfg.n_rot as f64);
+                rope.push(th.cos() as f32);
+                rope.push(th.sin() as f32);
+            }
+        }
+        // slots: 0 xn [n, e] · 1 qf [n, H·2·hd] · 2 kf [n, kvw] · 3 vf [n, kvw] · 4 q [n, H·hd]
+        //        5 attention out [n, H·hd] · 6 rope table
+        let kvw = nkv * hd;
+        let sc = self.scratch(&[
+            n * e,
+            n * nh * 2 * hd,
+            n * kvw,
+            n * kvw,
+            n * nh * hd,
+            n * nh * hd,
+            rope.len().max(1),
+        ])?;
+        if !rope.is_empty() {
+            self.vk.upload_f32(sc.b(6), 0, &rope).map_err(be)?;
+        }
+        let eps = cfg.rms_eps;
+        self.vk
+            .run(|c| {
+                norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
+                mv(c, &w.q, sc.b(0), sc.b(1), n, false);
+                mv(c, &w.k, sc.b(0), sc.b(2), n, false);
+                mv(c, &w.v, sc.b(0), sc.b(3), n, false);
+                let pg = (n * (nh + 2 * nkv)) as u32;
+                let p = Push::new()
+                    .addr(sc.b(1), 0)
+                    .addr(sc.b(2), 0)
+                    .addr(sc.b(3), 0)
+                    .addr(&w.q_norm.buf, 0)
+                    .addr(&w.k_norm.buf, 0)
+                    .addr(sc.b(6), 0)
+                    .addr(sc.b(4), 0)
+                    .addr(&kv.k, 0)
+                    .addr(&kv.v, 0)
+                    .u32(pg)
+                    .u32(nh as u32)
+                    .u32(nkv as u32)
+                    .u32(hd as u32)
+                    .u32(cfg.n_rot as u32)
+                    .u32(s.pos as u32)
+                    .f32(eps);
+                c.dispatch(Kernel::AttnPrep, pg, &p);
+                let ag = (n * nh) as u32;
+                let p = Push::new()
+                    .addr(sc.b(4), 0)
+                    .addr(sc.b(1), 0)
+                    .addr(&kv.k, 0)
+                    .addr(&kv.v, 0)
+                    .addr(sc.b(5), 0)
+                    .u32(ag)
+                    .u32(nh as u32)
+                    .u32(nkv as u32)
+                    .u32(hd as u32)
+                    .u32(s.pos as u32)
+                    .f32(1.0 / (hd as f32).sqrt());
+                c.dispatch(Kernel::Attn, ag, &p);
+                mv(c, &w.out, sc.b(5), &x.buf, n, true);
+                Ok(())
+            })
+            .map_err(be)?;
+        kv.len = s.pos + n;
+        Ok(())
+    }
+
+    fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut VkAct) -> Result<()> {
+        let (n, e, ff) = (x.n, cfg.n_embd, cfg.n_ff);
+        Self::check_act(x, e, "mlp_block")?;
+        // slots: 0 u [n, e] · 1 gate [n, n_ff] · 2 up [n, n_ff]
+        let s = self.scratch(&[n * e, n * ff, n * ff])?;
+        self.vk
+            .run(|c| {
+                norm(
+                    c,
+                    &x.buf,
+                    0,
+                    &w.post_norm.buf,
+                    s.b(0),
+                    None,
+                    n,
+                    e,
+                    cfg.rms_eps,
+                );
+                mv(c, &w.gate, s.b(0), s.b(1), n, false);
+                mv(c, &w.up, s.b(0), s.b(2), n, false);
+                let count = n * ff;
+                let groups = count.div_ceil(256) as u32;
+                let p = Push::new()
+                    .addr(s.b(1), 0)
+                    .addr(s.b(2), 0)
+                    .addr(s.b(1), 0)
+                    .u32(groups)
+                    .u32(count as u32);
+                c.dispatch(Kernel::Swiglu, groups, &p);
+                mv(c, &w.down, s.b(1), &x.buf, n, true);
+                Ok(())
+            })
+            .map_err(be)
+    }
+
+    fn head(
+        &self,
+        cfg: &TargetConfig,
+        norm_w: &VkVector,
+        out: &VkMat,
+        x: &VkAct,
+        rows: Range<usize>,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let e = cfg.n_embd;
+        Self::check_act(x, e, "head")?;
+        let nr = rows.len();
+        if rows.end > x.n || logits.len() != nr * out.n_out {
+            return Err(Error::Backend(format!(
+                "vulkan head: rows {rows:?} of {} with {} logits",
+                x.n,
+                logits.len()
+            )));
+        }
+        // slots: 0 xn [rows, e] · 1 logits [rows, n_vocab]
+        let s = self.scratch(&[nr * e, nr * out.n_out])?;
+        self.vk
+            .run(|c| {
+                norm(
+                    c,
+                    &x.buf,
+                    f4(rows.start * e),
+                    &norm_w.buf,
+                    s.b(0),
+                    None,
+                    nr,
+                    e,
+                    cfg.rms_eps,
+                );
+                mv(c, out, s.b(0), s.b(1), nr, false);
+                Ok(())
+            })
+            .map_err(be)?;
+        self.vk.download_f32(s.b(1), 0, logits).map_err(be)
+    }
+
+    fn read_row(&self, x: &VkAct, row: usize, out: &mut [f32]) {
+        self.vk
+            .download_f32(&x.buf, row * x.width, out)
+            .expect("vulkan: read_row");
+    }
+
+    fn decode_step(
+        &self,
+        cfg: &TargetConfig,
+        w: &Weights<Self>,
+        st: &mut SeqState<Self>,
+        id: u32,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        decode_step_eager(self, cfg, w, st, id, logits)
+    }
+}
