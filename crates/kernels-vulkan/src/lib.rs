@@ -161,6 +161,52 @@ struct Exec {
     fence: vk::Fence,
     /// Host-visible bounce buffer for uploads and downloads, grown on demand.
     staging: Option<Buffer>,
+    /// `cb` is recording commands not yet submitted ([`Vulkan::record`]).
+    pending: bool,
+}
+
+/// Begin recording into `ex.cb` unless it already is.
+fn begin(inner: &Inner, ex: &mut Exec) -> Result<()> {
+    if ex.pending {
+        return Ok(());
+    }
+    let d = &inner.device;
+    // SAFETY: the command buffer is not in flight: every submission waits for its fence before
+    // `pending` is cleared, under the Exec lock.
+    unsafe {
+        d.reset_command_buffer(ex.cb, vk::CommandBufferResetFlags::empty())
+            .map_err(vkerr("reset command buffer"))?;
+        d.begin_command_buffer(
+            ex.cb,
+            &vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+        )
+        .map_err(vkerr("begin command buffer"))?;
+    }
+    ex.pending = true;
+    Ok(())
+}
+
+/// Submit what `ex.cb` recorded and wait for it (nothing when nothing is pending).
+fn flush_exec(inner: &Inner, ex: &mut Exec) -> Result<()> {
+    if !ex.pending {
+        return Ok(());
+    }
+    ex.pending = false;
+    let d = &inner.device;
+    // SAFETY: cb is in the recording state (pending); end, submit, wait, reset the fence.
+    unsafe {
+        d.end_command_buffer(ex.cb)
+            .map_err(vkerr("end command buffer"))?;
+        let cbs = [ex.cb];
+        let si = [vk::SubmitInfo::default().command_buffers(&cbs)];
+        d.queue_submit(inner.queue, &si, ex.fence)
+            .map_err(vkerr("queue submit"))?;
+        let w = d.wait_for_fences(&[ex.fence], true, u64::MAX);
+        d.reset_fences(&[ex.fence]).map_err(vkerr("reset fence"))?;
+        w.map_err(vkerr("wait for the GPU"))?;
+    }
+    Ok(())
 }
 
 struct Inner {
@@ -217,8 +263,16 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        // Recorded but unsubmitted commands may use this buffer: run them first. (When the Exec
+        // lock is held, by the staging-buffer swap, the holder has flushed already.)
+        if let Ok(mut g) = self.inner.exec.try_lock() {
+            if let Some(ex) = g.as_mut() {
+                let _ = flush_exec(&self.inner, ex);
+            }
+        }
         // SAFETY: the buffer and its memory were created on this device and are destroyed once;
-        // `Vulkan::run` waits for its fence before returning, so no submitted work still uses them.
+        // every submission is waited for, and pending commands were just flushed, so no work
+        // still uses them.
         unsafe {
             self.inner.device.destroy_buffer(self.buf, None);
             self.inner.device.free_memory(self.mem, None);
@@ -447,6 +501,7 @@ impl Vulkan {
                 cb,
                 fence,
                 staging: None,
+                pending: false,
             });
         }
         Ok(Vulkan {
@@ -475,7 +530,7 @@ impl Vulkan {
     }
 
     fn create_buffer(&self, size: u64, host: bool) -> Result<Buffer> {
-        let size = size.max(4);
+        let size = size.max(4).next_multiple_of(4);
         let d = &self.inner.device;
         let bci = vk::BufferCreateInfo::default().size(size).usage(
             vk::BufferUsageFlags::STORAGE_BUFFER
@@ -564,44 +619,47 @@ impl Vulkan {
         f(ex)
     }
 
-    /// Record `f`'s commands into one command buffer, submit it and wait for it.
+    /// Record `f`'s commands, then submit everything pending and wait for it.
     pub fn run(&self, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
         self.with_exec(|ex| self.submit(ex, f))
     }
 
+    /// Append `f`'s commands to the pending command buffer without submitting: they run at the
+    /// next [`Vulkan::flush`], `run`, upload, download, or when a buffer is dropped. So a whole
+    /// decode step is one submission. If `f` fails, what is pending is submitted and the error
+    /// returned.
+    pub fn record(&self, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
+        self.with_exec(|ex| {
+            begin(&self.inner, ex)?;
+            let mut cmd = Cmd {
+                inner: &self.inner,
+                cb: ex.cb,
+            };
+            let r = f(&mut cmd);
+            if r.is_err() {
+                let fl = flush_exec(&self.inner, ex);
+                r?;
+                fl?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Submit the pending commands and wait for them.
+    pub fn flush(&self) -> Result<()> {
+        self.with_exec(|ex| flush_exec(&self.inner, ex))
+    }
+
     fn submit(&self, ex: &mut Exec, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
-        let d = &self.inner.device;
-        // SAFETY: the command buffer is not in flight (every submit waits for its fence before
-        // returning, under the Exec lock); reset, begin, record, end, submit, wait, reset fence.
-        unsafe {
-            d.reset_command_buffer(ex.cb, vk::CommandBufferResetFlags::empty())
-                .map_err(vkerr("reset command buffer"))?;
-            d.begin_command_buffer(
-                ex.cb,
-                &vk::CommandBufferBeginInfo::default()
-                    .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
-            )
-            .map_err(vkerr("begin command buffer"))?;
-        }
+        begin(&self.inner, ex)?;
         let mut cmd = Cmd {
             inner: &self.inner,
             cb: ex.cb,
         };
-        let rec = f(&mut cmd);
-        // SAFETY: as above; the buffer is ended even when recording failed, then not submitted.
-        unsafe {
-            d.end_command_buffer(ex.cb)
-                .map_err(vkerr("end command buffer"))?;
-            rec?;
-            let cbs = [ex.cb];
-            let si = [vk::SubmitInfo::default().command_buffers(&cbs)];
-            d.queue_submit(self.inner.queue, &si, ex.fence)
-                .map_err(vkerr("queue submit"))?;
-            let w = d.wait_for_fences(&[ex.fence], true, u64::MAX);
-            d.reset_fences(&[ex.fence]).map_err(vkerr("reset fence"))?;
-            w.map_err(vkerr("wait for the GPU"))?;
-        }
-        Ok(())
+        let r = f(&mut cmd);
+        let fl = flush_exec(&self.inner, ex);
+        r?;
+        fl
     }
 
     fn staging(&self, ex: &mut Exec, bytes: u64) -> Result<()> {
@@ -617,6 +675,7 @@ impl Vulkan {
         check_range(dst, off, data.len() as u64, "upload")?;
         const CHUNK: usize = 64 << 20;
         self.with_exec(|ex| {
+            flush_exec(&self.inner, ex)?;
             for (i, part) in data.chunks(CHUNK).enumerate() {
                 self.staging(ex, part.len() as u64)?;
                 let st = ex.staging.as_ref().unwrap();
@@ -638,6 +697,7 @@ impl Vulkan {
         check_range(src, off, out.len() as u64, "download")?;
         const CHUNK: usize = 64 << 20;
         self.with_exec(|ex| {
+            flush_exec(&self.inner, ex)?;
             for (i, part) in out.chunks_mut(CHUNK).enumerate() {
                 self.staging(ex, part.len() as u64)?;
                 let st_buf = ex.staging.as_ref().unwrap().buf;
@@ -843,6 +903,31 @@ impl Cmd<'_> {
         check_range(src, so, len, "copy source")?;
         check_range(dst, dof, len, "copy destination")?;
         self.copy_raw(src.buf, so, dst.buf, dof, len);
+        Ok(())
+    }
+
+    /// Write `data` (a multiple of 4 bytes) into `dst` at byte `off` from inside the command
+    /// buffer (`vkCmdUpdateBuffer`, 64 KiB per command), ordered with the other commands.
+    pub fn update(&mut self, dst: &Buffer, off: u64, data: &[u8]) -> Result<()> {
+        check_range(dst, off, data.len() as u64, "update")?;
+        if off % 4 != 0 || data.len() % 4 != 0 {
+            return Err(VkError(format!(
+                "vulkan: update of {} bytes at {off}: not 4-byte aligned",
+                data.len()
+            )));
+        }
+        for (i, part) in data.chunks(65536).enumerate() {
+            // SAFETY: recording state; the range was checked and is 4-byte aligned, ≤ 64 KiB.
+            unsafe {
+                self.inner.device.cmd_update_buffer(
+                    self.cb,
+                    dst.buf,
+                    off + (i * 65536) as u64,
+                    part,
+                )
+            };
+        }
+        self.barrier();
         Ok(())
     }
 

@@ -134,11 +134,11 @@ fn run_mv(
             .addr(scales, 0)
             .addr(x, 0)
             .addr(y, 0)
-            .u32((n * n_out) as u32)
+            .u32((n * n_out.div_ceil(4)) as u32)
             .u32(n_in as u32)
             .u32(n_out as u32)
             .u32(acc as u32);
-        c.dispatch(k, (n * n_out) as u32, &p);
+        c.dispatch(k, (n * n_out.div_ceil(4)) as u32, &p);
         Ok(())
     })
     .unwrap();
@@ -198,10 +198,11 @@ fn mv_matches_reference_and_one_row() {
 
 #[test]
 fn mv_large_grid_covers_every_output() {
-    // more than 65,535 workgroups: the dispatch goes 2-D and every output must still be written
+    // more than 65,535 workgroups (4 outputs each): the dispatch goes 2-D and every output must
+    // still be written
     let v = vk();
     let mut rng = Rng(7);
-    let (n_in, n_out, n) = (128, 70_001, 1);
+    let (n_in, n_out, n) = (128, 270_001, 1);
     let data = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out);
     let (k, codes, scales) = upload_mat(&v, QuantType::Q1_0, &data, n_in, n_out);
     let x = rng.vec(n_in, 1.0);

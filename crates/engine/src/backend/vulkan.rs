@@ -8,8 +8,10 @@
 //! computes a row the same way whatever the row count, so a speculative verify row equals the
 //! decode row bit for bit, and greedy speculative output equals plain greedy output.
 //!
-//! Correctness first: one workgroup per output, a submit and a fence wait per block. Fusing blocks
-//! into one submission per step, and faster mat-vecs, are the performance work still to come.
+//! Blocks are recorded into one pending command buffer (`Vulkan::record`) and submitted when the
+//! host needs a result (the logits, a tapped row, a state export) or a buffer is freed: a decode
+//! step is one submission. Correctness first otherwise: one workgroup per mat-vec output; faster
+//! mat-vecs are the performance work still to come.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +37,9 @@ const MAX_HD: usize = 512;
 pub struct VulkanBackend {
     vk: Vulkan,
     scratch: Mutex<Vec<Option<Buffer>>>,
+    /// `BONSAI_VK_EAGER_SUBMIT=1`: submit and wait after every block (the behaviour before the
+    /// deferred submission; kept for the A/B in bench/vulkan_submit.py).
+    eager_submit: bool,
 }
 
 /// A weight matrix `[n_in, n_out]` on the device, plus where its rows are in the file (for `embed`).
@@ -145,7 +150,7 @@ fn norm(
 
 /// `y[t] (+)= W x[t]` for `n` rows.
 fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
-    let groups = (n * m.n_out) as u32;
+    let groups = (n * m.n_out.div_ceil(4)) as u32; // 4 outputs of one row per workgroup
     let p = Push::new()
         .addr(&m.codes, 0)
         .addr(&m.scales, 0)
@@ -165,6 +170,7 @@ impl VulkanBackend {
         Ok(VulkanBackend {
             vk,
             scratch: Mutex::new(Vec::new()),
+            eager_submit: std::env::var("BONSAI_VK_EAGER_SUBMIT").as_deref() == Ok("1"),
         })
     }
 
@@ -184,6 +190,18 @@ impl VulkanBackend {
     /// Whether `device="auto"` should pick Vulkan: a loader and a non-CPU device are present.
     pub fn available() -> bool {
         Vulkan::gpu_available()
+    }
+
+    /// Record a block's commands (submitted later, or now with `BONSAI_VK_EAGER_SUBMIT=1`).
+    fn rec(
+        &self,
+        f: impl FnOnce(&mut Cmd) -> bonsai_kernels_vulkan::Result<()>,
+    ) -> bonsai_kernels_vulkan::Result<()> {
+        self.vk.record(f)?;
+        if self.eager_submit {
+            self.vk.flush()?;
+        }
+        Ok(())
     }
 
     /// Scratch slots `0..sizes.len()` with at least `sizes[i]` f32 each.
@@ -252,94 +270,93 @@ impl VulkanBackend {
             n * d.vd,
         ])?;
         let eps = cfg.rms_eps;
-        self.vk
-            .run(|c| {
-                norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
-                mv(c, &w.qkv, s.b(0), s.b(1), n, false);
-                mv(c, &w.gate, s.b(0), s.b(2), n, false);
-                mv(c, &w.beta, s.b(0), s.b(3), n, false);
-                mv(c, &w.alpha, s.b(0), s.b(4), n, false);
-                let cg = d.cd.div_ceil(64) as u32;
-                let p = Push::new()
-                    .addr(s.b(1), 0)
-                    .addr(&w.conv1d.buf, 0)
-                    .addr(&st.conv, 0)
-                    .addr(s.b(5), 0)
-                    .u32(cg)
-                    .u32(d.cd as u32)
-                    .u32(d.kconv as u32)
-                    .u32(n as u32)
-                    .u32(d.cd as u32)
-                    .u32(1);
-                c.dispatch(Kernel::GdnConv, cg, &p);
-                let pg = (n * (2 * d.hk + 1)) as u32;
-                let p = Push::new()
-                    .addr(s.b(5), 0)
-                    .addr(s.b(6), 0)
-                    .addr(s.b(3), 0)
-                    .addr(s.b(4), 0)
-                    .addr(&w.ssm_a.buf, 0)
-                    .addr(&w.dt_bias.buf, 0)
-                    .addr(s.b(7), 0)
-                    .addr(s.b(8), 0)
-                    .u32(pg)
-                    .u32(d.cd as u32)
-                    .u32(d.dk as u32)
-                    .u32(d.hk as u32)
-                    .u32(d.hv as u32)
-                    .f32(eps);
-                c.dispatch(Kernel::GdnPrep, pg, &p);
-                if let Some(r) = rec.as_deref() {
-                    // record row t: mixed ‖ k ‖ v ‖ g ‖ β
-                    for t in 0..n {
-                        let base = f4(t * rw);
-                        c.copy(s.b(1), f4(t * d.cd), &r.buf, base, f4(d.cd))?;
-                        let at = base + f4(d.cd);
-                        c.copy(s.b(6), f4(t * 2 * d.qk + d.qk), &r.buf, at, f4(d.qk))?;
-                        let at = at + f4(d.qk);
-                        c.copy(s.b(5), f4(t * d.cd + 2 * d.qk), &r.buf, at, f4(d.vd))?;
-                        let at = at + f4(d.vd);
-                        c.copy(s.b(7), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
-                        let at = at + f4(d.hv);
-                        c.copy(s.b(8), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
-                    }
+        self.rec(|c| {
+            norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
+            mv(c, &w.qkv, s.b(0), s.b(1), n, false);
+            mv(c, &w.gate, s.b(0), s.b(2), n, false);
+            mv(c, &w.beta, s.b(0), s.b(3), n, false);
+            mv(c, &w.alpha, s.b(0), s.b(4), n, false);
+            let cg = d.cd.div_ceil(64) as u32;
+            let p = Push::new()
+                .addr(s.b(1), 0)
+                .addr(&w.conv1d.buf, 0)
+                .addr(&st.conv, 0)
+                .addr(s.b(5), 0)
+                .u32(cg)
+                .u32(d.cd as u32)
+                .u32(d.kconv as u32)
+                .u32(n as u32)
+                .u32(d.cd as u32)
+                .u32(1);
+            c.dispatch(Kernel::GdnConv, cg, &p);
+            let pg = (n * (2 * d.hk + 1)) as u32;
+            let p = Push::new()
+                .addr(s.b(5), 0)
+                .addr(s.b(6), 0)
+                .addr(s.b(3), 0)
+                .addr(s.b(4), 0)
+                .addr(&w.ssm_a.buf, 0)
+                .addr(&w.dt_bias.buf, 0)
+                .addr(s.b(7), 0)
+                .addr(s.b(8), 0)
+                .u32(pg)
+                .u32(d.cd as u32)
+                .u32(d.dk as u32)
+                .u32(d.hk as u32)
+                .u32(d.hv as u32)
+                .f32(eps);
+            c.dispatch(Kernel::GdnPrep, pg, &p);
+            if let Some(r) = rec.as_deref() {
+                // record row t: mixed ‖ k ‖ v ‖ g ‖ β
+                for t in 0..n {
+                    let base = f4(t * rw);
+                    c.copy(s.b(1), f4(t * d.cd), &r.buf, base, f4(d.cd))?;
+                    let at = base + f4(d.cd);
+                    c.copy(s.b(6), f4(t * 2 * d.qk + d.qk), &r.buf, at, f4(d.qk))?;
+                    let at = at + f4(d.qk);
+                    c.copy(s.b(5), f4(t * d.cd + 2 * d.qk), &r.buf, at, f4(d.vd))?;
+                    let at = at + f4(d.vd);
+                    c.copy(s.b(7), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
+                    let at = at + f4(d.hv);
+                    c.copy(s.b(8), f4(t * d.hv), &r.buf, at, f4(d.hv))?;
                 }
-                let p = Push::new()
-                    .addr(&st.s, 0)
-                    .addr(s.b(6), 0)
-                    .addr(s.b(6), f4(d.qk))
-                    .addr(s.b(5), f4(2 * d.qk))
-                    .addr(s.b(7), 0)
-                    .addr(s.b(8), 0)
-                    .addr(s.b(9), 0)
-                    .u32(d.hv as u32)
-                    .u32(d.dk as u32)
-                    .u32(d.dv as u32)
-                    .u32(d.hk as u32)
-                    .u32(n as u32)
-                    .u32((2 * d.qk) as u32)
-                    .u32((2 * d.qk) as u32)
-                    .u32(d.cd as u32)
-                    .u32(d.hv as u32)
-                    .u32(d.vd as u32)
-                    .u32(1);
-                c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
-                // gated norm per head, in place: o = rmsnorm(o) ⊙ ssm_norm ⊙ SiLU(z)
-                norm(
-                    c,
-                    s.b(9),
-                    0,
-                    &w.ssm_norm.buf,
-                    s.b(9),
-                    Some(s.b(2)),
-                    n * d.hv,
-                    d.dv,
-                    eps,
-                );
-                mv(c, &w.ssm_out, s.b(9), &x.buf, n, true);
-                Ok(())
-            })
-            .map_err(be)
+            }
+            let p = Push::new()
+                .addr(&st.s, 0)
+                .addr(s.b(6), 0)
+                .addr(s.b(6), f4(d.qk))
+                .addr(s.b(5), f4(2 * d.qk))
+                .addr(s.b(7), 0)
+                .addr(s.b(8), 0)
+                .addr(s.b(9), 0)
+                .u32(d.hv as u32)
+                .u32(d.dk as u32)
+                .u32(d.dv as u32)
+                .u32(d.hk as u32)
+                .u32(n as u32)
+                .u32((2 * d.qk) as u32)
+                .u32((2 * d.qk) as u32)
+                .u32(d.cd as u32)
+                .u32(d.hv as u32)
+                .u32(d.vd as u32)
+                .u32(1);
+            c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+            // gated norm per head, in place: o = rmsnorm(o) ⊙ ssm_norm ⊙ SiLU(z)
+            norm(
+                c,
+                s.b(9),
+                0,
+                &w.ssm_norm.buf,
+                s.b(9),
+                Some(s.b(2)),
+                n * d.hv,
+                d.dv,
+                eps,
+            );
+            mv(c, &w.ssm_out, s.b(9), &x.buf, n, true);
+            Ok(())
+        })
+        .map_err(be)
     }
 }
 
@@ -379,6 +396,13 @@ impl Backend for VulkanBackend {
                 )
             }
             None => {
+                if n_in % 4 != 0 {
+                    return Err(Error::Unsupported(format!(
+                        "{name}: the Vulkan backend reads {} matrices as f32 in groups of 4 and \
+                         needs n_in % 4 == 0, found {n_in}",
+                        qt.name()
+                    )));
+                }
                 // other types: f32 on the device, row by row from the file's blocks
                 let rb = qt.row_bytes(n_in).ok_or_else(|| {
                     Error::Backend(format!(
@@ -462,22 +486,20 @@ impl Backend for VulkanBackend {
     }
 
     fn reset_gdn(&self, st: &mut VkGdn) {
-        self.vk
-            .run(|c| {
-                c.fill(&st.conv, 0, st.conv.size(), 0);
-                c.fill(&st.s, 0, st.s.size(), 0);
-                Ok(())
-            })
-            .expect("vulkan: reset_gdn");
+        self.rec(|c| {
+            c.fill(&st.conv, 0, st.conv.size(), 0);
+            c.fill(&st.s, 0, st.s.size(), 0);
+            Ok(())
+        })
+        .expect("vulkan: reset_gdn");
     }
 
     fn copy_gdn(&self, src: &VkGdn, dst: &mut VkGdn) {
-        self.vk
-            .run(|c| {
-                c.copy(&src.conv, 0, &dst.conv, 0, src.conv.size())?;
-                c.copy(&src.s, 0, &dst.s, 0, src.s.size())
-            })
-            .expect("vulkan: copy_gdn");
+        self.rec(|c| {
+            c.copy(&src.conv, 0, &dst.conv, 0, src.conv.size())?;
+            c.copy(&src.s, 0, &dst.s, 0, src.s.size())
+        })
+        .expect("vulkan: copy_gdn");
     }
 
     fn truncate_kv(&self, kv: &mut VkKv, len: usize) {
@@ -487,12 +509,11 @@ impl Backend for VulkanBackend {
     fn copy_kv(&self, src: &VkKv, dst: &mut VkKv) {
         assert!(src.len <= dst.n_ctx, "copy_kv: destination too short");
         let bytes = 2 * (src.len * src.width) as u64;
-        self.vk
-            .run(|c| {
-                c.copy(&src.k, 0, &dst.k, 0, bytes)?;
-                c.copy(&src.v, 0, &dst.v, 0, bytes)
-            })
-            .expect("vulkan: copy_kv");
+        self.rec(|c| {
+            c.copy(&src.k, 0, &dst.k, 0, bytes)?;
+            c.copy(&src.v, 0, &dst.v, 0, bytes)
+        })
+        .expect("vulkan: copy_kv");
         dst.len = src.len;
     }
 
@@ -549,46 +570,45 @@ impl Backend for VulkanBackend {
         if n == 0 {
             return Ok(());
         }
-        self.vk
-            .run(|c| {
-                let cg = d.cd.div_ceil(64) as u32;
-                let p = Push::new()
-                    .addr(&rec.buf, 0)
-                    .null()
-                    .addr(&st.conv, 0)
-                    .null()
-                    .u32(cg)
-                    .u32(d.cd as u32)
-                    .u32(d.kconv as u32)
-                    .u32(n as u32)
-                    .u32(rw as u32)
-                    .u32(0);
-                c.dispatch(Kernel::GdnConv, cg, &p);
-                // the state update does not read q: k in its place
-                let k_at = f4(d.cd);
-                let p = Push::new()
-                    .addr(&st.s, 0)
-                    .addr(&rec.buf, k_at)
-                    .addr(&rec.buf, k_at)
-                    .addr(&rec.buf, f4(d.cd + d.qk))
-                    .addr(&rec.buf, f4(d.cd + d.qk + d.vd))
-                    .addr(&rec.buf, f4(d.cd + d.qk + d.vd + d.hv))
-                    .null()
-                    .u32(d.hv as u32)
-                    .u32(d.dk as u32)
-                    .u32(d.dv as u32)
-                    .u32(d.hk as u32)
-                    .u32(n as u32)
-                    .u32(rw as u32)
-                    .u32(rw as u32)
-                    .u32(rw as u32)
-                    .u32(rw as u32)
-                    .u32(0)
-                    .u32(0);
-                c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
-                Ok(())
-            })
-            .map_err(be)
+        self.rec(|c| {
+            let cg = d.cd.div_ceil(64) as u32;
+            let p = Push::new()
+                .addr(&rec.buf, 0)
+                .null()
+                .addr(&st.conv, 0)
+                .null()
+                .u32(cg)
+                .u32(d.cd as u32)
+                .u32(d.kconv as u32)
+                .u32(n as u32)
+                .u32(rw as u32)
+                .u32(0);
+            c.dispatch(Kernel::GdnConv, cg, &p);
+            // the state update does not read q: k in its place
+            let k_at = f4(d.cd);
+            let p = Push::new()
+                .addr(&st.s, 0)
+                .addr(&rec.buf, k_at)
+                .addr(&rec.buf, k_at)
+                .addr(&rec.buf, f4(d.cd + d.qk))
+                .addr(&rec.buf, f4(d.cd + d.qk + d.vd))
+                .addr(&rec.buf, f4(d.cd + d.qk + d.vd + d.hv))
+                .null()
+                .u32(d.hv as u32)
+                .u32(d.dk as u32)
+                .u32(d.dv as u32)
+                .u32(d.hk as u32)
+                .u32(n as u32)
+                .u32(rw as u32)
+                .u32(rw as u32)
+                .u32(rw as u32)
+                .u32(rw as u32)
+                .u32(0)
+                .u32(0);
+            c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+            Ok(())
+        })
+        .map_err(be)
     }
 
     fn embed(&self, table: &VkMat, ids: &[u32], x: &mut VkAct) -> Result<()> {
@@ -680,53 +700,50 @@ impl Backend for VulkanBackend {
             n * nh * hd,
             rope.len().max(1),
         ])?;
-        if !rope.is_empty() {
-            self.vk.upload_f32(sc.b(6), 0, &rope).map_err(be)?;
-        }
         let eps = cfg.rms_eps;
-        self.vk
-            .run(|c| {
-                norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
-                mv(c, &w.q, sc.b(0), sc.b(1), n, false);
-                mv(c, &w.k, sc.b(0), sc.b(2), n, false);
-                mv(c, &w.v, sc.b(0), sc.b(3), n, false);
-                let pg = (n * (nh + 2 * nkv)) as u32;
-                let p = Push::new()
-                    .addr(sc.b(1), 0)
-                    .addr(sc.b(2), 0)
-                    .addr(sc.b(3), 0)
-                    .addr(&w.q_norm.buf, 0)
-                    .addr(&w.k_norm.buf, 0)
-                    .addr(sc.b(6), 0)
-                    .addr(sc.b(4), 0)
-                    .addr(&kv.k, 0)
-                    .addr(&kv.v, 0)
-                    .u32(pg)
-                    .u32(nh as u32)
-                    .u32(nkv as u32)
-                    .u32(hd as u32)
-                    .u32(cfg.n_rot as u32)
-                    .u32(s.pos as u32)
-                    .f32(eps);
-                c.dispatch(Kernel::AttnPrep, pg, &p);
-                let ag = (n * nh) as u32;
-                let p = Push::new()
-                    .addr(sc.b(4), 0)
-                    .addr(sc.b(1), 0)
-                    .addr(&kv.k, 0)
-                    .addr(&kv.v, 0)
-                    .addr(sc.b(5), 0)
-                    .u32(ag)
-                    .u32(nh as u32)
-                    .u32(nkv as u32)
-                    .u32(hd as u32)
-                    .u32(s.pos as u32)
-                    .f32(1.0 / (hd as f32).sqrt());
-                c.dispatch(Kernel::Attn, ag, &p);
-                mv(c, &w.out, sc.b(5), &x.buf, n, true);
-                Ok(())
-            })
-            .map_err(be)?;
+        self.rec(|c| {
+            c.update(sc.b(6), 0, bonsai_kernels_vulkan::f32_bytes(&rope))?;
+            norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
+            mv(c, &w.q, sc.b(0), sc.b(1), n, false);
+            mv(c, &w.k, sc.b(0), sc.b(2), n, false);
+            mv(c, &w.v, sc.b(0), sc.b(3), n, false);
+            let pg = (n * (nh + 2 * nkv)) as u32;
+            let p = Push::new()
+                .addr(sc.b(1), 0)
+                .addr(sc.b(2), 0)
+                .addr(sc.b(3), 0)
+                .addr(&w.q_norm.buf, 0)
+                .addr(&w.k_norm.buf, 0)
+                .addr(sc.b(6), 0)
+                .addr(sc.b(4), 0)
+                .addr(&kv.k, 0)
+                .addr(&kv.v, 0)
+                .u32(pg)
+                .u32(nh as u32)
+                .u32(nkv as u32)
+                .u32(hd as u32)
+                .u32(cfg.n_rot as u32)
+                .u32(s.pos as u32)
+                .f32(eps);
+            c.dispatch(Kernel::AttnPrep, pg, &p);
+            let ag = (n * nh) as u32;
+            let p = Push::new()
+                .addr(sc.b(4), 0)
+                .addr(sc.b(1), 0)
+                .addr(&kv.k, 0)
+                .addr(&kv.v, 0)
+                .addr(sc.b(5), 0)
+                .u32(ag)
+                .u32(nh as u32)
+                .u32(nkv as u32)
+                .u32(hd as u32)
+                .u32(s.pos as u32)
+                .f32(1.0 / (hd as f32).sqrt());
+            c.dispatch(Kernel::Attn, ag, &p);
+            mv(c, &w.out, sc.b(5), &x.buf, n, true);
+            Ok(())
+        })
+        .map_err(be)?;
         kv.len = s.pos + n;
         Ok(())
     }
@@ -736,34 +753,33 @@ impl Backend for VulkanBackend {
         Self::check_act(x, e, "mlp_block")?;
         // slots: 0 u [n, e] · 1 gate [n, n_ff] · 2 up [n, n_ff]
         let s = self.scratch(&[n * e, n * ff, n * ff])?;
-        self.vk
-            .run(|c| {
-                norm(
-                    c,
-                    &x.buf,
-                    0,
-                    &w.post_norm.buf,
-                    s.b(0),
-                    None,
-                    n,
-                    e,
-                    cfg.rms_eps,
-                );
-                mv(c, &w.gate, s.b(0), s.b(1), n, false);
-                mv(c, &w.up, s.b(0), s.b(2), n, false);
-                let count = n * ff;
-                let groups = count.div_ceil(256) as u32;
-                let p = Push::new()
-                    .addr(s.b(1), 0)
-                    .addr(s.b(2), 0)
-                    .addr(s.b(1), 0)
-                    .u32(groups)
-                    .u32(count as u32);
-                c.dispatch(Kernel::Swiglu, groups, &p);
-                mv(c, &w.down, s.b(1), &x.buf, n, true);
-                Ok(())
-            })
-            .map_err(be)
+        self.rec(|c| {
+            norm(
+                c,
+                &x.buf,
+                0,
+                &w.post_norm.buf,
+                s.b(0),
+                None,
+                n,
+                e,
+                cfg.rms_eps,
+            );
+            mv(c, &w.gate, s.b(0), s.b(1), n, false);
+            mv(c, &w.up, s.b(0), s.b(2), n, false);
+            let count = n * ff;
+            let groups = count.div_ceil(256) as u32;
+            let p = Push::new()
+                .addr(s.b(1), 0)
+                .addr(s.b(2), 0)
+                .addr(s.b(1), 0)
+                .u32(groups)
+                .u32(count as u32);
+            c.dispatch(Kernel::Swiglu, groups, &p);
+            mv(c, &w.down, s.b(1), &x.buf, n, true);
+            Ok(())
+        })
+        .map_err(be)
     }
 
     fn head(
@@ -787,23 +803,22 @@ impl Backend for VulkanBackend {
         }
         // slots: 0 xn [rows, e] · 1 logits [rows, n_vocab]
         let s = self.scratch(&[nr * e, nr * out.n_out])?;
-        self.vk
-            .run(|c| {
-                norm(
-                    c,
-                    &x.buf,
-                    f4(rows.start * e),
-                    &norm_w.buf,
-                    s.b(0),
-                    None,
-                    nr,
-                    e,
-                    cfg.rms_eps,
-                );
-                mv(c, out, s.b(0), s.b(1), nr, false);
-                Ok(())
-            })
-            .map_err(be)?;
+        self.rec(|c| {
+            norm(
+                c,
+                &x.buf,
+                f4(rows.start * e),
+                &norm_w.buf,
+                s.b(0),
+                None,
+                nr,
+                e,
+                cfg.rms_eps,
+            );
+            mv(c, out, s.b(0), s.b(1), nr, false);
+            Ok(())
+        })
+        .map_err(be)?;
         self.vk.download_f32(s.b(1), 0, logits).map_err(be)
     }
 
