@@ -82,3 +82,39 @@ def test_vulkan_generate_streams_and_refuses_bad_input(tiny_q1):
         eng.logits(list(range(10, 10 + 300)))
     # still serving after the refusal
     assert eng.logits([1, 2, 3]).shape == (3, eng.info["n_vocab"])
+
+
+def test_vulkan_server_serves_concurrent_requests(tiny_q1):
+    """The OpenAI-compatible server on a Vulkan engine: two concurrent greedy chat requests (one
+    streamed) both answer, each equal to the engine's own completion of the same prompt."""
+    import asyncio
+    import json
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from bonsai.server import make_app
+
+    eng = vk_engine(str(tiny_q1))
+    msgs = [{"role": "user", "content": "Tell me about trees."}]
+    prompt = eng.apply_chat_template(msgs, enable_thinking=False)
+    want = eng.complete(prompt, temperature=0, max_tokens=10)
+    body = {"model": "tiny", "messages": msgs, "max_tokens": 10, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+
+    async def main():
+        async with TestClient(TestServer(make_app(eng, "tiny"))) as c:
+            plain = c.post("/v1/chat/completions", json=body)
+            streamed = c.post("/v1/chat/completions", json={**body, "stream": True})
+            r1, r2 = await asyncio.gather(plain, streamed)
+            assert r1.status == 200 and r2.status == 200
+            text1 = (await r1.json())["choices"][0]["message"]["content"]
+            events = [
+                json.loads(b[len("data: ") :])
+                for b in (await r2.text()).split("\n\n")
+                if b.startswith("data: ") and b != "data: [DONE]"
+            ]
+            text2 = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+            return text1, text2
+
+    text1, text2 = asyncio.run(main())
+    assert text1 == want.text and text2 == want.text, (text1, text2, want.text)
