@@ -7,6 +7,7 @@ them once the sources change, so run this after editing a shader (needs glslc).
 """
 
 import pathlib
+import shutil
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "crates" / "kernels-vulkan"
@@ -23,6 +24,8 @@ def source_hash() -> str:
 
 
 def main() -> None:
+    if shutil.which("glslc") is None:
+        raise SystemExit("build_spirv: glslc not found (Debian: apt-get install glslc)")
     SPV.mkdir(exist_ok=True)
     names = []
     for line in (SRC / "variants.txt").read_text().splitlines():

@@ -118,3 +118,30 @@ def test_vulkan_server_serves_concurrent_requests(tiny_q1):
 
     text1, text2 = asyncio.run(main())
     assert text1 == want.text and text2 == want.text, (text1, text2, want.text)
+
+
+@pytest.mark.parametrize("variant", ["tiny_q1", "tiny_q2g64"])
+def test_vulkan_q8_0_kv_cache(variant, request):
+    """``kv_cache="q8_0"`` on Vulkan: the CPU backend's q8_0 rounding of K/V (≤ 0.4 % of a block's
+    max). Its logits stay within the int8 activation noise of the f16-cache logits and within 4× that
+    noise of the exact reference (the bounds of test_kv_cache.py), and chunked prefill equals
+    token-by-token decode bit for bit."""
+    import bonsai
+
+    path = str(request.getfixturevalue(variant))
+    ids = [(i * 7919 + 5) % 256 for i in range(96)]
+    f16 = vk_engine(path)
+    q8 = bonsai.Engine(path, device="vulkan", n_ctx=256, kv_cache="q8_0")
+    a = f16.logits(ids).astype(np.float64)
+    b = q8.logits(ids).astype(np.float64)
+    assert np.isfinite(b).all()
+    assert not np.array_equal(a, b), "the q8_0 cache must actually be used"
+    X = ref_for(path).logits(ids)
+    noise = R.nmse(ref_for(path, "q8_0").logits(ids), X)
+    print(
+        f"\n{variant}: NMSE(q8 KV, f16 KV)={R.nmse(b, a):.3e} NMSE(q8 KV, exact)={R.nmse(b, X):.3e} noise={noise:.3e}"
+    )
+    assert R.nmse(b, a) <= noise
+    assert R.nmse(b, X) <= 4 * noise
+    c = q8.logits(ids, chunked=False)
+    assert np.array_equal(b.astype(np.float32).view(np.uint32), c.view(np.uint32))

@@ -140,8 +140,8 @@ class Engine:
         speculative: with ``draft``: ``"auto"`` (draft only while it measurably pays; see
             :attr:`policy`), ``"always"`` or ``"never"``. Output is identical either way.
         rollback: GDN rollback after a partial accept: ``"replay"`` (default) or ``"reforward"``.
-        kv_cache: attention KV cache storage, ``"f16"`` (default) or ``"q8_0"`` (CPU; ~47% less
-            memory per context token).
+        kv_cache: attention KV cache storage, ``"f16"`` (default) or ``"q8_0"`` (CPU and Vulkan;
+            ~47% less memory per context token).
     """
 
     def __init__(

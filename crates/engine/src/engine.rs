@@ -411,7 +411,7 @@ impl Engine {
             Device::Cuda => {
                 if opts.kv_type != KvType::F16 {
                     return Err(Error::BackendUnavailable(format!(
-                        "kv_cache=\"{}\" is available on the CPU backend only in this version; the CUDA backend uses f16",
+                        "kv_cache=\"{}\" is available on the CPU and Vulkan backends only in this version; the CUDA backend uses f16",
                         opts.kv_type.name()
                     )));
                 }
@@ -422,13 +422,7 @@ impl Engine {
                 )?
             }
             Device::Vulkan => {
-                if opts.kv_type != KvType::F16 {
-                    return Err(Error::BackendUnavailable(format!(
-                        "kv_cache=\"{}\" is available on the CPU backend only in this version; the Vulkan backend uses f16",
-                        opts.kv_type.name()
-                    )));
-                }
-                let b = VulkanBackend::new(true)?;
+                let b = VulkanBackend::new(true, opts.kv_type)?;
                 start_worker(
                     b, None, "vulkan", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
                 )?

@@ -9,8 +9,8 @@ layout(local_size_x = 64) in;
 layout(push_constant, std430) uniform P {
     F32 q;      // [n, H, hd]
     F32 qf;     // [n, H, 2, hd], the gate half of each head is read
-    U32 kc;     // [n_ctx, H_kv·hd] f16
-    U32 vc;     // [n_ctx, H_kv·hd] f16
+    U32 kc;     // [n_ctx, H_kv·hd] f16 (q8: i8 codes four per word, then f32 scales per 32)
+    U32 vc;     // the same for V
     F32 y;    // [n, H, hd]
     uint groups; // n · H
     uint nh;
@@ -18,11 +18,17 @@ layout(push_constant, std430) uniform P {
     uint hd;
     uint pos0;
     float scale;
+    uint q8;
+    uint sc_off; // q8: word offset of the scales
 } p;
 shared float qv[512];
 shared float pw[64];
 
 float kv_at(U32 buf, uint idx) {
+    if (p.q8 != 0) {
+        int c = int(buf.v[idx >> 2] << (24u - 8u * (idx & 3u))) >> 24;
+        return float(c) * uintBitsToFloat(buf.v[p.sc_off + (idx >> 5)]);
+    }
     vec2 two = unpackHalf2x16(buf.v[idx >> 1]);
     return (idx & 1u) != 0u ? two.y : two.x;
 }

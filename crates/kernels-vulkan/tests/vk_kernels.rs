@@ -521,129 +521,56 @@ fn f16r(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
 }
 
-#[test]
-fn attention_matches_reference() {
-    let v = vk();
-    let mut rng = Rng(17);
-    for (nh, nkv, hd, n_rot, pos0, n) in [
-        (4, 2, 64, 16, 70, 3),
-        (2, 1, 256, 64, 0, 2),
-        (6, 3, 128, 32, 129, 1),
-    ] {
-        let n_ctx = pos0 + n + 5;
-        let kvw = nkv * hd;
-        let qf = rng.vec(n * nh * 2 * hd, 1.5);
-        let kf = rng.vec(n * kvw, 1.5);
-        let vf = rng.vec(n * kvw, 1.5);
-        let qn = rng.vec(hd, 1.0);
-        let kn = rng.vec(hd, 1.0);
-        // a cache whose first pos0 rows already hold random f16 values
-        let k_old = f16r(&rng.vec(pos0 * kvw, 1.0));
-        let v_old = f16r(&rng.vec(pos0 * kvw, 1.0));
-        let pack = |x: &[f32]| -> Vec<u32> {
-            let mut w: Vec<u32> = x
-                .chunks_exact(2)
-                .map(|p| {
-                    f16::from_f32(p[0]).to_bits() as u32
-                        | (f16::from_f32(p[1]).to_bits() as u32) << 16
-                })
-                .collect();
-            w.resize(n_ctx * kvw / 2, 0);
-            w
-        };
-        let kc = v.buffer_u32(&pack(&k_old)).unwrap();
-        let vc = v.buffer_u32(&pack(&v_old)).unwrap();
-        let half = n_rot / 2;
-        let mut rope = Vec::new();
-        for t in 0..n {
-            for d in 0..half {
-                let th = (pos0 + t) as f64 * 1e6f64.powf(-2.0 * d as f64 / n_rot as f64);
-                rope.push(th.cos() as f32);
-                rope.push(th.sin() as f32);
-            }
-        }
-        let (qfb, kfb, vfb, qnb, knb, rb) = (
-            buf(&v, &qf),
-            buf(&v, &kf),
-            buf(&v, &vf),
-            buf(&v, &qn),
-            buf(&v, &kn),
-            buf(&v, &rope),
-        );
-        let q = v.alloc((4 * n * nh * hd) as u64).unwrap();
-        let out = v.alloc((4 * n * nh * hd) as u64).unwrap();
-        let scale = 1.0 / (hd as f32).sqrt();
-        v.run(|c| {
-            let groups = n * (nh + 2 * nkv);
-            let p = Push::new()
-                .addr(&qfb, 0)
-                .addr(&kfb, 0)
-                .addr(&vfb, 0)
-                .addr(&qnb, 0)
-                .addr(&knb, 0)
-                .addr(&rb, 0)
-                .addr(&q, 0)
-                .addr(&kc, 0)
-                .addr(&vc, 0)
-                .u32(groups as u32)
-                .u32(nh as u32)
-                .u32(nkv as u32)
-                .u32(hd as u32)
-                .u32(n_rot as u32)
-                .u32(pos0 as u32)
-                .f32(1e-6);
-            c.dispatch(Kernel::AttnPrep, groups as u32, &p);
-            let p = Push::new()
-                .addr(&q, 0)
-                .addr(&qfb, 0)
-                .addr(&kc, 0)
-                .addr(&vc, 0)
-                .addr(&out, 0)
-                .u32((n * nh) as u32)
-                .u32(nh as u32)
-                .u32(nkv as u32)
-                .u32(hd as u32)
-                .u32(pos0 as u32)
-                .f32(scale);
-            c.dispatch(Kernel::Attn, (n * nh) as u32, &p);
-            Ok(())
+/// The values a cache row holds: f16-rounded, or ggml q8_0 (per 32: d = f16(amax / 127), codes
+/// round(x · 127 / amax) half away from zero, ±127; what the CPU backend stores).
+fn kv_round(x: &[f32], q8: bool) -> Vec<f32> {
+    if !q8 {
+        return f16r(x);
+    }
+    x.chunks_exact(32)
+        .flat_map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = f16::from_f32(amax / 127.0).to_f32();
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            b.iter()
+                .map(move |v| (v * inv).round().clamp(-127.0, 127.0) * d)
+                .collect::<Vec<_>>()
         })
-        .unwrap();
-        let got = get(&v, &out, n * nh * hd);
+        .collect()
+}
 
-        // reference: norms, RoPE (f64 angles), f16 cache, softmax attention, σ(gate)
-        let (mut kcache, mut vcache) = (k_old.clone(), v_old.clone());
-        let mut want = vec![0f32; n * nh * hd];
-        for t in 0..n {
-            let pos = pos0 + t;
-            let mut qh = Vec::new();
-            for h in 0..nh {
-                qh.extend_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
-            }
-            r::rmsnorm_heads(&mut qh, hd, &qn, 1e-6);
-            r::rope_neox(&mut qh, hd, n_rot, pos, 1e6);
-            let mut kt = kf[t * kvw..(t + 1) * kvw].to_vec();
-            r::rmsnorm_heads(&mut kt, hd, &kn, 1e-6);
-            r::rope_neox(&mut kt, hd, n_rot, pos, 1e6);
-            kcache.extend(f16r(&kt));
-            vcache.extend(f16r(&vf[t * kvw..(t + 1) * kvw]));
-            let o = &mut want[t * nh * hd..(t + 1) * nh * hd];
-            r::attention(&qh, &kcache, &vcache, pos + 1, nh, nkv, hd, scale, o);
-            for h in 0..nh {
-                for d in 0..hd {
-                    o[h * hd + d] *= r::sigmoid(qf[(t * nh + h) * 2 * hd + hd + d]);
-                }
-            }
+/// A cache buffer of `n_ctx` rows of `kvw` holding `rows` (already representable) in the layout
+/// the shaders read: f16 pairs, or q8 codes four per word then f32 scales per 32.
+fn kv_words(rows: &[f32], n_ctx: usize, kvw: usize, q8: bool) -> Vec<u32> {
+    if !q8 {
+        let mut w: Vec<u32> = rows
+            .chunks_exact(2)
+            .map(|p| {
+                f16::from_f32(p[0]).to_bits() as u32 | (f16::from_f32(p[1]).to_bits() as u32) << 16
+            })
+            .collect();
+        w.resize(n_ctx * kvw / 2, 0);
+        return w;
+    }
+    let mut codes = vec![0u32; n_ctx * kvw / 4];
+    let mut scales = vec![0u32; n_ctx * kvw / 32];
+    for (bi, b) in rows.chunks_exact(32).enumerate() {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = f16::from_f32(amax / 127.0).to_f32();
+        scales[bi] = d.to_bits();
+        for (j, v) in b.iter().enumerate() {
+            let c = if d > 0.0 { (v / d).round() as i8 } else { 0 };
+            codes[(32 * bi + j) / 4] |= (c as u8 as u32) << (8 * (j % 4));
         }
-        let e = rel_err(&got, &want);
-        assert!(
-            e < 2e-3,
-            "attention nh {nh} nkv {nkv} hd {hd} pos0 {pos0}: relative error {e:e}"
-        );
-        // the cache rows the prep wrote
-        let mut kcw = vec![0u32; n_ctx * kvw / 2];
-        v.download(&kc, 0, bytemuck_u32(&mut kcw)).unwrap();
-        let kc_f: Vec<f32> = kcw
+    }
+    codes.extend(scales);
+    codes
+}
+
+/// Decode a cache buffer's first `rows` rows back to f32.
+fn kv_decode(words: &[u32], rows: usize, n_ctx: usize, kvw: usize, q8: bool) -> Vec<f32> {
+    if !q8 {
+        return words[..rows * kvw / 2]
             .iter()
             .flat_map(|w| {
                 [
@@ -652,8 +579,142 @@ fn attention_matches_reference() {
                 ]
             })
             .collect();
-        let e = rel_err(&kc_f[..(pos0 + n) * kvw], &kcache);
-        assert!(e < 2e-3, "K cache rows: {e:e}");
+    }
+    let sc = &words[n_ctx * kvw / 4..];
+    (0..rows * kvw)
+        .map(|i| ((words[i / 4] >> (8 * (i % 4))) as u8 as i8) as f32 * f32::from_bits(sc[i / 32]))
+        .collect()
+}
+
+#[test]
+fn attention_matches_reference() {
+    let v = vk();
+    let mut rng = Rng(17);
+    for q8 in [false, true] {
+        for (nh, nkv, hd, n_rot, pos0, n) in [
+            (4, 2, 64, 16, 70, 3),
+            (2, 1, 256, 64, 0, 2),
+            (6, 3, 128, 32, 129, 1),
+        ] {
+            let n_ctx = pos0 + n + 5;
+            let kvw = nkv * hd;
+            let qf = rng.vec(n * nh * 2 * hd, 1.5);
+            let kf = rng.vec(n * kvw, 1.5);
+            let vf = rng.vec(n * kvw, 1.5);
+            let qn = rng.vec(hd, 1.0);
+            let kn = rng.vec(hd, 1.0);
+            // a cache whose first pos0 rows already hold random representable values
+            let k_old = kv_round(&rng.vec(pos0 * kvw, 1.0), q8);
+            let v_old = kv_round(&rng.vec(pos0 * kvw, 1.0), q8);
+            let kc = v.buffer_u32(&kv_words(&k_old, n_ctx, kvw, q8)).unwrap();
+            let vc = v.buffer_u32(&kv_words(&v_old, n_ctx, kvw, q8)).unwrap();
+            let sc_off = (n_ctx * kvw / 4) as u32;
+            let half = n_rot / 2;
+            let mut rope = Vec::new();
+            for t in 0..n {
+                for d in 0..half {
+                    let th = (pos0 + t) as f64 * 1e6f64.powf(-2.0 * d as f64 / n_rot as f64);
+                    rope.push(th.cos() as f32);
+                    rope.push(th.sin() as f32);
+                }
+            }
+            let (qfb, kfb, vfb, qnb, knb, rb) = (
+                buf(&v, &qf),
+                buf(&v, &kf),
+                buf(&v, &vf),
+                buf(&v, &qn),
+                buf(&v, &kn),
+                buf(&v, &rope),
+            );
+            let q = v.alloc((4 * n * nh * hd) as u64).unwrap();
+            let out = v.alloc((4 * n * nh * hd) as u64).unwrap();
+            let scale = 1.0 / (hd as f32).sqrt();
+            v.run(|c| {
+                let groups = n * (nh + 2 * nkv);
+                let p = Push::new()
+                    .addr(&qfb, 0)
+                    .addr(&kfb, 0)
+                    .addr(&vfb, 0)
+                    .addr(&qnb, 0)
+                    .addr(&knb, 0)
+                    .addr(&rb, 0)
+                    .addr(&q, 0)
+                    .addr(&kc, 0)
+                    .addr(&vc, 0)
+                    .u32(groups as u32)
+                    .u32(nh as u32)
+                    .u32(nkv as u32)
+                    .u32(hd as u32)
+                    .u32(n_rot as u32)
+                    .u32(pos0 as u32)
+                    .f32(1e-6)
+                    .u32(q8 as u32)
+                    .u32(sc_off);
+                c.dispatch(Kernel::AttnPrep, groups as u32, &p);
+                let p = Push::new()
+                    .addr(&q, 0)
+                    .addr(&qfb, 0)
+                    .addr(&kc, 0)
+                    .addr(&vc, 0)
+                    .addr(&out, 0)
+                    .u32((n * nh) as u32)
+                    .u32(nh as u32)
+                    .u32(nkv as u32)
+                    .u32(hd as u32)
+                    .u32(pos0 as u32)
+                    .f32(scale)
+                    .u32(q8 as u32)
+                    .u32(sc_off);
+                c.dispatch(Kernel::Attn, (n * nh) as u32, &p);
+                Ok(())
+            })
+            .unwrap();
+            let got = get(&v, &out, n * nh * hd);
+
+            // reference: norms, RoPE (f64 angles), the cache's rounding, softmax attention, σ(gate)
+            let (mut kcache, mut vcache) = (k_old.clone(), v_old.clone());
+            let mut want = vec![0f32; n * nh * hd];
+            for t in 0..n {
+                let pos = pos0 + t;
+                let mut qh = Vec::new();
+                for h in 0..nh {
+                    qh.extend_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
+                }
+                r::rmsnorm_heads(&mut qh, hd, &qn, 1e-6);
+                r::rope_neox(&mut qh, hd, n_rot, pos, 1e6);
+                let mut kt = kf[t * kvw..(t + 1) * kvw].to_vec();
+                r::rmsnorm_heads(&mut kt, hd, &kn, 1e-6);
+                r::rope_neox(&mut kt, hd, n_rot, pos, 1e6);
+                kcache.extend(kv_round(&kt, q8));
+                vcache.extend(kv_round(&vf[t * kvw..(t + 1) * kvw], q8));
+                let o = &mut want[t * nh * hd..(t + 1) * nh * hd];
+                r::attention(&qh, &kcache, &vcache, pos + 1, nh, nkv, hd, scale, o);
+                for h in 0..nh {
+                    for d in 0..hd {
+                        o[h * hd + d] *= r::sigmoid(qf[(t * nh + h) * 2 * hd + hd + d]);
+                    }
+                }
+            }
+            let what = format!("q8 {q8} nh {nh} nkv {nkv} hd {hd} pos0 {pos0}");
+            let e = rel_err(&got, &want);
+            assert!(e < 2e-3, "attention {what}: relative error {e:e}");
+            // the cache rows the prep wrote
+            let words = if q8 {
+                n_ctx * kvw / 4 + n_ctx * kvw / 32
+            } else {
+                n_ctx * kvw / 2
+            };
+            let mut kcw = vec![0u32; words];
+            v.download(&kc, 0, bytemuck_u32(&mut kcw)).unwrap();
+            let kc_f = kv_decode(&kcw, pos0 + n, n_ctx, kvw, q8);
+            // f16: within rounding; q8: a value within a hair of a rounding boundary may take the
+            // neighbouring code, one step of its block's max / 127
+            let e = rel_err(&kc_f, &kcache);
+            assert!(
+                e < if q8 { 1e-2 } else { 2e-3 },
+                "K cache rows {what}: {e:e}"
+            );
+        }
     }
 }
 

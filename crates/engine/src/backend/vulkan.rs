@@ -2,7 +2,8 @@
 //! per block (mixer or MLP), f32 activations and GDN state, f16 KV cache.
 //!
 //! Low-bit matrices stay low-bit on the device (their blocks split into a code plane and an f32
-//! scale plane at load); other types are dequantized to f32 at load. Activations are not quantized,
+//! scale plane at load); other types are dequantized to f32 at load. The KV cache is f16 or ggml
+//! q8_0 (`kv_cache="q8_0"`, the CPU backend's rounding). Activations are not quantized,
 //! so the matmuls are the f32-activation products of MODEL.md §1.3 (closer to f32 than the CPU
 //! engine's int8 activations: the two are compared within tolerance, not bit for bit). Every shader
 //! computes a row the same way whatever the row count, so a speculative verify row equals the
@@ -20,7 +21,7 @@ use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
 use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
 use bonsai_kernels_vulkan::{Buffer, Cmd, Kernel, Push, VkError, Vulkan};
 
-use super::{gdn_rec_width, Backend, Step};
+use super::{gdn_rec_width, Backend, KvType, Step};
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -36,6 +37,8 @@ const MAX_HD: usize = 512;
 
 pub struct VulkanBackend {
     vk: Vulkan,
+    /// Storage of the attention KV cache.
+    kv_type: KvType,
     scratch: Mutex<Vec<Option<Buffer>>>,
     /// `BONSAI_VK_EAGER_SUBMIT=1`: submit and wait after every block (the behaviour before the
     /// deferred submission; kept for the A/B in bench/vulkan_submit.py).
@@ -66,13 +69,28 @@ pub struct VkAct {
     buf: Buffer,
 }
 
-/// One attention layer's cache: K and V `[n_ctx, n_kv·hd]` f16, `len` rows in use.
+/// One attention layer's cache, `len` rows in use: K and V `[n_ctx, n_kv·hd]` f16, or q8_0 (i8
+/// codes `[n_ctx, n_kv·hd]`, four per word, then f32 scales `[n_ctx, n_kv·hd / 32]` from word
+/// `sc_off`).
 pub struct VkKv {
     k: Buffer,
     v: Buffer,
     len: usize,
     n_ctx: usize,
     width: usize,
+    q8: bool,
+    sc_off: usize,
+}
+
+impl VkKv {
+    /// Bytes of the first `rows` rows: (codes or f16 values, scales).
+    fn row_bytes(&self, rows: usize) -> (u64, u64) {
+        if self.q8 {
+            ((rows * self.width) as u64, f4(rows * self.width / 32))
+        } else {
+            (2 * (rows * self.width) as u64, 0)
+        }
+    }
 }
 
 /// One GDN layer's state: conv window `[k−1, conv_dim]` and S `[H_v, d_k, d_v]`, f32.
@@ -165,10 +183,11 @@ fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
 
 impl VulkanBackend {
     /// Open the best Vulkan device; `allow_cpu` also accepts a CPU implementation (lavapipe).
-    pub fn new(allow_cpu: bool) -> Result<VulkanBackend> {
+    pub fn new(allow_cpu: bool, kv_type: KvType) -> Result<VulkanBackend> {
         let vk = Vulkan::new(allow_cpu).map_err(|e| Error::BackendUnavailable(e.to_string()))?;
         Ok(VulkanBackend {
             vk,
+            kv_type,
             scratch: Mutex::new(Vec::new()),
             eager_submit: std::env::var("BONSAI_VK_EAGER_SUBMIT").as_deref() == Ok("1"),
         })
@@ -460,14 +479,26 @@ impl Backend for VulkanBackend {
                 cfg.head_dim
             )));
         }
-        let bytes = 2 * (n_ctx * width) as u64; // f16
-        Ok(VkKv {
-            k: self.vk.alloc(bytes).map_err(be)?,
-            v: self.vk.alloc(bytes).map_err(be)?,
+        let q8 = self.kv_type == KvType::Q8_0;
+        if q8 && cfg.head_dim % 32 != 0 {
+            return Err(Error::InvalidRequest(format!(
+                "kv_cache=\"q8_0\" needs a head dim that is a multiple of 32, the model has {}",
+                cfg.head_dim
+            )));
+        }
+        let mut kv = VkKv {
+            k: self.vk.alloc(4).map_err(be)?,
+            v: self.vk.alloc(4).map_err(be)?,
             len: 0,
             n_ctx,
             width,
-        })
+            q8,
+            sc_off: n_ctx * width / 4, // q8: the scales follow n_ctx·width code bytes
+        };
+        let (codes, scales) = kv.row_bytes(n_ctx);
+        kv.k = self.vk.alloc(codes + scales).map_err(be)?;
+        kv.v = self.vk.alloc(codes + scales).map_err(be)?;
+        Ok(kv)
     }
 
     fn new_gdn(&self, cfg: &TargetConfig) -> Result<VkGdn> {
@@ -507,11 +538,17 @@ impl Backend for VulkanBackend {
     }
 
     fn copy_kv(&self, src: &VkKv, dst: &mut VkKv) {
-        assert!(src.len <= dst.n_ctx, "copy_kv: destination too short");
-        let bytes = 2 * (src.len * src.width) as u64;
+        assert!(
+            src.len <= dst.n_ctx && src.q8 == dst.q8 && src.width == dst.width,
+            "copy_kv: destination of another shape"
+        );
+        let (codes, scales) = src.row_bytes(src.len);
+        let (s_at, d_at) = (f4(src.sc_off), f4(dst.sc_off));
         self.rec(|c| {
-            c.copy(&src.k, 0, &dst.k, 0, bytes)?;
-            c.copy(&src.v, 0, &dst.v, 0, bytes)
+            c.copy(&src.k, 0, &dst.k, 0, codes)?;
+            c.copy(&src.v, 0, &dst.v, 0, codes)?;
+            c.copy(&src.k, s_at, &dst.k, d_at, scales)?;
+            c.copy(&src.v, s_at, &dst.v, d_at, scales)
         })
         .expect("vulkan: copy_kv");
         dst.len = src.len;
@@ -529,14 +566,25 @@ impl Backend for VulkanBackend {
 
     fn kv_to_host(&self, kv: &VkKv) -> Result<(usize, Vec<f32>)> {
         let n = kv.len * kv.width;
-        let mut out = Vec::with_capacity(2 * n);
+        let (codes, scales) = kv.row_bytes(kv.len);
+        let mut out = Vec::with_capacity(2 * n); // [K rows ‖ V rows] f32
         for b in [&kv.k, &kv.v] {
-            let mut raw = vec![0u8; 2 * n];
+            let mut raw = vec![0u8; codes as usize];
             self.vk.download(b, 0, &mut raw).map_err(be)?;
-            out.extend(
-                raw.chunks_exact(2)
-                    .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32()),
-            );
+            if kv.q8 {
+                let mut d = vec![0f32; (scales / 4) as usize];
+                self.vk.download_f32(b, kv.sc_off, &mut d).map_err(be)?;
+                out.extend(
+                    raw.iter()
+                        .enumerate()
+                        .map(|(i, &c)| c as i8 as f32 * d[i / 32]),
+                );
+            } else {
+                out.extend(
+                    raw.chunks_exact(2)
+                        .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32()),
+                );
+            }
         }
         Ok((kv.len, out))
     }
@@ -724,7 +772,9 @@ impl Backend for VulkanBackend {
                 .u32(hd as u32)
                 .u32(cfg.n_rot as u32)
                 .u32(s.pos as u32)
-                .f32(eps);
+                .f32(eps)
+                .u32(kv.q8 as u32)
+                .u32(kv.sc_off as u32);
             c.dispatch(Kernel::AttnPrep, pg, &p);
             let ag = (n * nh) as u32;
             let p = Push::new()
@@ -738,7 +788,9 @@ impl Backend for VulkanBackend {
                 .u32(nkv as u32)
                 .u32(hd as u32)
                 .u32(s.pos as u32)
-                .f32(1.0 / (hd as f32).sqrt());
+                .f32(1.0 / (hd as f32).sqrt())
+                .u32(kv.q8 as u32)
+                .u32(kv.sc_off as u32);
             c.dispatch(Kernel::Attn, ag, &p);
             mv(c, &w.out, sc.b(5), &x.buf, n, true);
             Ok(())
