@@ -1,5 +1,5 @@
-//! The Vulkan backend: the qwen35 forward as `bonsai_kernels_vulkan` dispatches, one command buffer
-//! per block (mixer or MLP), f32 activations and GDN state, f16 KV cache.
+//! The Vulkan backend: the qwen35 forward as `bonsai_kernels_vulkan` dispatches, with f32
+//! activations and GDN state.
 //!
 //! Low-bit matrices stay low-bit on the device (their blocks split into a code plane and an f32
 //! scale plane at load); other types are dequantized to f32 at load. The KV cache is f16 or ggml
@@ -11,8 +11,8 @@
 //!
 //! Blocks are recorded into one pending command buffer (`Vulkan::record`) and submitted when the
 //! host needs a result (the logits, a tapped row, a state export) or a buffer is freed: a decode
-//! step is one submission. Correctness first otherwise: one workgroup per mat-vec output; faster
-//! mat-vecs are the performance work still to come.
+//! step is one submission. Correctness first otherwise (a mat-vec workgroup takes 4 outputs with
+//! 16-byte loads); speed on a GPU is the work still to come, and is not measured yet.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
