@@ -82,14 +82,19 @@ pub struct VkKv {
     sc_off: usize,
 }
 
+/// Bytes of `rows` cache rows of `width`: (codes or f16 values, q8 scales).
+fn kv_bytes(q8: bool, width: usize, rows: usize) -> (u64, u64) {
+    if q8 {
+        ((rows * width) as u64, f4(rows * width / 32))
+    } else {
+        (2 * (rows * width) as u64, 0)
+    }
+}
+
 impl VkKv {
     /// Bytes of the first `rows` rows: (codes or f16 values, scales).
     fn row_bytes(&self, rows: usize) -> (u64, u64) {
-        if self.q8 {
-            ((rows * self.width) as u64, f4(rows * self.width / 32))
-        } else {
-            (2 * (rows * self.width) as u64, 0)
-        }
+        kv_bytes(self.q8, self.width, rows)
     }
 }
 
@@ -486,19 +491,16 @@ impl Backend for VulkanBackend {
                 cfg.head_dim
             )));
         }
-        let mut kv = VkKv {
-            k: self.vk.alloc(4).map_err(be)?,
-            v: self.vk.alloc(4).map_err(be)?,
+        let (codes, scales) = kv_bytes(q8, width, n_ctx);
+        Ok(VkKv {
+            k: self.vk.alloc(codes + scales).map_err(be)?,
+            v: self.vk.alloc(codes + scales).map_err(be)?,
             len: 0,
             n_ctx,
             width,
             q8,
             sc_off: n_ctx * width / 4, // q8: the scales follow n_ctx·width code bytes
-        };
-        let (codes, scales) = kv.row_bytes(n_ctx);
-        kv.k = self.vk.alloc(codes + scales).map_err(be)?;
-        kv.v = self.vk.alloc(codes + scales).map_err(be)?;
-        Ok(kv)
+        })
     }
 
     fn new_gdn(&self, cfg: &TargetConfig) -> Result<VkGdn> {
@@ -727,11 +729,14 @@ impl Backend for VulkanBackend {
             )));
         }
         let half = cfg.n_rot / 2;
+        // base^(−2d/n_rot) per rotated pair, the same for every row
+        let freq: Vec<f64> = (0..half)
+            .map(|d| (cfg.rope_base as f64).powf(-2.0 * d as f64 / cfg.n_rot as f64))
+            .collect();
         let mut rope = Vec::with_capacity(n * half * 2); // [n, n_rot/2, (cos, sin)]
         for t in 0..n {
-            for d in 0..half {
-                let th = (s.pos + t) as f64
-                    * (cfg.rope_base as f64).powf(-2.0 * d as f64 / cfg.n_rot as f64);
+            for &f in &freq {
+                let th = (s.pos + t) as f64 * f;
                 rope.push(th.cos() as f32);
                 rope.push(th.sin() as f32);
             }
