@@ -1,111 +1,137 @@
 #version 450
-// y[t, o] (+)= Σ_i W[o, i] · x[t, i]. A workgroup of 64 invocations takes 4 consecutive outputs of
-// one row t: 16 invocations per output, invocation i of an output walking its blocks i, i + 16, …
-// with 16-byte loads, then a fixed-order tree over the 16 partials in shared memory. The code and
-// the order for (o, t) do not depend on the number of rows (a verify row equals the decode row bit
-// for bit). The weights are the file's blocks re-tiled at load: codes [n_out, nblk, WORDS] u32 (the
-// block's code bytes as little-endian words, unchanged) and scales [n_out, nblk] f32.
-//   QT 0  Q1_0:       block 128, 4 words; element j is bit j of the block  → w = bit ? +d : −d
-//   QT 1  Q2_0 g128:  block 128, 8 words; element j is bits 2j..2j+1       → w = (c − 1)·d
-//   QT 2  Q2_0 g64:   block 64,  4 words; same codes
-//   QT 3  f32:        codes hold the f32 row-major matrix (blocks of 4), no scales
-// x rows and the code plane must be 16-byte aligned (n_in a multiple of 4; the host checks).
+// y[t, o] (+)= Σ_i W[o, i] · x[t, i]. A workgroup of 128 invocations (4 slices of 32 lanes) takes
+// ROWS consecutive outputs o of one activation row t. The input is walked in chunks of 128
+// elements, 8 chunks to a group; slice s takes groups s, s + 4, … and lane l elements 4l .. 4l + 3
+// of each chunk: one 16-byte load of x (512 contiguous bytes per slice) serves the ROWS outputs,
+// and one coalesced load per output and group brings the lane's codes of 8 chunks (`retile.rs`),
+// the next group's codes loaded while this one is used. Each invocation keeps one f32 partial per
+// output (its groups and chunks in increasing order), then the 128 partials meet in a fixed-order
+// tree in shared memory. The code and the order for (o, t) do not depend on the number of rows (a
+// verify row equals the decode row bit for bit).
+//   QT 0  Q1_0:       block 128; codes [n_out, groups, 32] u32, 4 bits per chunk → w = bit ? +d : −d
+//   QT 1  Q2_0 g128:  block 128; codes [n_out, groups, 32] uvec2, 8 bits per chunk → w = (c − 1)·d
+//   QT 2  Q2_0 g64:   block 64;  the same codes, two scales per chunk
+//   QT 3  f32:        codes hold the f32 row-major matrix [n_out, n_in], no scales
+// scales [n_out, n_in / block] f32. n_in is a multiple of 4; a chunk past n_in is masked per lane.
+// x rows must be 16-byte aligned (the host checks).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer V4 { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer U4 { uvec4 v[]; };
-layout(local_size_x = 64) in;
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer U2 { uvec2 v[]; };
+layout(local_size_x = 128) in;
 layout(push_constant, std430) uniform P {
+#if QT == 3
     U4 codes;
+#elif QT == 0
+    U32 codes;
+#else
+    U2 codes;
+#endif
     F32 scales;
     V4 x;       // [n, n_in]
     F32 y;      // [n, n_out]
-    uint groups; // ceil(n_out / 4) · n
+    uint groups; // ceil(n_out / ROWS) · n
     uint n_in;
     uint n_out;
     uint acc;   // 1: y += result
 } p;
-shared float red[64];
+
+#define ROWS 4u
+shared float red[ROWS][128];
 
 #if QT == 0
-#define BLK 128u
-#define QW 1u
-#elif QT == 1
-#define BLK 128u
-#define QW 2u
-#elif QT == 2
-#define BLK 64u
-#define QW 1u
-#else
-#define BLK 4u
-#define QW 1u
+#define CODE uint
+#elif QT == 1 || QT == 2
+#define CODE uvec2
 #endif
 
-// Σ_j w_j x_j over one 32-element word of Q1 bits (x as 8 vec4 starting at xv).
-float q1_word(uint bits, uint xv) {
-    float s = 0.0;
-    for (uint k = 0; k < 8; k++) {
-        vec4 xx = p.x.v[xv + k];
-        uint b = bits >> (4 * k);
-        s += ((b & 1u) != 0u ? xx.x : -xx.x) + ((b & 2u) != 0u ? xx.y : -xx.y)
-           + ((b & 4u) != 0u ? xx.z : -xx.z) + ((b & 8u) != 0u ? xx.w : -xx.w);
-    }
-    return s;
+// x with its sign flipped where bit `bit` of b is 0: x·(2·bit − 1), exact.
+float pm(float x, uint b, uint bit) {
+    return uintBitsToFloat(floatBitsToUint(x) ^ (((~b >> bit) & 1u) << 31));
 }
 
-// Σ_j (c_j − 1) x_j over one 16-element word of Q2 codes (x as 4 vec4 starting at xv).
-float q2_word(uint bits, uint xv) {
-    float s = 0.0;
-    for (uint k = 0; k < 4; k++) {
-        vec4 xx = p.x.v[xv + k];
-        uint b = bits >> (8 * k);
-        vec4 c = vec4(float(b & 3u), float((b >> 2) & 3u), float((b >> 4) & 3u), float((b >> 6) & 3u)) - 1.0;
-        s += c.x * xx.x + c.y * xx.y + c.z * xx.z + c.w * xx.w;
-    }
-    return s;
+// 2-bit code c at bit `sh` of b → c − 1 as f32, exact: (2^23 + c) − (2^23 + 1).
+float cm1(uint b, uint sh) {
+    return uintBitsToFloat(0x4B000000u | ((b >> sh) & 3u)) - 8388609.0;
 }
 
 void main() {
-    uint g = group_id();
-    if (g >= p.groups) return;
+    uint gid = group_id();
+    if (gid >= p.groups) return;
     uint tid = gl_LocalInvocationID.x;
-    uint lane = tid & 15u;
-    uint per_row = (p.n_out + 3u) / 4u;
-    uint t = g / per_row;
-    uint o = (g % per_row) * 4u + (tid >> 4);
-    float acc = 0.0;
-    if (o < p.n_out) {
-        uint nblk = p.n_in / BLK;
-        uint xb = t * (p.n_in / 4u);  // in vec4
-        for (uint b = lane; b < nblk; b += 16u) {
-            uint xo = xb + b * (BLK / 4u);
+    uint lane = tid & 31u, slice = tid >> 5;
+    uint per_row = (p.n_out + ROWS - 1u) / ROWS;
+    uint t = gid / per_row;
+    uint o0 = (gid % per_row) * ROWS;
+    uint n4 = p.n_in / 4u;          // x in vec4
+    uint nch = (p.n_in + 127u) / 128u;
+    uint xb = t * n4;
+    uint orow[ROWS];                 // rows past n_out compute row n_out − 1 and are not stored
+    for (uint r = 0; r < ROWS; r++) orow[r] = min(o0 + r, p.n_out - 1u);
+    float acc[ROWS];
+    for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
 #if QT == 3
-            vec4 w = uintBitsToFloat(p.codes.v[o * nblk + b]);
-            vec4 xx = p.x.v[xo];
-            acc += w.x * xx.x + w.y * xx.y + w.z * xx.z + w.w * xx.w;
-#else
-            float s = 0.0;
-            for (uint q = 0; q < QW; q++) {
-                uvec4 c = p.codes.v[(o * nblk + b) * QW + q];
-#if QT == 0
-                s += q1_word(c.x, xo) + q1_word(c.y, xo + 8u) + q1_word(c.z, xo + 16u) + q1_word(c.w, xo + 24u);
-#else
-                uint xq = xo + q * 16u;
-                s += q2_word(c.x, xq) + q2_word(c.y, xq + 4u) + q2_word(c.z, xq + 8u) + q2_word(c.w, xq + 12u);
-#endif
+    for (uint c = slice; c < nch; c += 4u) {
+        uint xi = c * 32u + lane;
+        if (xi < n4) {
+            vec4 xx = p.x.v[xb + xi];
+            for (uint r = 0; r < ROWS; r++) {
+                vec4 w = uintBitsToFloat(p.codes.v[orow[r] * n4 + xi]);
+                acc[r] += (w.x * xx.x + w.y * xx.y) + (w.z * xx.z + w.w * xx.w);
             }
-            acc += p.scales.v[o * nblk + b] * s;
-#endif
         }
     }
-    red[tid] = acc;
+#else
+    uint ng = (nch + 7u) / 8u;
+#if QT == 2
+    uint nblk = p.n_in / 64u;
+#else
+    uint nblk = p.n_in / 128u;
+#endif
+    CODE nxt[ROWS];
+    if (slice < ng)
+        for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + slice) * 32u + lane];
+    for (uint g = slice; g < ng; g += 4u) {
+        CODE cw[ROWS];
+        for (uint r = 0; r < ROWS; r++) cw[r] = nxt[r];
+        if (g + 4u < ng)
+            for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + g + 4u) * 32u + lane];
+        for (uint k = 0; k < 8u; k++) {
+            uint c = g * 8u + k;
+            uint xi = c * 32u + lane;
+            if (c >= nch || xi >= n4) break;
+            vec4 xx = p.x.v[xb + xi];
+            for (uint r = 0; r < ROWS; r++) {
+#if QT == 0
+                uint sh = 4u * k;
+                uint b = cw[r];
+                float s = (pm(xx.x, b, sh) + pm(xx.y, b, sh + 1u)) + (pm(xx.z, b, sh + 2u) + pm(xx.w, b, sh + 3u));
+                acc[r] = fma(p.scales.v[orow[r] * nblk + c], s, acc[r]);
+#else
+                uint b = k < 4u ? cw[r].x : cw[r].y;
+                uint sh = 8u * (k & 3u);
+                float s = (cm1(b, sh) * xx.x + cm1(b, sh + 2u) * xx.y) + (cm1(b, sh + 4u) * xx.z + cm1(b, sh + 6u) * xx.w);
+#if QT == 1
+                acc[r] = fma(p.scales.v[orow[r] * nblk + c], s, acc[r]);
+#else
+                acc[r] = fma(p.scales.v[orow[r] * nblk + 2u * c + (lane >> 4)], s, acc[r]);
+#endif
+#endif
+            }
+        }
+    }
+#endif
+    for (uint r = 0; r < ROWS; r++) red[r][tid] = acc[r];
     barrier();
-    for (uint s = 8u; s > 0u; s >>= 1) {
-        if (lane < s) red[tid] += red[tid + s];
+    for (uint s = 64u; s > 0u; s >>= 1) {
+        if (tid < s)
+            for (uint r = 0; r < ROWS; r++) red[r][tid] += red[r][tid + s];
         barrier();
     }
-    if (lane == 0u && o < p.n_out) {
-        uint yi = t * p.n_out + o;
-        p.y.v[yi] = p.acc != 0u ? p.y.v[yi] + red[tid] : red[tid];
+    if (tid < ROWS && o0 + tid < p.n_out) {
+        uint yi = t * p.n_out + o0 + tid;
+        float v = red[tid][0];
+        p.y.v[yi] = p.acc != 0u ? p.y.v[yi] + v : v;
     }
 }

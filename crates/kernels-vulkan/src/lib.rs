@@ -146,6 +146,20 @@ impl Kernel {
     }
 }
 
+/// Workgroups of a mat-vec dispatch (`mv_*`): 4 outputs of one activation row each.
+pub fn mv_groups(n_out: usize, n: usize) -> u32 {
+    (n * n_out.div_ceil(4)) as u32
+}
+
+/// Workgroups of a `gdn_step` dispatch: 32 value columns of one v-head each.
+pub fn gdn_step_groups(hv: usize, dv: usize) -> u32 {
+    (hv * dv.div_ceil(32)) as u32
+}
+
+/// The largest d_k `gdn_step` takes (its state column lives in registers, d_k / 4 per invocation);
+/// d_k must also be a multiple of 4.
+pub const GDN_MAX_DK: usize = 128;
+
 /// A physical device as the loader reports it.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -153,6 +167,9 @@ pub struct DeviceInfo {
     /// "discrete", "integrated", "virtual", "cpu" or "other".
     pub kind: &'static str,
     pub api: (u32, u32, u32),
+    /// Nanoseconds per timestamp tick, and whether the compute queue writes timestamps.
+    pub timestamp_period: f32,
+    pub timestamps: bool,
 }
 
 struct Exec {
@@ -163,6 +180,82 @@ struct Exec {
     staging: Option<Buffer>,
     /// `cb` is recording commands not yet submitted ([`Vulkan::record`]).
     pending: bool,
+    /// GPU time per kernel (`BONSAI_VK_PROFILE=1`).
+    prof: Option<Prof>,
+}
+
+/// Timestamps around every dispatch of a command buffer, summed per kernel when it has run.
+struct Prof {
+    pool: vk::QueryPool,
+    /// (what, first of its two queries) for this command buffer's profiled commands.
+    marks: Vec<(usize, u32)>,
+    /// count and nanoseconds per `Kernel::ALL` index, then one slot for copies / updates / fills.
+    total: Vec<(u64, f64)>,
+    period_ns: f64,
+    /// `BONSAI_VK_PROFILE=<path>`: the table is rewritten there at most twice a second (and at
+    /// the end), for processes that never drop their context.
+    file: Option<String>,
+    written: Option<std::time::Instant>,
+    /// Submissions and the host time spent in them (submit to fence signalled).
+    submits: u64,
+    submit_ns: f64,
+}
+
+const PROF_QUERIES: u32 = 1 << 14;
+const PROF_OTHER: usize = Kernel::ALL.len();
+
+impl Prof {
+    /// Read back the finished command buffer's timestamps and add them up.
+    fn collect(&mut self, d: &ash::Device) {
+        let n = self.marks.len() as u32 * 2;
+        if n == 0 {
+            return;
+        }
+        let mut ts = vec![0u64; n as usize];
+        // SAFETY: the queries 0..n were reset and written by the command buffer that was just
+        // waited for; `ts` holds n 64-bit results.
+        let ok = unsafe {
+            d.get_query_pool_results(
+                self.pool,
+                0,
+                &mut ts,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        };
+        if ok.is_ok() {
+            for &(k, q) in &self.marks {
+                let dt = ts[q as usize + 1].wrapping_sub(ts[q as usize]) as f64 * self.period_ns;
+                self.total[k].0 += 1;
+                self.total[k].1 += dt;
+            }
+        }
+        self.marks.clear();
+        self.write(false);
+    }
+
+    fn write(&mut self, last: bool) {
+        if let Some(f) = &self.file {
+            if last
+                || self
+                    .written
+                    .is_none_or(|w| w.elapsed().as_secs_f64() >= 0.5)
+            {
+                let _ = std::fs::write(f, self.report());
+                self.written = Some(std::time::Instant::now());
+            }
+        }
+    }
+
+    fn report(&self) -> String {
+        let mut r = prof_report(&self.total);
+        r += &format!(
+            "  submissions {:>10} x {:>10.3} ms {:>9.2} us each (host: submit to fence)\n",
+            self.submits,
+            self.submit_ns / 1e6,
+            self.submit_ns / 1e3 / self.submits.max(1) as f64
+        );
+        r
+    }
 }
 
 /// Begin recording into `ex.cb` unless it already is.
@@ -182,6 +275,9 @@ fn begin(inner: &Inner, ex: &mut Exec) -> Result<()> {
                 .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
         )
         .map_err(vkerr("begin command buffer"))?;
+        if let Some(p) = &ex.prof {
+            d.cmd_reset_query_pool(ex.cb, p.pool, 0, PROF_QUERIES);
+        }
     }
     ex.pending = true;
     Ok(())
@@ -194,6 +290,7 @@ fn flush_exec(inner: &Inner, ex: &mut Exec) -> Result<()> {
     }
     ex.pending = false;
     let d = &inner.device;
+    let t0 = std::time::Instant::now();
     // SAFETY: cb is in the recording state (pending); end, submit, wait, reset the fence.
     unsafe {
         d.end_command_buffer(ex.cb)
@@ -205,6 +302,11 @@ fn flush_exec(inner: &Inner, ex: &mut Exec) -> Result<()> {
         let w = d.wait_for_fences(&[ex.fence], true, u64::MAX);
         d.reset_fences(&[ex.fence]).map_err(vkerr("reset fence"))?;
         w.map_err(vkerr("wait for the GPU"))?;
+    }
+    if let Some(p) = &mut ex.prof {
+        p.submits += 1;
+        p.submit_ns += t0.elapsed().as_secs_f64() * 1e9;
+        p.collect(d);
     }
     Ok(())
 }
@@ -227,7 +329,12 @@ impl Drop for Inner {
         // device_wait_idle, and each handle is destroyed once, children before the device.
         unsafe {
             let _ = self.device.device_wait_idle();
-            if let Some(ex) = self.exec.get_mut().ok().and_then(|e| e.take()) {
+            if let Some(mut ex) = self.exec.get_mut().ok().and_then(|e| e.take()) {
+                if let Some(mut p) = ex.prof.take() {
+                    p.write(true);
+                    eprintln!("{}", p.report());
+                    self.device.destroy_query_pool(p.pool, None);
+                }
                 drop(ex.staging);
                 self.device.destroy_fence(ex.fence, None);
                 self.device.destroy_command_pool(ex.pool, None);
@@ -368,6 +475,9 @@ fn usable_devices(instance: &ash::Instance) -> Result<Vec<(vk::PhysicalDevice, D
                 name,
                 kind: kind_name(props.device_type),
                 api,
+                timestamp_period: props.limits.timestamp_period,
+                timestamps: queues[family].timestamp_valid_bits > 0
+                    && props.limits.timestamp_period > 0.0,
             },
             family as u32,
         ));
@@ -496,12 +606,35 @@ impl Vulkan {
                     return Err(vkerr("create fence")(e));
                 }
             };
+            let prof_env = std::env::var("BONSAI_VK_PROFILE").unwrap_or_default();
+            let prof = if !prof_env.is_empty() && prof_env != "0" && inner.info.timestamps {
+                let qci = vk::QueryPoolCreateInfo::default()
+                    .query_type(vk::QueryType::TIMESTAMP)
+                    .query_count(PROF_QUERIES);
+                inner
+                    .device
+                    .create_query_pool(&qci, None)
+                    .ok()
+                    .map(|qp| Prof {
+                        pool: qp,
+                        marks: Vec::new(),
+                        total: vec![(0, 0.0); PROF_OTHER + 1],
+                        period_ns: f64::from(inner.info.timestamp_period),
+                        file: (prof_env != "1").then(|| prof_env.clone()),
+                        written: None,
+                        submits: 0,
+                        submit_ns: 0.0,
+                    })
+            } else {
+                None
+            };
             *inner.exec.get_mut().unwrap() = Some(Exec {
                 pool,
                 cb,
                 fence,
                 staging: None,
                 pending: false,
+                prof,
             });
         }
         Ok(Vulkan {
@@ -634,6 +767,7 @@ impl Vulkan {
             let mut cmd = Cmd {
                 inner: &self.inner,
                 cb: ex.cb,
+                prof: ex.prof.as_mut(),
             };
             let r = f(&mut cmd);
             if r.is_err() {
@@ -655,6 +789,7 @@ impl Vulkan {
         let mut cmd = Cmd {
             inner: &self.inner,
             cb: ex.cb,
+            prof: ex.prof.as_mut(),
         };
         let r = f(&mut cmd);
         let fl = flush_exec(&self.inner, ex);
@@ -761,6 +896,34 @@ pub fn f32_bytes(v: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
+/// The profiler's table: kernel, dispatches, total ms, µs per dispatch, share; most time first.
+fn prof_report(total: &[(u64, f64)]) -> String {
+    let all: f64 = total.iter().map(|t| t.1).sum();
+    let mut rows: Vec<(usize, u64, f64)> = total
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.0 > 0)
+        .map(|(i, t)| (i, t.0, t.1))
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut out = format!(
+        "vulkan profile (BONSAI_VK_PROFILE=1): {:.3} ms of GPU time in timed commands\n",
+        all / 1e6
+    );
+    for (i, n, ns) in rows {
+        let name = Kernel::ALL
+            .get(i)
+            .map_or("copy/update/fill", |k| k.module());
+        out += &format!(
+            "  {name:<18} {n:>8} x {:>10.3} ms {:>9.2} us each {:>5.1} %\n",
+            ns / 1e6,
+            ns / 1e3 / n as f64,
+            100.0 * ns / all.max(1.0)
+        );
+    }
+    out
+}
+
 fn check_range(b: &Buffer, off: u64, len: u64, what: &str) -> Result<()> {
     if off.checked_add(len).is_none_or(|end| end > b.size) {
         return Err(VkError(format!(
@@ -791,11 +954,19 @@ fn map_copy(b: &Buffer, f: impl FnOnce(&mut [u8])) -> Result<()> {
 }
 
 fn build_pipeline(d: &ash::Device, layout: vk::PipelineLayout, k: Kernel) -> Result<vk::Pipeline> {
-    let bytes = spirv::MODULES
-        .iter()
-        .find(|(n, _)| *n == k.module())
-        .map(|(_, b)| *b)
-        .ok_or_else(|| VkError(format!("vulkan: no SPIR-V module {}", k.module())))?;
+    // A/B of shader variants without a rebuild: BONSAI_VK_SPV_DIR/<module>.spv, where present,
+    // replaces the embedded module.
+    let over = std::env::var("BONSAI_VK_SPV_DIR").ok().and_then(|dir| {
+        std::fs::read(std::path::Path::new(&dir).join(format!("{}.spv", k.module()))).ok()
+    });
+    let bytes: &[u8] = match &over {
+        Some(b) if b.len() % 4 == 0 => b,
+        _ => spirv::MODULES
+            .iter()
+            .find(|(n, _)| *n == k.module())
+            .map(|(_, b)| *b)
+            .ok_or_else(|| VkError(format!("vulkan: no SPIR-V module {}", k.module())))?,
+    };
     let words: Vec<u32> = bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -831,19 +1002,68 @@ fn build_pipeline(d: &ash::Device, layout: vk::PipelineLayout, k: Kernel) -> Res
 pub struct Cmd<'a> {
     inner: &'a Inner,
     cb: vk::CommandBuffer,
+    prof: Option<&'a mut Prof>,
 }
 
 impl Cmd<'_> {
+    /// With the profiler on: a timestamp before the command `what` (`Kernel::ALL` index, or
+    /// `PROF_OTHER`); `mark_end` writes the one after it. Past the pool's size nothing is timed.
+    fn mark_begin(&mut self, what: usize) -> bool {
+        let Some(p) = self.prof.as_mut() else {
+            return false;
+        };
+        let q = p.marks.len() as u32 * 2;
+        if q + 2 > PROF_QUERIES {
+            return false;
+        }
+        p.marks.push((what, q));
+        // SAFETY: recording state; query q of the pool was reset at the buffer's begin.
+        unsafe {
+            self.inner.device.cmd_write_timestamp(
+                self.cb,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                p.pool,
+                q,
+            )
+        };
+        true
+    }
+
+    fn mark_end(&mut self, on: bool) {
+        if !on {
+            return;
+        }
+        let p = self.prof.as_mut().expect("mark_begin saw the profiler");
+        let q = p.marks.last().expect("mark_begin pushed a mark").1 + 1;
+        // SAFETY: as in mark_begin; query q (< PROF_QUERIES) was reset at the buffer's begin.
+        unsafe {
+            self.inner.device.cmd_write_timestamp(
+                self.cb,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                p.pool,
+                q,
+            )
+        };
+    }
+
+    /// Everything recorded so far (compute and transfer) is visible to everything after. The
+    /// stages are the two this context uses, not ALL_COMMANDS, so a driver need not drain more.
     fn barrier(&mut self) {
+        let (st, wr, rd) = (
+            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+            vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE,
+            vk::AccessFlags::SHADER_READ | vk::AccessFlags::TRANSFER_READ,
+        );
+        // the host reads downloads after the fence: HOST_READ makes the copies visible to it
         let mb = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+            .src_access_mask(wr)
+            .dst_access_mask(rd | wr | vk::AccessFlags::HOST_READ)];
         // SAFETY: recording into a command buffer in the recording state.
         unsafe {
             self.inner.device.cmd_pipeline_barrier(
                 self.cb,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::PipelineStageFlags::ALL_COMMANDS,
+                st,
+                st | vk::PipelineStageFlags::HOST,
                 vk::DependencyFlags::empty(),
                 &mb,
                 &[],
@@ -859,6 +1079,7 @@ impl Cmd<'_> {
             return;
         }
         let idx = Kernel::ALL.iter().position(|&x| x == k).unwrap();
+        let timed = self.mark_begin(idx);
         let (gx, gy) = if groups <= 65535 {
             (groups, 1)
         } else {
@@ -883,6 +1104,7 @@ impl Cmd<'_> {
             d.cmd_dispatch(self.cb, gx, gy, 1);
         }
         self.barrier();
+        self.mark_end(timed);
     }
 
     fn copy_raw(&mut self, src: vk::Buffer, so: u64, dst: vk::Buffer, dof: u64, len: u64) {
@@ -893,9 +1115,11 @@ impl Cmd<'_> {
             .src_offset(so)
             .dst_offset(dof)
             .size(len)];
+        let timed = self.mark_begin(PROF_OTHER);
         // SAFETY: recording state; the ranges were checked by the callers.
         unsafe { self.inner.device.cmd_copy_buffer(self.cb, src, dst, &r) };
         self.barrier();
+        self.mark_end(timed);
     }
 
     /// `dst[dof ..] ← src[so ..]`, `len` bytes (multiples of 4 not required).
@@ -916,6 +1140,7 @@ impl Cmd<'_> {
                 data.len()
             )));
         }
+        let timed = self.mark_begin(PROF_OTHER);
         for (i, part) in data.chunks(65536).enumerate() {
             // SAFETY: recording state; the range was checked and is 4-byte aligned, ≤ 64 KiB.
             unsafe {
@@ -928,6 +1153,7 @@ impl Cmd<'_> {
             };
         }
         self.barrier();
+        self.mark_end(timed);
         Ok(())
     }
 
@@ -936,6 +1162,7 @@ impl Cmd<'_> {
         if len == 0 {
             return;
         }
+        let timed = self.mark_begin(PROF_OTHER);
         // SAFETY: recording state; the range lies inside the buffer (callers pass sizes of it).
         unsafe {
             self.inner
@@ -943,5 +1170,6 @@ impl Cmd<'_> {
                 .cmd_fill_buffer(self.cb, dst.buf, off, len, word)
         };
         self.barrier();
+        self.mark_end(timed);
     }
 }

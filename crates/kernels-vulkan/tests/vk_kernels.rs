@@ -6,8 +6,8 @@
 
 use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
 use bonsai_kernels_cpu::reference as r;
-use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
-use bonsai_kernels_vulkan::{Buffer, Kernel, Push, Vulkan};
+use bonsai_kernels_vulkan::retile::{groups, lane_words, split_blocks, LowBit};
+use bonsai_kernels_vulkan::{gdn_step_groups, mv_groups, Buffer, Kernel, Push, Vulkan};
 use half::f16;
 
 fn vk() -> Vulkan {
@@ -134,11 +134,11 @@ fn run_mv(
             .addr(scales, 0)
             .addr(x, 0)
             .addr(y, 0)
-            .u32((n * n_out.div_ceil(4)) as u32)
+            .u32(mv_groups(n_out, n))
             .u32(n_in as u32)
             .u32(n_out as u32)
             .u32(acc as u32);
-        c.dispatch(k, (n * n_out.div_ceil(4)) as u32, &p);
+        c.dispatch(k, mv_groups(n_out, n), &p);
         Ok(())
     })
     .unwrap();
@@ -203,6 +203,7 @@ fn mv_large_grid_covers_every_output() {
     let v = vk();
     let mut rng = Rng(7);
     let (n_in, n_out, n) = (128, 270_001, 1);
+    assert!(mv_groups(n_out, n) > 65_535);
     let data = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out);
     let (k, codes, scales) = upload_mat(&v, QuantType::Q1_0, &data, n_in, n_out);
     let x = rng.vec(n_in, 1.0);
@@ -226,23 +227,27 @@ fn split_blocks_matches_dequantize() {
         let data = random_weights(&mut rng, qt, n_in, 3);
         let (codes, scales) = split_blocks(lb, &data, n_in, 3).unwrap();
         let nblk = n_in / lb.block();
-        let wpb = lb.code_bytes() / 4;
+        let (ng, lw) = (groups(n_in), lane_words(lb));
+        assert_eq!(codes.len(), 3 * ng * 32 * lw);
         let rb = qt.row_bytes(n_in).unwrap();
         for o in 0..3 {
             let mut want = vec![0f32; n_in];
             dequantize_row(qt, &data[o * rb..(o + 1) * rb], &mut want);
             for j in 0..n_in {
-                let (b, e) = (j / lb.block(), j % lb.block());
-                let d = scales[o * nblk + b];
+                let d = scales[o * nblk + j / lb.block()];
+                // chunk c, lane l, element i of the lane's 4; group g, chunk k of the group
+                let (c, l, i) = (j / 128, (j % 128) / 4, j % 4);
+                let (g, k) = (c / 8, c % 8);
                 let w = if lb == LowBit::Q1 {
-                    let bit = codes[(o * nblk + b) * wpb + e / 32] >> (e % 32) & 1;
+                    let bit = codes[(o * ng + g) * 32 + l] >> (4 * k + i) & 1;
                     if bit == 1 {
                         d
                     } else {
                         -d
                     }
                 } else {
-                    let c = codes[(o * nblk + b) * wpb + e / 16] >> (2 * (e % 16)) & 3;
+                    let word = codes[((o * ng + g) * 32 + l) * 2 + k / 4];
+                    let c = word >> (8 * (k % 4) + 2 * i) & 3;
                     (c as f32 - 1.0) * d
                 };
                 assert_eq!(w, want[j], "{qt:?} row {o} element {j}");
@@ -403,7 +408,7 @@ fn gdn_gpu(
             .addr(&g, 0)
             .addr(&beta, 0)
             .addr(&o, 0)
-            .u32(hv as u32)
+            .u32(gdn_step_groups(hv, dv))
             .u32(dk as u32)
             .u32(dv as u32)
             .u32(hk as u32)
@@ -414,7 +419,7 @@ fn gdn_gpu(
             .u32(hv as u32)
             .u32((hv * dv) as u32)
             .u32(1);
-        c.dispatch(Kernel::GdnStep, hv as u32, &p);
+        c.dispatch(Kernel::GdnStep, gdn_step_groups(hv, dv), &p);
         Ok(())
     })
     .unwrap();
@@ -746,4 +751,53 @@ fn bad_ranges_are_errors_not_panics() {
     v.upload(&b, 0, &[1u8; 8]).unwrap();
     v.download(&b, 0, &mut out).unwrap();
     assert_eq!(out, [1u8; 8]);
+}
+
+/// Throughput of one-row mat-vecs at the 27B shapes (run on a GPU: `--ignored --nocapture`):
+/// `reps` dispatches of one matrix in one submission (each followed by the context's barrier), so
+/// the time per dispatch includes the barrier but no host work. `BONSAI_VK_SPV_DIR` A/Bs variants.
+#[test]
+#[ignore = "a benchmark: run on a GPU with --ignored --nocapture"]
+fn mv_throughput_27b_shapes() {
+    let v = vk();
+    println!("device: {}", v.name());
+    let mut rng = Rng(5);
+    let reps = 200;
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128] {
+        for (n_in, n_out, what) in [
+            (5120, 17408, "ffn_gate"),
+            (17408, 5120, "ffn_down"),
+            (6144, 5120, "ssm_out"),
+            (5120, 248_320, "head"),
+        ] {
+            let data = random_weights(&mut rng, qt, n_in, n_out);
+            let (k, codes, scales) = upload_mat(&v, qt, &data, n_in, n_out);
+            let x = buf(&v, &rng.vec(n_in, 1.0));
+            let y = v.alloc((4 * n_out) as u64).unwrap();
+            for round in 0..2 {
+                let t0 = std::time::Instant::now();
+                v.run(|c| {
+                    for _ in 0..reps {
+                        let p = Push::new()
+                            .addr(&codes, 0)
+                            .addr(&scales, 0)
+                            .addr(&x, 0)
+                            .addr(&y, 0)
+                            .u32(mv_groups(n_out, 1))
+                            .u32(n_in as u32)
+                            .u32(n_out as u32)
+                            .u32(0);
+                        c.dispatch(k, mv_groups(n_out, 1), &p);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+                let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                if round == 1 {
+                    let gb = data.len() as f64 / (us * 1e3);
+                    println!("{qt:?} {what:<9} {n_out:>6} x {n_in:>5}: {us:8.2} us per dispatch, {gb:7.1} GB/s of file weights");
+                }
+            }
+        }
+    }
 }

@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
 use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
-use bonsai_kernels_vulkan::{Buffer, Cmd, Kernel, Push, VkError, Vulkan};
+use bonsai_kernels_vulkan::{
+    gdn_step_groups, mv_groups, Buffer, Cmd, Kernel, Push, VkError, Vulkan,
+};
 
 use super::{gdn_rec_width, Backend, KvType, Step};
 use crate::config::TargetConfig;
@@ -31,8 +33,8 @@ fn be(e: VkError) -> Error {
     Error::Backend(e.to_string())
 }
 
-/// Limits of the shaders' shared arrays (`gdn_step`: d_k ≤ 256; attention: head dim ≤ 512).
-const MAX_DK: usize = 256;
+/// Limits of the shaders (`gdn_step`: d_k ≤ 128, a multiple of 4; attention: head dim ≤ 512).
+const MAX_DK: usize = bonsai_kernels_vulkan::GDN_MAX_DK;
 const MAX_HD: usize = 512;
 
 pub struct VulkanBackend {
@@ -173,7 +175,7 @@ fn norm(
 
 /// `y[t] (+)= W x[t]` for `n` rows.
 fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
-    let groups = (n * m.n_out.div_ceil(4)) as u32; // 4 outputs of one row per workgroup
+    let groups = mv_groups(m.n_out, n);
     let p = Push::new()
         .addr(&m.codes, 0)
         .addr(&m.scales, 0)
@@ -353,7 +355,7 @@ impl VulkanBackend {
                 .addr(s.b(7), 0)
                 .addr(s.b(8), 0)
                 .addr(s.b(9), 0)
-                .u32(d.hv as u32)
+                .u32(gdn_step_groups(d.hv, d.dv))
                 .u32(d.dk as u32)
                 .u32(d.dv as u32)
                 .u32(d.hk as u32)
@@ -364,7 +366,7 @@ impl VulkanBackend {
                 .u32(d.hv as u32)
                 .u32(d.vd as u32)
                 .u32(1);
-            c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+            c.dispatch(Kernel::GdnStep, gdn_step_groups(d.hv, d.dv), &p);
             // gated norm per head, in place: o = rmsnorm(o) ⊙ ssm_norm ⊙ SiLU(z)
             norm(
                 c,
@@ -505,10 +507,15 @@ impl Backend for VulkanBackend {
 
     fn new_gdn(&self, cfg: &TargetConfig) -> Result<VkGdn> {
         let d = dims(cfg);
-        if d.dk > MAX_DK || d.hk == 0 || d.hv % d.hk != 0 || cfg.ssm_inner % d.hv.max(1) != 0 {
+        if d.dk > MAX_DK
+            || d.dk % 4 != 0
+            || d.hk == 0
+            || d.hv % d.hk != 0
+            || cfg.ssm_inner % d.hv.max(1) != 0
+        {
             return Err(Error::Unsupported(format!(
-                "the Vulkan backend handles GDN key dims up to {MAX_DK} with H_v a multiple of H_k; \
-                 the model has d_k {}, H_k {}, H_v {}",
+                "the Vulkan backend handles GDN key dims up to {MAX_DK} (multiples of 4) with H_v a \
+                 multiple of H_k; the model has d_k {}, H_k {}, H_v {}",
                 d.dk, d.hk, d.hv
             )));
         }
@@ -644,7 +651,7 @@ impl Backend for VulkanBackend {
                 .addr(&rec.buf, f4(d.cd + d.qk + d.vd))
                 .addr(&rec.buf, f4(d.cd + d.qk + d.vd + d.hv))
                 .null()
-                .u32(d.hv as u32)
+                .u32(gdn_step_groups(d.hv, d.dv))
                 .u32(d.dk as u32)
                 .u32(d.dv as u32)
                 .u32(d.hk as u32)
@@ -655,7 +662,7 @@ impl Backend for VulkanBackend {
                 .u32(rw as u32)
                 .u32(0)
                 .u32(0);
-            c.dispatch(Kernel::GdnStep, d.hv as u32, &p);
+            c.dispatch(Kernel::GdnStep, gdn_step_groups(d.hv, d.dv), &p);
             Ok(())
         })
         .map_err(be)
