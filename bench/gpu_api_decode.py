@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -93,7 +94,8 @@ def main() -> None:
             print(json.dumps({k: v for k, v in r.items() if not isinstance(v, list)}), flush=True)
     result = {
         "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-        "commit": _commit(),
+        # a device copy has no .git: scripts/vk_gpu_check.sh passes what was built
+        "commit": os.environ.get("BONSAI_BUILD_COMMIT") or _commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "host_cpu": _cpu_name(),
         "gen": a.gen,

@@ -63,6 +63,7 @@ fi
 export XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1 BONSAI_CUDA_CACHE=/tmp/bonsai-cuda-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "build $(cat .device/commit.txt)"
+export BONSAI_BUILD_COMMIT=$(cat .device/commit.txt)
 
 PY=/tmp/bonsai-py; rm -rf $PY; pip install --no-deps --target $PY .device/wheels/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=$PY

@@ -15,6 +15,7 @@
 // scales [n_out, n_in / block] f32. n_in is a multiple of 4; a chunk past n_in is masked per lane.
 // x rows must be 16-byte aligned (the host checks).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer V4 { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer U4 { uvec4 v[]; };
@@ -68,15 +69,15 @@ void main() {
     uint nch = (p.n_in + 127u) / 128u;
     uint xb = t * n4;
     uint orow[ROWS];                 // rows past n_out compute row n_out − 1 and are not stored
-    for (uint r = 0; r < ROWS; r++) orow[r] = min(o0 + r, p.n_out - 1u);
+    [[unroll]] for (uint r = 0; r < ROWS; r++) orow[r] = min(o0 + r, p.n_out - 1u);
     float acc[ROWS];
-    for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
 #if QT == 3
     for (uint c = slice; c < nch; c += 4u) {
         uint xi = c * 32u + lane;
         if (xi < n4) {
             vec4 xx = p.x.v[xb + xi];
-            for (uint r = 0; r < ROWS; r++) {
+            [[unroll]] for (uint r = 0; r < ROWS; r++) {
                 vec4 w = uintBitsToFloat(p.codes.v[orow[r] * n4 + xi]);
                 acc[r] += (w.x * xx.x + w.y * xx.y) + (w.z * xx.z + w.w * xx.w);
             }
@@ -91,18 +92,18 @@ void main() {
 #endif
     CODE nxt[ROWS];
     if (slice < ng)
-        for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + slice) * 32u + lane];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + slice) * 32u + lane];
     for (uint g = slice; g < ng; g += 4u) {
         CODE cw[ROWS];
-        for (uint r = 0; r < ROWS; r++) cw[r] = nxt[r];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) cw[r] = nxt[r];
         if (g + 4u < ng)
-            for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + g + 4u) * 32u + lane];
-        for (uint k = 0; k < 8u; k++) {
+            [[unroll]] for (uint r = 0; r < ROWS; r++) nxt[r] = p.codes.v[(orow[r] * ng + g + 4u) * 32u + lane];
+        [[unroll]] for (uint k = 0; k < 8u; k++) {
             uint c = g * 8u + k;
             uint xi = c * 32u + lane;
             if (c >= nch || xi >= n4) break;
             vec4 xx = p.x.v[xb + xi];
-            for (uint r = 0; r < ROWS; r++) {
+            [[unroll]] for (uint r = 0; r < ROWS; r++) {
 #if QT == 0
                 uint sh = 4u * k;
                 uint b = cw[r];
@@ -122,11 +123,11 @@ void main() {
         }
     }
 #endif
-    for (uint r = 0; r < ROWS; r++) red[r][tid] = acc[r];
+    [[unroll]] for (uint r = 0; r < ROWS; r++) red[r][tid] = acc[r];
     barrier();
-    for (uint s = 64u; s > 0u; s >>= 1) {
+    [[unroll]] for (uint s = 64u; s > 0u; s >>= 1) {
         if (tid < s)
-            for (uint r = 0; r < ROWS; r++) red[r][tid] += red[r][tid + s];
+            [[unroll]] for (uint r = 0; r < ROWS; r++) red[r][tid] += red[r][tid + s];
         barrier();
     }
     if (tid < ROWS && o0 + tid < p.n_out) {
