@@ -19,16 +19,9 @@ if [[ "${1:-}" == "--stage" ]]; then
   # same target directory (same crate metadata) leaves its own cubin embedded otherwise — the
   # binaries then fall back to the device's NVRTC (2026-12-02: 1.5-3 % slower decode that way)
   touch crates/kernels-cuda/build.rs
-  out=$(cargo test --profile fastrel -p bonsai-kernels-cuda -p bonsai-engine \
-        --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
-        --test cuda_mv_sweep --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import sys,json
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
-        print(m["executable"])')
-  mkdir -p .device/bin
-  for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
+  scripts/stage_test_bins.sh -p bonsai-kernels-cuda -p bonsai-engine \
+    --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
+    --test cuda_mv_sweep
   rm -rf .device/wheels && mkdir -p .device/wheels
   MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
   # the cubin itself, for cuobjdump there (scripts/gpu_profile.sh)

@@ -18,18 +18,11 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   rm -rf .device && mkdir -p .device/bin .device/wheels
-  python3 scripts/build_cubins.py --arch 90 >/dev/null
+  python3 scripts/build_cubins.py --arch 90 >/dev/null  # the CUDA rows of the bench use the H200 cubin
   # shader variants to A/B: every directory /tmp/vkvar/<name>/ of .spv files travels as .device/spv-<name>
-  for d in /tmp/vkvar/*/; do [[ -d $d ]] && mkdir -p .device/spv-$(basename $d) && cp $d*.spv .device/spv-$(basename $d)/; done  # the CUDA rows of the bench use the H200 cubin
+  for d in /tmp/vkvar/*/; do [[ -d $d ]] && mkdir -p .device/spv-$(basename $d) && cp $d*.spv .device/spv-$(basename $d)/; done
   touch crates/kernels-cuda/build.rs
-  out=$(cargo test --profile fastrel -p bonsai-kernels-vulkan -p bonsai-engine --test vk_kernels \
-        --test vulkan_forward --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import sys,json
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
-        print(m["executable"])')
-  for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done
+  scripts/stage_test_bins.sh -p bonsai-kernels-vulkan -p bonsai-engine --test vk_kernels --test vulkan_forward
   MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .device/commit.txt
   tar czf /tmp/bonsai-vk-pkg.tgz .device && rm -rf .device && mkdir .device &&
