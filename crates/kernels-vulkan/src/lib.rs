@@ -763,13 +763,7 @@ impl Vulkan {
     /// returned.
     pub fn record(&self, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
         self.with_exec(|ex| {
-            begin(&self.inner, ex)?;
-            let mut cmd = Cmd {
-                inner: &self.inner,
-                cb: ex.cb,
-                prof: ex.prof.as_mut(),
-            };
-            let r = f(&mut cmd);
+            let r = self.append(ex, f);
             if r.is_err() {
                 let fl = flush_exec(&self.inner, ex);
                 r?;
@@ -784,14 +778,18 @@ impl Vulkan {
         self.with_exec(|ex| flush_exec(&self.inner, ex))
     }
 
-    fn submit(&self, ex: &mut Exec, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
+    /// Begin recording unless pending, then record `f`'s commands into `ex.cb` (not submitted).
+    fn append(&self, ex: &mut Exec, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
         begin(&self.inner, ex)?;
-        let mut cmd = Cmd {
+        f(&mut Cmd {
             inner: &self.inner,
             cb: ex.cb,
             prof: ex.prof.as_mut(),
-        };
-        let r = f(&mut cmd);
+        })
+    }
+
+    fn submit(&self, ex: &mut Exec, f: impl FnOnce(&mut Cmd) -> Result<()>) -> Result<()> {
+        let r = self.append(ex, f);
         let fl = flush_exec(&self.inner, ex);
         r?;
         fl
