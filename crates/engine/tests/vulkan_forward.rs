@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bonsai_engine::backend::cpu::{CpuAct, CpuBackend};
-use bonsai_engine::backend::vulkan::{VkAct, VulkanBackend};
+use bonsai_engine::backend::vulkan::{ActMode, VkAct, VulkanBackend};
 use bonsai_engine::backend::{Backend, GdnMode, KvType, Step};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
@@ -25,7 +25,15 @@ use bonsai_engine::QuantType;
 use common::*;
 
 fn vulkan() -> VulkanBackend {
-    VulkanBackend::new(true, KvType::F16).unwrap_or_else(|e| {
+    vulkan_act(ActMode::Auto)
+}
+
+/// Both activation modes of the low-bit mat-vecs (int8 needs shaderIntegerDotProduct: lavapipe
+/// and NVIDIA have it).
+const ACTS: [ActMode; 2] = [ActMode::F32, ActMode::Int8];
+
+fn vulkan_act(act: ActMode) -> VulkanBackend {
+    VulkanBackend::with_act(true, KvType::F16, act).unwrap_or_else(|e| {
         panic!(
             "these tests need a Vulkan device (a CPU one is enough: apt-get install \
              mesa-vulkan-drivers libvulkan1, as `make test` does): {e}"
@@ -81,9 +89,12 @@ fn prompt(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
 /// reference instead (tests/test_vulkan.py: NMSE ~6e-9 there).
 #[test]
 fn vulkan_blocks_match_cpu() {
-    let vk = vulkan();
     let cpu = CpuBackend::default();
-    for wt in WEIGHT_TYPES {
+    for (act, wt) in ACTS
+        .iter()
+        .flat_map(|&a| WEIGHT_TYPES.iter().map(move |&w| (a, w)))
+    {
+        let vk = vulkan_act(act);
         let p = write(&tiny_target(wt), &format!("t-{}.gguf", wt.name()));
         let g = Arc::new(Gguf::open(&p).unwrap());
         let cfg = TargetConfig::from_gguf(&g).unwrap();
@@ -112,7 +123,7 @@ fn vulkan_blocks_match_cpu() {
                     vk.read_row(xv, t, &mut b[t * e..(t + 1) * e]);
                 }
                 let d = nmse(&b, &a);
-                assert!(d < 1e-3, "{wt:?} {what} at pos {pos}: NMSE {d:e}");
+                assert!(d < 1e-3, "{wt:?} {act:?} {what} at pos {pos}: NMSE {d:e}");
                 worst = worst.max(d);
                 if sync {
                     // the next block starts from the CPU's rows
@@ -149,11 +160,11 @@ fn vulkan_blocks_match_cpu() {
                 .unwrap();
             for t in 0..n {
                 let d = nmse(&lb[t * nv..(t + 1) * nv], &la[t * nv..(t + 1) * nv]);
-                assert!(d < 1e-3, "{wt:?} head row {t} at pos {pos}: NMSE {d:e}");
+                assert!(d < 1e-3, "{wt:?} {act:?} head row {t} at pos {pos}: NMSE {d:e}");
                 worst = worst.max(d);
             }
         }
-        eprintln!("{wt:?}: Vulkan vs CPU, block by block: worst NMSE {worst:.3e}");
+        eprintln!("{wt:?} {act:?}: Vulkan vs CPU, block by block: worst NMSE {worst:.3e}");
     }
 }
 
@@ -161,8 +172,11 @@ fn vulkan_blocks_match_cpu() {
 /// the KV cache and the GDN state (what makes speculative decoding lossless on this backend).
 #[test]
 fn vulkan_verify_rows_equal_single_steps() {
-    let vk = vulkan();
-    for wt in [QuantType::Q1_0, QuantType::Q2_0G64] {
+    for (act, wt) in ACTS
+        .iter()
+        .flat_map(|&a| [QuantType::Q1_0, QuantType::Q2_0G64].map(move |w| (a, w)))
+    {
+        let vk = vulkan_act(act);
         let p = write(&tiny_target(wt), &format!("v-{}.gguf", wt.name()));
         let g = Arc::new(Gguf::open(&p).unwrap());
         let cfg = TargetConfig::from_gguf(&g).unwrap();
@@ -213,14 +227,14 @@ fn vulkan_verify_rows_equal_single_steps() {
                 one.iter()
                     .zip(&all[i * nv..])
                     .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{wt:?}: row {i} of the 5-row step differs from the single-token step"
+                "{wt:?} {act:?}: row {i} of the 5-row step differs from the single-token step"
             );
         }
         for (x, y) in a.gdn.iter().zip(&b.gdn) {
             let (sx, sy) = (vk.gdn_to_host(x).unwrap(), vk.gdn_to_host(y).unwrap());
             assert!(
                 sx.iter().zip(&sy).all(|(p, q)| p.to_bits() == q.to_bits()),
-                "{wt:?}: GDN state"
+                "{wt:?} {act:?}: GDN state"
             );
         }
         for (x, y) in a.kv.iter().zip(&b.kv) {
@@ -230,7 +244,7 @@ fn vulkan_verify_rows_equal_single_steps() {
                 kx.1.iter()
                     .zip(&ky.1)
                     .all(|(p, q)| p.to_bits() == q.to_bits()),
-                "{wt:?}: KV"
+                "{wt:?} {act:?}: KV"
             );
         }
     }
@@ -351,7 +365,25 @@ fn vulkan_device_errors_are_clear() {
     };
     let (f16, q8) = (lg(KvType::F16), lg(KvType::Q8_0));
     let d = nmse(&q8, &f16);
-    assert!(d > 0.0 && d < 1e-3, "q8_0 KV vs f16 KV: NMSE {d:e}");
+    if vulkan().int8_activations() {
+        // int8 activations: a K/V rounding can flip an activation code, and the random tiny
+        // model amplifies that over the prompt, as it does on the CPU engine (the same
+        // quantization): the bound is the CPU's own q8_0-vs-f16 difference
+        let cpu = |kv: KvType| -> Vec<f32> {
+            let opts = EngineOptions {
+                device: "cpu".into(),
+                kv_type: kv,
+                n_ctx: Some(64),
+                ..Default::default()
+            };
+            Engine::load(&p, &opts).unwrap().logits(&ids, true).unwrap()
+        };
+        let dc = nmse(&cpu(KvType::Q8_0), &cpu(KvType::F16));
+        eprintln!("q8_0 KV vs f16 KV: NMSE {d:.3e} on Vulkan (int8 activations), {dc:.3e} on the CPU");
+        assert!(d > 0.0 && d < 4.0 * dc.max(2.5e-4), "q8_0 KV vs f16 KV: NMSE {d:e} (CPU {dc:e})");
+    } else {
+        assert!(d > 0.0 && d < 1e-3, "q8_0 KV vs f16 KV: NMSE {d:e}");
+    }
     // a prompt past the context is refused with an error, and the engine keeps serving
     let opts = EngineOptions {
         device: "vulkan".into(),

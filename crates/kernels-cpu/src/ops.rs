@@ -112,6 +112,22 @@ impl QuantActs {
     pub fn n_in(&self) -> usize {
         self.n_in
     }
+    /// Padded row length (`n_in` rounded up to 256).
+    pub fn n_pad(&self) -> usize {
+        self.n_pad
+    }
+    /// `[n, n_pad]` int8 codes in element order (GPU twins upload and compare these).
+    pub fn codes(&self) -> &[i8] {
+        &self.qs
+    }
+    /// `[n, n_pad / 32]` block scales.
+    pub fn scales(&self) -> &[f32] {
+        &self.d
+    }
+    /// `[n, n_pad / 32]` Σ q per block.
+    pub fn sums(&self) -> &[i32] {
+        &self.sums
+    }
     /// Dequantized value `q·d` of element `i` of row `t` (for tests and diagnostics).
     pub fn dequant(&self, t: usize, i: usize) -> f32 {
         self.qs[t * self.n_pad + i] as f32 * self.d[t * self.n_pad / 32 + i / 32]

@@ -113,10 +113,16 @@ pub enum Kernel {
     GdnStep,
     AttnPrep,
     Attn,
+    /// Activation rows to int8 codes per 32 (`quant_q8.comp`; needs [`DeviceInfo::int_dot`]).
+    QuantQ8,
+    /// The int8-activation mat-vecs (`mv_dot.comp`; need [`DeviceInfo::int_dot`]).
+    MvDotQ1,
+    MvDotQ2,
+    MvDotQ2g64,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 11] = [
+    const ALL: [Kernel; 15] = [
         Kernel::Rmsnorm,
         Kernel::MvQ1,
         Kernel::MvQ2,
@@ -128,6 +134,10 @@ impl Kernel {
         Kernel::GdnStep,
         Kernel::AttnPrep,
         Kernel::Attn,
+        Kernel::QuantQ8,
+        Kernel::MvDotQ1,
+        Kernel::MvDotQ2,
+        Kernel::MvDotQ2g64,
     ];
     pub fn module(self) -> &'static str {
         match self {
@@ -142,13 +152,44 @@ impl Kernel {
             Kernel::GdnStep => "gdn_step",
             Kernel::AttnPrep => "attn_prep",
             Kernel::Attn => "attn",
+            Kernel::QuantQ8 => "quant_q8",
+            Kernel::MvDotQ1 => "mv_dot_q1",
+            Kernel::MvDotQ2 => "mv_dot_q2",
+            Kernel::MvDotQ2g64 => "mv_dot_q2g64",
         }
+    }
+    /// Whether the shader uses packed int8 dot products (built only where the device has them).
+    pub fn needs_int_dot(self) -> bool {
+        matches!(
+            self,
+            Kernel::QuantQ8 | Kernel::MvDotQ1 | Kernel::MvDotQ2 | Kernel::MvDotQ2g64
+        )
     }
 }
 
 /// Workgroups of a mat-vec dispatch (`mv_*`): 4 outputs of one activation row each.
 pub fn mv_groups(n_out: usize, n: usize) -> u32 {
     (n * n_out.div_ceil(4)) as u32
+}
+
+/// Outputs per workgroup of the int8-activation mat-vec (`mv_dot.comp`'s ROWS).
+pub const MV_DOT_ROWS: usize = 4;
+
+/// Workgroups of an int8-activation mat-vec dispatch (`mv_dot_*`; its push constants carry the
+/// activation row count `n`, and workgroups past `ceil(n_out / ROWS) · n` return at once).
+pub fn mv_dot_groups(n_out: usize, n: usize) -> u32 {
+    (n * n_out.div_ceil(MV_DOT_ROWS)) as u32
+}
+
+/// 32-element blocks per padded activation row of `width` for `quant_q8` / `mv_dot_*`: the row is
+/// padded with zero blocks to a multiple of 256 elements, as the CPU engine pads it.
+pub fn q8_blocks(width: usize) -> usize {
+    width.div_ceil(256) * 8
+}
+
+/// Workgroups of a `quant_q8` dispatch over `n` rows of `width`.
+pub fn quant_q8_groups(n: usize, width: usize) -> u32 {
+    (n * q8_blocks(width)).div_ceil(128) as u32
 }
 
 /// Workgroups of a `gdn_step` dispatch: 32 value columns of one v-head each.
@@ -170,6 +211,12 @@ pub struct DeviceInfo {
     /// Nanoseconds per timestamp tick, and whether the compute queue writes timestamps.
     pub timestamp_period: f32,
     pub timestamps: bool,
+    /// `shaderIntegerDotProduct` (Vulkan 1.3 or VK_KHR_shader_integer_dot_product): the device
+    /// runs the int8-activation kernels (`quant_q8`, `mv_dot_*`); enabled at device creation.
+    pub int_dot: bool,
+    /// The driver says signed × unsigned packed 4×8 dot products are accelerated (a GPU
+    /// instruction, not an emulation): the backend's default picks the int8 kernels then.
+    pub int_dot_fast: bool,
 }
 
 struct Exec {
@@ -293,6 +340,19 @@ fn flush_exec(inner: &Inner, ex: &mut Exec) -> Result<()> {
     let t0 = std::time::Instant::now();
     // SAFETY: cb is in the recording state (pending); end, submit, wait, reset the fence.
     unsafe {
+        // the host reads downloads after the fence: make every write visible to it
+        let mb = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        d.cmd_pipeline_barrier(
+            ex.cb,
+            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::HOST,
+            vk::DependencyFlags::empty(),
+            &mb,
+            &[],
+            &[],
+        );
         d.end_command_buffer(ex.cb)
             .map_err(vkerr("end command buffer"))?;
         let cbs = [ex.cb];
@@ -321,6 +381,9 @@ struct Inner {
     pipelines: Vec<vk::Pipeline>, // indexed like Kernel::ALL
     info: DeviceInfo,
     exec: Mutex<Option<Exec>>,
+    /// `BONSAI_VK_BARRIER_HOST=1` (A/B): every barrier also to the host stage, the behaviour
+    /// before the host was made to see the writes once, at the end of a command buffer.
+    barrier_host: bool,
 }
 
 impl Drop for Inner {
@@ -465,6 +528,31 @@ fn usable_devices(instance: &ash::Instance) -> Result<Vec<(vk::PhysicalDevice, D
         else {
             continue;
         };
+        // Packed int8 dot products: the instance asks for Vulkan 1.2, so they come from the
+        // extension even on a 1.3 device.
+        // SAFETY: a query on a physical device the instance returned.
+        let has_dot_ext = unsafe { instance.enumerate_device_extension_properties(pd) }
+            .map(|exts| {
+                exts.iter().any(|e| {
+                    e.extension_name_as_c_str().ok()
+                        == Some(ash::khr::shader_integer_dot_product::NAME)
+                })
+            })
+            .unwrap_or(false);
+        let (mut int_dot, mut int_dot_fast) = (false, false);
+        if has_dot_ext {
+            let mut fd = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut fd);
+            // SAFETY: f2 chains fd, both live across the call; the extension is present.
+            unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+            int_dot = fd.shader_integer_dot_product != vk::FALSE;
+            let mut pdp = vk::PhysicalDeviceShaderIntegerDotProductProperties::default();
+            let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut pdp);
+            // SAFETY: as above.
+            unsafe { instance.get_physical_device_properties2(pd, &mut p2) };
+            int_dot_fast = int_dot
+                && pdp.integer_dot_product4x8_bit_packed_mixed_signedness_accelerated != vk::FALSE;
+        }
         let name = props
             .device_name_as_c_str()
             .map(|s| s.to_string_lossy().into_owned())
@@ -478,6 +566,8 @@ fn usable_devices(instance: &ash::Instance) -> Result<Vec<(vk::PhysicalDevice, D
                 timestamp_period: props.limits.timestamp_period,
                 timestamps: queues[family].timestamp_valid_bits > 0
                     && props.limits.timestamp_period > 0.0,
+                int_dot,
+                int_dot_fast,
             },
             family as u32,
         ));
@@ -532,9 +622,15 @@ impl Vulkan {
             .queue_family_index(family)
             .queue_priorities(&prio)];
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true);
-        let dci = vk::DeviceCreateInfo::default()
+        let mut fdot =
+            vk::PhysicalDeviceShaderIntegerDotProductFeatures::default().shader_integer_dot_product(true);
+        let dot_ext = [ash::khr::shader_integer_dot_product::NAME.as_ptr()];
+        let mut dci = vk::DeviceCreateInfo::default()
             .queue_create_infos(&qci)
             .push_next(&mut f12);
+        if info.int_dot {
+            dci = dci.enabled_extension_names(&dot_ext).push_next(&mut fdot);
+        }
         // SAFETY: pd belongs to this instance; the create infos outlive the call.
         let device = match unsafe { instance.create_device(pd, &dci, None) } {
             Ok(d) => d,
@@ -568,11 +664,17 @@ impl Vulkan {
             pipelines: Vec::new(),
             info,
             exec: Mutex::new(None),
+            barrier_host: std::env::var("BONSAI_VK_BARRIER_HOST").as_deref() == Ok("1"),
         };
         // From here on Inner's Drop releases whatever was created.
         inner.layout = layout.map_err(vkerr("create pipeline layout"))?;
         for k in Kernel::ALL {
-            let p = build_pipeline(&inner.device, inner.layout, k)?;
+            // the int8 kernels exist only where the device has packed dot products
+            let p = if k.needs_int_dot() && !inner.info.int_dot {
+                vk::Pipeline::null()
+            } else {
+                build_pipeline(&inner.device, inner.layout, k)?
+            };
             inner.pipelines.push(p);
         }
         let pool_ci = vk::CommandPoolCreateInfo::default()
@@ -1052,16 +1154,22 @@ impl Cmd<'_> {
             vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE,
             vk::AccessFlags::SHADER_READ | vk::AccessFlags::TRANSFER_READ,
         );
-        // the host reads downloads after the fence: HOST_READ makes the copies visible to it
+        // the host sees the writes through the barrier flush_exec records at the end (on the
+        // H200 a dispatch and its barrier took ~1.5 µs less without the host stage)
+        let (host_st, host_rd) = if self.inner.barrier_host {
+            (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ)
+        } else {
+            (vk::PipelineStageFlags::empty(), vk::AccessFlags::empty())
+        };
         let mb = [vk::MemoryBarrier::default()
             .src_access_mask(wr)
-            .dst_access_mask(rd | wr | vk::AccessFlags::HOST_READ)];
+            .dst_access_mask(rd | wr | host_rd)];
         // SAFETY: recording into a command buffer in the recording state.
         unsafe {
             self.inner.device.cmd_pipeline_barrier(
                 self.cb,
                 st,
-                st | vk::PipelineStageFlags::HOST,
+                st | host_st,
                 vk::DependencyFlags::empty(),
                 &mb,
                 &[],
@@ -1077,6 +1185,11 @@ impl Cmd<'_> {
             return;
         }
         let idx = Kernel::ALL.iter().position(|&x| x == k).unwrap();
+        assert!(
+            self.inner.pipelines[idx] != vk::Pipeline::null(),
+            "vulkan: {} dispatched on a device without packed int8 dot products",
+            k.module()
+        );
         let timed = self.mark_begin(idx);
         let (gx, gy) = if groups <= 65535 {
             (groups, 1)

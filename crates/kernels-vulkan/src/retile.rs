@@ -134,3 +134,76 @@ fn tile_row(kind: LowBit, row: &[u8], n_in: usize, out: &mut [u32]) {
         }
     }
 }
+
+/// Split `data` (`n_out` rows of `n_in / block` blocks) for the int8-activation mat-vec
+/// (`mv_dot.comp`): codes `[n_out, n_in / 32, words]` u32 (1 word per 32-element block for Q1_0,
+/// 2 for 2-bit codes) and scales `[n_out, ceil(n_in / block / 2)]` u32, two f16 per word (the even
+/// block in the low half; the file's f16 bits unchanged). In a Q1_0 word, bit `8i + k` is element
+/// `4k + i` of the 32-element block, so `(w >> k) & 0x01010101` gives the bits of elements
+/// `4k .. 4k + 3` as bytes; in a 2-bit word `h`, bits `8i + 2k ..` hold the code of element
+/// `16h + 4k + i`, so `(w >> 2k) & 0x03030303` gives four codes as bytes. `None` as for
+/// [`split_blocks`].
+pub fn split_blocks_dot(
+    kind: LowBit,
+    data: &[u8],
+    n_in: usize,
+    n_out: usize,
+) -> Option<(Vec<u32>, Vec<u32>)> {
+    if n_in % kind.block() != 0 {
+        return None;
+    }
+    let nblk = n_in / kind.block();
+    if data.len() != n_out * nblk * kind.block_bytes() {
+        return None;
+    }
+    let (nb32, lw) = (n_in / 32, lane_words(kind));
+    let sw = nblk.div_ceil(2);
+    let mut codes = vec![0u32; n_out * nb32 * lw];
+    let mut scales = vec![0u32; n_out * sw];
+    let row_bytes = nblk * kind.block_bytes();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(32);
+    let rows_per = n_out.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for ((src, dst), sdst) in data
+            .chunks(rows_per * row_bytes)
+            .zip(codes.chunks_mut(rows_per * nb32 * lw))
+            .zip(scales.chunks_mut(rows_per * sw))
+        {
+            sc.spawn(move || {
+                for ((rb, out), sc_row) in src
+                    .chunks_exact(row_bytes)
+                    .zip(dst.chunks_exact_mut(nb32 * lw))
+                    .zip(sdst.chunks_exact_mut(sw))
+                {
+                    for (b, blk) in rb.chunks_exact(kind.block_bytes()).enumerate() {
+                        let d = u32::from(u16::from_le_bytes([blk[0], blk[1]]));
+                        sc_row[b / 2] |= d << (16 * (b % 2));
+                        let qs = &blk[2..];
+                        // the block's 32-element sub-blocks
+                        for sb in 0..kind.block() / 32 {
+                            let w = &mut out[(b * kind.block() / 32 + sb) * lw..][..lw];
+                            for e in 0..32 {
+                                let j = 32 * sb + e; // element within the weight block
+                                match kind {
+                                    LowBit::Q1 => {
+                                        let bit = (qs[j >> 3] >> (j & 7)) & 1;
+                                        let (k, i) = (e / 4, e % 4);
+                                        w[0] |= u32::from(bit) << (8 * i + k);
+                                    }
+                                    LowBit::Q2g128 | LowBit::Q2g64 => {
+                                        let c = (qs[j >> 2] >> (2 * (j & 3))) & 3;
+                                        let (h, k, i) = (e / 16, (e % 16) / 4, e % 4);
+                                        w[h] |= u32::from(c) << (8 * i + 2 * k);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Some((codes, scales))
+}

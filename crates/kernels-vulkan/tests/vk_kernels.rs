@@ -6,8 +6,12 @@
 
 use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
 use bonsai_kernels_cpu::reference as r;
-use bonsai_kernels_vulkan::retile::{groups, lane_words, split_blocks, LowBit};
-use bonsai_kernels_vulkan::{gdn_step_groups, mv_groups, Buffer, Kernel, Push, Vulkan};
+use bonsai_kernels_cpu::ops;
+use bonsai_kernels_vulkan::retile::{groups, lane_words, split_blocks, split_blocks_dot, LowBit};
+use bonsai_kernels_vulkan::{
+    gdn_step_groups, mv_dot_groups, mv_groups, q8_blocks, quant_q8_groups, Buffer, Kernel, Push,
+    Vulkan,
+};
 use half::f16;
 
 fn vk() -> Vulkan {
@@ -194,6 +198,234 @@ fn mv_matches_reference_and_one_row() {
             assert_eq!(a.to_bits(), (b + b).to_bits(), "{qt:?}: accumulate");
         }
     }
+}
+
+/// int8 codes as little-endian words, 4 per word.
+fn i8_words(q: &[i8]) -> Vec<u32> {
+    q.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))
+        .collect()
+}
+
+/// Device buffers of quantized activations: (codes, scales, sums).
+struct Q8Bufs {
+    q: Buffer,
+    d: Buffer,
+    s: Buffer,
+}
+
+fn q8_alloc(v: &Vulkan, n: usize, width: usize) -> Q8Bufs {
+    let nb8 = q8_blocks(width);
+    Q8Bufs {
+        q: v.alloc((n * nb8 * 32) as u64).unwrap(),
+        d: v.alloc((4 * n * nb8) as u64).unwrap(),
+        s: v.alloc((4 * n * nb8) as u64).unwrap(),
+    }
+}
+
+fn run_quant_q8(v: &Vulkan, x: &Buffer, q: &Q8Bufs, n: usize, width: usize) {
+    let g = quant_q8_groups(n, width);
+    let p = Push::new()
+        .addr(x, 0)
+        .addr(&q.q, 0)
+        .addr(&q.d, 0)
+        .addr(&q.s, 0)
+        .u32(g)
+        .u32(n as u32)
+        .u32(width as u32)
+        .u32(q8_blocks(width) as u32);
+    v.run(|c| {
+        c.dispatch(Kernel::QuantQ8, g, &p);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_mv_dot(
+    v: &Vulkan,
+    k: Kernel,
+    codes: &Buffer,
+    scales: &Buffer,
+    q: &Q8Bufs,
+    y: &Buffer,
+    n: usize,
+    n_in: usize,
+    n_out: usize,
+    acc: bool,
+) {
+    let g = mv_dot_groups(n_out, n);
+    let p = Push::new()
+        .addr(codes, 0)
+        .addr(scales, 0)
+        .addr(&q.q, 0)
+        .addr(&q.d, 0)
+        .addr(&q.s, 0)
+        .addr(y, 0)
+        .u32(n as u32)
+        .u32(n_in as u32)
+        .u32(n_out as u32)
+        .u32(acc as u32);
+    v.run(|c| {
+        c.dispatch(k, g, &p);
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Whether the device computes GLSL `fma` as one rounding, as the CPU's `mul_add` does. Mesa's
+/// llvmpipe (lavapipe) splits it into a multiply and an add even where the SPIR-V marks it
+/// NoContraction, so there the int8 kernels are compared with the CPU within rounding, and bit
+/// for bit on a GPU.
+fn fused_fma(v: &Vulkan) -> bool {
+    v.info().kind != "cpu"
+}
+
+fn need_int_dot(v: &Vulkan) {
+    assert!(
+        v.info().int_dot,
+        "{} has no shaderIntegerDotProduct: the int8 kernels cannot be tested here",
+        v.name()
+    );
+}
+
+/// `quant_q8` equals the CPU engine's `quantize_acts` bit for bit: codes, scales, sums, padding.
+#[test]
+fn quant_q8_equals_cpu_quantize_acts() {
+    let v = vk();
+    need_int_dot(&v);
+    let mut rng = Rng(0x5151);
+    for &(n, width) in &[(1usize, 32usize), (3, 96), (2, 1056), (2, 5120)] {
+        let mut x = rng.vec(n * width, 3.0);
+        // a zero block, a block of exact ties (x · (1/d) = k + 0.5 where d = 1), a huge block
+        if width >= 96 {
+            x[32..64].iter_mut().for_each(|e| *e = 0.0);
+            for (j, e) in x[64..96].iter_mut().enumerate() {
+                *e = if j == 0 { 127.0 } else { (j as f32 - 16.0) + 0.5 };
+            }
+        }
+        if width >= 1056 {
+            x[1024..1056].iter_mut().for_each(|e| *e *= 1e30);
+        }
+        let want = ops::quantize_acts(&x, n, width);
+        let xb = buf(&v, &x);
+        let q = q8_alloc(&v, n, width);
+        run_quant_q8(&v, &xb, &q, n, width);
+        let nb8 = q8_blocks(width);
+        assert_eq!(nb8 * 32, want.n_pad());
+        let mut codes = vec![0u8; n * nb8 * 32];
+        v.download(&q.q, 0, &mut codes).unwrap();
+        let codes: Vec<i8> = codes.iter().map(|&b| b as i8).collect();
+        let d = get(&v, &q.d, n * nb8);
+        let mut sums = vec![0u8; 4 * n * nb8];
+        v.download(&q.s, 0, &mut sums).unwrap();
+        let sums: Vec<i32> = sums
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        // every block's sum is its codes' sum
+        for (b, s) in sums.iter().enumerate() {
+            let cs: i32 = codes[32 * b..32 * b + 32].iter().map(|&c| c as i32).sum();
+            assert_eq!(*s, cs, "{n}×{width}: block {b} sum");
+        }
+        if fused_fma(&v) {
+            let bad = codes.iter().zip(want.codes()).filter(|(a, b)| a != b).count();
+            assert_eq!(bad, 0, "{n}×{width}: {bad} codes differ from the CPU's");
+            let dbits: Vec<u32> = d.iter().map(|f| f.to_bits()).collect();
+            let wbits: Vec<u32> = want.scales().iter().map(|f| f.to_bits()).collect();
+            assert_eq!(dbits, wbits, "{n}×{width}: scales");
+            assert_eq!(sums, want.sums(), "{n}×{width}: sums");
+        } else {
+            // unfused fma: a scale may be 1 ulp off the IEEE quotient, and a code 1 off
+            for (a, b) in d.iter().zip(want.scales()) {
+                assert!(a.to_bits().abs_diff(b.to_bits()) <= 1, "{n}×{width}: scale {a} vs {b}");
+            }
+            let off = codes.iter().zip(want.codes()).filter(|(a, b)| a != b).count();
+            let far = codes
+                .iter()
+                .zip(want.codes())
+                .any(|(&a, &b)| (a as i32 - b as i32).abs() > 1);
+            assert!(!far && off * 1000 <= codes.len(), "{n}×{width}: {off} codes differ");
+        }
+    }
+}
+
+/// `mv_dot_*` equals the CPU engine's `matmul_q` bit for bit given the same int8 activations, a
+/// row of an n-row dispatch equals the one-row dispatch, and `acc` adds to y.
+#[test]
+fn mv_dot_equals_cpu_matmul_and_one_row() {
+    let v = vk();
+    need_int_dot(&v);
+    let mut rng = Rng(0xd07);
+    let kinds = [
+        (QuantType::Q1_0, LowBit::Q1, Kernel::MvDotQ1),
+        (QuantType::Q2_0G128, LowBit::Q2g128, Kernel::MvDotQ2),
+        (QuantType::Q2_0G64, LowBit::Q2g64, Kernel::MvDotQ2g64),
+    ];
+    // (n_in, n_out): padding blocks (384, 640), two slabs (4608), outputs not a multiple of 4
+    for &(n_in, n_out) in &[(128usize, 5usize), (384, 9), (640, 13), (4608, 6)] {
+        for &(qt, lb, k) in &kinds {
+            let n = 3;
+            let w = random_weights(&mut rng, qt, n_in, n_out);
+            let x = rng.vec(n * n_in, 1.0);
+            let xq = ops::quantize_acts(&x, n, n_in);
+            let mut want = vec![0f32; n * n_out];
+            ops::matmul_q(&w, qt, n_in, n_out, &xq, &mut want);
+            let (codes, scales) = split_blocks_dot(lb, &w, n_in, n_out).unwrap();
+            let (cb, sb) = (
+                v.buffer_u32(&codes).unwrap(),
+                v.buffer_u32(&scales).unwrap(),
+            );
+            let q = Q8Bufs {
+                q: v.buffer_u32(&i8_words(xq.codes())).unwrap(),
+                d: buf(&v, xq.scales()),
+                s: v
+                    .buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
+                    .unwrap(),
+            };
+            let y = v.alloc(f4(n * n_out)).unwrap();
+            run_mv_dot(&v, k, &cb, &sb, &q, &y, n, n_in, n_out, false);
+            let got = get(&v, &y, n * n_out);
+            let gb: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+            let wb: Vec<u32> = want.iter().map(|f| f.to_bits()).collect();
+            if fused_fma(&v) {
+                assert_eq!(gb, wb, "{qt:?} {n_in}×{n_out}: GPU rows differ from the CPU's");
+            } else {
+                let e = rel_err(&got, &want);
+                assert!(e <= 1e-6, "{qt:?} {n_in}×{n_out}: GPU rows off the CPU's by {e:.2e}");
+            }
+            // row 1 alone (its activation row at offset 0 of a one-row buffer) == row 1 of three
+            let nb8 = q8_blocks(n_in);
+            let q1 = Q8Bufs {
+                q: v
+                    .buffer_u32(&i8_words(&xq.codes()[nb8 * 32..2 * nb8 * 32]))
+                    .unwrap(),
+                d: buf(&v, &xq.scales()[nb8..2 * nb8]),
+                s: v
+                    .buffer_u32(
+                        &xq.sums()[nb8..2 * nb8]
+                            .iter()
+                            .map(|&s| s as u32)
+                            .collect::<Vec<_>>(),
+                    )
+                    .unwrap(),
+            };
+            let y1 = buf(&v, &vec![1.5f32; n_out]);
+            run_mv_dot(&v, k, &cb, &sb, &q1, &y1, 1, n_in, n_out, true);
+            let got1 = get(&v, &y1, n_out);
+            for o in 0..n_out {
+                assert_eq!(
+                    got1[o].to_bits(),
+                    (1.5f32 + got[n_out + o]).to_bits(),
+                    "{qt:?} {n_in}×{n_out}: one-row (acc) output {o}"
+                );
+            }
+        }
+    }
+}
+
+fn f4(n: usize) -> u64 {
+    4 * n as u64
 }
 
 #[test]
@@ -798,6 +1030,70 @@ fn mv_throughput_27b_shapes() {
                     println!("{qt:?} {what:<9} {n_out:>6} x {n_in:>5}: {us:8.2} us per dispatch, {gb:7.1} GB/s of file weights");
                 }
             }
+            if !v.info().int_dot {
+                continue;
+            }
+            // the int8-activation kernel on the same weights (its quantization timed apart)
+            let (lb, kd) = match qt {
+                QuantType::Q1_0 => (LowBit::Q1, Kernel::MvDotQ1),
+                _ => (LowBit::Q2g128, Kernel::MvDotQ2),
+            };
+            let (dc, ds) = split_blocks_dot(lb, &data, n_in, n_out).unwrap();
+            let (dc, ds) = (v.buffer_u32(&dc).unwrap(), v.buffer_u32(&ds).unwrap());
+            let q = q8_alloc(&v, 1, n_in);
+            run_quant_q8(&v, &x, &q, 1, n_in);
+            for round in 0..2 {
+                let t0 = std::time::Instant::now();
+                v.run(|c| {
+                    // shader variants with other ROWS (BONSAI_VK_SPV_DIR) say theirs here
+                    let rows = std::env::var("BONSAI_VK_DOT_ROWS")
+                        .ok()
+                        .and_then(|r| r.parse::<usize>().ok())
+                        .unwrap_or(bonsai_kernels_vulkan::MV_DOT_ROWS);
+                    let g = n_out.div_ceil(rows) as u32;
+                    for _ in 0..reps {
+                        let p = Push::new()
+                            .addr(&dc, 0)
+                            .addr(&ds, 0)
+                            .addr(&q.q, 0)
+                            .addr(&q.d, 0)
+                            .addr(&q.s, 0)
+                            .addr(&y, 0)
+                            .u32(1)
+                            .u32(n_in as u32)
+                            .u32(n_out as u32)
+                            .u32(0);
+                        c.dispatch(kd, g, &p);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+                let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                if round == 1 {
+                    let gb = data.len() as f64 / (us * 1e3);
+                    println!("{qt:?} {what:<9} {n_out:>6} x {n_in:>5}: {us:8.2} us per dispatch, {gb:7.1} GB/s of file weights (int8 activations)");
+                }
+            }
+            let t0 = std::time::Instant::now();
+            v.run(|c| {
+                let g = quant_q8_groups(1, n_in);
+                for _ in 0..reps {
+                    let p = Push::new()
+                        .addr(&x, 0)
+                        .addr(&q.q, 0)
+                        .addr(&q.d, 0)
+                        .addr(&q.s, 0)
+                        .u32(g)
+                        .u32(1)
+                        .u32(n_in as u32)
+                        .u32(q8_blocks(n_in) as u32);
+                    c.dispatch(Kernel::QuantQ8, g, &p);
+                }
+                Ok(())
+            })
+            .unwrap();
+            let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+            println!("{qt:?} {what:<9} quant_q8 of {n_in:>5}: {us:8.2} us per dispatch");
         }
     }
 }

@@ -20,9 +20,10 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
-use bonsai_kernels_vulkan::retile::{split_blocks, LowBit};
+use bonsai_kernels_vulkan::retile::{split_blocks, split_blocks_dot, LowBit};
 use bonsai_kernels_vulkan::{
-    gdn_step_groups, mv_groups, Buffer, Cmd, Kernel, Push, VkError, Vulkan,
+    gdn_step_groups, mv_dot_groups, mv_groups, q8_blocks, quant_q8_groups, Buffer, Cmd, Kernel,
+    Push, VkError, Vulkan,
 };
 
 use super::{gdn_rec_width, Backend, KvType, Step};
@@ -47,11 +48,42 @@ pub struct VulkanBackend {
     /// `BONSAI_VK_EAGER_SUBMIT=1`: submit and wait after every block (the behaviour before the
     /// deferred submission; kept for the A/B in bench/vulkan_submit.py).
     eager_submit: bool,
+    /// Low-bit mat-vecs take int8 activations (`quant_q8` + `mv_dot_*`: the CPU engine's numerics)
+    /// instead of f32 ones. See [`ActMode`].
+    int8: bool,
+}
+
+/// How the low-bit mat-vecs take their activations (`BONSAI_VK_ACT=f32|int8`, else `auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActMode {
+    /// f32 activations: the exact f32-activation products of MODEL.md §1.3.
+    F32,
+    /// int8 activations per 32 elements, the CPU engine's quantization and float order; needs
+    /// `shaderIntegerDotProduct`.
+    Int8,
+    /// int8 where the driver says packed int8 dot products are accelerated, else f32.
+    Auto,
+}
+
+impl ActMode {
+    fn from_env() -> Result<ActMode> {
+        match std::env::var("BONSAI_VK_ACT").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(ActMode::Auto),
+            Ok("f32") => Ok(ActMode::F32),
+            Ok("int8") => Ok(ActMode::Int8),
+            Ok(other) => Err(Error::BackendUnavailable(format!(
+                "BONSAI_VK_ACT={other}: expected f32, int8 or auto"
+            ))),
+        }
+    }
 }
 
 /// A weight matrix `[n_in, n_out]` on the device, plus where its rows are in the file (for `embed`).
 pub struct VkMat {
     kernel: Kernel,
+    /// `kernel` is an int8-activation mat-vec (`mv_dot_*`): codes `[n_out, n_in / 32, words]`,
+    /// scales two f16 per word (`split_blocks_dot`).
+    dot: bool,
     codes: Buffer,  // [n_out, nblk, words] u32, or the f32 matrix
     scales: Buffer, // [n_out, nblk] f32 (unused for f32)
     pub n_in: usize,
@@ -175,8 +207,58 @@ fn norm(
     c.dispatch(Kernel::Rmsnorm, groups as u32, &p);
 }
 
-/// `y[t] (+)= W x[t]` for `n` rows.
-fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
+/// f32 words of a scratch slot holding `n` rows of `width` quantized by `quant_q8`.
+fn q8_words(n: usize, width: usize) -> usize {
+    n * q8_blocks(width) * 10
+}
+
+/// Byte offsets of (codes, scales, sums) in a `q8_words` slot: `[n, nb8 · 32]` i8, then
+/// `[n, nb8]` f32, then `[n, nb8]` i32.
+fn q8_offsets(n: usize, width: usize) -> (u64, u64, u64) {
+    let nb8 = (n * q8_blocks(width)) as u64;
+    (0, 32 * nb8, 36 * nb8)
+}
+
+/// `q ← quant_q8(x)` for `n` rows of `width` (nothing when the mat-vecs take f32 activations).
+fn quant(c: &mut Cmd, on: bool, x: &Buffer, q: &Buffer, n: usize, width: usize) {
+    // a width off the 32-element blocks feeds no int8 kernel (their n_in is whole weight blocks)
+    if !on || width % 32 != 0 {
+        return;
+    }
+    let (oq, od, os) = q8_offsets(n, width);
+    let g = quant_q8_groups(n, width);
+    let p = Push::new()
+        .addr(x, 0)
+        .addr(q, oq)
+        .addr(q, od)
+        .addr(q, os)
+        .u32(g)
+        .u32(n as u32)
+        .u32(width as u32)
+        .u32(q8_blocks(width) as u32);
+    c.dispatch(Kernel::QuantQ8, g, &p);
+}
+
+/// `y[t] (+)= W x[t]` for `n` rows; `q` holds `x` quantized by [`quant`] (read by the int8
+/// kernels only).
+fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, q: &Buffer, y: &Buffer, n: usize, acc: bool) {
+    if m.dot {
+        let (oq, od, os) = q8_offsets(n, m.n_in);
+        let groups = mv_dot_groups(m.n_out, n);
+        let p = Push::new()
+            .addr(&m.codes, 0)
+            .addr(&m.scales, 0)
+            .addr(q, oq)
+            .addr(q, od)
+            .addr(q, os)
+            .addr(y, 0)
+            .u32(n as u32)
+            .u32(m.n_in as u32)
+            .u32(m.n_out as u32)
+            .u32(acc as u32);
+        c.dispatch(m.kernel, groups, &p);
+        return;
+    }
     let groups = mv_groups(m.n_out, n);
     let p = Push::new()
         .addr(&m.codes, 0)
@@ -192,13 +274,32 @@ fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, y: &Buffer, n: usize, acc: bool) {
 
 impl VulkanBackend {
     /// Open the best Vulkan device; `allow_cpu` also accepts a CPU implementation (lavapipe).
+    /// The activation mode comes from `BONSAI_VK_ACT` ([`ActMode`]).
     pub fn new(allow_cpu: bool, kv_type: KvType) -> Result<VulkanBackend> {
+        Self::with_act(allow_cpu, kv_type, ActMode::from_env()?)
+    }
+
+    /// [`VulkanBackend::new`] with the activation mode given.
+    pub fn with_act(allow_cpu: bool, kv_type: KvType, mode: ActMode) -> Result<VulkanBackend> {
         let vk = Vulkan::new(allow_cpu).map_err(|e| Error::BackendUnavailable(e.to_string()))?;
+        let info = vk.info();
+        let int8 = match mode {
+            ActMode::F32 => false,
+            ActMode::Auto => info.int_dot && info.int_dot_fast,
+            ActMode::Int8 if info.int_dot => true,
+            ActMode::Int8 => {
+                return Err(Error::BackendUnavailable(format!(
+                    "BONSAI_VK_ACT=int8: {} has no shaderIntegerDotProduct",
+                    vk.name()
+                )))
+            }
+        };
         Ok(VulkanBackend {
             vk,
             kv_type,
             scratch: Mutex::new(Vec::new()),
             eager_submit: std::env::var("BONSAI_VK_EAGER_SUBMIT").as_deref() == Ok("1"),
+            int8,
         })
     }
 
@@ -213,6 +314,11 @@ impl VulkanBackend {
             )));
         }
         self.vk.upload_f32(&x.buf, 0, rows).map_err(be)
+    }
+
+    /// Whether the low-bit mat-vecs take int8 activations (see [`ActMode`]).
+    pub fn int8_activations(&self) -> bool {
+        self.int8
     }
 
     /// Whether `device="auto"` should pick Vulkan: a loader and a non-CPU device are present.
@@ -285,6 +391,8 @@ impl VulkanBackend {
         }
         // slots: 0 xn [n, e] · 1 mixed [n, cd] · 2 z [n, vd] · 3 bb [n, hv] · 4 aa [n, hv]
         //        5 conv out [n, cd] · 6 qk [n, 2·qk] · 7 g [n, hv] · 8 β [n, hv] · 9 o [n, vd]
+        //        10 xn as int8 · 11 o as int8 (`q8_words`)
+        let q8 = self.int8;
         let s = self.scratch(&[
             n * e,
             n * d.cd,
@@ -296,14 +404,17 @@ impl VulkanBackend {
             n * d.hv,
             n * d.hv,
             n * d.vd,
+            q8_words(n, e),
+            q8_words(n, d.vd),
         ])?;
         let eps = cfg.rms_eps;
         self.rec(|c| {
             norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
-            mv(c, &w.qkv, s.b(0), s.b(1), n, false);
-            mv(c, &w.gate, s.b(0), s.b(2), n, false);
-            mv(c, &w.beta, s.b(0), s.b(3), n, false);
-            mv(c, &w.alpha, s.b(0), s.b(4), n, false);
+            quant(c, q8, s.b(0), s.b(10), n, e);
+            mv(c, &w.qkv, s.b(0), s.b(10), s.b(1), n, false);
+            mv(c, &w.gate, s.b(0), s.b(10), s.b(2), n, false);
+            mv(c, &w.beta, s.b(0), s.b(10), s.b(3), n, false);
+            mv(c, &w.alpha, s.b(0), s.b(10), s.b(4), n, false);
             let cg = d.cd.div_ceil(64) as u32;
             let p = Push::new()
                 .addr(s.b(1), 0)
@@ -381,7 +492,8 @@ impl VulkanBackend {
                 d.dv,
                 eps,
             );
-            mv(c, &w.ssm_out, s.b(9), &x.buf, n, true);
+            quant(c, q8, s.b(9), s.b(11), n, d.vd);
+            mv(c, &w.ssm_out, s.b(9), s.b(11), &x.buf, n, true);
             Ok(())
         })
         .map_err(be)
@@ -396,27 +508,43 @@ impl Backend for VulkanBackend {
     type Gdn = VkGdn;
 
     fn name(&self) -> String {
-        self.vk.name()
+        let act = if self.int8 { "int8" } else { "f32" };
+        format!("{}, {act} activations", self.vk.name())
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<VkMat> {
         let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
         let data = g.tensor_data(&g.tensors()[idx])?;
-        let lowbit = match qt {
-            QuantType::Q1_0 => Some((Kernel::MvQ1, LowBit::Q1)),
-            QuantType::Q2_0G128 | QuantType::PQ2_0 => Some((Kernel::MvQ2, LowBit::Q2g128)),
-            QuantType::Q2_0G64 => Some((Kernel::MvQ2g64, LowBit::Q2g64)),
+        let lowbit = match (qt, self.int8) {
+            (QuantType::Q1_0, false) => Some((Kernel::MvQ1, LowBit::Q1)),
+            (QuantType::Q2_0G128 | QuantType::PQ2_0, false) => Some((Kernel::MvQ2, LowBit::Q2g128)),
+            (QuantType::Q2_0G64, false) => Some((Kernel::MvQ2g64, LowBit::Q2g64)),
+            (QuantType::Q1_0, true) => Some((Kernel::MvDotQ1, LowBit::Q1)),
+            (QuantType::Q2_0G128 | QuantType::PQ2_0, true) => {
+                Some((Kernel::MvDotQ2, LowBit::Q2g128))
+            }
+            (QuantType::Q2_0G64, true) => Some((Kernel::MvDotQ2g64, LowBit::Q2g64)),
             _ => None,
         };
+        let bad_bytes = || {
+            Error::Backend(format!(
+                "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
+                data.len(),
+                qt.name()
+            ))
+        };
         let (kernel, codes, scales) = match lowbit {
+            Some((k, lb)) if self.int8 => {
+                let (codes, scales) =
+                    split_blocks_dot(lb, data, n_in, n_out).ok_or_else(bad_bytes)?;
+                (
+                    k,
+                    self.vk.buffer_u32(&codes).map_err(be)?,
+                    self.vk.buffer_u32(&scales).map_err(be)?,
+                )
+            }
             Some((k, lb)) => {
-                let (codes, scales) = split_blocks(lb, data, n_in, n_out).ok_or_else(|| {
-                    Error::Backend(format!(
-                        "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
-                        data.len(),
-                        qt.name()
-                    ))
-                })?;
+                let (codes, scales) = split_blocks(lb, data, n_in, n_out).ok_or_else(bad_bytes)?;
                 (
                     k,
                     self.vk.buffer_u32(&codes).map_err(be)?,
@@ -452,6 +580,7 @@ impl Backend for VulkanBackend {
         };
         Ok(VkMat {
             kernel,
+            dot: kernel.needs_int_dot(),
             codes,
             scales,
             n_in,
@@ -751,8 +880,9 @@ impl Backend for VulkanBackend {
             }
         }
         // slots: 0 xn [n, e] · 1 qf [n, H·2·hd] · 2 kf [n, kvw] · 3 vf [n, kvw] · 4 q [n, H·hd]
-        //        5 attention out [n, H·hd] · 6 rope table
+        //        5 attention out [n, H·hd] · 6 rope table · 7 xn as int8 · 8 out as int8
         let kvw = nkv * hd;
+        let q8 = self.int8;
         let sc = self.scratch(&[
             n * e,
             n * nh * 2 * hd,
@@ -761,14 +891,17 @@ impl Backend for VulkanBackend {
             n * nh * hd,
             n * nh * hd,
             rope.len().max(1),
+            q8_words(n, e),
+            q8_words(n, nh * hd),
         ])?;
         let eps = cfg.rms_eps;
         self.rec(|c| {
             c.update(sc.b(6), 0, bonsai_kernels_vulkan::f32_bytes(&rope))?;
             norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
-            mv(c, &w.q, sc.b(0), sc.b(1), n, false);
-            mv(c, &w.k, sc.b(0), sc.b(2), n, false);
-            mv(c, &w.v, sc.b(0), sc.b(3), n, false);
+            quant(c, q8, sc.b(0), sc.b(7), n, e);
+            mv(c, &w.q, sc.b(0), sc.b(7), sc.b(1), n, false);
+            mv(c, &w.k, sc.b(0), sc.b(7), sc.b(2), n, false);
+            mv(c, &w.v, sc.b(0), sc.b(7), sc.b(3), n, false);
             let pg = (n * (nh + 2 * nkv)) as u32;
             let p = Push::new()
                 .addr(sc.b(1), 0)
@@ -806,7 +939,8 @@ impl Backend for VulkanBackend {
                 .u32(kv.q8 as u32)
                 .u32(kv.sc_off as u32);
             c.dispatch(Kernel::Attn, ag, &p);
-            mv(c, &w.out, sc.b(5), &x.buf, n, true);
+            quant(c, q8, sc.b(5), sc.b(8), n, nh * hd);
+            mv(c, &w.out, sc.b(5), sc.b(8), &x.buf, n, true);
             Ok(())
         })
         .map_err(be)?;
@@ -817,8 +951,9 @@ impl Backend for VulkanBackend {
     fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut VkAct) -> Result<()> {
         let (n, e, ff) = (x.n, cfg.n_embd, cfg.n_ff);
         Self::check_act(x, e, "mlp_block")?;
-        // slots: 0 u [n, e] · 1 gate [n, n_ff] · 2 up [n, n_ff]
-        let s = self.scratch(&[n * e, n * ff, n * ff])?;
+        // slots: 0 u [n, e] · 1 gate [n, n_ff] · 2 up [n, n_ff] · 3 u as int8 · 4 SwiGLU as int8
+        let q8 = self.int8;
+        let s = self.scratch(&[n * e, n * ff, n * ff, q8_words(n, e), q8_words(n, ff)])?;
         self.rec(|c| {
             norm(
                 c,
@@ -831,8 +966,9 @@ impl Backend for VulkanBackend {
                 e,
                 cfg.rms_eps,
             );
-            mv(c, &w.gate, s.b(0), s.b(1), n, false);
-            mv(c, &w.up, s.b(0), s.b(2), n, false);
+            quant(c, q8, s.b(0), s.b(3), n, e);
+            mv(c, &w.gate, s.b(0), s.b(3), s.b(1), n, false);
+            mv(c, &w.up, s.b(0), s.b(3), s.b(2), n, false);
             let count = n * ff;
             let groups = count.div_ceil(256) as u32;
             let p = Push::new()
@@ -842,7 +978,8 @@ impl Backend for VulkanBackend {
                 .u32(groups)
                 .u32(count as u32);
             c.dispatch(Kernel::Swiglu, groups, &p);
-            mv(c, &w.down, s.b(1), &x.buf, n, true);
+            quant(c, q8, s.b(1), s.b(4), n, ff);
+            mv(c, &w.down, s.b(1), s.b(4), &x.buf, n, true);
             Ok(())
         })
         .map_err(be)
@@ -867,8 +1004,8 @@ impl Backend for VulkanBackend {
                 logits.len()
             )));
         }
-        // slots: 0 xn [rows, e] · 1 logits [rows, n_vocab]
-        let s = self.scratch(&[nr * e, nr * out.n_out])?;
+        // slots: 0 xn [rows, e] · 1 logits [rows, n_vocab] · 2 xn as int8
+        let s = self.scratch(&[nr * e, nr * out.n_out, q8_words(nr, e)])?;
         self.rec(|c| {
             norm(
                 c,
@@ -881,7 +1018,8 @@ impl Backend for VulkanBackend {
                 e,
                 cfg.rms_eps,
             );
-            mv(c, out, s.b(0), s.b(1), nr, false);
+            quant(c, self.int8, s.b(0), s.b(2), nr, e);
+            mv(c, out, s.b(0), s.b(2), s.b(1), nr, false);
             Ok(())
         })
         .map_err(be)?;
