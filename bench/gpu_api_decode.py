@@ -2,6 +2,8 @@
 
     python bench/gpu_api_decode.py --models /tmp/m/27b-q1.gguf,/tmp/m/27b-q2.gguf --devices vulkan,cuda
 
+A device ``vulkan:f32`` or ``vulkan:int8`` runs Vulkan with that activation mode (``BONSAI_VK_ACT``).
+
 For every (model, device): load, warm up, then greedy decode of ``--gen`` tokens after each of
 ``--prompts`` different 16-token prompts (decode tok/s = tokens after the first / time from the first
 token to the last), and a ``--pp``-token prefill (time to the first token) repeated ``--pp-reps``
@@ -29,8 +31,14 @@ from bonsai.bench import _commit, _cpu_name
 def run_one(path: str, device: str, gen: int, prompts: int, pp: int, pp_reps: int) -> dict:
     import bonsai
 
+    device, _, act = device.partition(":")
+    if act:
+        os.environ["BONSAI_VK_ACT"] = act  # read when the backend is created
     t0 = time.perf_counter()
-    eng = bonsai.Engine(path, device=device, n_ctx=max(1024, pp + gen + 64))
+    try:
+        eng = bonsai.Engine(path, device=device, n_ctx=max(1024, pp + gen + 64))
+    finally:
+        os.environ.pop("BONSAI_VK_ACT", None)
     load_s = time.perf_counter() - t0
     name = eng.info["device"]
     vocab = 200  # token ids of the synthetic tokenizer's plain range

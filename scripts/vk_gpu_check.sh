@@ -10,7 +10,7 @@
 #     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 # Build HERE:  scripts/vk_gpu_check.sh --stage
 # Run THERE (device tool, carry [".device", ".gl"]):
-#   bash scripts/vk_gpu_check.sh [--no-tests] [--no-bench] [--variants "q1 q2"] [--devices vulkan,cuda]
+#   bash scripts/vk_gpu_check.sh [--no-tests] [--no-bench] [--variants "q1 q2"] [--devices vulkan:int8,vulkan:f32,cuda]
 # Logs and JSON go to $OUT (or ./bench/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ if [[ "${1:-}" == "--stage" ]]; then
 fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
-VKSPV=""; TESTS=1; BENCH=1; PROFILE=1; VARIANTS="q1 q2"; DEVICES="vulkan,cuda"; GEN=128; PPREPS=2
+VKSPV=""; TESTS=1; BENCH=1; PROFILE=1; VARIANTS="q1 q2"; DEVICES="vulkan:int8,vulkan:f32,cuda"; GEN=128; PPREPS=2
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-tests) TESTS=0; shift;; --no-profile) PROFILE=0; shift;; --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
   --devices) DEVICES="$2"; shift 2;; --spv) VKSPV="$2"; shift 2;; --gen) GEN="$2"; shift 2;; --pp-reps) PPREPS="$2"; shift 2;;

@@ -83,6 +83,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ---- loading -------------------------------------------------------------------------------
     /// Load the matrix `name` (ggml `[n_in, n_out]`), checking its shape.
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<Self::Mat>;
+    /// Load matrices that take the same input (`(name, n_in, n_out)` each), in order. A backend
+    /// may place them side by side so that one launch computes them all; by default, one
+    /// [`Backend::load_mat`] each.
+    fn load_mats(&self, g: &Arc<Gguf>, specs: &[(&str, usize, usize)]) -> Result<Vec<Self::Mat>> {
+        specs
+            .iter()
+            .map(|&(name, n_in, n_out)| self.load_mat(g, name, n_in, n_out))
+            .collect()
+    }
     /// Load the f32 tensor `name` of `n` elements.
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<Self::Vector>;
 

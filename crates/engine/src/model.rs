@@ -87,23 +87,47 @@ impl<B: Backend> Weights<B> {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
+            // the matrices that read the same normed row are loaded together (`load_mats`)
             let mixer = if cfg.is_attn_layer(il) {
+                let [q, k, v]: [B::Mat; 3] = b
+                    .load_mats(
+                        g,
+                        &[
+                            (&n("attn_q.weight"), e, cfg.n_head * 2 * hd),
+                            (&n("attn_k.weight"), e, cfg.n_head_kv * hd),
+                            (&n("attn_v.weight"), e, cfg.n_head_kv * hd),
+                        ],
+                    )?
+                    .try_into()
+                    .map_err(|_| Error::Backend("load_mats: not one matrix per spec".into()))?;
                 Mixer::Attn(AttnWeights {
                     attn_norm: b.load_vector(g, &n("attn_norm.weight"), e)?,
-                    q: b.load_mat(g, &n("attn_q.weight"), e, cfg.n_head * 2 * hd)?,
-                    k: b.load_mat(g, &n("attn_k.weight"), e, cfg.n_head_kv * hd)?,
-                    v: b.load_mat(g, &n("attn_v.weight"), e, cfg.n_head_kv * hd)?,
+                    q,
+                    k,
+                    v,
                     q_norm: b.load_vector(g, &n("attn_q_norm.weight"), hd)?,
                     k_norm: b.load_vector(g, &n("attn_k_norm.weight"), hd)?,
                     out: b.load_mat(g, &n("attn_output.weight"), cfg.n_head * hd, e)?,
                 })
             } else {
+                let [qkv, gate, beta, alpha]: [B::Mat; 4] = b
+                    .load_mats(
+                        g,
+                        &[
+                            (&n("attn_qkv.weight"), e, conv_dim),
+                            (&n("attn_gate.weight"), e, inner),
+                            (&n("ssm_beta.weight"), e, cfg.ssm_dt_rank),
+                            (&n("ssm_alpha.weight"), e, cfg.ssm_dt_rank),
+                        ],
+                    )?
+                    .try_into()
+                    .map_err(|_| Error::Backend("load_mats: not one matrix per spec".into()))?;
                 Mixer::Gdn(GdnWeights {
                     attn_norm: b.load_vector(g, &n("attn_norm.weight"), e)?,
-                    qkv: b.load_mat(g, &n("attn_qkv.weight"), e, conv_dim)?,
-                    gate: b.load_mat(g, &n("attn_gate.weight"), e, inner)?,
-                    beta: b.load_mat(g, &n("ssm_beta.weight"), e, cfg.ssm_dt_rank)?,
-                    alpha: b.load_mat(g, &n("ssm_alpha.weight"), e, cfg.ssm_dt_rank)?,
+                    qkv,
+                    gate,
+                    beta,
+                    alpha,
                     conv1d: b.load_vector(
                         g,
                         &n("ssm_conv1d.weight"),
@@ -115,10 +139,20 @@ impl<B: Backend> Weights<B> {
                     ssm_out: b.load_mat(g, &n("ssm_out.weight"), inner, e)?,
                 })
             };
+            let [gate, up]: [B::Mat; 2] = b
+                .load_mats(
+                    g,
+                    &[
+                        (&n("ffn_gate.weight"), e, cfg.n_ff),
+                        (&n("ffn_up.weight"), e, cfg.n_ff),
+                    ],
+                )?
+                .try_into()
+                .map_err(|_| Error::Backend("load_mats: not one matrix per spec".into()))?;
             let mlp = MlpWeights {
                 post_norm: b.load_vector(g, &n("post_attention_norm.weight"), e)?,
-                gate: b.load_mat(g, &n("ffn_gate.weight"), e, cfg.n_ff)?,
-                up: b.load_mat(g, &n("ffn_up.weight"), e, cfg.n_ff)?,
+                gate,
+                up,
                 down: b.load_mat(g, &n("ffn_down.weight"), cfg.n_ff, e)?,
             };
             layers.push(Layer { mixer, mlp });

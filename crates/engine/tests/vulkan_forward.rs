@@ -160,7 +160,10 @@ fn vulkan_blocks_match_cpu() {
                 .unwrap();
             for t in 0..n {
                 let d = nmse(&lb[t * nv..(t + 1) * nv], &la[t * nv..(t + 1) * nv]);
-                assert!(d < 1e-3, "{wt:?} {act:?} head row {t} at pos {pos}: NMSE {d:e}");
+                assert!(
+                    d < 1e-3,
+                    "{wt:?} {act:?} head row {t} at pos {pos}: NMSE {d:e}"
+                );
                 worst = worst.max(d);
             }
         }
@@ -379,8 +382,13 @@ fn vulkan_device_errors_are_clear() {
             Engine::load(&p, &opts).unwrap().logits(&ids, true).unwrap()
         };
         let dc = nmse(&cpu(KvType::Q8_0), &cpu(KvType::F16));
-        eprintln!("q8_0 KV vs f16 KV: NMSE {d:.3e} on Vulkan (int8 activations), {dc:.3e} on the CPU");
-        assert!(d > 0.0 && d < 4.0 * dc.max(2.5e-4), "q8_0 KV vs f16 KV: NMSE {d:e} (CPU {dc:e})");
+        eprintln!(
+            "q8_0 KV vs f16 KV: NMSE {d:.3e} on Vulkan (int8 activations), {dc:.3e} on the CPU"
+        );
+        assert!(
+            d > 0.0 && d < 4.0 * dc.max(2.5e-4),
+            "q8_0 KV vs f16 KV: NMSE {d:e} (CPU {dc:e})"
+        );
     } else {
         assert!(d > 0.0 && d < 1e-3, "q8_0 KV vs f16 KV: NMSE {d:e}");
     }

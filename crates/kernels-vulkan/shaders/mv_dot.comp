@@ -15,6 +15,10 @@
 //   QT 1  Q2_0 g128: codes [n_out, nb] uvec2: word h, bits 8i + 2k: code of element 16h + 4k + i
 //   QT 2  Q2_0 g64:  the same codes, one scale per 2 blocks
 // scales [n_out, ceil(nw / 2)] u32: two f16 weight-block scales, the even block in the low half.
+// Up to 4 matrices that read the same input can run as one dispatch: their rows side by side in
+// codes and scales, outputs [seg0, seg1, seg2, n_out) split into segments; segment s of n_s rows
+// is stored as [n, n_s] from element yoff_s of y (yoff_0 = 0). One matrix: seg0 = seg1 = seg2 =
+// n_out.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_spirv_intrinsics : require
@@ -41,6 +45,12 @@ layout(push_constant, std430) uniform P {
     uint n_in;    // a multiple of the weight block
     uint n_out;
     uint acc;     // 1: y += result
+    uint seg0;    // segment ends (rows)
+    uint seg1;
+    uint seg2;
+    uint yoff1;   // segment starts in y (elements)
+    uint yoff2;
+    uint yoff3;
 } p;
 
 #ifndef ROWS
@@ -124,10 +134,15 @@ void main() {
     }
     if (cr < ROWS) red[cr][cl] = acc;
     barrier();
-    if (tid < ROWS && o0 + tid < p.n_out) {
+    uint o = o0 + tid;
+    if (tid < ROWS && o < p.n_out) {
         precise float v = ((red[tid][0] + red[tid][4]) + (red[tid][2] + red[tid][6]))
             + ((red[tid][1] + red[tid][5]) + (red[tid][3] + red[tid][7]));
-        uint yi = t * p.n_out + o0 + tid;
+        uint sg = uint(o >= p.seg0) + uint(o >= p.seg1) + uint(o >= p.seg2);
+        uint start = sg == 0u ? 0u : (sg == 1u ? p.seg0 : (sg == 2u ? p.seg1 : p.seg2));
+        uint end = sg == 0u ? p.seg0 : (sg == 1u ? p.seg1 : (sg == 2u ? p.seg2 : p.n_out));
+        uint base = sg == 0u ? 0u : (sg == 1u ? p.yoff1 : (sg == 2u ? p.yoff2 : p.yoff3));
+        uint yi = base + t * (end - start) + (o - start);
         p.y.v[yi] = p.acc != 0u ? p.y.v[yi] + v : v;
     }
 }

@@ -622,8 +622,8 @@ impl Vulkan {
             .queue_family_index(family)
             .queue_priorities(&prio)];
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true);
-        let mut fdot =
-            vk::PhysicalDeviceShaderIntegerDotProductFeatures::default().shader_integer_dot_product(true);
+        let mut fdot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+            .shader_integer_dot_product(true);
         let dot_ext = [ash::khr::shader_integer_dot_product::NAME.as_ptr()];
         let mut dci = vk::DeviceCreateInfo::default()
             .queue_create_infos(&qci)

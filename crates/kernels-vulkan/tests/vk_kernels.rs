@@ -4,9 +4,9 @@
 //! These run on any Vulkan 1.2 implementation with bufferDeviceAddress, a CPU one included: CI installs
 //! lavapipe (`mesa-vulkan-drivers`). Without any Vulkan device they fail, saying so.
 
+use bonsai_kernels_cpu::ops;
 use bonsai_kernels_cpu::quant::{dequantize_row, QuantType};
 use bonsai_kernels_cpu::reference as r;
-use bonsai_kernels_cpu::ops;
 use bonsai_kernels_vulkan::retile::{groups, lane_words, split_blocks, split_blocks_dot, LowBit};
 use bonsai_kernels_vulkan::{
     gdn_step_groups, mv_dot_groups, mv_groups, q8_blocks, quant_q8_groups, Buffer, Kernel, Push,
@@ -265,7 +265,13 @@ fn run_mv_dot(
         .u32(n as u32)
         .u32(n_in as u32)
         .u32(n_out as u32)
-        .u32(acc as u32);
+        .u32(acc as u32)
+        .u32(n_out as u32)
+        .u32(n_out as u32)
+        .u32(n_out as u32)
+        .u32(0)
+        .u32(0)
+        .u32(0);
     v.run(|c| {
         c.dispatch(k, g, &p);
         Ok(())
@@ -301,7 +307,11 @@ fn quant_q8_equals_cpu_quantize_acts() {
         if width >= 96 {
             x[32..64].iter_mut().for_each(|e| *e = 0.0);
             for (j, e) in x[64..96].iter_mut().enumerate() {
-                *e = if j == 0 { 127.0 } else { (j as f32 - 16.0) + 0.5 };
+                *e = if j == 0 {
+                    127.0
+                } else {
+                    (j as f32 - 16.0) + 0.5
+                };
             }
         }
         if width >= 1056 {
@@ -329,7 +339,11 @@ fn quant_q8_equals_cpu_quantize_acts() {
             assert_eq!(*s, cs, "{n}×{width}: block {b} sum");
         }
         if fused_fma(&v) {
-            let bad = codes.iter().zip(want.codes()).filter(|(a, b)| a != b).count();
+            let bad = codes
+                .iter()
+                .zip(want.codes())
+                .filter(|(a, b)| a != b)
+                .count();
             assert_eq!(bad, 0, "{n}×{width}: {bad} codes differ from the CPU's");
             let dbits: Vec<u32> = d.iter().map(|f| f.to_bits()).collect();
             let wbits: Vec<u32> = want.scales().iter().map(|f| f.to_bits()).collect();
@@ -338,14 +352,24 @@ fn quant_q8_equals_cpu_quantize_acts() {
         } else {
             // unfused fma: a scale may be 1 ulp off the IEEE quotient, and a code 1 off
             for (a, b) in d.iter().zip(want.scales()) {
-                assert!(a.to_bits().abs_diff(b.to_bits()) <= 1, "{n}×{width}: scale {a} vs {b}");
+                assert!(
+                    a.to_bits().abs_diff(b.to_bits()) <= 1,
+                    "{n}×{width}: scale {a} vs {b}"
+                );
             }
-            let off = codes.iter().zip(want.codes()).filter(|(a, b)| a != b).count();
+            let off = codes
+                .iter()
+                .zip(want.codes())
+                .filter(|(a, b)| a != b)
+                .count();
             let far = codes
                 .iter()
                 .zip(want.codes())
                 .any(|(&a, &b)| (a as i32 - b as i32).abs() > 1);
-            assert!(!far && off * 1000 <= codes.len(), "{n}×{width}: {off} codes differ");
+            assert!(
+                !far && off * 1000 <= codes.len(),
+                "{n}×{width}: {off} codes differ"
+            );
         }
     }
 }
@@ -379,8 +403,7 @@ fn mv_dot_equals_cpu_matmul_and_one_row() {
             let q = Q8Bufs {
                 q: v.buffer_u32(&i8_words(xq.codes())).unwrap(),
                 d: buf(&v, xq.scales()),
-                s: v
-                    .buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
+                s: v.buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
                     .unwrap(),
             };
             let y = v.alloc(f4(n * n_out)).unwrap();
@@ -389,26 +412,30 @@ fn mv_dot_equals_cpu_matmul_and_one_row() {
             let gb: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
             let wb: Vec<u32> = want.iter().map(|f| f.to_bits()).collect();
             if fused_fma(&v) {
-                assert_eq!(gb, wb, "{qt:?} {n_in}×{n_out}: GPU rows differ from the CPU's");
+                assert_eq!(
+                    gb, wb,
+                    "{qt:?} {n_in}×{n_out}: GPU rows differ from the CPU's"
+                );
             } else {
                 let e = rel_err(&got, &want);
-                assert!(e <= 1e-6, "{qt:?} {n_in}×{n_out}: GPU rows off the CPU's by {e:.2e}");
+                assert!(
+                    e <= 1e-6,
+                    "{qt:?} {n_in}×{n_out}: GPU rows off the CPU's by {e:.2e}"
+                );
             }
             // row 1 alone (its activation row at offset 0 of a one-row buffer) == row 1 of three
             let nb8 = q8_blocks(n_in);
             let q1 = Q8Bufs {
-                q: v
-                    .buffer_u32(&i8_words(&xq.codes()[nb8 * 32..2 * nb8 * 32]))
+                q: v.buffer_u32(&i8_words(&xq.codes()[nb8 * 32..2 * nb8 * 32]))
                     .unwrap(),
                 d: buf(&v, &xq.scales()[nb8..2 * nb8]),
-                s: v
-                    .buffer_u32(
-                        &xq.sums()[nb8..2 * nb8]
-                            .iter()
-                            .map(|&s| s as u32)
-                            .collect::<Vec<_>>(),
-                    )
-                    .unwrap(),
+                s: v.buffer_u32(
+                    &xq.sums()[nb8..2 * nb8]
+                        .iter()
+                        .map(|&s| s as u32)
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap(),
             };
             let y1 = buf(&v, &vec![1.5f32; n_out]);
             run_mv_dot(&v, k, &cb, &sb, &q1, &y1, 1, n_in, n_out, true);
@@ -420,6 +447,90 @@ fn mv_dot_equals_cpu_matmul_and_one_row() {
                     "{qt:?} {n_in}×{n_out}: one-row (acc) output {o}"
                 );
             }
+        }
+    }
+}
+
+/// Matrices side by side in one dispatch (`seg0..seg2`, `yoff1..yoff3`): each segment's rows equal
+/// the one-matrix dispatch's bit for bit, stored `[n, n_s]` from its offset.
+#[test]
+fn mv_dot_segments_equal_one_matrix() {
+    let v = vk();
+    need_int_dot(&v);
+    let mut rng = Rng(0x5e9);
+    let (n_in, n) = (256usize, 2usize);
+    let sizes = [5usize, 3, 6, 2];
+    let n_out: usize = sizes.iter().sum();
+    for (qt, lb, k) in [
+        (QuantType::Q1_0, LowBit::Q1, Kernel::MvDotQ1),
+        (QuantType::Q2_0G64, LowBit::Q2g64, Kernel::MvDotQ2g64),
+    ] {
+        let w = random_weights(&mut rng, qt, n_in, n_out);
+        let xq = ops::quantize_acts(&rng.vec(n * n_in, 1.0), n, n_in);
+        let (codes, scales) = split_blocks_dot(lb, &w, n_in, n_out).unwrap();
+        let (cb, sb) = (
+            v.buffer_u32(&codes).unwrap(),
+            v.buffer_u32(&scales).unwrap(),
+        );
+        let q = Q8Bufs {
+            q: v.buffer_u32(&i8_words(xq.codes())).unwrap(),
+            d: buf(&v, xq.scales()),
+            s: v.buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
+                .unwrap(),
+        };
+        let whole = v.alloc(f4(n * n_out)).unwrap();
+        run_mv_dot(&v, k, &cb, &sb, &q, &whole, n, n_in, n_out, false);
+        let whole = get(&v, &whole, n * n_out);
+        // segment starts on 4-element boundaries, as the backend lays them out
+        let mut starts = vec![0usize];
+        for s in &sizes[..3] {
+            starts.push(starts.last().unwrap() + s.next_multiple_of(4) * n);
+        }
+        let total = starts[3] + sizes[3].next_multiple_of(4) * n;
+        let y = buf(&v, &vec![f32::NAN; total]);
+        let ends: Vec<u32> = sizes
+            .iter()
+            .scan(0, |e, s| {
+                *e += s;
+                Some(*e as u32)
+            })
+            .collect();
+        let p = Push::new()
+            .addr(&cb, 0)
+            .addr(&sb, 0)
+            .addr(&q.q, 0)
+            .addr(&q.d, 0)
+            .addr(&q.s, 0)
+            .addr(&y, 0)
+            .u32(n as u32)
+            .u32(n_in as u32)
+            .u32(n_out as u32)
+            .u32(0)
+            .u32(ends[0])
+            .u32(ends[1])
+            .u32(ends[2])
+            .u32(starts[1] as u32)
+            .u32(starts[2] as u32)
+            .u32(starts[3] as u32);
+        v.run(|c| {
+            c.dispatch(k, mv_dot_groups(n_out, n), &p);
+            Ok(())
+        })
+        .unwrap();
+        let got = get(&v, &y, total);
+        let mut row0 = 0;
+        for (si, &ns) in sizes.iter().enumerate() {
+            for t in 0..n {
+                for o in 0..ns {
+                    let (a, b) = (got[starts[si] + t * ns + o], whole[t * n_out + row0 + o]);
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{qt:?} segment {si} row {t} output {o}"
+                    );
+                }
+            }
+            row0 += ns;
         }
     }
 }
@@ -1062,6 +1173,12 @@ fn mv_throughput_27b_shapes() {
                             .u32(1)
                             .u32(n_in as u32)
                             .u32(n_out as u32)
+                            .u32(0)
+                            .u32(n_out as u32)
+                            .u32(n_out as u32)
+                            .u32(n_out as u32)
+                            .u32(0)
+                            .u32(0)
                             .u32(0);
                         c.dispatch(kd, g, &p);
                     }

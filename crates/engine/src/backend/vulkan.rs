@@ -48,6 +48,9 @@ pub struct VulkanBackend {
     /// `BONSAI_VK_EAGER_SUBMIT=1`: submit and wait after every block (the behaviour before the
     /// deferred submission; kept for the A/B in bench/vulkan_submit.py).
     eager_submit: bool,
+    /// The RoPE table `[n, n_rot/2, (cos, sin)]` of the last (pos, n, n_rot, base bits): every
+    /// attention layer of a forward reads the same one, so it is uploaded once per forward.
+    rope: Mutex<Option<((usize, usize, usize, u32), Buffer)>>,
     /// Low-bit mat-vecs take int8 activations (`quant_q8` + `mv_dot_*`: the CPU engine's numerics)
     /// instead of f32 ones. See [`ActMode`].
     int8: bool,
@@ -84,8 +87,12 @@ pub struct VkMat {
     /// `kernel` is an int8-activation mat-vec (`mv_dot_*`): codes `[n_out, n_in / 32, words]`,
     /// scales two f16 per word (`split_blocks_dot`).
     dot: bool,
-    codes: Buffer,  // [n_out, nblk, words] u32, or the f32 matrix
-    scales: Buffer, // [n_out, nblk] f32 (unused for f32)
+    codes: Arc<Buffer>, // [n_out, nblk, words] u32, or the f32 matrix, from byte codes_off
+    scales: Arc<Buffer>, // [n_out, nblk] f32 (unused for f32), from byte scales_off
+    codes_off: u64,
+    scales_off: u64,
+    /// First row in the buffers `load_mats` shares between matrices of one input (else 0).
+    row0: usize,
     pub n_in: usize,
     pub n_out: usize,
     g: Arc<Gguf>,
@@ -189,14 +196,14 @@ fn norm(
     x_off: u64,
     w: &Buffer,
     y: &Buffer,
-    z: Option<&Buffer>,
+    z: Option<(&Buffer, u64)>,
     groups: usize,
     gw: usize,
     eps: f32,
 ) {
     let p = Push::new().addr(x, x_off).addr(w, 0).addr(y, 0);
     let p = match z {
-        Some(z) => p.addr(z, 0),
+        Some((z, off)) => p.addr(z, off),
         None => p.null(),
     };
     let p = p
@@ -242,34 +249,118 @@ fn quant(c: &mut Cmd, on: bool, x: &Buffer, q: &Buffer, n: usize, width: usize) 
 /// `y[t] (+)= W x[t]` for `n` rows; `q` holds `x` quantized by [`quant`] (read by the int8
 /// kernels only).
 fn mv(c: &mut Cmd, m: &VkMat, x: &Buffer, q: &Buffer, y: &Buffer, n: usize, acc: bool) {
+    mv_at(c, m, x, q, y, 0, n, acc);
+}
+
+/// [`mv`] with the output `[n, n_out]` from byte `y_off` of `y`.
+#[allow(clippy::too_many_arguments)]
+fn mv_at(
+    c: &mut Cmd,
+    m: &VkMat,
+    x: &Buffer,
+    q: &Buffer,
+    y: &Buffer,
+    y_off: u64,
+    n: usize,
+    acc: bool,
+) {
     if m.dot {
-        let (oq, od, os) = q8_offsets(n, m.n_in);
-        let groups = mv_dot_groups(m.n_out, n);
-        let p = Push::new()
-            .addr(&m.codes, 0)
-            .addr(&m.scales, 0)
-            .addr(q, oq)
-            .addr(q, od)
-            .addr(q, os)
-            .addr(y, 0)
-            .u32(n as u32)
-            .u32(m.n_in as u32)
-            .u32(m.n_out as u32)
-            .u32(acc as u32);
-        c.dispatch(m.kernel, groups, &p);
+        let no = m.n_out as u32;
+        mv_dot_segments(c, m, m.n_out, [no; 3], [0; 3], q, y, y_off, n, acc);
         return;
     }
     let groups = mv_groups(m.n_out, n);
     let p = Push::new()
-        .addr(&m.codes, 0)
-        .addr(&m.scales, 0)
+        .addr(&m.codes, m.codes_off)
+        .addr(&m.scales, m.scales_off)
         .addr(x, 0)
-        .addr(y, 0)
+        .addr(y, y_off)
         .u32(groups)
         .u32(m.n_in as u32)
         .u32(m.n_out as u32)
         .u32(acc as u32);
     c.dispatch(m.kernel, groups, &p);
+}
+
+/// One `mv_dot_*` dispatch over `n_out` rows from `m`'s first row (`m` and the matrices placed
+/// after it by `load_mats`), the outputs split at the row ends `seg` and stored from the element
+/// offsets `yoff` (`mv_dot.comp`).
+#[allow(clippy::too_many_arguments)]
+fn mv_dot_segments(
+    c: &mut Cmd,
+    m: &VkMat,
+    n_out: usize,
+    seg: [u32; 3],
+    yoff: [u32; 3],
+    q: &Buffer,
+    y: &Buffer,
+    y_off: u64,
+    n: usize,
+    acc: bool,
+) {
+    let (oq, od, os) = q8_offsets(n, m.n_in);
+    let groups = mv_dot_groups(n_out, n);
+    let p = Push::new()
+        .addr(&m.codes, m.codes_off)
+        .addr(&m.scales, m.scales_off)
+        .addr(q, oq)
+        .addr(q, od)
+        .addr(q, os)
+        .addr(y, y_off)
+        .u32(n as u32)
+        .u32(m.n_in as u32)
+        .u32(n_out as u32)
+        .u32(acc as u32)
+        .u32(seg[0])
+        .u32(seg[1])
+        .u32(seg[2])
+        .u32(yoff[0])
+        .u32(yoff[1])
+        .u32(yoff[2]);
+    c.dispatch(m.kernel, groups, &p);
+}
+
+/// Where the outputs of matrices that read one input go in one buffer: segment i, `[n, n_out_i]`,
+/// from a 4-element boundary. Returns each segment's first element and the total in elements.
+fn seg_layout(mats: &[&VkMat], n: usize) -> (Vec<usize>, usize) {
+    let mut at = Vec::with_capacity(mats.len());
+    let mut end = 0;
+    for m in mats {
+        at.push(end);
+        end += m.n_out.next_multiple_of(4) * n;
+    }
+    (at, end)
+}
+
+/// `y ← W_i x` for each of `mats` (≤ 4, one input), stored as [`seg_layout`] says: one
+/// dispatch when they are int8 matrices `load_mats` placed side by side, else one each.
+fn mv_group(c: &mut Cmd, mats: &[&VkMat], x: &Buffer, q: &Buffer, y: &Buffer, n: usize) {
+    let (at, _) = seg_layout(mats, n);
+    let first = mats[0];
+    let side_by_side = mats.len() <= 4
+        && mats
+            .iter()
+            .all(|m| m.dot && m.kernel == first.kernel && m.n_in == first.n_in)
+        && mats
+            .windows(2)
+            .all(|w| Arc::ptr_eq(&w[0].codes, &w[1].codes) && w[1].row0 == w[0].row0 + w[0].n_out);
+    if !side_by_side {
+        for (m, &a) in mats.iter().zip(&at) {
+            mv_at(c, m, x, q, y, f4(a), n, false);
+        }
+        return;
+    }
+    let total: usize = mats.iter().map(|m| m.n_out).sum();
+    let (mut seg, mut yoff) = ([total as u32; 3], [0u32; 3]);
+    let mut end = 0;
+    for (i, m) in mats.iter().enumerate().take(3) {
+        end += m.n_out;
+        seg[i] = end as u32;
+        if let Some(&a) = at.get(i + 1) {
+            yoff[i] = a as u32;
+        }
+    }
+    mv_dot_segments(c, first, total, seg, yoff, q, y, 0, n, false);
 }
 
 impl VulkanBackend {
@@ -299,6 +390,7 @@ impl VulkanBackend {
             kv_type,
             scratch: Mutex::new(Vec::new()),
             eager_submit: std::env::var("BONSAI_VK_EAGER_SUBMIT").as_deref() == Ok("1"),
+            rope: Mutex::new(None),
             int8,
         })
     }
@@ -389,16 +481,20 @@ impl VulkanBackend {
             r.n = n;
             r.width = rw;
         }
-        // slots: 0 xn [n, e] · 1 mixed [n, cd] · 2 z [n, vd] · 3 bb [n, hv] · 4 aa [n, hv]
+        // slots: 0 xn [n, e] · 1 the in-projections: mixed [n, cd], z [n, vd], bb [n, hv],
+        //        aa [n, hv] (`seg_layout`) · 2–4 unused
         //        5 conv out [n, cd] · 6 qk [n, 2·qk] · 7 g [n, hv] · 8 β [n, hv] · 9 o [n, vd]
         //        10 xn as int8 · 11 o as int8 (`q8_words`)
         let q8 = self.int8;
+        let inp = [&w.qkv, &w.gate, &w.beta, &w.alpha];
+        let (at, in_len) = seg_layout(&inp, n);
+        let (o_mixed, o_z, o_bb, o_aa) = (f4(at[0]), f4(at[1]), f4(at[2]), f4(at[3]));
         let s = self.scratch(&[
             n * e,
-            n * d.cd,
-            n * d.vd,
-            n * d.hv,
-            n * d.hv,
+            in_len,
+            1,
+            1,
+            1,
             n * d.cd,
             n * 2 * d.qk,
             n * d.hv,
@@ -411,13 +507,10 @@ impl VulkanBackend {
         self.rec(|c| {
             norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
             quant(c, q8, s.b(0), s.b(10), n, e);
-            mv(c, &w.qkv, s.b(0), s.b(10), s.b(1), n, false);
-            mv(c, &w.gate, s.b(0), s.b(10), s.b(2), n, false);
-            mv(c, &w.beta, s.b(0), s.b(10), s.b(3), n, false);
-            mv(c, &w.alpha, s.b(0), s.b(10), s.b(4), n, false);
+            mv_group(c, &inp, s.b(0), s.b(10), s.b(1), n);
             let cg = d.cd.div_ceil(64) as u32;
             let p = Push::new()
-                .addr(s.b(1), 0)
+                .addr(s.b(1), o_mixed)
                 .addr(&w.conv1d.buf, 0)
                 .addr(&st.conv, 0)
                 .addr(s.b(5), 0)
@@ -432,8 +525,8 @@ impl VulkanBackend {
             let p = Push::new()
                 .addr(s.b(5), 0)
                 .addr(s.b(6), 0)
-                .addr(s.b(3), 0)
-                .addr(s.b(4), 0)
+                .addr(s.b(1), o_bb)
+                .addr(s.b(1), o_aa)
                 .addr(&w.ssm_a.buf, 0)
                 .addr(&w.dt_bias.buf, 0)
                 .addr(s.b(7), 0)
@@ -449,7 +542,7 @@ impl VulkanBackend {
                 // record row t: mixed ‖ k ‖ v ‖ g ‖ β
                 for t in 0..n {
                     let base = f4(t * rw);
-                    c.copy(s.b(1), f4(t * d.cd), &r.buf, base, f4(d.cd))?;
+                    c.copy(s.b(1), o_mixed + f4(t * d.cd), &r.buf, base, f4(d.cd))?;
                     let at = base + f4(d.cd);
                     c.copy(s.b(6), f4(t * 2 * d.qk + d.qk), &r.buf, at, f4(d.qk))?;
                     let at = at + f4(d.qk);
@@ -487,7 +580,7 @@ impl VulkanBackend {
                 0,
                 &w.ssm_norm.buf,
                 s.b(9),
-                Some(s.b(2)),
+                Some((s.b(1), o_z)),
                 n * d.hv,
                 d.dv,
                 eps,
@@ -539,16 +632,16 @@ impl Backend for VulkanBackend {
                     split_blocks_dot(lb, data, n_in, n_out).ok_or_else(bad_bytes)?;
                 (
                     k,
-                    self.vk.buffer_u32(&codes).map_err(be)?,
-                    self.vk.buffer_u32(&scales).map_err(be)?,
+                    Arc::new(self.vk.buffer_u32(&codes).map_err(be)?),
+                    Arc::new(self.vk.buffer_u32(&scales).map_err(be)?),
                 )
             }
             Some((k, lb)) => {
                 let (codes, scales) = split_blocks(lb, data, n_in, n_out).ok_or_else(bad_bytes)?;
                 (
                     k,
-                    self.vk.buffer_u32(&codes).map_err(be)?,
-                    self.vk.buffer_f32(&scales).map_err(be)?,
+                    Arc::new(self.vk.buffer_u32(&codes).map_err(be)?),
+                    Arc::new(self.vk.buffer_f32(&scales).map_err(be)?),
                 )
             }
             None => {
@@ -573,8 +666,8 @@ impl Backend for VulkanBackend {
                 let words: Vec<u32> = f.iter().map(|v| v.to_bits()).collect();
                 (
                     Kernel::MvF32,
-                    self.vk.buffer_u32(&words).map_err(be)?,
-                    self.vk.alloc(4).map_err(be)?,
+                    Arc::new(self.vk.buffer_u32(&words).map_err(be)?),
+                    Arc::new(self.vk.alloc(4).map_err(be)?),
                 )
             }
         };
@@ -583,12 +676,86 @@ impl Backend for VulkanBackend {
             dot: kernel.needs_int_dot(),
             codes,
             scales,
+            codes_off: 0,
+            scales_off: 0,
+            row0: 0,
             n_in,
             n_out,
             g: g.clone(),
             idx,
             qt,
         })
+    }
+
+    /// With int8 activations, low-bit matrices of one kind and one input width go side by side
+    /// into one code buffer and one scale buffer (rows in order), so [`mv_group`] computes them
+    /// with one dispatch; anything else loads one by one.
+    fn load_mats(&self, g: &Arc<Gguf>, specs: &[(&str, usize, usize)]) -> Result<Vec<VkMat>> {
+        let one_by_one = || -> Result<Vec<VkMat>> {
+            specs
+                .iter()
+                .map(|&(name, n_in, n_out)| self.load_mat(g, name, n_in, n_out))
+                .collect()
+        };
+        if !self.int8 || specs.len() < 2 || specs.len() > 4 {
+            return one_by_one();
+        }
+        let kind = |qt: QuantType| match qt {
+            QuantType::Q1_0 => Some((Kernel::MvDotQ1, LowBit::Q1)),
+            QuantType::Q2_0G128 | QuantType::PQ2_0 => Some((Kernel::MvDotQ2, LowBit::Q2g128)),
+            QuantType::Q2_0G64 => Some((Kernel::MvDotQ2g64, LowBit::Q2g64)),
+            _ => None,
+        };
+        let mut metas = Vec::with_capacity(specs.len());
+        for &(name, n_in, n_out) in specs {
+            let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
+            metas.push((idx, qt, kind(qt)));
+        }
+        let (k0, n_in) = (metas[0].2, specs[0].1);
+        if k0.is_none() || metas.iter().any(|m| m.2 != k0) || specs.iter().any(|s| s.1 != n_in) {
+            return one_by_one();
+        }
+        let (kernel, lb) = k0.expect("checked");
+        let (mut codes, mut scales) = (Vec::new(), Vec::new());
+        let mut rows = Vec::with_capacity(specs.len()); // (first row, first code word, first scale word)
+        let mut row0 = 0;
+        for (&(name, n_in, n_out), &(idx, qt, _)) in specs.iter().zip(&metas) {
+            let data = g.tensor_data(&g.tensors()[idx])?;
+            let (c, sc) = split_blocks_dot(lb, data, n_in, n_out).ok_or_else(|| {
+                Error::Backend(format!(
+                    "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
+                    data.len(),
+                    qt.name()
+                ))
+            })?;
+            rows.push((row0, codes.len(), scales.len()));
+            row0 += n_out;
+            codes.extend_from_slice(&c);
+            scales.extend_from_slice(&sc);
+        }
+        let codes = Arc::new(self.vk.buffer_u32(&codes).map_err(be)?);
+        let scales = Arc::new(self.vk.buffer_u32(&scales).map_err(be)?);
+        Ok(specs
+            .iter()
+            .zip(&metas)
+            .zip(rows)
+            .map(
+                |((&(_, n_in, n_out), &(idx, qt, _)), (row0, cw, sw))| VkMat {
+                    kernel,
+                    dot: true,
+                    codes: codes.clone(),
+                    scales: scales.clone(),
+                    codes_off: f4(cw),
+                    scales_off: f4(sw),
+                    row0,
+                    n_in,
+                    n_out,
+                    g: g.clone(),
+                    idx,
+                    qt,
+                },
+            )
+            .collect())
     }
 
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<VkVector> {
@@ -867,49 +1034,71 @@ impl Backend for VulkanBackend {
             )));
         }
         let half = cfg.n_rot / 2;
-        // base^(−2d/n_rot) per rotated pair, the same for every row
-        let freq: Vec<f64> = (0..half)
-            .map(|d| (cfg.rope_base as f64).powf(-2.0 * d as f64 / cfg.n_rot as f64))
-            .collect();
-        let mut rope = Vec::with_capacity(n * half * 2); // [n, n_rot/2, (cos, sin)]
-        for t in 0..n {
-            for &f in &freq {
-                let th = (s.pos + t) as f64 * f;
-                rope.push(th.cos() as f32);
-                rope.push(th.sin() as f32);
+        let key = (s.pos, n, cfg.n_rot, cfg.rope_base.to_bits());
+        let mut rope_slot = self
+            .rope
+            .lock()
+            .map_err(|_| Error::Backend("vulkan: rope lock poisoned".into()))?;
+        let rope = if rope_slot.as_ref().is_some_and(|(k, _)| *k == key) {
+            None // this forward's table is on the device already
+        } else {
+            // base^(−2d/n_rot) per rotated pair, the same for every row
+            let freq: Vec<f64> = (0..half)
+                .map(|d| (cfg.rope_base as f64).powf(-2.0 * d as f64 / cfg.n_rot as f64))
+                .collect();
+            let mut rope = Vec::with_capacity(n * half * 2); // [n, n_rot/2, (cos, sin)]
+            for t in 0..n {
+                for &f in &freq {
+                    let th = (s.pos + t) as f64 * f;
+                    rope.push(th.cos() as f32);
+                    rope.push(th.sin() as f32);
+                }
             }
-        }
-        // slots: 0 xn [n, e] · 1 qf [n, H·2·hd] · 2 kf [n, kvw] · 3 vf [n, kvw] · 4 q [n, H·hd]
-        //        5 attention out [n, H·hd] · 6 rope table · 7 xn as int8 · 8 out as int8
-        let kvw = nkv * hd;
+            let need = f4(rope.len().max(1));
+            if rope_slot.as_ref().is_none_or(|(_, b)| b.size() < need) {
+                *rope_slot = None;
+                let b = self.vk.alloc(need.next_power_of_two()).map_err(be)?;
+                *rope_slot = Some((key, b));
+            }
+            Some(rope)
+        };
+        let (k, rb) = rope_slot.as_mut().expect("set above");
+        *k = key;
+        let rb: &Buffer = rb;
+        // slots: 0 xn [n, e] · 1 qf [n, H·2·hd], kf [n, kvw], vf [n, kvw] (`seg_layout`)
+        //        2, 3, 6 unused · 4 q [n, H·hd] · 5 attention out [n, H·hd] · 7 xn as int8
+        //        8 out as int8
         let q8 = self.int8;
+        let inp = [&w.q, &w.k, &w.v];
+        let (at, in_len) = seg_layout(&inp, n);
+        let (o_q, o_k, o_v) = (f4(at[0]), f4(at[1]), f4(at[2]));
         let sc = self.scratch(&[
             n * e,
-            n * nh * 2 * hd,
-            n * kvw,
-            n * kvw,
+            in_len,
+            1,
+            1,
             n * nh * hd,
             n * nh * hd,
-            rope.len().max(1),
+            1,
             q8_words(n, e),
             q8_words(n, nh * hd),
         ])?;
         let eps = cfg.rms_eps;
         self.rec(|c| {
-            c.update(sc.b(6), 0, bonsai_kernels_vulkan::f32_bytes(&rope))?;
+            if let Some(rope) = &rope {
+                c.update(rb, 0, bonsai_kernels_vulkan::f32_bytes(rope))?;
+            }
             norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
             quant(c, q8, sc.b(0), sc.b(7), n, e);
-            mv(c, &w.q, sc.b(0), sc.b(7), sc.b(1), n, false);
-            mv(c, &w.k, sc.b(0), sc.b(7), sc.b(2), n, false);
-            mv(c, &w.v, sc.b(0), sc.b(7), sc.b(3), n, false);
+            mv_group(c, &inp, sc.b(0), sc.b(7), sc.b(1), n);
             let pg = (n * (nh + 2 * nkv)) as u32;
             let p = Push::new()
-                .addr(sc.b(1), 0)
-                .addr(sc.b(2), 0)
-                .addr(sc.b(3), 0)
+                .addr(sc.b(1), o_q)
+                .addr(sc.b(1), o_k)
+                .addr(sc.b(1), o_v)
                 .addr(&w.q_norm.buf, 0)
                 .addr(&w.k_norm.buf, 0)
-                .addr(sc.b(6), 0)
+                .addr(rb, 0)
                 .addr(sc.b(4), 0)
                 .addr(&kv.k, 0)
                 .addr(&kv.v, 0)
@@ -926,7 +1115,7 @@ impl Backend for VulkanBackend {
             let ag = (n * nh) as u32;
             let p = Push::new()
                 .addr(sc.b(4), 0)
-                .addr(sc.b(1), 0)
+                .addr(sc.b(1), o_q)
                 .addr(&kv.k, 0)
                 .addr(&kv.v, 0)
                 .addr(sc.b(5), 0)
@@ -951,9 +1140,13 @@ impl Backend for VulkanBackend {
     fn mlp_block(&self, cfg: &TargetConfig, w: &MlpWeights<Self>, x: &mut VkAct) -> Result<()> {
         let (n, e, ff) = (x.n, cfg.n_embd, cfg.n_ff);
         Self::check_act(x, e, "mlp_block")?;
-        // slots: 0 u [n, e] · 1 gate [n, n_ff] · 2 up [n, n_ff] · 3 u as int8 · 4 SwiGLU as int8
+        // slots: 0 u [n, e] · 1 gate [n, n_ff], up [n, n_ff] (`seg_layout`; the SwiGLU
+        //        overwrites the gate) · 2 unused · 3 u as int8 · 4 SwiGLU as int8
         let q8 = self.int8;
-        let s = self.scratch(&[n * e, n * ff, n * ff, q8_words(n, e), q8_words(n, ff)])?;
+        let inp = [&w.gate, &w.up];
+        let (at, in_len) = seg_layout(&inp, n);
+        let (o_gate, o_up) = (f4(at[0]), f4(at[1]));
+        let s = self.scratch(&[n * e, in_len, 1, q8_words(n, e), q8_words(n, ff)])?;
         self.rec(|c| {
             norm(
                 c,
@@ -967,19 +1160,18 @@ impl Backend for VulkanBackend {
                 cfg.rms_eps,
             );
             quant(c, q8, s.b(0), s.b(3), n, e);
-            mv(c, &w.gate, s.b(0), s.b(3), s.b(1), n, false);
-            mv(c, &w.up, s.b(0), s.b(3), s.b(2), n, false);
+            mv_group(c, &inp, s.b(0), s.b(3), s.b(1), n);
             let count = n * ff;
             let groups = count.div_ceil(256) as u32;
             let p = Push::new()
-                .addr(s.b(1), 0)
-                .addr(s.b(2), 0)
-                .addr(s.b(1), 0)
+                .addr(s.b(1), o_gate)
+                .addr(s.b(1), o_up)
+                .addr(s.b(1), o_gate)
                 .u32(groups)
                 .u32(count as u32);
             c.dispatch(Kernel::Swiglu, groups, &p);
             quant(c, q8, s.b(1), s.b(4), n, ff);
-            mv(c, &w.down, s.b(1), s.b(4), &x.buf, n, true);
+            mv(c, &w.down, s.b(1), s.b(4), &x.buf, n, true); // o_gate = 0
             Ok(())
         })
         .map_err(be)
