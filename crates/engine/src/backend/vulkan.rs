@@ -50,11 +50,14 @@ pub struct VulkanBackend {
     eager_submit: bool,
     /// The RoPE table `[n, n_rot/2, (cos, sin)]` of the last (pos, n, n_rot, base bits): every
     /// attention layer of a forward reads the same one, so it is uploaded once per forward.
-    rope: Mutex<Option<((usize, usize, usize, u32), Buffer)>>,
+    rope: Mutex<Option<(RopeKey, Buffer)>>,
     /// Low-bit mat-vecs take int8 activations (`quant_q8` + `mv_dot_*`: the CPU engine's numerics)
     /// instead of f32 ones. See [`ActMode`].
     int8: bool,
 }
+
+/// What a RoPE table is for: (first position, rows, n_rot, rope base bits).
+type RopeKey = (usize, usize, usize, u32);
 
 /// How the low-bit mat-vecs take their activations (`BONSAI_VK_ACT=f32|int8`, else `auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
