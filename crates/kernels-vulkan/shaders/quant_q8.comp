@@ -7,6 +7,7 @@
 // reciprocal), so codes and scales equal the CPU's bit for bit.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "q8.glsl"
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer V4 { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer U4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer I32 { int v[]; };
@@ -22,22 +23,6 @@ layout(push_constant, std430) uniform P {
     uint nb8;     // blocks per padded row: ceil(width / 256) · 8
 } p;
 
-// a / b rounded to nearest even, as IEEE division (b finite, nonzero): the reciprocal refined once,
-// then the quotient corrected by its exact residual.
-float div_rn(float a, float b) {
-    precise float r = 1.0 / b;
-    precise float er = fma(-b, r, 1.0);
-    r = fma(er, r, r);
-    precise float q = a * r;
-    precise float e = fma(-q, b, a);
-    precise float res = fma(e, r, q);
-    return res;
-}
-
-uint pack4(ivec4 c) {
-    return (uint(c.x) & 0xFFu) | ((uint(c.y) & 0xFFu) << 8) | ((uint(c.z) & 0xFFu) << 16) | (uint(c.w) << 24);
-}
-
 void main() {
     uint i = group_id() * 128u + gl_LocalInvocationID.x;
     if (i >= p.n * p.nb8) return;
@@ -52,25 +37,11 @@ void main() {
     }
     uint xb = (t * p.width + 32u * b) / 4u;
     vec4 xs[8];
-    float amax = 0.0;
-    for (uint k = 0u; k < 8u; k++) {
-        xs[k] = p.x.v[xb + k];
-        vec4 a = abs(xs[k]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-    }
-    float db = amax == 0.0 ? 0.0 : div_rn(amax, 127.0);
-    float id = db == 0.0 ? 0.0 : div_rn(1.0, db);
-    int sum = 0;
+    for (uint k = 0u; k < 8u; k++) xs[k] = p.x.v[xb + k];
     uint w[8];
-    for (uint k = 0u; k < 8u; k++) {
-        precise vec4 v = xs[k] * id;
-        vec4 tr = trunc(v);
-        // round half away from zero: v − trunc(v) is exact
-        vec4 r = tr + mix(vec4(0.0), sign(v), greaterThanEqual(abs(v - tr), vec4(0.5)));
-        ivec4 c = ivec4(clamp(r, -127.0, 127.0));
-        sum += (c.x + c.y) + (c.z + c.w);
-        w[k] = pack4(c);
-    }
+    float db;
+    int sum;
+    q8_block(xs, w, db, sum);
     p.d.v[i] = db;
     p.s.v[i] = sum;
     p.q.v[2u * i] = uvec4(w[0], w[1], w[2], w[3]);

@@ -113,16 +113,18 @@ pub enum Kernel {
     GdnStep,
     AttnPrep,
     Attn,
-    /// Activation rows to int8 codes per 32 (`quant_q8.comp`; needs [`DeviceInfo::int_dot`]).
+    /// Activation rows to int8 codes per 32 (`quant_q8.comp`).
     QuantQ8,
     /// The int8-activation mat-vecs (`mv_dot.comp`; need [`DeviceInfo::int_dot`]).
     MvDotQ1,
     MvDotQ2,
     MvDotQ2g64,
+    /// `rmsnorm` with `quant_q8` of its output fused (`rmsnorm_q8.comp`).
+    RmsnormQ8,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 15] = [
+    const ALL: [Kernel; 16] = [
         Kernel::Rmsnorm,
         Kernel::MvQ1,
         Kernel::MvQ2,
@@ -138,6 +140,7 @@ impl Kernel {
         Kernel::MvDotQ1,
         Kernel::MvDotQ2,
         Kernel::MvDotQ2g64,
+        Kernel::RmsnormQ8,
     ];
     pub fn module(self) -> &'static str {
         match self {
@@ -156,14 +159,12 @@ impl Kernel {
             Kernel::MvDotQ1 => "mv_dot_q1",
             Kernel::MvDotQ2 => "mv_dot_q2",
             Kernel::MvDotQ2g64 => "mv_dot_q2g64",
+            Kernel::RmsnormQ8 => "rmsnorm_q8",
         }
     }
     /// Whether the shader uses packed int8 dot products (built only where the device has them).
     pub fn needs_int_dot(self) -> bool {
-        matches!(
-            self,
-            Kernel::QuantQ8 | Kernel::MvDotQ1 | Kernel::MvDotQ2 | Kernel::MvDotQ2g64
-        )
+        matches!(self, Kernel::MvDotQ1 | Kernel::MvDotQ2 | Kernel::MvDotQ2g64)
     }
 }
 

@@ -628,6 +628,81 @@ fn run_rmsnorm(
     .unwrap();
 }
 
+/// `rmsnorm_q8` equals `rmsnorm` then `quant_q8` bit for bit: the normed values, codes, scales,
+/// sums and zero padding, plain (a group per row) and gated (several groups per row).
+#[test]
+fn rmsnorm_q8_equals_rmsnorm_then_quant() {
+    let v = vk();
+    let mut rng = Rng(0x9a7e);
+    // (rows n, groups per row, gw): padding (width 320 → 512), heads of 64 in a row of 384
+    for &(n, gpr, gw, gated) in &[
+        (2usize, 1usize, 320usize, false),
+        (3, 6, 64, true),
+        (1, 1, 5120, false),
+    ] {
+        let width = gpr * gw;
+        let groups = n * gpr;
+        let x = rng.vec(n * width, 2.0);
+        let z = rng.vec(n * width, 2.0);
+        let w = rng.vec(gw, 1.5);
+        let (xb, zb, wb) = (buf(&v, &x), buf(&v, &z), buf(&v, &w));
+        let y1 = v.alloc(f4(n * width)).unwrap();
+        run_rmsnorm(&v, &xb, &wb, &y1, gated.then_some(&zb), groups, gw, 1e-6);
+        let q1 = q8_alloc(&v, n, width);
+        run_quant_q8(&v, &y1, &q1, n, width);
+        let y2 = v.alloc(f4(n * width)).unwrap();
+        let q2 = q8_alloc(&v, n, width);
+        let nb8 = q8_blocks(width);
+        // poison the fused kernel's outputs: it must write every block, padding included
+        v.run(|c| {
+            c.fill(&q2.q, 0, q2.q.size(), 0x7f7f_7f7f);
+            c.fill(&q2.d, 0, q2.d.size(), 0x7fc0_0000);
+            c.fill(&q2.s, 0, q2.s.size(), 0x1234_5678);
+            let p = Push::new().addr(&xb, 0).addr(&wb, 0).addr(&y2, 0);
+            let p = if gated { p.addr(&zb, 0) } else { p.null() };
+            let p = p
+                .addr(&q2.q, 0)
+                .addr(&q2.d, 0)
+                .addr(&q2.s, 0)
+                .u32(groups as u32)
+                .u32(gw as u32)
+                .f32(1e-6)
+                .u32(gated as u32)
+                .u32(gpr as u32)
+                .u32(nb8 as u32);
+            c.dispatch(Kernel::RmsnormQ8, groups as u32, &p);
+            Ok(())
+        })
+        .unwrap();
+        let bits = |b: &Buffer, len: usize| {
+            let mut raw = vec![0u8; len];
+            v.download(b, 0, &mut raw).unwrap();
+            raw
+        };
+        let what = format!("{n}×{gpr}×{gw} gated={gated}");
+        assert_eq!(
+            bits(&y1, 4 * n * width),
+            bits(&y2, 4 * n * width),
+            "{what}: y"
+        );
+        assert_eq!(
+            bits(&q1.q, n * nb8 * 32),
+            bits(&q2.q, n * nb8 * 32),
+            "{what}: codes"
+        );
+        assert_eq!(
+            bits(&q1.d, 4 * n * nb8),
+            bits(&q2.d, 4 * n * nb8),
+            "{what}: scales"
+        );
+        assert_eq!(
+            bits(&q1.s, 4 * n * nb8),
+            bits(&q2.s, 4 * n * nb8),
+            "{what}: sums"
+        );
+    }
+}
+
 #[test]
 fn rmsnorm_plain_and_gated_match_reference() {
     let v = vk();

@@ -229,6 +229,49 @@ fn q8_offsets(n: usize, width: usize) -> (u64, u64, u64) {
     (0, 32 * nb8, 36 * nb8)
 }
 
+/// [`norm`] that also quantizes its output into `q` (`rmsnorm_q8`: `n` activation rows of
+/// `groups / n` groups of `gw`, gw a multiple of 32) where the mat-vecs take int8 activations,
+/// else plain [`norm`].
+#[allow(clippy::too_many_arguments)]
+fn norm_q8(
+    c: &mut Cmd,
+    on: bool,
+    x: &Buffer,
+    x_off: u64,
+    w: &Buffer,
+    y: &Buffer,
+    z: Option<(&Buffer, u64)>,
+    q: &Buffer,
+    n: usize,
+    groups: usize,
+    gw: usize,
+    eps: f32,
+) {
+    if !on || gw % 32 != 0 || n == 0 || groups % n != 0 {
+        norm(c, x, x_off, w, y, z, groups, gw, eps);
+        quant(c, on, y, q, n, groups / n.max(1) * gw);
+        return;
+    }
+    let width = groups / n * gw;
+    let (oq, od, os) = q8_offsets(n, width);
+    let p = Push::new().addr(x, x_off).addr(w, 0).addr(y, 0);
+    let p = match z {
+        Some((z, off)) => p.addr(z, off),
+        None => p.null(),
+    };
+    let p = p
+        .addr(q, oq)
+        .addr(q, od)
+        .addr(q, os)
+        .u32(groups as u32)
+        .u32(gw as u32)
+        .f32(eps)
+        .u32(z.is_some() as u32)
+        .u32((groups / n) as u32)
+        .u32(q8_blocks(width) as u32);
+    c.dispatch(Kernel::RmsnormQ8, groups as u32, &p);
+}
+
 /// `q ← quant_q8(x)` for `n` rows of `width` (nothing when the mat-vecs take f32 activations).
 fn quant(c: &mut Cmd, on: bool, x: &Buffer, q: &Buffer, n: usize, width: usize) {
     // a width off the 32-element blocks feeds no int8 kernel (their n_in is whole weight blocks)
@@ -508,8 +551,20 @@ impl VulkanBackend {
         ])?;
         let eps = cfg.rms_eps;
         self.rec(|c| {
-            norm(c, &x.buf, 0, &w.attn_norm.buf, s.b(0), None, n, e, eps);
-            quant(c, q8, s.b(0), s.b(10), n, e);
+            norm_q8(
+                c,
+                q8,
+                &x.buf,
+                0,
+                &w.attn_norm.buf,
+                s.b(0),
+                None,
+                s.b(10),
+                n,
+                n,
+                e,
+                eps,
+            );
             mv_group(c, &inp, s.b(0), s.b(10), s.b(1), n);
             let cg = d.cd.div_ceil(64) as u32;
             let p = Push::new()
@@ -577,18 +632,20 @@ impl VulkanBackend {
                 .u32(1);
             c.dispatch(Kernel::GdnStep, gdn_step_groups(d.hv, d.dv), &p);
             // gated norm per head, in place: o = rmsnorm(o) ⊙ ssm_norm ⊙ SiLU(z)
-            norm(
+            norm_q8(
                 c,
+                q8,
                 s.b(9),
                 0,
                 &w.ssm_norm.buf,
                 s.b(9),
                 Some((s.b(1), o_z)),
+                s.b(11),
+                n,
                 n * d.hv,
                 d.dv,
                 eps,
             );
-            quant(c, q8, s.b(9), s.b(11), n, d.vd);
             mv(c, &w.ssm_out, s.b(9), s.b(11), &x.buf, n, true);
             Ok(())
         })
@@ -1091,8 +1148,20 @@ impl Backend for VulkanBackend {
             if let Some(rope) = &rope {
                 c.update(rb, 0, bonsai_kernels_vulkan::f32_bytes(rope))?;
             }
-            norm(c, &x.buf, 0, &w.attn_norm.buf, sc.b(0), None, n, e, eps);
-            quant(c, q8, sc.b(0), sc.b(7), n, e);
+            norm_q8(
+                c,
+                q8,
+                &x.buf,
+                0,
+                &w.attn_norm.buf,
+                sc.b(0),
+                None,
+                sc.b(7),
+                n,
+                n,
+                e,
+                eps,
+            );
             mv_group(c, &inp, sc.b(0), sc.b(7), sc.b(1), n);
             let pg = (n * (nh + 2 * nkv)) as u32;
             let p = Push::new()
@@ -1151,18 +1220,20 @@ impl Backend for VulkanBackend {
         let (o_gate, o_up) = (f4(at[0]), f4(at[1]));
         let s = self.scratch(&[n * e, in_len, 1, q8_words(n, e), q8_words(n, ff)])?;
         self.rec(|c| {
-            norm(
+            norm_q8(
                 c,
+                q8,
                 &x.buf,
                 0,
                 &w.post_norm.buf,
                 s.b(0),
                 None,
+                s.b(3),
+                n,
                 n,
                 e,
                 cfg.rms_eps,
             );
-            quant(c, q8, s.b(0), s.b(3), n, e);
             mv_group(c, &inp, s.b(0), s.b(3), s.b(1), n);
             let count = n * ff;
             let groups = count.div_ceil(256) as u32;
@@ -1202,18 +1273,20 @@ impl Backend for VulkanBackend {
         // slots: 0 xn [rows, e] · 1 logits [rows, n_vocab] · 2 xn as int8
         let s = self.scratch(&[nr * e, nr * out.n_out, q8_words(nr, e)])?;
         self.rec(|c| {
-            norm(
+            norm_q8(
                 c,
+                self.int8,
                 &x.buf,
                 f4(rows.start * e),
                 &norm_w.buf,
                 s.b(0),
                 None,
+                s.b(2),
+                nr,
                 nr,
                 e,
                 cfg.rms_eps,
             );
-            quant(c, self.int8, s.b(0), s.b(2), nr, e);
             mv(c, out, s.b(0), s.b(2), s.b(1), nr, false);
             Ok(())
         })
