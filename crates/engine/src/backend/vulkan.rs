@@ -1,20 +1,22 @@
-//! The Vulkan backend: the qwen35 forward as `bonsai_kernels_vulkan` dispatches, with f32
-//! activations and GDN state.
+//! The Vulkan backend: the qwen35 forward as `bonsai_kernels_vulkan` dispatches, with f32 GDN
+//! state and f32 activations between kernels.
 //!
-//! Low-bit matrices stay low-bit on the device (their blocks split at load into an f32 scale
-//! plane and a code plane tiled for the mat-vec's lanes); other types are dequantized to f32 at
-//! load. The KV cache is f16 or ggml q8_0 (`kv_cache="q8_0"`, the CPU backend's rounding).
-//! Activations are not quantized, so the matmuls are the f32-activation products of MODEL.md §1.3
-//! (closer to f32 than the CPU engine's int8 activations: the two are compared within tolerance,
-//! not bit for bit). Every shader computes a row the same way whatever the row count, so a
-//! speculative verify row equals the decode row bit for bit, and greedy speculative output equals
-//! plain greedy output.
+//! Low-bit matrices stay low-bit on the device (their blocks split at load into a scale plane and
+//! a code plane laid out for the mat-vec); other types are dequantized to f32 at load. The KV cache
+//! is f16 or ggml q8_0 (`kv_cache="q8_0"`, the CPU backend's rounding). The low-bit mat-vecs take
+//! their activations as [`ActMode`] says: int8 per 32 elements (the CPU engine's quantization and
+//! float order, with packed int8 dot products; the default where the driver accelerates them), or
+//! f32 (the exact f32-activation products of MODEL.md §1.3, closer to f32 than the CPU engine's).
+//! With int8, the matrices that read one input are loaded side by side (`load_mats`) and run as
+//! one dispatch, and the RMS norm before them quantizes its own output. Every shader computes a
+//! row the same way whatever the row count, so a speculative verify row equals the decode row bit
+//! for bit, and greedy speculative output equals plain greedy output.
 //!
 //! Blocks are recorded into one pending command buffer (`Vulkan::record`) and submitted when the
 //! host needs a result (the logits, a tapped row, a state export) or a buffer is freed: a decode
-//! step is one submission. On the H200 the 27B files decode at 56 (Q1_0) / 50 (Q2_0) tok/s,
-//! bound by the f32 mat-vecs' instruction issue and ~930 dispatches a step
-//! (`crates/kernels-vulkan/README.md`).
+//! step is one submission. On the H200 the 27B files decode at 86.5 (Q1_0) / 83.1 (Q2_0) tok/s
+//! with int8 activations and 63.1 / 53.5 with f32, bound by ~600 dispatches a step at 5–6 µs
+//! each at least and one-workgroup RMS norms (`crates/kernels-vulkan/README.md`).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -748,7 +750,7 @@ impl Backend for VulkanBackend {
     }
 
     /// With int8 activations, low-bit matrices of one kind and one input width go side by side
-    /// into one code buffer and one scale buffer (rows in order), so [`mv_group`] computes them
+    /// into one code buffer and one scale buffer (rows in order), so `mv_group` computes them
     /// with one dispatch; anything else loads one by one.
     fn load_mats(&self, g: &Arc<Gguf>, specs: &[(&str, usize, usize)]) -> Result<Vec<VkMat>> {
         let one_by_one = || -> Result<Vec<VkMat>> {
