@@ -357,31 +357,22 @@ fn vulkan_device_errors_are_clear() {
     // the q8_0 KV cache is taken, and actually used: its logits differ from the f16 cache's by
     // no more than the K/V rounding (NMSE < 1e-3)
     let ids = prompt(20, 4, 300);
-    let lg = |kv: KvType| -> Vec<f32> {
+    let lg = |device: &str, kv: KvType| -> Vec<f32> {
         let opts = EngineOptions {
-            device: "vulkan".into(),
+            device: device.into(),
             kv_type: kv,
             n_ctx: Some(64),
             ..Default::default()
         };
         Engine::load(&p, &opts).unwrap().logits(&ids, true).unwrap()
     };
-    let (f16, q8) = (lg(KvType::F16), lg(KvType::Q8_0));
+    let (f16, q8) = (lg("vulkan", KvType::F16), lg("vulkan", KvType::Q8_0));
     let d = nmse(&q8, &f16);
     if vulkan().int8_activations() {
         // int8 activations: a K/V rounding can flip an activation code, and the random tiny
         // model amplifies that over the prompt, as it does on the CPU engine (the same
         // quantization): the bound is the CPU's own q8_0-vs-f16 difference
-        let cpu = |kv: KvType| -> Vec<f32> {
-            let opts = EngineOptions {
-                device: "cpu".into(),
-                kv_type: kv,
-                n_ctx: Some(64),
-                ..Default::default()
-            };
-            Engine::load(&p, &opts).unwrap().logits(&ids, true).unwrap()
-        };
-        let dc = nmse(&cpu(KvType::Q8_0), &cpu(KvType::F16));
+        let dc = nmse(&lg("cpu", KvType::Q8_0), &lg("cpu", KvType::F16));
         eprintln!(
             "q8_0 KV vs f16 KV: NMSE {d:.3e} on Vulkan (int8 activations), {dc:.3e} on the CPU"
         );

@@ -72,39 +72,63 @@ pub fn split_blocks(
         return None;
     }
     let (ng, lw) = (groups(n_in), lane_words(kind));
-    let mut codes = vec![0u32; n_out * ng * 32 * lw];
-    let mut scales = vec![0f32; n_out * nblk];
+    let cb = kind.code_bytes();
+    Some(split_rows(
+        kind,
+        data,
+        nblk,
+        n_out,
+        ng * 32 * lw,
+        nblk,
+        |rb, out, sc_row| {
+            let mut row = vec![0u8; nblk * cb];
+            for ((b, blk), d) in rb.chunks_exact(kind.block_bytes()).enumerate().zip(sc_row) {
+                *d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                row[b * cb..(b + 1) * cb].copy_from_slice(&blk[2..]);
+            }
+            tile_row(kind, &row, n_in, out);
+        },
+    ))
+}
+
+/// The rows of `data` (`n_out` rows of `nblk` blocks) through `f(row bytes, its cw code words,
+/// its sw scale words)`, rows split over the machine's threads (a 27B load re-tiles ~4 GB);
+/// returns the code and scale planes, zeroed before `f` fills them.
+fn split_rows<S: Copy + Default + Send>(
+    kind: LowBit,
+    data: &[u8],
+    nblk: usize,
+    n_out: usize,
+    cw: usize,
+    sw: usize,
+    f: impl Fn(&[u8], &mut [u32], &mut [S]) + Sync,
+) -> (Vec<u32>, Vec<S>) {
+    let mut codes = vec![0u32; n_out * cw];
+    let mut scales = vec![S::default(); n_out * sw];
     let row_bytes = nblk * kind.block_bytes();
-    // rows are independent: split them over the machine's threads (a 27B load re-tiles ~4 GB)
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(32);
     let rows_per = n_out.div_ceil(threads).max(1);
+    let f = &f;
     std::thread::scope(|sc| {
         for ((src, dst), sdst) in data
             .chunks(rows_per * row_bytes)
-            .zip(codes.chunks_mut(rows_per * ng * 32 * lw))
-            .zip(scales.chunks_mut(rows_per * nblk))
+            .zip(codes.chunks_mut(rows_per * cw))
+            .zip(scales.chunks_mut(rows_per * sw))
         {
             sc.spawn(move || {
-                let mut row = vec![0u8; nblk * kind.code_bytes()];
                 for ((rb, out), sc_row) in src
                     .chunks_exact(row_bytes)
-                    .zip(dst.chunks_exact_mut(ng * 32 * lw))
-                    .zip(sdst.chunks_exact_mut(nblk))
+                    .zip(dst.chunks_exact_mut(cw))
+                    .zip(sdst.chunks_exact_mut(sw))
                 {
-                    for ((b, blk), d) in rb.chunks_exact(kind.block_bytes()).enumerate().zip(sc_row)
-                    {
-                        *d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                        row[b * kind.code_bytes()..(b + 1) * kind.code_bytes()]
-                            .copy_from_slice(&blk[2..]);
-                    }
-                    tile_row(kind, &row, n_in, out);
+                    f(rb, out, sc_row);
                 }
             });
         }
     });
-    Some((codes, scales))
+    (codes, scales)
 }
 
 /// One row's code bytes (element order, blocks back to back) into its lane-tiled words `out`
@@ -157,53 +181,38 @@ pub fn split_blocks_dot(
         return None;
     }
     let (nb32, lw) = (n_in / 32, lane_words(kind));
-    let sw = nblk.div_ceil(2);
-    let mut codes = vec![0u32; n_out * nb32 * lw];
-    let mut scales = vec![0u32; n_out * sw];
-    let row_bytes = nblk * kind.block_bytes();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(32);
-    let rows_per = n_out.div_ceil(threads).max(1);
-    std::thread::scope(|sc| {
-        for ((src, dst), sdst) in data
-            .chunks(rows_per * row_bytes)
-            .zip(codes.chunks_mut(rows_per * nb32 * lw))
-            .zip(scales.chunks_mut(rows_per * sw))
-        {
-            sc.spawn(move || {
-                for ((rb, out), sc_row) in src
-                    .chunks_exact(row_bytes)
-                    .zip(dst.chunks_exact_mut(nb32 * lw))
-                    .zip(sdst.chunks_exact_mut(sw))
-                {
-                    for (b, blk) in rb.chunks_exact(kind.block_bytes()).enumerate() {
-                        let d = u32::from(u16::from_le_bytes([blk[0], blk[1]]));
-                        sc_row[b / 2] |= d << (16 * (b % 2));
-                        let qs = &blk[2..];
-                        // the block's 32-element sub-blocks
-                        for sb in 0..kind.block() / 32 {
-                            let w = &mut out[(b * kind.block() / 32 + sb) * lw..][..lw];
-                            for e in 0..32 {
-                                let j = 32 * sb + e; // element within the weight block
-                                match kind {
-                                    LowBit::Q1 => {
-                                        let bit = (qs[j >> 3] >> (j & 7)) & 1;
-                                        let (k, i) = (e / 4, e % 4);
-                                        w[0] |= u32::from(bit) << (8 * i + k);
-                                    }
-                                    LowBit::Q2g128 | LowBit::Q2g64 => {
-                                        let c = (qs[j >> 2] >> (2 * (j & 3))) & 3;
-                                        let (h, k, i) = (e / 16, (e % 16) / 4, e % 4);
-                                        w[h] |= u32::from(c) << (8 * i + 2 * k);
-                                    }
-                                }
+    Some(split_rows(
+        kind,
+        data,
+        nblk,
+        n_out,
+        nb32 * lw,
+        nblk.div_ceil(2),
+        |rb, out, sc_row| {
+            for (b, blk) in rb.chunks_exact(kind.block_bytes()).enumerate() {
+                let d = u32::from(u16::from_le_bytes([blk[0], blk[1]]));
+                sc_row[b / 2] |= d << (16 * (b % 2));
+                let qs = &blk[2..];
+                // the block's 32-element sub-blocks
+                for sb in 0..kind.block() / 32 {
+                    let w = &mut out[(b * kind.block() / 32 + sb) * lw..][..lw];
+                    for e in 0..32 {
+                        let j = 32 * sb + e; // element within the weight block
+                        match kind {
+                            LowBit::Q1 => {
+                                let bit = (qs[j >> 3] >> (j & 7)) & 1;
+                                let (k, i) = (e / 4, e % 4);
+                                w[0] |= u32::from(bit) << (8 * i + k);
+                            }
+                            LowBit::Q2g128 | LowBit::Q2g64 => {
+                                let c = (qs[j >> 2] >> (2 * (j & 3))) & 3;
+                                let (h, k, i) = (e / 16, (e % 16) / 4, e % 4);
+                                w[h] |= u32::from(c) << (8 * i + 2 * k);
                             }
                         }
                     }
                 }
-            });
-        }
-    });
-    Some((codes, scales))
+            }
+        },
+    ))
 }

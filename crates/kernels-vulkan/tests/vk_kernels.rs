@@ -214,6 +214,25 @@ struct Q8Bufs {
     s: Buffer,
 }
 
+/// `mv_dot` weights: (codes, scales) on the device.
+fn upload_dot_mat(v: &Vulkan, lb: LowBit, w: &[u8], n_in: usize, n_out: usize) -> (Buffer, Buffer) {
+    let (codes, scales) = split_blocks_dot(lb, w, n_in, n_out).unwrap();
+    (
+        v.buffer_u32(&codes).unwrap(),
+        v.buffer_u32(&scales).unwrap(),
+    )
+}
+
+/// Host-quantized activation rows on the device.
+fn upload_q8(v: &Vulkan, codes: &[i8], scales: &[f32], sums: &[i32]) -> Q8Bufs {
+    Q8Bufs {
+        q: v.buffer_u32(&i8_words(codes)).unwrap(),
+        d: buf(v, scales),
+        s: v.buffer_u32(&sums.iter().map(|&s| s as u32).collect::<Vec<_>>())
+            .unwrap(),
+    }
+}
+
 fn q8_alloc(v: &Vulkan, n: usize, width: usize) -> Q8Bufs {
     let nb8 = q8_blocks(width);
     Q8Bufs {
@@ -395,17 +414,8 @@ fn mv_dot_equals_cpu_matmul_and_one_row() {
             let xq = ops::quantize_acts(&x, n, n_in);
             let mut want = vec![0f32; n * n_out];
             ops::matmul_q(&w, qt, n_in, n_out, &xq, &mut want);
-            let (codes, scales) = split_blocks_dot(lb, &w, n_in, n_out).unwrap();
-            let (cb, sb) = (
-                v.buffer_u32(&codes).unwrap(),
-                v.buffer_u32(&scales).unwrap(),
-            );
-            let q = Q8Bufs {
-                q: v.buffer_u32(&i8_words(xq.codes())).unwrap(),
-                d: buf(&v, xq.scales()),
-                s: v.buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
-                    .unwrap(),
-            };
+            let (cb, sb) = upload_dot_mat(&v, lb, &w, n_in, n_out);
+            let q = upload_q8(&v, xq.codes(), xq.scales(), xq.sums());
             let y = v.alloc(f4(n * n_out)).unwrap();
             run_mv_dot(&v, k, &cb, &sb, &q, &y, n, n_in, n_out, false);
             let got = get(&v, &y, n * n_out);
@@ -425,18 +435,12 @@ fn mv_dot_equals_cpu_matmul_and_one_row() {
             }
             // row 1 alone (its activation row at offset 0 of a one-row buffer) == row 1 of three
             let nb8 = q8_blocks(n_in);
-            let q1 = Q8Bufs {
-                q: v.buffer_u32(&i8_words(&xq.codes()[nb8 * 32..2 * nb8 * 32]))
-                    .unwrap(),
-                d: buf(&v, &xq.scales()[nb8..2 * nb8]),
-                s: v.buffer_u32(
-                    &xq.sums()[nb8..2 * nb8]
-                        .iter()
-                        .map(|&s| s as u32)
-                        .collect::<Vec<_>>(),
-                )
-                .unwrap(),
-            };
+            let q1 = upload_q8(
+                &v,
+                &xq.codes()[nb8 * 32..2 * nb8 * 32],
+                &xq.scales()[nb8..2 * nb8],
+                &xq.sums()[nb8..2 * nb8],
+            );
             let y1 = buf(&v, &vec![1.5f32; n_out]);
             run_mv_dot(&v, k, &cb, &sb, &q1, &y1, 1, n_in, n_out, true);
             let got1 = get(&v, &y1, n_out);
@@ -467,17 +471,8 @@ fn mv_dot_segments_equal_one_matrix() {
     ] {
         let w = random_weights(&mut rng, qt, n_in, n_out);
         let xq = ops::quantize_acts(&rng.vec(n * n_in, 1.0), n, n_in);
-        let (codes, scales) = split_blocks_dot(lb, &w, n_in, n_out).unwrap();
-        let (cb, sb) = (
-            v.buffer_u32(&codes).unwrap(),
-            v.buffer_u32(&scales).unwrap(),
-        );
-        let q = Q8Bufs {
-            q: v.buffer_u32(&i8_words(xq.codes())).unwrap(),
-            d: buf(&v, xq.scales()),
-            s: v.buffer_u32(&xq.sums().iter().map(|&s| s as u32).collect::<Vec<_>>())
-                .unwrap(),
-        };
+        let (cb, sb) = upload_dot_mat(&v, lb, &w, n_in, n_out);
+        let q = upload_q8(&v, xq.codes(), xq.scales(), xq.sums());
         let whole = v.alloc(f4(n * n_out)).unwrap();
         run_mv_dot(&v, k, &cb, &sb, &q, &whole, n, n_in, n_out, false);
         let whole = get(&v, &whole, n * n_out);
