@@ -19,6 +19,15 @@ uint pack4(ivec4 c) {
     return (uint(c.x) & 0xFFu) | ((uint(c.y) & 0xFFu) << 8) | ((uint(c.z) & 0xFFu) << 16) | (uint(c.w) << 24);
 }
 
+// One value's code given its block's 1 / d.
+int q8_code(float x, float id) {
+    precise float v = x * id;
+    float tr = trunc(v);
+    // round half away from zero: v − trunc(v) is exact
+    float r = abs(v - tr) >= 0.5 ? tr + sign(v) : tr;
+    return int(clamp(r, -127.0, 127.0));
+}
+
 // xs: the block's 32 values → w: 8 words of 4 codes (element order), d, Σ codes.
 void q8_block(vec4 xs[8], out uint w[8], out float d, out int sum) {
     float amax = 0.0;

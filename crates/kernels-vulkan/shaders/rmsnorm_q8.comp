@@ -1,13 +1,14 @@
 #version 450
 // `rmsnorm` and `quant_q8` in one dispatch: y[g] = x[g] / sqrt(mean(x[g]²) + eps) ⊙ w (⊙ SiLU(z[g])
 // when gated), the same operations in the same order as rmsnorm.comp (so y has its bits), and each
-// 32-element block of y quantized as quant_q8.comp does (q8.glsl). A group of `gw` values (a row,
-// or a head: `gpr` groups per activation row) is one workgroup; gw is a multiple of 32, so a block
-// never straddles two groups. The last group of a row also zeroes its padding blocks (up to nb8).
+// 32-element block of y quantized as quant_q8.comp does (q8.glsl), with the same bits. A group of
+// `gw` values (a row, or a head: `gpr` groups per activation row; gw a multiple of 32) is split into
+// parts of 8 blocks, one workgroup each: every workgroup of a group computes the group's sum of
+// squares in rmsnorm's order (the same value in each), then one invocation per element of its part.
+// The last part of a row's last group also zeroes the row's padding blocks (up to nb8).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 #include "q8.glsl"
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer U4 { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer I32 { int v[]; };
 layout(local_size_x = 256) in;
 layout(push_constant, std430) uniform P {
@@ -15,10 +16,10 @@ layout(push_constant, std430) uniform P {
     F32 w;      // [gw]
     F32 y;      // [groups, gw]
     F32 z;      // [groups, gw] (gated only)
-    U4 q;       // [n, nb8 · 32] int8 codes
+    U32 q;      // [n, nb8 · 8] words of 4 int8 codes
     F32 d;      // [n, nb8]
     I32 s;      // [n, nb8]
-    uint groups;
+    uint groups;  // groups · parts workgroups (parts = ceil(gw / 256))
     uint gw;
     float eps;
     uint gated;
@@ -26,12 +27,19 @@ layout(push_constant, std430) uniform P {
     uint nb8;   // blocks per padded activation row
 } p;
 shared float red[256];
+shared float bmax[256];
+shared float bd[8];
+shared float bid[8];
+shared int code[256];
 
 void main() {
-    uint g = group_id();
-    if (g >= p.groups) return;
+    uint parts = (p.gw + 255u) / 256u;
+    uint gid = group_id();
+    if (gid >= p.groups) return;
+    uint g = gid / parts, part = gid % parts;
     uint tid = gl_LocalInvocationID.x;
     uint base = g * p.gw;
+    // the group's sum of squares, exactly as rmsnorm.comp computes it
     float ss = 0.0;
     for (uint i = tid; i < p.gw; i += 256) { float v = p.x.v[base + i]; ss += v * v; }
     red[tid] = ss;
@@ -41,40 +49,56 @@ void main() {
         barrier();
     }
     float inv = 1.0 / sqrt(red[0] / float(p.gw) + p.eps);
-    uint t = g / p.gpr, gi = g % p.gpr;
-    uint bpg = p.gw / 32u;              // blocks per group
-    for (uint j = tid; j < bpg; j += 256) {
-        vec4 xs[8];
-        for (uint k = 0u; k < 8u; k++) {
-            vec4 v4;
-            for (uint c = 0u; c < 4u; c++) {
-                uint i = 32u * j + 4u * k + c;
-                float v = (p.x.v[base + i] * inv) * p.w.v[i];
-                if (p.gated != 0) v *= silu(p.z.v[base + i]);
-                v4[c] = v;
-            }
-            xs[k] = v4;
-        }
-        // y after every read of x (they may be one buffer): each block is this invocation's own
-        for (uint k = 0u; k < 8u; k++)
-            for (uint c = 0u; c < 4u; c++) p.y.v[base + 32u * j + 4u * k + c] = xs[k][c];
-        uint w[8];
-        float db;
-        int sum;
-        q8_block(xs, w, db, sum);
-        uint bi = t * p.nb8 + gi * bpg + j;
-        p.d.v[bi] = db;
-        p.s.v[bi] = sum;
-        p.q.v[2u * bi] = uvec4(w[0], w[1], w[2], w[3]);
-        p.q.v[2u * bi + 1u] = uvec4(w[4], w[5], w[6], w[7]);
+    // this part's elements: one each
+    uint i = part * 256u + tid;
+    bool in_group = i < p.gw;
+    float v = 0.0;
+    if (in_group) {
+        v = (p.x.v[base + i] * inv) * p.w.v[i];
+        if (p.gated != 0) v *= silu(p.z.v[base + i]);
     }
-    if (gi == p.gpr - 1u) {
+    // every read of x is done (x and y may be one buffer) before y is written
+    barrier();
+    if (in_group) p.y.v[base + i] = v;
+    // per 32-element block: amax (max is exact in any order), then d and 1/d by one invocation
+    bmax[tid] = abs(v);
+    barrier();
+    for (uint s = 16u; s > 0u; s >>= 1) {
+        if ((tid & 31u) < s) bmax[tid] = max(bmax[tid], bmax[tid + s]);
+        barrier();
+    }
+    uint blk = tid >> 5;
+    if ((tid & 31u) == 0u) {
+        float amax = bmax[tid];
+        float db = amax == 0.0 ? 0.0 : div_rn(amax, 127.0);
+        bd[blk] = db;
+        bid[blk] = db == 0.0 ? 0.0 : div_rn(1.0, db);
+    }
+    barrier();
+    code[tid] = q8_code(v, bid[blk]);
+    barrier();
+    uint t = g / p.gpr, gi = g % p.gpr;
+    uint bpg = p.gw / 32u;
+    uint b0 = t * p.nb8 + gi * bpg + part * 8u;   // this part's first block in the q8 row
+    uint nblk = min(8u, bpg - part * 8u);
+    if (tid < nblk * 8u) {
+        // word k of block tid / 8: codes 4k .. 4k + 3 of it
+        uint bb = tid >> 3, k = tid & 7u, c0 = bb * 32u + 4u * k;
+        p.q.v[(b0 + bb) * 8u + k] = pack4(ivec4(code[c0], code[c0 + 1u], code[c0 + 2u], code[c0 + 3u]));
+    }
+    if (tid < nblk) {
+        int sum = 0;
+        for (uint j = 0u; j < 32u; j += 4u)
+            sum += (code[tid * 32u + j] + code[tid * 32u + j + 1u]) + (code[tid * 32u + j + 2u] + code[tid * 32u + j + 3u]);
+        p.d.v[b0 + tid] = bd[tid];
+        p.s.v[b0 + tid] = sum;
+    }
+    if (gi == p.gpr - 1u && part == parts - 1u) {
         for (uint b = p.gpr * bpg + tid; b < p.nb8; b += 256) {
             uint bi = t * p.nb8 + b;
             p.d.v[bi] = 0.0;
             p.s.v[bi] = 0;
-            p.q.v[2u * bi] = uvec4(0u);
-            p.q.v[2u * bi + 1u] = uvec4(0u);
+            for (uint k = 0u; k < 8u; k++) p.q.v[bi * 8u + k] = 0u;
         }
     }
 }

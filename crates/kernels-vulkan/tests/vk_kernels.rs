@@ -648,7 +648,8 @@ fn rmsnorm_q8_equals_rmsnorm_then_quant() {
         let y2 = v.alloc(f4(n * width)).unwrap();
         let q2 = q8_alloc(&v, n, width);
         let nb8 = q8_blocks(width);
-        // poison the fused kernel's outputs: it must write every block, padding included
+        let wgs = (groups * gw.div_ceil(256)) as u32; // a workgroup per 256 values of a group
+                                                      // poison the fused kernel's outputs: it must write every block, padding included
         v.run(|c| {
             c.fill(&q2.q, 0, q2.q.size(), 0x7f7f_7f7f);
             c.fill(&q2.d, 0, q2.d.size(), 0x7fc0_0000);
@@ -659,13 +660,13 @@ fn rmsnorm_q8_equals_rmsnorm_then_quant() {
                 .addr(&q2.q, 0)
                 .addr(&q2.d, 0)
                 .addr(&q2.s, 0)
-                .u32(groups as u32)
+                .u32(wgs)
                 .u32(gw as u32)
                 .f32(1e-6)
                 .u32(gated as u32)
                 .u32(gpr as u32)
                 .u32(nb8 as u32);
-            c.dispatch(Kernel::RmsnormQ8, groups as u32, &p);
+            c.dispatch(Kernel::RmsnormQ8, wgs, &p);
             Ok(())
         })
         .unwrap();

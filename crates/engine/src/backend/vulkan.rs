@@ -261,17 +261,19 @@ fn norm_q8(
         Some((z, off)) => p.addr(z, off),
         None => p.null(),
     };
+    // a workgroup per 256 values of a group
+    let wgs = (groups * gw.div_ceil(256)) as u32;
     let p = p
         .addr(q, oq)
         .addr(q, od)
         .addr(q, os)
-        .u32(groups as u32)
+        .u32(wgs)
         .u32(gw as u32)
         .f32(eps)
         .u32(z.is_some() as u32)
         .u32((groups / n) as u32)
         .u32(q8_blocks(width) as u32);
-    c.dispatch(Kernel::RmsnormQ8, groups as u32, &p);
+    c.dispatch(Kernel::RmsnormQ8, wgs, &p);
 }
 
 /// `q ← quant_q8(x)` for `n` rows of `width` (nothing when the mat-vecs take f32 activations).
