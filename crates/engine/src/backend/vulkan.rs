@@ -14,9 +14,9 @@
 //!
 //! Blocks are recorded into one pending command buffer (`Vulkan::record`) and submitted when the
 //! host needs a result (the logits, a tapped row, a state export) or a buffer is freed: a decode
-//! step is one submission. On the H200 the 27B files decode at 86.5 (Q1_0) / 83.1 (Q2_0) tok/s
-//! with int8 activations and 63.1 / 53.5 with f32, bound by ~600 dispatches a step at 5–6 µs
-//! each at least and one-workgroup RMS norms (`crates/kernels-vulkan/README.md`).
+//! step is one submission. On the H200 the 27B files decode at 100.2 (Q1_0) / 93.3 (Q2_0) tok/s
+//! with int8 activations and 61.2 / 53.3 with f32, bound by ~600 dispatches a step at 5–6 µs
+//! each at least (`crates/kernels-vulkan/README.md`).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
