@@ -413,6 +413,26 @@ fn mv_group(c: &mut Cmd, mats: &[&VkMat], x: &Buffer, q: &Buffer, y: &Buffer, n:
     mv_dot_segments(c, first, total, seg, yoff, q, y, 0, n, false);
 }
 
+/// The mat-vec kernel and code layout of a low-bit `qt` (`int8`: the int8-activation kernels);
+/// `None` for the types dequantized to f32.
+fn lowbit_kernel(qt: QuantType, int8: bool) -> Option<(Kernel, LowBit)> {
+    let (k, lb) = match qt {
+        QuantType::Q1_0 => ((Kernel::MvQ1, Kernel::MvDotQ1), LowBit::Q1),
+        QuantType::Q2_0G128 | QuantType::PQ2_0 => ((Kernel::MvQ2, Kernel::MvDotQ2), LowBit::Q2g128),
+        QuantType::Q2_0G64 => ((Kernel::MvQ2g64, Kernel::MvDotQ2g64), LowBit::Q2g64),
+        _ => return None,
+    };
+    Some((if int8 { k.1 } else { k.0 }, lb))
+}
+
+/// The load error for a tensor whose bytes are not whole rows of blocks.
+fn bad_rows(name: &str, bytes: usize, n_in: usize, n_out: usize, qt: QuantType) -> Error {
+    Error::Backend(format!(
+        "{name}: {bytes} bytes are not {n_out} rows of {n_in} {} elements",
+        qt.name()
+    ))
+}
+
 impl VulkanBackend {
     /// Open the best Vulkan device; `allow_cpu` also accepts a CPU implementation (lavapipe).
     /// The activation mode comes from `BONSAI_VK_ACT` ([`ActMode`]).
@@ -672,24 +692,8 @@ impl Backend for VulkanBackend {
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<VkMat> {
         let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
         let data = g.tensor_data(&g.tensors()[idx])?;
-        let lowbit = match (qt, self.int8) {
-            (QuantType::Q1_0, false) => Some((Kernel::MvQ1, LowBit::Q1)),
-            (QuantType::Q2_0G128 | QuantType::PQ2_0, false) => Some((Kernel::MvQ2, LowBit::Q2g128)),
-            (QuantType::Q2_0G64, false) => Some((Kernel::MvQ2g64, LowBit::Q2g64)),
-            (QuantType::Q1_0, true) => Some((Kernel::MvDotQ1, LowBit::Q1)),
-            (QuantType::Q2_0G128 | QuantType::PQ2_0, true) => {
-                Some((Kernel::MvDotQ2, LowBit::Q2g128))
-            }
-            (QuantType::Q2_0G64, true) => Some((Kernel::MvDotQ2g64, LowBit::Q2g64)),
-            _ => None,
-        };
-        let bad_bytes = || {
-            Error::Backend(format!(
-                "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
-                data.len(),
-                qt.name()
-            ))
-        };
+        let lowbit = lowbit_kernel(qt, self.int8);
+        let bad_bytes = || bad_rows(name, data.len(), n_in, n_out, qt);
         let (kernel, codes, scales) = match lowbit {
             Some((k, lb)) if self.int8 => {
                 let (codes, scales) =
@@ -764,16 +768,10 @@ impl Backend for VulkanBackend {
         if !self.int8 || specs.len() < 2 || specs.len() > 4 {
             return one_by_one();
         }
-        let kind = |qt: QuantType| match qt {
-            QuantType::Q1_0 => Some((Kernel::MvDotQ1, LowBit::Q1)),
-            QuantType::Q2_0G128 | QuantType::PQ2_0 => Some((Kernel::MvDotQ2, LowBit::Q2g128)),
-            QuantType::Q2_0G64 => Some((Kernel::MvDotQ2g64, LowBit::Q2g64)),
-            _ => None,
-        };
         let mut metas = Vec::with_capacity(specs.len());
         for &(name, n_in, n_out) in specs {
             let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
-            metas.push((idx, qt, kind(qt)));
+            metas.push((idx, qt, lowbit_kernel(qt, true)));
         }
         let (k0, n_in) = (metas[0].2, specs[0].1);
         if k0.is_none() || metas.iter().any(|m| m.2 != k0) || specs.iter().any(|s| s.1 != n_in) {
@@ -785,13 +783,8 @@ impl Backend for VulkanBackend {
         let mut row0 = 0;
         for (&(name, n_in, n_out), &(idx, qt, _)) in specs.iter().zip(&metas) {
             let data = g.tensor_data(&g.tensors()[idx])?;
-            let (c, sc) = split_blocks_dot(lb, data, n_in, n_out).ok_or_else(|| {
-                Error::Backend(format!(
-                    "{name}: {} bytes are not {n_out} rows of {n_in} {} elements",
-                    data.len(),
-                    qt.name()
-                ))
-            })?;
+            let (c, sc) = split_blocks_dot(lb, data, n_in, n_out)
+                .ok_or_else(|| bad_rows(name, data.len(), n_in, n_out, qt))?;
             rows.push((row0, codes.len(), scales.len()));
             row0 += n_out;
             codes.extend_from_slice(&c);
