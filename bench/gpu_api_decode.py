@@ -2,7 +2,10 @@
 
     python bench/gpu_api_decode.py --models /tmp/m/27b-q1.gguf,/tmp/m/27b-q2.gguf --devices vulkan,cuda
 
-A device ``vulkan:f32`` or ``vulkan:int8`` runs Vulkan with that activation mode (``BONSAI_VK_ACT``).
+A device ``vulkan:f32`` or ``vulkan:int8`` runs Vulkan with that activation mode (``BONSAI_VK_ACT``);
+``cuda:dp4a`` runs CUDA with the norm-fed projections kept in both weight layouts
+(``BONSAI_CUDA_B1P_DP4A=1``; the default keeps only the b1-plane one where the prefill GEMM reads it).
+The GPU memory column is what ``nvidia-smi`` reports for this process after the warm-up.
 
 For every (model, device): load, warm up, then greedy decode of ``--gen`` tokens after each of
 ``--prompts`` different 16-token prompts (decode tok/s = tokens after the first / time from the first
@@ -28,17 +31,43 @@ from pathlib import Path
 from bonsai.bench import _commit, _cpu_name
 
 
+def process_gpu_mib() -> float | None:
+    """This process's GPU memory in MiB as nvidia-smi reports it (None where it cannot say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip() == str(os.getpid()):
+            try:
+                return float(mib)
+            except ValueError:
+                return None
+    return None
+
+
 def run_one(path: str, device: str, gen: int, prompts: int, pp: int, pp_reps: int) -> dict:
     import bonsai
 
-    device, _, act = device.partition(":")
-    if act:
-        os.environ["BONSAI_VK_ACT"] = act  # read when the backend is created
+    device, _, mode = device.partition(":")
+    if mode and device == "vulkan":
+        os.environ["BONSAI_VK_ACT"] = mode  # read when the backend is created
+    if mode == "dp4a" and device == "cuda":
+        os.environ["BONSAI_CUDA_B1P_DP4A"] = "1"  # read when the weights are loaded
     t0 = time.perf_counter()
     try:
         eng = bonsai.Engine(path, device=device, n_ctx=max(1024, pp + gen + 64))
     finally:
         os.environ.pop("BONSAI_VK_ACT", None)
+        os.environ.pop("BONSAI_CUDA_B1P_DP4A", None)
     load_s = time.perf_counter() - t0
     name = eng.info["device"]
     vocab = 200  # token ids of the synthetic tokenizer's plain range
@@ -47,6 +76,7 @@ def run_one(path: str, device: str, gen: int, prompts: int, pp: int, pp_reps: in
         return [(i * 7919 + 11 * seed + 13) % vocab + 3 for i in range(n)]
 
     list(eng.generate(prompt(0, 16), max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
+    gpu_mib = process_gpu_mib()
     decode: list[float] = []
     for s in range(prompts):
         first = None
@@ -75,6 +105,7 @@ def run_one(path: str, device: str, gen: int, prompts: int, pp: int, pp_reps: in
         "prefill_tok_s": prefill,
         "decode_median": statistics.median(decode),
         "prefill_median": statistics.median(prefill),
+        "gpu_mib_after_warmup": gpu_mib,
     }
 
 
@@ -118,17 +149,19 @@ def main() -> None:
         f"Python API, greedy, {a.gen} generated tokens after each of {a.prompts} prompts (median), "
         f"prefill of {a.pp} tokens (median of {a.pp_reps}). Commit {result['commit']}, {result['date']}.",
         "",
-        "| model | device | decode tok/s | prefill tok/s | load s |",
-        "|---|---|---|---|---|",
+        "| model | device | decode tok/s | prefill tok/s | GPU memory (process) | load s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['requested']} | error: {r['error']} | | |")
+            lines.append(f"| {r['model']} | {r['requested']} | error: {r['error']} | | | |")
         else:
+            mib = r.get("gpu_mib_after_warmup")
+            mem = f"{mib / 1024:.2f} GiB" if mib else "n/a"
             lines.append(
-                f"| {r['model']} | {r['device']} | {r['decode_median']:.1f} "
+                f"| {r['model']} | {r['device']} ({r['requested']}) | {r['decode_median']:.1f} "
                 f"({min(r['decode_tok_s']):.1f}–{max(r['decode_tok_s']):.1f}) | {r['prefill_median']:.0f} | "
-                f"{r['load_s']:.1f} |"
+                f"{mem} | {r['load_s']:.1f} |"
             )
     (out / f"{a.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

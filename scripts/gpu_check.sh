@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +37,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;;
+  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -203,6 +203,14 @@ if [[ $PYCHECK == 1 ]] && ! late "python check"; then
   for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1; done
   rm -rf /tmp/bonsai-py && pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
   PYTHONPATH=/tmp/bonsai-py python3 scripts/gpu_python_check.py 2>&1 | tee "$OUT/python.log"; rc=$((rc|${PIPESTATUS[0]}))
+fi
+if [[ $APIAB == 1 ]] && ! late "api a/b"; then
+  # the Python API on the 27B files: the default (norm-fed projections held only in the b1-plane
+  # layout) against both layouts kept (BONSAI_CUDA_B1P_DP4A=1): decode, pp512, process GPU memory
+  echo "[${SECONDS}s] == Python API: b1-plane-only weights against both layouts =="
+  m=""; for v in $VARIANTS; do f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1; m="$m${m:+,}$f"; done
+  [[ -d /tmp/bonsai-py ]] || pip install -q --no-deps --target /tmp/bonsai-py .device/wheels/bonsai-*.whl
+  BONSAI_BUILD_COMMIT=$(cat .device/commit.txt) PYTHONPATH=/tmp/bonsai-py python3 bench/gpu_api_decode.py --models "$m" --devices cuda,cuda:dp4a,cuda --out "$OUT" --name cuda-b1p-only-ab 2>&1 | tee "$OUT/api-ab.log"; rc=$((rc|${PIPESTATUS[0]}))
 fi
 if [[ $PROFILE == 1 ]] && ! late "profile"; then
   # SASS mix, Nsight Compute and compute-sanitizer in the same call (scripts/gpu_profile.sh)

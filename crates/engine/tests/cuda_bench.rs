@@ -128,12 +128,20 @@ fn cuda_decode_bench() {
     let pdl_ms = ab("PDL", &|| gpu.pdl(), &|on| gpu.set_pdl(on), true);
     // the norm-fed Q1_0 / Q2_0 projections on b1-planes (int16 activations per 128: another rounding
     // than int8 per 32, so tokens may differ on a random synthetic model)
-    let b1p_ms = ab(
-        "B1P (norm-fed Q1_0 / Q2_0 projections on b1-planes)",
-        &|| gpu.b1p(),
-        &|on| gpu.set_b1p(on),
-        false,
-    );
+    // (not where the norm-fed projections are held only in the b1-plane layout: off needs the
+    // dp4a one, BONSAI_CUDA_B1P_DP4A=1 keeps it)
+    let b1p_only = CudaBackend::b1p_only(&w);
+    let b1p_ms = if b1p_only {
+        println!("BENCH B1P A/B skipped: the norm-fed projections are held only in the b1-plane layout (BONSAI_CUDA_B1P_DP4A=1 keeps the dp4a one)");
+        "null".to_string()
+    } else {
+        ab(
+            "B1P (norm-fed Q1_0 / Q2_0 projections on b1-planes)",
+            &|| gpu.b1p(),
+            &|on| gpu.set_b1p(on),
+            false,
+        )
+    };
     // the tensor-core mat-vec sums a row's blocks in another order than dp4a: tokens may differ
     let mma_ms = ab("MV_MMA", &|| gpu.mv_mma(), &|on| gpu.set_mv_mma(on), false);
     // the pipelined one-row kernels keep the dp4a float order: tokens must agree
@@ -446,8 +454,14 @@ fn cuda_decode_bench() {
     .filter(|c| {
         c.name() != dflt_name
             && (c.path == GemmPath::Int8 || c.path == GemmPath::F16 || gpu.gemmw_available())
+            // a path that reads only the dp4a layout cannot run projections held in the
+            // b1-plane layout alone
+            && (!b1p_only || c.path == GemmPath::WgmmaSs)
     })
     .collect();
+    if b1p_only {
+        println!("BENCH prefill: the GEMM paths that read only the dp4a layout skipped (the norm-fed projections are held only in the b1-plane layout; BONSAI_CUDA_B1P_DP4A=1 keeps both)");
+    }
     let mut alt_json = Vec::new();
     for &c in &alts {
         gpu.set_gemm_config(c);
@@ -1090,6 +1104,10 @@ fn cuda_b1p_timing() {
     else {
         return;
     };
+    if CudaBackend::b1p_only(&w) {
+        eprintln!("SKIPPED cuda_b1p_timing: the norm-fed projections are held only in the b1-plane layout; run with BONSAI_CUDA_B1P_DP4A=1 (not counted as run)");
+        return;
+    }
     let steps = 128;
     let gpu = cuda.gpu();
     let mut json = Vec::new();

@@ -720,6 +720,10 @@ fn cuda_b1p_round_ab() {
         return;
     };
     let (cuda, cfg) = (&t.cuda, &t.cfg);
+    if CudaBackend::b1p_only(&t.w) {
+        eprintln!("SKIPPED cuda_b1p_round_ab: the norm-fed projections are held only in the b1-plane layout; run with BONSAI_CUDA_B1P_DP4A=1 (not counted as run)");
+        return;
+    }
     let gpu = cuda.gpu();
     let names = gpu.kernel_names();
     let other = non_matvec(&names);

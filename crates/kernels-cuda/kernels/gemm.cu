@@ -918,8 +918,43 @@ GW_ENTRY(gemmw_q2g64_s4, 3, 4)
 #define GV_ST 4
 #define GV_SMEM(BN) (2 * GV_ABUF + GV_ST * (GV_XSTAGE(BN) + 128 * 16))
 
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+
+// ---- the b1-plane layout (kernels/mvbp.cu) read by the GEMM ------------------------------------
+// The b1-plane code words hold 32 elements in their natural order (bit i = element i; Q2_0: one
+// word per code bit plane). gemmws_expand_row takes the dp4a re-tiled words, so a b1-plane GEMM
+// launch first permutes its words, by exchanges of bit-index bits (delta swaps: the bit at
+// position p, whose index bits j = 1 and k = 0, trades places with the one at p + 2^k − 2^j).
+// Then the expansion's f16 tile and every product are those of the dp4a-layout launch, bit for
+// bit. Host twins: retile.rs (`b1p_word_to_q1`, `b1p_words_to_q2`), checked against `retile`.
+__device__ __forceinline__ u32 delta_swap(u32 x, int d, u32 m) {
+    const u32 t = ((x >> d) ^ x) & m;
+    return x ^ t ^ (t << d);
+}
+// Q1_0: natural word (element n at bit n) → dp4a word (element 4i + b at bit 8b + i): the bit
+// index (s4 s3 s2 s1 s0) becomes (s1 s0 s4 s3 s2), by the swaps (0 1), (0 2), (1 3), (2 4).
+__device__ __forceinline__ u32 b1p_word_to_q1(u32 w) {
+    w = delta_swap(w, 1, 0x22222222u);
+    w = delta_swap(w, 3, 0x0a0a0a0au);
+    w = delta_swap(w, 6, 0x00cc00ccu);
+    return delta_swap(w, 12, 0x0000f0f0u);
+}
+// Q2_0: half k (elements 16k .. 16k + 15) of the two plane words (p0: code bit 0, p1: bit 1) →
+// one word of 2-bit codes, element x = (x3 x2 x1 x0) at bits f(x) = 16·x1 + 8·x3 + 4·x2 + 2·x0
+// (+ 1 for bit 1). Elements x and x + 2, the two halves of one f16x2 register of the expansion
+// (the activations' pair order), are then 16 bits apart as in the dp4a word, so the expansion
+// reads the fields of register j of unit h at 8h + 4·(j >> 1) + 2·(j & 1) instead of the dp4a
+// word's 4h + 8·(j & 1) + 2·(j >> 1): the same codes, fewer steps than the dp4a order. The
+// halves side by side (p1's above p0's) give the bit index (P x3 x2 x1 x0); the swaps (0 1),
+// (0 4) make it (x1 x3 x2 x0 P).
+__device__ __forceinline__ u32 b1p_words_to_q2(u32 p0, u32 p1, int k) {
+    const u32 w = __byte_perm(p0, p1, k ? 0x7632 : 0x5410);
+    return delta_swap(delta_swap(w, 1, 0x22222222u), 15, 0x0000aaaau);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -945,7 +980,8 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float* d, unsigned long long
 
 // The 8 units of weight row t's chunk (code words ws, f16x2 scale dd: Q1 −d, Q2 d) into its
 // 128-byte line `arow` of the A buffer, unit kb at (kb ^ sw) · 16 (sw = t & 7: the swizzle).
-template <int KIND>
+// LB (Q2): the words of b1p_words_to_q2, whose fields sit elsewhere (the same f16 values).
+template <int KIND, bool LB = false>
 __device__ __forceinline__ void gemmws_expand_row(const u32* ws, u32 dd, u8* arow, int sw) {
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
@@ -957,6 +993,13 @@ __device__ __forceinline__ void gemmws_expand_row(const u32* ws, u32 dd, u8* aro
             v.y = sign_xor(w << (7 - 2 * u), dd);
             v.z = sign_xor(w << (14 - 2 * u), dd);
             v.w = sign_xor(w << (6 - 2 * u), dd);
+        } else if (LB) {
+            const u32 w = ws[kb >> 1];
+            const int h8 = 8 * (kb & 1);
+            v.x = q2_h2(w, h8, dd);
+            v.y = q2_h2(w, h8 + 2, dd);
+            v.z = q2_h2(w, h8 + 4, dd);
+            v.w = q2_h2(w, h8 + 6, dd);
         } else {
             const u32 w = ws[kb >> 1];
             const int h4 = 4 * (kb & 1);
@@ -978,7 +1021,18 @@ __device__ __forceinline__ u32 gemmws_scale(const GmSeg& sg, u32 o, int n_in, in
                      : (u32)__ldg(sg.scales + (size_t)o * (u32)(n_in >> 7) + (c >> 1));
 }
 
-template <int KIND, int BN>
+// The same from the b1-plane scales ([n_out / 16][n_in / 128][8] u32: row 16T + g low, + 8 high).
+__device__ __forceinline__ u32 gemmws_scale_b1p(const GmSeg& sg, u32 o, int n_in, int c) {
+    if (c >= (n_in >> 6)) return 0u;
+    const u32 nblk = (u32)(n_in >> 7);
+    const u32 v = __ldg((const u32*)sg.scales + ((size_t)(o >> 4) * nblk + (u32)(c >> 1)) * 8 + (o & 7));
+    return (o & 8) ? v >> 16 : v & 0xffffu;
+}
+
+// LB: the weights in the b1-plane layout (Q1 / Q2 g128 only): the chunk's code words are copied
+// 4 bytes at a time from it (2 per plane: words 2·(c & 1), + 1 of block c >> 1) and permuted (Q1:
+// into the dp4a words; Q2: into b1p_words_to_q2's order) before the expansion: the same f16 tile.
+template <int KIND, int BN, bool LB = false>
 __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                               const float* __restrict__ xs, int n_in, int n, int accumulate,
                                               int desc_swap, int kc_split, float* __restrict__ part) {
@@ -1002,7 +1056,17 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
     const int cb = blockIdx.z * kc_split, ce = min(nc_all, cb + kc_split);
     const int nc = ce - cb;
     const u32 o_mine = (u32)min(m0 + tid, n_out - 1);  // the weight row this thread expands
+    static_assert(!LB || KIND == 1 || KIND == 2, "b1-plane layouts: Q1_0, Q2_0 g128");
+    constexpr int PL = KIND == 1 ? 1 : 2;  // LB: code bit planes
     const u8* wsrc = sg.codes + (size_t)o_mine * ((size_t)nc_all * CBC) + (size_t)cb * CBC;
+    // LB: the b1-plane tile of this thread's row (tile o >> 4: lane 4g + tg holds word tg of rows
+    // g and g + 8, components 2·hb and 2·hb + 1 for block 2p + hb of pair p). The threads of rows
+    // g and g + 8 share the loads: thread (g, up) copies word tg0 + up of both rows (8 bytes) into
+    // word row 2q + up of the stage, whose row order puts g and g + 8 side by side (sidx)
+    const int npair = n_in >> 8;
+    const int g16 = tid & 7, up = (tid >> 3) & 1;
+    const u32* wb1 = (const u32*)sg.codes + ((size_t)(o_mine >> 4) * npair * PL * 32 + 4 * g16 + up) * 4;
+    const int sidx = (tid & ~15) + 2 * g16 + up;  // this row's word in a stage word row
     const u16* xsrc = xh + (size_t)cb * GV_KC;
 
     // local chunk c (global cb + c)
@@ -1017,10 +1081,22 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
                        (const u8*)(xsrc + (size_t)tr * n_in + (size_t)c * GV_KC + 8 * kb));
         }
         u8* sw = s_w + st * WSTAGE + tid * 16;
-        if (KIND == 1)
+        if (LB) {
+            // plane q's word tg0 + up of rows g, g + 8 into word row 2q + up ([4][128] u32: a
+            // warp's 8-byte copies land in 64 consecutive bytes)
+            const int cg = cb + c, b = cg >> 1, p = b >> 1, hb = b & 1, tg0 = 2 * (cg & 1);
+            u8* sl = s_w + st * WSTAGE + ((tid & ~15) + 2 * g16) * 4;
+#pragma unroll
+            for (int q = 0; q < PL; ++q)
+                cp_async8(sl + (2 * q + up) * 512, wb1 + (((size_t)p * PL + q) * 32 + tg0) * 4 + 2 * hb);
+        } else if (KIND == 1) {
             cp_async8(sw, wsrc + (size_t)c * CBC);
-        else
+        } else {
             cp_async16(sw, wsrc + (size_t)c * CBC);
+        }
+    };
+    auto scale_of = [&](int c) -> u32 {
+        return LB ? gemmws_scale_b1p(sg, o_mine, n_in, c) : gemmws_scale<KIND>(sg, o_mine, n_in, c);
     };
 
     // this thread's 4 output rows: k = 2·half + hf -> 64·half + 16·warp + g + 8·hf
@@ -1042,7 +1118,7 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
     // scales GV_SD chunks ahead: sc[i] is chunk c + i's
     u32 sc[GV_SD];
 #pragma unroll
-    for (int i = 0; i < GV_SD; ++i) sc[i] = gemmws_scale<KIND>(sg, o_mine, n_in, cb + i);
+    for (int i = 0; i < GV_SD; ++i) sc[i] = scale_of(cb + i);
 
     // descriptors: 128-byte swizzle (layout type 1 in bits 62-63), 1024 bytes between 8-row groups,
     // leading offset unused (1). desc_swap drops A's swizzle bit: a switch for the hardware check.
@@ -1062,7 +1138,22 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
         const int st = c % ST;
         {
             u32 ws[4];
-            if (KIND == 1) {
+            if (LB) {
+                // word rows {p0 tg0, p0 tg0 + 1, p1 tg0, p1 tg0 + 1}
+                const u32* sl = (const u32*)(s_w + st * WSTAGE) + sidx;
+                if (KIND == 1) {
+                    ws[0] = b1p_word_to_q1(sl[0]);
+                    ws[1] = b1p_word_to_q1(sl[128]);
+                    ws[2] = ws[3] = 0;
+                } else {
+                    // the chunk's 4 words of 16 codes
+                    const u32 a0 = sl[0], a1 = sl[128], b0 = sl[256], b1 = sl[384];
+                    ws[0] = b1p_words_to_q2(a0, b0, 0);
+                    ws[1] = b1p_words_to_q2(a0, b0, 1);
+                    ws[2] = b1p_words_to_q2(a1, b1, 0);
+                    ws[3] = b1p_words_to_q2(a1, b1, 1);
+                }
+            } else if (KIND == 1) {
                 uint2 x = *(const uint2*)(s_w + st * WSTAGE + tid * 16);
                 ws[0] = x.x;
                 ws[1] = x.y;
@@ -1075,11 +1166,11 @@ __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSe
                 ws[3] = x.w;
             }
             const u32 dd = (KIND == 1 ? (sc[0] ^ 0x8000u) : sc[0]) * 0x00010001u;
-            gemmws_expand_row<KIND>(ws, dd, arow0 + (c & 1) * GV_ABUF, tid & 7);
+            gemmws_expand_row<KIND, LB>(ws, dd, arow0 + (c & 1) * GV_ABUF, tid & 7);
         }
 #pragma unroll
         for (int i = 0; i + 1 < GV_SD; ++i) sc[i] = sc[i + 1];
-        sc[GV_SD - 1] = gemmws_scale<KIND>(sg, o_mine, n_in, cb + c + GV_SD);
+        sc[GV_SD - 1] = scale_of(cb + c + GV_SD);
         // the expanded tile and the landed activations, visible to the tensor cores (async proxy)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -1141,7 +1232,7 @@ extern "C" __global__ void gemm_splitk_sum(const float* __restrict__ part, int n
 // Parameters as GW_ENTRY plus the K split: kc_split chunks per grid.z slice and part (null: no
 // split, write y). grid (ceil(n / BN), Σ ceil(n_out_i / 128), splits), block 128, GV_SMEM(BN)
 // bytes of dynamic shared memory (2 CTAs per SM). Empty unless compiled for sm_90a.
-#define GV_ENTRY(NAME, KIND, BN)                                                                        \
+#define GV_ENTRY(NAME, KIND, BN, LB)                                                                    \
     extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                          \
         const u8* c0, const u16* sc0, float* y0, int n0, const u8* c1, const u16* sc1, float* y1,        \
         int n1, const u8* c2, const u16* sc2, float* y2, int n2, const u8* c3, const u16* sc3,           \
@@ -1149,12 +1240,18 @@ extern "C" __global__ void gemm_splitk_sum(const float* __restrict__ part, int n
         int desc_swap, int kc_split, float* part) {                                                     \
         GmSeg s0 = {c0, sc0, y0, n0}, s1 = {c1, sc1, y1, n1}, s2 = {c2, sc2, y2, n2},                    \
               s3 = {c3, sc3, y3, n3};                                                                   \
-        gemmws_lowbit<KIND, BN>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap, kc_split, part); \
+        gemmws_lowbit<KIND, BN, LB>(s0, s1, s2, s3, xh, xs, n_in, n, accumulate, desc_swap,              \
+                                     kc_split, part);                                                   \
     }
-GV_ENTRY(gemmws_q1, 1, 128)
-GV_ENTRY(gemmws_q2, 2, 128)
-GV_ENTRY(gemmws_q2g64, 3, 128)
-GV_ENTRY(gemmws_q1_n64, 1, 64)
-GV_ENTRY(gemmws_q2_n64, 2, 64)
-GV_ENTRY(gemmws_q2g64_n64, 3, 64)
+GV_ENTRY(gemmws_q1, 1, 128, false)
+GV_ENTRY(gemmws_q2, 2, 128, false)
+GV_ENTRY(gemmws_q2g64, 3, 128, false)
+GV_ENTRY(gemmws_q1_n64, 1, 64, false)
+GV_ENTRY(gemmws_q2_n64, 2, 64, false)
+GV_ENTRY(gemmws_q2g64_n64, 3, 64, false)
+// the b1-plane layout (Launcher: Gpu::gemm_b1p_multi)
+GV_ENTRY(gemmws_q1_b1p, 1, 128, true)
+GV_ENTRY(gemmws_q2_b1p, 2, 128, true)
+GV_ENTRY(gemmws_q1_b1p_n64, 1, 64, true)
+GV_ENTRY(gemmws_q2_b1p_n64, 2, 64, true)
 

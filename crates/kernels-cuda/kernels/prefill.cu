@@ -188,9 +188,7 @@ extern "C" __global__ void gdn_conv_window(const float* __restrict__ mixed, floa
 // while tile c runs (two buffers); k·q and e^g of a tile are computed once per tile.
 //   S [hv, dk, dv]; q/k [n, hk, dk]; v [n, hv, dv]; g/beta [n, hv]; out [n, hv, dv].
 #define GS_TR 16
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
-}
+// (cp_async4: kernels/gemm.cu)
 // NMC: dk / 32 fixed at compile time (the 27B heads: 4), or 0 for any dk (read at run time).
 template <int NMC>
 __device__ __forceinline__ void gdn_step_seq_impl(float* S, const float* __restrict__ q, const float* __restrict__ k,

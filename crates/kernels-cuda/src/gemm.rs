@@ -452,6 +452,9 @@ impl Gpu {
     /// The shared-memory wgmma GEMM: 128 weight rows x `bn` (64 or 128; `None`: picked) activation
     /// rows per CTA, 2 CTAs per SM.
     #[allow(clippy::too_many_arguments)]
+    /// `b1p`: the segments' weights are in the b1-plane layout (`retile_b1p`; Q1 or Q2 g128),
+    /// else the dp4a layout of `retile`; the outputs are the same bits either way.
+    #[allow(clippy::too_many_arguments)]
     fn gemmws_launch(
         &self,
         kind: WKind,
@@ -462,6 +465,7 @@ impl Gpu {
         n: usize,
         accumulate: bool,
         bn: Option<usize>,
+        b1p: bool,
     ) -> Result<()> {
         let Some(tiles_m) = wgmma_row_tiles(segs)? else {
             return Ok(());
@@ -496,6 +500,15 @@ impl Gpu {
         };
         let f = &self.f;
         let f = match (kind, bn) {
+            (WKind::Q1, 128) if b1p => f.gemmws_q1_b1p,
+            (WKind::Q2, 128) if b1p => f.gemmws_q2_b1p,
+            (WKind::Q1, _) if b1p => f.gemmws_q1_b1p_n64,
+            (WKind::Q2, _) if b1p => f.gemmws_q2_b1p_n64,
+            (_, _) if b1p => {
+                return Err(CudaError(format!(
+                    "gemm_b1p: {kind:?} has no b1-plane layout"
+                )))
+            }
             (WKind::Q1, 128) => f.gemmws_q1,
             (WKind::Q2, 128) => f.gemmws_q2,
             (WKind::Q2G64, 128) => f.gemmws_q2g64,
@@ -607,6 +620,53 @@ impl Gpu {
         )
     }
 
+    /// Whether the prefill GEMM can read matrices in the b1-plane layout ([`Gpu::gemm_b1p_multi`]):
+    /// the shared-memory `wgmma` path (`gemmws`, the sm_90a default) is configured. Where it is,
+    /// the engine keeps the norm-fed Q1_0 / Q2_0 projections in the b1-plane layout only.
+    pub fn gemm_reads_b1p(&self) -> bool {
+        self.gemm_config().path == GemmPath::WgmmaSs
+    }
+
+    /// [`Gpu::gemm_lowbit_multi`] for matrices in the b1-plane layout (`retile_b1p`: segment
+    /// codes and scales point there; `kind` Q1 or Q2 with 128-element blocks, `n_in % 256 == 0`,
+    /// `n_out % 16 == 0`). Each output equals the dp4a-layout launch of the same matrix bit for
+    /// bit: the kernel permutes the code words into the dp4a order before the same expansion.
+    /// Only on the `gemmws` path ([`Gpu::gemm_reads_b1p`]); elsewhere an error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_b1p_multi(
+        &self,
+        kind: WKind,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+        bn: Option<usize>,
+    ) -> Result<()> {
+        if !self.gemm_reads_b1p() {
+            return Err(CudaError(format!(
+                "gemm_b1p: the prefill GEMM is {:?}, which reads only the dp4a layout",
+                self.gemm_config().path
+            )));
+        }
+        if !matches!(kind, WKind::Q1 | WKind::Q2) || n_in % 256 != 0 {
+            return Err(CudaError(format!(
+                "gemm_b1p: {kind:?} with n_in = {n_in} (needs Q1 or Q2 g128, n_in % 256 == 0)"
+            )));
+        }
+        if segs.is_empty() || segs.len() > MAX_SEGS || segs.iter().any(|s| s.n_out % 16 != 0) {
+            return Err(CudaError(format!(
+                "gemm_b1p: {} segments (1..={MAX_SEGS}, each n_out % 16 == 0)",
+                segs.len()
+            )));
+        }
+        if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
+            return Err(CudaError(format!("gemm_b1p: n = {n}, n_in = {n_in}")));
+        }
+        self.gemmws_launch(kind, segs, q, d, n_in, n, accumulate, bn, true)
+    }
+
     /// One GEMM launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` sharing
     /// the input (e.g. GDN `qkv | z | β | α`): segment `i` writes `y_i [n, n_out_i]`. Each output
     /// equals the single-matrix launch bit for bit (for a narrow matrix only with the K split off:
@@ -657,7 +717,7 @@ impl Gpu {
             return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate, cfg.wgmma_sets);
         }
         if cfg.path == GemmPath::WgmmaSs {
-            return self.gemmws_launch(kind, segs, q, d, n_in, n, accumulate, bn);
+            return self.gemmws_launch(kind, segs, q, d, n_in, n, accumulate, bn, false);
         }
         let f16 = cfg.path == GemmPath::F16;
         let warps = cfg.warps;

@@ -278,6 +278,34 @@ pub fn retile_b1p(qt: QuantType, raw: &[u8], n_in: usize, n_out: usize) -> Retil
     }
 }
 
+/// One delta swap: the bit at each position `p` of `m` trades places with the one at `p + d`.
+fn delta_swap(x: u32, d: u32, m: u32) -> u32 {
+    let t = ((x >> d) ^ x) & m;
+    x ^ t ^ (t << d)
+}
+
+/// A Q1_0 b1-plane code word (element `n` at bit `n`) as the dp4a re-tiled word of [`retile`]
+/// (element `4i + b` at bit `8b + i`): the bit index `(s4 s3 s2 s1 s0)` becomes
+/// `(s1 s0 s4 s3 s2)`. The host twin of `b1p_word_to_q1` in kernels/gemm.cu (the same swaps),
+/// which lets the prefill GEMM read the b1-plane layout.
+pub fn b1p_word_to_q1(w: u32) -> u32 {
+    let w = delta_swap(w, 1, 0x2222_2222);
+    let w = delta_swap(w, 3, 0x0a0a_0a0a);
+    let w = delta_swap(w, 6, 0x00cc_00cc);
+    delta_swap(w, 12, 0x0000_f0f0)
+}
+
+/// Half `k` (elements `16k .. 16k + 15`) of a Q2_0 sub-block's two b1-plane words (`p0` code bit
+/// 0, `p1` bit 1) as one word of 2-bit codes, element `x` at bits `16·x1 + 8·x3 + 4·x2 + 2·x0`
+/// (`x = (x3 x2 x1 x0)`): elements `x` and `x + 2` 16 bits apart, as the prefill GEMM's
+/// expansion pairs them (the same pairs as in the dp4a word of [`retile`], at other bits). The
+/// host twin of `b1p_words_to_q2` in kernels/gemm.cu.
+pub fn b1p_words_to_q2(p0: u32, p1: u32, k: usize) -> u32 {
+    let sh = 16 * k as u32;
+    let w = ((p0 >> sh) & 0xffff) | ((p1 >> sh) & 0xffff) << 16;
+    delta_swap(delta_swap(w, 1, 0x2222_2222), 15, 0x0000_aaaa)
+}
+
 /// The b1-plane activations of one row `x` (`x.len() % 256 == 0`), the host twin of the device
 /// quantizer (`quant_p16_part` in bonsai.cu): per 128-element block u = amax / 32767, codes
 /// `rint(x · (1 / u))` clamped to ±32767 (0 where amax is 0); planes `[n_in / 256, 32, 4]` u32 in
@@ -652,6 +680,87 @@ mod tests {
         assert!(!b1p_shape_ok(QuantType::Q2_0G64, 256, 16));
         assert!(!b1p_shape_ok(QuantType::Q4_1, 256, 16));
         assert!(b1p_shape_ok(QuantType::Q2_0G128, 256, 16));
+    }
+
+    /// What the b1-plane GEMM (`gemmws_*_b1p`) reads for weight row `o` and 64-element chunk
+    /// `c`, emulated with its index arithmetic (each thread's 8-byte copies into the tile's
+    /// stage as `load_chunk` makes them, the row's words read back at `sidx`, then the
+    /// permutation), gives the expansion the codes
+    /// the dp4a GEMM expands from the dp4a layout of `retile` (Q1_0: the same words; Q2_0: the
+    /// same pair of fields for every f16x2 register); and the b1-plane scale index
+    /// (`gemmws_scale_b1p`) gives the row's scale.
+    #[test]
+    fn b1p_gemm_chunks_equal_dp4a_chunks() {
+        for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::PQ2_0] {
+            for (n_in, n_out) in [(256usize, 16usize), (1280, 48), (5120, 32)] {
+                let raw = rand_matrix(qt, n_in, n_out, 11 + n_in as u64 + n_out as u64);
+                let t = retile_b1p(qt, &raw, n_in, n_out);
+                let r = retile(qt, &raw, n_in, n_out);
+                let pl = t.planes;
+                let (npair, nblk, nc) = (n_in / 256, n_in / 128, n_in / 64);
+                let cbc = if pl == 1 { 8 } else { 16 }; // dp4a code bytes per row and chunk
+                for o in 0..n_out {
+                    let (tile, g, up) = (o >> 4, o & 7, (o >> 3) & 1);
+                    for c in 0..nc {
+                        let (b, tg0) = (c >> 1, 2 * (c & 1));
+                        let (p, hb) = (b >> 1, b & 1);
+                        // the tile's stage ([word row][16 rows in the order g, g + 8 side by
+                        // side]): thread (g', up') copies 8 bytes, word tg0 + up' of rows g' and
+                        // g' + 8, into word row 2q + up' at 2g', 2g' + 1
+                        let mut stage = [[0u32; 16]; 4];
+                        for gp in 0..8 {
+                            for upp in 0..2 {
+                                let wb1 = (tile * npair * pl * 32 + 4 * gp + upp) * 4;
+                                for q in 0..pl {
+                                    let a = wb1 + ((p * pl + q) * 32 + tg0) * 4 + 2 * hb;
+                                    stage[2 * q + upp][2 * gp] = t.codes[a];
+                                    stage[2 * q + upp][2 * gp + 1] = t.codes[a + 1];
+                                }
+                            }
+                        }
+                        // this row's words: word row 2q + j at sidx = 2g + up
+                        let st: Vec<u32> = (0..4).map(|wr| stage[wr][2 * g + up]).collect();
+                        let got: Vec<u32> = if pl == 1 {
+                            vec![b1p_word_to_q1(st[0]), b1p_word_to_q1(st[1])]
+                        } else {
+                            vec![
+                                b1p_words_to_q2(st[0], st[2], 0),
+                                b1p_words_to_q2(st[0], st[2], 1),
+                                b1p_words_to_q2(st[1], st[3], 0),
+                                b1p_words_to_q2(st[1], st[3], 1),
+                            ]
+                        };
+                        let off = o * nc * cbc + c * cbc;
+                        let want: Vec<u32> = r.codes[off..off + cbc]
+                            .chunks_exact(4)
+                            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                            .collect();
+                        if pl == 1 {
+                            assert_eq!(got, want, "{qt:?} [{n_in} x {n_out}] row {o} chunk {c}");
+                        } else {
+                            // the two 2-bit fields register j of unit kb reads (gemmws_expand_row):
+                            // the b1-plane words at 8h + 4(j >> 1) + 2(j & 1), the dp4a words at
+                            // 4h + 8(j & 1) + 2(j >> 1), each with the field 16 bits above
+                            for kb in 0..8 {
+                                let h = kb & 1;
+                                for j in 0..4 {
+                                    let rb = 8 * h + 4 * (j >> 1) + 2 * (j & 1);
+                                    let rd = 4 * h + 8 * (j & 1) + 2 * (j >> 1);
+                                    assert_eq!(
+                                        (got[kb >> 1] >> rb) & 0x0003_0003,
+                                        (want[kb >> 1] >> rd) & 0x0003_0003,
+                                        "{qt:?} [{n_in} x {n_out}] row {o} chunk {c} unit {kb} register {j}"
+                                    );
+                                }
+                            }
+                        }
+                        let v = t.scales[((o >> 4) * nblk + (c >> 1)) * 8 + (o & 7)];
+                        let sc = if o & 8 != 0 { v >> 16 } else { v & 0xffff };
+                        assert_eq!(sc as u16, r.scales[o * nblk + (c >> 1)]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -21,8 +21,8 @@
 use bonsai_kernels_cpu::quant::dequantize_row;
 use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{
-    f16p_row, gemmws_k_splits, host_quant, retile, DevBuf, GemmConfig, GemmPath, Gpu, MvSeg,
-    Retiled, WKind, MAX_ROWS,
+    f16p_row, gemmws_k_splits, host_quant, retile, retile_b1p, DevBuf, GemmConfig, GemmPath, Gpu,
+    MvSeg, Retiled, WKind, MAX_ROWS,
 };
 use half::f16;
 use rayon::prelude::*;
@@ -518,6 +518,152 @@ fn gemm_wgs_against_mma_sync() {
             }
         }
     }
+}
+
+/// The GEMM over the b1-plane layout (`gemm_b1p_multi`, `gemmws_*_b1p`: the engine's norm-fed
+/// projections held only in that layout) against the dp4a-layout launch of the same matrices:
+/// every output bit for bit, with and without the K split, both tile widths, grouped segments
+/// (GDN in-projection widths, rows not a multiple of the 128-row tile), accumulate, PQ2_0 and
+/// legal code 3; and an error where the configured path cannot read the layout.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn gemm_b1p_layout_equals_dp4a_layout() {
+    let g = need_gpu!("gemm_b1p_layout_equals_dp4a_layout");
+    if !g.gemm_reads_b1p() {
+        eprintln!("SKIPPED gemm_b1p_layout_equals_dp4a_layout: the configured GEMM ({}) cannot read the b1-plane layout (not counted as run)", path(g));
+        return;
+    }
+    let dflt = g.gemm_config();
+    let qts = [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::PQ2_0];
+    for (i, qt) in qts.into_iter().enumerate() {
+        for (k, outs, ns) in [
+            (
+                5120usize,
+                vec![10240usize, 6144, 48, 48],
+                vec![9usize, 100, 512],
+            ),
+            (17408, vec![5120], vec![300]),
+            (256, vec![16, 208], vec![9, 70]),
+        ] {
+            let mut rng = Rng(900 + 10 * i as u64 + k as u64);
+            let mats: Vec<Mat> = outs
+                .iter()
+                .map(|&no| Mat::new(g, &mut rng, qt, k, no, qt != QuantType::Q1_0))
+                .collect();
+            let b1p: Vec<(DevBuf, DevBuf)> = mats
+                .iter()
+                .map(|m| {
+                    let t = retile_b1p(qt, &m.raw, k, m.rt.n_out);
+                    (g.upload(&t.codes).unwrap(), g.upload(&t.scales).unwrap())
+                })
+                .collect();
+            let kind = mats[0].rt.kind;
+            for &n in &ns {
+                let a = make_act(g, &mut rng, n, k);
+                for (split, bn, acc) in [
+                    (true, None, false),
+                    (false, Some(64), false),
+                    (true, Some(128), true),
+                ] {
+                    g.set_gemm_k_split(split);
+                    let base: Vec<DevBuf> = mats
+                        .iter()
+                        .map(|m| {
+                            let v: Vec<f32> =
+                                (0..n * m.rt.n_out).map(|j| (j % 13) as f32 * 0.5).collect();
+                            g.upload(&v).unwrap()
+                        })
+                        .collect();
+                    let run = |b1: bool| -> Vec<Vec<f32>> {
+                        let ys: Vec<DevBuf> = mats
+                            .iter()
+                            .zip(&base)
+                            .map(|(m, b0)| {
+                                let y = poisoned(g, n, m.rt.n_out);
+                                if acc {
+                                    g.dtod(y.ptr(), b0.ptr(), n * m.rt.n_out * 4).unwrap();
+                                }
+                                y
+                            })
+                            .collect();
+                        let segs: Vec<MvSeg> = if b1 {
+                            mats.iter()
+                                .zip(&ys)
+                                .zip(&b1p)
+                                .map(|((m, y), (c, s))| MvSeg {
+                                    codes: c.ptr(),
+                                    scales: s.ptr(),
+                                    y: y.ptr(),
+                                    n_out: m.rt.n_out,
+                                })
+                                .collect()
+                        } else {
+                            mats.iter().zip(&ys).map(|(m, y)| m.seg(y.ptr())).collect()
+                        };
+                        if b1 {
+                            g.gemm_b1p_multi(kind, &segs, a.q.ptr(), a.d.ptr(), k, n, acc, bn)
+                                .unwrap();
+                        } else {
+                            g.gemm_lowbit_multi_bn(
+                                kind,
+                                &segs,
+                                a.q.ptr(),
+                                a.d.ptr(),
+                                k,
+                                n,
+                                acc,
+                                bn,
+                            )
+                            .unwrap();
+                        }
+                        mats.iter()
+                            .zip(&ys)
+                            .map(|(m, y)| {
+                                check_guard(g, y, n, m.rt.n_out, "b1p gemm");
+                                down::<f32>(g, y, n * m.rt.n_out)
+                            })
+                            .collect()
+                    };
+                    let (want, got) = (run(false), run(true));
+                    for (mi, (w, o)) in want.iter().zip(&got).enumerate() {
+                        let differ = w
+                            .iter()
+                            .zip(o)
+                            .filter(|(x, y)| x.to_bits() != y.to_bits())
+                            .count();
+                        assert_eq!(
+                            differ, 0,
+                            "{qt:?} [{k}x{}] n={n} split {split} bn {bn:?} acc {acc}: {differ} outputs differ",
+                            outs[mi]
+                        );
+                    }
+                    eprintln!(
+                        "gemm b1p layout {qt:?} [{k} -> {outs:?}] n={n} split {split} bn {bn:?} acc {acc}: every output == the dp4a layout's"
+                    );
+                }
+            }
+        }
+    }
+    g.set_gemm_k_split(true);
+    // a path that reads only the dp4a layout refuses
+    g.set_gemm_config(cfg(GemmPath::F16, 4, None, 4));
+    let mut rng = Rng(990);
+    let m = Mat::new(g, &mut rng, QuantType::Q1_0, 256, 16, false);
+    let t = retile_b1p(QuantType::Q1_0, &m.raw, 256, 16);
+    let (c, s) = (g.upload(&t.codes).unwrap(), g.upload(&t.scales).unwrap());
+    let a = make_act(g, &mut rng, 9, 256);
+    let y = poisoned(g, 9, 16);
+    let seg = MvSeg {
+        codes: c.ptr(),
+        scales: s.ptr(),
+        y: y.ptr(),
+        n_out: 16,
+    };
+    let e = g
+        .gemm_b1p_multi(WKind::Q1, &[seg], a.q.ptr(), a.d.ptr(), 256, 9, false, None)
+        .unwrap_err();
+    assert!(e.to_string().contains("dp4a layout"), "{e}");
+    g.set_gemm_config(dflt);
 }
 
 /// Ragged and small shapes: fewer k chunks than pipeline stages, n_out not a multiple of the

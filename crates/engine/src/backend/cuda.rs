@@ -62,13 +62,14 @@ pub struct CudaMat {
     pub kind: WKind,
     pub n_in: usize,
     pub n_out: usize,
-    /// codes: [n_out, nblk, CB] (low-bit) or f32 [n_out, n_in] (WKind::F32)
-    codes: DevBuf,
-    /// scales: [n_out, nblk] f16 (low-bit only)
+    /// codes: [n_out, nblk, CB] (low-bit) or f32 [n_out, n_in] (WKind::F32); `None` for a
+    /// projection held only in its b1-plane layout ([`CudaBackend::load_mats`])
+    codes: Option<DevBuf>,
+    /// scales: [n_out, nblk] f16 (low-bit with codes only)
     scales: Option<DevBuf>,
     /// The b1-plane layout of a Q1_0 or Q2_0 (g128 / PQ2_0) projection whose input is an RMS
-    /// norm ([`b1p_consumer`]), for decode and verify rows; the layout above stays for the
-    /// prefill GEMM.
+    /// norm ([`b1p_consumer`]), for decode and verify rows, and for the prefill GEMM where it
+    /// reads that layout ([`kc::Gpu::gemm_reads_b1p`]); then the dp4a layout above is not kept.
     b1p: Option<B1pLayout>,
 }
 
@@ -84,6 +85,21 @@ impl CudaMat {
     /// The code planes of the b1-plane layout, if it has one.
     fn b1p_planes(&self) -> Option<usize> {
         self.b1p.as_ref().map(|l| l.planes)
+    }
+
+    /// Device pointers of the dp4a layout `(codes, scales)` of a low-bit matrix, or of the f32
+    /// data `(data, 0)`; an error for a projection held only in its b1-plane layout (a path that
+    /// needs the other layout was reached: the b1-plane kernels switched off after load, or a
+    /// prefill GEMM that reads only the dp4a layout).
+    fn dp4a(&self) -> Result<(u64, u64)> {
+        match &self.codes {
+            Some(c) => Ok((c.ptr(), self.scales.as_ref().map_or(0, |s| s.ptr()))),
+            None => Err(Error::Backend(format!(
+                "cuda: a [{} x {}] projection is held only in its b1-plane layout, and this path \
+                 needs the dp4a one (set BONSAI_CUDA_B1P_DP4A=1 at load to keep both)",
+                self.n_out, self.n_in
+            ))),
+        }
     }
 }
 
@@ -856,20 +872,13 @@ impl CudaBackend {
         let k = m.n_in;
         debug_assert!(k <= sc.kmax);
         if Self::use_gemm(m, n) {
+            if m.codes.is_none() {
+                return self.gemm_b1p(&[(m, y)], xq, xd, n, accumulate);
+            }
+            let (codes, scales) = m.dp4a()?;
             return self
                 .gpu
-                .gemm_lowbit(
-                    m.kind,
-                    m.codes.ptr(),
-                    m.scales.as_ref().expect("scales").ptr(),
-                    xq,
-                    xd,
-                    y,
-                    k,
-                    m.n_out,
-                    n,
-                    accumulate,
-                )
+                .gemm_lowbit(m.kind, codes, scales, xq, xd, y, k, m.n_out, n, accumulate)
                 .map_err(be);
         }
         let mut t0 = 0;
@@ -878,7 +887,7 @@ impl CudaBackend {
             let yo = y + (t0 * m.n_out * 4) as u64;
             match m.kind {
                 WKind::F32 => self.gpu.mv_f32(
-                    m.codes.ptr(),
+                    m.dp4a()?.0,
                     sc.xf.at(t0 * k * 4),
                     yo,
                     k,
@@ -888,8 +897,8 @@ impl CudaBackend {
                 ),
                 kind => self.gpu.mv_lowbit(
                     kind,
-                    m.codes.ptr(),
-                    m.scales.as_ref().expect("scales").ptr(),
+                    m.dp4a()?.0,
+                    m.dp4a()?.1,
                     xq + (t0 * k) as u64,
                     xd + (t0 * k / 32 * 4) as u64,
                     xs + (t0 * k / 32 * 4) as u64,
@@ -931,15 +940,21 @@ impl CudaBackend {
         }
         let k = m0.n_in;
         if Self::use_gemm(m0, n) {
+            if mats.iter().any(|(m, _)| m.codes.is_none()) {
+                return self.gemm_b1p(mats, sc.xq.ptr(), sc.xd.ptr(), n, accumulate);
+            }
             let segs: Vec<kc::MvSeg> = mats
                 .iter()
-                .map(|&(m, y)| kc::MvSeg {
-                    codes: m.codes.ptr(),
-                    scales: m.scales.as_ref().expect("scales").ptr(),
-                    y,
-                    n_out: m.n_out,
+                .map(|&(m, y)| {
+                    let (codes, scales) = m.dp4a()?;
+                    Ok(kc::MvSeg {
+                        codes,
+                        scales,
+                        y,
+                        n_out: m.n_out,
+                    })
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             return self
                 .gpu
                 .gemm_lowbit_multi(m0.kind, &segs, sc.xq.ptr(), sc.xd.ptr(), k, n, accumulate)
@@ -950,13 +965,16 @@ impl CudaBackend {
             let nr = (n - t0).min(MV_ROWS);
             let segs: Vec<kc::MvSeg> = mats
                 .iter()
-                .map(|&(m, y)| kc::MvSeg {
-                    codes: m.codes.ptr(),
-                    scales: m.scales.as_ref().expect("scales").ptr(),
-                    y: y + (t0 * m.n_out * 4) as u64,
-                    n_out: m.n_out,
+                .map(|&(m, y)| {
+                    let (codes, scales) = m.dp4a()?;
+                    Ok(kc::MvSeg {
+                        codes,
+                        scales,
+                        y: y + (t0 * m.n_out * 4) as u64,
+                        n_out: m.n_out,
+                    })
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             self.gpu
                 .mv_lowbit_multi(
                     m0.kind,
@@ -972,6 +990,38 @@ impl CudaBackend {
             t0 += nr;
         }
         Ok(())
+    }
+
+    /// The prefill GEMM of `mats` (`(matrix, y)`, one `n_in`, each with a b1-plane layout of one
+    /// plane count) from their b1-plane layouts ([`kc::Gpu::gemm_b1p_multi`]: the same bits as
+    /// the dp4a-layout GEMM), for projections held only in that layout.
+    fn gemm_b1p(
+        &self,
+        mats: &[(&CudaMat, u64)],
+        xq: u64,
+        xd: u64,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (m0, _) = mats[0];
+        let planes = m0.b1p_planes();
+        let segs: Vec<kc::MvSeg> = mats
+            .iter()
+            .map(|&(m, y)| match &m.b1p {
+                Some(l) if m.b1p_planes() == planes && m.n_in == m0.n_in => Ok(kc::MvSeg {
+                    codes: l.codes.ptr(),
+                    scales: l.scales.ptr(),
+                    y,
+                    n_out: m.n_out,
+                }),
+                _ => m.dp4a().and(Err(Error::Backend(
+                    "cuda: a GEMM group mixes b1-plane-only and other matrices".into(),
+                ))),
+            })
+            .collect::<Result<_>>()?;
+        self.gpu
+            .gemm_b1p_multi(m0.kind, &segs, xq, xd, m0.n_in, n, accumulate, None)
+            .map_err(be)
     }
 
     /// The f32 copy of a projection input (`sc.xf`) when one of its `consumers` reads it (an f32
@@ -1599,7 +1649,6 @@ impl CudaBackend {
                 d: sc.p[3].ptr(),
                 s: sc.p[3].at((nb * 4).next_multiple_of(16)),
             };
-            let sc_of = |m: &CudaMat| (m.codes.ptr(), m.scales.as_ref().expect("scales").ptr());
             if let (true, true, Some(gl), Some(ul)) =
                 (p16, self.gpu.b1p(), g.b1p.as_ref(), u.b1p.as_ref())
             {
@@ -1631,20 +1680,23 @@ impl CudaBackend {
                         None => self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s)),
                     };
                 }
-            } else if self
-                .gpu
-                .mv_swiglu(
-                    g.kind,
-                    sc_of(g),
-                    sc_of(u),
-                    cfg.n_ff,
-                    g.n_in,
-                    (sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
-                    out,
-                )
-                .map_err(be)?
-            {
-                return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
+            } else if let (Ok(gd), Ok(ud)) = (g.dp4a(), u.dp4a()) {
+                // (a projection held only in its b1-plane layout takes proj_multi_p16 below)
+                if self
+                    .gpu
+                    .mv_swiglu(
+                        g.kind,
+                        gd,
+                        ud,
+                        cfg.n_ff,
+                        g.n_in,
+                        (sc.xq.ptr(), sc.xd.ptr(), sc.xs.ptr()),
+                        out,
+                    )
+                    .map_err(be)?
+                {
+                    return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
+                }
             }
         }
         self.proj_multi_p16(sc, &[(g, gt), (u, up)], n, false, p16)?;
@@ -1673,12 +1725,11 @@ impl CudaBackend {
 
     fn embed_impl(&self, table: &CudaMat, ids: u64, n: usize, x: u64) -> Result<()> {
         let (codes, scales, f32tab) = match table.kind {
-            WKind::F32 => (0, 0, table.codes.ptr()),
-            _ => (
-                table.codes.ptr(),
-                table.scales.as_ref().expect("scales").ptr(),
-                0,
-            ),
+            WKind::F32 => (0, 0, table.dp4a()?.0),
+            _ => {
+                let (c, sc) = table.dp4a()?;
+                (c, sc, 0)
+            }
         };
         self.gpu
             .embed_rows(
@@ -2294,7 +2345,8 @@ impl CudaBackend {
     }
 
     /// [`Self::time_mv_pass`] with `n` (1..=8) activation rows per launch (n = 5: the cost of a
-    /// speculative verify's mat-vecs), on whatever the scratch input holds. Outputs that do not fit
+    /// speculative verify's mat-vecs), on whatever the scratch input holds (int8 codes, or the
+    /// b1-plane activations for projections held only in that layout). Outputs that do not fit
     /// a scratch projection buffer (the head) go to the logits buffer.
     pub fn time_mv_pass_n(
         &self,
@@ -2325,8 +2377,15 @@ impl CudaBackend {
                                     }
                                 })
                                 .collect();
-                            self.proj_multi(sc, &mats, n, false)
-                                .map_err(|e| kc::CudaError(e.to_string()))?;
+                            // projections held only in the b1-plane layout: the b1-plane kernels
+                            // the step and the verify run (on whatever the planes hold)
+                            if mats.iter().any(|(m, _)| m.codes.is_none()) {
+                                let acts = Self::p16_acts(sc, n, self.b1q_rows(n));
+                                self.proj_b1p(&mats, n, false, acts)
+                            } else {
+                                self.proj_multi(sc, &mats, n, false)
+                            }
+                            .map_err(|e| kc::CudaError(e.to_string()))?;
                         }
                         Ok(())
                     })
@@ -2403,9 +2462,110 @@ impl CudaBackend {
         })
     }
 
-    /// Bytes of device memory held by a matrix.
+    /// The code planes of the b1-plane layout `name` gets at load (the switches, the type and
+    /// the shape), or `None`.
+    fn b1p_planes_for(
+        &self,
+        g: &Arc<Gguf>,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<Option<usize>> {
+        let (_, qt, _) = g.matrix(name, n_in, n_out)?;
+        let wanted = self.gpu.b1p()
+            && (b1p_consumer(name) || (b1p_out_consumer(name) && self.gpu.b1p_out()))
+            && kc::b1p_shape_ok(qt, n_in, n_out)
+            && (qt == bonsai_kernels_cpu::QuantType::Q1_0 || self.gpu.b2p());
+        Ok(
+            wanted.then_some(if qt == bonsai_kernels_cpu::QuantType::Q1_0 {
+                1
+            } else {
+                2
+            }),
+        )
+    }
+
+    /// Whether norm-fed projections may be held only in their b1-plane layout: the prefill GEMM
+    /// reads it ([`kc::Gpu::gemm_reads_b1p`], the sm_90a default) and `BONSAI_CUDA_B1P_DP4A=1`
+    /// (keep both layouts, for A/B runs that switch the b1-plane kernels or the GEMM path off
+    /// after load) is not set.
+    fn b1p_only_ok(&self) -> bool {
+        self.gpu.gemm_reads_b1p() && std::env::var("BONSAI_CUDA_B1P_DP4A").as_deref() != Ok("1")
+    }
+
+    /// Whether any matrix of `w` is held only in its b1-plane layout (then switching the b1-plane
+    /// kernels or the prefill GEMM path off after load makes its projections fail).
+    pub fn b1p_only(w: &Weights<Self>) -> bool {
+        let mut any = w.head_mat().codes.is_none();
+        for l in &w.layers {
+            let mats: Vec<&CudaMat> = match &l.mixer {
+                Mixer::Gdn(x) => vec![&x.qkv, &x.gate, &x.beta, &x.alpha],
+                Mixer::Attn(x) => vec![&x.q, &x.k, &x.v],
+            };
+            any |= mats
+                .into_iter()
+                .chain([&l.mlp.gate, &l.mlp.up])
+                .any(|m| m.codes.is_none());
+        }
+        any
+    }
+
+    /// Load one matrix: the dp4a layout (unless `b1p_only` and it gets a b1-plane layout) and,
+    /// for the projections that take it, the b1-plane layout.
+    fn load_mat_as(
+        &self,
+        g: &Arc<Gguf>,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+        b1p_only: bool,
+    ) -> Result<CudaMat> {
+        let (_, qt, data) = g.matrix(name, n_in, n_out)?;
+        if qt.is_lowbit() && n_in % 64 != 0 {
+            return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
+        }
+        let b1p = if self.b1p_planes_for(g, name, n_in, n_out)?.is_some() {
+            let t = kc::retile_b1p(qt, data, n_in, n_out);
+            Some(B1pLayout {
+                codes: self.gpu.upload(&t.codes).map_err(be)?,
+                scales: self.gpu.upload(&t.scales).map_err(be)?,
+                planes: t.planes,
+            })
+        } else {
+            None
+        };
+        let kind = WKind::from_qt(qt);
+        let (codes, scales) = if b1p_only && b1p.is_some() {
+            (None, None)
+        } else {
+            let r = kc::retile(qt, data, n_in, n_out);
+            if r.kind == WKind::F32 {
+                (Some(self.gpu.upload(&r.f32data).map_err(be)?), None)
+            } else {
+                (
+                    Some(self.gpu.upload(&r.codes).map_err(be)?),
+                    Some(self.gpu.upload(&r.scales).map_err(be)?),
+                )
+            }
+        };
+        Ok(CudaMat {
+            kind,
+            n_in,
+            n_out,
+            codes,
+            scales,
+            b1p,
+        })
+    }
+
+    /// Bytes of one layout of a matrix, what a step reads: the dp4a layout where it is held, else
+    /// the b1-plane one.
     pub fn mat_bytes(m: &CudaMat) -> usize {
-        m.codes.bytes() + m.scales.as_ref().map_or(0, |s| s.bytes())
+        match (&m.codes, &m.b1p) {
+            (Some(c), _) => c.bytes() + m.scales.as_ref().map_or(0, |s| s.bytes()),
+            (None, Some(l)) => l.codes.bytes() + l.scales.bytes(),
+            (None, None) => 0,
+        }
     }
 }
 
@@ -2428,42 +2588,37 @@ impl Backend for CudaBackend {
         )
     }
 
+    /// A single matrix. The output head, the one RMS-normed projection loaded alone, is held
+    /// only in its b1-plane layout where [`Self::b1p_only_ok`].
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
-        let (_, qt, data) = g.matrix(name, n_in, n_out)?;
-        if qt.is_lowbit() && n_in % 64 != 0 {
-            return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
+        let only = b1p_consumer(name)
+            && self.b1p_only_ok()
+            && self.b1p_planes_for(g, name, n_in, n_out)?.is_some();
+        self.load_mat_as(g, name, n_in, n_out, only)
+    }
+
+    /// Matrices that read one normed row (GDN and attention in-projections, ffn gate and up):
+    /// when all of them get b1-plane layouts of one plane count (so every path that reads them,
+    /// decode, verify and the prefill GEMM, takes those layouts) and [`Self::b1p_only_ok`], they
+    /// are held only in the b1-plane layout — about 2.9 GB less resident for the 27B Q1_0 model
+    /// and 5.1 GB for Q2_0 — else in both layouts.
+    fn load_mats(&self, g: &Arc<Gguf>, specs: &[(&str, usize, usize)]) -> Result<Vec<CudaMat>> {
+        let mut planes = Vec::with_capacity(specs.len());
+        for &(name, n_in, n_out) in specs {
+            planes.push(if b1p_consumer(name) {
+                self.b1p_planes_for(g, name, n_in, n_out)?
+            } else {
+                None
+            });
         }
-        let r = kc::retile(qt, data, n_in, n_out);
-        let b1p = if self.gpu.b1p()
-            && (b1p_consumer(name) || (b1p_out_consumer(name) && self.gpu.b1p_out()))
-            && kc::b1p_shape_ok(qt, n_in, n_out)
-            && (qt == bonsai_kernels_cpu::QuantType::Q1_0 || self.gpu.b2p())
-        {
-            let t = kc::retile_b1p(qt, data, n_in, n_out);
-            Some(B1pLayout {
-                codes: self.gpu.upload(&t.codes).map_err(be)?,
-                scales: self.gpu.upload(&t.scales).map_err(be)?,
-                planes: t.planes,
-            })
-        } else {
-            None
-        };
-        let (codes, scales) = if r.kind == WKind::F32 {
-            (self.gpu.upload(&r.f32data).map_err(be)?, None)
-        } else {
-            (
-                self.gpu.upload(&r.codes).map_err(be)?,
-                Some(self.gpu.upload(&r.scales).map_err(be)?),
-            )
-        };
-        Ok(CudaMat {
-            kind: r.kind,
-            n_in,
-            n_out,
-            codes,
-            scales,
-            b1p,
-        })
+        let only = self.b1p_only_ok()
+            && specs.len() <= kc::MAX_SEGS
+            && planes.iter().all(|p| p.is_some() && *p == planes[0])
+            && specs.iter().all(|s| s.1 == specs[0].1);
+        specs
+            .iter()
+            .map(|&(name, n_in, n_out)| self.load_mat_as(g, name, n_in, n_out, only))
+            .collect()
     }
 
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<CudaVec> {
