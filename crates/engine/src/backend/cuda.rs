@@ -881,24 +881,20 @@ impl CudaBackend {
                 .gemm_lowbit(m.kind, codes, scales, xq, xd, y, k, m.n_out, n, accumulate)
                 .map_err(be);
         }
+        let (codes, scales) = m.dp4a()?;
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(MV_ROWS);
             let yo = y + (t0 * m.n_out * 4) as u64;
             match m.kind {
-                WKind::F32 => self.gpu.mv_f32(
-                    m.dp4a()?.0,
-                    sc.xf.at(t0 * k * 4),
-                    yo,
-                    k,
-                    m.n_out,
-                    nr,
-                    accumulate,
-                ),
+                WKind::F32 => {
+                    self.gpu
+                        .mv_f32(codes, sc.xf.at(t0 * k * 4), yo, k, m.n_out, nr, accumulate)
+                }
                 kind => self.gpu.mv_lowbit(
                     kind,
-                    m.dp4a()?.0,
-                    m.dp4a()?.1,
+                    codes,
+                    scales,
                     xq + (t0 * k) as u64,
                     xd + (t0 * k / 32 * 4) as u64,
                     xs + (t0 * k / 32 * 4) as u64,
@@ -1014,8 +1010,10 @@ impl CudaBackend {
                     y,
                     n_out: m.n_out,
                 }),
-                _ => m.dp4a().and(Err(Error::Backend(
-                    "cuda: a GEMM group mixes b1-plane-only and other matrices".into(),
+                _ => Err(Error::Backend(format!(
+                    "cuda: a GEMM group mixes a b1-plane-only projection with a [{} x {}] matrix \
+                     of another layout",
+                    m.n_out, m.n_in
                 ))),
             })
             .collect::<Result<_>>()?;
@@ -2591,7 +2589,7 @@ impl Backend for CudaBackend {
     /// A single matrix. The output head, the one RMS-normed projection loaded alone, is held
     /// only in its b1-plane layout where [`Self::b1p_only_ok`].
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
-        let only = b1p_consumer(name)
+        let only = name == "output.weight"
             && self.b1p_only_ok()
             && self.b1p_planes_for(g, name, n_in, n_out)?.is_some();
         self.load_mat_as(g, name, n_in, n_out, only)
