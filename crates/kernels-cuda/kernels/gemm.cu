@@ -993,20 +993,16 @@ __device__ __forceinline__ void gemmws_expand_row(const u32* ws, u32 dd, u8* aro
             v.y = sign_xor(w << (7 - 2 * u), dd);
             v.z = sign_xor(w << (14 - 2 * u), dd);
             v.w = sign_xor(w << (6 - 2 * u), dd);
-        } else if (LB) {
-            const u32 w = ws[kb >> 1];
-            const int h8 = 8 * (kb & 1);
-            v.x = q2_h2(w, h8, dd);
-            v.y = q2_h2(w, h8 + 2, dd);
-            v.z = q2_h2(w, h8 + 4, dd);
-            v.w = q2_h2(w, h8 + 6, dd);
         } else {
+            // register j's fields at r0 + (j & 1)·dj + (j >> 1)·dk: the dp4a word's 4h + 8·(j & 1)
+            // + 2·(j >> 1), or (LB) b1p_words_to_q2's 8h + 2·(j & 1) + 4·(j >> 1)
             const u32 w = ws[kb >> 1];
-            const int h4 = 4 * (kb & 1);
-            v.x = q2_h2(w, h4, dd);
-            v.y = q2_h2(w, h4 + 8, dd);
-            v.z = q2_h2(w, h4 + 2, dd);
-            v.w = q2_h2(w, h4 + 10, dd);
+            constexpr int dj = LB ? 2 : 8, dk = LB ? 4 : 2;
+            const int r0 = (LB ? 8 : 4) * (kb & 1);
+            v.x = q2_h2(w, r0, dd);
+            v.y = q2_h2(w, r0 + dj, dd);
+            v.z = q2_h2(w, r0 + dk, dd);
+            v.w = q2_h2(w, r0 + dj + dk, dd);
         }
         *(uint4*)(arow + ((kb ^ sw) << 4)) = v;
     }

@@ -120,6 +120,21 @@ pub fn gemmh_o4_auto(kind: WKind, n_in: usize) -> bool {
 
 /// The 128-row tiles of a wgmma GEMM launch over `segs` (`None`: nothing to do; an error past the
 /// grid's y limit).
+/// The segment count (1..=[`MAX_SEGS`]) and the sizes (n ≥ 1; n, n_in within i32) every GEMM
+/// launcher checks; `what` names the launcher in the error.
+fn check_gemm_launch(what: &str, segs: &[MvSeg], n_in: usize, n: usize) -> Result<()> {
+    if segs.is_empty() || segs.len() > MAX_SEGS {
+        return Err(CudaError(format!(
+            "{what}: {} segments (1..={MAX_SEGS})",
+            segs.len()
+        )));
+    }
+    if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
+        return Err(CudaError(format!("{what}: n = {n}, n_in = {n_in}")));
+    }
+    Ok(())
+}
+
 fn wgmma_row_tiles(segs: &[MvSeg]) -> Result<Option<usize>> {
     let tiles_m: usize = segs.iter().map(|s| s.n_out.div_ceil(128)).sum();
     match tiles_m {
@@ -655,15 +670,12 @@ impl Gpu {
                 "gemm_b1p: {kind:?} with n_in = {n_in} (needs Q1 or Q2 g128, n_in % 256 == 0)"
             )));
         }
-        if segs.is_empty() || segs.len() > MAX_SEGS || segs.iter().any(|s| s.n_out % 16 != 0) {
-            return Err(CudaError(format!(
-                "gemm_b1p: {} segments (1..={MAX_SEGS}, each n_out % 16 == 0)",
-                segs.len()
-            )));
+        if segs.iter().any(|s| s.n_out % 16 != 0) {
+            return Err(CudaError(
+                "gemm_b1p: a segment's n_out is not a multiple of 16".into(),
+            ));
         }
-        if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
-            return Err(CudaError(format!("gemm_b1p: n = {n}, n_in = {n_in}")));
-        }
+        check_gemm_launch("gemm_b1p", segs, n_in, n)?;
         self.gemmws_launch(kind, segs, q, d, n_in, n, accumulate, bn, true)
     }
 
@@ -703,15 +715,7 @@ impl Gpu {
                 "gemm_lowbit: {kind:?} with n_in = {n_in} (needs a low-bit kind, n_in % {GEMM_KC} == 0)"
             )));
         }
-        if segs.is_empty() || segs.len() > MAX_SEGS {
-            return Err(CudaError(format!(
-                "gemm_lowbit: {} segments (1..={MAX_SEGS})",
-                segs.len()
-            )));
-        }
-        if n == 0 || n > i32::MAX as usize || n_in > i32::MAX as usize {
-            return Err(CudaError(format!("gemm_lowbit: n = {n}, n_in = {n_in}")));
-        }
+        check_gemm_launch("gemm_lowbit", segs, n_in, n)?;
         let cfg = self.gemm_config();
         if cfg.path == GemmPath::Wgmma {
             return self.gemmw_launch(kind, segs, q, d, n_in, n, accumulate, cfg.wgmma_sets);
