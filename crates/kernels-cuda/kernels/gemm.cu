@@ -1025,9 +1025,10 @@ __device__ __forceinline__ u32 gemmws_scale_b1p(const GmSeg& sg, u32 o, int n_in
     return (o & 8) ? v >> 16 : v & 0xffffu;
 }
 
-// LB: the weights in the b1-plane layout (Q1 / Q2 g128 only): the chunk's code words are copied
-// 4 bytes at a time from it (2 per plane: words 2·(c & 1), + 1 of block c >> 1) and permuted (Q1:
-// into the dp4a words; Q2: into b1p_words_to_q2's order) before the expansion: the same f16 tile.
+// LB: the weights in the b1-plane layout (Q1 / Q2 g128 only): the chunk's code words (per plane,
+// words 2·(c & 1) and + 1 of block c >> 1) are copied from it 8 bytes at a time, one word of two
+// rows, and permuted (Q1: into the dp4a words; Q2: into b1p_words_to_q2's order) before the
+// expansion: the same f16 tile.
 template <int KIND, int BN, bool LB = false>
 __device__ __forceinline__ void gemmws_lowbit(GmSeg s0, GmSeg s1, GmSeg s2, GmSeg s3, const u16* __restrict__ xh,
                                               const float* __restrict__ xs, int n_in, int n, int accumulate,
