@@ -2587,7 +2587,7 @@ impl Backend for CudaBackend {
     }
 
     /// A single matrix. The output head, the one RMS-normed projection loaded alone, is held
-    /// only in its b1-plane layout where [`Self::b1p_only_ok`].
+    /// only in its b1-plane layout where `b1p_only_ok`.
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
         let only = name == "output.weight"
             && self.b1p_only_ok()
@@ -2597,7 +2597,7 @@ impl Backend for CudaBackend {
 
     /// Matrices that read one normed row (GDN and attention in-projections, ffn gate and up):
     /// when all of them get b1-plane layouts of one plane count (so every path that reads them,
-    /// decode, verify and the prefill GEMM, takes those layouts) and [`Self::b1p_only_ok`], they
+    /// decode, verify and the prefill GEMM, takes those layouts) and `b1p_only_ok`, they
     /// are held only in the b1-plane layout — about 2.9 GB less resident for the 27B Q1_0 model
     /// and 5.1 GB for Q2_0 — else in both layouts.
     fn load_mats(&self, g: &Arc<Gguf>, specs: &[(&str, usize, usize)]) -> Result<Vec<CudaMat>> {
