@@ -39,8 +39,8 @@ pub use gemm::{
 };
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use retile::{
-    b1p_shape_ok, b1p_word_to_q1, b1p_words_to_q2, b1q_acts_host, detile_row, host_quant_p16,
-    retile, retile_b1p, retile_q41, Retiled, RetiledB1p, WKind,
+    b1p_planes, b1p_shape_ok, b1p_word_to_q1, b1p_words_to_q2, b1q_acts_host, detile_row,
+    host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p, WKind,
 };
 pub use spec::{
     dsp_attn_part_floats, gdn_rec_width, DspPar, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,

@@ -44,6 +44,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{self as kc, DevBuf, Gpu, WKind};
 
 use super::{gdn_rec_width, Backend, GdnMode, Step};
@@ -2460,27 +2461,20 @@ impl CudaBackend {
         })
     }
 
-    /// The code planes of the b1-plane layout `name` gets at load (the switches, the type and
-    /// the shape), or `None`.
+    /// The code planes of the b1-plane layout a matrix `name` of type `qt` gets at load (the
+    /// switches, the type and the shape), or `None`.
     fn b1p_planes_for(
         &self,
-        g: &Arc<Gguf>,
         name: &str,
+        qt: QuantType,
         n_in: usize,
         n_out: usize,
-    ) -> Result<Option<usize>> {
-        let (_, qt, _) = g.matrix(name, n_in, n_out)?;
+    ) -> Option<usize> {
         let wanted = self.gpu.b1p()
             && (b1p_consumer(name) || (b1p_out_consumer(name) && self.gpu.b1p_out()))
             && kc::b1p_shape_ok(qt, n_in, n_out)
-            && (qt == bonsai_kernels_cpu::QuantType::Q1_0 || self.gpu.b2p());
-        Ok(
-            wanted.then_some(if qt == bonsai_kernels_cpu::QuantType::Q1_0 {
-                1
-            } else {
-                2
-            }),
-        )
+            && (qt == QuantType::Q1_0 || self.gpu.b2p());
+        kc::b1p_planes(qt).filter(|_| wanted)
     }
 
     /// Whether norm-fed projections may be held only in their b1-plane layout: the prefill GEMM
@@ -2522,7 +2516,7 @@ impl CudaBackend {
         if qt.is_lowbit() && n_in % 64 != 0 {
             return Err(Error::tensor(name, "n_in must be a multiple of 64 on CUDA"));
         }
-        let b1p = if self.b1p_planes_for(g, name, n_in, n_out)?.is_some() {
+        let b1p = if self.b1p_planes_for(name, qt, n_in, n_out).is_some() {
             let t = kc::retile_b1p(qt, data, n_in, n_out);
             Some(B1pLayout {
                 codes: self.gpu.upload(&t.codes).map_err(be)?,
@@ -2591,7 +2585,9 @@ impl Backend for CudaBackend {
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CudaMat> {
         let only = name == "output.weight"
             && self.b1p_only_ok()
-            && self.b1p_planes_for(g, name, n_in, n_out)?.is_some();
+            && self
+                .b1p_planes_for(name, g.matrix(name, n_in, n_out)?.1, n_in, n_out)
+                .is_some();
         self.load_mat_as(g, name, n_in, n_out, only)
     }
 
@@ -2604,7 +2600,7 @@ impl Backend for CudaBackend {
         let mut planes = Vec::with_capacity(specs.len());
         for &(name, n_in, n_out) in specs {
             planes.push(if b1p_consumer(name) {
-                self.b1p_planes_for(g, name, n_in, n_out)?
+                self.b1p_planes_for(name, g.matrix(name, n_in, n_out)?.1, n_in, n_out)
             } else {
                 None
             });
