@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +37,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; Q41AB=0; DRAFTERONLY=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;;
+  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --q41-ab) Q41AB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -61,6 +61,7 @@ echo "small models: $(( $(date +%s) - t0 ))s"
 
 rc=0
 if [[ $RUST == 1 ]]; then
+if [[ $DRAFTERONLY == 0 ]]; then
 if [[ $KERNELS == 1 ]]; then
 echo "[${SECONDS}s] == kernels vs reference =="
 # one at a time: the tests share one Gpu and its launch-plan override (the host emulation inside
@@ -78,7 +79,9 @@ echo "[${SECONDS}s] == the same with the out-projections on b1-plane activations
 BONSAI_CUDA_B1P_OUT=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/spec-b1p-out.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 echo "[${SECONDS}s] == speculative round as captured graphs (the default; BONSAI_CUDA_ROUND_GRAPH=0 is eager) vs eager =="
 BONSAI_CUDA_MODELS=$M .device/bin/cuda_round_graph --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/round-graph.log" | grep -E "^test |==|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/drafter.log" | grep -E "^test |==|mv_q41|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+fi
+echo "[${SECONDS}s] == the GPU DSpark drafter vs the host drafter; the Q4_1 kernels' timing =="
+BONSAI_Q41_TIMING_OUT="$OUT/q41-timing.json" BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/drafter.log" | grep -E "^test |==|mv_q41|mvt_q41|Q41TIME|NMSE|SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
 
 fi
 
@@ -106,13 +109,20 @@ if [[ $BENCH == 1 ]]; then
     f=/tmp/27b-$v.gguf
     t0=$(date +%s); [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     echo "[${SECONDS}s] 27b $v synth: $(( $(date +%s) - t0 ))s, $(stat -c %s $f) bytes"
-    BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
-    rc=$((rc|${PIPESTATUS[0]}))
+    if [[ $DRAFTERONLY == 0 ]]; then
+      BONSAI_BENCH_MODEL=$f BONSAI_BENCH_OUT="$OUT/bench-$v.json" .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture 2>&1 | tee "$OUT/bench-$v.log" | grep -E "BENCH|GEMM|PPPROF|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    fi
     # speculative round cost R on CUDA; the drafter is sparse (zeros): its timing does not depend on values
     d=/tmp/27b-$v-dspark.gguf
     [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
     BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
+    if [[ $Q41AB == 1 ]] && ! late "q41 tensor-core spec bench $v"; then
+      # the drafter's Q4_1 matrices on the tensor-core kernel (opt-in; the dp4a one is the default)
+      BONSAI_CUDA_Q41_TC=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-q41tc-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-q41tc-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    fi
     if [[ $VPLANS == 1 ]]; then
       # the verify mat-vec plans against each other (rows per warp, the 5-row kernels): the same
       # round cost under each; bench/render_cuda.py renders spec-bench-$v-rn*-n5*.json

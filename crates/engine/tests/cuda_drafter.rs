@@ -1,9 +1,11 @@
 //! The DSpark drafter on the GPU (`backend::cuda_drafter`) against the host drafter (the oracle).
 //!
-//! - `cuda_q41_mv_vs_reference`: the Q4_1 mat-vec (2 and 4 rows per warp) at the drafter's shapes (5120→5120, 25600→5120,
+//! - `cuda_q41_mv_vs_reference`: the Q4_1 mat-vecs (dp4a with 2 and 4 rows per warp, and the
+//!   tensor-core `mvt_q41`, which must also equal its host twin `mv_q41t_host` bit for bit) at the drafter's shapes (5120→5120, 25600→5120,
 //!   5120→512, 5120→248320, an odd small one) against an f64 emulation of the same int8 math
 //!   (relative 1e-5 of the absolute term sum), NMSE against the CPU f32-activation matmul ≤ 1e-3,
 //!   rows independent of n (bit for bit), and a 3-segment launch equal to the single one (bit for bit).
+//! - `cuda_q41_timing` (a timing, not a check): both Q4_1 kernels at the drafter's launch shapes.
 //! - `cuda_drafter_matches_host`: for the tiny builder drafter and the synthetic tiny / small
 //!   drafters of `$BONSAI_CUDA_MODELS/dspark`, random tap rows staged in uneven batches up to a full
 //!   window (with eviction): the context K/V window matches the host's (NMSE ≤ 5e-4), and for many
@@ -149,31 +151,80 @@ fn f16_at(b: &[u8], i: usize) -> f64 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f64()
 }
 
+/// Which Q4_1 kernel a case runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Q41Kernel {
+    /// `mv_q41` (`retile_q41`); 4 weight rows per warp with `Gpu::set_q41_r4`.
+    Dp4a,
+    /// `mvt_q41` (`retile_q41t`), also checked bit for bit against its host twin.
+    Tc,
+}
+
+/// A Q4_1 matrix uploaded in a kernel's layout, and its segment launches.
+struct Q41Dev {
+    bufs: Vec<kc::DevBuf>,
+    n_out: usize,
+}
+
+impl Q41Dev {
+    fn new(gpu: &Gpu, kernel: Q41Kernel, raw: &[u8], n_in: usize, n_out: usize) -> Q41Dev {
+        let bufs = match kernel {
+            Q41Kernel::Dp4a => {
+                let rt = kc::retile_q41(raw, n_in, n_out);
+                vec![
+                    gpu.upload(&rt.codes).unwrap(),
+                    gpu.upload(&rt.scales).unwrap(),
+                ]
+            }
+            Q41Kernel::Tc => vec![gpu.upload(&kc::retile_q41t(raw, n_in, n_out)).unwrap()],
+        };
+        Q41Dev { bufs, n_out }
+    }
+
+    fn seg(&self, y: u64) -> MvSeg {
+        MvSeg {
+            codes: self.bufs[0].ptr(),
+            scales: self.bufs.get(1).map_or(0, |b| b.ptr()),
+            y,
+            n_out: self.n_out,
+        }
+    }
+}
+
+fn launch_q41(
+    gpu: &Gpu,
+    kernel: Q41Kernel,
+    segs: &[MvSeg],
+    act: (u64, u64, u64),
+    n_in: usize,
+    n: usize,
+) {
+    let (q, d, s) = act;
+    match kernel {
+        Q41Kernel::Dp4a => gpu.mv_q41(segs, q, d, s, n_in, n, false),
+        Q41Kernel::Tc => gpu.mv_q41t(segs, q, d, s, n_in, n, false),
+    }
+    .unwrap();
+}
+
 /// One Q4_1 mat-vec case: `n` rows through an `n_in → n_out` matrix.
-fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
+fn q41_case(gpu: &Gpu, kernel: Q41Kernel, n_in: usize, n_out: usize, n: usize, seed: u64) {
     let mut rng = Rng(seed);
     let raw = rand_q41(&mut rng, n_in, n_out);
     let x: Vec<f32> = (0..n * n_in)
         .map(|i| rng.f() * if i % 97 == 0 { 4.0 } else { 1.0 })
         .collect(); // [n, n_in]
     let (q, d, s) = kc::host_quant(&x, n_in);
-    let rt = kc::retile_q41(&raw, n_in, n_out);
-    let codes = gpu.upload(&rt.codes).unwrap();
-    let dm = gpu.upload(&rt.scales).unwrap();
+    let m = Q41Dev::new(gpu, kernel, &raw, n_in, n_out);
     let (qb, db, sb) = (
         gpu.upload(&q).unwrap(),
         gpu.upload(&d).unwrap(),
         gpu.upload(&s).unwrap(),
     );
+    let act = (qb.ptr(), db.ptr(), sb.ptr());
     let y = gpu.alloc(n * n_out * 4).unwrap();
-    let seg = MvSeg {
-        codes: codes.ptr(),
-        scales: dm.ptr(),
-        y: y.ptr(),
-        n_out,
-    };
-    gpu.mv_q41(&[seg], qb.ptr(), db.ptr(), sb.ptr(), n_in, n, false)
-        .unwrap();
+    let seg = m.seg(y.ptr());
+    launch_q41(gpu, kernel, &[seg], act, n_in, n);
     let mut got = vec![0f32; n * n_out];
     gpu.dtoh(&y, 0, &mut got).unwrap();
     // f64 emulation of the int8 math on sampled rows, and the f32-activation CPU matmul
@@ -189,9 +240,15 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
     }
     let mut cpu = vec![0f32; n * rows.len()];
     ops::matmul(&sub_raw, QuantType::Q4_1, n_in, rows.len(), &x, n, &mut cpu);
+    // the tensor-core kernel's host twin on the sampled rows (a row's bits do not depend on its
+    // tile), bit for bit
+    let twin = (kernel == Q41Kernel::Tc).then(|| {
+        let rec = kc::retile_q41t(&sub_raw, n_in, rows.len());
+        kc::mv_q41t_host(&rec, n_in, rows.len(), &q, &d, &s, n)
+    });
     let (mut got_s, mut worst) = (Vec::new(), 0f64);
     for t in 0..n {
-        for &o in &rows {
+        for (ri, &o) in rows.iter().enumerate() {
             let w = &raw[o * rb..(o + 1) * rb];
             let (mut r, mut mag) = (0f64, 0f64);
             for b in 0..nb {
@@ -214,6 +271,13 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
                 err <= 1e-5,
                 "mv_q41 {n_in}→{n_out} n={n}: row {o} t {t}: {g} vs {r} (rel {err:e})"
             );
+            if let Some(tw) = &twin {
+                assert_eq!(
+                    got[t * n_out + o].to_bits(),
+                    tw[t * rows.len() + ri].to_bits(),
+                    "mvt_q41 {n_in}→{n_out} n={n}: row {o} t {t} differs from mv_q41t_host"
+                );
+            }
             got_s.push(got[t * n_out + o]);
         }
     }
@@ -228,16 +292,8 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
         let mut one = vec![0f32; n_out];
         for t in [0, n - 1] {
             let seg1 = MvSeg { y: y1.ptr(), ..seg };
-            gpu.mv_q41(
-                &[seg1],
-                qb.at(t * n_in),
-                db.at(t * nb * 4),
-                sb.at(t * nb * 4),
-                n_in,
-                1,
-                false,
-            )
-            .unwrap();
+            let act1 = (qb.at(t * n_in), db.at(t * nb * 4), sb.at(t * nb * 4));
+            launch_q41(gpu, kernel, &[seg1], act1, n_in, 1);
             gpu.dtoh(&y1, 0, &mut one).unwrap();
             for o in 0..n_out {
                 assert_eq!(
@@ -248,22 +304,38 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
             }
         }
     }
-    // three segments (row ranges of the same matrix) equal the single launch bit for bit
+    // three segments (row ranges of the same matrix; for the tensor-core layout each range
+    // re-tiled on its own) equal the single launch bit for bit
     if n_out >= 6 {
         let cuts = [0, n_out / 3 + 1, 2 * n_out / 3 + 1, n_out];
         let ys: Vec<_> = (0..3)
             .map(|i| gpu.alloc(n * (cuts[i + 1] - cuts[i]) * 4).unwrap())
             .collect();
-        let segs: Vec<MvSeg> = (0..3)
-            .map(|i| MvSeg {
-                codes: codes.at(cuts[i] * nb * 16),
-                scales: dm.at(cuts[i] * nb * 4),
-                y: ys[i].ptr(),
-                n_out: cuts[i + 1] - cuts[i],
+        let parts: Vec<Q41Dev> = (0..3)
+            .filter(|_| kernel == Q41Kernel::Tc)
+            .map(|i| {
+                let rows = cuts[i + 1] - cuts[i];
+                Q41Dev::new(
+                    gpu,
+                    kernel,
+                    &raw[cuts[i] * rb..cuts[i + 1] * rb],
+                    n_in,
+                    rows,
+                )
             })
             .collect();
-        gpu.mv_q41(&segs, qb.ptr(), db.ptr(), sb.ptr(), n_in, n, false)
-            .unwrap();
+        let segs: Vec<MvSeg> = (0..3)
+            .map(|i| match kernel {
+                Q41Kernel::Dp4a => MvSeg {
+                    codes: m.bufs[0].at(cuts[i] * nb * 16),
+                    scales: m.bufs[1].at(cuts[i] * nb * 4),
+                    y: ys[i].ptr(),
+                    n_out: cuts[i + 1] - cuts[i],
+                },
+                Q41Kernel::Tc => parts[i].seg(ys[i].ptr()),
+            })
+            .collect();
+        launch_q41(gpu, kernel, &segs, act, n_in, n);
         for i in 0..3 {
             let m = cuts[i + 1] - cuts[i];
             let mut v = vec![0f32; n * m];
@@ -279,11 +351,24 @@ fn q41_case(gpu: &Gpu, n_in: usize, n_out: usize, n: usize, seed: u64) {
             }
         }
     }
+    let what = match kernel {
+        Q41Kernel::Dp4a => "mv_q41",
+        Q41Kernel::Tc => "mvt_q41 (== host twin)",
+    };
     println!(
-        "mv_q41 {n_in}→{n_out} n={n}: max rel err vs int8 emulation {worst:.2e}, NMSE vs f32 CPU {e_cpu:.2e}, \
+        "{what} {n_in}→{n_out} n={n}: max rel err vs int8 emulation {worst:.2e}, NMSE vs f32 CPU {e_cpu:.2e}, \
          batch-invariant, 3-segment == single"
     );
 }
+
+const Q41_CASES: [(usize, usize, usize); 6] = [
+    (96, 7, 3),
+    (5120, 5120, 8),
+    (25600, 5120, 8),
+    (5120, 512, 4),
+    (5120, 248_320, 4),
+    (160, 37, 5),
+];
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
@@ -293,23 +378,119 @@ fn cuda_q41_mv_vs_reference() {
     };
     let gpu = b.gpu();
     let r4 = gpu.q41_r4();
-    // both kernels: 2 rows per warp (`mv_q41`) and 4 (`mv_q41_r4`)
+    // both dp4a kernels: 2 rows per warp (`mv_q41`) and 4 (`mv_q41_r4`)
     for on in [false, true] {
         gpu.set_q41_r4(on);
-        for (i, &(n_in, n_out, n)) in [
-            (96, 7, 3),
-            (5120, 5120, 8),
-            (25600, 5120, 8),
-            (5120, 512, 4),
-            (5120, 248_320, 4),
-        ]
-        .iter()
-        .enumerate()
-        {
-            q41_case(gpu, n_in, n_out, n, 1000 + i as u64);
+        for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {
+            q41_case(gpu, Q41Kernel::Dp4a, n_in, n_out, n, 1000 + i as u64);
         }
     }
     gpu.set_q41_r4(r4);
+    // the tensor-core kernel (sm_90+)
+    if gpu.hopper() {
+        for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {
+            q41_case(gpu, Q41Kernel::Tc, n_in, n_out, n, 2000 + i as u64);
+        }
+    } else {
+        println!("mvt_q41: not run (needs sm_90)");
+    }
+}
+
+/// µs per launch of the drafter's Q4_1 mat-vec shapes at a draft block (n = 4), both kernels in
+/// one process, each launch on another copy of the weights so that they come from DRAM (copies
+/// cover ≥ 256 MB, past the 60 MiB L2): `Q41TIME` lines, and a JSON record to
+/// `$BONSAI_Q41_TIMING_OUT` when set. A timing, not a check (it asserts only that both ran).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_q41_timing() {
+    let Some(b) = gpu_or_skip("cuda_q41_timing") else {
+        return;
+    };
+    let gpu = b.gpu();
+    if !gpu.hopper() {
+        println!("cuda_q41_timing: not run (the tensor-core kernel needs sm_90)");
+        return;
+    }
+    let n = 4;
+    // (name, n_in, segment row counts): the drafter's launches per draft
+    let shapes: [(&str, usize, &[usize]); 6] = [
+        ("q|k|v 5120->5120+512+512", 5120, &[5120, 512, 512]),
+        ("k|v of context rows 5120->512+512", 5120, &[512, 512]),
+        ("o / down 5120->5120", 5120, &[5120]),
+        ("gate|up 5120->2x5120", 5120, &[5120, 5120]),
+        ("fc 25600->5120", 25600, &[5120]),
+        ("head 5120->248320", 5120, &[248_320]),
+    ];
+    let mut rng = Rng(77);
+    let mut rows = Vec::new();
+    for (name, n_in, outs) in shapes {
+        let x: Vec<f32> = (0..n * n_in).map(|_| rng.f()).collect();
+        let (q, d, s) = kc::host_quant(&x, n_in);
+        let (qb, db, sb) = (
+            gpu.upload(&q).unwrap(),
+            gpu.upload(&d).unwrap(),
+            gpu.upload(&s).unwrap(),
+        );
+        let act = (qb.ptr(), db.ptr(), sb.ptr());
+        let mbytes: usize = outs.iter().map(|&o| o * n_in / 32 * 20).sum();
+        let copies = (256usize << 20).div_ceil(mbytes).clamp(1, 16);
+        let raws: Vec<Vec<u8>> = outs.iter().map(|&o| rand_q41(&mut rng, n_in, o)).collect();
+        let ys: Vec<kc::DevBuf> = outs
+            .iter()
+            .map(|&o| gpu.alloc(n * o * 4).unwrap())
+            .collect();
+        let mut us = Vec::new();
+        for kernel in [Q41Kernel::Dp4a, Q41Kernel::Tc] {
+            let mats: Vec<Vec<Q41Dev>> = (0..copies)
+                .map(|_| {
+                    raws.iter()
+                        .zip(outs)
+                        .map(|(r, &o)| Q41Dev::new(gpu, kernel, r, n_in, o))
+                        .collect()
+                })
+                .collect();
+            let segs: Vec<Vec<MvSeg>> = mats
+                .iter()
+                .map(|c| c.iter().zip(&ys).map(|(m, y)| m.seg(y.ptr())).collect())
+                .collect();
+            let reps = (copies * 8).max(16);
+            // warm-up (and the kernels' first-use costs)
+            for sg in &segs {
+                launch_q41(gpu, kernel, sg, act, n_in, n);
+            }
+            let mut best = f32::INFINITY;
+            for _ in 0..3 {
+                let ms = gpu
+                    .time_ms(|| {
+                        for i in 0..reps {
+                            launch_q41(gpu, kernel, &segs[i % copies], act, n_in, n);
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                best = best.min(ms * 1000.0 / reps as f32);
+            }
+            us.push(best);
+        }
+        let gbs = |u: f32| mbytes as f64 / (u as f64 * 1e-6) / 1e9;
+        println!(
+            "Q41TIME {name}: {:.1} MB, dp4a {:.2} us ({:.0} GB/s), tensor-core {:.2} us ({:.0} GB/s), {:.2}x",
+            mbytes as f64 / 1e6,
+            us[0],
+            gbs(us[0]),
+            us[1],
+            gbs(us[1]),
+            us[0] / us[1]
+        );
+        assert!(us.iter().all(|u| u.is_finite() && *u > 0.0));
+        rows.push(format!(
+            "{{\"shape\": \"{name}\", \"n\": {n}, \"bytes\": {mbytes}, \"dp4a_us\": {:.3}, \"tc_us\": {:.3}}}",
+            us[0], us[1]
+        ));
+    }
+    if let Ok(out) = std::env::var("BONSAI_Q41_TIMING_OUT") {
+        std::fs::write(&out, format!("[\n  {}\n]\n", rows.join(",\n  "))).unwrap();
+    }
 }
 
 /// `n` random tap rows `[n, tw]`, uniform in [−1, 1) (no outliers: the int8 noise stays small).

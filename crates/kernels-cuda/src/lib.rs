@@ -19,6 +19,7 @@ mod mvc_emu;
 mod mvm_emu;
 #[cfg(test)]
 mod mvo_emu;
+mod q41t;
 pub mod retile;
 mod spec;
 #[cfg(test)]
@@ -38,6 +39,9 @@ pub use gemm::{
     GEMM_BM, GEMM_KC,
 };
 pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
+pub use q41t::{
+    mv_q41t_host, q41t_bytes, q41t_pairs, q41t_smem_bytes, q41t_tiles, retile_q41t, Q41T_REC,
+};
 pub use retile::{
     b1p_planes, b1p_shape_ok, b1p_word_to_q1, b1p_words_to_q2, b1q_acts_host, detile_row,
     host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p, WKind,
@@ -63,6 +67,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvq.cu"),
     include_str!("../kernels/mvbp.cu"),
     include_str!("../kernels/mvc.cu"),
+    include_str!("../kernels/mvq41t.cu"),
 );
 
 /// Largest number of rows the low-bit mat-vec kernels take in one launch (`MAXN` in the source).
@@ -1527,6 +1532,7 @@ kernels!(
         mv_q41,
         mv_q41_r4,
         mv_q41_n4,
+        mvt_q41,
         dsp_norm_rope,
         dsp_copy_rows,
         dsp_attn_part,
@@ -2824,6 +2830,7 @@ impl Gpu {
             k.mv_q41,
             k.mv_q41_r4,
             k.mv_q41_n4,
+            k.mvt_q41,
             k.dsp_norm_rope,
             k.dsp_copy_rows,
             k.dsp_attn_part,

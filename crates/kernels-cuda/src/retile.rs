@@ -449,7 +449,7 @@ pub fn detile_row(r: &Retiled, o: usize, out: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Deterministic pseudo-random bytes (splitmix64).

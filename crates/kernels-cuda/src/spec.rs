@@ -60,6 +60,45 @@ pub fn gdn_rec_width(hk: usize, hv: usize, dk: usize, dv: usize) -> usize {
     conv_dim + hk * dk + hv * dv + 2 * hv
 }
 
+/// The checks and parameter list both Q4_1 launchers share: the segments (as `push_seg_args`,
+/// `rpw` rows per unit), then q, d, s, n_in, n, accumulate. `None` when no segment has a row;
+/// else the arguments and the unit count.
+fn q41_args(
+    name: &str,
+    segs: &[MvSeg],
+    (q, d, s): (u64, u64, u64),
+    n_in: usize,
+    n: usize,
+    accumulate: bool,
+    rpw: usize,
+) -> Result<Option<(Vec<Arg>, usize)>> {
+    if !(1..=MAX_ROWS).contains(&n) || !(1..=Q41_MAX_SEGS).contains(&segs.len()) {
+        return Err(CudaError(format!(
+            "{name}: {n} rows / {} segments (at most {MAX_ROWS} / {Q41_MAX_SEGS})",
+            segs.len()
+        )));
+    }
+    if n_in == 0 || n_in % 32 != 0 || n_in > i32::MAX as usize {
+        return Err(CudaError(format!(
+            "{name}: n_in {n_in} is not a positive multiple of 32"
+        )));
+    }
+    let mut args = Vec::with_capacity(4 * Q41_MAX_SEGS + 7);
+    let units = push_seg_args(&mut args, segs, Q41_MAX_SEGS, rpw);
+    if units == 0 {
+        return Ok(None);
+    }
+    args.extend([
+        Arg::P(q),
+        Arg::P(d),
+        Arg::P(s),
+        Arg::I(n_in as i32),
+        Arg::I(n as i32),
+        Arg::I(accumulate as i32),
+    ]);
+    Ok(Some((args, units)))
+}
+
 impl Gpu {
     /// Write `n` verify-record rows `rec[t] = mixed[t] ‖ k[t] ‖ v[t] ‖ g[t] ‖ beta[t]` (plain copies).
     /// mixed `[n, 2·hk·dk + hv·dv]`, k `[n, hk·dk]`, v `[n, hv·dv]`, g / beta `[n, hv]`, rec
@@ -255,18 +294,6 @@ impl Gpu {
         n: usize,
         accumulate: bool,
     ) -> Result<()> {
-        if !(1..=MAX_ROWS).contains(&n) || !(1..=Q41_MAX_SEGS).contains(&segs.len()) {
-            return Err(CudaError(format!(
-                "mv_q41: {n} rows / {} segments (at most {MAX_ROWS} / {Q41_MAX_SEGS})",
-                segs.len()
-            )));
-        }
-        if n_in == 0 || n_in % 32 != 0 || n_in > i32::MAX as usize {
-            return Err(CudaError(format!(
-                "mv_q41: n_in {n_in} is not a positive multiple of 32"
-            )));
-        }
-        let mut args = Vec::with_capacity(4 * Q41_MAX_SEGS + 6);
         // up to 4 rows (a draft block) in the kernel whose registers hold 4 rows
         let (f, rpw) = if self.q41_r4() {
             (self.f.mv_q41_r4, 4)
@@ -275,19 +302,56 @@ impl Gpu {
         } else {
             (self.f.mv_q41, 2)
         };
-        let groups = push_seg_args(&mut args, segs, Q41_MAX_SEGS, rpw);
-        if groups == 0 {
+        let Some((args, groups)) = q41_args("mv_q41", segs, (q, d, s), n_in, n, accumulate, rpw)?
+        else {
             return Ok(());
-        }
-        args.extend([
-            Arg::P(q),
-            Arg::P(d),
-            Arg::P(s),
-            Arg::I(n_in as i32),
-            Arg::I(n as i32),
-            Arg::I(accumulate as i32),
-        ]);
+        };
         self.launch(f, (cdiv(groups, 4), 1, 1), (128, 1, 1), &args)
+    }
+
+    /// Whether the drafter's Q4_1 matrices take the tensor-core kernel ([`Self::mv_q41t`], their
+    /// records from [`crate::retile_q41t`]) instead of `mv_q41`: opt-in (`BONSAI_CUDA_Q41_TC=1`,
+    /// sm_90+: bulk copies with mbarriers). A load-time choice: the two read different layouts.
+    /// Off by default: on the H200 it drafts 3–7 % faster but the 1-row context staging of a
+    /// rejected round costs it more, so the 27B round cost did not move (kernels-cuda README).
+    pub fn q41_tc(&self) -> bool {
+        self.hopper() && std::env::var("BONSAI_CUDA_Q41_TC").is_ok_and(|v| v == "1")
+    }
+
+    /// [`Self::mv_q41`] on the tensor cores (`mvt_q41`, `kernels/mvq41t.cu`): each segment's
+    /// `codes` is a matrix re-tiled by [`crate::retile_q41t`] (its `scales` are unused), `y`
+    /// `[n, n_out]`. Per weight row and activation row the float operations depend on `n_in` alone
+    /// ([`crate::mv_q41t_host`] is the kernel's twin), so row t does not depend on n. sm_90+.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_q41t(
+        &self,
+        segs: &[MvSeg],
+        q: u64,
+        d: u64,
+        s: u64,
+        n_in: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if !self.hopper() {
+            return Err(CudaError(
+                "mv_q41t: the tensor-core Q4_1 kernel needs sm_90 (bulk copies)".into(),
+            ));
+        }
+        let rows = crate::q41t::Q41T_ROWS;
+        let Some((mut args, tiles)) =
+            q41_args("mv_q41t", segs, (q, d, s), n_in, n, accumulate, rows)?
+        else {
+            return Ok(());
+        };
+        args.push(Arg::I(1)); // the first stages before the PDL wait (weights only)
+        self.launch_smem(
+            self.f.mvt_q41,
+            (tiles as u32, 1, 1),
+            ((crate::q41t::Q41T_WARPS * 32) as u32, 1, 1),
+            crate::q41t_smem_bytes() as u32,
+            &args,
+        )
     }
 
     /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:

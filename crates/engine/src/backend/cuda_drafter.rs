@@ -1,7 +1,9 @@
 //! The DSpark drafter on the GPU (MODEL.md §4.5–§4.6): the same math as the host [`Drafter`] (the
 //! oracle), with device weights and a device context window.
 //!
-//! - Weights: Q4_1 matrices re-tiled by `retile_q41` (int8 activations, `Gpu::mv_q41`); any other
+//! - Weights: Q4_1 matrices re-tiled by `retile_q41` (`Gpu::mv_q41`), or by `retile_q41t` for the
+//!   tensor-core kernel (`Gpu::mv_q41t`, sm_90+, opt-in: `BONSAI_CUDA_Q41_TC=1`), int8 activations
+//!   either way; any other
 //!   type is dequantized to an f32 plane at load (`Gpu::mv_f32`). The Markov tables stay in their
 //!   file type (BF16 / F16 / F32 planes read by `dsp_markov_scores`).
 //! - Context rows ([`CudaDrafter::stage`]): tap rows are uploaded (`[n, n_taps·E]` f32, ≤ 8 rows per
@@ -44,6 +46,12 @@ enum DMat {
         n_in: usize,
         n_out: usize,
     },
+    /// The records of `retile_q41t` (`Gpu::mv_q41t`).
+    Q41t {
+        rec: DevBuf,
+        n_in: usize,
+        n_out: usize,
+    },
     /// f32 `[n_out, n_in]` (dequantized at load).
     F32 {
         w: DevBuf,
@@ -55,6 +63,14 @@ enum DMat {
 impl DMat {
     fn load(gpu: &Gpu, m: &HostMat) -> Result<DMat> {
         let (n_in, n_out) = (m.n_in, m.n_out);
+        if m.qt == QuantType::Q4_1 && gpu.q41_tc() {
+            let rec = kc::retile_q41t(m.data(), n_in, n_out);
+            return Ok(DMat::Q41t {
+                rec: gpu.upload(&rec).map_err(be)?,
+                n_in,
+                n_out,
+            });
+        }
         if m.qt == QuantType::Q4_1 {
             let r = kc::retile_q41(m.data(), n_in, n_out);
             return Ok(DMat::Q41 {
@@ -79,13 +95,14 @@ impl DMat {
 
     fn n_in(&self) -> usize {
         match self {
-            DMat::Q41 { n_in, .. } | DMat::F32 { n_in, .. } => *n_in,
+            DMat::Q41 { n_in, .. } | DMat::Q41t { n_in, .. } | DMat::F32 { n_in, .. } => *n_in,
         }
     }
 
     fn bytes(&self) -> usize {
         match self {
             DMat::Q41 { codes, dm, .. } => codes.bytes() + dm.bytes(),
+            DMat::Q41t { rec, .. } => rec.bytes(),
             DMat::F32 { w, .. } => w.bytes(),
         }
     }
@@ -255,6 +272,7 @@ impl CudaDrafter {
     fn graph_key(&self) -> [u64; 3] {
         let w = match &self.output {
             DMat::Q41 { codes, .. } => codes.ptr(),
+            DMat::Q41t { rec, .. } => rec.ptr(),
             DMat::F32 { w, .. } => w.ptr(),
         };
         [
@@ -353,45 +371,50 @@ impl CudaDrafter {
 
     /// Projections of the current scratch input (`xf` / `xq` / `xd` / `xs`, width `n_in` of the
     /// matrices) into `(matrix, y [n, n_out])` pairs: one grouped Q4_1 launch when every matrix is
-    /// Q4_1 of the same width (up to 3), else one launch each.
+    /// Q4_1 in the same layout and of the same width (up to 3), else one launch each.
     fn mv(&self, st: &CudaDraftState, mats: &[(&DMat, u64)], n: usize, acc: bool) -> Result<()> {
         let g = &*self.gpu;
         let k = mats[0].0.n_in();
-        let grouped = mats.len() <= kc::Q41_MAX_SEGS
-            && mats
-                .iter()
-                .all(|(m, _)| matches!(m, DMat::Q41 { .. }) && m.n_in() == k);
+        let (xq, xd, xs) = (st.xq.ptr(), st.xd.ptr(), st.xs.ptr());
         let seg = |m: &DMat, y: u64| match m {
             DMat::Q41 {
                 codes, dm, n_out, ..
-            } => MvSeg {
+            } => Some(MvSeg {
                 codes: codes.ptr(),
                 scales: dm.ptr(),
                 y,
                 n_out: *n_out,
-            },
-            DMat::F32 { .. } => unreachable!("f32 matrices are not grouped"),
+            }),
+            DMat::Q41t { rec, n_out, .. } => Some(MvSeg {
+                codes: rec.ptr(),
+                scales: 0,
+                y,
+                n_out: *n_out,
+            }),
+            DMat::F32 { .. } => None,
         };
+        let tc = |m: &DMat| matches!(m, DMat::Q41t { .. });
+        let grouped = mats.len() <= kc::Q41_MAX_SEGS
+            && mats.iter().all(|(m, _)| {
+                !matches!(m, DMat::F32 { .. }) && tc(m) == tc(mats[0].0) && m.n_in() == k
+            });
         if grouped {
-            let segs: Vec<MvSeg> = mats.iter().map(|&(m, y)| seg(m, y)).collect();
-            return g
-                .mv_q41(&segs, st.xq.ptr(), st.xd.ptr(), st.xs.ptr(), k, n, acc)
-                .map_err(be);
+            let segs: Vec<MvSeg> = mats.iter().filter_map(|&(m, y)| seg(m, y)).collect();
+            return if tc(mats[0].0) {
+                g.mv_q41t(&segs, xq, xd, xs, k, n, acc)
+            } else {
+                g.mv_q41(&segs, xq, xd, xs, k, n, acc)
+            }
+            .map_err(be);
         }
         for &(m, y) in mats {
-            match m {
-                DMat::Q41 { .. } => g.mv_q41(
-                    &[seg(m, y)],
-                    st.xq.ptr(),
-                    st.xd.ptr(),
-                    st.xs.ptr(),
-                    m.n_in(),
-                    n,
-                    acc,
-                ),
-                DMat::F32 { w, n_in, n_out } => {
+            match (m, seg(m, y)) {
+                (DMat::Q41t { .. }, Some(sg)) => g.mv_q41t(&[sg], xq, xd, xs, m.n_in(), n, acc),
+                (_, Some(sg)) => g.mv_q41(&[sg], xq, xd, xs, m.n_in(), n, acc),
+                (DMat::F32 { w, n_in, n_out }, None) => {
                     g.mv_f32(w.ptr(), st.xf.ptr(), y, *n_in, *n_out, n, acc)
                 }
+                (_, None) => unreachable!("only f32 matrices have no segment"),
             }
             .map_err(be)?;
         }
