@@ -8,7 +8,7 @@
 // faster, but its cost does not shrink with the row count, and the 1-row context staging of a
 // rejected round made the 27B round cost the same (crates/kernels-cuda/README.md).
 //
-// Layout (`retile_q41t` in retile.rs): ceil(n_out / 16) tiles of 16 rows (rows past n_out are
+// Layout (`retile_q41t` in q41t.rs): ceil(n_out / 16) tiles of 16 rows (rows past n_out are
 // zero); a tile is np records of Q41T_REC = 640 bytes, one per pair of 32-element blocks (2p, 2p + 1),
 // np = ceil(nb / 2) rounded up to a multiple of Q41T_C (the blocks past nb are zero), all of a
 // tile's records contiguous:
