@@ -394,23 +394,25 @@ impl CudaDrafter {
             DMat::F32 { .. } => None,
         };
         let tc = |m: &DMat| matches!(m, DMat::Q41t { .. });
+        // the Q4_1 launch of `segs` in the layout of `m`
+        let q41 = |m: &DMat, segs: &[MvSeg], k: usize| {
+            if tc(m) {
+                g.mv_q41t(segs, xq, xd, xs, k, n, acc)
+            } else {
+                g.mv_q41(segs, xq, xd, xs, k, n, acc)
+            }
+        };
         let grouped = mats.len() <= kc::Q41_MAX_SEGS
             && mats.iter().all(|(m, _)| {
                 !matches!(m, DMat::F32 { .. }) && tc(m) == tc(mats[0].0) && m.n_in() == k
             });
         if grouped {
             let segs: Vec<MvSeg> = mats.iter().filter_map(|&(m, y)| seg(m, y)).collect();
-            return if tc(mats[0].0) {
-                g.mv_q41t(&segs, xq, xd, xs, k, n, acc)
-            } else {
-                g.mv_q41(&segs, xq, xd, xs, k, n, acc)
-            }
-            .map_err(be);
+            return q41(mats[0].0, &segs, k).map_err(be);
         }
         for &(m, y) in mats {
             match (m, seg(m, y)) {
-                (DMat::Q41t { .. }, Some(sg)) => g.mv_q41t(&[sg], xq, xd, xs, m.n_in(), n, acc),
-                (_, Some(sg)) => g.mv_q41(&[sg], xq, xd, xs, m.n_in(), n, acc),
+                (_, Some(sg)) => q41(m, &[sg], m.n_in()),
                 (DMat::F32 { w, n_in, n_out }, None) => {
                     g.mv_f32(w.ptr(), st.xf.ptr(), y, *n_in, *n_out, n, acc)
                 }
