@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +37,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; Q41AB=0; DRAFTERONLY=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; Q41AB=0; DRAFTAB=0; DRAFTERONLY=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --q41-ab) Q41AB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
+  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -122,6 +122,21 @@ if [[ $BENCH == 1 ]]; then
       # the drafter's Q4_1 matrices on the tensor-core kernel (opt-in; the dp4a one is the default)
       BONSAI_CUDA_Q41_TC=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-q41tc-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-q41tc-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
+    fi
+    if [[ $DRAFTAB == 1 ]] && ! late "draft by context $v"; then
+      # the graph draft by context length, fused vs unfused launches alternating in one process
+      BONSAI_DRAFT_CTX_MODEL=$f BONSAI_DRAFT_CTX_DRAFTER=$d BONSAI_DRAFT_CTX_OUT="$OUT/draft-ctx-$v.json" .device/bin/cuda_drafter --include-ignored --exact cuda_draft_by_context --nocapture 2>&1 | tee "$OUT/draft-ctx-$v.log" | grep -E "DRAFTCTX|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    fi
+    if [[ $DRAFTAB == 1 ]]; then
+      # the draft's unfused launches (BONSAI_CUDA_DRAFT_FUSED=0: two norm launches, 256-key
+      # attention chunks, Markov scores then argmax_rows), then the default again: A, B, A
+      for side in unfused fused; do
+        late "draft $side spec bench $v" && continue
+        fz=1; [[ $side == unfused ]] && fz=0
+        BONSAI_CUDA_DRAFT_FUSED=$fz BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-draft-$side-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-draft-$side-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+        rc=$((rc|${PIPESTATUS[0]}))
+      done
     fi
     if [[ $VPLANS == 1 ]]; then
       # the verify mat-vec plans against each other (rows per warp, the 5-row kernels): the same

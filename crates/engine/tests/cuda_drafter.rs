@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::cuda_drafter::CudaDrafter;
-use bonsai_engine::backend::KvType;
+use bonsai_engine::backend::{Backend, KvType};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::Drafter;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
@@ -715,5 +715,105 @@ fn cuda_engine_gpu_drafter_equals_plain() {
             prompts.len(),
             1e3 * dsec / rounds as f64
         );
+    }
+}
+
+/// The graph draft's time by context length, the fused launches (`CudaDrafter::set_fused`) against
+/// the unfused ones, alternating in one process: a benchmark, not a timed test (it asserts only
+/// that both give drafts). Runs on `$BONSAI_DRAFT_CTX_MODEL` with `$BONSAI_DRAFT_CTX_DRAFTER`
+/// (scripts/gpu_check.sh: the 27B files) and writes JSON to `$BONSAI_DRAFT_CTX_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_by_context() {
+    let test = "cuda_draft_by_context";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    let (Ok(target), Ok(drafter)) = (
+        std::env::var("BONSAI_DRAFT_CTX_MODEL"),
+        std::env::var("BONSAI_DRAFT_CTX_DRAFTER"),
+    ) else {
+        eprintln!(
+            "SKIPPED {test}: BONSAI_DRAFT_CTX_MODEL / BONSAI_DRAFT_CTX_DRAFTER not set (not counted as run)"
+        );
+        return;
+    };
+    let m = Model {
+        name: "bench".into(),
+        path: target.into(),
+        drafter: drafter.into(),
+    };
+    let d = gpu_drafter(&b, &m);
+    d.set_graph(true);
+    let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+    let mut st = d.new_state().unwrap();
+    let mut rng = Rng(5);
+    let mut pos = 0usize;
+    let mut rows = Vec::new();
+    for ctx in [64usize, 256, 512, 1024, 2048, 4000] {
+        let ctx = ctx.min(window);
+        while pos < ctx {
+            let nb = (ctx - pos).min(512);
+            let taps: Vec<f32> = (0..nb * tw).map(|_| rng.f()).collect();
+            d.stage(&mut st, &taps, pos, nb).unwrap();
+            pos += nb;
+        }
+        let mut ms = [Vec::new(), Vec::new()]; // [unfused, fused]
+        for _rep in 0..3 {
+            for (side, fused) in [false, true].into_iter().enumerate() {
+                d.set_fused(fused);
+                let id = (rng.next() % (nv as u64 - 1)) as u32;
+                for _ in 0..3 {
+                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
+                }
+                let mut t = Vec::new();
+                for _ in 0..15 {
+                    let t0 = std::time::Instant::now();
+                    let ids = d.draft(&mut st, id, pos).unwrap();
+                    t.push(t0.elapsed().as_secs_f64() * 1e3);
+                    assert!(!ids.is_empty());
+                }
+                t.sort_by(f64::total_cmp);
+                ms[side].push(t[t.len() / 2]);
+            }
+        }
+        // one eager draft with every launch timed alone: where the context's cost sits
+        d.set_graph(false);
+        b.gpu().profile_begin();
+        d.draft(&mut st, 7, pos).unwrap();
+        let prof = b.gpu().profile_end();
+        d.set_graph(true);
+        let mut attn = std::collections::BTreeMap::<String, f32>::new();
+        for (k, us) in &prof {
+            if k.starts_with("dsp_attn") {
+                *attn.entry(k.clone()).or_default() += us;
+            }
+        }
+        let total: f32 = prof.iter().map(|(_, us)| us).sum();
+        println!("DRAFTPROF context {ctx}: {total:.1} us of kernels alone, attention {attn:?}");
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (u, f) = (med(&mut ms[0].clone()), med(&mut ms[1].clone()));
+        println!(
+            "DRAFTCTX context {ctx}: unfused {u:.3} ms, fused {f:.3} ms per graph draft ({:.3}x); runs {:?} / {:?}",
+            u / f,
+            ms[0],
+            ms[1]
+        );
+        rows.push(format!(
+            "{{\"context\": {ctx}, \"unfused_ms\": {u:.4}, \"fused_ms\": {f:.4}, \"unfused_runs\": {:?}, \"fused_runs\": {:?}}}",
+            ms[0], ms[1]
+        ));
+    }
+    d.set_fused(true);
+    if let Ok(out) = std::env::var("BONSAI_DRAFT_CTX_OUT") {
+        let json = format!(
+            "{{\"what\": \"graph draft ms by context length, fused vs unfused draft launches (CudaDrafter::set_fused), alternating in one process, 3 x median of 15\", \"device\": \"{}\", \"rows\": [{}]}}\n",
+            b.name(),
+            rows.join(", ")
+        );
+        std::fs::write(&out, json).unwrap();
     }
 }

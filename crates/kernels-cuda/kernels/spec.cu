@@ -265,16 +265,24 @@ __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
 // in double like attn_prep) at position pos0 + t. grid (heads, n), block hd (<= 256, multiple of 32).
 //   src [n, src_stride] f32, head h at columns [h·hd, (h+1)·hd); dst row dsp_ring_row(t) of
 //   [*, dst_stride], same columns. src and dst must not overlap.
+//   Two head sets in one launch (the draft's q and k heads): blocks h < heads1 take (src, w, dst),
+//   blocks heads1.. take head h − heads1 of (src2, w2, dst2) with the same n, hd, positions and ring;
+//   heads1 = gridDim.x when there is no second set. Each head's operations do not depend on the set.
 //   par: null, or the draft graph's device parameters (DSP_PAR_*): pos0 = par[DSP_PAR_POS].
 #define DSP_PAR_POS 0
 #define DSP_PAR_OFF 1
 #define DSP_PAR_LEN 2
 extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const float* w, float eps, int hd,
                                          int pos0, float rope_base, float* dst, int dst_stride, int cap,
-                                         int slot0, const int* par) {
+                                         int slot0, const int* par, int heads1, const float* src2,
+                                         int src2_stride, const float* w2, float* dst2, int dst2_stride) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     __shared__ float red[32], buf[256];
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    if (h >= heads1) {
+        h -= heads1;
+        src = src2, src_stride = src2_stride, w = w2, dst = dst2, dst_stride = dst2_stride;
+    }
     if (par) pos0 = par[DSP_PAR_POS];
     float x = src[(size_t)t * src_stride + h * hd + j];
     float ss = block_sum(x * x, red);
@@ -303,20 +311,36 @@ extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int w
 
 // Non-causal block attention, phase 1. The n (<= 8) block queries attend over T = len + n keys:
 // logical key i < len is ring row (off + i) mod cap of the context cache kc/vc [cap, nkv·hd]; key
-// i >= len is row i − len of the block's kb/vb [n, nkv·hd]. Keys are cut into fixed chunks of
-// DSP_CH; block (h, c) handles chunk c of q head h (kv head h / (nh / nkv)) for all n rows and writes
-// part[t, h, c] = (Σ_i p_i·v_i [hd], m, l) with m the chunk max score and p_i = exp(s_i − m).
-// grid (nh, nchunk), block 256, nchunk >= ceil(T / DSP_CH) (the part stride); chunks past T write
+// i >= len is row i − len of the block's kb/vb [n, nkv·hd]. Keys are cut into chunks of
+// dsp_chunk_len(T, spread); block (h, c) handles chunk c of q head h (kv head h / (nh / nkv)) for all n rows
+// and writes part[t, h, c] = (Σ_i p_i·v_i [hd], m, l) with m the chunk max score and p_i = exp(s_i − m).
+// grid (nh, nchunk), block 256, nchunk >= dsp_chunks(T, spread) (the part stride); chunks past T write
 // nothing. qo [n, nh·hd] f32; hd a multiple of 32, <= 256. par: null, or the draft graph's device
 // parameters, whose off and len replace the arguments (its grid is sized for a full ring).
 #define DSP_CH 256
-extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo, const float* kc,
-                                                                 const float* vc, int cap, int off, int len,
-                                                                 const float* kb, const float* vb, int n,
-                                                                 int nh, int nkv, int hd, float scale,
-                                                                 int nchunk, float* part, const int* par) {
+// Keys per chunk for T keys: T spread over `spread` chunks (the drafter's default 8: a short
+// context still gives nh·8 blocks instead of nh), rounded up to a multiple of 32 and kept within
+// 32..DSP_CH. A function of (T, spread) alone: the eager launch (sized for T) and the graph's
+// (sized for the whole ring) cut the keys the same way and give the same bits. Host twins:
+// `dsp_attn_chunk_len`, `dsp_attn_chunks` (spec.rs).
+__device__ __forceinline__ int dsp_chunk_len(int T, int spread) {
+    const int c = ((T + spread - 1) / spread + 31) & ~31;
+    return c < 32 ? 32 : c > DSP_CH ? DSP_CH : c;
+}
+__device__ __forceinline__ int dsp_chunks(int T, int spread) {
+    const int c = dsp_chunk_len(T, spread);
+    return (T + c - 1) / c;
+}
+// EPL: elements per lane of a head row (hd / 32) that the lane arrays hold: exact for the entries
+// below, 8 (with hd / 32 <= 8 guarded) for any other head dim. Per element the operations do not
+// depend on EPL.
+template <int EPL>
+__device__ __forceinline__ void dsp_attn_part_body(const float* qo, const float* kc, const float* vc, int cap,
+                                                   int off, int len, const float* kb, const float* vb, int n,
+                                                   int nh, int nkv, int hd, float scale, int nchunk, float* part,
+                                                   const int* par, int spread) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
-    __shared__ float qs[MAXN][256];
+    __shared__ __align__(16) float qs[MAXN][256];
     __shared__ float sc[MAXN][DSP_CH];
     __shared__ float red[32];
     __shared__ float sm_m[MAXN], sm_l[MAXN];
@@ -327,44 +351,56 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
     }
     int kvw = nkv * hd, g = h / (nh / nkv);
     int T = len + n;
-    int i0 = c * DSP_CH, cnt = min(DSP_CH, T - i0);
+    const int chl = dsp_chunk_len(T, spread);
+    int i0 = c * chl, cnt = min(chl, T - i0);
     if (cnt <= 0) return;  // a chunk past the keys (the whole block: before any barrier)
     for (int idx = tid; idx < n * hd; idx += blockDim.x)
         qs[idx / hd][idx % hd] = qo[(size_t)(idx / hd) * nh * hd + h * hd + idx % hd];
     __syncthreads();
     int epl = hd >> 5;  // elements per lane (<= 8)
-    // this lane's columns (lane + 32e) of the K or V rows of chunk indices i, i + 8, ..: DSP_KU
-    // rows, all loads issued before any is used (one key's loads alone would leave the warp
-    // waiting on each in turn); rows past the chunk read as 0. A row is a context ring row or a
-    // block row.
-#define DSP_KU 4
-    auto load_rows = [&](const float* ring, const float* blk, int i, float (&v)[DSP_KU][8]) {
+    // this lane's columns (lane + 32e) of the V rows of chunk indices i, i + 8, ..: DSP_KU rows
+    // (32 floats per lane), all loads issued before any is used (one key's loads alone would leave
+    // the warp waiting on each in turn); rows past the chunk read as 0. A row is a context ring
+    // row or a block row.
+    constexpr int DSP_KU = 32 / EPL;
+    auto load_rows = [&](const float* ring, const float* blk, int i, float (&v)[DSP_KU][EPL]) {
 #pragma unroll
         for (int u = 0; u < DSP_KU; ++u) {
             const int iu = i + 8 * u, li = i0 + (iu < cnt ? iu : i);
             const float* r =
                 (li < len ? ring + (size_t)((off + li) % cap) * kvw : blk + (size_t)(li - len) * kvw) + g * hd;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) v[u][e] = e < epl && iu < cnt ? r[lane + 32 * e] : 0.f;
+            for (int e = 0; e < EPL; ++e) v[u][e] = e < epl && iu < cnt ? r[lane + 32 * e] : 0.f;
         }
     };
-    // scores: warp w takes keys w, w + 8, ..., DSP_KU of them per step
-    for (int i = w; i < cnt; i += 8 * DSP_KU) {
-        float kv[DSP_KU][8];
-        load_rows(kc, kb, i, kv);
+    // scores: thread i takes key i of the chunk (cnt <= DSP_CH = blockDim.x) and dots its whole K
+    // row, 4 columns at a time in increasing order, with every query row (q from shared memory,
+    // the same address in every lane): no cross-lane reduction per key and row, and the row's
+    // loads are independent of each other
+    if (tid < cnt) {
+        const int li = i0 + tid;
+        const float4* r = (const float4*)((li < len ? kc + (size_t)((off + li) % cap) * kvw
+                                                    : kb + (size_t)(li - len) * kvw) +
+                                          g * hd);
+        float a[MAXN];
 #pragma unroll
-        for (int u = 0; u < DSP_KU; ++u) {
-            const int iu = i + 8 * u;
-            if (iu >= cnt) break;
-            for (int t = 0; t < n; ++t) {
-                float a = 0.f;
+        for (int t = 0; t < MAXN; ++t) a[t] = 0.f;
+#pragma unroll 8
+        for (int d4 = 0; d4 < (hd >> 2); ++d4) {
+            const float4 k = __ldg(r + d4);
 #pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    if (e < epl) a = fmaf(qs[t][lane + 32 * e], kv[u][e], a);
-                a = warp_sum(a);
-                if (lane == 0) sc[t][iu] = a * scale;
-            }
+            for (int t = 0; t < MAXN; ++t)
+                if (t < n) {
+                    const float4 q = *(const float4*)&qs[t][4 * d4];
+                    a[t] = fmaf(q.x, k.x, a[t]);
+                    a[t] = fmaf(q.y, k.y, a[t]);
+                    a[t] = fmaf(q.z, k.z, a[t]);
+                    a[t] = fmaf(q.w, k.w, a[t]);
+                }
         }
+#pragma unroll
+        for (int t = 0; t < MAXN; ++t)
+            if (t < n) sc[t][tid] = a[t] * scale;
     }
     __syncthreads();
     for (int t = 0; t < n; ++t) {
@@ -386,13 +422,13 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
     __syncthreads();
     // weighted V: warp w takes keys w, w + 8, ... (DSP_KU per step, loads first), lane the columns
     // lane + 32e; then the 8 warps' partial sums are added in warp order
-    float o[MAXN][8];
+    float o[MAXN][EPL];
 #pragma unroll
     for (int t = 0; t < MAXN; ++t)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[t][e] = 0.f;
+        for (int e = 0; e < EPL; ++e) o[t][e] = 0.f;
     for (int i = w; i < cnt; i += 8 * DSP_KU) {
-        float vv[DSP_KU][8];
+        float vv[DSP_KU][EPL];
         load_rows(vc, vb, i, vv);
 #pragma unroll
         for (int u = 0; u < DSP_KU; ++u) {
@@ -403,11 +439,10 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
                 if (t < n) {
                     const float p = sc[t][iu];
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) o[t][e] = fmaf(p, vv[u][e], o[t][e]);
+                    for (int e = 0; e < EPL; ++e) o[t][e] = fmaf(p, vv[u][e], o[t][e]);
                 }
         }
     }
-#undef DSP_KU
     // the warps' partial sums of one activation row at a time: [8 warps][256 columns]
     __shared__ float vsum[8][256];
 #pragma unroll
@@ -415,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
         if (t >= n) break;
         __syncthreads();
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
+        for (int e = 0; e < EPL; ++e)
             if (e < epl) vsum[w][lane + 32 * e] = o[t][e];
         __syncthreads();
         float* pp = part + (((size_t)t * nh + h) * nchunk + c) * (hd + 2);
@@ -431,16 +466,31 @@ extern "C" __global__ void __launch_bounds__(256) dsp_attn_part(const float* qo,
     }
 }
 
+#define DSP_ATTN_ENTRY(NAME, EPL)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        NAME(const float* qo, const float* kc, const float* vc, int cap, int off, int len, const float* kb, \
+             const float* vb, int n, int nh, int nkv, int hd, float scale, int nchunk, float* part,         \
+             const int* par, int spread) {                                                              \
+        dsp_attn_part_body<EPL>(qo, kc, vc, cap, off, len, kb, vb, n, nh, nkv, hd, scale, nchunk, part, par, \
+                                spread);                                                                \
+    }
+// dsp_attn_part: any head dim (a multiple of 32 up to 256); _e1 / _e2 / _e4: exactly 32 / 64 / 128
+// (fewer registers: the lane arrays hold what the head uses). Launcher: `Gpu::dsp_attention`.
+DSP_ATTN_ENTRY(dsp_attn_part, 8)
+DSP_ATTN_ENTRY(dsp_attn_part_e1, 1)
+DSP_ATTN_ENTRY(dsp_attn_part_e2, 2)
+DSP_ATTN_ENTRY(dsp_attn_part_e4, 4)
+
 // Phase 2: merge the chunk partials of (h, t) in chunk order; write f32 (out) and int8-quantize
 // (q/d/s, per-32 blocks of [n, nh·hd]). grid (nh, n), block hd. nchunk: the part stride; with par
-// (the draft graph) only the ceil((len + n) / DSP_CH) chunks that hold keys are merged, the same
+// (the draft graph) only the dsp_chunks(len + n, spread) chunks that hold keys are merged, the same
 // partials in the same order as the launch sized for them.
 extern "C" __global__ void dsp_attn_merge(const float* part, int nh, int hd, int nchunk, float* out, i8* q,
-                                          float* d, int* s, const int* par) {
+                                          float* d, int* s, const int* par, int spread) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
-    const int cnt = par ? min(nchunk, (par[DSP_PAR_LEN] + (int)gridDim.y + DSP_CH - 1) / DSP_CH) : nchunk;
+    const int cnt = par ? min(nchunk, dsp_chunks(par[DSP_PAR_LEN] + (int)gridDim.y, spread)) : nchunk;
     float M = NEG_INF;
     for (int c = 0; c < cnt; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
     float ls = 0.f, o = 0.f;

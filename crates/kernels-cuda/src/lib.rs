@@ -47,7 +47,8 @@ pub use retile::{
     host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p, WKind,
 };
 pub use spec::{
-    dsp_attn_part_floats, gdn_rec_width, DspPar, PlaneKind, Ring, DSP_ATTN_CHUNK, Q41_MAX_SEGS,
+    dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_max_chunks, dsp_attn_part_floats, gdn_rec_width,
+    DspPar, NormRopeSet, PlaneKind, Ring, DSP_ATTN_CHUNK, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
     REPLAY_MAX_LAYERS,
 };
 pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
@@ -1536,6 +1537,9 @@ kernels!(
         dsp_norm_rope,
         dsp_copy_rows,
         dsp_attn_part,
+        dsp_attn_part_e1,
+        dsp_attn_part_e2,
+        dsp_attn_part_e4,
         dsp_attn_merge,
         dsp_markov_scores,
         mv_q1_n8_k1,
@@ -2834,6 +2838,9 @@ impl Gpu {
             k.dsp_norm_rope,
             k.dsp_copy_rows,
             k.dsp_attn_part,
+            k.dsp_attn_part_e1,
+            k.dsp_attn_part_e2,
+            k.dsp_attn_part_e4,
             k.dsp_attn_merge,
             k.dsp_markov_scores,
         ]

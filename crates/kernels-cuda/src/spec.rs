@@ -10,13 +10,51 @@ pub const Q41_MAX_SEGS: usize = 3;
 const DSP_MARKOV_PER_WARP: usize = 4;
 /// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
 pub const REPLAY_MAX_LAYERS: usize = 64;
-/// Keys per chunk of the drafter's block attention (`DSP_CH` in the source).
+/// Most keys per chunk of the drafter's block attention (`DSP_CH` in the source).
 pub const DSP_ATTN_CHUNK: usize = 256;
+/// Most chunks [`Gpu::dsp_attention`] spreads a short context over (the drafter's default).
+pub const DSP_ATTN_SPREAD: usize = 8;
 
-/// f32 elements of [`Gpu::dsp_attention`]'s partials scratch for `n` rows, `nh` heads of `hd`, `t`
-/// keys: `[n, nh, ceil(t / DSP_ATTN_CHUNK), hd + 2]`.
+/// Keys per chunk of [`Gpu::dsp_attention`] for `t` keys (`dsp_chunk_len` in the source): `t`
+/// spread over `spread` (1..=[`DSP_ATTN_SPREAD`]) chunks, rounded up to a multiple of 32, within
+/// 32..=[`DSP_ATTN_CHUNK`]. A function of (`t`, `spread`) alone, so eager and graph launches agree
+/// bit for bit. `spread` 1: one chunk up to [`DSP_ATTN_CHUNK`] keys (the layout before 2026-12-04).
+pub fn dsp_attn_chunk_len(t: usize, spread: usize) -> usize {
+    (t.div_ceil(spread.max(1)).div_ceil(32) * 32).clamp(32, DSP_ATTN_CHUNK)
+}
+
+/// Chunks of [`Gpu::dsp_attention`] that hold keys, for `t` keys (`dsp_chunks` in the source).
+pub fn dsp_attn_chunks(t: usize, spread: usize) -> usize {
+    t.div_ceil(dsp_attn_chunk_len(t, spread))
+}
+
+/// The most chunks any key count up to `t_max` uses at any spread up to [`DSP_ATTN_SPREAD`]: the
+/// partials stride and the graph's grid.
+pub fn dsp_attn_max_chunks(t_max: usize) -> usize {
+    // up to DSP_ATTN_SPREAD · DSP_ATTN_CHUNK keys a chunk holds ≥ t / spread of them (and ≥ 32);
+    // past that every chunk but the last is full
+    DSP_ATTN_SPREAD
+        .min(t_max.div_ceil(32))
+        .max(t_max.div_ceil(DSP_ATTN_CHUNK))
+        .max(1)
+}
+
+/// f32 elements of [`Gpu::dsp_attention`]'s partials scratch for `n` rows, `nh` heads of `hd`, up
+/// to `t` keys: `[n, nh, dsp_attn_max_chunks(t), hd + 2]`.
 pub fn dsp_attn_part_floats(n: usize, nh: usize, hd: usize, t: usize) -> usize {
-    n * nh * t.div_ceil(DSP_ATTN_CHUNK) * (hd + 2)
+    n * nh * dsp_attn_max_chunks(t) * (hd + 2)
+}
+
+/// One head set of [`Gpu::dsp_norm_rope_sets`]: `heads` heads of `src` (`[n, src_stride]`) normed
+/// with `w` into `dst` (`[*, dst_stride]`).
+#[derive(Clone, Copy, Debug)]
+pub struct NormRopeSet {
+    pub src: u64,
+    pub src_stride: usize,
+    pub heads: usize,
+    pub w: u64,
+    pub dst: u64,
+    pub dst_stride: usize,
 }
 
 /// The element type of a [`Gpu::dsp_markov_scores`] plane.
@@ -375,31 +413,66 @@ impl Gpu {
         ring: Ring,
         par: u64,
     ) -> Result<()> {
+        let a = NormRopeSet {
+            src,
+            src_stride,
+            heads,
+            w,
+            dst,
+            dst_stride,
+        };
+        let none = NormRopeSet { heads: 0, ..a };
+        self.dsp_norm_rope_sets(a, none, n, eps, hd, pos0, rope_base, ring, par)
+    }
+
+    /// [`Self::dsp_norm_rope`] of two head sets in one launch (the draft's q and k heads): the
+    /// same rows, positions, ring and operations per head as two launches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsp_norm_rope_sets(
+        &self,
+        a: NormRopeSet,
+        b: NormRopeSet,
+        n: usize,
+        eps: f32,
+        hd: usize,
+        pos0: usize,
+        rope_base: f32,
+        ring: Ring,
+        par: u64,
+    ) -> Result<()> {
         if hd == 0 || hd % 32 != 0 || hd > 256 {
             return Err(CudaError(format!(
                 "dsp_norm_rope: head dim {hd} is not a multiple of 32 up to 256"
             )));
         }
-        if n == 0 || heads == 0 {
+        if n == 0 || a.heads + b.heads == 0 {
             return Ok(());
         }
+        // an empty first set: the second takes its place
+        let (a, b) = if a.heads == 0 { (b, a) } else { (a, b) };
         self.launch(
             self.f.dsp_norm_rope,
-            (heads as u32, n as u32, 1),
+            ((a.heads + b.heads) as u32, n as u32, 1),
             (hd as u32, 1, 1),
             &[
-                Arg::P(src),
-                Arg::I(src_stride as i32),
-                Arg::P(w),
+                Arg::P(a.src),
+                Arg::I(a.src_stride as i32),
+                Arg::P(a.w),
                 Arg::F(eps),
                 Arg::I(hd as i32),
                 Arg::I(pos0 as i32),
                 Arg::F(rope_base),
-                Arg::P(dst),
-                Arg::I(dst_stride as i32),
+                Arg::P(a.dst),
+                Arg::I(a.dst_stride as i32),
                 Arg::I(ring.cap as i32),
                 Arg::I(ring.slot0 as i32),
                 Arg::P(par),
+                Arg::I(a.heads as i32),
+                Arg::P(b.src),
+                Arg::I(b.src_stride as i32),
+                Arg::P(b.w),
+                Arg::P(b.dst),
+                Arg::I(b.dst_stride as i32),
             ],
         )
     }
@@ -442,7 +515,7 @@ impl Gpu {
     /// grid then covers a full ring and `part` must hold
     /// [`dsp_attn_part_floats`]`(n, nh, hd, cap + n)`; the chunks past the keys write nothing and
     /// the merge reads only the chunks that hold keys, so the outputs equal the launch sized for
-    /// them.
+    /// them. `spread`: [`dsp_attn_chunk_len`]'s (1..=[`DSP_ATTN_SPREAD`]).
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_attention(
         &self,
@@ -465,7 +538,13 @@ impl Gpu {
         d: u64,
         s: u64,
         par: u64,
+        spread: usize,
     ) -> Result<()> {
+        if !(1..=DSP_ATTN_SPREAD).contains(&spread) {
+            return Err(CudaError(format!(
+                "dsp_attention: spread {spread} (1..={DSP_ATTN_SPREAD})"
+            )));
+        }
         if !(1..=MAX_ROWS).contains(&n) || hd == 0 || hd % 32 != 0 || hd > 256 {
             return Err(CudaError(format!(
                 "dsp_attention: {n} rows (1..=8), head dim {hd} (a multiple of 32 up to 256)"
@@ -481,9 +560,21 @@ impl Gpu {
                 "dsp_attention: device parameters need a ring (cap > 0)".into(),
             ));
         }
-        let nchunk = if par != 0 { cap + n } else { len + n }.div_ceil(DSP_ATTN_CHUNK);
+        // the graph's grid covers any live length up to the ring; the eager one exactly these keys
+        let nchunk = if par != 0 {
+            dsp_attn_max_chunks(cap + n)
+        } else {
+            dsp_attn_chunks(len + n, spread)
+        };
+        // the entry whose lane arrays fit the head exactly (fewer registers), else the generic one
+        let part_fn = match hd {
+            32 => self.f.dsp_attn_part_e1,
+            64 => self.f.dsp_attn_part_e2,
+            128 => self.f.dsp_attn_part_e4,
+            _ => self.f.dsp_attn_part,
+        };
         self.launch(
-            self.f.dsp_attn_part,
+            part_fn,
             (nh as u32, nchunk as u32, 1),
             (256, 1, 1),
             &[
@@ -503,6 +594,7 @@ impl Gpu {
                 Arg::I(nchunk as i32),
                 Arg::P(part),
                 Arg::P(par),
+                Arg::I(spread as i32),
             ],
         )?;
         self.launch(
@@ -519,6 +611,7 @@ impl Gpu {
                 Arg::P(d),
                 Arg::P(s),
                 Arg::P(par),
+                Arg::I(spread as i32),
             ],
         )
     }
@@ -626,5 +719,43 @@ mod tests {
             super::dsp_attn_part_floats(4, 40, 128, 4097),
             4 * 40 * 17 * 130
         );
+        // a short context still has room for the spread's 8 chunks
+        assert_eq!(
+            super::dsp_attn_part_floats(4, 40, 128, 300),
+            4 * 40 * 8 * 130
+        );
+    }
+
+    #[test]
+    fn dsp_chunks_cover_the_keys_within_the_stride() {
+        use super::{
+            dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_max_chunks, DSP_ATTN_CHUNK,
+            DSP_ATTN_SPREAD,
+        };
+        for t_max in [1usize, 5, 31, 64, 100, 257, 1000, 2048, 2049, 4096, 4100] {
+            let stride = dsp_attn_max_chunks(t_max);
+            for t in 1..=t_max {
+                for spread in 1..=DSP_ATTN_SPREAD {
+                    let (c, n) = (dsp_attn_chunk_len(t, spread), dsp_attn_chunks(t, spread));
+                    assert!(
+                        c % 32 == 0 && (32..=DSP_ATTN_CHUNK).contains(&c),
+                        "t {t}: {c}"
+                    );
+                    assert!(n * c >= t && (n - 1) * c < t, "t {t}: {n} chunks of {c}");
+                    assert!(
+                        n <= stride,
+                        "t {t} spread {spread}: {n} > {stride} (t_max {t_max})"
+                    );
+                }
+                // spread 1 is the fixed 256-key chunking
+                assert_eq!(dsp_attn_chunks(t, 1), t.div_ceil(DSP_ATTN_CHUNK));
+            }
+        }
+        // the drafter's short contexts: 8 chunks of 32..64 keys instead of one
+        assert_eq!(
+            (dsp_attn_chunk_len(300, 8), dsp_attn_chunks(300, 8)),
+            (64, 5)
+        );
+        assert_eq!((dsp_attn_chunk_len(64, 8), dsp_attn_chunks(64, 8)), (32, 2));
     }
 }

@@ -2981,6 +2981,95 @@ fn argmax_lowest_index_on_ties() {
     }
 }
 
+/// `dsp_norm_rope_sets` with two head sets == two `dsp_norm_rope` launches, bit for bit (the
+/// draft's q and k heads), plain rows and a ring.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn dsp_norm_rope_sets_equal_two_launches() {
+    use bonsai_kernels_cuda::{NormRopeSet, Ring};
+    let g = need_gpu!("dsp_norm_rope_sets_equal_two_launches");
+    let mut rng = Rng(617);
+    let (nh, nkv, hd, n) = (40usize, 4usize, 128usize, 4usize);
+    let (qw, kvw) = (nh * hd, nkv * hd);
+    let q = g.upload(&rng.vec(n * qw, 2.0)).unwrap();
+    let k = g.upload(&rng.vec(n * kvw, 2.0)).unwrap();
+    let wq = g.upload(&rng.vec(hd, 1.0)).unwrap();
+    let wk = g.upload(&rng.vec(hd, 1.0)).unwrap();
+    for ring in [Ring::PLAIN, Ring { cap: 6, slot0: 4 }] {
+        let rows = if ring.cap > 0 { ring.cap } else { n };
+        let (qa, ka, qb, kb) = (
+            g.alloc(rows * qw * 4).unwrap(),
+            g.alloc(rows * kvw * 4).unwrap(),
+            g.alloc(rows * qw * 4).unwrap(),
+            g.alloc(rows * kvw * 4).unwrap(),
+        );
+        let pos0 = 4093;
+        g.dsp_norm_rope(
+            q.ptr(),
+            qw,
+            nh,
+            n,
+            wq.ptr(),
+            1e-6,
+            hd,
+            pos0,
+            1e7,
+            qa.ptr(),
+            qw,
+            ring,
+            0,
+        )
+        .unwrap();
+        g.dsp_norm_rope(
+            k.ptr(),
+            kvw,
+            nkv,
+            n,
+            wk.ptr(),
+            1e-6,
+            hd,
+            pos0,
+            1e7,
+            ka.ptr(),
+            kvw,
+            ring,
+            0,
+        )
+        .unwrap();
+        let set = |src: &DevBuf, stride, heads, w: &DevBuf, dst: &DevBuf| NormRopeSet {
+            src: src.ptr(),
+            src_stride: stride,
+            heads,
+            w: w.ptr(),
+            dst: dst.ptr(),
+            dst_stride: stride,
+        };
+        g.dsp_norm_rope_sets(
+            set(&q, qw, nh, &wq, &qb),
+            set(&k, kvw, nkv, &wk, &kb),
+            n,
+            1e-6,
+            hd,
+            pos0,
+            1e7,
+            ring,
+            0,
+        )
+        .unwrap();
+        let bits = |b: &DevBuf, len| -> Vec<u32> { down(g, b, len) };
+        assert!(
+            bits(&qa, rows * qw) == bits(&qb, rows * qw),
+            "q heads differ (ring {})",
+            ring.cap
+        );
+        assert!(
+            bits(&ka, rows * kvw) == bits(&kb, rows * kvw),
+            "k heads differ (ring {})",
+            ring.cap
+        );
+    }
+}
+
 /// `logit_stats_rows`: first maximum (NaN never wins), its value and the log-sum-exp, vs the host
 /// in f64, on rows with ties, NaN and −inf, and a row with no finite logit.
 #[test]

@@ -172,6 +172,11 @@ pub struct CudaDrafter {
     /// Drafts replay a captured graph per state (on unless `BONSAI_CUDA_DRAFT_GRAPH=0`;
     /// [`CudaDrafter::set_graph`]).
     graph: AtomicBool,
+    /// The draft's fused launches (on unless `BONSAI_CUDA_DRAFT_FUSED=0`, read at load): q and k
+    /// heads normed in one launch, and the block attention's keys spread over up to
+    /// [`kc::DSP_ATTN_SPREAD`] chunks. Off: two norm launches and chunks of up to 256 keys (the
+    /// A/B baseline). [`CudaDrafter::set_fused`].
+    fused: AtomicBool,
 }
 
 /// Where a draft's inputs come from.
@@ -249,6 +254,9 @@ impl CudaDrafter {
             graph: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_DRAFT_GRAPH").map_or(true, |v| v != "0"),
             ),
+            fused: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_DRAFT_FUSED").map_or(true, |v| v != "0"),
+            ),
             cfg,
             host,
             gpu,
@@ -267,6 +275,19 @@ impl CudaDrafter {
         self.graph.store(on, Ordering::Relaxed);
     }
 
+    /// Whether drafts take the fused launches (the default; `BONSAI_CUDA_DRAFT_FUSED=0` at load or
+    /// [`Self::set_fused`] turns them off). Drafts may differ from the unfused ones at near-ties
+    /// (the attention's chunking changes the float order); speculation is lossless either way.
+    pub fn fused(&self) -> bool {
+        self.fused.load(Ordering::Relaxed)
+    }
+
+    /// Turn the fused draft launches on or off (benchmarks compare both; a state's captured draft
+    /// is captured again).
+    pub fn set_fused(&self, on: bool) {
+        self.fused.store(on, Ordering::Relaxed);
+    }
+
     /// What a state's captured draft bakes in besides the state's own buffers: this drafter's
     /// weights and the launch mode.
     fn graph_key(&self) -> [u64; 3] {
@@ -280,7 +301,8 @@ impl CudaDrafter {
             w,
             self.gpu.pdl() as u64
                 | (self.gpu.q41_r4() as u64) << 1
-                | (self.gpu.spec_pdl() as u64) << 2,
+                | (self.gpu.spec_pdl() as u64) << 2
+                | (self.fused() as u64) << 3,
         ]
     }
 
@@ -619,6 +641,7 @@ impl CudaDrafter {
         let (e, bs, hd) = (c.n_embd, c.block_size, c.head_dim);
         let (nh, nkv, kvw, nv) = (c.n_head, c.n_head_kv, st.kvw, c.n_vocab);
         let (qw, eps) = (nh * hd, c.rms_eps);
+        let fused = self.fused();
         let g = &*self.gpu;
         // x [bs, E]: row 0 = E[id_last] + snr_anchor (host), rows 1.. = the precomputed mask rows;
         // ids[0] = id_last
@@ -657,38 +680,33 @@ impl CudaDrafter {
                 bs,
                 false,
             )?;
-            g.dsp_norm_rope(
-                st.qf.ptr(),
-                qw,
-                nh,
-                bs,
-                l.q_norm.ptr(),
-                eps,
-                hd,
-                start,
-                c.rope_base,
-                st.qo.ptr(),
-                qw,
-                Ring::PLAIN,
-                par,
-            )
-            .map_err(be)?;
-            g.dsp_norm_rope(
-                st.kf.ptr(),
-                kvw,
-                nkv,
-                bs,
-                l.k_norm.ptr(),
-                eps,
-                hd,
-                start,
-                c.rope_base,
-                st.kb.ptr(),
-                kvw,
-                Ring::PLAIN,
-                par,
-            )
-            .map_err(be)?;
+            // the q and k heads: one launch, or one each
+            let qset = kc::NormRopeSet {
+                src: st.qf.ptr(),
+                src_stride: qw,
+                heads: nh,
+                w: l.q_norm.ptr(),
+                dst: st.qo.ptr(),
+                dst_stride: qw,
+            };
+            let kset = kc::NormRopeSet {
+                src: st.kf.ptr(),
+                src_stride: kvw,
+                heads: nkv,
+                w: l.k_norm.ptr(),
+                dst: st.kb.ptr(),
+                dst_stride: kvw,
+            };
+            let sets = if fused {
+                vec![(qset, kset)]
+            } else {
+                let none = |s: kc::NormRopeSet| kc::NormRopeSet { heads: 0, ..s };
+                vec![(qset, none(qset)), (kset, none(kset))]
+            };
+            for (a, b) in sets {
+                g.dsp_norm_rope_sets(a, b, bs, eps, hd, start, c.rope_base, Ring::PLAIN, par)
+                    .map_err(be)?;
+            }
             // attention f32 into xf and int8 into xq/xd/xs: the out-projection's input
             g.dsp_attention(
                 st.qo.ptr(),
@@ -710,6 +728,7 @@ impl CudaDrafter {
                 st.xd.ptr(),
                 st.xs.ptr(),
                 par,
+                if fused { kc::DSP_ATTN_SPREAD } else { 1 },
             )
             .map_err(be)?;
             self.mv(st, &[(&l.out, x)], bs, true)?;
@@ -821,7 +840,7 @@ pub struct CudaDraftState {
     logits: DevBuf, // [bs, V]
     scores: DevBuf, // [V]
     ids: DevBuf,    // [bs + 1] i32: id_last, then the drafts
-    part: DevBuf,   // attention partials [8, nh, ceil((window + 8) / 256), hd + 2]
+    part: DevBuf,   // attention partials [8, nh, dsp_attn_max_chunks(window + 8), hd + 2]
     // the captured draft's input: pinned [block row 0 (E f32) ‖ DspPar (i32 × 3) ‖ id_last (i32)]
     gin: PinnedBuf,
     gpar: DevBuf,    // DspPar [3] i32 on the device, read by the graph's kernels
