@@ -697,15 +697,16 @@ impl CudaDrafter {
                 dst: st.kb.ptr(),
                 dst_stride: kvw,
             };
-            let sets = if fused {
-                vec![(qset, kset)]
+            let norm_rope = |a, b| {
+                g.dsp_norm_rope_sets(a, b, bs, eps, hd, start, c.rope_base, Ring::PLAIN, par)
+                    .map_err(be)
+            };
+            if fused {
+                norm_rope(qset, kset)?;
             } else {
                 let none = |s: kc::NormRopeSet| kc::NormRopeSet { heads: 0, ..s };
-                vec![(qset, none(qset)), (kset, none(kset))]
-            };
-            for (a, b) in sets {
-                g.dsp_norm_rope_sets(a, b, bs, eps, hd, start, c.rope_base, Ring::PLAIN, par)
-                    .map_err(be)?;
+                norm_rope(qset, none(qset))?;
+                norm_rope(kset, none(kset))?;
             }
             // attention f32 into xf and int8 into xq/xd/xs: the out-projection's input
             g.dsp_attention(
