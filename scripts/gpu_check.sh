@@ -124,17 +124,20 @@ if [[ $BENCH == 1 ]]; then
       rc=$((rc|${PIPESTATUS[0]}))
     fi
     if [[ $DRAFTAB == 1 ]] && ! late "draft by context $v"; then
-      # the graph draft by context length, fused vs unfused launches alternating in one process
-      BONSAI_DRAFT_CTX_MODEL=$f BONSAI_DRAFT_CTX_DRAFTER=$d BONSAI_DRAFT_CTX_OUT="$OUT/draft-ctx-$v.json" .device/bin/cuda_drafter --include-ignored --exact cuda_draft_by_context --nocapture 2>&1 | tee "$OUT/draft-ctx-$v.log" | grep -E "DRAFTCTX|SKIPPED|panicked|result"
+      # the graph draft by context length: unfused, fused per q head, fused per kv head attention,
+      # alternating in one process
+      BONSAI_DRAFT_CTX_MODEL=$f BONSAI_DRAFT_CTX_DRAFTER=$d BONSAI_DRAFT_CTX_OUT="$OUT/draft-ctx-$v.json" .device/bin/cuda_drafter --include-ignored --exact cuda_draft_by_context --nocapture 2>&1 | tee "$OUT/draft-ctx-$v.log" | grep -E "DRAFTCTX|DRAFTPROF|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
     if [[ $DRAFTAB == 1 ]]; then
       # the draft's unfused launches (BONSAI_CUDA_DRAFT_FUSED=0: two norm launches, 256-key
-      # attention chunks, Markov scores then argmax_rows), then the default again: A, B, A
-      for side in unfused fused; do
+      # attention chunks per q head), the fused ones with the attention per q head
+      # (BONSAI_CUDA_DRAFT_ATTN=head), then the default (per kv head)
+      for side in unfused head fused; do
         late "draft $side spec bench $v" && continue
         fz=1; [[ $side == unfused ]] && fz=0
-        BONSAI_CUDA_DRAFT_FUSED=$fz BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-draft-$side-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-draft-$side-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+        at=kv; [[ $side == head ]] && at=head
+        BONSAI_CUDA_DRAFT_FUSED=$fz BONSAI_CUDA_DRAFT_ATTN=$at BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-draft-$side-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-draft-$side-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
         rc=$((rc|${PIPESTATUS[0]}))
       done
     fi

@@ -718,8 +718,9 @@ fn cuda_engine_gpu_drafter_equals_plain() {
     }
 }
 
-/// The graph draft's time by context length, the fused launches (`CudaDrafter::set_fused`) against
-/// the unfused ones, alternating in one process: a benchmark, not a timed test (it asserts only
+/// The graph draft's time by context length, the fused launches (`CudaDrafter::set_fused`) with
+/// either block attention kernel (`set_attn_per_kv_head`) against the unfused ones, alternating in
+/// one process: a benchmark, not a timed test (it asserts only
 /// that both give drafts). Runs on `$BONSAI_DRAFT_CTX_MODEL` with `$BONSAI_DRAFT_CTX_DRAFTER`
 /// (scripts/gpu_check.sh: the 27B files) and writes JSON to `$BONSAI_DRAFT_CTX_OUT` when set.
 #[test]
@@ -758,10 +759,15 @@ fn cuda_draft_by_context() {
             d.stage(&mut st, &taps, pos, nb).unwrap();
             pos += nb;
         }
-        let mut ms = [Vec::new(), Vec::new()]; // [unfused, fused]
+        // [unfused, fused with a block per q head, fused with a block per kv head]
+        let mut ms = [Vec::new(), Vec::new(), Vec::new()];
         for _rep in 0..3 {
-            for (side, fused) in [false, true].into_iter().enumerate() {
+            for (side, (fused, kv)) in [(false, false), (true, false), (true, true)]
+                .into_iter()
+                .enumerate()
+            {
                 d.set_fused(fused);
+                d.set_attn_per_kv_head(kv);
                 let id = (rng.next() % (nv as u64 - 1)) as u32;
                 for _ in 0..3 {
                     assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
@@ -777,40 +783,56 @@ fn cuda_draft_by_context() {
                 ms[side].push(t[t.len() / 2]);
             }
         }
-        // one eager draft with every launch timed alone: where the context's cost sits
+        // one eager draft per attention kernel with every launch timed alone: where the
+        // context's cost sits
         d.set_graph(false);
-        b.gpu().profile_begin();
-        d.draft(&mut st, 7, pos).unwrap();
-        let prof = b.gpu().profile_end();
-        d.set_graph(true);
-        let mut attn = std::collections::BTreeMap::<String, f32>::new();
-        for (k, us) in &prof {
-            if k.starts_with("dsp_attn") {
-                *attn.entry(k.clone()).or_default() += us;
+        let mut attn_us = [0f32; 2];
+        for (side, kv) in [false, true].into_iter().enumerate() {
+            d.set_attn_per_kv_head(kv);
+            b.gpu().profile_begin();
+            d.draft(&mut st, 7, pos).unwrap();
+            let prof = b.gpu().profile_end();
+            let mut attn = std::collections::BTreeMap::<String, f32>::new();
+            for (k, us) in &prof {
+                if k.starts_with("dsp_attn") {
+                    *attn.entry(k.clone()).or_default() += us;
+                }
             }
+            attn_us[side] = attn.values().sum();
+            let total: f32 = prof.iter().map(|(_, us)| us).sum();
+            println!(
+                "DRAFTPROF context {ctx} ({}): {total:.1} us of kernels alone, attention {attn:?}",
+                if kv { "per kv head" } else { "per q head" }
+            );
         }
-        let total: f32 = prof.iter().map(|(_, us)| us).sum();
-        println!("DRAFTPROF context {ctx}: {total:.1} us of kernels alone, attention {attn:?}");
+        d.set_graph(true);
         let med = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (u, f) = (med(&mut ms[0].clone()), med(&mut ms[1].clone()));
+        let (u, f, k) = (
+            med(&mut ms[0].clone()),
+            med(&mut ms[1].clone()),
+            med(&mut ms[2].clone()),
+        );
         println!(
-            "DRAFTCTX context {ctx}: unfused {u:.3} ms, fused {f:.3} ms per graph draft ({:.3}x); runs {:?} / {:?}",
-            u / f,
+            "DRAFTCTX context {ctx}: unfused {u:.3} ms, fused per q head {f:.3} ms, fused per kv head {k:.3} ms per graph draft ({:.3}x / {:.3}x); runs {:?} / {:?} / {:?}",
+            u / k,
+            f / k,
             ms[0],
-            ms[1]
+            ms[1],
+            ms[2]
         );
         rows.push(format!(
-            "{{\"context\": {ctx}, \"unfused_ms\": {u:.4}, \"fused_ms\": {f:.4}, \"unfused_runs\": {:?}, \"fused_runs\": {:?}}}",
-            ms[0], ms[1]
+            "{{\"context\": {ctx}, \"unfused_ms\": {u:.4}, \"fused_ms\": {f:.4}, \"fused_kv_ms\": {k:.4}, \"attn_alone_us\": {{\"per_q_head\": {:.1}, \"per_kv_head\": {:.1}}}, \"unfused_runs\": {:?}, \"fused_runs\": {:?}, \"fused_kv_runs\": {:?}}}",
+            attn_us[0], attn_us[1], ms[0], ms[1], ms[2]
         ));
     }
     d.set_fused(true);
+    d.set_attn_per_kv_head(true);
     if let Ok(out) = std::env::var("BONSAI_DRAFT_CTX_OUT") {
         let json = format!(
-            "{{\"what\": \"graph draft ms by context length, fused vs unfused draft launches (CudaDrafter::set_fused), alternating in one process, 3 x median of 15\", \"device\": \"{}\", \"rows\": [{}]}}\n",
+            "{{\"what\": \"graph draft ms by context length: unfused draft launches, fused with the block attention per q head, fused per kv head (CudaDrafter::set_fused / set_attn_per_kv_head), alternating in one process, 3 x median of 15; attn_alone_us: the dsp_attn launches of one eager draft timed alone\", \"device\": \"{}\", \"rows\": [{}]}}\n",
             b.name(),
             rows.join(", ")
         );

@@ -323,12 +323,13 @@ extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int w
 // 32..DSP_CH. A function of (T, spread) alone: the eager launch (sized for T) and the graph's
 // (sized for the whole ring) cut the keys the same way and give the same bits. Host twins:
 // `dsp_attn_chunk_len`, `dsp_attn_chunks` (spec.rs).
-__device__ __forceinline__ int dsp_chunk_len(int T, int spread) {
+// chmax: the kernel's most keys per chunk (DSP_CH for dsp_attn_part*, DSP_GCH for dsp_attn_kv).
+__device__ __forceinline__ int dsp_chunk_len(int T, int spread, int chmax) {
     const int c = ((T + spread - 1) / spread + 31) & ~31;
-    return c < 32 ? 32 : c > DSP_CH ? DSP_CH : c;
+    return c < 32 ? 32 : c > chmax ? chmax : c;
 }
-__device__ __forceinline__ int dsp_chunks(int T, int spread) {
-    const int c = dsp_chunk_len(T, spread);
+__device__ __forceinline__ int dsp_chunks(int T, int spread, int chmax) {
+    const int c = dsp_chunk_len(T, spread, chmax);
     return (T + c - 1) / c;
 }
 // EPL: elements per lane of a head row (hd / 32) that the lane arrays hold: exact for the entries
@@ -351,7 +352,7 @@ __device__ __forceinline__ void dsp_attn_part_body(const float* qo, const float*
     }
     int kvw = nkv * hd, g = h / (nh / nkv);
     int T = len + n;
-    const int chl = dsp_chunk_len(T, spread);
+    const int chl = dsp_chunk_len(T, spread, DSP_CH);
     int i0 = c * chl, cnt = min(chl, T - i0);
     if (cnt <= 0) return;  // a chunk past the keys (the whole block: before any barrier)
     for (int idx = tid; idx < n * hd; idx += blockDim.x)
@@ -481,16 +482,177 @@ DSP_ATTN_ENTRY(dsp_attn_part_e1, 1)
 DSP_ATTN_ENTRY(dsp_attn_part_e2, 2)
 DSP_ATTN_ENTRY(dsp_attn_part_e4, 4)
 
+// Phase 1 with the keys shared by every q head of a kv head (the drafter's default since
+// 2026-12-05): block (g, s) takes kv head g and slot s = (chunk c, group of query rows). The R =
+// (nh / nkv)·n query rows of kv head g are row r = j·n + t for q head g·(nh / nkv) + j and block
+// row t; each key and value row of a chunk is read once per row group instead of once per q head.
+// Chunks of dsp_chunk_len(T, DSP_GSPREAD, DSP_GCH) keys (T alone decides them, as above). Groups:
+// ng = clamp(nslot / nchunks, ngmin, R) of rb = ceil(R / ng) rows, so a short context (few chunks)
+// still fills the grid, and the graph's grid (sized for a full ring) splits the rows of a short
+// context the same way an eager launch sized for it would not need to: each row's float order is
+// its own (no operation mixes rows), so any grouping gives the same bits.
+//   scores: the chunk's keys 32 at a time through shared memory (coalesced loads), warp w the rows
+//           w, w + 8, .., lane the key; each dot over the head in increasing dims, 4 at a time.
+//   softmax: a warp per row (warp_max / warp_sum); m and l go to the row's partial.
+//   weighted V: thread (dim d, row subset rs) over the chunk's keys in increasing order, V loads
+//           coalesced across d, the probabilities of 4 keys per shared-memory load.
+// grid (nkv, nslot), block 256, dynamic shared memory dsp_kv_smem floats (spec.rs
+// `dsp_attn_kv_smem`): qs [rbmax][hd] | ks [32][hd + 4] | sc [rbmax][DSP_GCH]; rbmax =
+// ceil(R / ngmin). nslot >= dsp_chunks(T, ..)·ngmin; part as for dsp_attn_part (stride nchunk).
+#define DSP_GCH 128     // most keys per chunk of dsp_attn_kv
+#define DSP_GSPREAD 32  // most chunks a context spreads over before they reach DSP_GCH keys
+#define DSP_GRV 12      // most query rows per thread of the weighted V (a group's rows <= (256 / hd)·DSP_GRV)
+extern "C" __global__ void __launch_bounds__(256)
+    dsp_attn_kv(const float* qo, const float* kc, const float* vc, int cap, int off, int len, const float* kb,
+                const float* vb, int n, int nh, int nkv, int hd, float scale, int nchunk, int ngmin, float* part,
+                const int* par) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
+    extern __shared__ __align__(16) float dsm[];
+    __shared__ const float* krow[DSP_GCH];
+    __shared__ const float* vrow[DSP_GCH];
+    const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    if (par) {
+        off = par[DSP_PAR_OFF];
+        len = par[DSP_PAR_LEN];
+    }
+    const int qpk = nh / nkv, R = qpk * n, kvw = nkv * hd, T = len + n;
+    const int chl = dsp_chunk_len(T, DSP_GSPREAD, DSP_GCH), nch = (T + chl - 1) / chl;
+    const int ng = max(ngmin, min(R, (int)gridDim.y / nch)), rb = (R + ng - 1) / ng;
+    const int c = blockIdx.y / ng, r0 = (blockIdx.y % ng) * rb;
+    if (c >= nch || r0 >= R) return;  // a slot past the keys or the rows (the whole block)
+    const int i0 = c * chl, cnt = min(chl, T - i0), nr = min(rb, R - r0);
+    const int rbmax = (R + ngmin - 1) / ngmin, h4 = hd >> 2, ksw = hd + 4;
+    float* qs = dsm;                 // [rbmax][hd]
+    float* ks = qs + rbmax * hd;     // [32][hd + 4]: +4 keeps a warp's float4 row reads conflict-free
+    float* sc = ks + 32 * ksw;       // [rbmax][chl]
+    for (int i = tid; i < cnt; i += blockDim.x) {
+        const int li = i0 + i;
+        const size_t ro = li < len ? (size_t)((off + li) % cap) * kvw : (size_t)(li - len) * kvw;
+        krow[i] = (li < len ? kc : kb) + ro + g * hd;
+        vrow[i] = (li < len ? vc : vb) + ro + g * hd;
+    }
+    for (int idx = tid; idx < nr * h4; idx += blockDim.x) {
+        const int r = idx / h4, d4 = idx % h4, rr = r0 + r;
+        const float* src = qo + (size_t)(rr % n) * nh * hd + (size_t)(g * qpk + rr / n) * hd;
+        ((float4*)(qs + r * hd))[d4] = __ldg((const float4*)src + d4);
+    }
+    // a 32-key tile of K or V rows into ks [32][hd + 4] (rows past the chunk as 0): each thread's
+    // loads issued before any store, coalesced along the rows
+    auto put = [&](const float* const* rows, int kt) {
+        for (int idx = tid; idx < 32 * h4; idx += blockDim.x) {
+            const int i = idx / h4, d4 = idx % h4;
+            *(float4*)(ks + i * ksw + 4 * d4) =
+                kt + i < cnt ? __ldg((const float4*)rows[kt + i] + d4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    for (int kt = 0; kt < cnt; kt += 32) {
+        const int kn = min(32, cnt - kt);
+        __syncthreads();  // krow / qs written; the previous tile's reads done
+        put(krow, kt);
+        __syncthreads();
+        const float4* kr = (const float4*)(ks + lane * ksw);
+        for (int rp = w; rp < nr; rp += 64) {
+            const int nu = min(8, (nr - rp + 7) >> 3);  // this warp's rows rp, rp + 8, .. of the pass
+            float a[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) a[u] = 0.f;
+#pragma unroll 4
+            for (int d4 = 0; d4 < h4; ++d4) {
+                const float4 k = kr[d4];
+                // rows past the group end the loop (a warp-uniform branch, not 8 predicated rows)
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (u >= nu) break;
+                    const float4 q = ((const float4*)(qs + (rp + 8 * u) * hd))[d4];
+                    a[u] = fmaf(q.x, k.x, a[u]);
+                    a[u] = fmaf(q.y, k.y, a[u]);
+                    a[u] = fmaf(q.z, k.z, a[u]);
+                    a[u] = fmaf(q.w, k.w, a[u]);
+                }
+            }
+            if (lane < kn) {
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (u >= nu) break;
+                    sc[(rp + 8 * u) * chl + kt + lane] = a[u] * scale;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // softmax of row r by warp r mod 8; keys past cnt get p = 0 (the V loop reads 4 at a time)
+    for (int r = w; r < nr; r += 8) {
+        float* sr = sc + r * chl;
+        float m = NEG_INF;
+        for (int i = lane; i < cnt; i += 32) m = fmaxf(m, sr[i]);
+        m = warp_max(m);
+        float l = 0.f;
+        for (int i = lane; i < chl; i += 32) {
+            const float p = i < cnt ? expf(sr[i] - m) : 0.f;
+            sr[i] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            const int rr = r0 + r;
+            float* pp = part + (((size_t)(rr % n) * nh + g * qpk + rr / n) * nchunk + c) * (hd + 2);
+            pp[hd] = m;
+            pp[hd + 1] = l;
+        }
+    }
+    __syncthreads();
+    // weighted V: thread (d, rs) holds rows rs, rs + rsn, .. (rb <= rsn·DSP_GRV: the host's
+    // dsp_attn_kv_min_groups), the V tiles through shared memory like the K ones
+    const int rsn = blockDim.x / hd, d = tid % hd, rs = tid / hd;  // row subsets; warp-uniform rs
+    const int nvu = rs < rsn ? min(DSP_GRV, (nr - rs + rsn - 1) / rsn) : 0;  // rows rs + rsn·u, u < nvu
+    float o[DSP_GRV];
+#pragma unroll
+    for (int u = 0; u < DSP_GRV; ++u) o[u] = 0.f;
+    for (int kt = 0; kt < cnt; kt += 32) {
+        const int kn4 = (min(32, cnt - kt) + 3) & ~3;  // p = 0 past cnt (the softmax wrote it)
+        __syncthreads();  // the scores / softmax, or the previous V tile, done with ks and sc
+        put(vrow, kt);
+        __syncthreads();
+        if (rs < rsn) {
+            for (int i = 0; i < kn4; i += 4) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = ks[(i + e) * ksw + d];
+#pragma unroll
+                for (int u = 0; u < DSP_GRV; ++u) {
+                    if (u >= nvu) break;  // warp-uniform, as in the scores
+                    const float4 p = *(const float4*)(sc + (rs + rsn * u) * chl + kt + i);
+                    o[u] = fmaf(p.x, v[0], o[u]);
+                    o[u] = fmaf(p.y, v[1], o[u]);
+                    o[u] = fmaf(p.z, v[2], o[u]);
+                    o[u] = fmaf(p.w, v[3], o[u]);
+                }
+            }
+        }
+    }
+    if (rs >= rsn) return;
+#pragma unroll
+    for (int u = 0; u < DSP_GRV; ++u) {
+        const int r = rs + rsn * u;
+        if (r < nr) {
+            const int rr = r0 + r;
+            part[(((size_t)(rr % n) * nh + g * qpk + rr / n) * nchunk + c) * (hd + 2) + d] = o[u];
+        }
+    }
+}
+
 // Phase 2: merge the chunk partials of (h, t) in chunk order; write f32 (out) and int8-quantize
 // (q/d/s, per-32 blocks of [n, nh·hd]). grid (nh, n), block hd. nchunk: the part stride; with par
-// (the draft graph) only the dsp_chunks(len + n, spread) chunks that hold keys are merged, the same
-// partials in the same order as the launch sized for them.
+// (the draft graph) only the dsp_chunks(len + n, spread, chmax) chunks that hold keys are merged,
+// the same partials in the same order as the launch sized for them. (spread, chmax): the phase-1
+// kernel's (8 or 1, DSP_CH for dsp_attn_part*; DSP_GSPREAD, DSP_GCH for dsp_attn_kv).
 extern "C" __global__ void dsp_attn_merge(const float* part, int nh, int hd, int nchunk, float* out, i8* q,
-                                          float* d, int* s, const int* par, int spread) {
+                                          float* d, int* s, const int* par, int spread, int chmax) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
-    const int cnt = par ? min(nchunk, dsp_chunks(par[DSP_PAR_LEN] + (int)gridDim.y, spread)) : nchunk;
+    const int cnt =
+        par ? min(nchunk, dsp_chunks(par[DSP_PAR_LEN] + (int)gridDim.y, spread, chmax)) : nchunk;
     float M = NEG_INF;
     for (int c = 0; c < cnt; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
     float ls = 0.f, o = 0.f;

@@ -47,8 +47,9 @@ pub use retile::{
     host_quant_p16, retile, retile_b1p, retile_q41, Retiled, RetiledB1p, WKind,
 };
 pub use spec::{
-    dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_max_chunks, dsp_attn_part_floats, gdn_rec_width,
-    DspPar, NormRopeSet, PlaneKind, Ring, DSP_ATTN_CHUNK, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
+    dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_kv_smem, dsp_attn_max_chunks,
+    dsp_attn_part_floats, gdn_rec_width, DspAttnKernel, DspPar, NormRopeSet, PlaneKind, Ring,
+    DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
     REPLAY_MAX_LAYERS,
 };
 pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
@@ -1540,6 +1541,7 @@ kernels!(
         dsp_attn_part_e1,
         dsp_attn_part_e2,
         dsp_attn_part_e4,
+        dsp_attn_kv,
         dsp_attn_merge,
         dsp_markov_scores,
         mv_q1_n8_k1,
@@ -2841,6 +2843,7 @@ impl Gpu {
             k.dsp_attn_part_e1,
             k.dsp_attn_part_e2,
             k.dsp_attn_part_e4,
+            k.dsp_attn_kv,
             k.dsp_attn_merge,
             k.dsp_markov_scores,
         ]

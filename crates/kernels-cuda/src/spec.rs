@@ -10,39 +10,126 @@ pub const Q41_MAX_SEGS: usize = 3;
 const DSP_MARKOV_PER_WARP: usize = 4;
 /// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
 pub const REPLAY_MAX_LAYERS: usize = 64;
-/// Most keys per chunk of the drafter's block attention (`DSP_CH` in the source).
+/// Most keys per chunk of the per-head block attention ([`DspAttnKernel::PerHead`]; `DSP_CH` in
+/// the source).
 pub const DSP_ATTN_CHUNK: usize = 256;
-/// Most chunks [`Gpu::dsp_attention`] spreads a short context over (the drafter's default).
+/// Most chunks [`DspAttnKernel::PerHead`] spreads a short context over.
 pub const DSP_ATTN_SPREAD: usize = 8;
+/// Most keys per chunk of [`DspAttnKernel::PerKvHead`] (`DSP_GCH` in the source).
+pub const DSP_ATTN_KV_CHUNK: usize = 128;
+/// Most chunks [`DspAttnKernel::PerKvHead`] spreads a context over before they reach
+/// [`DSP_ATTN_KV_CHUNK`] keys (`DSP_GSPREAD` in the source).
+pub const DSP_ATTN_KV_SPREAD: usize = 32;
+/// Blocks [`DspAttnKernel::PerKvHead`] aims to fill by splitting the query rows into groups
+/// (about four blocks per SM of an H200: a block's score and weighted-V loops issue an FMA chain
+/// per row, so the SM needs several blocks' warps to keep its pipes busy); `BONSAI_CUDA_DSP_KV_SLOTS`
+/// (read once) overrides it for measurements.
+const DSP_ATTN_KV_SLOTS: usize = 512;
+
+fn dsp_attn_kv_slots_target() -> usize {
+    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("BONSAI_CUDA_DSP_KV_SLOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v: &usize| (1..=65535).contains(&v))
+            .unwrap_or(DSP_ATTN_KV_SLOTS)
+    })
+}
+/// Most dynamic shared memory one [`DspAttnKernel::PerKvHead`] block asks for: past it the query
+/// rows are split into more groups.
+const DSP_ATTN_KV_SMEM: usize = 96 << 10;
+
+/// How [`Gpu::dsp_attention`]'s first phase cuts the keys into chunks and assigns the blocks.
+/// Both give the same attention within float rounding; each is bit-stable on its own (eager and
+/// graph launches agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DspAttnKernel {
+    /// `dsp_attn_part*`: a block per (q head, chunk of up to [`DSP_ATTN_CHUNK`] keys), the keys
+    /// spread over up to `spread` chunks (1..=[`DSP_ATTN_SPREAD`]; 1: one chunk per 256 keys, the
+    /// layout before 2026-12-04). Every q head reads its kv head's keys and values itself.
+    PerHead { spread: usize },
+    /// `dsp_attn_kv`: a block per (kv head, chunk of up to [`DSP_ATTN_KV_CHUNK`] keys, group of
+    /// query rows), the keys spread over up to [`DSP_ATTN_KV_SPREAD`] chunks: all `nh / nkv · n`
+    /// query rows of a kv head share one read of each key and value row (the default since
+    /// 2026-12-05).
+    PerKvHead,
+}
+
+impl DspAttnKernel {
+    /// (spread, most keys per chunk) of this kernel's chunking.
+    pub fn chunking(self) -> (usize, usize) {
+        match self {
+            DspAttnKernel::PerHead { spread } => (spread, DSP_ATTN_CHUNK),
+            DspAttnKernel::PerKvHead => (DSP_ATTN_KV_SPREAD, DSP_ATTN_KV_CHUNK),
+        }
+    }
+}
 
 /// Keys per chunk of [`Gpu::dsp_attention`] for `t` keys (`dsp_chunk_len` in the source): `t`
-/// spread over `spread` (1..=[`DSP_ATTN_SPREAD`]) chunks, rounded up to a multiple of 32, within
-/// 32..=[`DSP_ATTN_CHUNK`]. A function of (`t`, `spread`) alone, so eager and graph launches agree
-/// bit for bit. `spread` 1: one chunk up to [`DSP_ATTN_CHUNK`] keys (the layout before 2026-12-04).
-pub fn dsp_attn_chunk_len(t: usize, spread: usize) -> usize {
-    (t.div_ceil(spread.max(1)).div_ceil(32) * 32).clamp(32, DSP_ATTN_CHUNK)
+/// spread over the kernel's spread, rounded up to a multiple of 32, within 32 and the kernel's
+/// most keys per chunk. A function of (`t`, kernel) alone, so eager and graph launches agree bit
+/// for bit.
+pub fn dsp_attn_chunk_len(t: usize, k: DspAttnKernel) -> usize {
+    let (spread, chmax) = k.chunking();
+    (t.div_ceil(spread.max(1)).div_ceil(32) * 32).clamp(32, chmax)
 }
 
 /// Chunks of [`Gpu::dsp_attention`] that hold keys, for `t` keys (`dsp_chunks` in the source).
-pub fn dsp_attn_chunks(t: usize, spread: usize) -> usize {
-    t.div_ceil(dsp_attn_chunk_len(t, spread))
+pub fn dsp_attn_chunks(t: usize, k: DspAttnKernel) -> usize {
+    t.div_ceil(dsp_attn_chunk_len(t, k))
 }
 
-/// The most chunks any key count up to `t_max` uses at any spread up to [`DSP_ATTN_SPREAD`]: the
-/// partials stride and the graph's grid.
+/// The most chunks any key count up to `t_max` uses with any [`DspAttnKernel`]: the partials
+/// stride and the graph's grid.
 pub fn dsp_attn_max_chunks(t_max: usize) -> usize {
-    // up to DSP_ATTN_SPREAD · DSP_ATTN_CHUNK keys a chunk holds ≥ t / spread of them (and ≥ 32);
-    // past that every chunk but the last is full
-    DSP_ATTN_SPREAD
-        .min(t_max.div_ceil(32))
-        .max(t_max.div_ceil(DSP_ATTN_CHUNK))
-        .max(1)
+    // up to spread · chmax keys a chunk holds ≥ t / spread of them (and ≥ 32); past that every
+    // chunk but the last is full
+    let most = |spread: usize, chmax: usize| {
+        spread
+            .min(t_max.div_ceil(32))
+            .max(t_max.div_ceil(chmax))
+            .max(1)
+    };
+    most(DSP_ATTN_SPREAD, DSP_ATTN_CHUNK).max(most(DSP_ATTN_KV_SPREAD, DSP_ATTN_KV_CHUNK))
 }
 
 /// f32 elements of [`Gpu::dsp_attention`]'s partials scratch for `n` rows, `nh` heads of `hd`, up
 /// to `t` keys: `[n, nh, dsp_attn_max_chunks(t), hd + 2]`.
 pub fn dsp_attn_part_floats(n: usize, nh: usize, hd: usize, t: usize) -> usize {
     n * nh * dsp_attn_max_chunks(t) * (hd + 2)
+}
+
+/// Dynamic shared memory (bytes) of a [`DspAttnKernel::PerKvHead`] block holding `rb` query rows
+/// of head dim `hd`: `qs [rb][hd] | ks [32][hd + 4] | sc [rb][DSP_ATTN_KV_CHUNK]` f32.
+pub fn dsp_attn_kv_smem(rb: usize, hd: usize) -> usize {
+    4 * (rb * hd + 32 * (hd + 4) + rb * DSP_ATTN_KV_CHUNK)
+}
+
+/// Most query rows one thread of [`DspAttnKernel::PerKvHead`]'s weighted V holds (`DSP_GRV`).
+const DSP_ATTN_KV_ROWS_PER_THREAD: usize = 12;
+
+/// The fewest query-row groups of [`DspAttnKernel::PerKvHead`] for `r` rows of head dim `hd`:
+/// each group's block within [`DSP_ATTN_KV_SMEM`] of shared memory, and its rows within what the
+/// weighted V's threads hold (256 / hd row subsets of [`DSP_ATTN_KV_ROWS_PER_THREAD`] rows).
+fn dsp_attn_kv_min_groups(r: usize, hd: usize) -> usize {
+    let most_rows = (256 / hd) * DSP_ATTN_KV_ROWS_PER_THREAD;
+    (1..=r)
+        .find(|&ng| {
+            let rb = r.div_ceil(ng);
+            rb <= most_rows && dsp_attn_kv_smem(rb, hd) <= DSP_ATTN_KV_SMEM
+        })
+        .unwrap_or(r)
+}
+
+/// The slots (grid.y) of a [`DspAttnKernel::PerKvHead`] launch over `nch` chunks for `nkv` kv heads
+/// and `r` query rows per kv head, at least `ngmin` row groups per chunk: enough groups that the
+/// grid reaches about [`DSP_ATTN_KV_SLOTS`] blocks, and never more groups than rows. The kernel
+/// derives the groups from (slots, its own chunk count), so a graph's grid sized for a full ring
+/// splits a short context's rows too.
+fn dsp_attn_kv_slots(nch: usize, nkv: usize, r: usize, ngmin: usize, target: usize) -> usize {
+    let want = target.div_ceil(nkv * nch).clamp(ngmin, r.max(ngmin));
+    nch * want
 }
 
 /// One head set of [`Gpu::dsp_norm_rope_sets`]: `heads` heads of `src` (`[n, src_stride]`) normed
@@ -515,7 +602,7 @@ impl Gpu {
     /// grid then covers a full ring and `part` must hold
     /// [`dsp_attn_part_floats`]`(n, nh, hd, cap + n)`; the chunks past the keys write nothing and
     /// the merge reads only the chunks that hold keys, so the outputs equal the launch sized for
-    /// them. `spread`: [`dsp_attn_chunk_len`]'s (1..=[`DSP_ATTN_SPREAD`]).
+    /// them. `kernel`: which first phase (and chunking) ([`DspAttnKernel`]).
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_attention(
         &self,
@@ -538,12 +625,14 @@ impl Gpu {
         d: u64,
         s: u64,
         par: u64,
-        spread: usize,
+        kernel: DspAttnKernel,
     ) -> Result<()> {
-        if !(1..=DSP_ATTN_SPREAD).contains(&spread) {
-            return Err(CudaError(format!(
-                "dsp_attention: spread {spread} (1..={DSP_ATTN_SPREAD})"
-            )));
+        if let DspAttnKernel::PerHead { spread } = kernel {
+            if !(1..=DSP_ATTN_SPREAD).contains(&spread) {
+                return Err(CudaError(format!(
+                    "dsp_attention: spread {spread} (1..={DSP_ATTN_SPREAD})"
+                )));
+            }
         }
         if !(1..=MAX_ROWS).contains(&n) || hd == 0 || hd % 32 != 0 || hd > 256 {
             return Err(CudaError(format!(
@@ -564,20 +653,10 @@ impl Gpu {
         let nchunk = if par != 0 {
             dsp_attn_max_chunks(cap + n)
         } else {
-            dsp_attn_chunks(len + n, spread)
+            dsp_attn_chunks(len + n, kernel)
         };
-        // the entry whose lane arrays fit the head exactly (fewer registers), else the generic one
-        let part_fn = match hd {
-            32 => self.f.dsp_attn_part_e1,
-            64 => self.f.dsp_attn_part_e2,
-            128 => self.f.dsp_attn_part_e4,
-            _ => self.f.dsp_attn_part,
-        };
-        self.launch(
-            part_fn,
-            (nh as u32, nchunk as u32, 1),
-            (256, 1, 1),
-            &[
+        let common = |tail: &[Arg]| -> Vec<Arg> {
+            let mut a = vec![
                 Arg::P(qo),
                 Arg::P(kc),
                 Arg::P(vc),
@@ -592,11 +671,41 @@ impl Gpu {
                 Arg::I(hd as i32),
                 Arg::F(scale),
                 Arg::I(nchunk as i32),
-                Arg::P(part),
-                Arg::P(par),
-                Arg::I(spread as i32),
-            ],
-        )?;
+            ];
+            a.extend_from_slice(tail);
+            a
+        };
+        match kernel {
+            DspAttnKernel::PerHead { spread } => {
+                // the entry whose lane arrays fit the head exactly (fewer registers), else the
+                // generic one
+                let part_fn = match hd {
+                    32 => self.f.dsp_attn_part_e1,
+                    64 => self.f.dsp_attn_part_e2,
+                    128 => self.f.dsp_attn_part_e4,
+                    _ => self.f.dsp_attn_part,
+                };
+                self.launch(
+                    part_fn,
+                    (nh as u32, nchunk as u32, 1),
+                    (256, 1, 1),
+                    &common(&[Arg::P(part), Arg::P(par), Arg::I(spread as i32)]),
+                )?;
+            }
+            DspAttnKernel::PerKvHead => {
+                let r = nh / nkv * n;
+                let ngmin = dsp_attn_kv_min_groups(r, hd);
+                let slots = dsp_attn_kv_slots(nchunk, nkv, r, ngmin, dsp_attn_kv_slots_target());
+                self.launch_smem(
+                    self.f.dsp_attn_kv,
+                    (nkv as u32, slots as u32, 1),
+                    (256, 1, 1),
+                    dsp_attn_kv_smem(r.div_ceil(ngmin), hd) as u32,
+                    &common(&[Arg::I(ngmin as i32), Arg::P(part), Arg::P(par)]),
+                )?;
+            }
+        }
+        let (spread, chmax) = kernel.chunking();
         self.launch(
             self.f.dsp_attn_merge,
             (nh as u32, n as u32, 1),
@@ -612,6 +721,7 @@ impl Gpu {
                 Arg::P(s),
                 Arg::P(par),
                 Arg::I(spread as i32),
+                Arg::I(chmax as i32),
             ],
         )
     }
@@ -710,52 +820,95 @@ mod tests {
 
     #[test]
     fn dsp_part_floats_counts_chunks() {
-        // the real drafter at a full window: 4092 context rows + 4 block rows = 16 chunks
+        // the real drafter at a full window: 4092 context rows + 4 block rows = 32 chunks of 128
+        // keys for the per-kv-head kernel (16 of 256 for the per-head one)
         assert_eq!(
             super::dsp_attn_part_floats(4, 40, 128, 4096),
-            4 * 40 * 16 * 130
+            4 * 40 * 32 * 130
         );
         assert_eq!(
             super::dsp_attn_part_floats(4, 40, 128, 4097),
-            4 * 40 * 17 * 130
+            4 * 40 * 33 * 130
         );
-        // a short context still has room for the spread's 8 chunks
+        // a short context still has room for the spread's chunks
         assert_eq!(
             super::dsp_attn_part_floats(4, 40, 128, 300),
-            4 * 40 * 8 * 130
+            4 * 40 * 10 * 130
         );
     }
 
     #[test]
     fn dsp_chunks_cover_the_keys_within_the_stride() {
         use super::{
-            dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_max_chunks, DSP_ATTN_CHUNK,
-            DSP_ATTN_SPREAD,
+            dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_max_chunks, DspAttnKernel,
+            DSP_ATTN_CHUNK, DSP_ATTN_SPREAD,
         };
+        let kernels = (1..=DSP_ATTN_SPREAD)
+            .map(|spread| DspAttnKernel::PerHead { spread })
+            .chain([DspAttnKernel::PerKvHead]);
         for t_max in [1usize, 5, 31, 64, 100, 257, 1000, 2048, 2049, 4096, 4100] {
             let stride = dsp_attn_max_chunks(t_max);
             for t in 1..=t_max {
-                for spread in 1..=DSP_ATTN_SPREAD {
-                    let (c, n) = (dsp_attn_chunk_len(t, spread), dsp_attn_chunks(t, spread));
-                    assert!(
-                        c % 32 == 0 && (32..=DSP_ATTN_CHUNK).contains(&c),
-                        "t {t}: {c}"
-                    );
+                for k in kernels.clone() {
+                    let (c, n) = (dsp_attn_chunk_len(t, k), dsp_attn_chunks(t, k));
+                    let chmax = k.chunking().1;
+                    assert!(c % 32 == 0 && (32..=chmax).contains(&c), "t {t}: {c}");
                     assert!(n * c >= t && (n - 1) * c < t, "t {t}: {n} chunks of {c}");
-                    assert!(
-                        n <= stride,
-                        "t {t} spread {spread}: {n} > {stride} (t_max {t_max})"
-                    );
+                    assert!(n <= stride, "t {t} {k:?}: {n} > {stride} (t_max {t_max})");
                 }
                 // spread 1 is the fixed 256-key chunking
-                assert_eq!(dsp_attn_chunks(t, 1), t.div_ceil(DSP_ATTN_CHUNK));
+                let one = DspAttnKernel::PerHead { spread: 1 };
+                assert_eq!(dsp_attn_chunks(t, one), t.div_ceil(DSP_ATTN_CHUNK));
             }
         }
         // the drafter's short contexts: 8 chunks of 32..64 keys instead of one
+        let eight = DspAttnKernel::PerHead { spread: 8 };
         assert_eq!(
-            (dsp_attn_chunk_len(300, 8), dsp_attn_chunks(300, 8)),
+            (dsp_attn_chunk_len(300, eight), dsp_attn_chunks(300, eight)),
             (64, 5)
         );
-        assert_eq!((dsp_attn_chunk_len(64, 8), dsp_attn_chunks(64, 8)), (32, 2));
+        assert_eq!(
+            (dsp_attn_chunk_len(64, eight), dsp_attn_chunks(64, eight)),
+            (32, 2)
+        );
+        // per kv head: chunks of 32 keys up to 1,024 keys, then spread over 32, then 128-key ones
+        let kv = DspAttnKernel::PerKvHead;
+        assert_eq!(
+            (dsp_attn_chunk_len(68, kv), dsp_attn_chunks(68, kv)),
+            (32, 3)
+        );
+        assert_eq!(
+            (dsp_attn_chunk_len(2052, kv), dsp_attn_chunks(2052, kv)),
+            (96, 22)
+        );
+        assert_eq!(
+            (dsp_attn_chunk_len(4100, kv), dsp_attn_chunks(4100, kv)),
+            (128, 33)
+        );
+    }
+
+    #[test]
+    fn dsp_kv_groups_fit_and_fill() {
+        use super::{dsp_attn_kv_min_groups, dsp_attn_kv_slots, dsp_attn_kv_smem};
+        // the 27B drafter: 10 q heads per kv head x 4 rows at hd 128: two groups of 20 rows (the
+        // weighted V holds 2 x 12 rows), 37.4 KB each
+        assert_eq!(dsp_attn_kv_min_groups(40, 128), 2);
+        assert_eq!(
+            dsp_attn_kv_smem(20, 128),
+            4 * (20 * 128 + 32 * 132 + 20 * 128)
+        );
+        // 16 q heads x 8 rows at hd 256: groups of at most 12 rows (one row subset of 256 dims)
+        assert_eq!(dsp_attn_kv_min_groups(128, 256), 11);
+        assert!(dsp_attn_kv_smem(128usize.div_ceil(11), 256) <= 96 << 10);
+        // hd 64: 4 row subsets of 12 rows
+        assert_eq!(dsp_attn_kv_min_groups(48, 64), 1);
+        assert_eq!(dsp_attn_kv_min_groups(49, 64), 2);
+        // a short context (3 chunks, 4 kv heads) splits the rows to reach ~128 blocks; a long
+        // one (33 chunks) keeps them whole; never more groups than rows
+        assert_eq!(dsp_attn_kv_slots(3, 4, 40, 1, 128), 3 * 11);
+        assert_eq!(dsp_attn_kv_slots(33, 4, 40, 1, 128), 33);
+        assert_eq!(dsp_attn_kv_slots(1, 1, 4, 1, 128), 4);
+        assert_eq!(dsp_attn_kv_slots(33, 4, 128, 11, 128), 33 * 11);
+        assert_eq!(dsp_attn_kv_slots(33, 4, 40, 1, 512), 33 * 4);
     }
 }

@@ -3070,6 +3070,147 @@ fn dsp_norm_rope_sets_equal_two_launches() {
     }
 }
 
+/// The drafter's non-causal block attention (`Gpu::dsp_attention`), every first-phase kernel
+/// (`DspAttnKernel`: per q head at spread 1 and 8, per kv head) against an f64 reference written
+/// from MODEL.md §4.6 (softmax(scale · q·k) · v over the context ring then the block's own keys,
+/// GQA), on the real drafter shape and odd ones: rings that wrap, no context, a full window, head
+/// dims 32 / 64 / 96 / 128 / 256 (96 and 256: the generic per-head entry; 16 q heads × 8 rows at
+/// 256: more than one row group per kv head). And each kernel's graph form (off / len read from
+/// device parameters, the grid sized for the whole ring) equals its eager launch bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn dsp_attention_vs_reference() {
+    use bonsai_kernels_cuda::{dsp_attn_part_floats, DspAttnKernel, DspPar};
+    let g = need_gpu!("dsp_attention_vs_reference");
+    let mut rng = Rng(4409);
+    // (nh, nkv, hd, n, cap, off, len)
+    let cases: [(usize, usize, usize, usize, usize, usize, usize); 6] = [
+        (40, 4, 128, 4, 4096, 4000, 4092),
+        (40, 4, 128, 4, 4096, 10, 60),
+        (8, 2, 64, 5, 300, 290, 229),
+        (6, 3, 96, 3, 64, 0, 0),
+        (16, 1, 256, 8, 2048, 100, 2000),
+        (4, 4, 32, 1, 100, 50, 77),
+    ];
+    let kernels = [
+        DspAttnKernel::PerHead { spread: 1 },
+        DspAttnKernel::PerHead { spread: 8 },
+        DspAttnKernel::PerKvHead,
+    ];
+    for (nh, nkv, hd, n, cap, off, len) in cases {
+        let (qw, kvw) = (nh * hd, nkv * hd);
+        let q = rng.vec(n * qw, 2.0);
+        let (kc, vc) = (rng.vec(cap * kvw, 2.0), rng.vec(cap * kvw, 1.0));
+        let (kb, vb) = (rng.vec(n * kvw, 2.0), rng.vec(n * kvw, 1.0));
+        let scale = 1.0 / (hd as f32).sqrt();
+        // the reference, f64
+        let mut want = vec![0f32; n * qw];
+        for t in 0..n {
+            for h in 0..nh {
+                let kv = h / (nh / nkv);
+                let row = |i: usize, ring: &[f32], blk: &[f32]| -> Vec<f32> {
+                    let base = if i < len {
+                        ((off + i) % cap) * kvw
+                    } else {
+                        (i - len) * kvw
+                    };
+                    let src = if i < len { ring } else { blk };
+                    src[base + kv * hd..base + (kv + 1) * hd].to_vec()
+                };
+                let qr = &q[t * qw + h * hd..t * qw + (h + 1) * hd];
+                let sc: Vec<f64> = (0..len + n)
+                    .map(|i| {
+                        let k = row(i, &kc, &kb);
+                        scale as f64
+                            * qr.iter()
+                                .zip(&k)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for (i, pi) in p.iter().enumerate() {
+                    let v = row(i, &vc, &vb);
+                    for j in 0..hd {
+                        want[t * qw + h * hd + j] += (pi / l * v[j] as f64) as f32;
+                    }
+                }
+            }
+        }
+        let (dq, dkc, dvc, dkb, dvb) = (
+            g.upload(&q).unwrap(),
+            g.upload(&kc).unwrap(),
+            g.upload(&vc).unwrap(),
+            g.upload(&kb).unwrap(),
+            g.upload(&vb).unwrap(),
+        );
+        let part = g
+            .alloc(dsp_attn_part_floats(n, nh, hd, cap + n) * 4)
+            .unwrap();
+        let mut par = vec![0i32; DspPar::SLOTS];
+        par[DspPar::OFF] = off as i32;
+        par[DspPar::LEN] = len as i32;
+        let dpar = g.upload(&par).unwrap();
+        for k in kernels {
+            let mut outs = Vec::new();
+            for graph_form in [false, true] {
+                let out = g.alloc(n * qw * 4).unwrap();
+                let qo = g.alloc(n * qw).unwrap();
+                let (dd, ds) = (
+                    g.alloc(n * qw / 32 * 4).unwrap(),
+                    g.alloc(n * qw / 32 * 4).unwrap(),
+                );
+                // the graph form gets wrong off / len arguments: the kernels must read the device's
+                let (a_off, a_len, p) = if graph_form {
+                    (0, 0, dpar.ptr())
+                } else {
+                    (off, len, 0)
+                };
+                g.dsp_attention(
+                    dq.ptr(),
+                    dkc.ptr(),
+                    dvc.ptr(),
+                    cap,
+                    a_off,
+                    a_len,
+                    dkb.ptr(),
+                    dvb.ptr(),
+                    n,
+                    nh,
+                    nkv,
+                    hd,
+                    scale,
+                    part.ptr(),
+                    out.ptr(),
+                    qo.ptr(),
+                    dd.ptr(),
+                    ds.ptr(),
+                    p,
+                    k,
+                )
+                .unwrap();
+                outs.push(down::<f32>(g, &out, n * qw));
+            }
+            let err = outs[0]
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                err < 5e-5,
+                "{k:?} nh {nh}/{nkv} hd {hd} n {n} cap {cap} off {off} len {len}: max abs err {err}"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert!(
+                bits(&outs[0]) == bits(&outs[1]),
+                "{k:?} nh {nh}/{nkv} hd {hd} n {n} len {len}: graph form differs from eager"
+            );
+        }
+    }
+}
+
 /// `logit_stats_rows`: first maximum (NaN never wins), its value and the log-sum-exp, vs the host
 /// in f64, on rows with ties, NaN and −inf, and a row with no finite logit.
 #[test]

@@ -173,10 +173,14 @@ pub struct CudaDrafter {
     /// [`CudaDrafter::set_graph`]).
     graph: AtomicBool,
     /// The draft's fused launches (on unless `BONSAI_CUDA_DRAFT_FUSED=0`, read at load): q and k
-    /// heads normed in one launch, and the block attention's keys spread over up to
-    /// [`kc::DSP_ATTN_SPREAD`] chunks. Off: two norm launches and chunks of up to 256 keys (the
-    /// A/B baseline). [`CudaDrafter::set_fused`].
+    /// heads normed in one launch, and the block attention as [`Self::attn_kernel`] says. Off: two
+    /// norm launches and a block per q head over chunks of up to 256 keys (the A/B baseline).
+    /// [`CudaDrafter::set_fused`].
     fused: AtomicBool,
+    /// The fused draft's block attention: a block per kv head for all its q heads (the default),
+    /// or with `BONSAI_CUDA_DRAFT_ATTN=head` (read at load) a block per q head with the keys spread
+    /// over up to [`kc::DSP_ATTN_SPREAD`] chunks. [`CudaDrafter::set_attn_per_kv_head`].
+    attn_kv: AtomicBool,
 }
 
 /// Where a draft's inputs come from.
@@ -257,6 +261,9 @@ impl CudaDrafter {
             fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_DRAFT_FUSED").map_or(true, |v| v != "0"),
             ),
+            attn_kv: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_DRAFT_ATTN").map_or(true, |v| v != "head"),
+            ),
             cfg,
             host,
             gpu,
@@ -288,6 +295,29 @@ impl CudaDrafter {
         self.fused.store(on, Ordering::Relaxed);
     }
 
+    /// Whether the fused draft's block attention takes a block per kv head
+    /// ([`kc::DspAttnKernel::PerKvHead`], the default) rather than one per q head.
+    pub fn attn_per_kv_head(&self) -> bool {
+        self.attn_kv.load(Ordering::Relaxed)
+    }
+
+    /// Choose the fused draft's block attention kernel (benchmarks compare both; a state's
+    /// captured draft is captured again). Drafts may differ at near-ties (another float order).
+    pub fn set_attn_per_kv_head(&self, on: bool) {
+        self.attn_kv.store(on, Ordering::Relaxed);
+    }
+
+    /// The block attention kernel a draft launches now.
+    fn attn_kernel(&self) -> kc::DspAttnKernel {
+        match (self.fused(), self.attn_per_kv_head()) {
+            (false, _) => kc::DspAttnKernel::PerHead { spread: 1 },
+            (true, false) => kc::DspAttnKernel::PerHead {
+                spread: kc::DSP_ATTN_SPREAD,
+            },
+            (true, true) => kc::DspAttnKernel::PerKvHead,
+        }
+    }
+
     /// What a state's captured draft bakes in besides the state's own buffers: this drafter's
     /// weights and the launch mode.
     fn graph_key(&self) -> [u64; 3] {
@@ -302,7 +332,8 @@ impl CudaDrafter {
             self.gpu.pdl() as u64
                 | (self.gpu.q41_r4() as u64) << 1
                 | (self.gpu.spec_pdl() as u64) << 2
-                | (self.fused() as u64) << 3,
+                | (self.fused() as u64) << 3
+                | (self.attn_per_kv_head() as u64) << 4,
         ]
     }
 
@@ -642,6 +673,7 @@ impl CudaDrafter {
         let (nh, nkv, kvw, nv) = (c.n_head, c.n_head_kv, st.kvw, c.n_vocab);
         let (qw, eps) = (nh * hd, c.rms_eps);
         let fused = self.fused();
+        let attn = self.attn_kernel();
         let g = &*self.gpu;
         // x [bs, E]: row 0 = E[id_last] + snr_anchor (host), rows 1.. = the precomputed mask rows;
         // ids[0] = id_last
@@ -729,7 +761,7 @@ impl CudaDrafter {
                 st.xd.ptr(),
                 st.xs.ptr(),
                 par,
-                if fused { kc::DSP_ATTN_SPREAD } else { 1 },
+                attn,
             )
             .map_err(be)?;
             self.mv(st, &[(&l.out, x)], bs, true)?;
