@@ -861,30 +861,26 @@ mod tests {
                 assert_eq!(dsp_attn_chunks(t, one), t.div_ceil(DSP_ATTN_CHUNK));
             }
         }
-        // the drafter's short contexts: 8 chunks of 32..64 keys instead of one
-        let eight = DspAttnKernel::PerHead { spread: 8 };
-        assert_eq!(
-            (dsp_attn_chunk_len(300, eight), dsp_attn_chunks(300, eight)),
-            (64, 5)
+        // (keys, kernel) -> (keys per chunk, chunks): the drafter's short contexts spread over 8
+        // chunks of 32..64 keys instead of one; per kv head, chunks of 32 keys up to 1,024 keys,
+        // then spread over 32, then 128-key ones
+        let (eight, kv) = (
+            DspAttnKernel::PerHead { spread: 8 },
+            DspAttnKernel::PerKvHead,
         );
-        assert_eq!(
-            (dsp_attn_chunk_len(64, eight), dsp_attn_chunks(64, eight)),
-            (32, 2)
-        );
-        // per kv head: chunks of 32 keys up to 1,024 keys, then spread over 32, then 128-key ones
-        let kv = DspAttnKernel::PerKvHead;
-        assert_eq!(
-            (dsp_attn_chunk_len(68, kv), dsp_attn_chunks(68, kv)),
-            (32, 3)
-        );
-        assert_eq!(
-            (dsp_attn_chunk_len(2052, kv), dsp_attn_chunks(2052, kv)),
-            (96, 22)
-        );
-        assert_eq!(
-            (dsp_attn_chunk_len(4100, kv), dsp_attn_chunks(4100, kv)),
-            (128, 33)
-        );
+        for (t, k, want) in [
+            (300, eight, (64, 5)),
+            (64, eight, (32, 2)),
+            (68, kv, (32, 3)),
+            (2052, kv, (96, 22)),
+            (4100, kv, (128, 33)),
+        ] {
+            assert_eq!(
+                (dsp_attn_chunk_len(t, k), dsp_attn_chunks(t, k)),
+                want,
+                "{t} {k:?}"
+            );
+        }
     }
 
     #[test]
