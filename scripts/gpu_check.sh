@@ -128,15 +128,18 @@ if [[ $BENCH == 1 ]]; then
       # alternating in one process
       BONSAI_DRAFT_CTX_MODEL=$f BONSAI_DRAFT_CTX_DRAFTER=$d BONSAI_DRAFT_CTX_OUT="$OUT/draft-ctx-$v.json" .device/bin/cuda_drafter --include-ignored --exact cuda_draft_by_context --nocapture 2>&1 | tee "$OUT/draft-ctx-$v.log" | grep -E "DRAFTCTX|DRAFTPROF|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
+      # DSpark R by context length (draft + verify round + stage against the step at that context)
+      BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_CTX_OUT="$OUT/spec-ctx-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_dspark_by_context --nocapture 2>&1 | tee "$OUT/spec-ctx-$v.log" | grep -E "DSPCTX .* context|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
     fi
     if [[ $DRAFTAB == 1 ]]; then
       # the draft's unfused launches (BONSAI_CUDA_DRAFT_FUSED=0: two norm launches, 256-key
-      # attention chunks per q head), the fused ones with the attention per q head
-      # (BONSAI_CUDA_DRAFT_ATTN=head), then the default (per kv head)
-      for side in unfused head fused; do
+      # attention chunks per q head), the fused ones with the attention per kv head
+      # (BONSAI_CUDA_DRAFT_ATTN=kv, opt-in), then the default (fused, per q head)
+      for side in unfused kv fused; do
         late "draft $side spec bench $v" && continue
         fz=1; [[ $side == unfused ]] && fz=0
-        at=kv; [[ $side == head ]] && at=head
+        at=head; [[ $side == kv ]] && at=kv
         BONSAI_CUDA_DRAFT_FUSED=$fz BONSAI_CUDA_DRAFT_ATTN=$at BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-draft-$side-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-draft-$side-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
         rc=$((rc|${PIPESTATUS[0]}))
       done

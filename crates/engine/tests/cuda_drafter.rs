@@ -829,7 +829,7 @@ fn cuda_draft_by_context() {
         ));
     }
     d.set_fused(true);
-    d.set_attn_per_kv_head(true);
+    d.set_attn_per_kv_head(false);
     if let Ok(out) = std::env::var("BONSAI_DRAFT_CTX_OUT") {
         let json = format!(
             "{{\"what\": \"graph draft ms by context length: unfused draft launches, fused with the block attention per q head, fused per kv head (CudaDrafter::set_fused / set_attn_per_kv_head), alternating in one process, 3 x median of 15; attn_alone_us: the dsp_attn launches of one eager draft timed alone\", \"device\": \"{}\", \"rows\": [{}]}}\n",

@@ -1365,3 +1365,177 @@ fn cuda_round_plain() {
         );
     }
 }
+
+/// Context rows of [`cuda_dspark_by_context`].
+const CTX_ROWS: [usize; 4] = [32, 1024, 2048, 4000];
+
+/// DSpark rounds by context length: at each of [`CTX_ROWS`] prompt tokens (prefilled in 512-token
+/// chunks, every chunk's taps staged into the GPU drafter), the greedy decode step and ROUNDS
+/// DSpark rounds (the draft graph, round graphs, the drafts the target rejects with the sparse
+/// drafter, replay rollback), each timed with the stream drained: draft, verify round, staging of
+/// the kept rows, and R = (their sum) / step. The short-prompt `cuda_spec_round_cost` cannot show
+/// what a long context costs the drafter's block attention and the target's attention. A
+/// benchmark, not a timed test (it asserts only that every round emits a token). Needs
+/// `$BONSAI_SPEC_BENCH_MODEL` and `$BONSAI_SPEC_BENCH_DRAFTER`; JSON to `$BONSAI_SPEC_CTX_OUT`.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL and _DRAFTER"]
+fn cuda_dspark_by_context() {
+    let test = "cuda_dspark_by_context";
+    let Some(path) = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL") else {
+        return;
+    };
+    let Ok(dpath) = std::env::var("BONSAI_SPEC_BENCH_DRAFTER") else {
+        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_DRAFTER not set (not counted as run)");
+        return;
+    };
+    let cuda = CudaBackend::new(0).unwrap();
+    let g = Arc::new(Gguf::open(std::path::Path::new(&path)).unwrap());
+    let cfg = TargetConfig::from_gguf(&g).unwrap();
+    let w = Weights::load(&cuda, &g, &cfg).unwrap();
+    let h = Drafter::load(std::path::Path::new(&dpath), &g, &cfg).unwrap();
+    let d = CudaDrafter::new(cuda.gpu_arc(), h).unwrap();
+    cuda.set_round_graph(true);
+    d.set_graph(true);
+    let (tw, layers) = (d.tap_width(), d.cfg.target_layers.clone());
+    let text = 8000.min(cfg.n_vocab as u32 - 8);
+    let mut rows = Vec::new();
+    for ctx in CTX_ROWS {
+        let ctx = ctx.min(d.window() - (K + 1) * (ROUNDS + 2));
+        let n_ctx = ctx + (K + 1) * (ROUNDS + 2) + 8;
+        let prompt: Vec<u32> = (0..ctx as u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(13)) % text)
+            .collect();
+        let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+        let mut ds = d.new_state().unwrap();
+        let mut lg = Vec::new();
+        for (i, chunk) in prompt.chunks(512).enumerate() {
+            let mut taps = Vec::new();
+            forward(
+                &cuda,
+                &cfg,
+                &w,
+                &mut st,
+                chunk,
+                GdnMode::Chunked,
+                LogitRows::Last,
+                &mut lg,
+                Capture {
+                    taps: Some(TapRequest {
+                        layers: &layers,
+                        rows: 0..chunk.len(),
+                        out: &mut taps,
+                    }),
+                    gdn_rec: None,
+                },
+            )
+            .unwrap();
+            d.stage(&mut ds, &taps, i * 512, chunk.len()).unwrap();
+        }
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let first = s.sample(&lg).id;
+        s.accept(first);
+        // the greedy step at this context, from a copy of the prompt state
+        let mut tp = Vec::new();
+        {
+            let mut s2 = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
+            s2.copy_from(&cuda, &st);
+            let mut id = first;
+            let mut lg2 = Vec::new();
+            for i in 0..=ROUNDS {
+                let (stats, secs) = timed(&cuda, || {
+                    cuda.decode_step_stats(&cfg, &w, &mut s2, id, &mut lg2, false)
+                        .unwrap()
+                });
+                id = stats.map_or(0, |x| x.argmax) % text;
+                if i > 0 {
+                    tp.push(secs);
+                }
+            }
+        }
+        let step = median_ms(&mut tp);
+        let mut bufs = RoundBufs::new(&cuda, &cfg, K + 1).unwrap();
+        let (mut td, mut tr, mut ts, mut tt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut id_last = first;
+        let mut acc = 0;
+        for r in 0..=ROUNDS {
+            let start = st.pos;
+            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start).unwrap());
+            let (out, sr) = timed(&cuda, || {
+                verify_round(
+                    &cuda,
+                    &cfg,
+                    &w,
+                    &mut st,
+                    &mut bufs,
+                    &mut s,
+                    id_last,
+                    &draft,
+                    Some(&layers),
+                    Rollback::Replay,
+                )
+                .unwrap()
+            });
+            let keep = out.n_acc + 1;
+            let ((), ss) = timed(&cuda, || {
+                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
+                    .unwrap()
+            });
+            id_last = out.tokens.last().expect("a round emits a token").id;
+            if r > 0 {
+                td.push(sd);
+                tr.push(sr);
+                ts.push(ss);
+                tt.push(sd + sr + ss);
+                acc += out.n_acc;
+            }
+        }
+        // one eager draft with every launch timed alone, and the graph drafts' own times
+        d.set_graph(false);
+        cuda.gpu().profile_begin();
+        d.draft(&mut ds, id_last, st.pos).unwrap();
+        let launches = cuda.gpu().profile_end();
+        d.set_graph(true);
+        let top: Vec<String> = common::group_launches(&launches)
+            .iter()
+            .take(6)
+            .map(|(k, n, us)| format!("{k} x{n} {us:.0} us"))
+            .collect();
+        println!(
+            "DSPCTX context {ctx}: graph drafts {:?} ms; eager draft launches alone: {}",
+            td.iter()
+                .map(|x| (x * 1e4).round() / 10.0)
+                .collect::<Vec<_>>(),
+            top.join(", ")
+        );
+        let (dm, rm, sm, tm) = (
+            median_ms(&mut td),
+            median_ms(&mut tr),
+            median_ms(&mut ts),
+            median_ms(&mut tt),
+        );
+        println!(
+            "DSPCTX {} context {ctx}: step {step:.3} ms, draft {dm:.3} ms, verify round {rm:.3} ms, stage {sm:.3} ms, \
+             R = {:.2}; {acc} of {} drafts accepted",
+            cfg.weight_type.name(),
+            tm / step,
+            ROUNDS * K
+        );
+        rows.push(format!(
+            "{{\"context\": {ctx}, \"step_ms\": {step:.4}, \"draft_ms\": {dm:.4}, \"round_ms\": {rm:.4}, \"stage_ms\": {sm:.4}, \
+             \"total_ms\": {tm:.4}, \"R\": {:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
+            tm / step,
+            ROUNDS * K
+        ));
+    }
+    let json = format!(
+        "{{\"what\": \"DSpark rounds by context length: GPU drafter (draft graph), round graphs, replay rollback, drafts rejected (sparse drafter); R = (draft + verify round + stage) / greedy graph step at the same context; medians of {ROUNDS}\", \
+         \"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"rows\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        rows.join(", ")
+    );
+    println!("DSPCTX {json}");
+    if let Ok(out) = std::env::var("BONSAI_SPEC_CTX_OUT") {
+        std::fs::write(out, json).unwrap();
+    }
+}

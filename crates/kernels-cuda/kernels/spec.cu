@@ -482,8 +482,8 @@ DSP_ATTN_ENTRY(dsp_attn_part_e1, 1)
 DSP_ATTN_ENTRY(dsp_attn_part_e2, 2)
 DSP_ATTN_ENTRY(dsp_attn_part_e4, 4)
 
-// Phase 1 with the keys shared by every q head of a kv head (the drafter's default since
-// 2026-12-05): block (g, s) takes kv head g and slot s = (chunk c, group of query rows). The R =
+// Phase 1 with the keys shared by every q head of a kv head (opt-in: BONSAI_CUDA_DRAFT_ATTN=kv;
+// see spec.rs DspAttnKernel::PerKvHead for why it is not the default): block (g, s) takes kv head g and slot s = (chunk c, group of query rows). The R =
 // (nh / nkv)·n query rows of kv head g are row r = j·n + t for q head g·(nh / nkv) + j and block
 // row t; each key and value row of a chunk is read once per row group instead of once per q head.
 // Chunks of dsp_chunk_len(T, DSP_GSPREAD, DSP_GCH) keys (T alone decides them, as above). Groups:
@@ -496,18 +496,18 @@ DSP_ATTN_ENTRY(dsp_attn_part_e4, 4)
 //   softmax: a warp per row (warp_max / warp_sum); m and l go to the row's partial.
 //   weighted V: thread (dim d, row subset rs) over the chunk's keys in increasing order, V loads
 //           coalesced across d, the probabilities of 4 keys per shared-memory load.
-// grid (nkv, nslot), block 256, dynamic shared memory dsp_kv_smem floats (spec.rs
-// `dsp_attn_kv_smem`): qs [rbmax][hd] | ks [32][hd + 4] | sc [rbmax][DSP_GCH]; rbmax =
-// ceil(R / ngmin). nslot >= dsp_chunks(T, ..)·ngmin; part as for dsp_attn_part (stride nchunk).
+// grid (nkv, nslot), block 256; shared tiles (spec.rs `dsp_attn_kv_smem`, within DSP_GSMEM
+// floats): qs [rbmax][hd] | ks [32][hd + 4] | sc [rbmax][DSP_GCH]; rbmax = ceil(R / ngmin). nslot >= dsp_chunks(T, ..)·ngmin; part as for dsp_attn_part (stride nchunk).
 #define DSP_GCH 128     // most keys per chunk of dsp_attn_kv
 #define DSP_GSPREAD 32  // most chunks a context spreads over before they reach DSP_GCH keys
+#define DSP_GSMEM 10240  // floats of dsp_attn_kv's shared tiles (40 KB; spec.rs DSP_ATTN_KV_SMEM)
 #define DSP_GRV 12      // most query rows per thread of the weighted V (a group's rows <= (256 / hd)·DSP_GRV)
 extern "C" __global__ void __launch_bounds__(256)
     dsp_attn_kv(const float* qo, const float* kc, const float* vc, int cap, int off, int len, const float* kb,
                 const float* vb, int n, int nh, int nkv, int hd, float scale, int nchunk, int ngmin, float* part,
                 const int* par) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
-    extern __shared__ __align__(16) float dsm[];
+    __shared__ __align__(16) float dsm[DSP_GSMEM];  // static (the launcher keeps a group within it)
     __shared__ const float* krow[DSP_GCH];
     __shared__ const float* vrow[DSP_GCH];
     const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;

@@ -36,9 +36,9 @@ fn dsp_attn_kv_slots_target() -> usize {
             .unwrap_or(DSP_ATTN_KV_SLOTS)
     })
 }
-/// Most dynamic shared memory one [`DspAttnKernel::PerKvHead`] block asks for: past it the query
-/// rows are split into more groups.
-const DSP_ATTN_KV_SMEM: usize = 96 << 10;
+/// Shared memory of one [`DspAttnKernel::PerKvHead`] block's tiles (`DSP_GSMEM` floats, static in
+/// the kernel): past it the query rows are split into more groups.
+const DSP_ATTN_KV_SMEM: usize = 40 << 10;
 
 /// How [`Gpu::dsp_attention`]'s first phase cuts the keys into chunks and assigns the blocks.
 /// Both give the same attention within float rounding; each is bit-stable on its own (eager and
@@ -51,8 +51,10 @@ pub enum DspAttnKernel {
     PerHead { spread: usize },
     /// `dsp_attn_kv`: a block per (kv head, chunk of up to [`DSP_ATTN_KV_CHUNK`] keys, group of
     /// query rows), the keys spread over up to [`DSP_ATTN_KV_SPREAD`] chunks: all `nh / nkv · n`
-    /// query rows of a kv head share one read of each key and value row (the default since
-    /// 2026-12-05).
+    /// query rows of a kv head share one read of each key and value row. 1.01–1.22× faster drafts
+    /// from 64 to 4,000 context rows on the H200, but opt-in: in 6 of 10 benchmark processes its
+    /// graph drafts between the target's round graphs took +2.5 ms now and then (never with the
+    /// per-q-head kernel in 7, nor eager in 2; cause not found — `crates/kernels-cuda/README.md`).
     PerKvHead,
 }
 
@@ -100,7 +102,7 @@ pub fn dsp_attn_part_floats(n: usize, nh: usize, hd: usize, t: usize) -> usize {
     n * nh * dsp_attn_max_chunks(t) * (hd + 2)
 }
 
-/// Dynamic shared memory (bytes) of a [`DspAttnKernel::PerKvHead`] block holding `rb` query rows
+/// Shared memory (bytes) of a [`DspAttnKernel::PerKvHead`] block's tiles holding `rb` query rows
 /// of head dim `hd`: `qs [rb][hd] | ks [32][hd + 4] | sc [rb][DSP_ATTN_KV_CHUNK]` f32.
 pub fn dsp_attn_kv_smem(rb: usize, hd: usize) -> usize {
     4 * (rb * hd + 32 * (hd + 4) + rb * DSP_ATTN_KV_CHUNK)
@@ -110,7 +112,7 @@ pub fn dsp_attn_kv_smem(rb: usize, hd: usize) -> usize {
 const DSP_ATTN_KV_ROWS_PER_THREAD: usize = 12;
 
 /// The fewest query-row groups of [`DspAttnKernel::PerKvHead`] for `r` rows of head dim `hd`:
-/// each group's block within [`DSP_ATTN_KV_SMEM`] of shared memory, and its rows within what the
+/// each group's tiles within [`DSP_ATTN_KV_SMEM`] of shared memory, and its rows within what the
 /// weighted V's threads hold (256 / hd row subsets of [`DSP_ATTN_KV_ROWS_PER_THREAD`] rows).
 fn dsp_attn_kv_min_groups(r: usize, hd: usize) -> usize {
     let most_rows = (256 / hd) * DSP_ATTN_KV_ROWS_PER_THREAD;
@@ -696,11 +698,10 @@ impl Gpu {
                 let r = nh / nkv * n;
                 let ngmin = dsp_attn_kv_min_groups(r, hd);
                 let slots = dsp_attn_kv_slots(nchunk, nkv, r, ngmin, dsp_attn_kv_slots_target());
-                self.launch_smem(
+                self.launch(
                     self.f.dsp_attn_kv,
                     (nkv as u32, slots as u32, 1),
                     (256, 1, 1),
-                    dsp_attn_kv_smem(r.div_ceil(ngmin), hd) as u32,
                     &common(&[Arg::I(ngmin as i32), Arg::P(part), Arg::P(par)]),
                 )?;
             }
@@ -893,12 +894,12 @@ mod tests {
             dsp_attn_kv_smem(20, 128),
             4 * (20 * 128 + 32 * 132 + 20 * 128)
         );
-        // 16 q heads x 8 rows at hd 256: groups of at most 12 rows (one row subset of 256 dims)
-        assert_eq!(dsp_attn_kv_min_groups(128, 256), 11);
-        assert!(dsp_attn_kv_smem(128usize.div_ceil(11), 256) <= 96 << 10);
-        // hd 64: 4 row subsets of 12 rows
-        assert_eq!(dsp_attn_kv_min_groups(48, 64), 1);
-        assert_eq!(dsp_attn_kv_min_groups(49, 64), 2);
+        // 16 q heads x 8 rows at hd 256: groups of at most 5 rows (40 KB of tiles)
+        assert_eq!(dsp_attn_kv_min_groups(128, 256), 26);
+        assert!(dsp_attn_kv_smem(128usize.div_ceil(26), 256) <= 40 << 10);
+        // hd 64: 4 row subsets of 12 rows, but 40 KB of tiles hold 42
+        assert_eq!(dsp_attn_kv_min_groups(42, 64), 1);
+        assert_eq!(dsp_attn_kv_min_groups(43, 64), 2);
         // a short context (3 chunks, 4 kv heads) splits the rows to reach ~128 blocks; a long
         // one (33 chunks) keeps them whole; never more groups than rows
         assert_eq!(dsp_attn_kv_slots(3, 4, 40, 1, 128), 3 * 11);
