@@ -14,14 +14,15 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--stage" ]]; then
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-cuda}
   rm -rf .device
-  python3 scripts/build_cubins.py --arch 90   # the H200's cubin embedded (no NVRTC compile there)
+  # the H200's cubin embedded (no NVRTC compile there)
+  python3 scripts/build_cubins.py --arch 90 || { echo "cubin build failed"; exit 1; }
   # rerun build.rs: its rerun-if-changed paths are absolute, and another worktree building into the
   # same target directory (same crate metadata) leaves its own cubin embedded otherwise — the
   # binaries then fall back to the device's NVRTC (2026-12-02: 1.5-3 % slower decode that way)
   touch crates/kernels-cuda/build.rs
   scripts/stage_test_bins.sh -p bonsai-kernels-cuda -p bonsai-engine \
     --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \
-    --test cuda_mv_sweep
+    --test cuda_mv_sweep || { echo "staging the test binaries failed (a build error above)"; exit 1; }
   rm -rf .device/wheels && mkdir -p .device/wheels
   MATURIN_PEP517_ARGS= maturin build --profile fastrel -o .device/wheels >/dev/null 2>&1 || echo "wheel build failed"
   # the cubin itself, for cuobjdump there (scripts/gpu_profile.sh)
@@ -134,9 +135,9 @@ if [[ $BENCH == 1 ]]; then
     fi
     if [[ $DRAFTAB == 1 ]]; then
       # the draft's unfused launches (BONSAI_CUDA_DRAFT_FUSED=0: two norm launches, 256-key
-      # attention chunks per q head), the fused ones with the attention per kv head
-      # (BONSAI_CUDA_DRAFT_ATTN=kv, opt-in), then the default (fused, per q head)
-      for side in unfused kv fused; do
+      # attention chunks per q head), the fused ones with the attention per q head
+      # (BONSAI_CUDA_DRAFT_ATTN=head), then the default (fused, per kv head)
+      for side in unfused head kv; do
         late "draft $side spec bench $v" && continue
         fz=1; [[ $side == unfused ]] && fz=0
         at=head; [[ $side == kv ]] && at=kv

@@ -9,6 +9,6 @@ out=$(cargo test --profile fastrel "$@" --no-run --message-format=json 2>/dev/nu
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
-        print(m["executable"])')
+        print(m["executable"])') || { echo "stage_test_bins: cargo test --no-run failed (build error)" >&2; exit 1; }
 mkdir -p .device/bin
 for f in $out; do n=$(basename "$f" | sed 's/-[0-9a-f]*$//'); cp "$f" ".device/bin/$n"; strip ".device/bin/$n" 2>/dev/null; done

@@ -139,6 +139,9 @@ impl Drafter {
             .filter(|t| t.qt == own.qt && t.data() == own.data());
         let embd_shared = shared.is_some();
         let embd = shared.unwrap_or(own);
+        // block rows read one embedding row per draft straight from the map: read the whole table
+        // in now rather than a disk read per new token inside the drafts
+        embd.g.prefault(embd.data());
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");

@@ -419,6 +419,40 @@ impl Gguf {
         self.backing.bytes()
     }
 
+    /// Read `data` (a slice of [`Self::bytes`], e.g. a tensor's) into the page cache and map its
+    /// pages now (`madvise(MADV_POPULATE_READ)`, Linux ≥ 5.14; elsewhere, or if the kernel refuses
+    /// it, `MADV_WILLNEED`, which starts the reads without waiting). For tensors read a row at a
+    /// time from the map while decoding (the drafter's host embedding): on a cold page cache each
+    /// new row would otherwise be a disk read inside the timed draft (+2–3 ms a draft measured on
+    /// the H200 machine after dropping the page cache). A slice outside the map, an empty one or an
+    /// owned buffer changes nothing; the bytes never change.
+    pub fn prefault(&self, data: &[u8]) {
+        #[cfg(unix)]
+        if let Backing::Mmap(m) = &*self.backing {
+            let base = m.as_ptr() as usize;
+            let start = data.as_ptr() as usize;
+            let Some(off) = start.checked_sub(base) else {
+                return;
+            };
+            if off.checked_add(data.len()).is_none_or(|e| e > m.len()) || data.is_empty() {
+                return;
+            }
+            // align the start down to 64 KiB, a multiple of every page size in use (madvise needs
+            // a page-aligned start; the map itself starts on a page)
+            let a = off / (1 << 16) * (1 << 16);
+            let len = off + data.len() - a;
+            #[cfg(target_os = "linux")]
+            if m.advise_range(memmap2::Advice::PopulateRead, a, len)
+                .is_ok()
+            {
+                return;
+            }
+            let _ = m.advise_range(memmap2::Advice::WillNeed, a, len);
+        }
+        #[cfg(not(unix))]
+        let _ = data;
+    }
+
     /// All metadata pairs in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
         &self.metadata

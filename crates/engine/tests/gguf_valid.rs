@@ -380,6 +380,19 @@ fn open_from_disk_and_inspect() {
         TargetConfig::from_gguf(&g).unwrap().weight_type,
         QuantType::Q2_0G128
     );
+    // prefaulting (the drafter's embedding) leaves the mapped bytes as they were, and a slice
+    // from outside the map or an empty one is ignored
+    let before = g.bytes().to_vec();
+    let t = g
+        .tensors()
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap();
+    g.prefault(g.tensor_data(t).unwrap());
+    g.prefault(g.bytes());
+    g.prefault(&before[..100]);
+    g.prefault(&[]);
+    assert_eq!(g.bytes(), &before[..]);
 
     let rep = inspect::report(&good).unwrap();
     assert_eq!(rep.architecture.as_deref(), Some("qwen35"));

@@ -1503,24 +1503,36 @@ __device__ __forceinline__ void ld_h(const u16* p, u32* w) {
 __device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xffffu)); }
 __device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
 
-// qrow: this block's q row (hd floats; global or shared memory).
-template <int EPL>
+// qrow: this block's first q row (hd floats; global or shared memory); the block serves HPB
+// consecutive q heads h0 = blockIdx.x·HPB .. h0 + HPB − 1, all of one kv head (the host picks HPB
+// dividing nh / nkv), whose rows follow qrow at hd floats apart. Each head's operations are the
+// one-head kernel's (HPB = 1) in the same order, so any HPB gives the same bits; a block loads each
+// K / V row once for its HPB heads (a sixth of the L2 traffic at HPB = 6 on the 27B's 24 / 4 heads)
+// and its warps run HPB independent chains.
+template <int EPL, int HPB>
 __device__ __forceinline__ void attn_chunks(const float* qrow, const u16* kc, const u16* vc, int nh, int nkv,
                                             const int* pos0, int nchunk, float* part) {
     const int HD = EPL * 32, NW = EPL / 2;
-    __shared__ float sm[AT_WARPS][HD + 2];
-    int h = blockIdx.x, t = blockIdx.z, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __shared__ float sm[HPB][AT_WARPS][HD + 2];
+    int h0 = blockIdx.x * HPB, t = blockIdx.z, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int L = *pos0 + t + 1;
     int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
-    int g = h / (nh / nkv), kvw = nkv * HD;
+    int g = h0 / (nh / nkv), kvw = nkv * HD;
     float scale = 1.0f / sqrtf((float)HD);
-    float qv[EPL];
+    float qv[HPB][EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) qv[e] = qrow[lane * EPL + e];
+    for (int hh = 0; hh < HPB; ++hh)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) qv[hh][e] = qrow[hh * HD + lane * EPL + e];
     for (int c = blockIdx.y; c < nc; c += gridDim.y) {
-        float m = NEG_INF, l = 0.f, acc[EPL];
+        float m[HPB], l[HPB], acc[HPB][EPL];
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] = 0.f;
+        for (int hh = 0; hh < HPB; ++hh) {
+            m[hh] = NEG_INF;
+            l[hh] = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[hh][e] = 0.f;
+        }
         int pb = c * AT_CHUNK + w * AT_PW;
         int pe = min(pb + AT_PW, L);
         for (int p = pb; p < pe; p += 4) {
@@ -1536,68 +1548,149 @@ __device__ __forceinline__ void attn_chunks(const float* qrow, const u16* kc, co
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 if (p + u < pe) {
-                    float a = 0.f;
 #pragma unroll
-                    for (int e = 0; e < NW; ++e) {
-                        a = fmaf(qv[2 * e], lo_h(kw[u][e]), a);
-                        a = fmaf(qv[2 * e + 1], hi_h(kw[u][e]), a);
-                    }
-                    float sc = warp_sum(a) * scale;
-                    float mn = fmaxf(m, sc);
-                    float corr = expf(m - mn), pe_ = expf(sc - mn);
-                    l = fmaf(l, corr, pe_);
+                    for (int hh = 0; hh < HPB; ++hh) {
+                        float a = 0.f;
 #pragma unroll
-                    for (int e = 0; e < NW; ++e) {
-                        acc[2 * e] = fmaf(acc[2 * e], corr, pe_ * lo_h(vw[u][e]));
-                        acc[2 * e + 1] = fmaf(acc[2 * e + 1], corr, pe_ * hi_h(vw[u][e]));
+                        for (int e = 0; e < NW; ++e) {
+                            a = fmaf(qv[hh][2 * e], lo_h(kw[u][e]), a);
+                            a = fmaf(qv[hh][2 * e + 1], hi_h(kw[u][e]), a);
+                        }
+                        float sc = warp_sum(a) * scale;
+                        float mn = fmaxf(m[hh], sc);
+                        float corr = expf(m[hh] - mn), pe_ = expf(sc - mn);
+                        l[hh] = fmaf(l[hh], corr, pe_);
+#pragma unroll
+                        for (int e = 0; e < NW; ++e) {
+                            acc[hh][2 * e] = fmaf(acc[hh][2 * e], corr, pe_ * lo_h(vw[u][e]));
+                            acc[hh][2 * e + 1] = fmaf(acc[hh][2 * e + 1], corr, pe_ * hi_h(vw[u][e]));
+                        }
+                        m[hh] = mn;
                     }
-                    m = mn;
                 }
             }
         }
         __syncthreads();
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) sm[w][lane * EPL + e] = acc[e];
-        if (lane == 0) {
-            sm[w][HD] = m;
-            sm[w][HD + 1] = l;
+        for (int hh = 0; hh < HPB; ++hh) {
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) sm[hh][w][lane * EPL + e] = acc[hh][e];
+            if (lane == 0) {
+                sm[hh][w][HD] = m[hh];
+                sm[hh][w][HD + 1] = l[hh];
+            }
         }
         __syncthreads();
-        // warp 0 always has a position (c·AT_CHUNK < L), so M is finite
-        float M = sm[0][HD];
 #pragma unroll
-        for (int i = 1; i < AT_WARPS; ++i) M = fmaxf(M, sm[i][HD]);
-        float* pp = part + (((size_t)t * nh + h) * nchunk + c) * (HD + 2);
-        for (int i = threadIdx.x; i < HD + 2; i += blockDim.x) {
-            float o = 0.f;
+        for (int hh = 0; hh < HPB; ++hh) {
+            // warp 0 always has a position (c·AT_CHUNK < L), so M is finite
+            float M = sm[hh][0][HD];
 #pragma unroll
-            for (int ww = 0; ww < AT_WARPS; ++ww) {
-                float f = expf(sm[ww][HD] - M);
-                float v = i < HD ? sm[ww][i] : sm[ww][HD + 1];
-                o = fmaf(v, f, o);
+            for (int i = 1; i < AT_WARPS; ++i) M = fmaxf(M, sm[hh][i][HD]);
+            float* pp = part + (((size_t)t * nh + h0 + hh) * nchunk + c) * (HD + 2);
+            for (int i = threadIdx.x; i < HD + 2; i += blockDim.x) {
+                float o = 0.f;
+#pragma unroll
+                for (int ww = 0; ww < AT_WARPS; ++ww) {
+                    float f = expf(sm[hh][ww][HD] - M);
+                    float v = i < HD ? sm[hh][ww][i] : sm[hh][ww][HD + 1];
+                    o = fmaf(v, f, o);
+                }
+                if (i == HD) o = M;
+                pp[i] = o;
             }
-            if (i == HD) o = M;
-            pp[i] = o;
         }
     }
 }
 
-#define ATTN_CHUNKS_ENTRY(NAME, EPL)                                                                  \
+#define ATTN_CHUNKS_ENTRY(NAME, EPL, HPB)                                                             \
     extern "C" __global__ void __launch_bounds__(AT_WARPS * 32) NAME(                                 \
         const float* qo, const u16* kc, const u16* vc, int nh, int nkv, const int* pos0, int nchunk,  \
         float* part) {                                                                                \
         PDL_ENTRY();                                                                                  \
-        attn_chunks<EPL>(qo + ((size_t)blockIdx.z * nh + blockIdx.x) * (EPL * 32), kc, vc, nh, nkv, pos0, \
-                         nchunk, part);                                                               \
+        attn_chunks<EPL, HPB>(qo + ((size_t)blockIdx.z * nh + blockIdx.x * HPB) * (EPL * 32), kc, vc, \
+                              nh, nkv, pos0, nchunk, part);                                           \
     }
-ATTN_CHUNKS_ENTRY(attn_chunks_hd64, 2)
-ATTN_CHUNKS_ENTRY(attn_chunks_hd128, 4)
-ATTN_CHUNKS_ENTRY(attn_chunks_hd256, 8)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd64, 2, 1)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd128, 4, 1)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd256, 8, 1)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h2, 8, 2)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h3, 8, 3)
+ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h6, 8, 6)
 
 // Flash-decode, phase 2: merge the chunk partials of (h, t) in chunk order, ⊙ σ(gate), write f32
 // (out, may be null) and quantize (head dims are multiples of 32, so quant blocks never straddle
 // heads). grid (nh, n), block hd. part as above; out/q [n, nh·hd]; d/s [n, nh·hd/32].
+// The same float operations in the same order as attn_merge_quant_serial, so the same bits; only
+// the loads are arranged so that a thread does not wait on one L2 round trip per chunk (at 4,000
+// positions, 125 chunks a row). Warp 0 reads the chunk maxima, 32 chunks a lane step, and takes
+// their maximum (it does not depend on the order: fmaxf skips NaN, and where it picks +0 or −0,
+// x − M and so expf(x − M) are the same for every x); then per tile of AT_MT chunks warp 0 writes
+// the tile's factors expf(m_c − M) and its l_c to shared memory, every thread issues its AT_MT
+// partial loads together, and the fmaf chains run over the tile in chunk order. One block barrier
+// per tile (two from the second on). Rows of at most AT_MS chunks take the serial loop (no barrier).
+#define AT_MT 32
+#define AT_MS 2
 extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, int nh, int hd,
+                                            const int* pos0, int nchunk, float* out, i8* q, float* d,
+                                            int* s) {
+    __shared__ float fs[AT_MT], lv[AT_MT];
+    PDL_ENTRY();
+    int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    int L = *pos0 + t + 1;
+    int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
+    const size_t W = (size_t)hd + 2;  // floats per chunk partial
+    const float* pp = part + ((size_t)t * nh + h) * nchunk * W;
+    float ls = 0.f, o = 0.f;
+    if (nc <= AT_MS) {  // block-uniform
+        float M = NEG_INF;
+        for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * W + hd]);
+        for (int c = 0; c < nc; ++c) {
+            const float* pc = pp + (size_t)c * W;
+            float f = expf(pc[hd] - M);
+            ls = fmaf(pc[hd + 1], f, ls);
+            o = fmaf(pc[j], f, o);
+        }
+        nc = 0;  // skip the tiles
+    }
+    float M = NEG_INF;  // warp 0's only
+    if (j < 32) {
+        for (int c = j; c < nc; c += 32) M = fmaxf(M, pp[(size_t)c * W + hd]);
+        M = warp_max(M);
+    }
+    for (int c0 = 0; c0 < nc; c0 += AT_MT) {
+        int m = min(AT_MT, nc - c0);
+        if (c0 > 0) __syncthreads();  // the previous tile's factors are consumed
+        if (j < m) {
+            const float* pc = pp + (size_t)(c0 + j) * W;
+            fs[j] = expf(pc[hd] - M);
+            lv[j] = pc[hd + 1];
+        }
+        __syncthreads();
+        float v[AT_MT];
+#pragma unroll
+        for (int i = 0; i < AT_MT; ++i) v[i] = i < m ? pp[(size_t)(c0 + i) * W + j] : 0.f;
+#pragma unroll
+        for (int i = 0; i < AT_MT; ++i) {
+            if (i < m) {
+                ls = fmaf(lv[i], fs[i], ls);
+                o = fmaf(v[i], fs[i], o);
+            }
+        }
+    }
+    float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + j];
+    float y = o / ls * sigmoidf_(gate);
+    size_t idx = ((size_t)t * nh + h) * hd + j;
+    if (out) out[idx] = y;
+    size_t b = idx >> 5;
+    quant32(y, q + (b << 5), d + b, s + b);
+}
+
+// Flash-decode, phase 2, the first form (`Gpu::set_attn_merge_serial`, kept for the bit-equality
+// test and A/B runs): merge the chunk partials of (h, t) in chunk order, ⊙ σ(gate), write f32
+// (out, may be null) and quantize (head dims are multiples of 32, so quant blocks never straddle
+// heads). grid (nh, n), block hd. part as above; out/q [n, nh·hd]; d/s [n, nh·hd/32].
+extern "C" __global__ void attn_merge_quant_serial(const float* part, const float* qf, int nh, int hd,
                                             const int* pos0, int nchunk, float* out, i8* q, float* d,
                                             int* s) {
     PDL_ENTRY();
@@ -1709,7 +1802,7 @@ __device__ __forceinline__ void attn_decode_fused(const float* qf, const float* 
         }
         __syncthreads();
     }
-    attn_chunks<EPL>(qs, kc, vc, nh, nkv, pos0, nchunk, part);
+    attn_chunks<EPL, 1>(qs, kc, vc, nh, nkv, pos0, nchunk, part);
     // the head's last block merges
     __threadfence();
     __syncthreads();

@@ -79,6 +79,17 @@ pub const MAX_ROWS: usize = 8;
 pub const MAX_SEGS: usize = 4;
 /// Positions per attention chunk (`AT_CHUNK` in the source).
 pub const ATTN_CHUNK: usize = 32;
+/// Default most blocks per head (grid.y) of a flash-decode chunk launch ([`Gpu::attn_gy`]) of one
+/// row and of more rows: 96 and 32 were the best or within 3 % of it from 32 to 4,000 positions on
+/// the H200 (`gpu_kernels::attn_decode_timing`).
+pub const ATTN_GY: [usize; 2] = [96, 32];
+/// q heads per block a flash-decode chunk launch at head dim 256 may take (`attn_chunks_hd256_h*`).
+pub const ATTN_HPBS: [usize; 4] = [1, 2, 3, 6];
+/// Default q heads per block of a flash-decode chunk launch ([`Gpu::attn_hpb`]) of one row and of
+/// more rows: 2 was level with 1 at 32 positions and 1–9 % faster from 1,024 to 4,000 on the H200
+/// (`gpu_kernels::attn_decode_timing`); 3 and 6 lose at short contexts (fewer blocks, longer
+/// chains).
+pub const ATTN_HPB: [usize; 2] = [2, 2];
 
 /// f32 elements of the attention partials scratch for `n` rows, `nh` heads of `hd`, `n_ctx` positions.
 pub fn attn_part_floats(n: usize, nh: usize, hd: usize, n_ctx: usize) -> usize {
@@ -1644,7 +1655,11 @@ kernels!(
         attn_chunks_hd64,
         attn_chunks_hd128,
         attn_chunks_hd256,
+        attn_chunks_hd256_h2,
+        attn_chunks_hd256_h3,
+        attn_chunks_hd256_h6,
         attn_merge_quant,
+        attn_merge_quant_serial,
         attn_decode_fused_hd64,
         attn_decode_fused_hd128,
         attn_decode_fused_hd256,
@@ -2115,6 +2130,15 @@ pub struct Gpu {
     /// Decode rows' attention in one launch ([`Gpu::attn_decode_fused`]; off unless
     /// `BONSAI_CUDA_ATTN_FUSED=1`).
     attn_fused: AtomicBool,
+    /// Flash-decode merges take the first, one-load-per-chunk form ([`Gpu::set_attn_merge_serial`],
+    /// `BONSAI_CUDA_ATTN_MERGE=serial`; the same bits, for the A/B and the bit-equality test).
+    attn_merge_serial: AtomicBool,
+    /// Most blocks per head (grid.y) of a flash-decode chunk launch of one row and of more rows
+    /// ([`Gpu::set_attn_gy`], `BONSAI_CUDA_ATTN_GY=n1,rows`; the same bits at any value).
+    attn_gy: [AtomicUsize; 2],
+    /// q heads per block of a flash-decode chunk launch at head dim 256, one row and more rows
+    /// ([`Gpu::set_attn_hpb`], `BONSAI_CUDA_ATTN_HPB=n1,rows`; the same bits at any value).
+    attn_hpb: [AtomicUsize; 2],
     /// Kernels whose launches are dropped ([`Gpu::set_skip_kernels`]; benchmarks only).
     skip: Mutex<Vec<&'static str>>,
     /// Whether `skip` is non-empty (checked on every launch without the lock).
@@ -2429,6 +2453,33 @@ impl Gpu {
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
             attn_fused: AtomicBool::new(env_on("BONSAI_CUDA_ATTN_FUSED")),
+            attn_merge_serial: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_ATTN_MERGE").as_deref() == Ok("serial"),
+            ),
+            attn_gy: {
+                let v = std::env::var("BONSAI_CUDA_ATTN_GY").unwrap_or_default();
+                let mut it = v.split(',').map(|x| x.trim().parse::<usize>().ok());
+                let pick = |x: Option<Option<usize>>, d: usize| {
+                    x.flatten().filter(|v| (1..=65535).contains(v)).unwrap_or(d)
+                };
+                let n1 = pick(it.next(), ATTN_GY[0]);
+                [
+                    AtomicUsize::new(n1),
+                    AtomicUsize::new(pick(it.next(), ATTN_GY[1])),
+                ]
+            },
+            attn_hpb: {
+                let v = std::env::var("BONSAI_CUDA_ATTN_HPB").unwrap_or_default();
+                let mut it = v.split(',').map(|x| x.trim().parse::<usize>().ok());
+                let pick = |x: Option<Option<usize>>, d: usize| {
+                    x.flatten().filter(|v| ATTN_HPBS.contains(v)).unwrap_or(d)
+                };
+                let n1 = pick(it.next(), ATTN_HPB[0]);
+                [
+                    AtomicUsize::new(n1),
+                    AtomicUsize::new(pick(it.next(), ATTN_HPB[1])),
+                ]
+            },
             swiglu_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
             ),
@@ -3620,7 +3671,12 @@ impl Gpu {
             self.gdn_fused() as u64,
             self.mv_long_r.load(Ordering::Relaxed) as u64,
             self.swiglu_fused() as u64,
-            self.attn_fused() as u64,
+            self.attn_fused() as u64
+                | (self.attn_merge_serial() as u64) << 1
+                | (self.attn_gy(1) as u64) << 2
+                | (self.attn_gy(2) as u64) << 18
+                | (self.attn_hpb(1) as u64) << 34
+                | (self.attn_hpb(2) as u64) << 38,
             self.mvp_mid_all() as u64,
             self.mvs_q1() as u64
                 | (self.b1p() as u64) << 1
@@ -5260,6 +5316,46 @@ impl Gpu {
         self.attn_fused.store(on, Ordering::Relaxed);
     }
 
+    /// Whether [`Self::attn_decode`] merges with `attn_merge_quant_serial` (one L2 round trip per
+    /// chunk; the form before 2026-12-04) instead of `attn_merge_quant` (the loads of a tile of
+    /// chunks at once). The same bits either way; graphs key on it.
+    pub fn attn_merge_serial(&self) -> bool {
+        self.attn_merge_serial.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::attn_merge_serial`].
+    pub fn set_attn_merge_serial(&self, on: bool) {
+        self.attn_merge_serial.store(on, Ordering::Relaxed);
+    }
+
+    /// Most blocks per head of [`Self::attn_decode`]'s chunk launch of `n` rows (defaults
+    /// [`ATTN_GY`]). Chunks are fixed, so any value gives the same bits; graphs key on it.
+    pub fn attn_gy(&self, n: usize) -> usize {
+        self.attn_gy[(n > 1) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::attn_gy`] for one-row launches and for launches of more rows (each clamped to
+    /// 1..=65535).
+    pub fn set_attn_gy(&self, n1: usize, rows: usize) {
+        self.attn_gy[0].store(n1.clamp(1, 65535), Ordering::Relaxed);
+        self.attn_gy[1].store(rows.clamp(1, 65535), Ordering::Relaxed);
+    }
+
+    /// q heads per block of [`Self::attn_decode`]'s chunk launch of `n` rows at head dim 256 (one
+    /// of [`ATTN_HPBS`]; defaults [`ATTN_HPB`]); a launch whose kv group size it does not divide,
+    /// or of another head dim, takes 1. Any value gives the same bits; graphs key on it.
+    pub fn attn_hpb(&self, n: usize) -> usize {
+        self.attn_hpb[(n > 1) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::attn_hpb`] for one-row launches and for launches of more rows (a value not in
+    /// [`ATTN_HPBS`] is taken as 1).
+    pub fn set_attn_hpb(&self, n1: usize, rows: usize) {
+        let ok = |v: usize| if ATTN_HPBS.contains(&v) { v } else { 1 };
+        self.attn_hpb[0].store(ok(n1), Ordering::Relaxed);
+        self.attn_hpb[1].store(ok(rows), Ordering::Relaxed);
+    }
+
     /// Causal attention of `n` rows over the f16 cache (flash-decode: fixed 32-position chunks,
     /// fixed-order merge) ⊙ σ(gate), written f32 to `out` (unless 0) and int8-quantized into
     /// `q`/`d`/`s` (`[n, nh·hd]`, per-32 blocks). `part`: scratch of
@@ -5282,23 +5378,30 @@ impl Gpu {
         d: u64,
         s: u64,
     ) -> Result<()> {
-        let f = match hd {
-            64 => self.f.attn_chunks_hd64,
-            128 => self.f.attn_chunks_hd128,
-            256 => self.f.attn_chunks_hd256,
+        assert!(nkv > 0 && nh % nkv == 0);
+        let hpb = match self.attn_hpb(n) {
+            v if hd == 256 && (nh / nkv) % v == 0 => v,
+            _ => 1,
+        };
+        let f = match (hd, hpb) {
+            (64, _) => self.f.attn_chunks_hd64,
+            (128, _) => self.f.attn_chunks_hd128,
+            (256, 2) => self.f.attn_chunks_hd256_h2,
+            (256, 3) => self.f.attn_chunks_hd256_h3,
+            (256, 6) => self.f.attn_chunks_hd256_h6,
+            (256, _) => self.f.attn_chunks_hd256,
             _ => {
                 return Err(CudaError(format!(
                     "attention: head dim {hd} not in 64/128/256"
                 )))
             }
         };
-        assert!(nkv > 0 && nh % nkv == 0);
         let nchunk = n_ctx.div_ceil(ATTN_CHUNK);
         // grid.y only bounds the parallelism; chunks are fixed, so results do not depend on it
-        let gy = nchunk.clamp(1, 32) as u32;
+        let gy = nchunk.clamp(1, self.attn_gy(n)) as u32;
         self.launch(
             f,
-            (nh as u32, gy, n as u32),
+            ((nh / hpb) as u32, gy, n as u32),
             (128, 1, 1),
             &[
                 Arg::P(qo),
@@ -5311,8 +5414,13 @@ impl Gpu {
                 Arg::P(part),
             ],
         )?;
+        let merge = if self.attn_merge_serial() {
+            self.f.attn_merge_quant_serial
+        } else {
+            self.f.attn_merge_quant
+        };
         self.launch(
-            self.f.attn_merge_quant,
+            merge,
             (nh as u32, n as u32, 1),
             (hd as u32, 1, 1),
             &[

@@ -52,9 +52,9 @@ pub enum DspAttnKernel {
     /// `dsp_attn_kv`: a block per (kv head, chunk of up to [`DSP_ATTN_KV_CHUNK`] keys, group of
     /// query rows), the keys spread over up to [`DSP_ATTN_KV_SPREAD`] chunks: all `nh / nkv · n`
     /// query rows of a kv head share one read of each key and value row. 1.01–1.22× faster drafts
-    /// from 64 to 4,000 context rows on the H200, but opt-in: in 6 of 10 benchmark processes its
-    /// graph drafts between the target's round graphs took +2.5 ms now and then (never with the
-    /// per-q-head kernel in 7, nor eager in 2; cause not found — `crates/kernels-cuda/README.md`).
+    /// from 64 to 4,000 context rows on the H200; the GPU drafter's default since 2026-12-04 (the
+    /// draft stalls that had kept it opt-in were a cold page cache under the host's embedding
+    /// rows, with either kernel — `crates/kernels-cuda/README.md`).
     PerKvHead,
 }
 

@@ -2614,6 +2614,8 @@ fn attention_decode_vs_reference_real_shapes() {
         (290, 320, 256, 24, 4),
         (1500, 1536, 128, 8, 2),
         (70, 96, 64, 4, 2),
+        // the 27B shape at 4,000 positions: 126 chunks, four merge tiles
+        (3998, 4100, 256, 24, 4),
     ] {
         attention_case(g, pos0, n_ctx, hd, nh, nkv);
     }
@@ -2814,6 +2816,53 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
     )
     .unwrap();
     let got: Vec<f32> = down(g, &out, n * k);
+    // the serial merge and any chunk grid give the same bits (codes included)
+    let (serial0, gy0) = (g.attn_merge_serial(), [g.attn_gy(1), g.attn_gy(2)]);
+    let hpb0 = [g.attn_hpb(1), g.attn_hpb(2)];
+    for (serial, gy, hpb) in [
+        (true, gy0[1], 1),
+        (false, 1, 2),
+        (false, 7, 3),
+        (true, 128, 6),
+        (false, 32, 6),
+    ] {
+        g.set_attn_merge_serial(serial);
+        g.set_attn_gy(gy, gy);
+        g.set_attn_hpb(hpb, hpb);
+        let o2 = g.upload(&vec![f32::NAN; n * k]).unwrap();
+        let q2 = g.upload(&vec![0x7fi8; n * k]).unwrap();
+        g.attn_decode(
+            qo.ptr(),
+            qfb.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            n,
+            nh,
+            nkv,
+            hd,
+            pb.ptr(),
+            n_ctx,
+            part.ptr(),
+            o2.ptr(),
+            q2.ptr(),
+            ad.ptr(),
+            as_.ptr(),
+        )
+        .unwrap();
+        let alt: Vec<f32> = down(g, &o2, n * k);
+        assert!(
+            alt.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "attention pos0 {pos0} hd {hd}: merge serial {serial}, gy {gy}, hpb {hpb} differs from serial {serial0}, gy {gy0:?}, hpb {hpb0:?}"
+        );
+        assert_eq!(
+            down::<i8>(g, &q2, n * k),
+            down::<i8>(g, &aq, n * k),
+            "attention codes: merge serial {serial}, gy {gy}"
+        );
+    }
+    g.set_attn_merge_serial(serial0);
+    g.set_attn_gy(gy0[0], gy0[1]);
+    g.set_attn_hpb(hpb0[0], hpb0[1]);
     // the fused quantization equals quantizing the f32 output
     let (hq, hd_, hs) = bonsai_kernels_cuda::host_quant(&got, k);
     assert_eq!(down::<i8>(g, &aq, n * k), hq, "attention int8 codes");
@@ -2912,6 +2961,115 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
     let e = max_rel(&got, &want);
     eprintln!("attention pos0 {pos0} hd {hd} max rel {e:.2e}");
     assert!(e < 2e-3, "attention max rel {e}");
+}
+
+/// Timing (informational, no assertion on speed): the flash-decode launches (`attn_chunks` +
+/// merge) at the 27B attention shape (24 q heads, 4 kv heads, head dim 256) over 16 layers'
+/// caches of 4,096 rows (256 MB: past the L2), at 32 / 1,024 / 2,048 / 4,000 positions, one row
+/// (decode) and 5 rows (verify), for the serial merge and the tiled one at several chunk grids.
+/// `ATTNTIME` lines: µs per layer (median of 5 runs of the 16 layers), then one eager launch of
+/// each kind timed alone (`ATTNPROF`).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn attn_decode_timing() {
+    let g = need_gpu!("attn_decode_timing");
+    let (nh, nkv, hd, n_ctx, layers) = (24usize, 4usize, 256usize, 4096usize, 16usize);
+    let kvw = nkv * hd;
+    let mut rng = Rng(97);
+    let cache: Vec<u16> = (0..n_ctx * kvw)
+        .map(|_| f16::from_f32(rng.f()).to_bits())
+        .collect();
+    let kv: Vec<(DevBuf, DevBuf)> = (0..layers)
+        .map(|_| (g.upload(&cache).unwrap(), g.upload(&cache).unwrap()))
+        .collect();
+    let nmax = 5usize;
+    let k = nh * hd;
+    let qo = g.upload(&rng.vec(nmax * k, 1.0)).unwrap();
+    let qf = g.upload(&rng.vec(nmax * nh * 2 * hd, 1.0)).unwrap();
+    let part = g
+        .alloc(bonsai_kernels_cuda::attn_part_floats(nmax, nh, hd, n_ctx) * 4)
+        .unwrap();
+    let out = g.alloc(nmax * k * 4).unwrap();
+    let (aq, ad, as_) = (
+        g.alloc(nmax * k).unwrap(),
+        g.alloc(nmax * k / 32 * 4).unwrap(),
+        g.alloc(nmax * k / 32 * 4).unwrap(),
+    );
+    let (serial0, gy0) = (g.attn_merge_serial(), [g.attn_gy(1), g.attn_gy(2)]);
+    let hpb0 = [g.attn_hpb(1), g.attn_hpb(2)];
+    for pos0 in [32usize, 1024, 2048, 4000] {
+        let pb = g
+            .upload(&(0..nmax).map(|t| (pos0 + t) as i32).collect::<Vec<_>>())
+            .unwrap();
+        for n in [1usize, nmax] {
+            let layer = |c: &(DevBuf, DevBuf)| {
+                g.attn_decode(
+                    qo.ptr(),
+                    qf.ptr(),
+                    c.0.ptr(),
+                    c.1.ptr(),
+                    n,
+                    nh,
+                    nkv,
+                    hd,
+                    pb.ptr(),
+                    n_ctx,
+                    part.ptr(),
+                    out.ptr(),
+                    aq.ptr(),
+                    ad.ptr(),
+                    as_.ptr(),
+                )
+            };
+            let mut line = format!("ATTNTIME pos {pos0} n {n}:");
+            let mut prof = format!("ATTNPROF pos {pos0} n {n}:");
+            let gys: &[usize] = if n == 1 {
+                &[32, 96, 128]
+            } else {
+                &[16, 32, 64]
+            };
+            let variants = std::iter::once((true, 32usize, 1usize)).chain(
+                [1usize, 2, 3, 6]
+                    .into_iter()
+                    .flat_map(|hpb| gys.iter().map(move |&gy| (false, gy, hpb))),
+            );
+            for (serial, gy, hpb) in variants {
+                g.set_attn_merge_serial(serial);
+                g.set_attn_gy(gy, gy);
+                g.set_attn_hpb(hpb, hpb);
+                let run = || -> bonsai_kernels_cuda::Result<()> {
+                    for c in &kv {
+                        layer(c)?;
+                    }
+                    Ok(())
+                };
+                run().unwrap();
+                let mut t: Vec<f64> = (0..5).map(|_| g.time_ms(run).unwrap() as f64).collect();
+                t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let name = if serial { "serial" } else { "tiled" };
+                line += &format!(
+                    " {name} gy {gy} hpb {hpb} {:.2} us;",
+                    t[2] * 1e3 / layers as f64
+                );
+                g.sync().unwrap();
+                g.profile_begin();
+                layer(&kv[0]).unwrap();
+                let l = g.profile_end();
+                prof += &format!(
+                    " {name} gy {gy} hpb {hpb} [{}];",
+                    l.iter()
+                        .map(|(k, us)| format!("{k} {us:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            eprintln!("{line}");
+            eprintln!("{prof}");
+        }
+    }
+    g.set_attn_merge_serial(serial0);
+    g.set_attn_gy(gy0[0], gy0[1]);
+    g.set_attn_hpb(hpb0[0], hpb0[1]);
 }
 
 /// Host argmax: first maximum, NaN never wins, `0x7fffffff` when nothing beats −inf.

@@ -177,10 +177,10 @@ pub struct CudaDrafter {
     /// norm launches and a block per q head over chunks of up to 256 keys (the A/B baseline).
     /// [`CudaDrafter::set_fused`].
     fused: AtomicBool,
-    /// The fused draft's block attention: a block per q head with the keys spread over up to
-    /// [`kc::DSP_ATTN_SPREAD`] chunks (the default), or with `BONSAI_CUDA_DRAFT_ATTN=kv` (read at
-    /// load) a block per kv head for all its q heads ([`kc::DspAttnKernel::PerKvHead`]: faster at
-    /// long contexts, opt-in for the stalls its doc names). [`CudaDrafter::set_attn_per_kv_head`].
+    /// The fused draft's block attention: a block per kv head for all its q heads
+    /// ([`kc::DspAttnKernel::PerKvHead`], the default since 2026-12-04), or with
+    /// `BONSAI_CUDA_DRAFT_ATTN=head` (read at load) a block per q head with the keys spread over up
+    /// to [`kc::DSP_ATTN_SPREAD`] chunks. [`CudaDrafter::set_attn_per_kv_head`].
     attn_kv: AtomicBool,
 }
 
@@ -263,7 +263,7 @@ impl CudaDrafter {
                 std::env::var("BONSAI_CUDA_DRAFT_FUSED").map_or(true, |v| v != "0"),
             ),
             attn_kv: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_DRAFT_ATTN").is_ok_and(|v| v == "kv"),
+                std::env::var("BONSAI_CUDA_DRAFT_ATTN").map_or(true, |v| v != "head"),
             ),
             cfg,
             host,
@@ -297,7 +297,7 @@ impl CudaDrafter {
     }
 
     /// Whether the fused draft's block attention takes a block per kv head
-    /// ([`kc::DspAttnKernel::PerKvHead`], opt-in) rather than one per q head (the default).
+    /// ([`kc::DspAttnKernel::PerKvHead`], the default) rather than one per q head.
     pub fn attn_per_kv_head(&self) -> bool {
         self.attn_kv.load(Ordering::Relaxed)
     }
