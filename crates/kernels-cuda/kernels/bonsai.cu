@@ -1618,6 +1618,32 @@ ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h2, 8, 2)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h3, 8, 3)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h6, 8, 6)
 
+// The merge's chunk-order chains over nc chunk partials (pp: the row's first, W floats apart), one
+// dependent L2 load after another: M, then ls = Σ l_c·f_c and o = Σ acc_c[j]·f_c with
+// f_c = expf(m_c − M), in chunk order.
+__device__ __forceinline__ void attn_merge_chain(const float* pp, size_t W, int hd, int nc, int j, float& ls,
+                                                 float& o) {
+    float M = NEG_INF;
+    for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * W + hd]);
+    for (int c = 0; c < nc; ++c) {
+        const float* pc = pp + (size_t)c * W;
+        float f = expf(pc[hd] - M);
+        ls = fmaf(pc[hd + 1], f, ls);
+        o = fmaf(pc[j], f, o);
+    }
+}
+
+// The merge's output for (h, t, j): o / ls ⊙ σ(gate), f32 (out, may be null) and quant32.
+__device__ __forceinline__ void attn_merge_out(float o, float ls, const float* qf, int nh, int hd, int h, int t,
+                                               int j, float* out, i8* q, float* d, int* s) {
+    float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + j];
+    float y = o / ls * sigmoidf_(gate);
+    size_t idx = ((size_t)t * nh + h) * hd + j;
+    if (out) out[idx] = y;
+    size_t b = idx >> 5;
+    quant32(y, q + (b << 5), d + b, s + b);
+}
+
 // Flash-decode, phase 2: merge the chunk partials of (h, t) in chunk order, ⊙ σ(gate), write f32
 // (out, may be null) and quantize (head dims are multiples of 32, so quant blocks never straddle
 // heads). grid (nh, n), block hd. part as above; out/q [n, nh·hd]; d/s [n, nh·hd/32].
@@ -1643,14 +1669,7 @@ extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, 
     const float* pp = part + ((size_t)t * nh + h) * nchunk * W;
     float ls = 0.f, o = 0.f;
     if (nc <= AT_MS) {  // block-uniform
-        float M = NEG_INF;
-        for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * W + hd]);
-        for (int c = 0; c < nc; ++c) {
-            const float* pc = pp + (size_t)c * W;
-            float f = expf(pc[hd] - M);
-            ls = fmaf(pc[hd + 1], f, ls);
-            o = fmaf(pc[j], f, o);
-        }
+        attn_merge_chain(pp, W, hd, nc, j, ls, o);
         nc = 0;  // skip the tiles
     }
     float M = NEG_INF;  // warp 0's only
@@ -1678,12 +1697,7 @@ extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, 
             }
         }
     }
-    float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + j];
-    float y = o / ls * sigmoidf_(gate);
-    size_t idx = ((size_t)t * nh + h) * hd + j;
-    if (out) out[idx] = y;
-    size_t b = idx >> 5;
-    quant32(y, q + (b << 5), d + b, s + b);
+    attn_merge_out(o, ls, qf, nh, hd, h, t, j, out, q, d, s);
 }
 
 // Flash-decode, phase 2, the first form (`Gpu::set_attn_merge_serial`, kept for the bit-equality
@@ -1697,22 +1711,10 @@ extern "C" __global__ void attn_merge_quant_serial(const float* part, const floa
     int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
     int L = *pos0 + t + 1;
     int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
-    const float* pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
-    float M = NEG_INF;
-    for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * (hd + 2) + hd]);
+    const size_t W = (size_t)hd + 2;
     float ls = 0.f, o = 0.f;
-    for (int c = 0; c < nc; ++c) {
-        const float* pc = pp + (size_t)c * (hd + 2);
-        float f = expf(pc[hd] - M);
-        ls = fmaf(pc[hd + 1], f, ls);
-        o = fmaf(pc[j], f, o);
-    }
-    float gate = qf[((size_t)t * nh + h) * 2 * hd + hd + j];
-    float y = o / ls * sigmoidf_(gate);
-    size_t idx = ((size_t)t * nh + h) * hd + j;
-    if (out) out[idx] = y;
-    size_t b = idx >> 5;
-    quant32(y, q + (b << 5), d + b, s + b);
+    attn_merge_chain(part + ((size_t)t * nh + h) * nchunk * W, W, hd, nc, j, ls, o);
+    attn_merge_out(o, ls, qf, nh, hd, h, t, j, out, q, d, s);
 }
 
 // attn_prep's per-head path on a 128-thread block: out[j] = RoPE(rmsnorm(x) ⊙ nw)[j] for j < HD,

@@ -2797,24 +2797,28 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
         g.alloc(n * k / 32 * 4).unwrap(),
         g.alloc(n * k / 32 * 4).unwrap(),
     );
-    g.attn_decode(
-        qo.ptr(),
-        qfb.ptr(),
-        kc.ptr(),
-        vc.ptr(),
-        n,
-        nh,
-        nkv,
-        hd,
-        pb.ptr(),
-        n_ctx,
-        part.ptr(),
-        out.ptr(),
-        aq.ptr(),
-        ad.ptr(),
-        as_.ptr(),
-    )
-    .unwrap();
+    // the n rows' attention into (f32 out, codes q); scales and sums into ad / as_
+    let decode = |out: &DevBuf, q: &DevBuf| {
+        g.attn_decode(
+            qo.ptr(),
+            qfb.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            n,
+            nh,
+            nkv,
+            hd,
+            pb.ptr(),
+            n_ctx,
+            part.ptr(),
+            out.ptr(),
+            q.ptr(),
+            ad.ptr(),
+            as_.ptr(),
+        )
+        .unwrap()
+    };
+    decode(&out, &aq);
     let got: Vec<f32> = down(g, &out, n * k);
     // the serial merge and any chunk grid give the same bits (codes included)
     let (serial0, gy0) = (g.attn_merge_serial(), [g.attn_gy(1), g.attn_gy(2)]);
@@ -2831,24 +2835,7 @@ fn attention_case(g: &Gpu, pos0: usize, n_ctx: usize, hd: usize, nh: usize, nkv:
         g.set_attn_hpb(hpb, hpb);
         let o2 = g.upload(&vec![f32::NAN; n * k]).unwrap();
         let q2 = g.upload(&vec![0x7fi8; n * k]).unwrap();
-        g.attn_decode(
-            qo.ptr(),
-            qfb.ptr(),
-            kc.ptr(),
-            vc.ptr(),
-            n,
-            nh,
-            nkv,
-            hd,
-            pb.ptr(),
-            n_ctx,
-            part.ptr(),
-            o2.ptr(),
-            q2.ptr(),
-            ad.ptr(),
-            as_.ptr(),
-        )
-        .unwrap();
+        decode(&o2, &q2);
         let alt: Vec<f32> = down(g, &o2, n * k);
         assert!(
             alt.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
