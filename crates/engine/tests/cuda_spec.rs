@@ -437,51 +437,13 @@ fn dspark_rounds<B: Backend>(cuda: &B, models: &[Model], test: &str) {
             // speculative side: chunked prefill with taps, staged in one call
             let mut st = SeqState::new(cuda, &cfg, N_CTX).unwrap();
             let mut ds = d.new_state();
-            let mut taps = Vec::new();
             let mut lg = Vec::new();
-            forward(
-                cuda,
-                &cfg,
-                &w,
-                &mut st,
-                &pr,
-                GdnMode::Chunked,
-                LogitRows::Last,
-                &mut lg,
-                Capture {
-                    taps: Some(TapRequest {
-                        layers: &layers,
-                        rows: 0..pr.len(),
-                        out: &mut taps,
-                    }),
-                    gdn_rec: None,
-                },
-            )
-            .unwrap();
+            let taps = common::prefill_with_taps(cuda, &cfg, &w, &mut st, &pr, &layers, &mut lg);
             d.stage(&mut ds, &taps, 0, pr.len()).unwrap();
             // reference: the same prefill, its taps staged row by row
             let mut rst = SeqState::new(cuda, &cfg, N_CTX).unwrap();
             let mut rds = d.new_state();
-            let mut rtaps = Vec::new();
-            forward(
-                cuda,
-                &cfg,
-                &w,
-                &mut rst,
-                &pr,
-                GdnMode::Chunked,
-                LogitRows::Last,
-                &mut lg,
-                Capture {
-                    taps: Some(TapRequest {
-                        layers: &layers,
-                        rows: 0..pr.len(),
-                        out: &mut rtaps,
-                    }),
-                    gdn_rec: None,
-                },
-            )
-            .unwrap();
+            let rtaps = common::prefill_with_taps(cuda, &cfg, &w, &mut rst, &pr, &layers, &mut lg);
             for (i, row) in rtaps.chunks_exact(tw).enumerate() {
                 d.stage(&mut rds, row, i, 1).unwrap();
             }

@@ -41,7 +41,7 @@ use bonsai_engine::drafter::{DraftState, Drafter};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
 use bonsai_engine::sampling::{RowNeed, Sampler, SamplerParams};
-use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs};
+use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs, RoundOut};
 
 const K: usize = 4;
 
@@ -104,6 +104,44 @@ impl Dr {
 }
 /// Timed rounds per accept count (after one warm-up round).
 const ROUNDS: usize = 6;
+
+/// One DSpark round at `st.pos`, each part timed with the stream drained: the draft from
+/// `id_last`, the verify round (taps of the drafter's layers, replay rollback) and the staging of
+/// the kept rows' taps. Returns the round and (draft, verify, stage) seconds.
+#[allow(clippy::too_many_arguments)]
+fn timed_dspark_round(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    st: &mut SeqState<CudaBackend>,
+    bufs: &mut RoundBufs<CudaBackend>,
+    s: &mut Sampler,
+    d: &Dr,
+    ds: &mut DrState,
+    id_last: u32,
+) -> (RoundOut, [f64; 3]) {
+    let start = st.pos;
+    let (draft, sd) = timed(cuda, || d.draft(ds, id_last, start));
+    let (out, sr) = timed(cuda, || {
+        verify_round(
+            cuda,
+            cfg,
+            w,
+            st,
+            bufs,
+            s,
+            id_last,
+            &draft,
+            Some(d.target_layers()),
+            Rollback::Replay,
+        )
+        .unwrap()
+    });
+    let keep = out.n_acc + 1;
+    let tw = d.tap_width();
+    let ((), ss) = timed(cuda, || d.stage(ds, &bufs.taps[..keep * tw], start, keep));
+    (out, [sd, sr, ss])
+}
 
 fn median_ms(v: &mut [f64]) -> f64 {
     if v.is_empty() {
@@ -1205,27 +1243,16 @@ fn cuda_spec_round_cost() {
         {
             let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
             let mut ds = d.new_state();
-            let mut taps = Vec::new();
             let mut lg = Vec::new();
-            forward(
+            let taps = common::prefill_with_taps(
                 &cuda,
                 &cfg,
                 &w,
                 &mut st,
                 &prompt,
-                GdnMode::Chunked,
-                LogitRows::Last,
+                d.target_layers(),
                 &mut lg,
-                Capture {
-                    taps: Some(TapRequest {
-                        layers: d.target_layers(),
-                        rows: 0..prompt.len(),
-                        out: &mut taps,
-                    }),
-                    gdn_rec: None,
-                },
-            )
-            .unwrap();
+            );
             d.stage(&mut ds, &taps, 0, prompt.len());
             let mut s = Sampler::new(SamplerParams::greedy());
             let first = s.sample(&lg);
@@ -1236,29 +1263,10 @@ fn cuda_spec_round_cost() {
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut acc = 0;
             for r in 0..=ROUNDS {
-                let start = st.pos;
                 let t0 = Instant::now();
-                let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start));
-                let (out, sr) = timed(&cuda, || {
-                    verify_round(
-                        &cuda,
-                        &cfg,
-                        &w,
-                        &mut st,
-                        &mut bufs,
-                        &mut s,
-                        id_last,
-                        &draft,
-                        Some(d.target_layers()),
-                        Rollback::Replay,
-                    )
-                    .unwrap()
-                });
-                let keep = out.n_acc + 1;
-                let tw = d.tap_width();
-                let ((), ss) = timed(&cuda, || {
-                    d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
-                });
+                let (out, [sd, sr, ss]) = timed_dspark_round(
+                    &cuda, &cfg, &w, &mut st, &mut bufs, &mut s, d, &mut ds, id_last,
+                );
                 let total = t0.elapsed().as_secs_f64();
                 id_last = out.tokens.last().unwrap().id;
                 if r > 0 {
@@ -1393,43 +1401,27 @@ fn cuda_dspark_by_context() {
     let cfg = TargetConfig::from_gguf(&g).unwrap();
     let w = Weights::load(&cuda, &g, &cfg).unwrap();
     let h = Drafter::load(std::path::Path::new(&dpath), &g, &cfg).unwrap();
-    let d = CudaDrafter::new(cuda.gpu_arc(), h).unwrap();
+    let d = Dr::Gpu(Box::new(CudaDrafter::new(cuda.gpu_arc(), h).unwrap()));
+    let Dr::Gpu(gd) = &d else {
+        unreachable!("built as the GPU drafter")
+    };
     cuda.set_round_graph(true);
     d.set_graph(true);
-    let (tw, layers) = (d.tap_width(), d.cfg.target_layers.clone());
+    let layers = d.target_layers().to_vec();
     let text = 8000.min(cfg.n_vocab as u32 - 8);
     let mut rows = Vec::new();
     for ctx in CTX_ROWS {
-        let ctx = ctx.min(d.window() - (K + 1) * (ROUNDS + 2));
+        let ctx = ctx.min(gd.window() - (K + 1) * (ROUNDS + 2));
         let n_ctx = ctx + (K + 1) * (ROUNDS + 2) + 8;
         let prompt: Vec<u32> = (0..ctx as u32)
             .map(|i| (i.wrapping_mul(2654435761).wrapping_add(13)) % text)
             .collect();
         let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
-        let mut ds = d.new_state().unwrap();
+        let mut ds = d.new_state();
         let mut lg = Vec::new();
         for (i, chunk) in prompt.chunks(512).enumerate() {
-            let mut taps = Vec::new();
-            forward(
-                &cuda,
-                &cfg,
-                &w,
-                &mut st,
-                chunk,
-                GdnMode::Chunked,
-                LogitRows::Last,
-                &mut lg,
-                Capture {
-                    taps: Some(TapRequest {
-                        layers: &layers,
-                        rows: 0..chunk.len(),
-                        out: &mut taps,
-                    }),
-                    gdn_rec: None,
-                },
-            )
-            .unwrap();
-            d.stage(&mut ds, &taps, i * 512, chunk.len()).unwrap();
+            let taps = common::prefill_with_taps(&cuda, &cfg, &w, &mut st, chunk, &layers, &mut lg);
+            d.stage(&mut ds, &taps, i * 512, chunk.len());
         }
         let mut s = Sampler::new(SamplerParams::greedy());
         let first = s.sample(&lg).id;
@@ -1458,28 +1450,9 @@ fn cuda_dspark_by_context() {
         let mut id_last = first;
         let mut acc = 0;
         for r in 0..=ROUNDS {
-            let start = st.pos;
-            let (draft, sd) = timed(&cuda, || d.draft(&mut ds, id_last, start).unwrap());
-            let (out, sr) = timed(&cuda, || {
-                verify_round(
-                    &cuda,
-                    &cfg,
-                    &w,
-                    &mut st,
-                    &mut bufs,
-                    &mut s,
-                    id_last,
-                    &draft,
-                    Some(&layers),
-                    Rollback::Replay,
-                )
-                .unwrap()
-            });
-            let keep = out.n_acc + 1;
-            let ((), ss) = timed(&cuda, || {
-                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
-                    .unwrap()
-            });
+            let (out, [sd, sr, ss]) = timed_dspark_round(
+                &cuda, &cfg, &w, &mut st, &mut bufs, &mut s, &d, &mut ds, id_last,
+            );
             id_last = out.tokens.last().expect("a round emits a token").id;
             if r > 0 {
                 td.push(sd);
@@ -1492,7 +1465,7 @@ fn cuda_dspark_by_context() {
         // one eager draft with every launch timed alone, and the graph drafts' own times
         d.set_graph(false);
         cuda.gpu().profile_begin();
-        d.draft(&mut ds, id_last, st.pos).unwrap();
+        d.draft(&mut ds, id_last, st.pos);
         let launches = cuda.gpu().profile_end();
         d.set_graph(true);
         let top: Vec<String> = common::group_launches(&launches)

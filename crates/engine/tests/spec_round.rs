@@ -306,53 +306,13 @@ fn dspark_rounds_keep_target_and_drafter_state_exact() {
 
     let mut st = SeqState::new(&B, &t.cfg, 512).unwrap();
     let mut ds = d.new_state();
-    let mut taps = Vec::new();
     let mut lg = Vec::new();
-    let req = TapRequest {
-        layers: &layers,
-        rows: 0..pr.len(),
-        out: &mut taps,
-    };
-    forward(
-        &B,
-        &t.cfg,
-        &t.w,
-        &mut st,
-        &pr,
-        GdnMode::Chunked,
-        LogitRows::Last,
-        &mut lg,
-        Capture {
-            taps: Some(req),
-            gdn_rec: None,
-        },
-    )
-    .unwrap();
+    let taps = prefill_with_taps(&B, &t.cfg, &t.w, &mut st, &pr, &layers, &mut lg);
     d.stage(&mut ds, &taps, 0, pr.len()).unwrap();
     // reference drafter context: prompt taps one row at a time
     let mut rst = SeqState::new(&B, &t.cfg, 512).unwrap();
     let mut rds = d.new_state();
-    let mut rtaps = Vec::new();
-    let req = TapRequest {
-        layers: &layers,
-        rows: 0..pr.len(),
-        out: &mut rtaps,
-    };
-    forward(
-        &B,
-        &t.cfg,
-        &t.w,
-        &mut rst,
-        &pr,
-        GdnMode::Chunked,
-        LogitRows::Last,
-        &mut lg,
-        Capture {
-            taps: Some(req),
-            gdn_rec: None,
-        },
-    )
-    .unwrap();
+    let rtaps = prefill_with_taps(&B, &t.cfg, &t.w, &mut rst, &pr, &layers, &mut lg);
     let w = d.tap_width();
     for (i, row) in rtaps.chunks_exact(w).enumerate() {
         d.stage(&mut rds, row, i, 1).unwrap();

@@ -636,3 +636,39 @@ pub fn group_launches(launches: &[(String, f32)]) -> Vec<(String, usize, f64)> {
     agg.sort_by(|a, b| b.2.total_cmp(&a.2));
     agg
 }
+
+/// `ids` through the target at `st.pos` (chunked GDN), its last logits row into `lg`: the prefill a
+/// DSpark test or bench stages into its drafter. Returns the taps of every row (`layers`, in the
+/// drafter's tap layout).
+pub fn prefill_with_taps<B: bonsai_engine::backend::Backend>(
+    b: &B,
+    cfg: &bonsai_engine::config::TargetConfig,
+    w: &bonsai_engine::model::Weights<B>,
+    st: &mut bonsai_engine::model::SeqState<B>,
+    ids: &[u32],
+    layers: &[usize],
+    lg: &mut Vec<f32>,
+) -> Vec<f32> {
+    use bonsai_engine::model::{forward, Capture, LogitRows, TapRequest};
+    let mut taps = Vec::new();
+    forward(
+        b,
+        cfg,
+        w,
+        st,
+        ids,
+        bonsai_engine::backend::GdnMode::Chunked,
+        LogitRows::Last,
+        lg,
+        Capture {
+            taps: Some(TapRequest {
+                layers,
+                rows: 0..ids.len(),
+                out: &mut taps,
+            }),
+            gdn_rec: None,
+        },
+    )
+    .unwrap();
+    taps
+}
