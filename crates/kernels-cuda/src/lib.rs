@@ -86,8 +86,8 @@ pub const ATTN_GY: [usize; 2] = [96, 32];
 /// q heads per block a flash-decode chunk launch at head dim 256 may take (`attn_chunks_hd256_h*`).
 pub const ATTN_HPBS: [usize; 4] = [1, 2, 3, 6];
 /// Default q heads per block of a flash-decode chunk launch ([`Gpu::attn_hpb`]) of one row and of
-/// more rows: 2 was level with 1 at 32 positions and 1–9 % faster from 1,024 to 4,000 on the H200
-/// (`gpu_kernels::attn_decode_timing`); 3 and 6 lose at short contexts (fewer blocks, longer
+/// more rows: 2 was within 4 % of 1 at 32 positions and 1–10 % faster from 1,024 to 4,000 on the
+/// H200 (`gpu_kernels::attn_decode_timing`); 3 and 6 lose at short contexts (fewer blocks, longer
 /// chains).
 pub const ATTN_HPB: [usize; 2] = [2, 2];
 
