@@ -716,6 +716,14 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// A `one-row,more-rows` pair of counts from `$name` (`BONSAI_CUDA_ATTN_GY=96,32`): each part that
+/// is missing, unparsable or fails `ok` takes its default.
+fn env_pair(name: &str, default: [usize; 2], ok: impl Fn(usize) -> bool) -> [AtomicUsize; 2] {
+    let v = std::env::var(name).unwrap_or_default();
+    let mut it = v.split(',').map(|x| x.trim().parse::<usize>().ok());
+    default.map(|d| AtomicUsize::new(it.next().flatten().filter(|&v| ok(v)).unwrap_or(d)))
+}
+
 /// The shared-memory carveout (percent) every kernel but the n-row verify mat-vecs gets once a
 /// staged launch runs, unless one was chosen ([`Gpu::set_carveout`], `BONSAI_CUDA_CARVEOUT`): the
 /// staged kernels need much of the unified L1 as shared memory, and one setting for all decode
@@ -2456,30 +2464,8 @@ impl Gpu {
             attn_merge_serial: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_ATTN_MERGE").as_deref() == Ok("serial"),
             ),
-            attn_gy: {
-                let v = std::env::var("BONSAI_CUDA_ATTN_GY").unwrap_or_default();
-                let mut it = v.split(',').map(|x| x.trim().parse::<usize>().ok());
-                let pick = |x: Option<Option<usize>>, d: usize| {
-                    x.flatten().filter(|v| (1..=65535).contains(v)).unwrap_or(d)
-                };
-                let n1 = pick(it.next(), ATTN_GY[0]);
-                [
-                    AtomicUsize::new(n1),
-                    AtomicUsize::new(pick(it.next(), ATTN_GY[1])),
-                ]
-            },
-            attn_hpb: {
-                let v = std::env::var("BONSAI_CUDA_ATTN_HPB").unwrap_or_default();
-                let mut it = v.split(',').map(|x| x.trim().parse::<usize>().ok());
-                let pick = |x: Option<Option<usize>>, d: usize| {
-                    x.flatten().filter(|v| ATTN_HPBS.contains(v)).unwrap_or(d)
-                };
-                let n1 = pick(it.next(), ATTN_HPB[0]);
-                [
-                    AtomicUsize::new(n1),
-                    AtomicUsize::new(pick(it.next(), ATTN_HPB[1])),
-                ]
-            },
+            attn_gy: env_pair("BONSAI_CUDA_ATTN_GY", ATTN_GY, |v| (1..=65535).contains(&v)),
+            attn_hpb: env_pair("BONSAI_CUDA_ATTN_HPB", ATTN_HPB, |v| ATTN_HPBS.contains(&v)),
             swiglu_fused: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_SWIGLU_FUSED").as_deref() != Ok("0"),
             ),
@@ -6108,6 +6094,24 @@ pub fn host_quant(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 
 #[cfg(test)]
 mod tests {
+    /// `env_pair`: each part of `one-row,more-rows` falls back to its default on its own.
+    #[test]
+    fn env_pair_parts_default_separately() {
+        let get = |v: Option<&str>| {
+            let name = "BONSAI_TEST_ENV_PAIR_PARTS";
+            match v {
+                Some(v) => std::env::set_var(name, v),
+                None => std::env::remove_var(name),
+            }
+            super::env_pair(name, [96, 32], |v| (1..=128).contains(&v)).map(|a| a.into_inner())
+        };
+        assert_eq!(get(None), [96, 32]);
+        assert_eq!(get(Some("64")), [64, 32]);
+        assert_eq!(get(Some("x, 16")), [96, 16]);
+        assert_eq!(get(Some("0,129")), [96, 32]);
+        assert_eq!(get(Some(" 8 , 4 ,9")), [8, 4]);
+    }
+
     /// The index in `s` of the `close` that matches the first `open` (nesting counted).
     fn matching(s: &str, open: char, close: char) -> Option<usize> {
         let mut depth = 0usize;
