@@ -1618,19 +1618,45 @@ ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h2, 8, 2)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h3, 8, 3)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h6, 8, 6)
 
-// The merge's chunk-order chains over nc chunk partials (pp: the row's first, W floats apart), one
-// dependent L2 load after another: M, then ls = Σ l_c·f_c and o = Σ acc_c[j]·f_c with
-// f_c = expf(m_c − M), in chunk order.
-__device__ __forceinline__ void attn_merge_chain(const float* pp, size_t W, int hd, int nc, int j, float& ls,
-                                                 float& o) {
+// An L2 load (past L1: data other blocks of the same launch wrote).
+__device__ __forceinline__ float ld_cg_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// A chunk partial's float: a plain load, or with CG an L2 load (`ld.cg`: the fused decode kernel
+// reads partials that other blocks of its own launch wrote).
+template <bool CG>
+__device__ __forceinline__ float attn_part_ld(const float* p) {
+    return CG ? ld_cg_f32(p) : *p;
+}
+
+// The merge's maximum over nc chunk partials (pp: the row's first, W floats apart).
+template <bool CG = false>
+__device__ __forceinline__ float attn_merge_max(const float* pp, size_t W, int hd, int nc) {
     float M = NEG_INF;
-    for (int c = 0; c < nc; ++c) M = fmaxf(M, pp[(size_t)c * W + hd]);
+    for (int c = 0; c < nc; ++c) M = fmaxf(M, attn_part_ld<CG>(pp + (size_t)c * W + hd));
+    return M;
+}
+
+// The merge's chunk-order chains, one dependent L2 load after another: ls = Σ l_c·f_c and
+// o = Σ acc_c[j]·f_c with f_c = expf(m_c − M), in chunk order.
+template <bool CG = false>
+__device__ __forceinline__ void attn_merge_sums(const float* pp, size_t W, int hd, int nc, int j, float M,
+                                                float& ls, float& o) {
     for (int c = 0; c < nc; ++c) {
         const float* pc = pp + (size_t)c * W;
-        float f = expf(pc[hd] - M);
-        ls = fmaf(pc[hd + 1], f, ls);
-        o = fmaf(pc[j], f, o);
+        float f = expf(attn_part_ld<CG>(pc + hd) - M);
+        ls = fmaf(attn_part_ld<CG>(pc + hd + 1), f, ls);
+        o = fmaf(attn_part_ld<CG>(pc + j), f, o);
     }
+}
+
+// Both: the serial merge of (h, t)'s chunks for output j.
+__device__ __forceinline__ void attn_merge_chain(const float* pp, size_t W, int hd, int nc, int j, float& ls,
+                                                 float& o) {
+    attn_merge_sums(pp, W, hd, nc, j, attn_merge_max(pp, W, hd, nc), ls, o);
 }
 
 // The merge's output for (h, t, j): o / ls ⊙ σ(gate), f32 (out, may be null) and quant32.
@@ -1670,30 +1696,30 @@ extern "C" __global__ void attn_merge_quant(const float* part, const float* qf, 
     float ls = 0.f, o = 0.f;
     if (nc <= AT_MS) {  // block-uniform
         attn_merge_chain(pp, W, hd, nc, j, ls, o);
-        nc = 0;  // skip the tiles
-    }
-    float M = NEG_INF;  // warp 0's only
-    if (j < 32) {
-        for (int c = j; c < nc; c += 32) M = fmaxf(M, pp[(size_t)c * W + hd]);
-        M = warp_max(M);
-    }
-    for (int c0 = 0; c0 < nc; c0 += AT_MT) {
-        int m = min(AT_MT, nc - c0);
-        if (c0 > 0) __syncthreads();  // the previous tile's factors are consumed
-        if (j < m) {
-            const float* pc = pp + (size_t)(c0 + j) * W;
-            fs[j] = expf(pc[hd] - M);
-            lv[j] = pc[hd + 1];
+    } else {
+        float M = NEG_INF;  // warp 0's only
+        if (j < 32) {
+            for (int c = j; c < nc; c += 32) M = fmaxf(M, pp[(size_t)c * W + hd]);
+            M = warp_max(M);
         }
-        __syncthreads();
-        float v[AT_MT];
+        for (int c0 = 0; c0 < nc; c0 += AT_MT) {
+            int m = min(AT_MT, nc - c0);
+            if (c0 > 0) __syncthreads();  // the previous tile's factors are consumed
+            if (j < m) {
+                const float* pc = pp + (size_t)(c0 + j) * W;
+                fs[j] = expf(pc[hd] - M);
+                lv[j] = pc[hd + 1];
+            }
+            __syncthreads();
+            float v[AT_MT];
 #pragma unroll
-        for (int i = 0; i < AT_MT; ++i) v[i] = i < m ? pp[(size_t)(c0 + i) * W + j] : 0.f;
+            for (int i = 0; i < AT_MT; ++i) v[i] = i < m ? pp[(size_t)(c0 + i) * W + j] : 0.f;
 #pragma unroll
-        for (int i = 0; i < AT_MT; ++i) {
-            if (i < m) {
-                ls = fmaf(lv[i], fs[i], ls);
-                o = fmaf(v[i], fs[i], o);
+            for (int i = 0; i < AT_MT; ++i) {
+                if (i < m) {
+                    ls = fmaf(lv[i], fs[i], ls);
+                    o = fmaf(v[i], fs[i], o);
+                }
             }
         }
     }
@@ -1768,12 +1794,6 @@ __device__ __forceinline__ void head_norm_rope_128(const float* x, const float* 
     __syncthreads();
 }
 
-__device__ __forceinline__ float ld_cg_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
 // One decode row's attention in one launch: attn_prep + attn_chunks + attn_merge_quant for n = 1,
 // the same bits. grid (nh, gy), block 128. Every block normalizes and rotates its head's q itself
 // (into shared memory); the block whose chunks hold the current position (c = nc − 1) also forms
@@ -1812,26 +1832,16 @@ __device__ __forceinline__ void attn_decode_fused(const float* qf, const float* 
     __syncthreads();
     if (!last_s) return;
     __threadfence();
+    // the serial merge's operations (attn_merge_chain), with L2 loads; one row (t = 0)
     const float* pp = part + (size_t)h * nchunk * (HD + 2);
-    float M = NEG_INF;
-    for (int c = 0; c < nc; ++c) M = fmaxf(M, ld_cg_f32(pp + (size_t)c * (HD + 2) + HD));
+    const float M = attn_merge_max<true>(pp, HD + 2, HD, nc);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         int j = tid + 128 * i;
         if (j < HD) {  // whole warps
             float ls = 0.f, o = 0.f;
-            for (int c = 0; c < nc; ++c) {
-                const float* pc = pp + (size_t)c * (HD + 2);
-                float f = expf(ld_cg_f32(pc + HD) - M);
-                ls = fmaf(ld_cg_f32(pc + HD + 1), f, ls);
-                o = fmaf(ld_cg_f32(pc + j), f, o);
-            }
-            float gate = qf[(size_t)h * 2 * HD + HD + j];
-            float y = o / ls * sigmoidf_(gate);
-            size_t idx = (size_t)h * HD + j;
-            if (out) out[idx] = y;
-            size_t b = idx >> 5;
-            quant32(y, q + (b << 5), d + b, s + b);
+            attn_merge_sums<true>(pp, HD + 2, HD, nc, j, M, ls, o);
+            attn_merge_out(o, ls, qf, nh, HD, h, 0, j, out, q, d, s);
         }
     }
     if (tid == 0) cnt[h] = 0u;
