@@ -746,6 +746,43 @@ fn cuda_norm_p16_round_ab() {
     );
 }
 
+/// The verify GDN launches with every row's S-independent work first and the rollback's replay
+/// with its rows staged together (`Gpu::gdn_hoist`: `gdn_conv_step_norm_bnh_d128`,
+/// `gdn_replay_layers_b`) against the default kernels: the what-if's rejected round and the greedy
+/// step, alternating in one process (four times). `BONSAI_GDN_HOIST_AB_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_gdn_hoist_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_gdn_hoist_round_ab") else {
+        return;
+    };
+    let gpu = t.cuda.gpu();
+    let on0 = gpu.gdn_hoist();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for on in [false, true] {
+            gpu.set_gdn_hoist(on);
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "GDNHOISTAB rep {rep} gdn_hoist {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"gdn_hoist\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_gdn_hoist(on0);
+    emit_rows(
+        &t,
+        &path,
+        ("GDNHOISTAB", "BONSAI_GDN_HOIST_AB_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
+        &rows,
+    );
+}
+
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel
@@ -883,7 +920,7 @@ fn cuda_round_what_if() {
         ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         (
             "rollback replay (gdn_replay)",
-            vec!["gdn_replay", "gdn_replay_layers"],
+            vec!["gdn_replay", "gdn_replay_layers", "gdn_replay_layers_b"],
         ),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];

@@ -1550,6 +1550,7 @@ kernels!(
         gdn_rec_write,
         gdn_replay,
         gdn_replay_layers,
+        gdn_replay_layers_b,
         mv_q41,
         mv_q41_r4,
         mv_q41_n4,
@@ -1655,6 +1656,7 @@ kernels!(
         gdn_conv_step_norm_d128,
         gdn_conv_step_norm_snap_d128,
         gdn_conv_step_norm_bn_d128,
+        gdn_conv_step_norm_bnh_d128,
         gdn_conv_step_norm_early_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
@@ -2063,6 +2065,8 @@ pub struct Gpu {
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
     gdn_norm_batch: AtomicBool,
+    /// [`Gpu::gdn_hoist`] (`BONSAI_CUDA_GDN_HOIST=1` turns it on).
+    gdn_hoist: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2398,6 +2402,9 @@ impl Gpu {
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gdn_norm_batch: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
+            ),
+            gdn_hoist: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GDN_HOIST").is_ok_and(|v| v == "1"),
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
@@ -2870,6 +2877,7 @@ impl Gpu {
             k.gdn_rec_write,
             k.gdn_replay,
             k.gdn_replay_layers,
+            k.gdn_replay_layers_b,
             k.mv_q41,
             k.mv_q41_r4,
             k.mv_q41_n4,
@@ -3682,7 +3690,8 @@ impl Gpu {
                 | (self.norm_b1q_only() as u64) << 24
                 | (self.spec_pdl() as u64) << 25
                 | (self.norm_segs() as u64) << 26
-                | (self.gdn_early_count() as u64) << 27,
+                | (self.gdn_early_count() as u64) << 27
+                | (self.gdn_hoist() as u64) << 28,
         ]
     }
 
@@ -4171,6 +4180,22 @@ impl Gpu {
     /// Set [`Self::gdn_norm_batch`] (capture graphs after setting it).
     pub fn set_gdn_norm_batch(&self, on: bool) {
         self.gdn_norm_batch.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the verify GDN launches of [`Self::gdn_norm_batch`] take
+    /// `gdn_conv_step_norm_bnh_d128` (every row's conv, q / k norms and gates before the
+    /// recurrence, then two block barriers a row) and rollbacks take `gdn_replay_layers_b` (up to 8
+    /// rows staged behind one barrier, then one a row). Off by default (`BONSAI_CUDA_GDN_HOIST=1`
+    /// on): built, not yet run on a GPU. The same float operations per row as the default kernels,
+    /// so the same bits by construction; `gpu_kernels::gdn_conv_step_equals_conv_then_step` and
+    /// `gdn_rec_write_and_replay_bit_exact` run both.
+    pub fn gdn_hoist(&self) -> bool {
+        self.gdn_hoist.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::gdn_hoist`] (capture graphs after setting it).
+    pub fn set_gdn_hoist(&self, on: bool) {
+        self.gdn_hoist.store(on, Ordering::Relaxed);
     }
 
     /// Whether an RMS norm whose every consumer reads its b1-plane outputs skips the int8 codes
@@ -5074,7 +5099,9 @@ impl Gpu {
                     }
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
-                        if n >= 2 && self.gdn_norm_batch() {
+                        if n >= 2 && self.gdn_norm_batch() && self.gdn_hoist() {
+                            self.f.gdn_conv_step_norm_bnh_d128
+                        } else if n >= 2 && self.gdn_norm_batch() {
                             self.f.gdn_conv_step_norm_bn_d128
                         } else if snap.is_some() {
                             self.f.gdn_conv_step_norm_snap_d128
