@@ -2,7 +2,7 @@ PY ?= python3
 .DEFAULT_GOAL := help
 
 help:  ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 run:  ## set up everything and generate from the demo model (pass MODEL=path for real weights)
 	./scripts/setup.sh
@@ -26,8 +26,11 @@ lint:  ## rustfmt, clippy -D warnings, rustdoc -D warnings, ruff
 bench:  ## CPU benchmark vs llama.cpp on the small synthetic model (writes bench/results)
 	$(PY) -m bonsai bench
 
+sass-diff:  ## SASS of every CUDA kernel, HEAD vs the working tree (NVRTC + cuobjdump, no GPU; BASE=rev)
+	$(PY) scripts/sass_diff.py --repeat $(if $(BASE),--base $(BASE))
+
 wheel:  ## release abi3 wheel in target/wheels (CUDA kernels precompiled when NVRTC is found)
 	$(PY) scripts/build_cubins.py
 	$(PY) -m maturin build --release -o target/wheels
 
-.PHONY: help run dev test lint bench wheel
+.PHONY: help run dev test lint bench sass-diff wheel
