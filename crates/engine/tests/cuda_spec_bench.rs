@@ -746,38 +746,53 @@ fn cuda_norm_p16_round_ab() {
     );
 }
 
-/// The verify GDN launches with every row's S-independent work first and the rollback's replay
-/// with its rows staged together (`Gpu::gdn_hoist`: `gdn_conv_step_norm_bnh_d128`,
-/// `gdn_replay_layers_b`) against the default kernels: the what-if's rejected round and the greedy
-/// step, alternating in one process (four times). `BONSAI_GDN_HOIST_AB_OUT` gets the JSON.
+/// The opt-in verify forms built without a GPU, against the defaults: the GDN verify launches
+/// with every row's S-independent work first and the rollback's replay with its rows staged
+/// together (`Gpu::gdn_hoist`), the dp4a 5-row kernels' rows-first forms (`Gpu::mv_rows_first`),
+/// both, and (for Q2_0, whose default is the row split) the 5-row kernels plain and rows-first
+/// with the row split off: the what-if's rejected round and the greedy step, alternating in one
+/// process (four times). `BONSAI_OPT_IN_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_gdn_hoist_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_gdn_hoist_round_ab") else {
+fn cuda_opt_in_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_opt_in_round_ab") else {
         return;
     };
     let gpu = t.cuda.gpu();
-    let on0 = gpu.gdn_hoist();
+    let (hoist0, rf0) = (gpu.gdn_hoist(), gpu.mv_rows_first());
+    let configs: [(bool, bool, Option<bool>); 6] = [
+        (false, false, None),
+        (true, false, None),
+        (false, true, None),
+        (true, true, None),
+        (false, false, Some(false)),
+        (false, true, Some(false)),
+    ];
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for on in [false, true] {
-            gpu.set_gdn_hoist(on);
+        for (hoist, rf, rsplit) in configs {
+            gpu.set_gdn_hoist(hoist);
+            gpu.set_mv_rows_first(rf);
+            gpu.set_mv_rsplit(rsplit);
             let (round, step) = round_and_step(&t, first);
+            let split = rsplit.map_or("default".to_string(), |v| v.to_string());
             println!(
-                "GDNHOISTAB rep {rep} gdn_hoist {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "OPTINAB rep {rep} gdn_hoist {hoist:<5} mv_rows_first {rf:<5} mv_rsplit {split:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"gdn_hoist\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"gdn_hoist\": {hoist}, \"mv_rows_first\": {rf}, \"mv_rsplit\": \"{split}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
-    gpu.set_gdn_hoist(on0);
+    gpu.set_gdn_hoist(hoist0);
+    gpu.set_mv_rows_first(rf0);
+    gpu.set_mv_rsplit(None);
     emit_rows(
         &t,
         &path,
-        ("GDNHOISTAB", "BONSAI_GDN_HOIST_AB_OUT"),
+        ("OPTINAB", "BONSAI_OPT_IN_AB_OUT"),
         "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
         &rows,
     );

@@ -570,11 +570,17 @@ struct SwiOut {
 // activation rows NT·b .. NT·b + NT − 1 (those < n), so a launch of n <= RS·NT rows has RS times
 // the warps, each holding NT rows' sums. A row's operations are those of the one-row launch all the
 // same (the same lanes' chains, the same unpack: NT > 1 either way).
-template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false, int RS = 1>
+// RF (rows first, verify launches, opt-in: `_n5r4f` / `_n5r8f`, `Gpu::mv_rows_first`): a sub-block's
+// activation rows are loaded first and each weight row's word unpacked once for all of them, with
+// no branch between. Without it ptxas unpacks every word again for every activation row (the
+// `t < n` branches): the main loop of `mv_q1_n5r8_k2` has 2,523 instructions (640 IDP, ~1,000
+// shift / mask), with RF 1,705 (NVRTC 13.5, sm_90, at the same 3 blocks per SM). The same bits.
+template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false, int RS = 1, bool RF = false>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,
                                           int n_in, int n, int accumulate, int pre, SwiOut so = {}) {
     static_assert(RS == 1 || (NT > 1 && !SWI), "row split: verify launches only");
+    static_assert(!RF || (NT > 1 && !SWI), "rows first: verify launches only");
     const int BE = KIND == 3 ? 64 : 128;  // elements per scale block
     const int SPB = BE / 32;              // sub-blocks per scale block
     const int G = MV_WARPS / KS;          // row groups per block
@@ -683,7 +689,7 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
         const int* sb = sa + (unsigned)j0;
 #pragma unroll
         for (int u = 0; u < MV_U; ++u) {
-            if (j0 + STEP * u < nsb) {
+            if (j0 + STEP * u < nsb && !RF) {
                 // unpack the R code words once for all activation rows
                 SubOps ops[MV_R];
 #pragma unroll
@@ -701,6 +707,38 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                             int isum = sub_dot_ops<KIND, NT == 1>(ops[r], qa, st);
                             acc[r][t] = fmaf(dw[u][r] * dt, (float)isum, acc[r][t]);
                         }
+                    }
+                }
+            } else if (j0 + STEP * u < nsb) {
+                // RF: every activation row's codes first (zeros past n), then each weight row's
+                // word unpacked once and used for all of them. Each acc[r][t] is its own chain, so
+                // the order across r and t inside a sub-block changes no bit; the chains of rows
+                // t >= n add 0 · 0 and are never stored.
+                int qa[NT][8];
+                float dt[NT];
+                int st[NT];
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    int4 qa0 = make_int4(0, 0, 0, 0), qa1 = qa0;
+                    dt[t] = 0.f;
+                    st[t] = 0;
+                    if (t < n) {
+                        const int4* qa4 = (const int4*)(qb + (size_t)t * n_in + STEP * u * 32);
+                        qa0 = __ldg(qa4);
+                        qa1 = __ldg(qa4 + 1);
+                        dt[t] = __ldg(db + (size_t)t * nsb + STEP * u);
+                        st[t] = __ldg(sb + (size_t)t * nsb + STEP * u);
+                    }
+                    qa[t][0] = qa0.x, qa[t][1] = qa0.y, qa[t][2] = qa0.z, qa[t][3] = qa0.w;
+                    qa[t][4] = qa1.x, qa[t][5] = qa1.y, qa[t][6] = qa1.z, qa[t][7] = qa1.w;
+                }
+#pragma unroll
+                for (int r = 0; r < MV_R; ++r) {
+                    const SubOps ops = sub_unpack<KIND, false>(c[u][r]);
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        int isum = sub_dot_ops<KIND, false>(ops, qa[t], st[t]);
+                        acc[r][t] = fmaf(dw[u][r] * dt[t], (float)isum, acc[r][t]);
                     }
                 }
             }
@@ -779,11 +817,16 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
 #define MV_RS_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
     MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,     \
                  mv_lowbit<KIND, NT, R, U, KS, false, 2>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
+#define MV_RF_ENTRY(NAME, KIND, NT, R, U, KS, MINB) \
+    MV_SEG_ENTRY(NAME, MV_WARPS, MINB, const i8*, q,     \
+                 mv_lowbit<KIND, NT, R, U, KS, false, 1, true>(s0, s1, s2, s3, q, da, sa, n_in, n, accumulate, pre))
 // Variants: `_n8` take up to 8 activation rows (verify) with 2 weight rows per warp (`_n8r4`: 4);
-// `_n5r4` / `_n5r8` up to 5 rows (registers for 5, so 4 or 8 weight rows per warp fit); `_n3r4s` /
+// `_n5r4` / `_n5r8` up to 5 rows (registers for 5, so 4 or 8 weight rows per warp fit; `_n5r4f` /
+// `_n5r8f` the same with RF, opt-in); `_n3r4s` /
 // `_n3r8s` up to 6 rows split over 2 blocks of 3 (RS = 2: twice the warps, registers for 3); `_n1`
 // (decode) take one, with R = 2, 4 or 8 weight rows per warp (8: half the activation loads per
-// weight). The register caps are chosen so nothing spills. `_kKS` splits each row's K range over
+// weight). The register caps are chosen so nothing spills (the RF forms keep the plain kernels'
+// occupancy and spill a few words). `_kKS` splits each row's K range over
 // KS warps of the block. R, U and NT never change a row's float ops; KS does, so the launcher
 // picks KS from the matrix shape alone (never from n): row t of an n-row launch equals the 1-row
 // launch bit for bit. The launcher's table of these variants is `MV_VARIANTS` (src/lib.rs).
@@ -800,6 +843,12 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
     MV_ENTRY(mv_##K##_n5r8_k1, KIND, 5, 8, 2, 1, 2)               \
     MV_ENTRY(mv_##K##_n5r8_k2, KIND, 5, 8, 2, 2, 2)               \
     MV_ENTRY(mv_##K##_n5r8_k4, KIND, 5, 8, 2, 4, 2)               \
+    MV_RF_ENTRY(mv_##K##_n5r4f_k1, KIND, 5, 4, 2, 1, 4)           \
+    MV_RF_ENTRY(mv_##K##_n5r4f_k2, KIND, 5, 4, 2, 2, 4)           \
+    MV_RF_ENTRY(mv_##K##_n5r4f_k4, KIND, 5, 4, 2, 4, 4)           \
+    MV_RF_ENTRY(mv_##K##_n5r8f_k1, KIND, 5, 8, 2, 1, 3)           \
+    MV_RF_ENTRY(mv_##K##_n5r8f_k2, KIND, 5, 8, 2, 2, 3)           \
+    MV_RF_ENTRY(mv_##K##_n5r8f_k4, KIND, 5, 8, 2, 4, 3)           \
     MV_RS_ENTRY(mv_##K##_n3r4s_k1, KIND, 3, 4, 2, 1, KIND == 1 ? 6 : 5) \
     MV_RS_ENTRY(mv_##K##_n3r4s_k2, KIND, 3, 4, 2, 2, KIND == 1 ? 6 : 5) \
     MV_RS_ENTRY(mv_##K##_n3r4s_k4, KIND, 3, 4, 2, 4, KIND == 1 ? 6 : 5) \

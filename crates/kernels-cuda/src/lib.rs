@@ -1576,6 +1576,12 @@ kernels!(
         mv_q1_n5r8_k1,
         mv_q1_n5r8_k2,
         mv_q1_n5r8_k4,
+        mv_q1_n5r4f_k1,
+        mv_q1_n5r4f_k2,
+        mv_q1_n5r4f_k4,
+        mv_q1_n5r8f_k1,
+        mv_q1_n5r8f_k2,
+        mv_q1_n5r8f_k4,
         mv_q1_n3r4s_k1,
         mv_q1_n3r4s_k2,
         mv_q1_n3r4s_k4,
@@ -1603,6 +1609,12 @@ kernels!(
         mv_q2_n5r8_k1,
         mv_q2_n5r8_k2,
         mv_q2_n5r8_k4,
+        mv_q2_n5r4f_k1,
+        mv_q2_n5r4f_k2,
+        mv_q2_n5r4f_k4,
+        mv_q2_n5r8f_k1,
+        mv_q2_n5r8f_k2,
+        mv_q2_n5r8f_k4,
         mv_q2_n3r4s_k1,
         mv_q2_n3r4s_k2,
         mv_q2_n3r4s_k4,
@@ -1630,6 +1642,12 @@ kernels!(
         mv_q2g64_n5r8_k1,
         mv_q2g64_n5r8_k2,
         mv_q2g64_n5r8_k4,
+        mv_q2g64_n5r4f_k1,
+        mv_q2g64_n5r4f_k2,
+        mv_q2g64_n5r4f_k4,
+        mv_q2g64_n5r8f_k1,
+        mv_q2g64_n5r8f_k2,
+        mv_q2g64_n5r8f_k4,
         mv_q2g64_n3r4s_k1,
         mv_q2g64_n3r4s_k2,
         mv_q2g64_n3r4s_k4,
@@ -2067,6 +2085,8 @@ pub struct Gpu {
     gdn_norm_batch: AtomicBool,
     /// [`Gpu::gdn_hoist`] (`BONSAI_CUDA_GDN_HOIST=1` turns it on).
     gdn_hoist: AtomicBool,
+    /// [`Gpu::mv_rows_first`] (`BONSAI_CUDA_MV_ROWS_FIRST=1` turns it on).
+    mv_rows_first: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2405,6 +2425,9 @@ impl Gpu {
             ),
             gdn_hoist: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_HOIST").is_ok_and(|v| v == "1"),
+            ),
+            mv_rows_first: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_MV_ROWS_FIRST").is_ok_and(|v| v == "1"),
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
@@ -3691,7 +3714,8 @@ impl Gpu {
                 | (self.spec_pdl() as u64) << 25
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
-                | (self.gdn_hoist() as u64) << 28,
+                | (self.gdn_hoist() as u64) << 28
+                | (self.mv_rows_first() as u64) << 29,
         ]
     }
 
@@ -4288,6 +4312,22 @@ impl Gpu {
             .store(on.map_or(2, |v| v as u8), Ordering::Relaxed);
     }
 
+    /// Whether the dp4a verify launches that take the 5-row kernels (`_n5r4`, `_n5r8`) take their
+    /// rows-first forms (`_n5r4f`, `_n5r8f`: a sub-block's activation rows loaded first, each
+    /// weight word unpacked once for all of them, where ptxas unpacks it again for every row in
+    /// the plain ones; the Q1_0 `_n5r8_k2` main loop 2,523 → 1,705 instructions). Off by default
+    /// (`BONSAI_CUDA_MV_ROWS_FIRST=1` on): built, not yet run on a GPU. The same float operations
+    /// per row, so the same bits by construction; `gpu_kernels::matvec_rsplit_equals_one_row`
+    /// runs both. The row split ([`Self::mv_rsplit`], Q2_0's default) takes precedence.
+    pub fn mv_rows_first(&self) -> bool {
+        self.mv_rows_first.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::mv_rows_first`] (capture graphs after setting it).
+    pub fn set_mv_rows_first(&self, on: bool) {
+        self.mv_rows_first.store(on, Ordering::Relaxed);
+    }
+
     /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2
     /// (`mv_q41`; `BONSAI_CUDA_Q41_R4=1` on). The same float operations per row either way.
     pub fn q41_r4(&self) -> bool {
@@ -4881,6 +4921,30 @@ impl Gpu {
                 "mv_lowbit: no variant with {r} rows per warp"
             )));
         };
+        // the rows-first forms of the 5-row kernels (rows 5 and 6 of MV_VARIANTS), same shapes
+        let rf = match kind {
+            WKind::Q1 => [
+                [f.mv_q1_n5r4f_k1, f.mv_q1_n5r4f_k2, f.mv_q1_n5r4f_k4],
+                [f.mv_q1_n5r8f_k1, f.mv_q1_n5r8f_k2, f.mv_q1_n5r8f_k4],
+            ],
+            WKind::Q2 => [
+                [f.mv_q2_n5r4f_k1, f.mv_q2_n5r4f_k2, f.mv_q2_n5r4f_k4],
+                [f.mv_q2_n5r8f_k1, f.mv_q2_n5r8f_k2, f.mv_q2_n5r8f_k4],
+            ],
+            // Q2G64 (the other kinds returned above)
+            _ => [
+                [
+                    f.mv_q2g64_n5r4f_k1,
+                    f.mv_q2g64_n5r4f_k2,
+                    f.mv_q2g64_n5r4f_k4,
+                ],
+                [
+                    f.mv_q2g64_n5r8f_k1,
+                    f.mv_q2g64_n5r8f_k2,
+                    f.mv_q2g64_n5r8f_k4,
+                ],
+            ],
+        };
         let col = match ks {
             1 => 0,
             2 => 1,
@@ -4891,7 +4955,11 @@ impl Gpu {
                 )))
             }
         };
-        Ok((rpw, t[row][col], MV_VARIANTS[row].3))
+        let func = match row {
+            5 | 6 if self.mv_rows_first() => rf[row - 5][col],
+            _ => t[row][col],
+        };
+        Ok((rpw, func, MV_VARIANTS[row].3))
     }
 
     /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.
@@ -6261,6 +6329,28 @@ mod tests {
         }
         // the row-split kernels are the source's MV_RS_ENTRY, whose row split is 2
         assert!(SOURCE.contains("mv_lowbit<KIND, NT, R, U, KS, false, 2>"));
+        // the rows-first forms (`Gpu::mv_rows_first`) of rows 5 and 6 have their NT, R and KS
+        assert!(SOURCE.contains("mv_lowbit<KIND, NT, R, U, KS, false, 1, true>"));
+        for (suffix, nt, r, _) in &MV_VARIANTS[5..=6] {
+            for ks in [1, 2, 4] {
+                let name = format!("MV_RF_ENTRY(mv_##K##_{suffix}f_k{ks}, KIND, ");
+                let at = SOURCE
+                    .find(&name)
+                    .unwrap_or_else(|| panic!("{name} not in the source"));
+                let args: Vec<usize> = SOURCE[at + name.len()..]
+                    .split(')')
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|a| a.trim().parse().unwrap())
+                    .collect();
+                assert_eq!(
+                    (args[0], args[1], args[3]),
+                    (*nt, *r, ks),
+                    "{suffix}f_k{ks}"
+                );
+            }
+        }
         for n in 1..=super::MAX_ROWS {
             for r in [2, 4, 8] {
                 for n5 in [false, true] {

@@ -940,6 +940,8 @@ fn matvec_mvc_equals_one_row() {
 /// bits, and the 5-row kernel's, for every kind, K split and rows per warp, at real and ragged
 /// shapes; grouped launches, accumulate mode and the exact emulation under the same plan. The
 /// profiler confirms a row-split kernel ran (and none for 2 or 3 rows, which keep the 5-row one).
+/// The 5-row kernels' rows-first forms ([`Gpu::mv_rows_first`], `_n5r4f` / `_n5r8f`) likewise, for
+/// 2–5 rows.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn matvec_rsplit_equals_one_row() {
@@ -989,18 +991,40 @@ fn matvec_rsplit_equals_one_row() {
                             &format!("{w} split vs one-row"),
                         );
                         assert_rows_bits_eq(&ys, &y5, n_out, &format!("{w} split vs 5-row kernel"));
+                        // the 5-row kernel's rows-first form (`Gpu::mv_rows_first`)
+                        g.set_mv_rows_first(true);
+                        g.profile_begin();
+                        segs(&[one(&y)], 0, n, false);
+                        let prof = g.profile_end();
+                        g.set_mv_rows_first(false);
+                        assert!(
+                            prof.iter()
+                                .any(|(k, _)| k.contains(&format!("_n5r{rn}f_k{ks}"))),
+                            "{w}: rows-first launch in {prof:?}"
+                        );
+                        let yf = down::<f32>(g, &y, n * n_out);
+                        assert_rows_bits_eq(
+                            &yf,
+                            &y1[..n * n_out],
+                            n_out,
+                            &format!("{w} rows first vs one-row"),
+                        );
                     }
                     if n_out < 1000 {
                         // grouped, accumulate and the exact emulation (ragged shapes: the host
-                        // emulation of the real ones is slow)
+                        // emulation of the real ones is slow), row split and rows first
                         g.set_mv_rsplit(Some(true));
                         run_mv_plan(g, qt, n_in, n_out, 5, seed + 1000, Some(plan));
                         run_mv_plan(g, qt, n_in, n_out, 4, seed + 2000, Some(plan));
                         g.set_mv_rsplit(Some(false));
+                        g.set_mv_rows_first(true);
+                        run_mv_plan(g, qt, n_in, n_out, 5, seed + 3000, Some(plan));
+                        run_mv_plan(g, qt, n_in, n_out, 3, seed + 4000, Some(plan));
+                        g.set_mv_rows_first(false);
                     }
                 }
             }
-            eprintln!("rsplit {qt:?} [{n_in}x{n_out}]: n = 4, 5 split rows equal the one-row and 5-row launches");
+            eprintln!("rsplit {qt:?} [{n_in}x{n_out}]: n = 4, 5 split rows and n = 2..5 rows-first rows equal the one-row and 5-row launches");
         }
     }
     g.set_mv_rsplit(None);
