@@ -227,6 +227,23 @@ fn q41_case(gpu: &Gpu, kernel: Q41Kernel, n_in: usize, n_out: usize, n: usize, s
     launch_q41(gpu, kernel, &[seg], act, n_in, n);
     let mut got = vec![0f32; n * n_out];
     gpu.dtoh(&y, 0, &mut got).unwrap();
+    if kernel == Q41Kernel::Dp4a && n <= 4 && !gpu.q41_r4() {
+        // the draft-block kernel and its rows-first form (`mv_q41_n4` / `mv_q41_n4f`): the same
+        // bits
+        let rf = gpu.mv_rows_first();
+        gpu.set_mv_rows_first(!rf);
+        launch_q41(gpu, kernel, &[seg], act, n_in, n);
+        gpu.set_mv_rows_first(rf);
+        let mut other = vec![0f32; n * n_out];
+        gpu.dtoh(&y, 0, &mut other).unwrap();
+        for (i, (a, b)) in got.iter().zip(&other).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "mv_q41 {n_in}→{n_out} n={n}: output {i} differs between mv_q41_n4 and mv_q41_n4f"
+            );
+        }
+    }
     // f64 emulation of the int8 math on sampled rows, and the f32-activation CPU matmul
     let nb = n_in / 32;
     let rb = nb * 20;
@@ -386,6 +403,13 @@ fn cuda_q41_mv_vs_reference() {
         }
     }
     gpu.set_q41_r4(r4);
+    // the draft-block kernel's rows-first form (`Gpu::mv_rows_first`: `mv_q41_n4f` for n ≤ 4)
+    let rf = gpu.mv_rows_first();
+    gpu.set_mv_rows_first(true);
+    for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {
+        q41_case(gpu, Q41Kernel::Dp4a, n_in, n_out, n, 1000 + i as u64);
+    }
+    gpu.set_mv_rows_first(rf);
     // the tensor-core kernel (sm_90+)
     if gpu.hopper() {
         for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {

@@ -571,8 +571,8 @@ struct SwiOut {
 // the warps, each holding NT rows' sums. A row's operations are those of the one-row launch all the
 // same (the same lanes' chains, the same unpack: NT > 1 either way).
 // RF (rows first, verify launches, opt-in: `_n5r4f` / `_n5r8f`, `Gpu::mv_rows_first`): a sub-block's
-// activation rows are loaded first and each weight row's word unpacked once for all of them, with
-// no branch between. Without it ptxas unpacks every word again for every activation row (the
+// activation rows are loaded first (zeros past n) and each weight row's word unpacked once for all
+// of them, with no branch between. Without it ptxas unpacks every word again for every activation row (the
 // `t < n` branches): the main loop of `mv_q1_n5r8_k2` has 2,523 instructions (640 IDP, ~1,000
 // shift / mask), with RF 1,705 (NVRTC 13.5, sm_90, at the same 3 blocks per SM). The same bits.
 template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false, int RS = 1, bool RF = false>
@@ -713,7 +713,8 @@ __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3
                 // RF: every activation row's codes first (zeros past n), then each weight row's
                 // word unpacked once and used for all of them. Each acc[r][t] is its own chain, so
                 // the order across r and t inside a sub-block changes no bit; the chains of rows
-                // t >= n add 0 · 0 and are never stored.
+                // t >= n add 0 · 0 and are never stored. (Reading row n − 1 again instead of the
+                // zeros cost more address registers: 40 spill loads a loop instead of 8.)
                 int qa[NT][8];
                 float dt[NT];
                 int st[NT];

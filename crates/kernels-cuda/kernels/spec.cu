@@ -197,9 +197,13 @@ extern "C" __global__ void gdn_replay_layers_b(const __grid_constant__ ReplayTab
 // Q41_R rows per warp (the template parameter): `mv_q41` 2, `mv_q41_r4` 4 (each activation load
 // from L1 feeds twice the rows; the same float operations per row). NT: activation rows the
 // registers are sized for, MAXN or 4 (`mv_q41_n4`, n <= 4: a draft block; fewer registers, more
-// warps per SM, the same float operations per row).
+// warps per SM, the same float operations per row). RF (`mv_q41_n4f`, opt-in with
+// `Gpu::mv_rows_first`, built, not yet run on a GPU): the activation rows loaded first (zeros past
+// n) and each weight row's masks made once for all of them, with no branch between — behind the
+// `t < n` branches ptxas masks the codes again for every row (128 LOP3 beside 128 IDP in the main
+// loop of `mv_q41_n4`). The same float operations per row.
 #define Q41_WARPS 4
-template <int Q41_R, int NT>
+template <int Q41_R, int NT, bool RF = false>
 __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1,
                                             const u32* dm1, float* y1, int n1, const uint4* c2, const u32* dm2,
                                             float* y2, int n2, const i8* __restrict__ q,
@@ -247,6 +251,41 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
             dw[r] = h2f((u16)(dm & 0xffffu));
             mw[r] = h2f((u16)(dm >> 16));
         }
+        if constexpr (RF) {
+            int4 a0[NT], a1[NT];
+            float dt[NT], st[NT];
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                // rows past n read row n − 1 again (no branch, no zeroing; never stored)
+                const size_t tt = (size_t)min(t, max(n - 1, 0));
+                const int4* qa4 = (const int4*)(q + tt * n_in + (size_t)j * 32);
+                a0[t] = __ldg(qa4), a1[t] = __ldg(qa4 + 1);
+                dt[t] = __ldg(da + tt * nb + j);
+                st[t] = (float)__ldg(sa + tt * nb + j);
+            }
+#pragma unroll
+            for (int r = 0; r < Q41_R; ++r) {
+                const u32 M4 = 0x0f0f0f0fu, H4 = 0xf0f0f0f0u;
+                const u32 l0 = c[r].x & M4, l1 = c[r].y & M4, l2 = c[r].z & M4, l3 = c[r].w & M4;
+                const u32 h0 = c[r].x & H4, h1 = c[r].y & H4, h2 = c[r].z & H4, h3 = c[r].w & H4;
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    // the plain path's operations below, in its order
+                    int lo = 0, hi = 0;
+                    lo = dp4a_us(l0, a0[t].x, lo);
+                    lo = dp4a_us(l1, a0[t].y, lo);
+                    lo = dp4a_us(l2, a0[t].z, lo);
+                    lo = dp4a_us(l3, a0[t].w, lo);
+                    hi = dp4a_us(h0, a1[t].x, hi);
+                    hi = dp4a_us(h1, a1[t].y, hi);
+                    hi = dp4a_us(h2, a1[t].z, hi);
+                    hi = dp4a_us(h3, a1[t].w, hi);
+                    int is = lo + (hi >> 4);
+                    acc[r][t] = fmaf(dt[t], fmaf(dw[r], (float)is, mw[r] * st[t]), acc[r][t]);
+                }
+            }
+            continue;
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < n) {
@@ -289,17 +328,19 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
     }
 }
 
-#define MV_Q41_ENTRY(name, R, NT)                                                                               \
+#define MV_Q41_ENTRY(name, R, NT) MV_Q41_ENTRY_RF(name, R, NT, false)
+#define MV_Q41_ENTRY_RF(name, R, NT, RF)                                                                        \
     extern "C" __global__ void __launch_bounds__(Q41_WARPS * 32)                                                \
         name(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1,    \
              int n1, const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q,              \
              const float* __restrict__ da, const int* __restrict__ sa, int n_in, int n, int accumulate) {       \
         PDL_ENTRY();                                                                                            \
-        mv_q41_rows<R, NT>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate);  \
+        mv_q41_rows<R, NT, RF>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate); \
     }
 MV_Q41_ENTRY(mv_q41, 2, MAXN)
 MV_Q41_ENTRY(mv_q41_r4, 4, MAXN)
 MV_Q41_ENTRY(mv_q41_n4, 2, 4)
+MV_Q41_ENTRY_RF(mv_q41_n4f, 2, 4, true)
 
 // Ring row of logical row t: (slot0 + t) mod cap, or t itself when cap <= 0.
 __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {

@@ -1554,6 +1554,7 @@ kernels!(
         mv_q41,
         mv_q41_r4,
         mv_q41_n4,
+        mv_q41_n4f,
         mvt_q41,
         dsp_norm_rope,
         dsp_copy_rows,
@@ -2904,6 +2905,7 @@ impl Gpu {
             k.mv_q41,
             k.mv_q41_r4,
             k.mv_q41_n4,
+            k.mv_q41_n4f,
             k.mvt_q41,
             k.dsp_norm_rope,
             k.dsp_copy_rows,
@@ -4318,7 +4320,9 @@ impl Gpu {
     /// the plain ones; the Q1_0 `_n5r8_k2` main loop 2,523 → 1,705 instructions). Off by default
     /// (`BONSAI_CUDA_MV_ROWS_FIRST=1` on): built, not yet run on a GPU. The same float operations
     /// per row, so the same bits by construction; `gpu_kernels::matvec_rsplit_equals_one_row`
-    /// runs both. The row split ([`Self::mv_rsplit`], Q2_0's default) takes precedence.
+    /// runs both. The row split ([`Self::mv_rsplit`], Q2_0's default) takes precedence. It also
+    /// switches the DSpark drafter's Q4_1 block launches (n ≤ 4) to `mv_q41_n4f`, the same
+    /// transformation of `mv_q41_n4` (`cuda_drafter::cuda_q41_mv_vs_reference` runs both).
     pub fn mv_rows_first(&self) -> bool {
         self.mv_rows_first.load(Ordering::Relaxed)
     }
