@@ -63,6 +63,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// warp_sum's xor tree for the first n of N values at once (interleaved, the same operations on each)
+template <int N>
+__device__ __forceinline__ void warp_sum_rows(float (&v)[N], int n) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int t = 0; t < N; ++t)
+            if (t < n) v[t] += __shfl_xor_sync(0xffffffffu, v[t], o);
+}
 __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -1217,11 +1226,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
         float ws_r[GDN_BN_MAXN];
 #pragma unroll
         for (int t = 0; t < GDN_BN_MAXN; ++t) ws_r[t] = t < n ? y_r[t] * y_r[t] : 0.f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t)
-                if (t < n) ws_r[t] += __shfl_xor_sync(0xffffffffu, ws_r[t], o);
+        warp_sum_rows(ws_r, n);
         if (lane == 0) {
 #pragma unroll
             for (int t = 0; t < GDN_BN_MAXN; ++t)
@@ -1428,11 +1433,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 const float o = t < n ? osh[t][lane] : 0.f;
                 os[t] = o * o;
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int t = 0; t < GDN_BN_MAXN; ++t)
-                    if (t < n) os[t] += __shfl_xor_sync(0xffffffffu, os[t], o);
+            warp_sum_rows(os, n);
             if (lane == 0) {
 #pragma unroll
                 for (int t = 0; t < GDN_BN_MAXN; ++t)
