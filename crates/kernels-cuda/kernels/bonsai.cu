@@ -581,9 +581,10 @@ struct SwiOut {
 // same (the same lanes' chains, the same unpack: NT > 1 either way).
 // RF (rows first, verify launches, opt-in: `_n5r4f` / `_n5r8f`, `Gpu::mv_rows_first`): a sub-block's
 // activation rows are loaded first (zeros past n) and each weight row's word unpacked once for all
-// of them, with no branch between. Without it ptxas unpacks every word again for every activation row (the
-// `t < n` branches): the main loop of `mv_q1_n5r8_k2` has 2,523 instructions (640 IDP, ~1,000
-// shift / mask), with RF 1,705 (NVRTC 13.5, sm_90, at the same 3 blocks per SM). The same bits.
+// of them, with no branch between. Without it ptxas unpacks every word again for every activation
+// row (behind the `t < n` branches): the main loop of `mv_q1_n5r8_k2` has 2,523 instructions (640
+// IDP, ~1,000 shift / mask), with RF 1,705 (NVRTC 13.5, sm_90, at the same 3 blocks per SM). The
+// same bits.
 template <int KIND, int NT, int MV_R, int MV_U, int KS, bool SWI = false, int RS = 1, bool RF = false>
 __device__ __forceinline__ void mv_lowbit(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const i8* __restrict__ q,
                                           const float* __restrict__ da, const int* __restrict__ sa,

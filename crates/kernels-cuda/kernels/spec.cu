@@ -198,8 +198,8 @@ extern "C" __global__ void gdn_replay_layers_b(const __grid_constant__ ReplayTab
 // from L1 feeds twice the rows; the same float operations per row). NT: activation rows the
 // registers are sized for, MAXN or 4 (`mv_q41_n4`, n <= 4: a draft block; fewer registers, more
 // warps per SM, the same float operations per row). RF (`mv_q41_n4f`, opt-in with
-// `Gpu::mv_rows_first`, built, not yet run on a GPU): the activation rows loaded first (zeros past
-// n) and each weight row's masks made once for all of them, with no branch between — behind the
+// `Gpu::mv_rows_first`, built, not yet run on a GPU): the activation rows loaded first (rows past n
+// read row n − 1 again, never stored) and each weight row's masks made once for all of them, with no branch between — behind the
 // `t < n` branches ptxas masks the codes again for every row (128 LOP3 beside 128 IDP in the main
 // loop of `mv_q41_n4`). The same float operations per row.
 #define Q41_WARPS 4
