@@ -124,6 +124,12 @@ if [[ $BENCH == 1 ]]; then
       BONSAI_CUDA_Q41_TC=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-q41tc-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-q41tc-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
+    if [[ $OPTINAB == 1 ]] && ! late "opt-in spec bench $v"; then
+      # the whole DSpark round (draft included: the drafter's block mat-vecs take mv_q41_n4f)
+      # with the opt-in forms on, against the run above
+      BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-opt-in-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-opt-in-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+      rc=$((rc|${PIPESTATUS[0]}))
+    fi
     if [[ $DRAFTAB == 1 ]] && ! late "draft by context $v"; then
       # the graph draft by context length: unfused, fused per q head, fused per kv head attention,
       # alternating in one process

@@ -334,7 +334,8 @@ impl CudaDrafter {
                 | (self.gpu.q41_r4() as u64) << 1
                 | (self.gpu.spec_pdl() as u64) << 2
                 | (self.fused() as u64) << 3
-                | (self.attn_per_kv_head() as u64) << 4,
+                | (self.attn_per_kv_head() as u64) << 4
+                | (self.gpu.mv_rows_first() as u64) << 5,
         ]
     }
 
