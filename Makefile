@@ -26,7 +26,7 @@ lint:  ## rustfmt, clippy -D warnings, rustdoc -D warnings, ruff
 bench:  ## CPU benchmark vs llama.cpp on the small synthetic model (writes bench/results)
 	$(PY) -m bonsai bench
 
-sass-diff:  ## SASS of every CUDA kernel, HEAD vs the working tree (NVRTC + cuobjdump, no GPU; BASE=rev)
+sass-diff:  ## SASS of every CUDA kernel, HEAD vs the working tree (NVRTC + cuobjdump, no GPU; BASE=rev; loops: scripts/sass_diff.py --loops)
 	$(PY) scripts/sass_diff.py --repeat $(if $(BASE),--base $(BASE))
 
 wheel:  ## release abi3 wheel in target/wheels (CUDA kernels precompiled when NVRTC is found)

@@ -8,6 +8,11 @@ have changed their speed or their bits, which is worth knowing before any device
 
     python scripts/sass_diff.py [--base HEAD] [--arch 90] [--nvrtc PATH] [--cuobjdump PATH]
                                 [--repeat] [--show NAME]
+    python scripts/sass_diff.py --loops NAME[,NAME..]   (the working tree only)
+
+--loops prints, for each named kernel of the working tree, its longest loop (a backward branch
+and what it spans): the instruction count and the most frequent opcodes, e.g. how many shifts
+and masks a mat-vec issues beside its dot products per iteration.
 
 --repeat compiles the working tree twice and marks the functions whose SASS differs between two
 compiles of one source (NVRTC 13.5 does that for a few large kernels) as unstable, so a
@@ -72,6 +77,33 @@ def functions(cuobjdump: str, cubin: Path) -> dict[str, list[str]]:
     return funcs
 
 
+def loops(cuobjdump: str, cubin: Path, name: str) -> str:
+    """`name`'s longest loop (backward branch to the branch) as a line: span, size, top opcodes."""
+    text = subprocess.run(
+        [cuobjdump, "-sass", "-fun", name, str(cubin)], check=True, capture_output=True, text=True
+    ).stdout
+    ins = []
+    for line in text.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;?\s*/\*", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    best = None
+    for at, op in ins:
+        m = re.search(r"BRA\s+(?:`\()?(0x[0-9a-f]+)", op)
+        if m and int(m.group(1), 16) <= at:
+            body = [o for a, o in ins if int(m.group(1), 16) <= a <= at]
+            if best is None or len(body) > len(best[2]):
+                best = (int(m.group(1), 16), at, body)
+    if best is None:
+        return f"{name}: no loop ({len(ins)} instructions)"
+    ops: dict[str, int] = {}
+    for o in best[2]:
+        k = re.split(r"[ .;]", re.sub(r"^@!?U?P[T0-9]\s+", "", o))[0]
+        ops[k] = ops.get(k, 0) + 1
+    top = ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:10])
+    return f"{name}: loop {best[0]:#x}..{best[1]:#x}, {len(best[2])} instructions: {top}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="git revision to compare against (default HEAD)")
@@ -80,11 +112,18 @@ def main() -> int:
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--repeat", action="store_true", help="compile the working tree twice: mark unstable functions")
     ap.add_argument("--show", default=None, help="print the diff of this function")
+    ap.add_argument("--loops", default=None, help="comma-separated kernels: their longest loop (working tree)")
     a = ap.parse_args()
     cuobjdump = find_cuobjdump(a.cuobjdump)
     if cuobjdump is None:
         print("sass_diff: no cuobjdump (pip install nvidia-cuda-cuobjdump, or pass --cuobjdump)", file=sys.stderr)
         return 2
+    if a.loops:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = build(ROOT, a.arch, a.nvrtc, Path(tmp))
+            for name in a.loops.split(","):
+                print(loops(cuobjdump, cubin, name.strip()))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         wt = t / "base"
