@@ -127,7 +127,7 @@ if [[ $BENCH == 1 ]]; then
     if [[ $OPTINAB == 1 ]] && ! late "opt-in spec bench $v"; then
       # the whole DSpark round (draft included: the drafter's block mat-vecs take mv_q41_n4f)
       # with the opt-in forms on, against the run above
-      BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-opt-in-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-opt-in-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+      BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-opt-in-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-opt-in-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
     if [[ $DRAFTAB == 1 ]] && ! late "draft by context $v"; then
@@ -214,8 +214,8 @@ if [[ $OPTINAB == 1 ]]; then
   # batched replay; the rows-first 5-row kernels, with the row split off so Q2_0 takes them too)
   for t in cuda_spec cuda_round_graph; do
     late "opt-in $t" && continue
-    echo "[${SECONDS}s] == $t with BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 =="
-    BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/opt-in-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+    echo "[${SECONDS}s] == $t with BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 =="
+    BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/opt-in-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 [[ $OPTINAB == 1 ]] && round_ab opt-in-ab cuda_opt_in_round_ab BONSAI_OPT_IN_AB_OUT "OPTINAB rep"

@@ -746,12 +746,13 @@ fn cuda_norm_p16_round_ab() {
     );
 }
 
-/// The opt-in verify forms built without a GPU, against the defaults: the GDN verify launches
-/// with every row's S-independent work first and the rollback's replay with its rows staged
-/// together (`Gpu::gdn_hoist`), the dp4a 5-row kernels' rows-first forms (`Gpu::mv_rows_first`),
-/// both, and (for Q2_0, whose default is the row split) the 5-row kernels plain and rows-first
-/// with the row split off: the what-if's rejected round and the greedy step, alternating in one
-/// process (four times). `BONSAI_OPT_IN_AB_OUT` gets the JSON.
+/// The opt-in forms built without a GPU, against the defaults: the GDN verify launches with every
+/// row's S-independent work first and the rollback's replay with its rows staged together
+/// (`Gpu::gdn_hoist`), the same GDN kernel for decode rows (`Gpu::gdn_hoist_decode`: the step),
+/// the dp4a 5-row kernels' rows-first forms (`Gpu::mv_rows_first`), all three, and (for Q2_0,
+/// whose default is the row split) the 5-row kernels plain and rows-first with the row split
+/// off: the what-if's rejected round and the greedy step, alternating in one process (four
+/// times). `BONSAI_OPT_IN_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
 fn cuda_opt_in_round_ab() {
@@ -759,35 +760,39 @@ fn cuda_opt_in_round_ab() {
         return;
     };
     let gpu = t.cuda.gpu();
-    let (hoist0, rf0) = (gpu.gdn_hoist(), gpu.mv_rows_first());
-    let configs: [(bool, bool, Option<bool>); 6] = [
-        (false, false, None),
-        (true, false, None),
-        (false, true, None),
-        (true, true, None),
-        (false, false, Some(false)),
-        (false, true, Some(false)),
+    let saved = (gpu.gdn_hoist(), gpu.gdn_hoist_decode(), gpu.mv_rows_first());
+    // (gdn_hoist, gdn_hoist_decode, mv_rows_first, mv_rsplit)
+    let configs: [(bool, bool, bool, Option<bool>); 7] = [
+        (false, false, false, None),
+        (true, false, false, None),
+        (false, true, false, None),
+        (false, false, true, None),
+        (true, true, true, None),
+        (false, false, false, Some(false)),
+        (false, false, true, Some(false)),
     ];
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for (hoist, rf, rsplit) in configs {
+        for (hoist, hoist_dec, rf, rsplit) in configs {
             gpu.set_gdn_hoist(hoist);
+            gpu.set_gdn_hoist_decode(hoist_dec);
             gpu.set_mv_rows_first(rf);
             gpu.set_mv_rsplit(rsplit);
             let (round, step) = round_and_step(&t, first);
             let split = rsplit.map_or("default".to_string(), |v| v.to_string());
             println!(
-                "OPTINAB rep {rep} gdn_hoist {hoist:<5} mv_rows_first {rf:<5} mv_rsplit {split:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "OPTINAB rep {rep} gdn_hoist {hoist:<5} gdn_hoist_decode {hoist_dec:<5} mv_rows_first {rf:<5} mv_rsplit {split:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"gdn_hoist\": {hoist}, \"mv_rows_first\": {rf}, \"mv_rsplit\": \"{split}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"gdn_hoist\": {hoist}, \"gdn_hoist_decode\": {hoist_dec}, \"mv_rows_first\": {rf}, \"mv_rsplit\": \"{split}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
-    gpu.set_gdn_hoist(hoist0);
-    gpu.set_mv_rows_first(rf0);
+    gpu.set_gdn_hoist(saved.0);
+    gpu.set_gdn_hoist_decode(saved.1);
+    gpu.set_mv_rows_first(saved.2);
     gpu.set_mv_rsplit(None);
     emit_rows(
         &t,

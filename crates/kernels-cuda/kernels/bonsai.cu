@@ -1106,7 +1106,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
     float* yf, i8* yq, float* yd, int* ys, P16Out po = {}) {
     static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
     static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
-    static_assert(!HOIST || (BN && !EARLY), "HOIST: the rows' S-independent work first, verify (BN) launches");
+    static_assert(!HOIST || BN, "HOIST: the rows' S-independent work first, with the batched norm");
     __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2], amx[2];
     // BN: warp 0's outputs and gate inputs of every row, and the rows' Σ o² (one cluster exchange)
     __shared__ float osh[BN ? GDN_BN_MAXN : 1][32], zsh[BN ? GDN_BN_MAXN : 1][32], osumn[BN ? GDN_BN_MAXN : 1];
@@ -1235,7 +1235,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
         }
         __syncthreads();
         // every window load of this block has been consumed (the block barrier above): count
-        if (tid == 0) last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
+        // (EARLY counted before the PDL wait)
+        if (!EARLY && tid == 0) last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
 #pragma unroll
         for (int t = 0; t < GDN_BN_MAXN; ++t)
             if (t < n) {
@@ -1528,6 +1529,10 @@ GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
 // q / k norms behind one barrier, gates), then the recurrence with two barriers a row: the same float
 // operations per row. Opt-in (`Gpu::gdn_hoist`, BONSAI_CUDA_GDN_HOIST=1); built, not yet run on a GPU.
 GDN_NORM_ENTRY_X(gdn_conv_step_norm_bnh_d128, true, true, false, true)
+// The same for decode rows (n = 1, no snapshot, the window count before the PDL wait as the early
+// kernel does): four block barriers a row instead of six (`Gpu::gdn_hoist_decode`,
+// BONSAI_CUDA_GDN_HOIST_DECODE=1; built, not yet run on a GPU).
+GDN_NORM_ENTRY_X(gdn_conv_step_norm_bnhe_d128, true, false, true, true)
 // The decode kernel counting its window loads before the PDL wait (`Gpu::gdn_early_count`, the
 // default for one-row launches without a snapshot): decode graph 2.504 -> 2.492 ms per token on
 // Q1_0, 3.162 -> 3.144 on Q2_0 (bench/results/cuda-gdn-early-ab-27b-*.json).

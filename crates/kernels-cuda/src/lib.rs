@@ -1676,6 +1676,7 @@ kernels!(
         gdn_conv_step_norm_snap_d128,
         gdn_conv_step_norm_bn_d128,
         gdn_conv_step_norm_bnh_d128,
+        gdn_conv_step_norm_bnhe_d128,
         gdn_conv_step_norm_early_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
@@ -2086,6 +2087,8 @@ pub struct Gpu {
     gdn_norm_batch: AtomicBool,
     /// [`Gpu::gdn_hoist`] (`BONSAI_CUDA_GDN_HOIST=1` turns it on).
     gdn_hoist: AtomicBool,
+    /// [`Gpu::gdn_hoist_decode`] (`BONSAI_CUDA_GDN_HOIST_DECODE=1` turns it on).
+    gdn_hoist_decode: AtomicBool,
     /// [`Gpu::mv_rows_first`] (`BONSAI_CUDA_MV_ROWS_FIRST=1` turns it on).
     mv_rows_first: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
@@ -2426,6 +2429,9 @@ impl Gpu {
             ),
             gdn_hoist: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_HOIST").is_ok_and(|v| v == "1"),
+            ),
+            gdn_hoist_decode: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_GDN_HOIST_DECODE").is_ok_and(|v| v == "1"),
             ),
             mv_rows_first: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_MV_ROWS_FIRST").is_ok_and(|v| v == "1"),
@@ -3717,7 +3723,8 @@ impl Gpu {
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
                 | (self.gdn_hoist() as u64) << 28
-                | (self.mv_rows_first() as u64) << 29,
+                | (self.mv_rows_first() as u64) << 29
+                | (self.gdn_hoist_decode() as u64) << 30,
         ]
     }
 
@@ -4222,6 +4229,21 @@ impl Gpu {
     /// Set [`Self::gdn_hoist`] (capture graphs after setting it).
     pub fn set_gdn_hoist(&self, on: bool) {
         self.gdn_hoist.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether one-row GDN launches with the int8 gated norm and no snapshot (decode) take
+    /// `gdn_conv_step_norm_bnhe_d128`: [`Self::gdn_hoist`]'s kernel for one row, with the window
+    /// count before the PDL wait as the default decode kernel has it — four block barriers a row
+    /// instead of six. Off by default (`BONSAI_CUDA_GDN_HOIST_DECODE=1` on): built, not yet run
+    /// on a GPU. The same float operations, so the same bits by construction;
+    /// `gpu_kernels::gdn_conv_step_equals_conv_then_step` runs it (norm mode 6).
+    pub fn gdn_hoist_decode(&self) -> bool {
+        self.gdn_hoist_decode.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::gdn_hoist_decode`] (capture graphs after setting it).
+    pub fn set_gdn_hoist_decode(&self, on: bool) {
+        self.gdn_hoist_decode.store(on, Ordering::Relaxed);
     }
 
     /// Whether an RMS norm whose every consumer reads its b1-plane outputs skips the int8 codes
@@ -5171,7 +5193,9 @@ impl Gpu {
                     }
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
-                        if n >= 2 && self.gdn_norm_batch() && self.gdn_hoist() {
+                        if n == 1 && snap.is_none() && self.gdn_hoist_decode() {
+                            self.f.gdn_conv_step_norm_bnhe_d128
+                        } else if n >= 2 && self.gdn_norm_batch() && self.gdn_hoist() {
                             self.f.gdn_conv_step_norm_bnh_d128
                         } else if n >= 2 && self.gdn_norm_batch() {
                             self.f.gdn_conv_step_norm_bn_d128

@@ -3949,15 +3949,17 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
                 // wherever the launch takes the early kernel: no snapshot, not the batched norm),
                 // 5 as 1 with every row's S-independent work first (`Gpu::set_gdn_hoist(true)`:
-                // `gdn_conv_step_norm_bnh_d128` for n ≥ 2)
-                for norm_mode in 0..6 {
+                // `gdn_conv_step_norm_bnh_d128` for n ≥ 2), 6 as 5 and the one-row launches
+                // without a snapshot on `gdn_conv_step_norm_bnhe_d128` (`set_gdn_hoist_decode`)
+                for norm_mode in 0..7 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
                     g.set_gdn_norm_batch(norm_mode != 3);
                     g.set_gdn_early_count(norm_mode != 4);
-                    g.set_gdn_hoist(norm_mode == 5);
+                    g.set_gdn_hoist(norm_mode >= 5);
+                    g.set_gdn_hoist_decode(norm_mode == 6);
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
@@ -4066,6 +4068,7 @@ fn gdn_conv_step_equals_conv_then_step() {
         g.set_gdn_norm_batch(true);
         g.set_gdn_early_count(true);
         g.set_gdn_hoist(false);
+        g.set_gdn_hoist_decode(false);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows

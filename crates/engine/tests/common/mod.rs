@@ -413,13 +413,14 @@ pub fn tiny_target(wt: QuantType) -> Builder {
 
 /// The kernels of a GDN layer's conv, recurrence and gated norm in every `GdnFused` mode (the
 /// launch what-if benchmarks drop them together).
-pub const GDN_DECODE_KERNELS: [&str; 7] = [
+pub const GDN_DECODE_KERNELS: [&str; 8] = [
     "gdn_conv",
     "gdn_step",
     "gated_norm_quant",
     "gdn_conv_step",
     "gdn_conv_step_norm_d128",
     "gdn_conv_step_norm_early_d128",
+    "gdn_conv_step_norm_bnhe_d128",
     "gdn_conv_step_norm_p16_d128",
 ];
 
