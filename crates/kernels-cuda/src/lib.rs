@@ -4896,6 +4896,8 @@ impl Gpu {
                 [f.mv_q1_n5r8_k1, f.mv_q1_n5r8_k2, f.mv_q1_n5r8_k4],
                 [f.mv_q1_n3r4s_k1, f.mv_q1_n3r4s_k2, f.mv_q1_n3r4s_k4],
                 [f.mv_q1_n3r8s_k1, f.mv_q1_n3r8s_k2, f.mv_q1_n3r8s_k4],
+                [f.mv_q1_n5r4f_k1, f.mv_q1_n5r4f_k2, f.mv_q1_n5r4f_k4],
+                [f.mv_q1_n5r8f_k1, f.mv_q1_n5r8f_k2, f.mv_q1_n5r8f_k4],
             ],
             WKind::Q2 => [
                 [f.mv_q2_n8_k1, f.mv_q2_n8_k2, f.mv_q2_n8_k4],
@@ -4907,6 +4909,8 @@ impl Gpu {
                 [f.mv_q2_n5r8_k1, f.mv_q2_n5r8_k2, f.mv_q2_n5r8_k4],
                 [f.mv_q2_n3r4s_k1, f.mv_q2_n3r4s_k2, f.mv_q2_n3r4s_k4],
                 [f.mv_q2_n3r8s_k1, f.mv_q2_n3r8s_k2, f.mv_q2_n3r8s_k4],
+                [f.mv_q2_n5r4f_k1, f.mv_q2_n5r4f_k2, f.mv_q2_n5r4f_k4],
+                [f.mv_q2_n5r8f_k1, f.mv_q2_n5r8f_k2, f.mv_q2_n5r8f_k4],
             ],
             WKind::Q2G64 => [
                 [f.mv_q2g64_n8_k1, f.mv_q2g64_n8_k2, f.mv_q2g64_n8_k4],
@@ -4938,27 +4942,6 @@ impl Gpu {
                     f.mv_q2g64_n3r8s_k2,
                     f.mv_q2g64_n3r8s_k4,
                 ],
-            ],
-            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
-            WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
-        };
-        let Some((row, rpw)) = mv_variant(n, r, n5, self.mv_rsplit(kind)) else {
-            return Err(CudaError(format!(
-                "mv_lowbit: no variant with {r} rows per warp"
-            )));
-        };
-        // the rows-first forms of the 5-row kernels (rows 5 and 6 of MV_VARIANTS), same shapes
-        let rf = match kind {
-            WKind::Q1 => [
-                [f.mv_q1_n5r4f_k1, f.mv_q1_n5r4f_k2, f.mv_q1_n5r4f_k4],
-                [f.mv_q1_n5r8f_k1, f.mv_q1_n5r8f_k2, f.mv_q1_n5r8f_k4],
-            ],
-            WKind::Q2 => [
-                [f.mv_q2_n5r4f_k1, f.mv_q2_n5r4f_k2, f.mv_q2_n5r4f_k4],
-                [f.mv_q2_n5r8f_k1, f.mv_q2_n5r8f_k2, f.mv_q2_n5r8f_k4],
-            ],
-            // Q2G64 (the other kinds returned above)
-            _ => [
                 [
                     f.mv_q2g64_n5r4f_k1,
                     f.mv_q2g64_n5r4f_k2,
@@ -4970,6 +4953,13 @@ impl Gpu {
                     f.mv_q2g64_n5r8f_k4,
                 ],
             ],
+            WKind::F32 => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
+            WKind::Q41 => return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into())),
+        };
+        let Some((row, rpw)) = mv_variant(n, r, n5, self.mv_rsplit(kind)) else {
+            return Err(CudaError(format!(
+                "mv_lowbit: no variant with {r} rows per warp"
+            )));
         };
         let col = match ks {
             1 => 0,
@@ -4981,11 +4971,12 @@ impl Gpu {
                 )))
             }
         };
-        let func = match row {
-            5 | 6 if self.mv_rows_first() => rf[row - 5][col],
-            _ => t[row][col],
+        // rows 9 and 10 of each table: the rows-first forms of rows 5 and 6 (the 5-row kernels)
+        let trow = match row {
+            5 | 6 if self.mv_rows_first() => row + 4,
+            _ => row,
         };
-        Ok((rpw, func, MV_VARIANTS[row].3))
+        Ok((rpw, t[trow][col], MV_VARIANTS[row].3))
     }
 
     /// f32 weights `[n_out, n_in]` times f32 activations `[n, n_in]`.
