@@ -40,20 +40,57 @@ fn f16_bits(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 
-/// One low-bit weight row against every activation row of `xq`: `out[t]`, t in 0..xq.n.
+/// `out.len()` consecutive weight rows of `qt` (`rows`, whole rows) against activation row 0 of
+/// `xq` — the one-row (decode) case: `out[r]` is row r's dot. One call per task, so the per-row
+/// work inlines into one loop.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `rows.len()` must be `out.len()` whole rows of `qt`
+/// for `xq.n_in` elements, and `xq.n >= 1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lowbit_rows_one_act(
+    qt: QuantType,
+    rows: &[u8],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
+    let rb = rows.len() / out.len().max(1);
+    for (r, y) in out.iter_mut().enumerate() {
+        // SAFETY: the same CPU features as this function; the asserts inside check the row.
+        unsafe {
+            lowbit_row(
+                qt,
+                &rows[r * rb..(r + 1) * rb],
+                xq,
+                0,
+                core::slice::from_mut(y),
+            )
+        }
+    }
+}
+
+/// One low-bit weight row against activation rows `t_begin..t_begin + out.len()` of `xq`:
+/// `out[i]` is row `t_begin + i`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. `wrow` must be one whole row of `qt` for `xq.n_in`
-/// elements and `out.len() == xq.n`.
+/// elements and `t_begin + out.len() <= xq.n`.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn lowbit_row(qt: QuantType, wrow: &[u8], xq: &QuantActs, out: &mut [f32]) {
-    let n = xq.n;
-    assert_eq!(out.len(), n);
+pub(crate) unsafe fn lowbit_row(
+    qt: QuantType,
+    wrow: &[u8],
+    xq: &QuantActs,
+    t_begin: usize,
+    out: &mut [f32],
+) {
+    let n = t_begin + out.len();
+    assert!(n <= xq.n);
     assert_eq!(Some(wrow.len()), qt.row_bytes(xq.n_in));
     let nb = xq.n_in / 32;
     let nbp = xq.n_pad / 32;
     let nfull = nb / 8;
-    let mut t0 = 0;
+    let mut t0 = t_begin;
     while t0 < n {
         let nt = (n - t0).min(4);
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -88,7 +125,7 @@ pub(crate) unsafe fn lowbit_row(qt: QuantType, wrow: &[u8], xq: &QuantActs, out:
             }
         }
         for ti in 0..nt {
-            out[t0 + ti] = hsum_ps(acc[ti]);
+            out[t0 - t_begin + ti] = hsum_ps(acc[ti]);
         }
         t0 += nt;
     }

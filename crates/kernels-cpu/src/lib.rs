@@ -6,6 +6,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod ops;
 pub mod quant;
 pub mod reference;

@@ -17,6 +17,11 @@
 //! Every SIMD path computes exactly this (integers are exact; the float ops are the same ops in the
 //! same order), so results are bit-identical across ISAs, batch sizes `n` and thread counts.
 //!
+//! Work order (not results): one activation row runs tasks of 16 weight rows; several rows run
+//! tasks of 16 weight rows × groups of 8 activation rows, so a group's int8 rows stay in cache
+//! while the task's weight rows pass over them, and AVX-512 takes two weight rows per pass so
+//! each activation load feeds two `vpdpbusd`.
+//!
 //! ## Other weight types (F32, F16, BF16, Q4_0, Q4_1, Q8_0)
 //! f32 activations: each weight row is dequantized once and dotted with each activation row by
 //! [`dot_f32`] (fixed 4×8-lane order), again independent of `n` and of the thread count.
@@ -33,6 +38,30 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX2 + FMA + F16C and AVX-512 F / BW / VL with VNNI and BITALG (Ice Lake and later,
+    /// Zen 4 and later): the low-bit matmul rows use `vpdpbusd` and `vpshufbitqmb`; every other op
+    /// runs its AVX2 form. Same bits as the other ISAs.
+    Avx512,
+}
+
+impl Isa {
+    /// Every ISA, best last.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The name `BONSAI_CPU_ISA` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// True when the op runs the AVX2 (+FMA, F16C) code: AVX2 and AVX-512 machines.
+    #[inline]
+    fn avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512)
+    }
 }
 
 /// True when this CPU can run `isa`.
@@ -51,21 +80,65 @@ pub fn isa_supported(isa: Isa) -> bool {
                 false
             }
         }
+        Isa::Avx512 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                isa_supported(Isa::Avx2)
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512bitalg")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        }
     }
 }
 
+/// The best ISA this CPU supports.
+pub fn best_isa() -> Isa {
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .find(|&i| isa_supported(i))
+        .unwrap_or(Isa::Scalar)
+}
+
 /// The ISA the un-suffixed ops use: the best supported one, unless the environment variable
-/// `BONSAI_CPU_ISA=scalar` forces the fallback. Read once per process.
+/// `BONSAI_CPU_ISA` (`scalar`, `avx2` or `avx512`) names another; a name this CPU cannot run, or
+/// an unknown one, falls back to the best supported ISA with a warning on stderr. Read once per
+/// process.
 pub fn active_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         let forced = std::env::var("BONSAI_CPU_ISA").unwrap_or_default();
-        if forced.eq_ignore_ascii_case("scalar") {
-            Isa::Scalar
-        } else if isa_supported(Isa::Avx2) {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
+        let best = best_isa();
+        if forced.is_empty() {
+            return best;
+        }
+        match Isa::ALL
+            .into_iter()
+            .find(|i| forced.eq_ignore_ascii_case(i.name()))
+        {
+            Some(i) if isa_supported(i) => i,
+            Some(i) => {
+                eprintln!(
+                    "bonsai: BONSAI_CPU_ISA={forced}: this CPU cannot run {}; using {}",
+                    i.name(),
+                    best.name()
+                );
+                best
+            }
+            None => {
+                eprintln!(
+                    "bonsai: BONSAI_CPU_ISA={forced} is not one of scalar, avx2, avx512; using {}",
+                    best.name()
+                );
+                best
+            }
         }
     })
 }
@@ -270,25 +343,59 @@ pub fn matmul_q_isa(
     if n == 0 || n_out == 0 {
         return;
     }
-    let row_task = |o0: usize, yt: &mut [f32]| {
-        // yt: [rows, n] transposed outputs of weight rows o0..
-        for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
-            let o = o0 + r;
-            lowbit_row(isa, qt, &w[o * rb..(o + 1) * rb], xq, yo);
-        }
-    };
     if n == 1 {
         y.par_chunks_mut(ROWS_PER_TASK)
             .enumerate()
-            .for_each(|(ci, yc)| row_task(ci * ROWS_PER_TASK, yc));
-    } else {
-        let mut yt = vec![0f32; n_out * n]; // yt: [n_out, n]
-        yt.par_chunks_mut(ROWS_PER_TASK * n)
-            .enumerate()
-            .for_each(|(ci, yc)| row_task(ci * ROWS_PER_TASK, yc));
-        transpose_into(&yt, n_out, n, y);
+            .for_each(|(ci, yc)| {
+                let o0 = ci * ROWS_PER_TASK;
+                lowbit_rows_one_act(isa, qt, &w[o0 * rb..(o0 + yc.len()) * rb], xq, yc);
+            });
+        return;
     }
+    // Several activation rows: each task takes ROWS_PER_TASK weight rows and walks the activation
+    // rows in groups of ACT_GROUP, so a group's int8 rows (ACT_GROUP × n_pad bytes) stay in L1/L2
+    // while every weight row of the task is dotted with them (instead of each weight row
+    // streaming all n activation rows), and writes its outputs straight into `y`'s columns
+    // o0..o1. The order of work only, not the results.
+    const ACT_GROUP: usize = 8;
+    let yp = DisjointOut(y.as_mut_ptr());
+    let yp = &yp;
+    (0..n_out.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(|ci| {
+            let (o0, o1) = (ci * ROWS_PER_TASK, ((ci + 1) * ROWS_PER_TASK).min(n_out));
+            let mut tile = [0f32; ROWS_PER_TASK * ACT_GROUP]; // tile: [rows, group]
+            for tb in (0..n).step_by(ACT_GROUP) {
+                let g = (n - tb).min(ACT_GROUP);
+                let mut o = o0;
+                while o < o1 {
+                    let out = &mut tile[(o - o0) * ACT_GROUP..];
+                    if o + 1 < o1 {
+                        let (a, b) = out.split_at_mut(ACT_GROUP);
+                        let rows = &w[o * rb..(o + 2) * rb];
+                        lowbit_row_pair(isa, qt, rows, xq, tb, &mut a[..g], &mut b[..g]);
+                        o += 2;
+                    } else {
+                        lowbit_row(isa, qt, &w[o * rb..(o + 1) * rb], xq, tb, &mut out[..g]);
+                        o += 1;
+                    }
+                }
+                for t in tb..tb + g {
+                    for o in o0..o1 {
+                        // SAFETY: t < n and o < n_out, so the index is inside `y` (length
+                        // n · n_out, asserted above); only this task writes columns o0..o1, so
+                        // no two tasks write the same element, and `y` outlives the parallel loop.
+                        unsafe { *yp.0.add(t * n_out + o) = tile[(o - o0) * ACT_GROUP + t - tb] };
+                    }
+                }
+            }
+        });
 }
+
+/// `y`'s base pointer shared by tasks that write disjoint elements (see its use).
+struct DisjointOut(*mut f32);
+// SAFETY: the tasks sharing it write disjoint elements of one live buffer and never read it.
+unsafe impl Sync for DisjointOut {}
 
 /// `dst[t, o] = src[o, t]`.
 fn transpose_into(
@@ -305,20 +412,106 @@ fn transpose_into(
     }
 }
 
-/// One weight row against every activation row of `xq`: `out[t]` for t in 0..n.
-fn lowbit_row(isa: Isa, qt: QuantType, wrow: &[u8], xq: &QuantActs, out: &mut [f32]) {
+/// `out.len()` consecutive whole weight rows against activation row 0 of `xq`: `out[r]`.
+fn lowbit_rows_one_act(isa: Isa, qt: QuantType, rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+    assert!(xq.n >= 1, "lowbit_rows_one_act: no activation row");
+    let rb = qt.row_bytes(xq.n_in).expect("whole blocks");
+    assert_eq!(
+        rows.len(),
+        rb * out.len(),
+        "lowbit_rows_one_act: weight bytes"
+    );
     match isa {
         Isa::Scalar => {
-            for (t, o) in out.iter_mut().enumerate() {
-                *o = lowbit_dot_scalar(qt, wrow, xq, t);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = lowbit_dot_scalar(qt, &rows[r * rb..(r + 1) * rb], xq, 0);
+            }
+        }
+        Isa::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `check_isa` verified AVX2+FMA+F16C; `rows` is out.len() whole rows (above).
+            unsafe {
+                crate::avx2::lowbit_rows_one_act(qt, rows, xq, out)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+        Isa::Avx512 => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; `rows` is
+            // out.len() whole rows (above).
+            unsafe {
+                crate::avx512::lowbit_rows_one_act(qt, rows, xq, out)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+    }
+}
+
+/// Two consecutive weight rows (`rows`: both, whole) against activation rows
+/// `t_begin..t_begin + g` of `xq`: `out0[i]`, `out1[i]` (length g each). AVX-512 runs both rows in
+/// one pass over the activations; the other ISAs run them one after the other. Same results as
+/// two [`lowbit_row`] calls either way.
+fn lowbit_row_pair(
+    isa: Isa,
+    qt: QuantType,
+    rows: &[u8],
+    xq: &QuantActs,
+    t_begin: usize,
+    out0: &mut [f32],
+    out1: &mut [f32],
+) {
+    let rb = rows.len() / 2;
+    let (w0, w1) = rows.split_at(rb);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            assert!(t_begin + out0.len() <= xq.n && out0.len() == out1.len());
+            // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; the
+            // kernel asserts that both rows are whole rows of `qt` and the activation rows exist.
+            unsafe { crate::avx512::lowbit_rows::<2>(qt, [w0, w1], xq, t_begin, [out0, out1]) }
+        }
+        _ => {
+            lowbit_row(isa, qt, w0, xq, t_begin, out0);
+            lowbit_row(isa, qt, w1, xq, t_begin, out1);
+        }
+    }
+}
+
+/// One weight row against activation rows `t_begin..t_begin + out.len()` of `xq`: `out[i]` is
+/// row `t_begin + i`.
+fn lowbit_row(
+    isa: Isa,
+    qt: QuantType,
+    wrow: &[u8],
+    xq: &QuantActs,
+    t_begin: usize,
+    out: &mut [f32],
+) {
+    assert!(t_begin + out.len() <= xq.n, "lowbit_row: activation rows");
+    match isa {
+        Isa::Scalar => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = lowbit_dot_scalar(qt, wrow, xq, t_begin + i);
             }
         }
         Isa::Avx2 => {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `check_isa` verified AVX2+FMA+F16C; `wrow` is one whole row of `qt` for
-            // `xq.n_in` elements (asserted by the caller) and `out.len() == xq.n`.
+            // `xq.n_in` elements (asserted by the caller) and the rows are inside `xq` (above).
             unsafe {
-                crate::avx2::lowbit_row(qt, wrow, xq, out)
+                crate::avx2::lowbit_row(qt, wrow, xq, t_begin, out)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        }
+        Isa::Avx512 => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; `wrow` is
+            // one whole row of `qt` for `xq.n_in` elements and the rows are inside `xq` (above).
+            unsafe {
+                crate::avx512::lowbit_rows::<1>(qt, [wrow], xq, t_begin, [out])
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()
@@ -467,7 +660,7 @@ pub fn f16_to_f32_isa(isa: Isa, src: &[f16], dst: &mut [f32]) {
                 *d = s.to_f32();
             }
         }
-        Isa::Avx2 => {
+        Isa::Avx2 | Isa::Avx512 => {
             check_isa(isa);
             #[cfg(target_arch = "x86_64")]
             {
@@ -488,7 +681,7 @@ pub fn dot_f32_isa(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: lengths");
     match isa {
         Isa::Scalar => dot_scalar(a, b),
-        Isa::Avx2 => {
+        Isa::Avx2 | Isa::Avx512 => {
             check_isa(isa);
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2+FMA verified by `check_isa`; lengths are equal.
@@ -536,8 +729,8 @@ fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: callers only pass `Isa::Avx2` after `check_isa`; lengths are equal.
-        Isa::Avx2 => unsafe { crate::avx2::axpy(alpha, x, y) },
+        // SAFETY: callers only pass an AVX2 ISA after `check_isa`; lengths are equal.
+        Isa::Avx2 | Isa::Avx512 => unsafe { crate::avx2::axpy(alpha, x, y) },
         _ => {
             for (yv, &xv) in y.iter_mut().zip(x) {
                 *yv = alpha.mul_add(xv, *yv);
@@ -551,8 +744,8 @@ fn scale_axpy(isa: Isa, s: f32, alpha: f32, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: callers only pass `Isa::Avx2` after `check_isa`; lengths are equal.
-        Isa::Avx2 => unsafe { crate::avx2::scale_axpy(s, alpha, x, y) },
+        // SAFETY: callers only pass an AVX2 ISA after `check_isa`; lengths are equal.
+        Isa::Avx2 | Isa::Avx512 => unsafe { crate::avx2::scale_axpy(s, alpha, x, y) },
         _ => {
             for (yv, &xv) in y.iter_mut().zip(x) {
                 *yv = alpha.mul_add(xv, *yv * s);
@@ -925,8 +1118,8 @@ pub fn attention_isa(
 /// all-`-inf` row.
 pub fn log_sum_exp(x: &[f32]) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if active_isa() == Isa::Avx2 {
-        // SAFETY: active_isa() is Avx2 only when the CPU has AVX2 + FMA (+ F16C).
+    if active_isa().avx2() {
+        // SAFETY: active_isa() is Avx2 or Avx512 only when the CPU has AVX2 + FMA (+ F16C).
         return unsafe { crate::avx2::log_sum_exp(x) };
     }
     log_sum_exp_scalar(x)

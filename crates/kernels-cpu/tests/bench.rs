@@ -2,11 +2,12 @@
 //!
 //! `cargo test --release -p bonsai-kernels-cpu --test bench -- --ignored --nocapture`
 //! Env: `BENCH_THREADS` (default: rayon's default), `BENCH_ITERS` (default 30), `BENCH_SCALAR=0` to
-//! skip the (slow) scalar-fallback rows.
+//! skip the (slow) scalar-fallback rows, `BENCH_SHAPE=<n_in>x<n_out>` (default 5120x17408),
+//! `BENCH_N=1,5,512` (activation rows; default 1,5).
 
 mod common;
 
-use bonsai_kernels_cpu::ops::{self, active_isa, Isa};
+use bonsai_kernels_cpu::ops::{self, active_isa, isa_supported, Isa};
 use bonsai_kernels_cpu::quant::QuantType;
 use common::*;
 use std::time::Instant;
@@ -18,7 +19,17 @@ fn env_usize(k: &str) -> Option<usize> {
 #[test]
 #[ignore]
 fn bench_lowbit_matmul() {
-    let (n_in, n_out) = (5120usize, 17408usize);
+    let (n_in, n_out) = std::env::var("BENCH_SHAPE")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((5120usize, 17408usize));
+    let ns: Vec<usize> = std::env::var("BENCH_N")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 5]);
     let iters = env_usize("BENCH_ITERS").unwrap_or(30);
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(t) = env_usize("BENCH_THREADS") {
@@ -33,11 +44,14 @@ fn bench_lowbit_matmul() {
     );
     for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
         let w = random_weights(&mut rng, qt, n_in, n_out, false);
-        for n in [1usize, 5] {
+        for &n in &ns {
             let x = rng.vec(n * n_in, 1.0);
             let xq = ops::quantize_acts(&x, n, n_in);
             let mut y = vec![0f32; n * n_out];
-            for isa in [active_isa(), Isa::Scalar] {
+            for isa in Isa::ALL.into_iter().rev() {
+                if !isa_supported(isa) {
+                    continue;
+                }
                 let want_scalar = std::env::var("BENCH_SCALAR")
                     .map(|v| v != "0")
                     .unwrap_or(true);
@@ -47,16 +61,22 @@ fn bench_lowbit_matmul() {
                 let its = if isa == Isa::Scalar { 2 } else { iters };
                 pool.install(|| {
                     ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y); // warm-up
-                    let t0 = Instant::now();
-                    for _ in 0..its {
-                        ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
-                    }
-                    let dt = t0.elapsed().as_secs_f64() / its as f64;
+                    // per-call times: the median and the minimum resist a noisy shared machine
+                    let mut ts: Vec<f64> = (0..its)
+                        .map(|_| {
+                            let t0 = Instant::now();
+                            ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
+                            t0.elapsed().as_secs_f64()
+                        })
+                        .collect();
+                    ts.sort_by(f64::total_cmp);
+                    let (dt, dmin) = (ts[ts.len() / 2], ts[0]);
                     println!(
-                        "{:>10} n={n} {:?}: {:8.3} ms/call, {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
+                        "{:>10} n={n} {:?}: {:8.3} ms/call median ({:.3} min), {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
                         qt.name(),
                         isa,
                         dt * 1e3,
+                        dmin * 1e3,
                         w.len() as f64 / dt / 1e9,
                         (n_in * n_out * n) as f64 / dt / 1e9
                     );

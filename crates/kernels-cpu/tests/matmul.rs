@@ -120,31 +120,49 @@ fn matmul_matches_reference_all_types() {
     }
 }
 
+/// Every SIMD ISA this CPU runs gives the scalar definition's bits, for every type, at 1–9 and 11
+/// activation rows (every row-group size of the AVX2 and AVX-512 kernels, and a full 8-row
+/// AVX-512 pass followed by a rest).
 #[test]
-fn scalar_and_avx2_are_bit_identical() {
-    if !isa_supported(Isa::Avx2) {
-        eprintln!("AVX2 not available: scalar-only machine, nothing to compare");
+fn simd_isas_equal_scalar_bits() {
+    let simd: Vec<Isa> = Isa::ALL[1..]
+        .iter()
+        .copied()
+        .filter(|&i| isa_supported(i))
+        .collect();
+    eprintln!(
+        "simd_isas_equal_scalar_bits: comparing {:?} with scalar; not supported here: {:?}",
+        simd,
+        Isa::ALL
+            .iter()
+            .filter(|&&i| !isa_supported(i))
+            .collect::<Vec<_>>()
+    );
+    if simd.is_empty() {
+        eprintln!("SKIPPED simd_isas_equal_scalar_bits: scalar-only machine (not counted as run)");
         return;
     }
     let mut rng = Rng::new(2);
     for qt in ALL_TYPES {
         for (n_in, n_out) in shapes(qt) {
-            for n in [1usize, 5] {
+            for n in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 11] {
                 let w = random_weights(&mut rng, qt, n_in, n_out, true);
                 let x = rng.vec(n * n_in, 3.0);
                 let mut ys = vec![0f32; n * n_out];
-                let mut ya = vec![0f32; n * n_out];
                 ops::matmul_isa(Isa::Scalar, &w, qt, n_in, n_out, &x, n, &mut ys);
-                ops::matmul_isa(Isa::Avx2, &w, qt, n_in, n_out, &x, n, &mut ya);
-                for i in 0..ys.len() {
-                    assert_eq!(
-                        ys[i].to_bits(),
-                        ya[i].to_bits(),
-                        "{} n_in={n_in} idx {i}: {} vs {}",
-                        qt.name(),
-                        ys[i],
-                        ya[i]
-                    );
+                for &isa in &simd {
+                    let mut ya = vec![0f32; n * n_out];
+                    ops::matmul_isa(isa, &w, qt, n_in, n_out, &x, n, &mut ya);
+                    for i in 0..ys.len() {
+                        assert_eq!(
+                            ys[i].to_bits(),
+                            ya[i].to_bits(),
+                            "{} {isa:?} n={n} n_in={n_in} idx {i}: {} vs {}",
+                            qt.name(),
+                            ys[i],
+                            ya[i]
+                        );
+                    }
                 }
             }
         }
@@ -155,10 +173,7 @@ fn scalar_and_avx2_are_bit_identical() {
 #[test]
 fn batch_and_thread_invariance() {
     let mut rng = Rng::new(3);
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2]
-        .into_iter()
-        .filter(|&i| isa_supported(i))
-        .collect();
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|&i| isa_supported(i)).collect();
     for qt in ALL_TYPES {
         let (n_in, n_out) = if qt.block_elems() == 1 {
             (160, 37)

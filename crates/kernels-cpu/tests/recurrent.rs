@@ -95,10 +95,7 @@ fn gdn_chunked_equals_repeated_steps() {
         assert_close(&s, &s_ref, 1e-5, &format!("ref chunked state T={t}"));
         // optimized chunked, both ISAs, and exact across ISAs
         let mut prev: Option<(Vec<f32>, Vec<f32>)> = None;
-        for isa in [Isa::Scalar, Isa::Avx2]
-            .into_iter()
-            .filter(|&i| isa_supported(i))
-        {
+        for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
             let mut s = c.s0.clone();
             let mut o = vec![0f32; t * c.h_v * c.d_v];
             ops::gdn_chunked_isa(
@@ -146,10 +143,7 @@ fn gdn_step_ops_matches_reference() {
     let c = gdn_case(30, 5, 4, 12, 128, 64);
     let (s_ref, o_ref) = steps_reference(&c);
     let mut prev: Option<(Vec<f32>, Vec<f32>)> = None;
-    for isa in [Isa::Scalar, Isa::Avx2]
-        .into_iter()
-        .filter(|&i| isa_supported(i))
-    {
+    for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
         let (h_k, h_v, d_k, d_v) = (c.h_k, c.h_v, c.d_k, c.d_v);
         let mut s = c.s0.clone();
         let mut out = vec![0f32; c.t * h_v * d_v];
@@ -246,10 +240,7 @@ fn attention_ops_matches_reference() {
         let mut o_ref = vec![0f32; n_head * hd];
         r::attention(&q, &kc, &vc, t, n_head, n_kv, hd, scale, &mut o_ref);
         let mut prev: Option<Vec<f32>> = None;
-        for isa in [Isa::Scalar, Isa::Avx2]
-            .into_iter()
-            .filter(|&i| isa_supported(i))
-        {
+        for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
             let mut o = vec![0f32; n_head * hd];
             ops::attention_isa(isa, &q, &kc, &vc, t, n_head, n_kv, hd, scale, &mut o);
             assert_close(&o, &o_ref, 1e-5, &format!("attention t={t} {isa:?}"));
