@@ -8,7 +8,7 @@ and minimum over BENCH_ITERS calls; the minimum resists a noisy shared machine) 
 bench/results/<name>.json (command, commit, CPU, its SIMD flags, every row) and a rendered .md.
 
     python3 bench/cpu_matmul.py [--base REV] [--shapes 5120x6144,1024x2816] [--n 1,5,64,512]
-                                [--iters 30] [--name cpu-matmul]
+                                [--iters 30] [--repeat 2] [--name cpu-matmul]
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="5120x6144,1024x2816")
     ap.add_argument("--n", default="1,5,64,512")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=2, help="runs per tree and shape, alternating; minimum kept")
     ap.add_argument("--name", default="cpu-matmul")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
@@ -108,10 +109,15 @@ def main() -> int:
     }
     try:
         for shape in args.shapes.split(","):
-            for label, tree, target in trees:
-                print(f"cpu_matmul: {label}: {shape} n={args.n}", file=sys.stderr)
-                for row in run_bench(tree, shape, args.n, args.iters, target):
-                    result["rows"].append(row | {"tree": label})
+            best: dict[tuple, dict] = {}
+            for rep in range(args.repeat):
+                for label, tree, target in trees:
+                    print(f"cpu_matmul: {label}: {shape} n={args.n} (run {rep + 1})", file=sys.stderr)
+                    for row in run_bench(tree, shape, args.n, args.iters, target):
+                        key = (label, row["type"], row["n"], row["isa"])
+                        if key not in best or row["ms_min"] < best[key]["ms_min"]:
+                            best[key] = row | {"tree": label}
+            result["rows"] += list(best.values())
     finally:
         if tmp is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "tree")], cwd=ROOT, check=False)
@@ -124,7 +130,8 @@ def main() -> int:
     lines = [
         f"`{result['command']}` — commit {commit}, {result['date']}; {dev['cpu']}, {dev['cores']} cores "
         f"(SIMD flags: {' '.join(dev['simd_flags'])}). `ops::matmul_q` per call, minimum (median) over "
-        f"{args.iters} calls, all cores; G MAC/s from the minimum.",
+        f"{args.iters} calls, all cores, the run with the lower minimum of {args.repeat} alternating runs per "
+        "tree; G MAC/s from the minimum.",
         "",
         "| shape | type | n | tree | ISA | ms min | ms median | G MAC/s |",
         "|---|---|---|---|---|---|---|---|",

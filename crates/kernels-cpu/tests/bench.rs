@@ -60,7 +60,9 @@ fn bench_lowbit_matmul() {
                 }
                 let its = if isa == Isa::Scalar { 2 } else { iters };
                 pool.install(|| {
-                    ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y); // warm-up
+                    for _ in 0..3 {
+                        ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y); // warm-up
+                    }
                     // per-call times: the median and the minimum resist a noisy shared machine
                     let mut ts: Vec<f64> = (0..its)
                         .map(|_| {
