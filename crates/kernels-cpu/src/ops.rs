@@ -207,6 +207,17 @@ impl QuantActs {
     }
 }
 
+/// `round_half_away(v).clamp(-127, 127) as i8` (`f32::round` then clamp, bit for bit: NaN → 0)
+/// without the libm `roundf` call that `f32::round` makes on baseline x86-64. Clamping to ±128
+/// first keeps the integer conversion exact and changes nothing (both bounds are integers).
+#[inline]
+pub fn round_to_i8(v: f32) -> i8 {
+    let v = v.clamp(-128.0, 128.0);
+    let t = v as i32; // toward zero; NaN → 0
+    let f = v - t as f32; // exact: |v| <= 128
+    (t + (f >= 0.5) as i32 - (f <= -0.5) as i32).clamp(-127, 127) as i8
+}
+
 /// Quantize `n` rows of `n_in` f32 activations (`n_in % 32 == 0`) to [`QuantActs`]:
 /// `d = amax/127` (f32), `q = round_half_away(x · (1/d))` clamped to ±127; `d = 0, q = 0` for an
 /// all-zero block.
@@ -236,7 +247,7 @@ pub fn quantize_acts(x: &[f32] /* [n, n_in] */, n: usize, n_in: usize) -> QuantA
             let id = if db != 0.0 { 1.0 / db } else { 0.0 };
             let mut s = 0i32;
             for j in 0..32 {
-                let q = (xb[j] * id).round().clamp(-127.0, 127.0) as i8;
+                let q = round_to_i8(xb[j] * id);
                 qrow[32 * b + j] = q;
                 s += q as i32;
             }

@@ -367,3 +367,34 @@ fn log_sum_exp_matches_f64_reference() {
     let with_ban = [0.0f32, f32::NEG_INFINITY, 0.0];
     assert!((log_sum_exp(&with_ban) - 2f64.ln()).abs() < 1e-6);
 }
+
+/// `round_to_i8` is `f32::round` then a clamp to ±127, for every f32 in ±2^8 at 1/2^14 steps
+/// (halves, near-halves and integers included), big values, ±0, ±inf and NaN.
+#[test]
+fn round_to_i8_equals_round_then_clamp() {
+    let mut vals: Vec<f32> = (-(1i32 << 22)..=(1 << 22))
+        .map(|i| i as f32 / 16384.0)
+        .collect();
+    for v in [
+        0.5f32,
+        0.49999997,
+        0.50000006,
+        126.5,
+        127.5,
+        128.5,
+        1e10,
+        f32::MAX,
+    ] {
+        vals.extend([
+            v,
+            -v,
+            f32::from_bits(v.to_bits() + 1),
+            -f32::from_bits(v.to_bits() + 1),
+        ]);
+    }
+    vals.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+    for v in vals {
+        let want = v.round().clamp(-127.0, 127.0) as i8;
+        assert_eq!(ops::round_to_i8(v), want, "{v:e}");
+    }
+}

@@ -111,7 +111,7 @@ impl KvRows {
                         .iter_mut()
                         .zip(xb)
                     {
-                        *o = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                        *o = ops::round_to_i8(x * inv);
                     }
                 }
             }
