@@ -516,3 +516,113 @@ pub(crate) unsafe fn log_sum_exp(x: &[f32]) -> f64 {
         + tail;
     max as f64 + sum.ln()
 }
+
+/// f16 bits at `b[i..i + 2]` → f32, by `vcvtph2ps` (exact, like `half`'s conversion).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_f32(b: &[u8], i: usize) -> f32 {
+    let h = u16::from_le_bytes([b[i], b[i + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// One 32-element block of Q4_0 / Q4_1 / Q8_0 (`blk`: its bytes) dequantized into 4 vectors of 8
+/// (elements 8v..8v+8): `q·d`, or `q·d + m` for Q4_1, each a separate rounding as in
+/// `quant::dequantize_block`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dequant_block_q32(qt: QuantType, blk: &[u8]) -> [__m256; 4] {
+    let d = _mm256_set1_ps(f16_f32(blk, 0));
+    let q: [__m256i; 4] = if qt == QuantType::Q8_0 {
+        assert!(blk.len() >= 34);
+        let p = blk.as_ptr();
+        // SAFETY: blk has at least 34 bytes; each 8-byte load reads blk[2 + 8v .. 10 + 8v].
+        unsafe {
+            [
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(2) as *const __m128i)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(10) as *const __m128i)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(18) as *const __m128i)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(26) as *const __m128i)),
+            ]
+        }
+    } else {
+        let off = if qt == QuantType::Q4_1 { 4 } else { 2 };
+        assert!(blk.len() >= off + 16);
+        // SAFETY: blk has at least off + 16 bytes; the load reads the 16 nibble bytes.
+        let qs = unsafe { _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i) };
+        let lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F)); // elements 0..16
+        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F)); // 16..32
+        let mut q = [
+            _mm256_cvtepu8_epi32(lo),
+            _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)),
+            _mm256_cvtepu8_epi32(hi),
+            _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)),
+        ];
+        if qt == QuantType::Q4_0 {
+            for v in &mut q {
+                *v = _mm256_sub_epi32(*v, _mm256_set1_epi32(8));
+            }
+        }
+        q
+    };
+    let m = if qt == QuantType::Q4_1 {
+        Some(_mm256_set1_ps(f16_f32(blk, 2)))
+    } else {
+        None
+    };
+    q.map(|qv| {
+        let y = _mm256_mul_ps(_mm256_cvtepi32_ps(qv), d);
+        match m {
+            Some(m) => _mm256_add_ps(y, m),
+            None => y,
+        }
+    })
+}
+
+/// `quant::dequantize_row` for Q4_0, Q4_1 and Q8_0 (32-element blocks), 8 lanes at a time: the
+/// same f32 operations per element, so the same bits. Returns false, writing nothing, for any
+/// other type.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C. `src` must be exactly `qt.row_bytes(out.len())` bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f32]) -> bool {
+    if !matches!(qt, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+        return false;
+    }
+    assert_eq!(Some(src.len()), qt.row_bytes(out.len()));
+    for (blk, o) in src
+        .chunks_exact(qt.block_bytes())
+        .zip(out.chunks_exact_mut(32))
+    {
+        for (v, y) in dequant_block_q32(qt, blk).iter().enumerate() {
+            // SAFETY: o has 32 elements; the store writes o[8v..8v+8].
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * v), *y) };
+        }
+    }
+    true
+}
+
+/// `dot(dequantize_row(wrow), x)` for Q4_0, Q4_1 and Q8_0 without the f32 row in memory: each
+/// block's 4 vectors go straight into the 4 accumulators of [`dot`]'s 32-element steps (a block is
+/// one step and rows are whole blocks), so the result has `dot`'s bits. `None` for other types.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `wrow` must be exactly `qt.row_bytes(x.len())` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q32_row(qt: QuantType, wrow: &[u8], x: &[f32]) -> Option<f32> {
+    if !matches!(qt, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+        return None;
+    }
+    assert_eq!(Some(wrow.len()), qt.row_bytes(x.len()));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (blk, xb) in wrow.chunks_exact(qt.block_bytes()).zip(x.chunks_exact(32)) {
+        let w = dequant_block_q32(qt, blk);
+        for k in 0..4 {
+            // SAFETY: xb has 32 elements; the load reads xb[8k..8k+8].
+            let xv = unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * k)) };
+            acc[k] = _mm256_fmadd_ps(w[k], xv, acc[k]);
+        }
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    Some(hsum_ps(v))
+}

@@ -408,6 +408,29 @@ struct DisjointOut(*mut f32);
 // SAFETY: the tasks sharing it write disjoint elements of one live buffer and never read it.
 unsafe impl Sync for DisjointOut {}
 
+/// [`dequantize_row`] with SIMD for the 32-element block types (Q4_0, Q4_1, Q8_0: the drafter's
+/// and other f32-activation matrices); the same bits.
+pub fn dequantize_row_isa(isa: Isa, qt: QuantType, src: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        check_isa(isa);
+        let need = qt.row_bytes(out.len());
+        assert_eq!(
+            need,
+            Some(src.len()),
+            "dequantize_row: {} bytes for {} {} elements",
+            src.len(),
+            out.len(),
+            qt.name()
+        );
+        // SAFETY: AVX2+F16C verified by `check_isa`; `src` is exactly the row's bytes (above).
+        if unsafe { crate::avx2::dequantize_row_q32(qt, src, out) } {
+            return;
+        }
+    }
+    dequantize_row(qt, src, out)
+}
+
 /// `dst[t, o] = src[o, t]`.
 fn transpose_into(
     src: &[f32], /* [n_out, n] */
@@ -626,7 +649,18 @@ fn matmul_f32acts(
         // buf: [n_in] one dequantized weight row; yt: [rows, n]
         for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
             let o = o0 + r;
-            dequantize_row(qt, &w[o * rb..(o + 1) * rb], buf);
+            #[cfg(target_arch = "x86_64")]
+            if n == 1 && isa.avx2() {
+                // SAFETY: AVX2+FMA+F16C verified by `check_isa` above; the row is `rb` bytes of
+                // `n_in` elements.
+                if let Some(v) =
+                    unsafe { crate::avx2::dot_q32_row(qt, &w[o * rb..(o + 1) * rb], x) }
+                {
+                    yo[0] = v;
+                    continue;
+                }
+            }
+            dequantize_row_isa(isa, qt, &w[o * rb..(o + 1) * rb], buf);
             for (t, v) in yo.iter_mut().enumerate() {
                 *v = dot_f32_isa(isa, buf, &x[t * n_in..(t + 1) * n_in]);
             }

@@ -398,3 +398,47 @@ fn round_to_i8_equals_round_then_clamp() {
         assert_eq!(ops::round_to_i8(v), want, "{v:e}");
     }
 }
+
+/// The SIMD dequantization of the 32-element block types equals `quant::dequantize_row` bit for bit
+/// (random codes; scales random, subnormal, ±0 and ±inf), on every ISA this CPU runs.
+#[test]
+fn dequantize_row_isa_equals_scalar_bits() {
+    use bonsai_kernels_cpu::quant::dequantize_row;
+    let mut rng = Rng::new(11);
+    let specials = [
+        0x0000u16, 0x8000, 0x0001, 0x83ff, 0x7c00, 0xfc00, 0x3c00, 0x7bff,
+    ];
+    for qt in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        for n in [32usize, 96, 4096] {
+            let rb = qt.row_bytes(n).unwrap();
+            let mut w: Vec<u8> = (0..rb).map(|_| (rng.u64() & 0xff) as u8).collect();
+            for (i, blk) in w.chunks_exact_mut(qt.block_bytes()).enumerate() {
+                // finite f16 scales (exponent < 31), some special ones
+                for k in 0..(if qt == QuantType::Q4_1 { 2 } else { 1 }) {
+                    let h = if i % 5 == 0 {
+                        specials[(i / 5 + k) % specials.len()]
+                    } else {
+                        (rng.u64() as u16) & 0xfbff
+                    };
+                    blk[2 * k..2 * k + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+            let mut want = vec![0f32; n];
+            dequantize_row(qt, &w, &mut want);
+            for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+                let mut got = vec![0f32; n];
+                ops::dequantize_row_isa(isa, qt, &w, &mut got);
+                for i in 0..n {
+                    assert!(
+                        got[i].to_bits() == want[i].to_bits()
+                            || (got[i].is_nan() && want[i].is_nan()),
+                        "{} {isa:?} n={n} i={i}: {} vs {}",
+                        qt.name(),
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
