@@ -8,7 +8,7 @@ use core::arch::x86_64::*;
 /// The fixed 8-lane reduction `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))` of `ops::hsum8`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_ps(a: __m256) -> f32 {
+pub(crate) fn hsum_ps(a: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(a);
     let hi = _mm256_extractf128_ps(a, 1);
     let s = _mm_add_ps(lo, hi); // [t0, t1, t2, t3]
@@ -20,7 +20,7 @@ fn hsum_ps(a: __m256) -> f32 {
 /// f16 bits `h[0..4]` → f32 lanes `[h[idx[0]], ..., h[idx[7]]]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
+pub(crate) fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
     let v = _mm_set_epi16(
         0,
         0,
@@ -36,7 +36,7 @@ fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
 }
 
 #[inline]
-fn f16_bits(b: &[u8], off: usize) -> u16 {
+pub(crate) fn f16_bits(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 
@@ -87,9 +87,7 @@ pub(crate) unsafe fn lowbit_row(
     let n = t_begin + out.len();
     assert!(n <= xq.n);
     assert_eq!(Some(wrow.len()), qt.row_bytes(xq.n_in));
-    let nb = xq.n_in / 32;
-    let nbp = xq.n_pad / 32;
-    let nfull = nb / 8;
+    let nfull = xq.n_in / 256;
     let mut t0 = t_begin;
     while t0 < n {
         let nt = (n - t0).min(4);
@@ -104,31 +102,47 @@ pub(crate) unsafe fn lowbit_row(
             (_, 3) => q2_chunks::<3>(qt, wrow, xq, t0, nfull, &mut acc),
             (_, _) => q2_chunks::<4>(qt, wrow, xq, t0, nfull, &mut acc),
         }
-        if nfull * 8 < nb {
-            // tail chunk: exact integer sums from the scalar helper, same float ops
-            let c = nfull;
-            for ti in 0..nt {
-                let t = t0 + ti;
-                let mut is = [0f32; 8];
-                let mut sc = [0f32; 8];
-                for l in 0..8 {
-                    let b = 8 * c + l;
-                    if b < nb {
-                        is[l] = lowbit_isum(qt, wrow, xq, t, b) as f32;
-                        sc[l] = wscale(qt, wrow, b) * xq.d[t * nbp + b];
-                    }
-                }
-                // SAFETY: `is` and `sc` are 8-element arrays.
-                let (iv, sv) =
-                    unsafe { (_mm256_loadu_ps(is.as_ptr()), _mm256_loadu_ps(sc.as_ptr())) };
-                acc[ti] = _mm256_fmadd_ps(iv, sv, acc[ti]);
-            }
+        for ti in 0..nt {
+            acc[ti] = tail_chunk(qt, wrow, xq, t0 + ti, acc[ti]);
         }
         for ti in 0..nt {
             out[t0 - t_begin + ti] = hsum_ps(acc[ti]);
         }
         t0 += nt;
     }
+}
+
+/// The last, partial 256-element chunk of a row whose length is not a multiple of 256, for
+/// activation row `t`: the exact block integers from the scalar helper and the same float step as
+/// every chunk (`acc[l] = fma(isum, dw·da, acc[l])`, absent blocks 0). `acc` unchanged when the
+/// row has no partial chunk.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn tail_chunk(
+    qt: QuantType,
+    wrow: &[u8],
+    xq: &QuantActs,
+    t: usize,
+    acc: __m256,
+) -> __m256 {
+    let nb = xq.n_in / 32;
+    let nbp = xq.n_pad / 32;
+    let c = nb / 8;
+    if c * 8 == nb {
+        return acc;
+    }
+    let mut is = [0f32; 8];
+    let mut sc = [0f32; 8];
+    for l in 0..8 {
+        let b = 8 * c + l;
+        if b < nb {
+            is[l] = lowbit_isum(qt, wrow, xq, t, b) as f32;
+            sc[l] = wscale(qt, wrow, b) * xq.d[t * nbp + b];
+        }
+    }
+    // SAFETY: `is` and `sc` are 8-element arrays.
+    let (iv, sv) = unsafe { (_mm256_loadu_ps(is.as_ptr()), _mm256_loadu_ps(sc.as_ptr())) };
+    _mm256_fmadd_ps(iv, sv, acc)
 }
 
 /// Q1_0 over the full 256-element chunks for activation rows `t0..t0+NT`, using the Q1-permuted
@@ -220,54 +234,11 @@ fn q2_chunks<const NT: usize>(
     let mut accv = [_mm256_setzero_ps(); NT];
     accv.copy_from_slice(&acc[..NT]);
     let nbp = xq.n_pad / 32;
-    let m3 = _mm256_set1_epi8(3);
     let ones16 = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    let g64 = qt == QuantType::Q2_0G64;
-    let dw_idx = if g64 {
-        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
-    } else {
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)
-    };
     for c in 0..nfull {
-        let mut codes = [zero; 8]; // codes[4*half + s]: byte i = code of chunk element 128*half + 4i + s
-        let dh: [u16; 4];
-        if g64 {
-            let o = 4 * c * 18;
-            for hf in 0..2 {
-                let a = o + 2 * hf * 18 + 2;
-                let b = a + 18;
-                // SAFETY: each 16-byte load reads one block's qs[0..16], inside wrow (checked by slicing).
-                let qs = unsafe {
-                    _mm256_set_m128i(
-                        _mm_loadu_si128(wrow[b..b + 16].as_ptr() as *const __m128i),
-                        _mm_loadu_si128(wrow[a..a + 16].as_ptr() as *const __m128i),
-                    )
-                };
-                for s in 0..4 {
-                    codes[4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
-                }
-            }
-            dh = [
-                f16_bits(wrow, o),
-                f16_bits(wrow, o + 18),
-                f16_bits(wrow, o + 36),
-                f16_bits(wrow, o + 54),
-            ];
-        } else {
-            let o = 2 * c * 34;
-            for hf in 0..2 {
-                let a = o + hf * 34 + 2;
-                // SAFETY: reads one block's qs[0..32], inside wrow (checked by slicing).
-                let qs = unsafe { _mm256_loadu_si256(wrow[a..a + 32].as_ptr() as *const __m256i) };
-                for s in 0..4 {
-                    codes[4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
-                }
-            }
-            dh = [f16_bits(wrow, o), f16_bits(wrow, o + 34), 0, 0];
-        }
-        let dwv = dw_lanes(dh, dw_idx);
+        let (codes, dwv) = q2_chunk_codes!(qt, wrow, c);
         for ti in 0..NT {
             let t = t0 + ti;
             let p = &xq.qp[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
@@ -298,9 +269,63 @@ fn q2_chunks<const NT: usize>(
     acc[..NT].copy_from_slice(&accv);
 }
 
+/// Chunk `c` of a Q2 (g128, PQ2_0 or g64) weight row unpacked, as `(codes, dwv)`:
+/// `codes[4·half + s]` byte i is the 2-bit code of chunk element `128·half + 4i + s` (0..3), and
+/// `dwv` lane l the weight scale of 32-element block 8c + l as f32. A macro, not a function, so it
+/// expands inside each kernel's own target features (a `#[target_feature]` helper returning the
+/// arrays was not inlined and made the Q2 kernels 1.5× slower).
+macro_rules! q2_chunk_codes {
+    ($qt:expr, $wrow:expr, $c:expr) => {{
+        let m3 = _mm256_set1_epi8(3);
+        let mut codes = [_mm256_setzero_si256(); 8];
+        let dh: [u16; 4];
+        if $qt == $crate::quant::QuantType::Q2_0G64 {
+            let o = 4 * $c * 18;
+            for hf in 0..2 {
+                let a = o + 2 * hf * 18 + 2;
+                let b = a + 18;
+                // SAFETY: each 16-byte load reads one block's qs[0..16], inside the row (checked by slicing).
+                let qs = unsafe {
+                    _mm256_set_m128i(
+                        _mm_loadu_si128($wrow[b..b + 16].as_ptr() as *const __m128i),
+                        _mm_loadu_si128($wrow[a..a + 16].as_ptr() as *const __m128i),
+                    )
+                };
+                for s in 0..4 {
+                    codes[4 * hf + s] = _mm256_and_si256($crate::avx2::srli16(qs, s), m3);
+                }
+            }
+            dh = [
+                $crate::avx2::f16_bits($wrow, o),
+                $crate::avx2::f16_bits($wrow, o + 18),
+                $crate::avx2::f16_bits($wrow, o + 36),
+                $crate::avx2::f16_bits($wrow, o + 54),
+            ];
+        } else {
+            let o = 2 * $c * 34;
+            for hf in 0..2 {
+                let a = o + hf * 34 + 2;
+                // SAFETY: reads one block's qs[0..32], inside the row (checked by slicing).
+                let qs = unsafe { _mm256_loadu_si256($wrow[a..a + 32].as_ptr() as *const __m256i) };
+                for s in 0..4 {
+                    codes[4 * hf + s] = _mm256_and_si256($crate::avx2::srli16(qs, s), m3);
+                }
+            }
+            dh = [$crate::avx2::f16_bits($wrow, o), $crate::avx2::f16_bits($wrow, o + 34), 0, 0];
+        }
+        let dw_idx = if $qt == $crate::quant::QuantType::Q2_0G64 {
+            _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
+        } else {
+            _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)
+        };
+        (codes, $crate::avx2::dw_lanes(dh, dw_idx))
+    }};
+}
+pub(crate) use q2_chunk_codes;
+
 #[inline]
 #[target_feature(enable = "avx2")]
-fn srli16(v: __m256i, s: usize) -> __m256i {
+pub(crate) fn srli16(v: __m256i, s: usize) -> __m256i {
     match s {
         0 => v,
         1 => _mm256_srli_epi16(v, 2),

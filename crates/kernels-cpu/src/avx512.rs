@@ -10,46 +10,13 @@
 //!   two instructions per 32 weights where AVX2 needs a byte shuffle, two ANDs and a compare;
 //! - 32 vector registers, so 8 activation rows share one unpacked chunk (4 with AVX2).
 
-use crate::ops::{lowbit_isum, wscale, QuantActs};
+use crate::avx2::{dw_lanes, f16_bits, hsum_ps, q2_chunk_codes, tail_chunk};
+use crate::ops::QuantActs;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
 
 /// Activation rows per pass over a weight row (each row keeps an i32 and an f32 accumulator).
 const ROWS: usize = 8;
-
-/// The fixed 8-lane reduction `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))` of `ops::hsum8`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum_ps(a: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(a);
-    let hi = _mm256_extractf128_ps(a, 1);
-    let s = _mm_add_ps(lo, hi); // [t0, t1, t2, t3]
-    let s2 = _mm_add_ps(s, _mm_movehl_ps(s, s)); // [t0+t2, t1+t3, ..]
-    let s3 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    _mm_cvtss_f32(s3)
-}
-
-/// f16 bits `h[0..4]` → f32 lanes `[h[idx[0]], ..., h[idx[7]]]`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
-    let v = _mm_set_epi16(
-        0,
-        0,
-        0,
-        0,
-        h[3] as i16,
-        h[2] as i16,
-        h[1] as i16,
-        h[0] as i16,
-    );
-    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(v)), idx)
-}
-
-#[inline]
-fn f16_bits(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
-}
 
 /// `out.len()` consecutive weight rows of `qt` (`rows`, whole rows) against activation row 0 of
 /// `xq` — the one-row (decode) case: `out[r]` is row r's dot. One call per task, so the per-row
@@ -105,9 +72,7 @@ pub(crate) unsafe fn lowbit_rows<const R: usize>(
         assert_eq!(outs[r].len(), g);
         assert_eq!(Some(wrows[r].len()), qt.row_bytes(xq.n_in));
     }
-    let nb = xq.n_in / 32;
-    let nbp = xq.n_pad / 32;
-    let nfull = nb / 8;
+    let nfull = xq.n_in / 256;
     let mut t0 = t_begin;
     while t0 < n {
         let nt = (n - t0).min(ROWS);
@@ -132,25 +97,8 @@ pub(crate) unsafe fn lowbit_rows<const R: usize>(
             rows!(q2_chunks, qt, &wrows, xq, t0, nfull, &mut acc)
         }
         for r in 0..R {
-            if nfull * 8 < nb {
-                // tail chunk: exact integer sums from the scalar helper, same float ops
-                let c = nfull;
-                for (ti, a) in acc[r].iter_mut().enumerate().take(nt) {
-                    let t = t0 + ti;
-                    let mut is = [0f32; 8];
-                    let mut sc = [0f32; 8];
-                    for l in 0..8 {
-                        let b = 8 * c + l;
-                        if b < nb {
-                            is[l] = lowbit_isum(qt, wrows[r], xq, t, b) as f32;
-                            sc[l] = wscale(qt, wrows[r], b) * xq.d[t * nbp + b];
-                        }
-                    }
-                    // SAFETY: `is` and `sc` are 8-element arrays.
-                    let (iv, sv) =
-                        unsafe { (_mm256_loadu_ps(is.as_ptr()), _mm256_loadu_ps(sc.as_ptr())) };
-                    *a = _mm256_fmadd_ps(iv, sv, *a);
-                }
+            for ti in 0..nt {
+                acc[r][ti] = tail_chunk(qt, wrows[r], xq, t0 + ti, acc[r][ti]);
             }
             for ti in 0..nt {
                 outs[r][t0 - t_begin + ti] = hsum_ps(acc[r][ti]);
@@ -291,59 +239,14 @@ fn q2_chunks<const R: usize, const NT: usize>(
     // acts: row t0's Q2-permuted activation bytes; rows t0..t0+NT follow at a stride of n_pad
     let acts = xq.qp[t0 * xq.n_pad..].as_ptr();
     let nbp = xq.n_pad / 32;
-    let m3 = _mm256_set1_epi8(3);
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    let g64 = qt == QuantType::Q2_0G64;
-    let dw_idx = if g64 {
-        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
-    } else {
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)
-    };
     for c in 0..nfull {
         // codes[r][4*half + s]: byte i = code of chunk element 128*half + 4i + s
         let mut codes = [[zero; 8]; R];
         let mut dwv = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            let wrow = wrows[r];
-            let dh: [u16; 4];
-            if g64 {
-                let o = 4 * c * 18;
-                for hf in 0..2 {
-                    let a = o + 2 * hf * 18 + 2;
-                    let b = a + 18;
-                    // SAFETY: each 16-byte load reads one block's qs[0..16], inside wrow (checked
-                    // by slicing).
-                    let qs = unsafe {
-                        _mm256_set_m128i(
-                            _mm_loadu_si128(wrow[b..b + 16].as_ptr() as *const __m128i),
-                            _mm_loadu_si128(wrow[a..a + 16].as_ptr() as *const __m128i),
-                        )
-                    };
-                    for s in 0..4 {
-                        codes[r][4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
-                    }
-                }
-                dh = [
-                    f16_bits(wrow, o),
-                    f16_bits(wrow, o + 18),
-                    f16_bits(wrow, o + 36),
-                    f16_bits(wrow, o + 54),
-                ];
-            } else {
-                let o = 2 * c * 34;
-                for hf in 0..2 {
-                    let a = o + hf * 34 + 2;
-                    // SAFETY: reads one block's qs[0..32], inside wrow (checked by slicing).
-                    let qs =
-                        unsafe { _mm256_loadu_si256(wrow[a..a + 32].as_ptr() as *const __m256i) };
-                    for s in 0..4 {
-                        codes[r][4 * hf + s] = _mm256_and_si256(srli16(qs, s), m3);
-                    }
-                }
-                dh = [f16_bits(wrow, o), f16_bits(wrow, o + 34), 0, 0];
-            }
-            dwv[r] = dw_lanes(dh, dw_idx);
+            (codes[r], dwv[r]) = q2_chunk_codes!(qt, wrows[r], c);
         }
         // yh[r][ti][half]: lanes (2b, 2b+1) = halves of block 4·half + b
         let mut yh = [[[zero; 2]; NT]; R];
@@ -380,16 +283,5 @@ fn q2_chunks<const R: usize, const NT: usize>(
     }
     for r in 0..R {
         acc[r][..NT].copy_from_slice(&accv[r]);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn srli16(v: __m256i, s: usize) -> __m256i {
-    match s {
-        0 => v,
-        1 => _mm256_srli_epi16(v, 2),
-        2 => _mm256_srli_epi16(v, 4),
-        _ => _mm256_srli_epi16(v, 6),
     }
 }
