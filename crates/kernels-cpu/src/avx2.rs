@@ -608,7 +608,8 @@ fn dequant_block_q32(qt: QuantType, blk: &[u8]) -> [__m256; 4] {
 /// other type.
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C. `src` must be exactly `qt.row_bytes(out.len())` bytes.
+/// The CPU must support AVX2 and F16C. (`src` being exactly `qt.row_bytes(out.len())` bytes is
+/// asserted here, before any read.)
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f32]) -> bool {
     if !matches!(qt, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {

@@ -414,16 +414,8 @@ pub fn dequantize_row_isa(isa: Isa, qt: QuantType, src: &[u8], out: &mut [f32]) 
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         check_isa(isa);
-        let need = qt.row_bytes(out.len());
-        assert_eq!(
-            need,
-            Some(src.len()),
-            "dequantize_row: {} bytes for {} {} elements",
-            src.len(),
-            out.len(),
-            qt.name()
-        );
-        // SAFETY: AVX2+F16C verified by `check_isa`; `src` is exactly the row's bytes (above).
+        // SAFETY: AVX2+F16C verified by `check_isa`; the kernel checks that `src` is exactly the
+        // row's bytes before it reads them (and `dequantize_row` below checks the other types).
         if unsafe { crate::avx2::dequantize_row_q32(qt, src, out) } {
             return;
         }
