@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--opt-in-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +38,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; OPTINAB=0; Q41AB=0; DRAFTAB=0; DRAFTERONLY=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; Q41AB=0; DRAFTAB=0; DRAFTERONLY=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --opt-in-ab) OPTINAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
+  --python) PYCHECK=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -124,10 +124,10 @@ if [[ $BENCH == 1 ]]; then
       BONSAI_CUDA_Q41_TC=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-q41tc-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-q41tc-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
-    if [[ $OPTINAB == 1 ]] && ! late "opt-in spec bench $v"; then
-      # the whole DSpark round (draft included: the drafter's block mat-vecs take mv_q41_n4f)
-      # with the opt-in forms on, against the run above
-      BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-opt-in-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-opt-in-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
+    if [[ $RFAB == 1 ]] && ! late "plain-form spec bench $v"; then
+      # the whole DSpark round with the verify and draft mat-vecs in their plain forms (the
+      # default before 2026-12-05), against the run above
+      BONSAI_CUDA_MV_ROWS_FIRST=0 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-rf0-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-rf0-$v.log" | grep -E "BENCH (plain|dspark)|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     fi
     if [[ $DRAFTAB == 1 ]] && ! late "draft by context $v"; then
@@ -209,16 +209,20 @@ round_ab() {
 [[ $SAMPLEDAB == 1 ]] && round_ab sampled-ab cuda_sampled_round_ab BONSAI_SAMPLED_AB_OUT "SAMPLEDAB rep"
 [[ $REPLAYAB == 1 ]] && round_ab replay-ab cuda_replay_round_ab BONSAI_REPLAY_AB_OUT "REPLAYAB rep"
 [[ $NORMAB == 1 ]] && round_ab norm-ab cuda_norm_p16_round_ab BONSAI_NORM_AB_OUT "NORMAB rep"
-if [[ $OPTINAB == 1 ]]; then
-  # spec == plain and the round graphs with the opt-in verify forms on (the hoisted GDN verify and
-  # batched replay; the rows-first 5-row kernels, with the row split off so Q2_0 takes them too)
-  for t in cuda_spec cuda_round_graph; do
-    late "opt-in $t" && continue
-    echo "[${SECONDS}s] == $t with BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 =="
-    BONSAI_CUDA_GDN_HOIST=1 BONSAI_CUDA_GDN_HOIST_DECODE=1 BONSAI_CUDA_MV_ROWS_FIRST=1 BONSAI_CUDA_MV_RSPLIT=0 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/opt-in-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+# the 5-row dp4a verify kernels and the drafter's block mat-vecs rows-first (the default) against
+# their plain forms (BONSAI_CUDA_MV_ROWS_FIRST=0): round and step, alternating in one process; then
+# the graph draft the same way
+if [[ $RFAB == 1 ]]; then
+  round_ab rows-first-ab cuda_rows_first_round_ab BONSAI_RF_AB_OUT "RFAB rep"
+  for v in $VARIANTS; do
+    late "rows-first draft $v" && continue
+    f=/tmp/27b-$v.gguf; d=/tmp/27b-$v-dspark.gguf
+    [[ -f $d ]] || python3 -m bonsai.synth --drafter --sparse --preset 27b --variant $v --out $d >/dev/null 2>&1
+    echo "[${SECONDS}s] == rows-first draft $v =="
+    BONSAI_DRAFT_CTX_MODEL=$f BONSAI_DRAFT_CTX_DRAFTER=$d BONSAI_DRAFT_RF_OUT="$OUT/draft-rows-first-ab-$v.json" .device/bin/cuda_drafter --include-ignored --exact cuda_draft_rows_first_ab --nocapture 2>&1 | tee "$OUT/draft-rows-first-ab-$v.log" | grep -E "DRAFTRF|SKIPPED|panicked|result"
+    rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
-[[ $OPTINAB == 1 ]] && round_ab opt-in-ab cuda_opt_in_round_ab BONSAI_OPT_IN_AB_OUT "OPTINAB rep"
 # the row-split dp4a verify kernels (4- and 5-row launches over 2 blocks of 3 rows, off by
 # default) against the 5-row kernels: round, step and the mat-vecs alone, alternating; then the
 # engine's checks with it on

@@ -863,3 +863,110 @@ fn cuda_draft_by_context() {
         std::fs::write(&out, json).unwrap();
     }
 }
+
+/// The graph draft with the block mat-vecs rows-first (`Gpu::mv_rows_first`: `mv_q41_n4f`, the
+/// default) against the plain `mv_q41_n4`, alternating in one process at two context lengths,
+/// and one eager draft of each with its Q4_1 launches timed alone: a benchmark, not a timed test
+/// (it asserts only that both give drafts). `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER` as
+/// [`cuda_draft_by_context`]; JSON to `$BONSAI_DRAFT_RF_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_rows_first_ab() {
+    let test = "cuda_draft_rows_first_ab";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    let (Ok(target), Ok(drafter)) = (
+        std::env::var("BONSAI_DRAFT_CTX_MODEL"),
+        std::env::var("BONSAI_DRAFT_CTX_DRAFTER"),
+    ) else {
+        eprintln!(
+            "SKIPPED {test}: BONSAI_DRAFT_CTX_MODEL / BONSAI_DRAFT_CTX_DRAFTER not set (not counted as run)"
+        );
+        return;
+    };
+    let m = Model {
+        name: "bench".into(),
+        path: target.into(),
+        drafter: drafter.into(),
+    };
+    let d = gpu_drafter(&b, &m);
+    let gpu = b.gpu();
+    let rf0 = gpu.mv_rows_first();
+    d.set_graph(true);
+    let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+    let mut st = d.new_state().unwrap();
+    let mut rng = Rng(11);
+    let mut pos = 0usize;
+    let mut rows = Vec::new();
+    for ctx in [64usize, 1024] {
+        let ctx = ctx.min(window);
+        while pos < ctx {
+            let nb = (ctx - pos).min(512);
+            let taps: Vec<f32> = (0..nb * tw).map(|_| rng.f()).collect();
+            d.stage(&mut st, &taps, pos, nb).unwrap();
+            pos += nb;
+        }
+        // [plain, rows-first]
+        let mut ms = [Vec::new(), Vec::new()];
+        for _rep in 0..4 {
+            for (side, rf) in [false, true].into_iter().enumerate() {
+                gpu.set_mv_rows_first(rf);
+                let id = (rng.next() % (nv as u64 - 1)) as u32;
+                for _ in 0..3 {
+                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
+                }
+                let mut t = Vec::new();
+                for _ in 0..15 {
+                    let t0 = std::time::Instant::now();
+                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
+                    t.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                t.sort_by(f64::total_cmp);
+                ms[side].push(t[t.len() / 2]);
+            }
+        }
+        // one eager draft of each form, its Q4_1 mat-vec launches timed alone
+        d.set_graph(false);
+        let mut q41_us = [0f32; 2];
+        for (side, rf) in [false, true].into_iter().enumerate() {
+            gpu.set_mv_rows_first(rf);
+            gpu.profile_begin();
+            d.draft(&mut st, 7, pos).unwrap();
+            q41_us[side] = gpu
+                .profile_end()
+                .iter()
+                .filter(|(k, _)| k.starts_with("mv_q41"))
+                .map(|(_, us)| us)
+                .sum();
+        }
+        d.set_graph(true);
+        let med = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (p, f) = (med(&ms[0]), med(&ms[1]));
+        println!(
+            "DRAFTRF context {ctx}: plain {p:.3} ms, rows-first {f:.3} ms per graph draft ({:.3}x); Q4_1 launches alone {:.1} / {:.1} us; runs {:?} / {:?}",
+            p / f,
+            q41_us[0],
+            q41_us[1],
+            ms[0],
+            ms[1]
+        );
+        rows.push(format!(
+            "{{\"context\": {ctx}, \"plain_ms\": {p:.4}, \"rows_first_ms\": {f:.4}, \"q41_alone_us\": {{\"plain\": {:.1}, \"rows_first\": {:.1}}}, \"plain_runs\": {:?}, \"rows_first_runs\": {:?}}}",
+            q41_us[0], q41_us[1], ms[0], ms[1]
+        ));
+    }
+    gpu.set_mv_rows_first(rf0);
+    if let Ok(out) = std::env::var("BONSAI_DRAFT_RF_OUT") {
+        let json = format!(
+            "{{\"what\": \"graph draft ms with the Q4_1 block mat-vecs plain (mv_q41_n4) and rows-first (mv_q41_n4f, Gpu::set_mv_rows_first), alternating in one process, 4 x median of 15; q41_alone_us: the mv_q41 launches of one eager draft timed alone\", \"device\": \"{}\", \"rows\": [{}]}}\n",
+            b.name(),
+            rows.join(", ")
+        );
+        std::fs::write(&out, json).unwrap();
+    }
+}

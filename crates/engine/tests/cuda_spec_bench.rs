@@ -746,63 +746,52 @@ fn cuda_norm_p16_round_ab() {
     );
 }
 
-/// The opt-in forms built without a GPU, against the defaults: the GDN verify launches with every
-/// row's S-independent work first and the rollback's replay with its rows staged together
-/// (`Gpu::gdn_hoist`), the same GDN kernel for decode rows (`Gpu::gdn_hoist_decode`: the step),
-/// the dp4a 5-row kernels' rows-first forms (`Gpu::mv_rows_first`), all three, and (for Q2_0,
-/// whose default is the row split) the 5-row kernels plain and rows-first with the row split
-/// off: the what-if's rejected round and the greedy step, alternating in one process (four
-/// times). `BONSAI_OPT_IN_AB_OUT` gets the JSON.
+/// The dp4a 5-row verify kernels' rows-first forms (`Gpu::mv_rows_first`, the default) against
+/// their plain forms, and (for Q2_0, whose default is the row split) both with the row split off:
+/// the what-if's rejected round and the greedy step, alternating in one process (four times).
+/// `BONSAI_RF_AB_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_opt_in_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_opt_in_round_ab") else {
+fn cuda_rows_first_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_rows_first_round_ab") else {
         return;
     };
     let gpu = t.cuda.gpu();
-    let saved = (gpu.gdn_hoist(), gpu.gdn_hoist_decode(), gpu.mv_rows_first());
-    // (gdn_hoist, gdn_hoist_decode, mv_rows_first, mv_rsplit)
-    let configs: [(bool, bool, bool, Option<bool>); 7] = [
-        (false, false, false, None),
-        (true, false, false, None),
-        (false, true, false, None),
-        (false, false, true, None),
-        (true, true, true, None),
-        (false, false, false, Some(false)),
-        (false, false, true, Some(false)),
+    let saved = gpu.mv_rows_first();
+    // (mv_rows_first, mv_rsplit)
+    let configs: [(bool, Option<bool>); 4] = [
+        (false, None),
+        (true, None),
+        (false, Some(false)),
+        (true, Some(false)),
     ];
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for (hoist, hoist_dec, rf, rsplit) in configs {
-            gpu.set_gdn_hoist(hoist);
-            gpu.set_gdn_hoist_decode(hoist_dec);
+        for (rf, rsplit) in configs {
             gpu.set_mv_rows_first(rf);
             gpu.set_mv_rsplit(rsplit);
             let (round, step) = round_and_step(&t, first);
             let split = rsplit.map_or("default".to_string(), |v| v.to_string());
             println!(
-                "OPTINAB rep {rep} gdn_hoist {hoist:<5} gdn_hoist_decode {hoist_dec:<5} mv_rows_first {rf:<5} mv_rsplit {split:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "RFAB rep {rep} mv_rows_first {rf:<5} mv_rsplit {split:<7} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"gdn_hoist\": {hoist}, \"gdn_hoist_decode\": {hoist_dec}, \"mv_rows_first\": {rf}, \"mv_rsplit\": \"{split}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"mv_rows_first\": {rf}, \"mv_rsplit\": \"{split}\", \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
-    gpu.set_gdn_hoist(saved.0);
-    gpu.set_gdn_hoist_decode(saved.1);
-    gpu.set_mv_rows_first(saved.2);
+    gpu.set_mv_rows_first(saved);
     gpu.set_mv_rsplit(None);
     emit_rows(
         &t,
         &path,
-        ("OPTINAB", "BONSAI_OPT_IN_AB_OUT"),
+        ("RFAB", "BONSAI_RF_AB_OUT"),
         "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
         &rows,
     );
 }
-
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel
@@ -940,7 +929,7 @@ fn cuda_round_what_if() {
         ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         (
             "rollback replay (gdn_replay)",
-            vec!["gdn_replay", "gdn_replay_layers", "gdn_replay_layers_b"],
+            vec!["gdn_replay", "gdn_replay_layers"],
         ),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];

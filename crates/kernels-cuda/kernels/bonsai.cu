@@ -1097,7 +1097,7 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
 //   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
 #define GDN_BN_MAXN 8  // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
-template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, bool HOIST = false>
+template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false>
 __device__ __forceinline__ void gdn_conv_step_body(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
@@ -1106,13 +1106,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
     float* yf, i8* yq, float* yd, int* ys, P16Out po = {}) {
     static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
     static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
-    static_assert(!HOIST || BN, "HOIST: the rows' S-independent work first, with the batched norm");
     __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2], amx[2];
     // BN: warp 0's outputs and gate inputs of every row, and the rows' Σ o² (one cluster exchange)
     __shared__ float osh[BN ? GDN_BN_MAXN : 1][32], zsh[BN ? GDN_BN_MAXN : 1][32], osumn[BN ? GDN_BN_MAXN : 1];
-    // HOIST: every row's normed q / k and warp sums of y², and the u / o exchange slots
-    __shared__ float qsn[HOIST ? GDN_BN_MAXN : 1][128], ksn[HOIST ? GDN_BN_MAXN : 1][128],
-        wsn[HOIST ? GDN_BN_MAXN : 1][8], redn[HOIST ? 2 : 1][8][32];
     __shared__ int last_s;
     const int dv = dk;
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
@@ -1195,116 +1191,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
     float scale = 1.0f / sqrtf((float)dk);
     int nwq = dk >> 5;
     int last = 0;
-    if constexpr (HOIST) {
-        // verify rows: first what does not depend on S, for every row — the rows' loads in flight
-        // together, the conv windows slid row by row, the q / k norms of all rows after one block
-        // barrier, the gates — then the recurrence alone, two barriers a row (u and o in their own
-        // exchange slots). Each row's float operations are the row loop's below, statement for
-        // statement (keep the two in step): the same bits.
-        float y_r[GDN_BN_MAXN], yv_r[GDN_BN_MAXN], gt_r[GDN_BN_MAXN], bt_r[GDN_BN_MAXN];
-        {
-            float xq_r[GDN_BN_MAXN], xv_r[GDN_BN_MAXN];
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t)
-                if (t < n) {
-                    xq_r[t] = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
-                    xv_r[t] = mixed[(size_t)t * conv_dim + v_ch];
-                    if (w == 0) zsh[t][lane] = z[((size_t)t * hv + h) * dv + j];
-                }
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t)
-                if (t < n) {
-                    if (rec_w > 0) {
-                        float* rm = ko - conv_dim + (size_t)t * rec_w;
-                        if (w == 0) rm[v_ch] = xv_r[t];
-                        if (qk_ch >= 0 && h == kap && blockIdx.y == 0) rm[qk_ch] = xq_r[t];
-                    }
-                    y_r[t] = qk_ch >= 0 ? conv_silu(cw_qk, win_qk, xq_r[t]) : 0.f;
-                    yv_r[t] = conv_silu(cw_v, win_v, xv_r[t]);
-                }
-        }
-        // warp_sum's tree of y² for every row, rows interleaved
-        float ws_r[GDN_BN_MAXN];
-#pragma unroll
-        for (int t = 0; t < GDN_BN_MAXN; ++t) ws_r[t] = t < n ? y_r[t] * y_r[t] : 0.f;
-        warp_sum_rows(ws_r, n);
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t)
-                if (t < n) wsn[t][w] = ws_r[t];
-        }
-        __syncthreads();
-        // every window load of this block has been consumed (the block barrier above): count
-        // (EARLY counted before the PDL wait)
-        if (!EARLY && tid == 0) last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
-#pragma unroll
-        for (int t = 0; t < GDN_BN_MAXN; ++t)
-            if (t < n) {
-                if (qk_ch >= 0) {
-                    int base = is_q ? 0 : 4;
-                    float ss = 0.f;
-                    for (int i = 0; i < nwq; ++i) ss += wsn[t][base + i];
-                    float v = y_r[t] * (1.0f / fmaxf(sqrtf(ss), eps));
-                    if (is_q) {
-                        qsn[t][tid] = v;
-                    } else {
-                        ksn[t][tid - 128] = v;
-                        if (ko && h == kap && blockIdx.y == 0) ko[(size_t)t * rs_k + kap * dk + tid - 128] = v;
-                    }
-                }
-                float a = aa[t * hv + h] + dtb;
-                float sp = a > 20.f ? a : log1pf(expf(a));
-                gt_r[t] = sa * sp;
-                bt_r[t] = sigmoidf_(bb[t * hv + h]);
-                if (ko && w == 0) {
-                    vo[(size_t)t * rs_v + h * dv + j] = yv_r[t];
-                    if (blockIdx.y == 0 && lane == 0) {
-                        beta_out[(size_t)t * rs_g + h] = bt_r[t];
-                        g_out[(size_t)t * rs_g + h] = gt_r[t];
-                    }
-                }
-            }
-        __syncthreads();
-#pragma unroll
-        for (int t = 0; t < GDN_BN_MAXN; ++t)
-            if (t < n) {
-                // u's slot is rewritten at row t + 1 after this row's second barrier, which every
-                // reader of it has passed; o's slot after row t + 1's first, which warp 0 reaches
-                // only once it has read it
-                const float* kr = ksn[t];
-                const float* qr = qsn[t];
-                float decay = expf(gt_r[t]);
-                float u = 0.f;
-#pragma unroll
-                for (int r = 0; r < 16; ++r)
-                    if (r < R) {
-                        s[r] *= decay;
-                        u = fmaf(s[r], kr[w * R + r], u);
-                    }
-                redn[0][w][lane] = u;
-                __syncthreads();
-                float ut = 0.f;
-                for (int i = 0; i < 8; ++i) ut += redn[0][i][lane];
-                float delta = bt_r[t] * (yv_r[t] - ut);
-                float o = 0.f;
-#pragma unroll
-                for (int r = 0; r < 16; ++r)
-                    if (r < R) {
-                        s[r] = fmaf(kr[w * R + r], delta, s[r]);
-                        o = fmaf(s[r], qr[w * R + r], o);
-                    }
-                redn[1][w][lane] = o;
-                __syncthreads();
-                if (w == 0) {
-                    float ot = 0.f;
-                    for (int i = 0; i < 8; ++i) ot += redn[1][i][lane];
-                    const float ov = ot * scale;
-                    if (out) out[((size_t)t * hv + h) * dv + j] = ov;
-                    osh[t][lane] = ov;
-                }
-            }
-    }
-    for (int t = 0; t < (HOIST ? 0 : n); ++t) {
+    for (int t = 0; t < n; ++t) {
         // conv + SiLU of the q / k channel and of the value column
         float xqk = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
         float xv = mixed[(size_t)t * conv_dim + v_ch];
@@ -1351,8 +1238,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
         __syncthreads();
-        // gdn_step's row t, restated (keep the two, the HOIST rows above and spec.cu's gdn_replay
-        // in step: the kernel tests compare them bit for bit)
+        // gdn_step's row t, restated (keep the two, and spec.cu's gdn_replay, in step: the kernel
+        // tests compare them bit for bit)
         float decay = expf(gt);
         float u = 0.f;
 #pragma unroll
@@ -1508,15 +1395,14 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 //                                 recurrence with one cluster exchange instead of a cluster barrier
 //                                 per row; the same bits.
 #define GDN_NORM_ENTRY(NAME, BN, SNAP) GDN_NORM_ENTRY_E(NAME, BN, SNAP, false)
-#define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY) GDN_NORM_ENTRY_X(NAME, BN, SNAP, EARLY, false)
-#define GDN_NORM_ENTRY_X(NAME, BN, SNAP, EARLY, HOIST)                                                 \
+#define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY)                                                        \
     extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) NAME(                        \
         float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
         int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
         const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
         float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
         float* yf, i8* yq, float* yd, int* ys) {                                                         \
-        gdn_conv_step_body<true, false, BN, SNAP, EARLY, HOIST>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
+        gdn_conv_step_body<true, false, BN, SNAP, EARLY>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
                                                          n,                                               \
                                                   eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
                                                   beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps,    \
@@ -1525,14 +1411,6 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 GDN_NORM_ENTRY(gdn_conv_step_norm_d128, false, false)
 GDN_NORM_ENTRY(gdn_conv_step_norm_snap_d128, false, true)
 GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
-// gdn_conv_step_norm_bn_d128 with every row's S-independent work first (HOIST: the rows' loads, conv,
-// q / k norms behind one barrier, gates), then the recurrence with two barriers a row: the same float
-// operations per row. Opt-in (`Gpu::gdn_hoist`, BONSAI_CUDA_GDN_HOIST=1); built, not yet run on a GPU.
-GDN_NORM_ENTRY_X(gdn_conv_step_norm_bnh_d128, true, true, false, true)
-// The same for decode rows (n = 1, no snapshot, the window count before the PDL wait as the early
-// kernel does): four block barriers a row instead of six (`Gpu::gdn_hoist_decode`,
-// BONSAI_CUDA_GDN_HOIST_DECODE=1; built, not yet run on a GPU).
-GDN_NORM_ENTRY_X(gdn_conv_step_norm_bnhe_d128, true, false, true, true)
 // The decode kernel counting its window loads before the PDL wait (`Gpu::gdn_early_count`, the
 // default for one-row launches without a snapshot): decode graph 2.504 -> 2.492 ms per token on
 // Q1_0, 3.162 -> 3.144 on Q2_0 (bench/results/cuda-gdn-early-ab-27b-*.json).

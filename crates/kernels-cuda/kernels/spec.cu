@@ -50,15 +50,10 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 // oldest window row and append the row's pre-conv input, exactly as gdn_conv updates it.
 // S_src / conv_src: where the state and window are read (the round's snapshot, so the rollback
 // needs no restore copy first; equal to S / conv_state for an in-place replay).
-// BATCH: up to REPLAY_ROWS rows' k rows, gates and values staged behind one barrier, then one barrier
-// a row (u in alternating exchange slots), instead of two barriers and the row's loads per row; the
-// same float operations (gdn_replay_layers_b, opt-in: `Gpu::gdn_hoist`; built, not yet run on a GPU).
-#define REPLAY_ROWS 8
-template <bool BATCH = false>
 __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, const float* S_src,
                                                 const float* conv_src, const float* rec, int rec_w, int hk,
                                                 int hv, int dk, int dv, int kconv, int n) {
-    __shared__ float ks[BATCH ? REPLAY_ROWS : 1][128], red[BATCH ? 2 : 1][8][32];
+    __shared__ float ks[128], red[8][32];
     int conv_dim = 2 * hk * dk + hv * dv;
     if ((int)blockIdx.x >= hv) {
         if (blockIdx.y != 0) return;
@@ -90,60 +85,28 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
     float s[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) s[r] = r < R ? Ss[(size_t)(w * R + r) * dv + j] : 0.f;
-    // one row of gdn_step's recurrence: S ← e^g·S, u = Σ S·k over the 8 warps through the exchange
-    // slot rd, then S ← S + k·δ with δ = delta(u) = β·(v − u)
-    auto step_row = [&](const float* kr, float g, float (*rd)[32], auto delta_of) {
-        float decay = expf(g);
+    for (int t = 0; t < n; ++t) {
+        const float* row = rec + (size_t)t * rec_w;
+        __syncthreads();
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) ks[i] = row[koff + kap * dk + i];
+        __syncthreads();
+        float decay = expf(row[goff + h]);
         float u = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
             if (r < R) {
                 s[r] *= decay;
-                u = fmaf(s[r], kr[w * R + r], u);
+                u = fmaf(s[r], ks[w * R + r], u);
             }
-        rd[w][lane] = u;
+        red[w][lane] = u;
         __syncthreads();
         float ut = 0.f;
-        for (int i = 0; i < 8; ++i) ut += rd[i][lane];
-        float delta = delta_of(ut);
+        for (int i = 0; i < 8; ++i) ut += red[i][lane];
+        float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
 #pragma unroll
         for (int r = 0; r < 16; ++r)
-            if (r < R) s[r] = fmaf(kr[w * R + r], delta, s[r]);
-    };
-    if constexpr (BATCH) {
-        // slot t & 1 is rewritten at row t + 2, after every reader of it has passed row t + 1's
-        // barrier; a batch's first barrier orders the previous batch's reads before the rewrites
-        for (int t0 = 0; t0 < n; t0 += REPLAY_ROWS) {
-            const int nr = min(n - t0, REPLAY_ROWS);
-            float g_r[REPLAY_ROWS], b_r[REPLAY_ROWS], v_r[REPLAY_ROWS];
-#pragma unroll
-            for (int t = 0; t < REPLAY_ROWS; ++t)
-                if (t < nr) {
-                    const float* row = rec + (size_t)(t0 + t) * rec_w;
-                    g_r[t] = row[goff + h];
-                    b_r[t] = row[boff + h];
-                    v_r[t] = row[voff + h * dv + j];
-                }
-            __syncthreads();
-            for (int i = threadIdx.x; i < nr * dk; i += blockDim.x) {
-                const int t = i / dk, c = i - t * dk;
-                ks[t][c] = rec[(size_t)(t0 + t) * rec_w + koff + kap * dk + c];
-            }
-            __syncthreads();
-#pragma unroll
-            for (int t = 0; t < REPLAY_ROWS; ++t)
-                if (t < nr) step_row(ks[t], g_r[t], red[t & 1], [&](float ut) { return b_r[t] * (v_r[t] - ut); });
-        }
-    } else {
-        for (int t = 0; t < n; ++t) {
-            const float* row = rec + (size_t)t * rec_w;
-            __syncthreads();
-            for (int i = threadIdx.x; i < dk; i += blockDim.x) ks[0][i] = row[koff + kap * dk + i];
-            __syncthreads();
-            step_row(ks[0], row[goff + h], red[0],
-                     [&](float ut) { return row[boff + h] * (row[voff + h * dv + j] - ut); });
-            // (the next row's first __syncthreads orders these red/ks reads before their rewrite)
-        }
+            if (r < R) s[r] = fmaf(ks[w * R + r], delta, s[r]);
+        // (the next row's first __syncthreads orders these red/ks reads before their rewrite)
     }
 #pragma unroll
     for (int r = 0; r < 16; ++r)
@@ -173,14 +136,6 @@ extern "C" __global__ void gdn_replay_layers(const __grid_constant__ ReplayTab t
     const u64* p = tab.p + 5 * blockIdx.z;
     gdn_replay_body((float*)p[0], (float*)p[1], (const float*)p[2], (const float*)p[3], (const float*)p[4],
                     rec_w, hk, hv, dk, dv, kconv, n);
-}
-// gdn_replay_layers with BATCH (above): the same table, grid and bits.
-extern "C" __global__ void gdn_replay_layers_b(const __grid_constant__ ReplayTab tab, int rec_w, int hk, int hv,
-                                               int dk, int dv, int kconv, int n) {
-    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
-    const u64* p = tab.p + 5 * blockIdx.z;
-    gdn_replay_body<true>((float*)p[0], (float*)p[1], (const float*)p[2], (const float*)p[3],
-                          (const float*)p[4], rec_w, hk, hv, dk, dv, kconv, n);
 }
 
 // ---- DSpark drafter (MODEL.md §4.5–§4.6) ---------------------------------------------------------

@@ -1550,7 +1550,6 @@ kernels!(
         gdn_rec_write,
         gdn_replay,
         gdn_replay_layers,
-        gdn_replay_layers_b,
         mv_q41,
         mv_q41_r4,
         mv_q41_n4,
@@ -1675,8 +1674,6 @@ kernels!(
         gdn_conv_step_norm_d128,
         gdn_conv_step_norm_snap_d128,
         gdn_conv_step_norm_bn_d128,
-        gdn_conv_step_norm_bnh_d128,
-        gdn_conv_step_norm_bnhe_d128,
         gdn_conv_step_norm_early_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
@@ -2085,11 +2082,7 @@ pub struct Gpu {
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
     gdn_norm_batch: AtomicBool,
-    /// [`Gpu::gdn_hoist`] (`BONSAI_CUDA_GDN_HOIST=1` turns it on).
-    gdn_hoist: AtomicBool,
-    /// [`Gpu::gdn_hoist_decode`] (`BONSAI_CUDA_GDN_HOIST_DECODE=1` turns it on).
-    gdn_hoist_decode: AtomicBool,
-    /// [`Gpu::mv_rows_first`] (`BONSAI_CUDA_MV_ROWS_FIRST=1` turns it on).
+    /// [`Gpu::mv_rows_first`] (`BONSAI_CUDA_MV_ROWS_FIRST=0` turns it off).
     mv_rows_first: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
@@ -2427,14 +2420,8 @@ impl Gpu {
             gdn_norm_batch: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
             ),
-            gdn_hoist: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_HOIST").is_ok_and(|v| v == "1"),
-            ),
-            gdn_hoist_decode: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_GDN_HOIST_DECODE").is_ok_and(|v| v == "1"),
-            ),
             mv_rows_first: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_MV_ROWS_FIRST").is_ok_and(|v| v == "1"),
+                std::env::var("BONSAI_CUDA_MV_ROWS_FIRST").map_or(true, |v| v != "0"),
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
@@ -2907,7 +2894,6 @@ impl Gpu {
             k.gdn_rec_write,
             k.gdn_replay,
             k.gdn_replay_layers,
-            k.gdn_replay_layers_b,
             k.mv_q41,
             k.mv_q41_r4,
             k.mv_q41_n4,
@@ -3722,9 +3708,7 @@ impl Gpu {
                 | (self.spec_pdl() as u64) << 25
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
-                | (self.gdn_hoist() as u64) << 28
-                | (self.mv_rows_first() as u64) << 29
-                | (self.gdn_hoist_decode() as u64) << 30,
+                | (self.mv_rows_first() as u64) << 29,
         ]
     }
 
@@ -4215,37 +4199,6 @@ impl Gpu {
         self.gdn_norm_batch.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the verify GDN launches of [`Self::gdn_norm_batch`] take
-    /// `gdn_conv_step_norm_bnh_d128` (every row's conv, q / k norms and gates before the
-    /// recurrence, then two block barriers a row) and rollbacks take `gdn_replay_layers_b` (up to 8
-    /// rows staged behind one barrier, then one a row). Off by default (`BONSAI_CUDA_GDN_HOIST=1`
-    /// on): built, not yet run on a GPU. The same float operations per row as the default kernels,
-    /// so the same bits by construction; `gpu_kernels::gdn_conv_step_equals_conv_then_step` and
-    /// `gdn_rec_write_and_replay_bit_exact` run both.
-    pub fn gdn_hoist(&self) -> bool {
-        self.gdn_hoist.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::gdn_hoist`] (capture graphs after setting it).
-    pub fn set_gdn_hoist(&self, on: bool) {
-        self.gdn_hoist.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether one-row GDN launches with the int8 gated norm and no snapshot (decode) take
-    /// `gdn_conv_step_norm_bnhe_d128`: [`Self::gdn_hoist`]'s kernel for one row, with the window
-    /// count before the PDL wait as the default decode kernel has it — four block barriers a row
-    /// instead of six. Off by default (`BONSAI_CUDA_GDN_HOIST_DECODE=1` on): built, not yet run
-    /// on a GPU. The same float operations, so the same bits by construction;
-    /// `gpu_kernels::gdn_conv_step_equals_conv_then_step` runs it (norm mode 6).
-    pub fn gdn_hoist_decode(&self) -> bool {
-        self.gdn_hoist_decode.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::gdn_hoist_decode`] (capture graphs after setting it).
-    pub fn set_gdn_hoist_decode(&self, on: bool) {
-        self.gdn_hoist_decode.store(on, Ordering::Relaxed);
-    }
-
     /// Whether an RMS norm whose every consumer reads its b1-plane outputs skips the int8 codes
     /// ([`Self::rmsnorm_quant_p16`] with `q = 0`; the engine decides per norm). Default on;
     /// `BONSAI_CUDA_NORM_P16_ONLY=0` writes them always. The same planes either way.
@@ -4339,8 +4292,10 @@ impl Gpu {
     /// Whether the dp4a verify launches that take the 5-row kernels (`_n5r4`, `_n5r8`) take their
     /// rows-first forms (`_n5r4f`, `_n5r8f`: a sub-block's activation rows loaded first, each
     /// weight word unpacked once for all of them, where ptxas unpacks it again for every row in
-    /// the plain ones; the Q1_0 `_n5r8_k2` main loop 2,523 → 1,705 instructions). Off by default
-    /// (`BONSAI_CUDA_MV_ROWS_FIRST=1` on): built, not yet run on a GPU. The same float operations
+    /// the plain ones; the Q1_0 `_n5r8_k2` main loop 2,523 → 1,705 instructions). On by default
+    /// (`BONSAI_CUDA_MV_ROWS_FIRST=0` off): the 27B Q1_0 rejected round graph 6.96–6.99 → 6.59–6.61
+    /// ms on the H200, the step unchanged (`cuda_spec_bench::cuda_rows_first_round_ab`,
+    /// `bench/results/cuda-rows-first-ab-27b-*.json`). The same float operations
     /// per row, so the same bits by construction; `gpu_kernels::matvec_rsplit_equals_one_row`
     /// runs both. The row split ([`Self::mv_rsplit`], Q2_0's default) takes precedence. It also
     /// switches the DSpark drafter's Q4_1 block launches (n ≤ 4) to `mv_q41_n4f`, the same
@@ -5184,11 +5139,7 @@ impl Gpu {
                     }
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
-                        if n == 1 && snap.is_none() && self.gdn_hoist_decode() {
-                            self.f.gdn_conv_step_norm_bnhe_d128
-                        } else if n >= 2 && self.gdn_norm_batch() && self.gdn_hoist() {
-                            self.f.gdn_conv_step_norm_bnh_d128
-                        } else if n >= 2 && self.gdn_norm_batch() {
+                        if n >= 2 && self.gdn_norm_batch() {
                             self.f.gdn_conv_step_norm_bn_d128
                         } else if snap.is_some() {
                             self.f.gdn_conv_step_norm_snap_d128

@@ -322,8 +322,7 @@ impl Gpu {
     /// layers (they are independent): layer `z`'s state, conv window, snapshot state, snapshot
     /// window and record are the five device pointers `tab[5z..5z + 5]` (a snapshot equal to the
     /// state replays in place). Every layer has the shapes given and its record `n` valid rows.
-    /// The same bits as a `gdn_replay` per layer (one kernel body; its batched form
-    /// `gdn_replay_layers_b` where [`Gpu::gdn_hoist`] is on).
+    /// The same bits as a `gdn_replay` per layer (one kernel body).
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_replay_layers(
         &self,
@@ -344,11 +343,7 @@ impl Gpu {
                 blob[5 * z..5 * z + 5].copy_from_slice(p);
             }
             self.launch_blob(
-                if self.gdn_hoist() {
-                    self.f.gdn_replay_layers_b
-                } else {
-                    self.f.gdn_replay_layers
-                },
+                self.f.gdn_replay_layers,
                 replay_grid(hk, hv, dk, dv, chunk.len()),
                 (256, 1, 1),
                 &blob,

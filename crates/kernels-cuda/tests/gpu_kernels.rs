@@ -3741,51 +3741,46 @@ fn gdn_rec_write_and_replay_bit_exact() {
                 bits(&s0),
                 "case {case}: the snapshot is read only"
             );
-            // the same replays as one launch over three layers (gdn_replay_layers, and its batched
-            // form gdn_replay_layers_b with Gpu::gdn_hoist): two from the snapshot into buffers
-            // holding something else, one in place between them
-            for hoist in [false, true] {
-                g.set_gdn_hoist(hoist);
-                let ls: Vec<(DevBuf, DevBuf)> = (0..3)
-                    .map(|l| {
-                        if l == 1 {
-                            (up(&s0), up(&conv0))
-                        } else {
-                            (
-                                up(&vec![l as f32 - 2.5; s0.len()]),
-                                up(&vec![f32::NAN; conv0.len()]),
-                            )
-                        }
-                    })
-                    .collect();
-                let tab: Vec<[u64; 5]> = ls
-                    .iter()
-                    .enumerate()
-                    .map(|(l, (s, c))| {
-                        let (s_src, c_src) = if l == 1 {
-                            (s.ptr(), c.ptr())
-                        } else {
-                            (ss.ptr(), cs.ptr())
-                        };
-                        [s.ptr(), c.ptr(), s_src, c_src, rec.ptr()]
-                    })
-                    .collect();
-                g.gdn_replay_layers(&tab, width, hk, hv, dk, dv, kconv, m)
-                    .unwrap();
-                for (l, (s, c)) in ls.iter().enumerate() {
-                    assert_eq!(
-                        bits(&down::<f32>(g, c, (kconv - 1) * conv_dim)),
-                        bits(&down::<f32>(g, &cr, (kconv - 1) * conv_dim)),
-                        "case {case}: conv window of layer {l} after {m} rows, all layers in one launch (batched {hoist})"
-                    );
-                    assert_eq!(
-                        bits(&down::<f32>(g, s, hv * dk * dv)),
-                        bits(&down::<f32>(g, &sr, hv * dk * dv)),
-                        "case {case}: state of layer {l} after {m} rows, all layers in one launch (batched {hoist})"
-                    );
-                }
+            // the same replays as one launch over three layers (gdn_replay_layers): two from the
+            // snapshot into buffers holding something else, one in place between them
+            let ls: Vec<(DevBuf, DevBuf)> = (0..3)
+                .map(|l| {
+                    if l == 1 {
+                        (up(&s0), up(&conv0))
+                    } else {
+                        (
+                            up(&vec![l as f32 - 2.5; s0.len()]),
+                            up(&vec![f32::NAN; conv0.len()]),
+                        )
+                    }
+                })
+                .collect();
+            let tab: Vec<[u64; 5]> = ls
+                .iter()
+                .enumerate()
+                .map(|(l, (s, c))| {
+                    let (s_src, c_src) = if l == 1 {
+                        (s.ptr(), c.ptr())
+                    } else {
+                        (ss.ptr(), cs.ptr())
+                    };
+                    [s.ptr(), c.ptr(), s_src, c_src, rec.ptr()]
+                })
+                .collect();
+            g.gdn_replay_layers(&tab, width, hk, hv, dk, dv, kconv, m)
+                .unwrap();
+            for (l, (s, c)) in ls.iter().enumerate() {
+                assert_eq!(
+                    bits(&down::<f32>(g, c, (kconv - 1) * conv_dim)),
+                    bits(&down::<f32>(g, &cr, (kconv - 1) * conv_dim)),
+                    "case {case}: conv window of layer {l} after {m} rows, all layers in one launch"
+                );
+                assert_eq!(
+                    bits(&down::<f32>(g, s, hv * dk * dv)),
+                    bits(&down::<f32>(g, &sr, hv * dk * dv)),
+                    "case {case}: state of layer {l} after {m} rows, all layers in one launch"
+                );
             }
-            g.set_gdn_hoist(false);
             let (a, b): (Vec<f32>, Vec<f32>) = (
                 down(g, &cp, (kconv - 1) * conv_dim),
                 down(g, &cr, (kconv - 1) * conv_dim),
@@ -3947,19 +3942,14 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`), 4 int8 codes
                 // with the previous window count, after the first barriers
                 // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
-                // wherever the launch takes the early kernel: no snapshot, not the batched norm),
-                // 5 as 1 with every row's S-independent work first (`Gpu::set_gdn_hoist(true)`:
-                // `gdn_conv_step_norm_bnh_d128` for n ≥ 2), 6 as 5 and the one-row launches
-                // without a snapshot on `gdn_conv_step_norm_bnhe_d128` (`set_gdn_hoist_decode`)
-                for norm_mode in 0..7 {
+                // wherever the launch takes the early kernel: no snapshot, not the batched norm)
+                for norm_mode in 0..5 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
                         continue;
                     }
                     g.set_gdn_norm_batch(norm_mode != 3);
                     g.set_gdn_early_count(norm_mode != 4);
-                    g.set_gdn_hoist(norm_mode >= 5);
-                    g.set_gdn_hoist_decode(norm_mode == 6);
                     let p16b = p16_alloc(g, n, vd);
                     let (cb, sb, outb) = (up(&conv0), up(&s0), z(n * vd));
                     let (kb, vb, betab, gb) = (z(n * qk), z(n * vd), z(n * hv), z(n * hv));
@@ -4067,8 +4057,6 @@ fn gdn_conv_step_equals_conv_then_step() {
         }
         g.set_gdn_norm_batch(true);
         g.set_gdn_early_count(true);
-        g.set_gdn_hoist(false);
-        g.set_gdn_hoist_decode(false);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows

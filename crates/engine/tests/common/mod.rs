@@ -413,23 +413,21 @@ pub fn tiny_target(wt: QuantType) -> Builder {
 
 /// The kernels of a GDN layer's conv, recurrence and gated norm in every `GdnFused` mode (the
 /// launch what-if benchmarks drop them together).
-pub const GDN_DECODE_KERNELS: [&str; 8] = [
+pub const GDN_DECODE_KERNELS: [&str; 7] = [
     "gdn_conv",
     "gdn_step",
     "gated_norm_quant",
     "gdn_conv_step",
     "gdn_conv_step_norm_d128",
     "gdn_conv_step_norm_early_d128",
-    "gdn_conv_step_norm_bnhe_d128",
     "gdn_conv_step_norm_p16_d128",
 ];
 
 /// The same for verify rows: the snapshot-writing and batched-norm fused kernels, and the record
 /// writer of the unfused record path.
-pub const GDN_VERIFY_KERNELS: [&str; 4] = [
+pub const GDN_VERIFY_KERNELS: [&str; 3] = [
     "gdn_conv_step_norm_snap_d128",
     "gdn_conv_step_norm_bn_d128",
-    "gdn_conv_step_norm_bnh_d128",
     "gdn_rec_write",
 ];
 
