@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bonsai_engine::backend::cuda::CudaBackend;
-use bonsai_engine::backend::cuda_drafter::CudaDrafter;
+use bonsai_engine::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
 use bonsai_engine::backend::{Backend, KvType};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::Drafter;
@@ -742,18 +742,11 @@ fn cuda_engine_gpu_drafter_equals_plain() {
     }
 }
 
-/// The graph draft's time by context length, the fused launches (`CudaDrafter::set_fused`) with
-/// either block attention kernel (`set_attn_per_kv_head`) against the unfused ones, alternating in
-/// one process: a benchmark, not a timed test (it asserts only
-/// that both give drafts). Runs on `$BONSAI_DRAFT_CTX_MODEL` with `$BONSAI_DRAFT_CTX_DRAFTER`
-/// (scripts/gpu_check.sh: the 27B files) and writes JSON to `$BONSAI_DRAFT_CTX_OUT` when set.
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
-fn cuda_draft_by_context() {
-    let test = "cuda_draft_by_context";
-    let Some(b) = gpu_or_skip(test) else {
-        return;
-    };
+/// The GPU and the GPU drafter of `$BONSAI_DRAFT_CTX_MODEL` / `$BONSAI_DRAFT_CTX_DRAFTER` (the
+/// draft benchmarks; scripts/gpu_check.sh passes the 27B files), its draft graph on; `None` (and a
+/// SKIPPED line) without a GPU or the variables.
+fn bench_drafter(test: &str) -> Option<(CudaBackend, CudaDrafter)> {
+    let b = gpu_or_skip(test)?;
     let (Ok(target), Ok(drafter)) = (
         std::env::var("BONSAI_DRAFT_CTX_MODEL"),
         std::env::var("BONSAI_DRAFT_CTX_DRAFTER"),
@@ -761,7 +754,7 @@ fn cuda_draft_by_context() {
         eprintln!(
             "SKIPPED {test}: BONSAI_DRAFT_CTX_MODEL / BONSAI_DRAFT_CTX_DRAFTER not set (not counted as run)"
         );
-        return;
+        return None;
     };
     let m = Model {
         name: "bench".into(),
@@ -770,19 +763,45 @@ fn cuda_draft_by_context() {
     };
     let d = gpu_drafter(&b, &m);
     d.set_graph(true);
-    let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+    Some((b, d))
+}
+
+/// Stage random taps into `st` from row `*pos` up to `ctx` rows, 512 a call.
+fn stage_random_taps(
+    d: &CudaDrafter,
+    st: &mut CudaDraftState,
+    pos: &mut usize,
+    ctx: usize,
+    rng: &mut Rng,
+) {
+    let tw = d.tap_width();
+    while *pos < ctx {
+        let nb = (ctx - *pos).min(512);
+        let taps: Vec<f32> = (0..nb * tw).map(|_| rng.f()).collect();
+        d.stage(st, &taps, *pos, nb).unwrap();
+        *pos += nb;
+    }
+}
+
+/// The graph draft's time by context length, the fused launches (`CudaDrafter::set_fused`) with
+/// either block attention kernel (`set_attn_per_kv_head`) against the unfused ones, alternating in
+/// one process: a benchmark, not a timed test (it asserts only
+/// that both give drafts). Runs on `$BONSAI_DRAFT_CTX_MODEL` with `$BONSAI_DRAFT_CTX_DRAFTER`
+/// (scripts/gpu_check.sh: the 27B files) and writes JSON to `$BONSAI_DRAFT_CTX_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_by_context() {
+    let Some((b, d)) = bench_drafter("cuda_draft_by_context") else {
+        return;
+    };
+    let (window, nv) = (d.window(), d.cfg.n_vocab);
     let mut st = d.new_state().unwrap();
     let mut rng = Rng(5);
     let mut pos = 0usize;
     let mut rows = Vec::new();
     for ctx in [64usize, 256, 512, 1024, 2048, 4000] {
         let ctx = ctx.min(window);
-        while pos < ctx {
-            let nb = (ctx - pos).min(512);
-            let taps: Vec<f32> = (0..nb * tw).map(|_| rng.f()).collect();
-            d.stage(&mut st, &taps, pos, nb).unwrap();
-            pos += nb;
-        }
+        stage_random_taps(&d, &mut st, &mut pos, ctx, &mut rng);
         // [unfused, fused with a block per q head, fused with a block per kv head]
         let mut ms = [Vec::new(), Vec::new(), Vec::new()];
         for _rep in 0..3 {
@@ -872,41 +891,19 @@ fn cuda_draft_by_context() {
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn cuda_draft_rows_first_ab() {
-    let test = "cuda_draft_rows_first_ab";
-    let Some(b) = gpu_or_skip(test) else {
+    let Some((b, d)) = bench_drafter("cuda_draft_rows_first_ab") else {
         return;
     };
-    let (Ok(target), Ok(drafter)) = (
-        std::env::var("BONSAI_DRAFT_CTX_MODEL"),
-        std::env::var("BONSAI_DRAFT_CTX_DRAFTER"),
-    ) else {
-        eprintln!(
-            "SKIPPED {test}: BONSAI_DRAFT_CTX_MODEL / BONSAI_DRAFT_CTX_DRAFTER not set (not counted as run)"
-        );
-        return;
-    };
-    let m = Model {
-        name: "bench".into(),
-        path: target.into(),
-        drafter: drafter.into(),
-    };
-    let d = gpu_drafter(&b, &m);
     let gpu = b.gpu();
     let rf0 = gpu.mv_rows_first();
-    d.set_graph(true);
-    let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+    let (window, nv) = (d.window(), d.cfg.n_vocab);
     let mut st = d.new_state().unwrap();
     let mut rng = Rng(11);
     let mut pos = 0usize;
     let mut rows = Vec::new();
     for ctx in [64usize, 1024] {
         let ctx = ctx.min(window);
-        while pos < ctx {
-            let nb = (ctx - pos).min(512);
-            let taps: Vec<f32> = (0..nb * tw).map(|_| rng.f()).collect();
-            d.stage(&mut st, &taps, pos, nb).unwrap();
-            pos += nb;
-        }
+        stage_random_taps(&d, &mut st, &mut pos, ctx, &mut rng);
         // [plain, rows-first]
         let mut ms = [Vec::new(), Vec::new()];
         for _rep in 0..4 {
