@@ -766,6 +766,21 @@ fn bench_drafter(test: &str) -> Option<(CudaBackend, CudaDrafter)> {
     Some((b, d))
 }
 
+/// The median wall time of 15 drafts after 3 warm-up ones (ms), each asserted to give ids.
+fn median_draft_ms(d: &CudaDrafter, st: &mut CudaDraftState, id: u32, pos: usize) -> f64 {
+    for _ in 0..3 {
+        assert!(!d.draft(st, id, pos).unwrap().is_empty());
+    }
+    let mut t = Vec::new();
+    for _ in 0..15 {
+        let t0 = std::time::Instant::now();
+        assert!(!d.draft(st, id, pos).unwrap().is_empty());
+        t.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
 /// Stage random taps into `st` from row `*pos` up to `ctx` rows, 512 a call.
 fn stage_random_taps(
     d: &CudaDrafter,
@@ -812,18 +827,7 @@ fn cuda_draft_by_context() {
                 d.set_fused(fused);
                 d.set_attn_per_kv_head(kv);
                 let id = (rng.next() % (nv as u64 - 1)) as u32;
-                for _ in 0..3 {
-                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
-                }
-                let mut t = Vec::new();
-                for _ in 0..15 {
-                    let t0 = std::time::Instant::now();
-                    let ids = d.draft(&mut st, id, pos).unwrap();
-                    t.push(t0.elapsed().as_secs_f64() * 1e3);
-                    assert!(!ids.is_empty());
-                }
-                t.sort_by(f64::total_cmp);
-                ms[side].push(t[t.len() / 2]);
+                ms[side].push(median_draft_ms(&d, &mut st, id, pos));
             }
         }
         // one eager draft per attention kernel with every launch timed alone: where the
@@ -910,17 +914,7 @@ fn cuda_draft_rows_first_ab() {
             for (side, rf) in [false, true].into_iter().enumerate() {
                 gpu.set_mv_rows_first(rf);
                 let id = (rng.next() % (nv as u64 - 1)) as u32;
-                for _ in 0..3 {
-                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
-                }
-                let mut t = Vec::new();
-                for _ in 0..15 {
-                    let t0 = std::time::Instant::now();
-                    assert!(!d.draft(&mut st, id, pos).unwrap().is_empty());
-                    t.push(t0.elapsed().as_secs_f64() * 1e3);
-                }
-                t.sort_by(f64::total_cmp);
-                ms[side].push(t[t.len() / 2]);
+                ms[side].push(median_draft_ms(&d, &mut st, id, pos));
             }
         }
         // one eager draft of each form, its Q4_1 mat-vec launches timed alone
