@@ -1,7 +1,7 @@
 //! AVX2 + FMA + F16C kernels. Each function computes bit-for-bit the same result as its scalar
 //! definition in `ops` (see the `ops` module doc); only the integer parts are reorganized.
 
-use crate::ops::{lowbit_isum, wscale, QuantActs};
+use crate::ops::{lowbit_isum, q1p_chunk, wscale, QuantActs};
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
 
@@ -179,6 +179,7 @@ fn q1_chunks<const NT: usize>(
     let bsel_hi = _mm256_set1_epi32(0x8040_2010u32 as i32);
     let mut accv = [_mm256_setzero_ps(); NT];
     accv.copy_from_slice(&acc[..NT]);
+    assert!(256 * nfull <= xq.n_pad);
     for c in 0..nfull {
         let off0 = 2 * c * 18;
         let off1 = off0 + 18;
@@ -198,11 +199,13 @@ fn q1_chunks<const NT: usize>(
         let dwv = dw_lanes([f16_bits(wrow, off0), f16_bits(wrow, off1), 0, 0], dw_idx);
         for ti in 0..NT {
             let t = t0 + ti;
-            let a = &xq.q1p[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
+            let a = xq.q1p[t * xq.n_pad..(t + 1) * xq.n_pad].as_ptr();
+            let (v0, vs) = q1p_chunk(xq.n_pad, c);
             let mut s16 = zero;
             for k in 0..8 {
-                // SAFETY: a has 256 elements; the load reads a[32k..32k+32].
-                let av = unsafe { _mm256_loadu_si256(a.as_ptr().add(32 * k) as *const __m256i) };
+                // SAFETY: c < nfull <= n_pad / 256, so the 32 bytes of vector k (q1p_vec) lie
+                // inside row t of q1p (n_pad bytes from `a`).
+                let av = unsafe { _mm256_loadu_si256(a.add(v0 + vs * k) as *const __m256i) };
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(b01[k], av));
             }
             let bq = _mm256_madd_epi16(s16, ones16); // lane l: Σ b·q over block 8c+l

@@ -10,10 +10,12 @@
 //!   two instructions per 32 weights where AVX2 needs a byte shuffle, two ANDs and a compare;
 //! - 32 vector registers, so 8 activation rows share one unpacked chunk (4 with AVX2).
 
-use crate::avx2::{dw_lanes, f16_bits, hsum_ps, q2_chunk_codes, tail_chunk};
-use crate::ops::QuantActs;
+use crate::avx2::{dw_lanes, hsum_ps, q2_chunk_codes, tail_chunk};
+use crate::ops::{q1p_chunk, QuantActs};
+use crate::q1m;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
+use core::ops::Range;
 
 /// Activation rows per pass over a weight row (each row keeps an i32 and an f32 accumulator).
 const ROWS: usize = 8;
@@ -47,6 +49,72 @@ pub(crate) unsafe fn lowbit_rows_one_act(
     }
 }
 
+/// [`lowbit_rows_one_act`] for Q1_0 rows in the mask layout (`crate::q1m`): groups of 4 rows
+/// share each activation load, and their float chains (two dependent `fma` per pair and row)
+/// overlap.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C, AVX-512 F/BW/VL, VNNI and BITALG. `rows.len()` must be
+/// `out.len()` whole Q1_0 rows for `xq.n_in` elements, and `xq.n >= 1`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
+pub(crate) unsafe fn q1m_rows_one_act(rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+    let rb = rows.len() / out.len().max(1);
+    let mut r = 0;
+    macro_rules! go {
+        ($R:literal, $S:literal) => {
+            while out.len() - r >= $R {
+                let w: [&[u8]; $R] =
+                    core::array::from_fn(|i| &rows[(r + i) * rb..(r + i + 1) * rb]);
+                // SAFETY: the same CPU features as this function; the asserts inside check the
+                // rows.
+                unsafe { q1m_rows_one::<$R, $S>(w, xq, &mut out[r..r + $R]) }
+                r += $R;
+            }
+        };
+    }
+    // 4 rows with one i32 chain each (the rest: one row, two chains). Zen 4, one thread,
+    // 5120 × 17408: 4 rows / 1 chain 0.99 ms, 2 / 2 1.01, 1 / 2 1.03, 8 / 1 1.07 (`tests/bench.rs`)
+    go!(4, 1);
+    go!(1, 2);
+}
+
+/// R mask-layout Q1_0 rows against activation row 0 (decode): `out[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
+unsafe fn q1m_rows_one<const R: usize, const S: usize>(
+    wrows: [&[u8]; R],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), R);
+    for w in &wrows {
+        assert_eq!(Some(w.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+    }
+    let nfull = xq.n_in / 256;
+    let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
+    let mut acc = [[_mm256_setzero_ps(); ROWS]; R];
+    q1m_pairs_s::<R, 1, S>(&wrows, xq, 0, c1 / 2, &mut acc);
+    q1_chunks::<R, 1>(&wrows, xq, 0, c1..nfull, &mut acc);
+    for r in 0..R {
+        out[r] = hsum_ps(tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0]));
+    }
+}
+
+macro_rules! by_rows {
+    ($nt:expr, $R:ident, $f:ident, $($a:expr),*) => {
+        match $nt {
+            1 => $f::<$R, 1>($($a),*),
+            2 => $f::<$R, 2>($($a),*),
+            3 => $f::<$R, 3>($($a),*),
+            4 => $f::<$R, 4>($($a),*),
+            5 => $f::<$R, 5>($($a),*),
+            6 => $f::<$R, 6>($($a),*),
+            7 => $f::<$R, 7>($($a),*),
+            _ => $f::<$R, 8>($($a),*),
+        }
+    };
+}
+
 /// `R` low-bit weight rows against activation rows `t_begin..t_begin + g` of `xq`: `outs[r][i]`
 /// is weight row r's dot with activation row `t_begin + i` (every `outs[r]` has length g). With
 /// R = 2 two weight rows share each activation load — every `vpdpbusd` takes its activations from
@@ -77,28 +145,54 @@ pub(crate) unsafe fn lowbit_rows<const R: usize>(
     while t0 < n {
         let nt = (n - t0).min(ROWS);
         let mut acc = [[_mm256_setzero_ps(); ROWS]; R]; // acc[r][ti]: 8 lane accumulators
-        macro_rules! rows {
-            ($f:ident, $($a:expr),*) => {
-                match nt {
-                    1 => $f::<R, 1>($($a),*),
-                    2 => $f::<R, 2>($($a),*),
-                    3 => $f::<R, 3>($($a),*),
-                    4 => $f::<R, 4>($($a),*),
-                    5 => $f::<R, 5>($($a),*),
-                    6 => $f::<R, 6>($($a),*),
-                    7 => $f::<R, 7>($($a),*),
-                    _ => $f::<R, 8>($($a),*),
-                }
-            };
-        }
         if qt == QuantType::Q1_0 {
-            rows!(q1_chunks, &wrows, xq, t0, nfull, &mut acc)
+            by_rows!(nt, R, q1_chunks, &wrows, xq, t0, 0..nfull, &mut acc)
         } else {
-            rows!(q2_chunks, qt, &wrows, xq, t0, nfull, &mut acc)
+            by_rows!(nt, R, q2_chunks, qt, &wrows, xq, t0, nfull, &mut acc)
         }
         for r in 0..R {
             for ti in 0..nt {
                 acc[r][ti] = tail_chunk(qt, wrows[r], xq, t0 + ti, acc[r][ti]);
+            }
+            for ti in 0..nt {
+                outs[r][t0 - t_begin + ti] = hsum_ps(acc[r][ti]);
+            }
+        }
+        t0 += nt;
+    }
+}
+
+/// [`lowbit_rows`] for Q1_0 rows in the mask layout (`crate::q1m`): the whole 512-element pairs
+/// run [`q1m_pairs`], a last unpaired chunk and a partial one the file-layout code.
+///
+/// # Safety
+/// As [`lowbit_rows`], with each `wrows[r]` one whole mask-layout Q1_0 row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
+pub(crate) unsafe fn q1m_rows<const R: usize>(
+    wrows: [&[u8]; R],
+    xq: &QuantActs,
+    t_begin: usize,
+    outs: [&mut [f32]; R],
+) {
+    let g = outs[0].len();
+    let n = t_begin + g;
+    assert!(n <= xq.n);
+    for r in 0..R {
+        assert_eq!(outs[r].len(), g);
+        assert_eq!(Some(wrows[r].len()), QuantType::Q1_0.row_bytes(xq.n_in));
+    }
+    let nfull = xq.n_in / 256;
+    let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS); // chunks in whole pairs
+    let mut t0 = t_begin;
+    while t0 < n {
+        let nt = (n - t0).min(ROWS);
+        let mut acc = [[_mm256_setzero_ps(); ROWS]; R]; // acc[r][ti]: 8 lane accumulators
+        by_rows!(nt, R, q1m_pairs, &wrows, xq, t0, c1 / 2, &mut acc);
+        by_rows!(nt, R, q1_chunks, &wrows, xq, t0, c1..nfull, &mut acc);
+        for r in 0..R {
+            for ti in 0..nt {
+                acc[r][ti] = tail_chunk(QuantType::Q1_0, wrows[r], xq, t0 + ti, acc[r][ti]);
             }
             for ti in 0..nt {
                 outs[r][t0 - t_begin + ti] = hsum_ps(acc[r][ti]);
@@ -119,6 +213,35 @@ fn chunk_fma(isum: __m256i, dwv: __m256, da: &[f32], acc: __m256) -> __m256 {
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc)
 }
 
+/// `vpshufbitqmb` indices of the Q1-permuted order: `Q1_BIT_IDX[k]` byte `8q + j` selects bit
+/// `32·(j/4) + 4k + j%4` of 64-bit lane q, so over a chunk's two blocks' bits (lane q = elements
+/// `64q..64q+64`) mask bit `8q + j` = `4l + m` is element `32l + 4k + m`: the byte order of
+/// vector k of the chunk's q1p activations.
+const Q1_BIT_IDX: [[u8; 32]; 8] = {
+    let mut idx = [[0u8; 32]; 8];
+    let mut k = 0;
+    while k < 8 {
+        let mut p = 0;
+        while p < 32 {
+            let j = p % 8;
+            idx[k][p] = (32 * (j / 4) + 4 * k + j % 4) as u8;
+            p += 1;
+        }
+        k += 1;
+    }
+    idx
+};
+
+/// [`Q1_BIT_IDX`] as vectors.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q1_bit_idx() -> [__m256i; 8] {
+    // SAFETY: each row of Q1_BIT_IDX has 32 bytes.
+    core::array::from_fn(|k| unsafe {
+        _mm256_loadu_si256(Q1_BIT_IDX[k].as_ptr() as *const __m256i)
+    })
+}
+
 /// Q1_0 over the full 256-element chunks for weight rows `wrows` and activation rows
 /// `t0..t0+NT`, on the Q1-permuted activations (vector k of a chunk holds elements `32l + 4k + m`
 /// at byte `4l + m`). A chunk's two weight blocks' 32 bit-bytes are one 256-bit vector whose
@@ -131,24 +254,34 @@ fn q1_chunks<const R: usize, const NT: usize>(
     wrows: &[&[u8]; R],
     xq: &QuantActs,
     t0: usize,
-    nfull: usize,
+    chunks: Range<usize>,
     acc: &mut [[__m256; ROWS]; R],
 ) {
+    // q1p keeps the chunks of whole 512-element pairs interleaved (vectors 64 bytes apart) and a
+    // last unpaired chunk plain (32 apart): one loop each, with the stride a constant
+    let cp = 2 * (xq.n_pad / 512);
+    q1_chunks_vs::<R, NT, 64>(wrows, xq, t0, chunks.start..chunks.end.min(cp), acc);
+    q1_chunks_vs::<R, NT, 32>(wrows, xq, t0, chunks.start.max(cp)..chunks.end, acc);
+}
+
+/// [`q1_chunks`] over chunks whose q1p vectors lie `VS` bytes apart.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
+fn q1_chunks_vs<const R: usize, const NT: usize, const VS: usize>(
+    wrows: &[&[u8]; R],
+    xq: &QuantActs,
+    t0: usize,
+    chunks: Range<usize>,
+    acc: &mut [[__m256; ROWS]; R],
+) {
+    if chunks.is_empty() {
+        return;
+    }
     let nbp = xq.n_pad / 32;
     let ones8 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
     let dw_idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    // idx[k]: byte 8q + j selects bit 32·(j/4) + 4k + j%4 of 64-bit lane q
-    let mut idx = [zero; 8];
-    for (k, iv) in idx.iter_mut().enumerate() {
-        let mut b = [0u8; 32];
-        for (p, v) in b.iter_mut().enumerate() {
-            let j = p % 8;
-            *v = (32 * (j / 4) + 4 * k + j % 4) as u8;
-        }
-        // SAFETY: b has 32 bytes.
-        *iv = unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) };
-    }
+    let idx = q1_bit_idx();
     // two independent i32 chains per (weight row, activation row) when few pairs share the chunk
     // (vpdpbusd latency)
     let split = if R * NT < 4 { 2 } else { 1 };
@@ -156,36 +289,50 @@ fn q1_chunks<const R: usize, const NT: usize>(
     for r in 0..R {
         accv[r].copy_from_slice(&acc[r][..NT]);
     }
-    assert!(t0 + NT <= xq.n && 256 * nfull <= xq.n_pad);
+    // every read below lies inside what these bounds allow
+    assert!(t0 + NT <= xq.n && 256 * chunks.end <= xq.n_pad);
+    assert!(xq.sums.len() >= (t0 + NT) * nbp && xq.d.len() >= (t0 + NT) * nbp);
+    for w in wrows {
+        assert!(w.len() >= 36 * chunks.end);
+    }
     // acts: row t0's permuted activation bytes; rows t0..t0+NT follow at a stride of n_pad
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
-    for c in 0..nfull {
+    for c in chunks {
+        // vector 0 of chunk c (`q1p_vec`): paired chunks interleave, a last one is plain
+        let v0 = if VS == 64 {
+            512 * (c / 2) + 32 * (c % 2)
+        } else {
+            256 * c
+        };
+        debug_assert_eq!(q1p_chunk(xq.n_pad, c), (v0, VS));
         let off0 = 2 * c * 18;
-        let off1 = off0 + 18;
         let mut b01 = [[zero; 8]; R]; // b01[r][k]: 0/1 bytes in the permuted order of vector k
         let mut dwv = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            let wrow = wrows[r];
-            // SAFETY: each 16-byte load reads one block's bits qs[0..16], inside wrow (checked by
-            // slicing).
-            let bits = unsafe {
-                _mm256_set_m128i(
-                    _mm_loadu_si128(wrow[off1 + 2..off1 + 18].as_ptr() as *const __m128i),
-                    _mm_loadu_si128(wrow[off0 + 2..off0 + 18].as_ptr() as *const __m128i),
+            // SAFETY: chunk c's two blocks (36 bytes from off0) lie inside wrows[r] (asserted).
+            let (bits, h0, h1) = unsafe {
+                let p = wrows[r].as_ptr().add(off0);
+                (
+                    _mm256_set_m128i(
+                        _mm_loadu_si128(p.add(20) as *const __m128i),
+                        _mm_loadu_si128(p.add(2) as *const __m128i),
+                    ),
+                    core::ptr::read_unaligned(p as *const u16),
+                    core::ptr::read_unaligned(p.add(18) as *const u16),
                 )
             };
             for (bv, ix) in b01[r].iter_mut().zip(&idx) {
                 *bv = _mm256_maskz_mov_epi8(_mm256_bitshuffle_epi64_mask(bits, *ix), ones8);
             }
-            dwv[r] = dw_lanes([f16_bits(wrow, off0), f16_bits(wrow, off1), 0, 0], dw_idx);
+            dwv[r] = dw_lanes([u16::from_le(h0), u16::from_le(h1), 0, 0], dw_idx);
         }
         let mut bq = [[[zero; 2]; NT]; R]; // bq[r][ti][h]: lane l = partial Σ b·q of block 8c + l
         for k in 0..8 {
             for ti in 0..NT {
-                // SAFETY: row t0 + ti < xq.n and 256c + 32k + 32 <= n_pad (asserted above), so the
-                // 32 bytes read lie inside q1p.
+                // SAFETY: row t0 + ti < xq.n and c < n_pad / 256 (asserted above), so the 32 bytes
+                // of vector k (`q1p_vec`) lie inside q1p.
                 let av = unsafe {
-                    _mm256_loadu_si256(acts.add(ti * xq.n_pad + 256 * c + 32 * k) as *const __m256i)
+                    _mm256_loadu_si256(acts.add(ti * xq.n_pad + v0 + VS * k) as *const __m256i)
                 };
                 let h = k % split;
                 for r in 0..R {
@@ -202,12 +349,16 @@ fn q1_chunks<const R: usize, const NT: usize>(
                 } else {
                     s[0]
                 };
-                let sums = &xq.sums[t * nbp + 8 * c..][..8];
-                // SAFETY: sums has 8 i32 elements.
-                let isum = _mm256_sub_epi32(_mm256_slli_epi32(bqs, 1), unsafe {
-                    _mm256_loadu_si256(sums.as_ptr() as *const __m256i)
-                });
-                accv[r][ti] = chunk_fma(isum, dwv[r], &xq.d[t * nbp + 8 * c..][..8], accv[r][ti]);
+                // SAFETY: blocks 8c .. 8c + 8 of row t lie inside sums and d (asserted above).
+                let (sv, dav) = unsafe {
+                    (
+                        _mm256_loadu_si256(xq.sums.as_ptr().add(t * nbp + 8 * c) as *const __m256i),
+                        _mm256_loadu_ps(xq.d.as_ptr().add(t * nbp + 8 * c)),
+                    )
+                };
+                let isum = _mm256_sub_epi32(_mm256_slli_epi32(bqs, 1), sv);
+                let sc = _mm256_mul_ps(dwv[r], dav);
+                accv[r][ti] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, accv[r][ti]);
             }
         }
     }
@@ -283,5 +434,192 @@ fn q2_chunks<const R: usize, const NT: usize>(
     }
     for r in 0..R {
         acc[r][..NT].copy_from_slice(&accv[r]);
+    }
+}
+
+/// Q1_0 in the mask layout (`crate::q1m`) over the first `npair` 512-element pairs of weight rows
+/// `wrows` and activation rows `t0..t0+NT`. Per 64 weights: word k broadcast to every qword and
+/// ANDed with `1 << (p / 8)` in byte p gives the `b·2^j` bytes, which `vpdpbusd` takes with each
+/// activation row's 64-byte q1p vector of the pair. i32 lane `L = 8h + l` then holds
+/// `2^(L/2) · Σ b·q` of block `8(2s + h) + l`; `vpsravd` by L / 2 makes it exact Σ b·q, and the
+/// float step is the chunk kernels' for chunk 2s (low half) and then chunk 2s + 1 (high half):
+/// the same operations in the same order, the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q1m_pairs<const R: usize, const NT: usize>(
+    wrows: &[&[u8]; R],
+    xq: &QuantActs,
+    t0: usize,
+    npair: usize,
+    acc: &mut [[__m256; ROWS]; R],
+) {
+    // two independent i32 chains per (weight row, activation row) when few pairs share the
+    // vector (vpdpbusd latency)
+    if R * NT < 4 {
+        q1m_pairs_s::<R, NT, 2>(wrows, xq, t0, npair, acc)
+    } else {
+        q1m_pairs_s::<R, NT, 1>(wrows, xq, t0, npair, acc)
+    }
+}
+
+/// [`q1m_pairs`] with `S` independent i32 chains per (weight row, activation row).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
+    wrows: &[&[u8]; R],
+    xq: &QuantActs,
+    t0: usize,
+    npair: usize,
+    acc: &mut [[__m256; ROWS]; R],
+) {
+    let nbp = xq.n_pad / 32;
+    // byte p: 1 << (p / 8)
+    let bitsel = _mm512_setr_epi64(
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0404_0404_0404_0404,
+        0x0808_0808_0808_0808,
+        0x1010_1010_1010_1010,
+        0x2020_2020_2020_2020,
+        0x4040_4040_4040_4040,
+        0x8080_8080_8080_8080u64 as i64,
+    );
+    // lane L: L / 2, the power of two its bytes carry
+    let lane_shift = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let zero = _mm512_setzero_si512();
+    // lane 4b + i ← d of block b of the pair
+    let dw_idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    assert!(t0 + NT <= xq.n && q1m::PAIR_ELEMS * npair <= xq.n_pad);
+    for w in wrows {
+        assert!(w.len() >= q1m::PAIR_BYTES * npair);
+    }
+    let mut accv = [[_mm256_setzero_ps(); NT]; R];
+    for r in 0..R {
+        accv[r].copy_from_slice(&acc[r][..NT]);
+    }
+    // acts: row t0's q1p bytes (pair s's vector k at 512s + 64k); rows follow at n_pad
+    let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
+    for s in 0..npair {
+        let mut dwv = [_mm512_setzero_ps(); R];
+        let mut wp = [core::ptr::null::<u8>(); R];
+        for r in 0..R {
+            // SAFETY: pair s's 72 bytes lie inside wrows[r] (asserted above).
+            wp[r] = unsafe { wrows[r].as_ptr().add(q1m::PAIR_BYTES * s) };
+            // SAFETY: reads the pair's first 8 bytes (the 4 f16 scales).
+            let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
+            dwv[r] = _mm512_permutexvar_ps(dw_idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+        }
+        let mut bq = [[[zero; S]; NT]; R]; // bq[r][ti][h]: lane L = partial 2^(L/2)·Σ b·q
+        for k in 0..8 {
+            let h = k % S;
+            let mut wb = [zero; R];
+            for r in 0..R {
+                // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
+                let word = unsafe { core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64) };
+                wb[r] = _mm512_and_si512(_mm512_set1_epi64(word), bitsel);
+            }
+            for ti in 0..NT {
+                // SAFETY: row t0 + ti < xq.n and 512s + 64k + 64 <= n_pad (asserted above).
+                let av = unsafe {
+                    _mm512_loadu_si512(acts.add(ti * xq.n_pad + 512 * s + 64 * k) as *const __m512i)
+                };
+                for r in 0..R {
+                    bq[r][ti][h] = _mm512_dpbusd_epi32(bq[r][ti][h], wb[r], av);
+                }
+            }
+        }
+        for r in 0..R {
+            for ti in 0..NT {
+                let t = t0 + ti;
+                let q = &bq[r][ti];
+                let mut bqs = q[0];
+                for qh in &q[1..] {
+                    bqs = _mm512_add_epi32(bqs, *qh);
+                }
+                let bqs = _mm512_srav_epi32(bqs, lane_shift);
+                let sums = &xq.sums[t * nbp + 16 * s..][..16];
+                let da = &xq.d[t * nbp + 16 * s..][..16];
+                // SAFETY: sums and da have 16 elements each.
+                let (sv, dav) = unsafe {
+                    (
+                        _mm512_loadu_si512(sums.as_ptr() as *const __m512i),
+                        _mm512_loadu_ps(da.as_ptr()),
+                    )
+                };
+                let isf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_slli_epi32(bqs, 1), sv));
+                let sc = _mm512_mul_ps(dwv[r], dav);
+                let a0 = _mm256_fmadd_ps(
+                    _mm512_castps512_ps256(isf),
+                    _mm512_castps512_ps256(sc),
+                    accv[r][ti],
+                );
+                accv[r][ti] = _mm256_fmadd_ps(hi256_ps(isf), hi256_ps(sc), a0);
+            }
+        }
+    }
+    for r in 0..R {
+        acc[r][..NT].copy_from_slice(&accv[r]);
+    }
+}
+
+/// Lanes 8..16 of `v` (AVX-512 F: `vextractf64x4`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hi256_ps(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
+}
+
+/// The 8×8 bit matrix of `x` (byte r = row r, bit c = column c) transposed: bit `8c + r` of the
+/// result is bit `8r + c` of `x`.
+#[inline]
+fn transpose8x8(mut x: u64) -> u64 {
+    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    x ^= t ^ (t << 7);
+    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    x ^= t ^ (t << 14);
+    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
+}
+
+/// One Q1_0 row (`src`, file layout, `n_in` elements) into the mask layout (`dst`, the same
+/// length): `crate::q1m::pack_row`, with each chunk's 8 half-words from `vpshufbitqmb` (the chunk
+/// kernel's unpacking index: mask bit p = activation byte p of vector k) and one 8×8 bit transpose
+/// per word into the layout's bit order.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX-512 F/BW/VL and BITALG.
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512bitalg")]
+pub(crate) unsafe fn q1m_pack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
+    assert_eq!(n_in % 128, 0);
+    assert!(src.len() == n_in / 128 * 18 && dst.len() == src.len());
+    dst.copy_from_slice(src);
+    let idx = q1_bit_idx();
+    for s in 0..n_in / q1m::PAIR_ELEMS {
+        let sp = &src[q1m::PAIR_BYTES * s..q1m::PAIR_BYTES * (s + 1)];
+        let dp = &mut dst[q1m::PAIR_BYTES * s..q1m::PAIR_BYTES * (s + 1)];
+        let mut words = [0u64; 8];
+        for h in 0..2 {
+            let (o0, o1) = (36 * h, 36 * h + 18);
+            // SAFETY: each 16-byte load reads one block's bits, inside sp (checked by slicing).
+            let bits = unsafe {
+                _mm256_set_m128i(
+                    _mm_loadu_si128(sp[o1 + 2..o1 + 18].as_ptr() as *const __m128i),
+                    _mm_loadu_si128(sp[o0 + 2..o0 + 18].as_ptr() as *const __m128i),
+                )
+            };
+            for (w, ix) in words.iter_mut().zip(&idx) {
+                *w |= (_mm256_bitshuffle_epi64_mask(bits, *ix) as u64) << (32 * h);
+            }
+        }
+        // bit p of the shuffle mask → bit 8·(p % 8) + p / 8: the 8×8 bit transpose
+        for w in words.iter_mut() {
+            *w = transpose8x8(*w);
+        }
+        for b in 0..4 {
+            dp[2 * b..2 * b + 2].copy_from_slice(&sp[18 * b..18 * b + 2]);
+        }
+        for (k, w) in words.iter().enumerate() {
+            dp[8 + 8 * k..16 + 8 * k].copy_from_slice(&w.to_le_bytes());
+        }
     }
 }

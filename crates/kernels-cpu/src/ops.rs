@@ -167,8 +167,10 @@ pub struct QuantActs {
     /// qp: [n, n_pad] the same codes permuted per 128-element chunk for the Q2 kernels:
     /// `qp[128p + 32s + i] = qs[128p + 4i + s]` (the order 2-bit codes unpack in).
     pub(crate) qp: Vec<i8>,
-    /// q1p: [n, n_pad] the codes permuted per 256-element chunk for the Q1_0 kernel:
-    /// `q1p[256c + 32k + 4l + m] = qs[256c + 32l + 4k + m]` (so i32 lane l of every vector is block l).
+    /// q1p: [n, n_pad] the codes permuted per 256-element chunk for the Q1_0 kernels: vector k
+    /// (32 bytes) of chunk c holds `qs[256c + 32l + 4k + m]` at byte `4l + m` (so i32 lane l of
+    /// every vector is block l), and lies at [`q1p_vec`]`(n_pad, c, k)`: the two chunks of each
+    /// 512-element pair interleave their vectors, so vector k of both is one 64-byte load.
     pub(crate) q1p: Vec<i8>,
     /// d: [n, n_pad/32] per-block scale (f32), 0 for padding blocks.
     pub(crate) d: Vec<f32>,
@@ -204,6 +206,25 @@ impl QuantActs {
     /// Dequantized value `q·d` of element `i` of row `t` (for tests and diagnostics).
     pub fn dequant(&self, t: usize, i: usize) -> f32 {
         self.qs[t * self.n_pad + i] as f32 * self.d[t * self.n_pad / 32 + i / 32]
+    }
+}
+
+/// Offset in a `q1p` row of `n_pad` codes of vector k (32 bytes) of 256-element chunk c: chunks
+/// 2s and 2s + 1 of a whole 512-element pair store vector k as the low and high halves of 64
+/// bytes at `512s + 64k`; a last unpaired chunk keeps `256c + 32k`.
+#[inline]
+pub(crate) fn q1p_vec(n_pad: usize, c: usize, k: usize) -> usize {
+    let (base, stride) = q1p_chunk(n_pad, c);
+    base + stride * k
+}
+
+/// [`q1p_vec`] as (offset of vector 0, stride between vectors) of chunk c.
+#[inline]
+pub(crate) fn q1p_chunk(n_pad: usize, c: usize) -> (usize, usize) {
+    if c < n_pad / 512 * 2 {
+        (512 * (c / 2) + 32 * (c % 2), 64)
+    } else {
+        (256 * c, 32)
     }
 }
 
@@ -263,9 +284,10 @@ pub fn quantize_acts(x: &[f32] /* [n, n_in] */, n: usize, n_in: usize) -> QuantA
         }
         for c in 0..n_pad / 256 {
             for k in 0..8 {
+                let v = q1p_vec(n_pad, c, k);
                 for l in 0..8 {
                     for m in 0..4 {
-                        p1row[256 * c + 32 * k + 4 * l + m] = qrow[256 * c + 32 * l + 4 * k + m];
+                        p1row[v + 4 * l + m] = qrow[256 * c + 32 * l + 4 * k + m];
                     }
                 }
             }
@@ -345,6 +367,40 @@ pub fn matmul_q_isa(
     if !qt.is_lowbit() {
         return matmul_f32acts(isa, w, qt, n_in, n_out, &xq.x, xq.n, y);
     }
+    matmul_lowbit(isa, w, qt, false, n_in, n_out, xq, y)
+}
+
+/// True when this CPU runs Q1_0 matrices in the mask layout ([`crate::q1m`]): AVX-512 with VNNI
+/// and BITALG is the active ISA. A backend that packs its matrices with [`crate::q1m::pack`] then
+/// multiplies with [`matmul_q1m`].
+pub fn q1m_available() -> bool {
+    active_isa() == Isa::Avx512
+}
+
+/// [`matmul_q`] for a Q1_0 matrix in the mask layout (`wm` from [`crate::q1m::pack`]): the same
+/// results bit for bit as [`matmul_q`] on the file bytes. Needs [`q1m_available`].
+pub fn matmul_q1m(wm: &[u8], n_in: usize, n_out: usize, xq: &QuantActs, y: &mut [f32]) {
+    assert!(
+        isa_supported(Isa::Avx512),
+        "matmul_q1m: the mask layout needs AVX-512 (VNNI, BITALG)"
+    );
+    assert_eq!(xq.n_in, n_in, "matmul_q1m: activation width");
+    matmul_lowbit(Isa::Avx512, wm, QuantType::Q1_0, true, n_in, n_out, xq, y)
+}
+
+/// The low-bit matmul of [`matmul_q_isa`]; `masks`: Q1_0 rows in the mask layout (AVX-512 only).
+#[allow(clippy::too_many_arguments)]
+fn matmul_lowbit(
+    isa: Isa,
+    w: &[u8],
+    qt: QuantType,
+    masks: bool,
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    assert!(!masks || (isa == Isa::Avx512 && qt == QuantType::Q1_0));
     let rb = qt
         .row_bytes(n_in)
         .expect("matmul: n_in is not a whole number of blocks");
@@ -359,7 +415,8 @@ pub fn matmul_q_isa(
             .enumerate()
             .for_each(|(ci, yc)| {
                 let o0 = ci * ROWS_PER_TASK;
-                lowbit_rows_one_act(isa, qt, &w[o0 * rb..(o0 + yc.len()) * rb], xq, yc);
+                let rows = &w[o0 * rb..(o0 + yc.len()) * rb];
+                lowbit_rows_one_act(isa, qt, masks, rows, xq, yc);
             });
         return;
     }
@@ -384,10 +441,11 @@ pub fn matmul_q_isa(
                     if o + 1 < o1 {
                         let (a, b) = out.split_at_mut(ACT_GROUP);
                         let rows = &w[o * rb..(o + 2) * rb];
-                        lowbit_row_pair(isa, qt, rows, xq, tb, &mut a[..g], &mut b[..g]);
+                        lowbit_row_pair(isa, qt, masks, rows, xq, tb, &mut a[..g], &mut b[..g]);
                         o += 2;
                     } else {
-                        lowbit_row(isa, qt, &w[o * rb..(o + 1) * rb], xq, tb, &mut out[..g]);
+                        let row = &w[o * rb..(o + 1) * rb];
+                        lowbit_row(isa, qt, masks, row, xq, tb, &mut out[..g]);
                         o += 1;
                     }
                 }
@@ -439,7 +497,14 @@ fn transpose_into(
 }
 
 /// `out.len()` consecutive whole weight rows against activation row 0 of `xq`: `out[r]`.
-fn lowbit_rows_one_act(isa: Isa, qt: QuantType, rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+fn lowbit_rows_one_act(
+    isa: Isa,
+    qt: QuantType,
+    masks: bool,
+    rows: &[u8],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
     assert!(xq.n >= 1, "lowbit_rows_one_act: no activation row");
     let rb = qt.row_bytes(xq.n_in).expect("whole blocks");
     assert_eq!(
@@ -467,7 +532,11 @@ fn lowbit_rows_one_act(isa: Isa, qt: QuantType, rows: &[u8], xq: &QuantActs, out
             // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; `rows` is
             // out.len() whole rows (above).
             unsafe {
-                crate::avx512::lowbit_rows_one_act(qt, rows, xq, out)
+                if masks {
+                    crate::avx512::q1m_rows_one_act(rows, xq, out)
+                } else {
+                    crate::avx512::lowbit_rows_one_act(qt, rows, xq, out)
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()
@@ -479,9 +548,11 @@ fn lowbit_rows_one_act(isa: Isa, qt: QuantType, rows: &[u8], xq: &QuantActs, out
 /// `t_begin..t_begin + g` of `xq`: `out0[i]`, `out1[i]` (length g each). AVX-512 runs both rows in
 /// one pass over the activations; the other ISAs run them one after the other. Same results as
 /// two [`lowbit_row`] calls either way.
+#[allow(clippy::too_many_arguments)]
 fn lowbit_row_pair(
     isa: Isa,
     qt: QuantType,
+    masks: bool,
     rows: &[u8],
     xq: &QuantActs,
     t_begin: usize,
@@ -496,11 +567,17 @@ fn lowbit_row_pair(
             assert!(t_begin + out0.len() <= xq.n && out0.len() == out1.len());
             // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; the
             // kernel asserts that both rows are whole rows of `qt` and the activation rows exist.
-            unsafe { crate::avx512::lowbit_rows::<2>(qt, [w0, w1], xq, t_begin, [out0, out1]) }
+            unsafe {
+                if masks {
+                    crate::avx512::q1m_rows::<2>([w0, w1], xq, t_begin, [out0, out1])
+                } else {
+                    crate::avx512::lowbit_rows::<2>(qt, [w0, w1], xq, t_begin, [out0, out1])
+                }
+            }
         }
         _ => {
-            lowbit_row(isa, qt, w0, xq, t_begin, out0);
-            lowbit_row(isa, qt, w1, xq, t_begin, out1);
+            lowbit_row(isa, qt, masks, w0, xq, t_begin, out0);
+            lowbit_row(isa, qt, masks, w1, xq, t_begin, out1);
         }
     }
 }
@@ -510,6 +587,7 @@ fn lowbit_row_pair(
 fn lowbit_row(
     isa: Isa,
     qt: QuantType,
+    masks: bool,
     wrow: &[u8],
     xq: &QuantActs,
     t_begin: usize,
@@ -537,7 +615,11 @@ fn lowbit_row(
             // SAFETY: `check_isa` verified AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI/BITALG; `wrow` is
             // one whole row of `qt` for `xq.n_in` elements and the rows are inside `xq` (above).
             unsafe {
-                crate::avx512::lowbit_rows::<1>(qt, [wrow], xq, t_begin, [out])
+                if masks {
+                    crate::avx512::q1m_rows::<1>([wrow], xq, t_begin, [out])
+                } else {
+                    crate::avx512::lowbit_rows::<1>(qt, [wrow], xq, t_begin, [out])
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()

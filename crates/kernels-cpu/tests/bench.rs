@@ -3,7 +3,8 @@
 //! `cargo test --release -p bonsai-kernels-cpu --test bench -- --ignored --nocapture`
 //! Env: `BENCH_THREADS` (default: rayon's default), `BENCH_ITERS` (default 30), `BENCH_SCALAR=0` to
 //! skip the (slow) scalar-fallback rows, `BENCH_SHAPE=<n_in>x<n_out>` (default 5120x17408),
-//! `BENCH_N=1,5,512` (activation rows; default 1,5).
+//! `BENCH_N=1,5,512` (activation rows; default 1,5), `BENCH_TYPES=Q1_0,...` (weight types by
+//! name), `BENCH_ISAS=avx512m,avx512,avx2,scalar` (avx512m: Q1_0 in the AVX-512 mask layout).
 
 mod common;
 
@@ -42,14 +43,58 @@ fn bench_lowbit_matmul() {
         active_isa(),
         pool.current_num_threads()
     );
-    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+    let types: Vec<QuantType> = [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64]
+        .into_iter()
+        .filter(|qt| {
+            std::env::var("BENCH_TYPES").map_or(true, |v| {
+                v.split(',').any(|t| t.eq_ignore_ascii_case(qt.name()))
+            })
+        })
+        .collect();
+    let isas: Vec<String> = std::env::var("BENCH_ISAS")
+        .map(|v| v.split(',').map(|s| s.to_ascii_lowercase()).collect())
+        .unwrap_or_default();
+    let want = |name: &str| isas.is_empty() || isas.iter().any(|i| i == name);
+    for qt in types {
         let w = random_weights(&mut rng, qt, n_in, n_out, false);
         for &n in &ns {
             let x = rng.vec(n * n_in, 1.0);
             let xq = ops::quantize_acts(&x, n, n_in);
             let mut y = vec![0f32; n * n_out];
+            // the Q1_0 mask layout (AVX-512), named "Avx512m" in the table
+            let wm = (qt == QuantType::Q1_0 && isa_supported(Isa::Avx512) && want("avx512m"))
+                .then(|| bonsai_kernels_cpu::q1m::pack_isa(Isa::Avx512, &w, n_in, n_out));
+            if let Some(wm) = &wm {
+                pool.install(|| {
+                    let mut ym = vec![0f32; n * n_out];
+                    ops::matmul_q_isa(Isa::Avx512, &w, qt, n_in, n_out, &xq, &mut y);
+                    ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym);
+                    assert_eq!(y, ym, "mask layout differs from the file layout");
+                    for _ in 0..3 {
+                        ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym); // warm-up
+                    }
+                    let mut ts: Vec<f64> = (0..iters)
+                        .map(|_| {
+                            let t0 = Instant::now();
+                            ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym);
+                            t0.elapsed().as_secs_f64()
+                        })
+                        .collect();
+                    ts.sort_by(f64::total_cmp);
+                    let (dt, dmin) = (ts[ts.len() / 2], ts[0]);
+                    println!(
+                        "{:>10} n={n} Avx512m: {:8.3} ms/call median ({:.3} min), {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
+                        qt.name(),
+                        dt * 1e3,
+                        dmin * 1e3,
+                        w.len() as f64 / dt / 1e9,
+                        (n_in * n_out * n) as f64 / dt / 1e9
+                    );
+                    std::hint::black_box(&ym);
+                });
+            }
             for isa in Isa::ALL.into_iter().rev() {
-                if !isa_supported(isa) {
+                if !isa_supported(isa) || !want(isa.name()) {
                     continue;
                 }
                 let want_scalar = std::env::var("BENCH_SCALAR")

@@ -15,6 +15,7 @@ fn shapes(qt: QuantType) -> Vec<(usize, usize)> {
         (256usize.max(be), 1usize),
         (512, 33),
         (640, 17),
+        (768, 9), // a 512-element pair and an unpaired 256-chunk (q1p layout)
         (128.max(be), 3),
         (1024, 50),
     ];
