@@ -453,6 +453,37 @@ impl Gguf {
         let _ = data;
     }
 
+    /// Drop the pages of `data` (a slice of [`Self::bytes`]) from this process's map
+    /// (`madvise(MADV_DONTNEED)` on the whole 64 KiB-aligned pages inside it): for tensors a backend
+    /// has copied into its own layout, so the map's copy stops counting towards the resident set.
+    /// A later read of `data` faults the same file bytes back in. A slice outside the map or an
+    /// owned buffer changes nothing.
+    pub fn release(&self, data: &[u8]) {
+        #[cfg(unix)]
+        if let Backing::Mmap(m) = &*self.backing {
+            let base = m.as_ptr() as usize;
+            let Some(off) = (data.as_ptr() as usize).checked_sub(base) else {
+                return;
+            };
+            let Some(end) = off.checked_add(data.len()).filter(|&e| e <= m.len()) else {
+                return;
+            };
+            const P: usize = 1 << 16; // a multiple of every page size in use
+            let (a, b) = (off.div_ceil(P) * P, end / P * P);
+            if b > a {
+                // SAFETY: the map is a read-only mapping of a file this process never writes, so
+                // MADV_DONTNEED only drops page-table entries: the next access faults in the same
+                // bytes from the page cache or the file, and every live borrow of the map keeps
+                // reading what it read before. [a, b) lies inside the map (checked above).
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = data;
+    }
+
     /// All metadata pairs in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
         &self.metadata

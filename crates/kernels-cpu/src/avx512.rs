@@ -93,7 +93,10 @@ unsafe fn q1m_rows_one<const R: usize, const S: usize>(
     let nfull = xq.n_in / 256;
     let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
     let mut acc = [[_mm256_setzero_ps(); ROWS]; R];
-    q1m_pairs_s::<R, 1, S>(&wrows, xq, 0, c1 / 2, &mut acc);
+    // the next R rows follow these in memory (one task's rows): stream them towards the caches
+    // while these run, at the pace these are read
+    let next = wrows[R - 1].as_ptr().wrapping_add(wrows[R - 1].len());
+    q1m_pairs_s::<R, 1, S>(&wrows, xq, 0, c1 / 2, next, &mut acc);
     q1_chunks::<R, 1>(&wrows, xq, 0, c1..nfull, &mut acc);
     for r in 0..R {
         out[r] = hsum_ps(tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0]));
@@ -456,9 +459,9 @@ fn q1m_pairs<const R: usize, const NT: usize>(
     // two independent i32 chains per (weight row, activation row) when few pairs share the
     // vector (vpdpbusd latency)
     if R * NT < 4 {
-        q1m_pairs_s::<R, NT, 2>(wrows, xq, t0, npair, acc)
+        q1m_pairs_s::<R, NT, 2>(wrows, xq, t0, npair, core::ptr::null(), acc)
     } else {
-        q1m_pairs_s::<R, NT, 1>(wrows, xq, t0, npair, acc)
+        q1m_pairs_s::<R, NT, 1>(wrows, xq, t0, npair, core::ptr::null(), acc)
     }
 }
 
@@ -470,6 +473,7 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
     xq: &QuantActs,
     t0: usize,
     npair: usize,
+    prefetch: *const u8,
     acc: &mut [[__m256; ROWS]; R],
 ) {
     let nbp = xq.n_pad / 32;
@@ -500,6 +504,19 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
     // acts: row t0's q1p bytes (pair s's vector k at 512s + 64k); rows follow at n_pad
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
     for s in 0..npair {
+        if !prefetch.is_null() {
+            // the lines of bytes [R·72·s, R·72·(s + 1)) from `prefetch`: never dereferenced, so
+            // an address past the matrix is harmless
+            let lo = (prefetch as usize + q1m::PAIR_BYTES * R * s) & !63;
+            let hi = prefetch as usize + q1m::PAIR_BYTES * R * (s + 1);
+            let mut a = lo;
+            while a < hi {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    prefetch.wrapping_add(a - prefetch as usize) as *const i8
+                );
+                a += 64;
+            }
+        }
         let mut dwv = [_mm512_setzero_ps(); R];
         let mut wp = [core::ptr::null::<u8>(); R];
         for r in 0..R {

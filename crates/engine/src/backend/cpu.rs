@@ -1,10 +1,11 @@
-//! The CPU backend: runs straight from the mmap (no re-packing), int8-activation low-bit matmuls
-//! from `bonsai_kernels_cpu::ops`, f32 residual and GDN state, f16 KV cache.
+//! The CPU backend: runs from the mmap (Q1_0 re-laid once into the AVX-512 mask layout where the
+//! CPU has it), int8-activation low-bit matmuls from `bonsai_kernels_cpu::ops`, f32 residual and
+//! GDN state, f16 KV cache.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use bonsai_kernels_cpu::{ops, reference as r, QuantType};
+use bonsai_kernels_cpu::{ops, q1m, reference as r, QuantType};
 use half::f16;
 use rayon::prelude::*;
 
@@ -26,23 +27,63 @@ impl CpuBackend {
     }
 }
 
-/// A weight matrix `[n_in, n_out]` read in place from the mapped file.
+/// A weight matrix `[n_in, n_out]` read in place from the mapped file, or — Q1_0 on a CPU with
+/// AVX-512 VNNI / BITALG — re-laid once at load into the mask layout ([`q1m`]) that the AVX-512
+/// mat-vec reads without unpacking (the same results bit for bit).
 pub struct CpuMat {
     g: Arc<Gguf>,
     idx: usize,
     pub qt: QuantType,
     pub n_in: usize,
     pub n_out: usize,
+    /// `[n_out, row_bytes(n_in)]` the Q1_0 rows in the mask layout; the file's pages are released.
+    masks: Option<Vec<u8>>,
 }
 
 impl CpuMat {
-    /// The matrix bytes: `n_out` rows of `row_bytes(n_in)`. Checked at load.
+    /// The matrix bytes in the file: `n_out` rows of `row_bytes(n_in)`. Checked at load.
     fn data(&self) -> &[u8] {
         let t = &self.g.tensors()[self.idx];
         self.g
             .tensor_data(t)
             .expect("tensor extent validated at load")
     }
+
+    /// True when the matrix is held in the mask layout.
+    pub fn is_q1m(&self) -> bool {
+        self.masks.is_some()
+    }
+
+    /// `y` `[n, n_out]` = the quantized activations `xq` · Wᵀ (a low-bit matrix).
+    fn matmul_q(&self, xq: &ops::QuantActs, y: &mut [f32]) {
+        match &self.masks {
+            Some(wm) => ops::matmul_q1m(wm, self.n_in, self.n_out, xq, y),
+            None => ops::matmul_q(self.data(), self.qt, self.n_in, self.n_out, xq, y),
+        }
+    }
+
+    /// Row `o` dequantized into `out` (`n_in` values).
+    fn dequantize_row(&self, o: usize, out: &mut [f32]) {
+        let rb = self.qt.row_bytes(self.n_in).expect("validated");
+        match &self.masks {
+            Some(wm) => {
+                let mut row = vec![0u8; rb];
+                q1m::unpack_row(&wm[o * rb..(o + 1) * rb], self.n_in, &mut row);
+                bonsai_kernels_cpu::quant::dequantize_row(self.qt, &row, out);
+            }
+            None => bonsai_kernels_cpu::quant::dequantize_row(
+                self.qt,
+                &self.data()[o * rb..(o + 1) * rb],
+                out,
+            ),
+        }
+    }
+}
+
+/// Whether Q1_0 matrices go into the mask layout: AVX-512 with VNNI and BITALG is the active ISA
+/// and `BONSAI_CPU_Q1M` is not `0`.
+fn use_q1m() -> bool {
+    ops::q1m_available() && std::env::var("BONSAI_CPU_Q1M").map_or(true, |v| v != "0")
 }
 
 /// Activation rows: `data` is `[n, width]` f32.
@@ -192,7 +233,7 @@ fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>
         debug_assert_eq!(m.n_in, n_in);
         y.resize(n * m.n_out, 0.0);
         match (&xq, m.qt.is_lowbit()) {
-            (Some(q), true) => ops::matmul_q(m.data(), m.qt, m.n_in, m.n_out, q, y),
+            (Some(q), true) => m.matmul_q(q, y),
             _ => ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y),
         }
     }
@@ -327,13 +368,20 @@ impl Backend for CpuBackend {
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {
         let (idx, qt, _) = g.matrix(name, n_in, n_out)?;
-        Ok(CpuMat {
+        let mut m = CpuMat {
             g: g.clone(),
             idx,
             qt,
             n_in,
             n_out,
-        })
+            masks: None,
+        };
+        if qt == QuantType::Q1_0 && n_in >= q1m::PAIR_ELEMS && use_q1m() {
+            let packed = q1m::pack(m.data(), n_in, n_out);
+            g.release(m.data());
+            m.masks = Some(packed);
+        }
+        Ok(m)
     }
 
     fn load_vector(&self, g: &Arc<Gguf>, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -463,8 +511,6 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, table: &CpuMat, ids: &[u32], x: &mut CpuAct) -> Result<()> {
-        let rb = table.qt.row_bytes(table.n_in).expect("validated");
-        let data = table.data();
         for (t, &id) in ids.iter().enumerate() {
             let id = id as usize;
             if id >= table.n_out {
@@ -473,11 +519,7 @@ impl Backend for CpuBackend {
                     table.n_out
                 )));
             }
-            bonsai_kernels_cpu::quant::dequantize_row(
-                table.qt,
-                &data[id * rb..(id + 1) * rb],
-                &mut x.data[t * x.width..(t + 1) * x.width],
-            );
+            table.dequantize_row(id, &mut x.data[t * x.width..(t + 1) * x.width]);
         }
         Ok(())
     }
