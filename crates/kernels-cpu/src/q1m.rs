@@ -101,12 +101,24 @@ pub fn pack(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
 
 /// [`pack`] with an explicit ISA (scalar or AVX-512; AVX2 packs like scalar).
 pub fn pack_isa(isa: crate::ops::Isa, w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
+    let mut out = vec![0u8; w.len()];
+    pack_into_isa(isa, w, n_in, n_out, &mut out);
+    out
+}
+
+/// [`pack`] into a caller's buffer of `w.len()` bytes (e.g. huge-page-backed memory).
+pub fn pack_into(w: &[u8], n_in: usize, n_out: usize, out: &mut [u8]) {
+    pack_into_isa(crate::ops::active_isa(), w, n_in, n_out, out)
+}
+
+/// [`pack_into`] with an explicit ISA.
+pub fn pack_into_isa(isa: crate::ops::Isa, w: &[u8], n_in: usize, n_out: usize, out: &mut [u8]) {
     assert_eq!(n_in % 128, 0, "q1m: n_in must be whole Q1_0 blocks");
     let rb = n_in / 128 * BLOCK_BYTES;
     assert_eq!(w.len(), rb * n_out, "q1m: matrix bytes");
-    let mut out = vec![0u8; w.len()];
+    assert_eq!(out.len(), w.len(), "q1m: destination bytes");
     if rb == 0 {
-        return out;
+        return;
     }
     #[cfg(target_arch = "x86_64")]
     let fast = isa == crate::ops::Isa::Avx512 && crate::ops::isa_supported(isa);
@@ -129,5 +141,4 @@ pub fn pack_isa(isa: crate::ops::Isa, w: &[u8], n_in: usize, n_out: usize) -> Ve
                 pack_row(s, n_in, d)
             }
         });
-    out
 }

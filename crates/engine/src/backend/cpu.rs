@@ -36,8 +36,9 @@ pub struct CpuMat {
     pub qt: QuantType,
     pub n_in: usize,
     pub n_out: usize,
-    /// `[n_out, row_bytes(n_in)]` the Q1_0 rows in the mask layout; the file's pages are released.
-    masks: Option<Vec<u8>>,
+    /// `[n_out, row_bytes(n_in)]` the Q1_0 rows in the mask layout, in anonymous memory asked to
+    /// be backed by huge pages; the file's pages are released.
+    masks: Option<memmap2::MmapMut>,
 }
 
 impl CpuMat {
@@ -377,9 +378,17 @@ impl Backend for CpuBackend {
             masks: None,
         };
         if qt == QuantType::Q1_0 && n_in >= q1m::PAIR_ELEMS && use_q1m() {
-            let packed = q1m::pack(m.data(), n_in, n_out);
-            g.release(m.data());
-            m.masks = Some(packed);
+            let data = m.data();
+            let mut buf = memmap2::MmapMut::map_anon(data.len()).map_err(|e| {
+                Error::Backend(format!("cpu: {} bytes for {name}: {e}", data.len()))
+            })?;
+            // huge pages: fewer page faults while packing, fewer TLB misses while decoding
+            #[cfg(target_os = "linux")]
+            let _ = buf.advise(memmap2::Advice::HugePage);
+            g.prefault(data);
+            q1m::pack_into(data, n_in, n_out, &mut buf);
+            g.release(data);
+            m.masks = Some(buf);
         }
         Ok(m)
     }
