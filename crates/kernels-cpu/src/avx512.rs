@@ -98,8 +98,14 @@ unsafe fn q1m_rows_one<const R: usize, const S: usize>(
     let next = wrows[R - 1].as_ptr().wrapping_add(wrows[R - 1].len());
     q1m_pairs_s::<R, 1, S>(&wrows, xq, 0, c1 / 2, next, &mut acc);
     q1_chunks::<R, 1>(&wrows, xq, 0, c1..nfull, &mut acc);
+    let partial = xq.n_in % 256 != 0;
     for r in 0..R {
-        out[r] = hsum_ps(tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0]));
+        let a = if partial {
+            tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0])
+        } else {
+            acc[r][0]
+        };
+        out[r] = hsum_ps(a);
     }
 }
 
