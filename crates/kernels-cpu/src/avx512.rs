@@ -513,14 +513,12 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
         if !prefetch.is_null() {
             // the lines of bytes [R·72·s, R·72·(s + 1)) from `prefetch`: never dereferenced, so
             // an address past the matrix is harmless
-            let lo = (prefetch as usize + q1m::PAIR_BYTES * R * s) & !63;
-            let hi = prefetch as usize + q1m::PAIR_BYTES * R * (s + 1);
-            let mut a = lo;
-            while a < hi {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    prefetch.wrapping_add(a - prefetch as usize) as *const i8
-                );
-                a += 64;
+            let from = prefetch.wrapping_add(q1m::PAIR_BYTES * R * s);
+            let mut p = from.wrapping_sub(from as usize & 63); // its line
+            let end = from.wrapping_add(q1m::PAIR_BYTES * R) as usize;
+            while (p as usize) < end {
+                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                p = p.wrapping_add(64);
             }
         }
         let mut dwv = [_mm512_setzero_ps(); R];
