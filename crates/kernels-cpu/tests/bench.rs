@@ -64,32 +64,39 @@ fn bench_lowbit_matmul() {
             // the Q1_0 mask layout (AVX-512), named "Avx512m" in the table
             let wm = (qt == QuantType::Q1_0 && isa_supported(Isa::Avx512) && want("avx512m"))
                 .then(|| bonsai_kernels_cpu::q1m::pack_isa(Isa::Avx512, &w, n_in, n_out));
+            // one row of the table: 3 warm-up calls, then per-call times (the median and the
+            // minimum resist a noisy shared machine)
+            let row = |label: &str, its: usize, call: &mut dyn FnMut()| {
+                for _ in 0..3 {
+                    call();
+                }
+                let mut ts: Vec<f64> = (0..its)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        call();
+                        t0.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                ts.sort_by(f64::total_cmp);
+                let (dt, dmin) = (ts[ts.len() / 2], ts[0]);
+                println!(
+                    "{:>10} n={n} {label}: {:8.3} ms/call median ({:.3} min), {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
+                    qt.name(),
+                    dt * 1e3,
+                    dmin * 1e3,
+                    w.len() as f64 / dt / 1e9,
+                    (n_in * n_out * n) as f64 / dt / 1e9
+                );
+            };
             if let Some(wm) = &wm {
                 pool.install(|| {
                     let mut ym = vec![0f32; n * n_out];
                     ops::matmul_q_isa(Isa::Avx512, &w, qt, n_in, n_out, &xq, &mut y);
                     ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym);
                     assert_eq!(y, ym, "mask layout differs from the file layout");
-                    for _ in 0..3 {
-                        ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym); // warm-up
-                    }
-                    let mut ts: Vec<f64> = (0..iters)
-                        .map(|_| {
-                            let t0 = Instant::now();
-                            ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym);
-                            t0.elapsed().as_secs_f64()
-                        })
-                        .collect();
-                    ts.sort_by(f64::total_cmp);
-                    let (dt, dmin) = (ts[ts.len() / 2], ts[0]);
-                    println!(
-                        "{:>10} n={n} Avx512m: {:8.3} ms/call median ({:.3} min), {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
-                        qt.name(),
-                        dt * 1e3,
-                        dmin * 1e3,
-                        w.len() as f64 / dt / 1e9,
-                        (n_in * n_out * n) as f64 / dt / 1e9
-                    );
+                    row("Avx512m", iters, &mut || {
+                        ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym)
+                    });
                     std::hint::black_box(&ym);
                 });
             }
@@ -105,28 +112,9 @@ fn bench_lowbit_matmul() {
                 }
                 let its = if isa == Isa::Scalar { 2 } else { iters };
                 pool.install(|| {
-                    for _ in 0..3 {
-                        ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y); // warm-up
-                    }
-                    // per-call times: the median and the minimum resist a noisy shared machine
-                    let mut ts: Vec<f64> = (0..its)
-                        .map(|_| {
-                            let t0 = Instant::now();
-                            ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
-                            t0.elapsed().as_secs_f64()
-                        })
-                        .collect();
-                    ts.sort_by(f64::total_cmp);
-                    let (dt, dmin) = (ts[ts.len() / 2], ts[0]);
-                    println!(
-                        "{:>10} n={n} {:?}: {:8.3} ms/call median ({:.3} min), {:6.2} GB/s weights, {:7.2} G weight-MAC/s",
-                        qt.name(),
-                        isa,
-                        dt * 1e3,
-                        dmin * 1e3,
-                        w.len() as f64 / dt / 1e9,
-                        (n_in * n_out * n) as f64 / dt / 1e9
-                    );
+                    row(&format!("{isa:?}"), its, &mut || {
+                        ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y)
+                    })
                 });
             }
             std::hint::black_box(&y);
