@@ -810,6 +810,8 @@ fn cuda_draft_by_context() {
         return;
     };
     let (window, nv) = (d.window(), d.cfg.n_vocab);
+    // the load-time forms, put back at the end
+    let (fused0, kv0) = (d.fused(), d.attn_per_kv_head());
     let mut st = d.new_state().unwrap();
     let mut rng = Rng(5);
     let mut pos = 0usize;
@@ -875,8 +877,8 @@ fn cuda_draft_by_context() {
             attn_us[0], attn_us[1], ms[0], ms[1], ms[2]
         ));
     }
-    d.set_fused(true);
-    d.set_attn_per_kv_head(false);
+    d.set_fused(fused0);
+    d.set_attn_per_kv_head(kv0);
     if let Ok(out) = std::env::var("BONSAI_DRAFT_CTX_OUT") {
         let json = format!(
             "{{\"what\": \"graph draft ms by context length: unfused draft launches, fused with the block attention per q head, fused per kv head (CudaDrafter::set_fused / set_attn_per_kv_head), alternating in one process, 3 x median of 15; attn_alone_us: the dsp_attn launches of one eager draft timed alone\", \"device\": \"{}\", \"rows\": [{}]}}\n",
