@@ -2,8 +2,10 @@
 //! definition in `ops` (see the `ops` module doc); only the integer parts are reorganized.
 
 use crate::ops::{lowbit_isum, q1p_chunk, wscale, QuantActs};
+use crate::q1m;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
+use core::ops::Range;
 
 /// The fixed 8-lane reduction `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))` of `ops::hsum8`.
 #[inline]
@@ -69,6 +71,199 @@ pub(crate) unsafe fn lowbit_rows_one_act(
     }
 }
 
+/// [`lowbit_rows_one_act`] for Q1_0 rows in the mask layout (`crate::q1m`): groups of 4 rows
+/// share each activation load while the next 4 are prefetched.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `rows.len()` must be `out.len()` whole Q1_0 rows for
+/// `xq.n_in` elements, and `xq.n >= 1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q1m_rows_one_act(rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+    let rb = rows.len() / out.len().max(1);
+    let mut r = 0;
+    macro_rules! go {
+        ($R:literal) => {
+            while out.len() - r >= $R {
+                let w: [&[u8]; $R] =
+                    core::array::from_fn(|i| &rows[(r + i) * rb..(r + i + 1) * rb]);
+                // SAFETY: the same CPU features as this function; the asserts inside check the
+                // rows.
+                unsafe { q1m_rows_one::<$R>(w, xq, &mut out[r..r + $R]) }
+                r += $R;
+            }
+        };
+    }
+    go!(4);
+    go!(1);
+}
+
+/// R mask-layout Q1_0 rows against activation row 0 (decode): `out[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1m_rows_one<const R: usize>(wrows: [&[u8]; R], xq: &QuantActs, out: &mut [f32]) {
+    assert_eq!(out.len(), R);
+    for w in &wrows {
+        assert_eq!(Some(w.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+    }
+    let nfull = xq.n_in / 256;
+    let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    // the next R rows follow these in memory (one task's rows): stream them towards the caches
+    let next = wrows[R - 1].as_ptr().wrapping_add(wrows[R - 1].len());
+    q1m_pairs::<R, 1>(&wrows, xq, 0, c1 / 2, next, &mut acc);
+    for r in 0..R {
+        q1_chunks::<1>(wrows[r], xq, 0, c1..nfull, &mut acc[r]);
+        out[r] = hsum_ps(tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0]));
+    }
+}
+
+/// [`lowbit_row`] for one Q1_0 row in the mask layout (`crate::q1m`).
+///
+/// # Safety
+/// As [`lowbit_row`], with `wrow` one whole mask-layout Q1_0 row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q1m_row(wrow: &[u8], xq: &QuantActs, t_begin: usize, out: &mut [f32]) {
+    let n = t_begin + out.len();
+    assert!(n <= xq.n);
+    assert_eq!(Some(wrow.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+    let nfull = xq.n_in / 256;
+    let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
+    let none = core::ptr::null();
+    let mut t0 = t_begin;
+    while t0 < n {
+        let nt = (n - t0).min(4);
+        let mut acc = [[_mm256_setzero_ps(); 4]; 1];
+        match nt {
+            1 => q1m_pairs::<1, 1>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            2 => q1m_pairs::<1, 2>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            3 => q1m_pairs::<1, 3>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            _ => q1m_pairs::<1, 4>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+        }
+        let acc = &mut acc[0];
+        match nt {
+            1 => q1_chunks::<1>(wrow, xq, t0, c1..nfull, acc),
+            2 => q1_chunks::<2>(wrow, xq, t0, c1..nfull, acc),
+            3 => q1_chunks::<3>(wrow, xq, t0, c1..nfull, acc),
+            _ => q1_chunks::<4>(wrow, xq, t0, c1..nfull, acc),
+        }
+        for ti in 0..nt {
+            acc[ti] = tail_chunk(QuantType::Q1_0, wrow, xq, t0 + ti, acc[ti]);
+            out[t0 - t_begin + ti] = hsum_ps(acc[ti]);
+        }
+        t0 += nt;
+    }
+}
+
+/// Q1_0 in the mask layout over the first `npair` 512-element pairs of weight rows `wrows` and
+/// activation rows `t0..t0+NT` (`acc[r][ti]`). Word k broadcast to the 4 qwords of a vector and
+/// ANDed with `1 << (p / 8)` (chunk 2s) or `1 << (4 + p / 8)` (chunk 2s + 1) in byte p gives the
+/// `b·2^j` bytes of each half of the pair's 64-byte q1p vector k; `maddubs` (at most 2·128·127, no
+/// saturation) and `madd` leave `2^j · Σ b·q` in i32 lane l of each half, j = l / 2 and 4 + l / 2,
+/// which `vpsravd` makes exact: the chunk kernel's block integers and float steps, the same bits.
+/// With `prefetch` non-null, the lines of the R rows that follow are requested at the pace these
+/// are read.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q1m_pairs<const R: usize, const NT: usize>(
+    wrows: &[&[u8]; R],
+    xq: &QuantActs,
+    t0: usize,
+    npair: usize,
+    prefetch: *const u8,
+    acc: &mut [[__m256; 4]; R],
+) {
+    let nbp = xq.n_pad / 32;
+    let sel = |j0: i64| -> __m256i {
+        let b = |j: i64| 0x0101_0101_0101_0101i64.wrapping_mul(1 << j);
+        _mm256_setr_epi64x(b(j0), b(j0 + 1), b(j0 + 2), b(j0 + 3))
+    };
+    let (sel_lo, sel_hi) = (sel(0), sel(4));
+    let sh_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    let sh_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    let ones16 = _mm256_set1_epi16(1);
+    let zero = _mm256_setzero_si256();
+    let (dw_lo, dw_hi) = (
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+    );
+    assert!(t0 + NT <= xq.n && q1m::PAIR_ELEMS * npair <= xq.n_pad);
+    assert!(xq.sums.len() >= (t0 + NT) * nbp && xq.d.len() >= (t0 + NT) * nbp);
+    for w in wrows {
+        assert!(w.len() >= q1m::PAIR_BYTES * npair);
+    }
+    // acts: row t0's q1p bytes (pair s's vector k at 512s + 64k); rows follow at n_pad
+    let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
+    for s in 0..npair {
+        if !prefetch.is_null() {
+            let from = prefetch.wrapping_add(q1m::PAIR_BYTES * R * s);
+            let mut p = from.wrapping_sub(from as usize & 63); // its line
+            let end = from.wrapping_add(q1m::PAIR_BYTES * R) as usize;
+            while (p as usize) < end {
+                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                p = p.wrapping_add(64);
+            }
+        }
+        let mut wp = [core::ptr::null::<u8>(); R];
+        let mut dwv = [[_mm256_setzero_ps(); 2]; R];
+        for r in 0..R {
+            // SAFETY: pair s's 72 bytes lie inside wrows[r] (asserted above).
+            wp[r] = unsafe { wrows[r].as_ptr().add(q1m::PAIR_BYTES * s) };
+            // SAFETY: reads the pair's first 8 bytes (the 4 f16 scales).
+            let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
+            let d4 = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
+            dwv[r] = [
+                _mm256_permutevar8x32_ps(d4, dw_lo),
+                _mm256_permutevar8x32_ps(d4, dw_hi),
+            ];
+        }
+        let mut bq = [[[zero; 2]; NT]; R]; // bq[r][ti][half]: lane l = 2^j · partial Σ b·q
+        for k in 0..8 {
+            let mut wb = [[zero; 2]; R];
+            for r in 0..R {
+                // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
+                let word = unsafe { core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64) };
+                let wv = _mm256_set1_epi64x(word);
+                wb[r] = [_mm256_and_si256(wv, sel_lo), _mm256_and_si256(wv, sel_hi)];
+            }
+            for ti in 0..NT {
+                for hf in 0..2 {
+                    // SAFETY: row t0 + ti < xq.n and 512s + 64k + 64 <= n_pad (asserted above).
+                    let av = unsafe {
+                        _mm256_loadu_si256(
+                            acts.add(ti * xq.n_pad + 512 * s + 64 * k + 32 * hf) as *const __m256i
+                        )
+                    };
+                    for r in 0..R {
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wb[r][hf], av), ones16);
+                        bq[r][ti][hf] = _mm256_add_epi32(bq[r][ti][hf], p);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for ti in 0..NT {
+                let t = t0 + ti;
+                for hf in 0..2 {
+                    let sh = if hf == 0 { sh_lo } else { sh_hi };
+                    let bqs = _mm256_srav_epi32(bq[r][ti][hf], sh);
+                    let b = t * nbp + 16 * s + 8 * hf;
+                    // SAFETY: blocks b .. b + 8 of row t lie inside sums and d (asserted above).
+                    let (sv, dav) = unsafe {
+                        (
+                            _mm256_loadu_si256(xq.sums.as_ptr().add(b) as *const __m256i),
+                            _mm256_loadu_ps(xq.d.as_ptr().add(b)),
+                        )
+                    };
+                    let isum = _mm256_sub_epi32(_mm256_slli_epi32(bqs, 1), sv);
+                    let sc = _mm256_mul_ps(dwv[r][hf], dav);
+                    acc[r][ti] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[r][ti]);
+                }
+            }
+        }
+    }
+}
+
 /// One low-bit weight row against activation rows `t_begin..t_begin + out.len()` of `xq`:
 /// `out[i]` is row `t_begin + i`.
 ///
@@ -93,10 +288,10 @@ pub(crate) unsafe fn lowbit_row(
         let nt = (n - t0).min(4);
         let mut acc = [_mm256_setzero_ps(); 4];
         match (qt, nt) {
-            (QuantType::Q1_0, 1) => q1_chunks::<1>(wrow, xq, t0, nfull, &mut acc),
-            (QuantType::Q1_0, 2) => q1_chunks::<2>(wrow, xq, t0, nfull, &mut acc),
-            (QuantType::Q1_0, 3) => q1_chunks::<3>(wrow, xq, t0, nfull, &mut acc),
-            (QuantType::Q1_0, _) => q1_chunks::<4>(wrow, xq, t0, nfull, &mut acc),
+            (QuantType::Q1_0, 1) => q1_chunks::<1>(wrow, xq, t0, 0..nfull, &mut acc),
+            (QuantType::Q1_0, 2) => q1_chunks::<2>(wrow, xq, t0, 0..nfull, &mut acc),
+            (QuantType::Q1_0, 3) => q1_chunks::<3>(wrow, xq, t0, 0..nfull, &mut acc),
+            (QuantType::Q1_0, _) => q1_chunks::<4>(wrow, xq, t0, 0..nfull, &mut acc),
             (_, 1) => q2_chunks::<1>(qt, wrow, xq, t0, nfull, &mut acc),
             (_, 2) => q2_chunks::<2>(qt, wrow, xq, t0, nfull, &mut acc),
             (_, 3) => q2_chunks::<3>(qt, wrow, xq, t0, nfull, &mut acc),
@@ -155,9 +350,29 @@ fn q1_chunks<const NT: usize>(
     wrow: &[u8],
     xq: &QuantActs,
     t0: usize,
-    nfull: usize,
+    chunks: Range<usize>,
     acc: &mut [__m256; 4],
 ) {
+    // q1p keeps the chunks of whole 512-element pairs interleaved (vectors 64 bytes apart) and a
+    // last unpaired chunk plain (32 apart): one loop each, with the stride a constant
+    let cp = 2 * (xq.n_pad / 512);
+    q1_chunks_vs::<NT, 64>(wrow, xq, t0, chunks.start..chunks.end.min(cp), acc);
+    q1_chunks_vs::<NT, 32>(wrow, xq, t0, chunks.start.max(cp)..chunks.end, acc);
+}
+
+/// [`q1_chunks`] over chunks whose q1p vectors lie `VS` bytes apart.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q1_chunks_vs<const NT: usize, const VS: usize>(
+    wrow: &[u8],
+    xq: &QuantActs,
+    t0: usize,
+    chunks: Range<usize>,
+    acc: &mut [__m256; 4],
+) {
+    if chunks.is_empty() {
+        return;
+    }
     let nbp = xq.n_pad / 32;
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
@@ -179,8 +394,8 @@ fn q1_chunks<const NT: usize>(
     let bsel_hi = _mm256_set1_epi32(0x8040_2010u32 as i32);
     let mut accv = [_mm256_setzero_ps(); NT];
     accv.copy_from_slice(&acc[..NT]);
-    assert!(256 * nfull <= xq.n_pad);
-    for c in 0..nfull {
+    assert!(256 * chunks.end <= xq.n_pad);
+    for c in chunks {
         let off0 = 2 * c * 18;
         let off1 = off0 + 18;
         // SAFETY: each 16-byte load reads one block's bits qs[0..16], inside wrow (checked by slicing).
@@ -200,12 +415,18 @@ fn q1_chunks<const NT: usize>(
         for ti in 0..NT {
             let t = t0 + ti;
             let a = xq.q1p[t * xq.n_pad..(t + 1) * xq.n_pad].as_ptr();
-            let (v0, vs) = q1p_chunk(xq.n_pad, c);
+            // vector 0 of chunk c (`q1p_vec`): paired chunks interleave, a last one is plain
+            let v0 = if VS == 64 {
+                512 * (c / 2) + 32 * (c % 2)
+            } else {
+                256 * c
+            };
+            debug_assert_eq!(q1p_chunk(xq.n_pad, c), (v0, VS));
             let mut s16 = zero;
             for k in 0..8 {
-                // SAFETY: c < nfull <= n_pad / 256, so the 32 bytes of vector k (q1p_vec) lie
-                // inside row t of q1p (n_pad bytes from `a`).
-                let av = unsafe { _mm256_loadu_si256(a.add(v0 + vs * k) as *const __m256i) };
+                // SAFETY: c < n_pad / 256 (asserted above), so the 32 bytes of vector k
+                // (`q1p_vec`) lie inside row t of q1p (n_pad bytes from `a`).
+                let av = unsafe { _mm256_loadu_si256(a.add(v0 + VS * k) as *const __m256i) };
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(b01[k], av));
             }
             let bq = _mm256_madd_epi16(s16, ones16); // lane l: Σ b·q over block 8c+l

@@ -590,18 +590,6 @@ fn hi256_ps(v: __m512) -> __m256 {
     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
 }
 
-/// The 8×8 bit matrix of `x` (byte r = row r, bit c = column c) transposed: bit `8c + r` of the
-/// result is bit `8r + c` of `x`.
-#[inline]
-fn transpose8x8(mut x: u64) -> u64 {
-    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
-    x ^= t ^ (t << 7);
-    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
-    x ^= t ^ (t << 14);
-    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
-    x ^ t ^ (t << 28)
-}
-
 /// One Q1_0 row (`src`, file layout, `n_in` elements) into the mask layout (`dst`, the same
 /// length): `crate::q1m::pack_row`, with each chunk's 8 half-words from `vpshufbitqmb` (the chunk
 /// kernel's unpacking index: mask bit p = activation byte p of vector k) and one 8×8 bit transpose
@@ -634,7 +622,7 @@ pub(crate) unsafe fn q1m_pack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
         }
         // bit p of the shuffle mask → bit 8·(p % 8) + p / 8: the 8×8 bit transpose
         for w in words.iter_mut() {
-            *w = transpose8x8(*w);
+            *w = q1m::transpose8x8(*w);
         }
         for b in 0..4 {
             dp[2 * b..2 * b + 2].copy_from_slice(&sp[18 * b..18 * b + 2]);

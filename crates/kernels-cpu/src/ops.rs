@@ -377,25 +377,37 @@ pub fn matmul_q_isa(
     matmul_lowbit(isa, w, qt, false, n_in, n_out, xq, y)
 }
 
-/// True when this CPU runs Q1_0 matrices in the mask layout ([`crate::q1m`]): AVX-512 with VNNI
-/// and BITALG is the active ISA. A backend that packs its matrices with [`crate::q1m::pack`] then
-/// multiplies with [`matmul_q1m`].
+/// True when this CPU runs Q1_0 matrices in the mask layout ([`crate::q1m`]): the active ISA is
+/// AVX2 or AVX-512. A backend that packs its matrices with [`crate::q1m::pack`] then multiplies
+/// with [`matmul_q1m`].
 pub fn q1m_available() -> bool {
-    active_isa() == Isa::Avx512
+    active_isa().avx2()
 }
 
 /// [`matmul_q`] for a Q1_0 matrix in the mask layout (`wm` from [`crate::q1m::pack`]): the same
 /// results bit for bit as [`matmul_q`] on the file bytes. Needs [`q1m_available`].
 pub fn matmul_q1m(wm: &[u8], n_in: usize, n_out: usize, xq: &QuantActs, y: &mut [f32]) {
-    assert!(
-        isa_supported(Isa::Avx512),
-        "matmul_q1m: the mask layout needs AVX-512 (VNNI, BITALG)"
-    );
-    assert_eq!(xq.n_in, n_in, "matmul_q1m: activation width");
-    matmul_lowbit(Isa::Avx512, wm, QuantType::Q1_0, true, n_in, n_out, xq, y)
+    matmul_q1m_isa(active_isa(), wm, n_in, n_out, xq, y)
 }
 
-/// The low-bit matmul of [`matmul_q_isa`]; `masks`: Q1_0 rows in the mask layout (AVX-512 only).
+/// [`matmul_q1m`] with an explicit ISA: AVX2 or AVX-512.
+pub fn matmul_q1m_isa(
+    isa: Isa,
+    wm: &[u8],
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    assert!(
+        isa.avx2() && isa_supported(isa),
+        "matmul_q1m: the mask layout needs AVX2 or AVX-512 ({isa:?} here)"
+    );
+    assert_eq!(xq.n_in, n_in, "matmul_q1m: activation width");
+    matmul_lowbit(isa, wm, QuantType::Q1_0, true, n_in, n_out, xq, y)
+}
+
+/// The low-bit matmul of [`matmul_q_isa`]; `masks`: Q1_0 rows in the mask layout (AVX2 / AVX-512).
 #[allow(clippy::too_many_arguments)]
 fn matmul_lowbit(
     isa: Isa,
@@ -407,7 +419,7 @@ fn matmul_lowbit(
     xq: &QuantActs,
     y: &mut [f32],
 ) {
-    assert!(!masks || (isa == Isa::Avx512 && qt == QuantType::Q1_0));
+    assert!(!masks || (isa.avx2() && qt == QuantType::Q1_0));
     let rb = qt
         .row_bytes(n_in)
         .expect("matmul: n_in is not a whole number of blocks");
@@ -529,7 +541,11 @@ fn lowbit_rows_one_act(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `check_isa` verified AVX2+FMA+F16C; `rows` is out.len() whole rows (above).
             unsafe {
-                crate::avx2::lowbit_rows_one_act(qt, rows, xq, out)
+                if masks {
+                    crate::avx2::q1m_rows_one_act(rows, xq, out)
+                } else {
+                    crate::avx2::lowbit_rows_one_act(qt, rows, xq, out)
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()
@@ -612,7 +628,11 @@ fn lowbit_row(
             // SAFETY: `check_isa` verified AVX2+FMA+F16C; `wrow` is one whole row of `qt` for
             // `xq.n_in` elements (asserted by the caller) and the rows are inside `xq` (above).
             unsafe {
-                crate::avx2::lowbit_row(qt, wrow, xq, t_begin, out)
+                if masks {
+                    crate::avx2::q1m_row(wrow, xq, t_begin, out)
+                } else {
+                    crate::avx2::lowbit_row(qt, wrow, xq, t_begin, out)
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()

@@ -70,6 +70,50 @@ pub fn pack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
     }
 }
 
+/// [`pack_row`] with whole-word operations: for word k, the 16 nibbles `4k..4k+4` of each 32-element
+/// block (file byte `4l + k/2` of chunk h, nibble `k % 2`) in activation order (bit p), then the
+/// 8×8 bit transpose into the layout's order. The same bytes (`pack_fast_equals_definition`).
+pub fn pack_row_fast(src: &[u8], n_in: usize, dst: &mut [u8]) {
+    check_row(src, n_in, dst);
+    dst.copy_from_slice(src);
+    for s in 0..n_in / PAIR_ELEMS {
+        let sp = &src[s * PAIR_BYTES..(s + 1) * PAIR_BYTES];
+        let dp = &mut dst[s * PAIR_BYTES..(s + 1) * PAIR_BYTES];
+        // bits[h]: chunk h's 32 bytes of weight bits (blocks 2h, 2h + 1 of the pair)
+        let mut bits = [[0u8; 32]; 2];
+        for (h, b) in bits.iter_mut().enumerate() {
+            b[..16].copy_from_slice(&sp[36 * h + 2..36 * h + 18]);
+            b[16..].copy_from_slice(&sp[36 * h + 20..36 * h + 36]);
+        }
+        for b in 0..4 {
+            dp[2 * b..2 * b + 2].copy_from_slice(&sp[b * BLOCK_BYTES..b * BLOCK_BYTES + 2]);
+        }
+        for k in 0..8 {
+            let mut m = 0u64; // bit p = weight of activation byte p of vector k
+            for (h, b) in bits.iter().enumerate() {
+                for l in 0..8 {
+                    let nib = (b[4 * l + k / 2] >> (4 * (k % 2))) & 15;
+                    m |= (nib as u64) << (32 * h + 4 * l);
+                }
+            }
+            let word = transpose8x8(m);
+            dp[8 + 8 * k..16 + 8 * k].copy_from_slice(&word.to_le_bytes());
+        }
+    }
+}
+
+/// The 8×8 bit matrix of `x` (byte r = row r, bit c = column c) transposed: bit `8c + r` of the
+/// result is bit `8r + c` of `x`.
+#[inline]
+pub(crate) fn transpose8x8(mut x: u64) -> u64 {
+    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    x ^= t ^ (t << 7);
+    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    x ^= t ^ (t << 14);
+    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
+}
+
 /// Mask layout → file layout for one row (the inverse of [`pack_row`]).
 pub fn unpack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
     check_row(src, n_in, dst);
@@ -93,13 +137,13 @@ pub fn unpack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
 }
 
 /// A whole Q1_0 matrix (`n_out` rows of `n_in`, file layout) in the mask layout. Rows run in
-/// parallel; where the CPU has AVX-512 BITALG the pairs are re-laid with `vpshufbitqmb` (the
-/// same bytes as [`pack_row`]: `pack_equals_scalar` test).
+/// parallel; where the CPU has AVX-512 BITALG the pairs are re-laid with `vpshufbitqmb`, elsewhere
+/// by [`pack_row_fast`] (the same bytes as [`pack_row`]: `tests/q1m.rs`).
 pub fn pack(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
     pack_isa(crate::ops::active_isa(), w, n_in, n_out)
 }
 
-/// [`pack`] with an explicit ISA (scalar or AVX-512; AVX2 packs like scalar).
+/// [`pack`] with an explicit ISA (AVX-512 BITALG: `vpshufbitqmb`; else [`pack_row_fast`]).
 pub fn pack_isa(isa: crate::ops::Isa, w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
     let mut out = vec![0u8; w.len()];
     pack_into_isa(isa, w, n_in, n_out, &mut out);
@@ -138,7 +182,7 @@ pub fn pack_into_isa(isa: crate::ops::Isa, w: &[u8], n_in: usize, n_out: usize, 
                     crate::avx512::q1m_pack_row(s, n_in, d)
                 }
             } else {
-                pack_row(s, n_in, d)
+                pack_row_fast(s, n_in, d)
             }
         });
 }

@@ -4,7 +4,7 @@
 //! Env: `BENCH_THREADS` (default: rayon's default), `BENCH_ITERS` (default 30), `BENCH_SCALAR=0` to
 //! skip the (slow) scalar-fallback rows, `BENCH_SHAPE=<n_in>x<n_out>` (default 5120x17408),
 //! `BENCH_N=1,5,512` (activation rows; default 1,5), `BENCH_TYPES=Q1_0,...` (weight types by
-//! name), `BENCH_ISAS=avx512m,avx512,avx2,scalar` (avx512m: Q1_0 in the AVX-512 mask layout).
+//! name), `BENCH_ISAS=avx512m,avx512,avx2m,avx2,scalar` (`…m`: Q1_0 in the mask layout).
 
 mod common;
 
@@ -61,9 +61,9 @@ fn bench_lowbit_matmul() {
             let x = rng.vec(n * n_in, 1.0);
             let xq = ops::quantize_acts(&x, n, n_in);
             let mut y = vec![0f32; n * n_out];
-            // the Q1_0 mask layout (AVX-512), named "Avx512m" in the table
-            let wm = (qt == QuantType::Q1_0 && isa_supported(Isa::Avx512) && want("avx512m"))
-                .then(|| bonsai_kernels_cpu::q1m::pack_isa(Isa::Avx512, &w, n_in, n_out));
+            // the Q1_0 mask layout, named "Avx512m" / "Avx2m" in the table
+            let wm = (qt == QuantType::Q1_0 && isa_supported(Isa::Avx2))
+                .then(|| bonsai_kernels_cpu::q1m::pack(&w, n_in, n_out));
             // one row of the table: 3 warm-up calls, then per-call times (the median and the
             // minimum resist a noisy shared machine)
             let row = |label: &str, its: usize, call: &mut dyn FnMut()| {
@@ -88,14 +88,21 @@ fn bench_lowbit_matmul() {
                     (n_in * n_out * n) as f64 / dt / 1e9
                 );
             };
-            if let Some(wm) = &wm {
+            for isa in [Isa::Avx512, Isa::Avx2] {
+                let (Some(wm), true) = (&wm, isa_supported(isa)) else {
+                    continue;
+                };
+                let label = format!("{isa:?}m");
+                if !want(&label.to_ascii_lowercase()) {
+                    continue;
+                }
                 pool.install(|| {
                     let mut ym = vec![0f32; n * n_out];
-                    ops::matmul_q_isa(Isa::Avx512, &w, qt, n_in, n_out, &xq, &mut y);
-                    ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym);
+                    ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
+                    ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, &mut ym);
                     assert_eq!(y, ym, "mask layout differs from the file layout");
-                    row("Avx512m", iters, &mut || {
-                        ops::matmul_q1m(wm, n_in, n_out, &xq, &mut ym)
+                    row(&label, iters, &mut || {
+                        ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, &mut ym)
                     });
                     std::hint::black_box(&ym);
                 });

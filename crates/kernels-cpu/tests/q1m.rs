@@ -1,7 +1,7 @@
-//! The Q1_0 mask layout (`q1m`): packing is a bijection, the AVX-512 packer writes the scalar
-//! definition's bytes, and `matmul_q1m` on the packed rows equals `matmul_q` on the file rows bit
-//! for bit (every activation-row count, thread count and row shape: whole pairs, an unpaired
-//! 256-chunk, a partial chunk).
+//! The Q1_0 mask layout (`q1m`): packing is a bijection, the fast and AVX-512 packers write the
+//! scalar definition's bytes, and `matmul_q1m` (AVX2 and AVX-512) on the packed rows equals
+//! `matmul_q` on the file rows bit for bit (every activation-row count, thread count and row
+//! shape: whole pairs, an unpaired 256-chunk, a partial chunk).
 
 mod common;
 
@@ -21,8 +21,14 @@ fn pack_roundtrip_and_layout() {
         let n_out = 5;
         let w = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out, false);
         let rb = QuantType::Q1_0.row_bytes(n_in).unwrap();
-        let wm = q1m::pack_isa(Isa::Scalar, &w, n_in, n_out);
-        assert_eq!(wm.len(), w.len());
+        let mut wm = vec![0u8; w.len()];
+        for o in 0..n_out {
+            q1m::pack_row(
+                &w[o * rb..(o + 1) * rb],
+                n_in,
+                &mut wm[o * rb..(o + 1) * rb],
+            );
+        }
         for o in 0..n_out {
             let (src, packed) = (&w[o * rb..(o + 1) * rb], &wm[o * rb..(o + 1) * rb]);
             let mut back = vec![0u8; rb];
@@ -63,6 +69,23 @@ fn pack_roundtrip_and_layout() {
 }
 
 #[test]
+fn pack_fast_equals_definition() {
+    let mut rng = Rng::new(74);
+    for n_in in WIDTHS {
+        let n_out = 7;
+        let w = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out, false);
+        let rb = QuantType::Q1_0.row_bytes(n_in).unwrap();
+        for o in 0..n_out {
+            let src = &w[o * rb..(o + 1) * rb];
+            let (mut a, mut b) = (vec![0u8; rb], vec![0u8; rb]);
+            q1m::pack_row(src, n_in, &mut a);
+            q1m::pack_row_fast(src, n_in, &mut b);
+            assert_eq!(a, b, "n_in {n_in} row {o}");
+        }
+    }
+}
+
+#[test]
 fn avx512_pack_equals_scalar() {
     if !isa_supported(Isa::Avx512) {
         eprintln!("SKIPPED avx512_pack_equals_scalar: no AVX-512 BITALG here (not counted as run)");
@@ -82,13 +105,16 @@ fn avx512_pack_equals_scalar() {
 
 #[test]
 fn matmul_q1m_equals_file_layout_bits() {
-    if !isa_supported(Isa::Avx512) {
-        eprintln!(
-            "SKIPPED matmul_q1m_equals_file_layout_bits: no AVX-512 here (not counted as run)"
-        );
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| isa_supported(i))
+        .collect();
+    eprintln!("matmul_q1m_equals_file_layout_bits: the mask kernels of {isas:?}");
+    if isas.is_empty() {
+        eprintln!("SKIPPED matmul_q1m_equals_file_layout_bits: no AVX2 here (not counted as run)");
         return;
     }
-    assert!(ops::q1m_available() || ops::active_isa() != Isa::Avx512);
+    assert!(ops::q1m_available());
     let mut rng = Rng::new(73);
     for n_in in WIDTHS {
         for n_out in [1usize, 3, 4, 5, 17, 33] {
@@ -107,18 +133,18 @@ fn matmul_q1m_equals_file_layout_bits() {
                     &xq,
                     &mut want,
                 );
-                for threads in [1usize, 2] {
+                for (&isa, threads) in isas.iter().flat_map(|i| [(i, 1usize), (i, 2)]) {
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .build()
                         .unwrap();
                     let mut got = vec![0f32; n * n_out];
-                    pool.install(|| ops::matmul_q1m(&wm, n_in, n_out, &xq, &mut got));
+                    pool.install(|| ops::matmul_q1m_isa(isa, &wm, n_in, n_out, &xq, &mut got));
                     for i in 0..got.len() {
                         assert_eq!(
                             got[i].to_bits(),
                             want[i].to_bits(),
-                            "n_in {n_in} n_out {n_out} n {n} threads {threads} idx {i}: {} vs {}",
+                            "{isa:?} n_in {n_in} n_out {n_out} n {n} threads {threads} idx {i}: {} vs {}",
                             got[i],
                             want[i]
                         );
