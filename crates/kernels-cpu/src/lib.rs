@@ -3,7 +3,7 @@
 //! - [`quant`]: block formats and the reference dequantization (bit-level oracle).
 //! - [`mod@reference`]: scalar reference ops, never optimized: the oracle for every backend.
 //! - [`ops`]: rayon-parallel, SIMD-dispatched ops used by the CPU backend.
-//! - [`q1m`]: the Q1_0 mask layout, re-laid at load for the AVX-512 mat-vec.
+//! - [`q1m`]: the Q1_0 mask layout, re-laid at load for the AVX2 / AVX-512 mat-vecs.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

@@ -22,12 +22,13 @@
 //! while the task's weight rows pass over them, and AVX-512 takes two weight rows per pass so
 //! each activation load feeds two `vpdpbusd`.
 //!
-//! Q1_0 in the mask layout ([`crate::q1m`], [`matmul_q1m`]; AVX-512): the same definition and
-//! bits. Each 512-element pair's block integers come from one broadcast, one AND and one
-//! `vpdpbusd` per 64 weights instead of the file layout's unpacking (`vpshufbitqmb` and a masked
-//! move per 32), and one activation row runs 4 weight rows per pass while software prefetch
-//! streams the next 4 in: on a Zen 4 core that is what lets the mat-vec reach DRAM bandwidth
-//! (2 threads, 5120 × 131072: 28 GB/s against 16 GB/s in the file layout).
+//! Q1_0 in the mask layout ([`crate::q1m`], [`matmul_q1m`]; AVX2 and AVX-512): the same
+//! definition and bits. Each 512-element pair's block integers come from one broadcast, one AND and
+//! one `vpdpbusd` per 64 weights (AVX2: two ANDs, `vpmaddubsw` + `vpmaddwd` per 32) instead of the
+//! file layout's unpacking (`vpshufbitqmb` and a masked move per 32; AVX2: a shuffle, two ANDs and a
+//! compare), and one activation row runs 4 weight rows per pass while software prefetch streams the
+//! next 4 in: on a Zen 4 core that is what lets the AVX-512 mat-vec reach DRAM bandwidth (2
+//! threads, 5120 × 131072: 28 GB/s against 16 GB/s in the file layout).
 //!
 //! ## Other weight types (F32, F16, BF16, Q4_0, Q4_1, Q8_0)
 //! f32 activations: each weight row is dequantized once and dotted with each activation row by

@@ -1,6 +1,7 @@
-//! The Q1_0 *mask layout*: Q1_0 rows re-laid at load for the AVX-512 mat-vec, so that 64 weights
-//! become the `vpdpbusd` operand of the 64 permuted activation codes they multiply with one
-//! broadcast load and one AND — no unpacking shuffle, compare or mask register at run time.
+//! The Q1_0 *mask layout*: Q1_0 rows re-laid at load for the AVX2 / AVX-512 mat-vecs, so that 64
+//! weights become the integer-dot operand of the 64 permuted activation codes they multiply with
+//! one broadcast load and one AND (two on AVX2, one per 32-byte half) — no unpacking shuffle,
+//! compare or mask register at run time.
 //!
 //! A row keeps its length and its file bytes past the last whole 512 elements. Each whole
 //! 512-element *pair* (chunks 2s and 2s + 1 of 256, file blocks 4s .. 4s + 3: 72 bytes) becomes
@@ -18,7 +19,9 @@
 //! L / 2). So `vpdpbusd` over the pair's 8 vectors leaves `2^(L/2) · Σ b·q` of block
 //! `8·(2s + h) + l` in lane `L = 8h + l`, an exact multiple that one arithmetic shift per lane
 //! divides back — the block integers of the chunk kernels, whose float operations the mask kernel
-//! keeps (`ops` module doc: the same bits).
+//! keeps (`ops` module doc: the same bits). AVX2 reads the same bytes: broadcast to 4 qwords and
+//! ANDed with `1 << (p / 8)` for the low half (chunk 2s) and `1 << (4 + p / 8)` for the high half,
+//! then `vpmaddubsw` (at most 2·128·127 a pair, no saturation) and `vpmaddwd`.
 
 use rayon::prelude::*;
 

@@ -1,5 +1,5 @@
-//! The CPU backend: runs from the mmap (Q1_0 re-laid once into the AVX-512 mask layout where the
-//! CPU has it), int8-activation low-bit matmuls from `bonsai_kernels_cpu::ops`, f32 residual and
+//! The CPU backend: runs from the mmap (Q1_0 re-laid once into the mask layout where the CPU runs
+//! the AVX2 or AVX-512 kernels), int8-activation low-bit matmuls from `bonsai_kernels_cpu::ops`, f32 residual and
 //! GDN state, f16 KV cache.
 
 use std::ops::Range;
@@ -27,9 +27,9 @@ impl CpuBackend {
     }
 }
 
-/// A weight matrix `[n_in, n_out]` read in place from the mapped file, or — Q1_0 on a CPU with
-/// AVX-512 VNNI / BITALG — re-laid once at load into the mask layout ([`q1m`]) that the AVX-512
-/// mat-vec reads without unpacking (the same results bit for bit).
+/// A weight matrix `[n_in, n_out]` read in place from the mapped file, or — Q1_0 where the CPU
+/// kernels run AVX2 or AVX-512 — re-laid once at load into the mask layout ([`q1m`]) that those
+/// mat-vecs read without unpacking (the same results bit for bit).
 pub struct CpuMat {
     g: Arc<Gguf>,
     idx: usize,
@@ -81,8 +81,8 @@ impl CpuMat {
     }
 }
 
-/// Whether Q1_0 matrices go into the mask layout: AVX-512 with VNNI and BITALG is the active ISA
-/// and `BONSAI_CPU_Q1M` is not `0`.
+/// Whether Q1_0 matrices go into the mask layout: the active ISA is AVX2 or AVX-512 and
+/// `BONSAI_CPU_Q1M` is not `0`.
 fn use_q1m() -> bool {
     ops::q1m_available() && std::env::var("BONSAI_CPU_Q1M").map_or(true, |v| v != "0")
 }
