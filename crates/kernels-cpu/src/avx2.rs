@@ -37,6 +37,20 @@ pub(crate) fn dw_lanes(h: [u16; 4], idx: __m256i) -> __m256 {
     _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), idx)
 }
 
+/// Ask the caches for the lines of bytes `[from, from + len)`: the next rows of a mask-layout
+/// matrix, requested at the pace the current ones are read. Never dereferenced, so an address past
+/// the matrix is harmless (a prefetch does not fault).
+#[inline]
+#[target_feature(enable = "sse")]
+pub(crate) fn prefetch_lines(from: *const u8, len: usize) {
+    let mut p = from.wrapping_sub(from as usize & 63); // its line
+    let end = from.wrapping_add(len) as usize;
+    while (p as usize) < end {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        p = p.wrapping_add(64);
+    }
+}
+
 #[inline]
 pub(crate) fn f16_bits(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
@@ -196,13 +210,10 @@ fn q1m_pairs<const R: usize, const NT: usize>(
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
     for s in 0..npair {
         if !prefetch.is_null() {
-            let from = prefetch.wrapping_add(q1m::PAIR_BYTES * R * s);
-            let mut p = from.wrapping_sub(from as usize & 63); // its line
-            let end = from.wrapping_add(q1m::PAIR_BYTES * R) as usize;
-            while (p as usize) < end {
-                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                p = p.wrapping_add(64);
-            }
+            prefetch_lines(
+                prefetch.wrapping_add(q1m::PAIR_BYTES * R * s),
+                q1m::PAIR_BYTES * R,
+            );
         }
         let mut wp = [core::ptr::null::<u8>(); R];
         let mut dwv = [[_mm256_setzero_ps(); 2]; R];

@@ -10,7 +10,7 @@
 //!   two instructions per 32 weights where AVX2 needs a byte shuffle, two ANDs and a compare;
 //! - 32 vector registers, so 8 activation rows share one unpacked chunk (4 with AVX2).
 
-use crate::avx2::{dw_lanes, hsum_ps, q2_chunk_codes, tail_chunk};
+use crate::avx2::{dw_lanes, hsum_ps, prefetch_lines, q2_chunk_codes, tail_chunk};
 use crate::ops::{q1p_chunk, QuantActs};
 use crate::q1m;
 use crate::quant::QuantType;
@@ -511,15 +511,10 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
     for s in 0..npair {
         if !prefetch.is_null() {
-            // the lines of bytes [R·72·s, R·72·(s + 1)) from `prefetch`: never dereferenced, so
-            // an address past the matrix is harmless
-            let from = prefetch.wrapping_add(q1m::PAIR_BYTES * R * s);
-            let mut p = from.wrapping_sub(from as usize & 63); // its line
-            let end = from.wrapping_add(q1m::PAIR_BYTES * R) as usize;
-            while (p as usize) < end {
-                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                p = p.wrapping_add(64);
-            }
+            prefetch_lines(
+                prefetch.wrapping_add(q1m::PAIR_BYTES * R * s),
+                q1m::PAIR_BYTES * R,
+            );
         }
         let mut dwv = [_mm512_setzero_ps(); R];
         let mut wp = [core::ptr::null::<u8>(); R];
