@@ -50,11 +50,6 @@ impl CpuMat {
             .expect("tensor extent validated at load")
     }
 
-    /// True when the matrix is held in the mask layout.
-    pub fn is_q1m(&self) -> bool {
-        self.masks.is_some()
-    }
-
     /// `y` `[n, n_out]` = the quantized activations `xq` · Wᵀ (a low-bit matrix).
     fn matmul_q(&self, xq: &ops::QuantActs, y: &mut [f32]) {
         match &self.masks {
