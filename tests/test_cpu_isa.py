@@ -1,7 +1,7 @@
 """The CPU engine gives the same bits on every instruction set it can run: full-model logits of a
 chunked prefill and a greedy continuation under ``BONSAI_CPU_ISA=scalar``, ``avx2`` and ``avx512``
 (each in its own process, since the ISA is chosen once per process), and AVX2 / AVX-512 with the
-Q1_0 mask layout off (``BONSAI_CPU_Q1M=0``), for every low-bit format.
+mask layouts off (``BONSAI_CPU_Q1M=0``, ``BONSAI_CPU_Q2M=0``), for every low-bit format.
 An ISA this CPU lacks falls back to the best one, which the engine's device string shows; such a
 run is left out of the comparison and named in the output."""
 
@@ -32,9 +32,10 @@ print(json.dumps({"device": eng.info["device"], "gen": list(gen)}))
 """
 
 
-def run_isa(model: Path, isa: str, tmp: Path, q1m: bool = True) -> tuple[str, np.ndarray, list[int]]:
-    out = tmp / f"{model.stem}-{isa}-{int(q1m)}.npy"
-    env = dict(os.environ, BONSAI_CPU_ISA=isa, BONSAI_CPU_Q1M="1" if q1m else "0", PYTHONPATH=str(ROOT / "python"))
+def run_isa(model: Path, isa: str, tmp: Path, masks: bool = True) -> tuple[str, np.ndarray, list[int]]:
+    out = tmp / f"{model.stem}-{isa}-{int(masks)}.npy"
+    on = "1" if masks else "0"
+    env = dict(os.environ, BONSAI_CPU_ISA=isa, BONSAI_CPU_Q1M=on, BONSAI_CPU_Q2M=on, PYTHONPATH=str(ROOT / "python"))
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(model), str(out)], env=env, capture_output=True, text=True, timeout=600
     )
@@ -47,10 +48,10 @@ def run_isa(model: Path, isa: str, tmp: Path, q1m: bool = True) -> tuple[str, np
 def test_every_cpu_isa_gives_the_same_bits(variant, request, tmp_path):
     model = request.getfixturevalue(variant)
     runs = {isa: run_isa(model, isa, tmp_path) for isa in ("scalar", "avx2", "avx512")}
-    # AVX2 and AVX-512 re-lay the Q1_0 matrices of 512 inputs or more (the tiny model's ffn_down)
-    # into the mask layout by default; the file layout too
+    # AVX2 and AVX-512 re-lay the Q1_0 and Q2 matrices of 512 inputs or more (the tiny model's
+    # ffn_down) into their mask layout by default; the file layout too
     for isa in ("avx2", "avx512"):
-        runs[f"{isa} file layout"] = run_isa(model, isa, tmp_path, q1m=False)
+        runs[f"{isa} file layout"] = run_isa(model, isa, tmp_path, masks=False)
     # the device string names the ISA that ran ("cpu (2 threads, Avx512)")
     ran = {isa: r for isa, r in runs.items() if r[0].lower().rstrip(")").endswith(isa.split()[0])}
     print(f"{variant}: ISAs run: {sorted(ran)}; fell back: {sorted(set(runs) - set(ran))}")

@@ -1,7 +1,10 @@
 //! AVX2 + FMA + F16C kernels. Each function computes bit-for-bit the same result as its scalar
 //! definition in `ops` (see the `ops` module doc); only the integer parts are reorganized.
 
-use crate::ops::{lowbit_isum, q1p_chunk, wscale, QuantActs};
+use crate::ops::{
+    lowbit_isum, mask_kind, mk_pair_bytes, mk_type, q1p_chunk, wscale, QuantActs, MK_Q1, MK_Q2G128,
+    MK_Q2G64,
+};
 use crate::q1m;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
@@ -85,62 +88,109 @@ pub(crate) unsafe fn lowbit_rows_one_act(
     }
 }
 
-/// [`lowbit_rows_one_act`] for Q1_0 rows in the mask layout (`crate::q1m`): groups of 4 rows
-/// share each activation load while the next 4 are prefetched.
+/// [`lowbit_rows_one_act`] for rows in a mask layout (`crate::q1m` for Q1_0, `crate::q2m` for the
+/// Q2 types): groups of 4 rows share each activation load while the next 4 are prefetched.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C. `rows.len()` must be `out.len()` whole Q1_0 rows for
-/// `xq.n_in` elements, and `xq.n >= 1`.
+/// The CPU must support AVX2, FMA and F16C. `rows.len()` must be `out.len()` whole mask-layout
+/// rows of `qt` for `xq.n_in` elements, and `xq.n >= 1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q1m_rows_one_act(rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+pub(crate) unsafe fn mask_rows_one_act(
+    qt: QuantType,
+    rows: &[u8],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
     let rb = rows.len() / out.len().max(1);
     let mut r = 0;
     macro_rules! go {
-        ($R:literal) => {
+        ($R:literal, $M:expr) => {
             while out.len() - r >= $R {
                 let w: [&[u8]; $R] =
                     core::array::from_fn(|i| &rows[(r + i) * rb..(r + i + 1) * rb]);
                 // SAFETY: the same CPU features as this function; the asserts inside check the
                 // rows.
-                unsafe { q1m_rows_one::<$R>(w, xq, &mut out[r..r + $R]) }
+                unsafe { mask_rows_one::<$R, { $M }>(w, xq, &mut out[r..r + $R]) }
                 r += $R;
             }
         };
     }
-    go!(4);
-    go!(1);
+    match mask_kind(qt) {
+        MK_Q1 => {
+            go!(4, MK_Q1);
+            go!(1, MK_Q1);
+        }
+        MK_Q2G128 => {
+            go!(4, MK_Q2G128);
+            go!(1, MK_Q2G128);
+        }
+        _ => {
+            go!(4, MK_Q2G64);
+            go!(1, MK_Q2G64);
+        }
+    }
 }
 
-/// R mask-layout Q1_0 rows against activation row 0 (decode): `out[r]`.
+/// R mask-layout rows of kind M against activation row 0 (decode): `out[r]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q1m_rows_one<const R: usize>(wrows: [&[u8]; R], xq: &QuantActs, out: &mut [f32]) {
+unsafe fn mask_rows_one<const R: usize, const M: u8>(
+    wrows: [&[u8]; R],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
+    let qt = mk_type(M);
     assert_eq!(out.len(), R);
     for w in &wrows {
-        assert_eq!(Some(w.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+        assert_eq!(Some(w.len()), qt.row_bytes(xq.n_in));
     }
     let nfull = xq.n_in / 256;
     let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     // the next R rows follow these in memory (one task's rows): stream them towards the caches
     let next = wrows[R - 1].as_ptr().wrapping_add(wrows[R - 1].len());
-    q1m_pairs::<R, 1>(&wrows, xq, 0, c1 / 2, next, &mut acc);
+    mask_pairs::<R, 1, M>(&wrows, xq, 0, c1 / 2, next, &mut acc);
     for r in 0..R {
-        q1_chunks::<1>(wrows[r], xq, 0, c1..nfull, &mut acc[r]);
-        out[r] = hsum_ps(tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0]));
+        if M == MK_Q1 {
+            q1_chunks::<1>(wrows[r], xq, 0, c1..nfull, &mut acc[r]);
+        } else {
+            q2_chunks::<1>(qt, wrows[r], xq, 0, c1..nfull, &mut acc[r]);
+        }
+        out[r] = hsum_ps(tail_chunk(qt, wrows[r], xq, 0, acc[r][0]));
     }
 }
 
-/// [`lowbit_row`] for one Q1_0 row in the mask layout (`crate::q1m`).
+/// [`lowbit_row`] for one row in a mask layout (`crate::q1m`, `crate::q2m`).
 ///
 /// # Safety
-/// As [`lowbit_row`], with `wrow` one whole mask-layout Q1_0 row.
+/// As [`lowbit_row`], with `wrow` one whole mask-layout row of `qt`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q1m_row(wrow: &[u8], xq: &QuantActs, t_begin: usize, out: &mut [f32]) {
+pub(crate) unsafe fn mask_row(
+    qt: QuantType,
+    wrow: &[u8],
+    xq: &QuantActs,
+    t_begin: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the same CPU features and contract as this function.
+    unsafe {
+        match mask_kind(qt) {
+            MK_Q1 => mask_row_m::<MK_Q1>(wrow, xq, t_begin, out),
+            MK_Q2G128 => mask_row_m::<MK_Q2G128>(wrow, xq, t_begin, out),
+            _ => mask_row_m::<MK_Q2G64>(wrow, xq, t_begin, out),
+        }
+    }
+}
+
+/// [`mask_row`] of kind M.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mask_row_m<const M: u8>(wrow: &[u8], xq: &QuantActs, t_begin: usize, out: &mut [f32]) {
+    let qt = mk_type(M);
     let n = t_begin + out.len();
     assert!(n <= xq.n);
-    assert_eq!(Some(wrow.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+    assert_eq!(Some(wrow.len()), qt.row_bytes(xq.n_in));
     let nfull = xq.n_in / 256;
     let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
     let none = core::ptr::null();
@@ -149,37 +199,46 @@ pub(crate) unsafe fn q1m_row(wrow: &[u8], xq: &QuantActs, t_begin: usize, out: &
         let nt = (n - t0).min(4);
         let mut acc = [[_mm256_setzero_ps(); 4]; 1];
         match nt {
-            1 => q1m_pairs::<1, 1>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
-            2 => q1m_pairs::<1, 2>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
-            3 => q1m_pairs::<1, 3>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
-            _ => q1m_pairs::<1, 4>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            1 => mask_pairs::<1, 1, M>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            2 => mask_pairs::<1, 2, M>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            3 => mask_pairs::<1, 3, M>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
+            _ => mask_pairs::<1, 4, M>(&[wrow], xq, t0, c1 / 2, none, &mut acc),
         }
         let acc = &mut acc[0];
-        match nt {
-            1 => q1_chunks::<1>(wrow, xq, t0, c1..nfull, acc),
-            2 => q1_chunks::<2>(wrow, xq, t0, c1..nfull, acc),
-            3 => q1_chunks::<3>(wrow, xq, t0, c1..nfull, acc),
-            _ => q1_chunks::<4>(wrow, xq, t0, c1..nfull, acc),
+        let rest = c1..nfull;
+        match (M == MK_Q1, nt) {
+            (true, 1) => q1_chunks::<1>(wrow, xq, t0, rest, acc),
+            (true, 2) => q1_chunks::<2>(wrow, xq, t0, rest, acc),
+            (true, 3) => q1_chunks::<3>(wrow, xq, t0, rest, acc),
+            (true, _) => q1_chunks::<4>(wrow, xq, t0, rest, acc),
+            (false, 1) => q2_chunks::<1>(qt, wrow, xq, t0, rest, acc),
+            (false, 2) => q2_chunks::<2>(qt, wrow, xq, t0, rest, acc),
+            (false, 3) => q2_chunks::<3>(qt, wrow, xq, t0, rest, acc),
+            (false, _) => q2_chunks::<4>(qt, wrow, xq, t0, rest, acc),
         }
         for ti in 0..nt {
-            acc[ti] = tail_chunk(QuantType::Q1_0, wrow, xq, t0 + ti, acc[ti]);
+            acc[ti] = tail_chunk(qt, wrow, xq, t0 + ti, acc[ti]);
             out[t0 - t_begin + ti] = hsum_ps(acc[ti]);
         }
         t0 += nt;
     }
 }
 
-/// Q1_0 in the mask layout over the first `npair` 512-element pairs of weight rows `wrows` and
-/// activation rows `t0..t0+NT` (`acc[r][ti]`). Word k broadcast to the 4 qwords of a vector and
-/// ANDed with `1 << (p / 8)` (chunk 2s) or `1 << (4 + p / 8)` (chunk 2s + 1) in byte p gives the
-/// `b·2^j` bytes of each half of the pair's 64-byte q1p vector k; `maddubs` (at most 2·128·127, no
-/// saturation) and `madd` leave `2^j · Σ b·q` in i32 lane l of each half, j = l / 2 and 4 + l / 2,
-/// which `vpsravd` makes exact: the chunk kernel's block integers and float steps, the same bits.
-/// With `prefetch` non-null, the lines of the R rows that follow are requested at the pace these
-/// are read.
+/// Rows in a mask layout of kind M over the first `npair` 512-element pairs of weight rows `wrows`
+/// and activation rows `t0..t0+NT` (`acc[r][ti]`). Each vector's weight operand is broadcast and
+/// ANDed per 32-byte half h of the pair's 64-byte q1p vector k:
+/// - Q1_0 (`crate::q1m`): word k to the 4 qwords, `1 << (p / 8)` (chunk 2s) or `1 << (4 + p / 8)`
+///   (chunk 2s + 1) in byte p, so i32 lane l of half h holds `2^j · Σ b·q`, j = 4h + l / 2;
+/// - Q2 (`crate::q2m`): vector k's 16 bytes to both 128-bit lanes, `3 << 2ℓ` in 128-bit lane
+///   ℓ = 2h + (p % 32) / 16, so lane l of half h holds `4^ℓ · Σ c·q`, ℓ = 2h + l / 4.
+///
+/// `maddubs` (at most 2·128·127 a byte pair: Q2 codes are 0..2, `crate::q2m::pack_into`; no
+/// saturation) and `madd` give the i32 lanes, which `vpsravd` makes exact: the chunk kernels'
+/// block integers and float steps, the same bits. With `prefetch` non-null, the lines of the R
+/// rows that follow are requested at the pace these are read.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q1m_pairs<const R: usize, const NT: usize>(
+fn mask_pairs<const R: usize, const NT: usize, const M: u8>(
     wrows: &[&[u8]; R],
     xq: &QuantActs,
     t0: usize,
@@ -188,53 +247,90 @@ fn q1m_pairs<const R: usize, const NT: usize>(
     acc: &mut [[__m256; 4]; R],
 ) {
     let nbp = xq.n_pad / 32;
-    let sel = |j0: i64| -> __m256i {
-        let b = |j: i64| 0x0101_0101_0101_0101i64.wrapping_mul(1 << j);
-        _mm256_setr_epi64x(b(j0), b(j0 + 1), b(j0 + 2), b(j0 + 3))
+    let pb = mk_pair_bytes(M);
+    let (sel_lo, sel_hi, sh_lo, sh_hi) = if M == MK_Q1 {
+        let sel = |j0: i64| -> __m256i {
+            let b = |j: i64| 0x0101_0101_0101_0101i64.wrapping_mul(1 << j);
+            _mm256_setr_epi64x(b(j0), b(j0 + 1), b(j0 + 2), b(j0 + 3))
+        };
+        (
+            sel(0),
+            sel(4),
+            _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+            _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7),
+        )
+    } else {
+        let sel = |l0: i32| -> __m256i {
+            let (a, b) = ((3i32 << (2 * l0)) as i8, (3i32 << (2 * l0 + 2)) as i8);
+            _mm256_setr_m128i(_mm_set1_epi8(a), _mm_set1_epi8(b))
+        };
+        (
+            sel(0),
+            sel(2),
+            _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
+            _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6),
+        )
     };
-    let (sel_lo, sel_hi) = (sel(0), sel(4));
-    let sh_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    let sh_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     let ones16 = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
-    let (dw_lo, dw_hi) = (
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-    );
+    // half h's lanes ← d of the weight block holding each 32-element block
+    let (dw_lo, dw_hi) = if M == MK_Q2G64 {
+        (
+            _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+            _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7),
+        )
+    } else {
+        (
+            _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+            _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        )
+    };
+    // the pair's weight operands start after its scales
+    let wo = if M == MK_Q2G64 { 16 } else { 8 };
     assert!(t0 + NT <= xq.n && q1m::PAIR_ELEMS * npair <= xq.n_pad);
     assert!(xq.sums.len() >= (t0 + NT) * nbp && xq.d.len() >= (t0 + NT) * nbp);
     for w in wrows {
-        assert!(w.len() >= q1m::PAIR_BYTES * npair);
+        assert!(w.len() >= pb * npair);
     }
     // acts: row t0's q1p bytes (pair s's vector k at 512s + 64k); rows follow at n_pad
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
     for s in 0..npair {
         if !prefetch.is_null() {
-            prefetch_lines(
-                prefetch.wrapping_add(q1m::PAIR_BYTES * R * s),
-                q1m::PAIR_BYTES * R,
-            );
+            prefetch_lines(prefetch.wrapping_add(pb * R * s), pb * R);
         }
         let mut wp = [core::ptr::null::<u8>(); R];
         let mut dwv = [[_mm256_setzero_ps(); 2]; R];
         for r in 0..R {
-            // SAFETY: pair s's 72 bytes lie inside wrows[r] (asserted above).
-            wp[r] = unsafe { wrows[r].as_ptr().add(q1m::PAIR_BYTES * s) };
-            // SAFETY: reads the pair's first 8 bytes (the 4 f16 scales).
-            let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
-            let d4 = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
+            // SAFETY: pair s's pb bytes lie inside wrows[r] (asserted above).
+            wp[r] = unsafe { wrows[r].as_ptr().add(pb * s) };
+            let d = if M == MK_Q2G64 {
+                // SAFETY: reads the pair's first 16 bytes (its 8 f16 scales).
+                _mm256_cvtph_ps(unsafe { _mm_loadu_si128(wp[r] as *const __m128i) })
+            } else {
+                // SAFETY: reads the pair's first 8 bytes (its 4 f16 scales).
+                let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
+                _mm256_castps128_ps256(_mm_cvtph_ps(h)) // [d0, d1, d2, d3, ..]
+            };
             dwv[r] = [
-                _mm256_permutevar8x32_ps(d4, dw_lo),
-                _mm256_permutevar8x32_ps(d4, dw_hi),
+                _mm256_permutevar8x32_ps(d, dw_lo),
+                _mm256_permutevar8x32_ps(d, dw_hi),
             ];
         }
-        let mut bq = [[[zero; 2]; NT]; R]; // bq[r][ti][half]: lane l = 2^j · partial Σ b·q
+        let mut bq = [[[zero; 2]; NT]; R]; // bq[r][ti][half]: lane l = (power) · partial Σ code·q
         for k in 0..8 {
             let mut wb = [[zero; 2]; R];
             for r in 0..R {
-                // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
-                let word = unsafe { core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64) };
-                let wv = _mm256_set1_epi64x(word);
+                let wv = if M == MK_Q1 {
+                    // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
+                    _mm256_set1_epi64x(unsafe {
+                        core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64)
+                    })
+                } else {
+                    // SAFETY: vector k is bytes wo + 16k .. wo + 16k + 16 of the pair (inside).
+                    _mm256_broadcastsi128_si256(unsafe {
+                        _mm_loadu_si128(wp[r].add(wo + 16 * k) as *const __m128i)
+                    })
+                };
                 wb[r] = [_mm256_and_si256(wv, sel_lo), _mm256_and_si256(wv, sel_hi)];
             }
             for ti in 0..NT {
@@ -266,7 +362,12 @@ fn q1m_pairs<const R: usize, const NT: usize>(
                             _mm256_loadu_ps(xq.d.as_ptr().add(b)),
                         )
                     };
-                    let isum = _mm256_sub_epi32(_mm256_slli_epi32(bqs, 1), sv);
+                    let cq = if M == MK_Q1 {
+                        _mm256_slli_epi32(bqs, 1)
+                    } else {
+                        bqs
+                    };
+                    let isum = _mm256_sub_epi32(cq, sv);
                     let sc = _mm256_mul_ps(dwv[r][hf], dav);
                     acc[r][ti] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[r][ti]);
                 }
@@ -303,10 +404,10 @@ pub(crate) unsafe fn lowbit_row(
             (QuantType::Q1_0, 2) => q1_chunks::<2>(wrow, xq, t0, 0..nfull, &mut acc),
             (QuantType::Q1_0, 3) => q1_chunks::<3>(wrow, xq, t0, 0..nfull, &mut acc),
             (QuantType::Q1_0, _) => q1_chunks::<4>(wrow, xq, t0, 0..nfull, &mut acc),
-            (_, 1) => q2_chunks::<1>(qt, wrow, xq, t0, nfull, &mut acc),
-            (_, 2) => q2_chunks::<2>(qt, wrow, xq, t0, nfull, &mut acc),
-            (_, 3) => q2_chunks::<3>(qt, wrow, xq, t0, nfull, &mut acc),
-            (_, _) => q2_chunks::<4>(qt, wrow, xq, t0, nfull, &mut acc),
+            (_, 1) => q2_chunks::<1>(qt, wrow, xq, t0, 0..nfull, &mut acc),
+            (_, 2) => q2_chunks::<2>(qt, wrow, xq, t0, 0..nfull, &mut acc),
+            (_, 3) => q2_chunks::<3>(qt, wrow, xq, t0, 0..nfull, &mut acc),
+            (_, _) => q2_chunks::<4>(qt, wrow, xq, t0, 0..nfull, &mut acc),
         }
         for ti in 0..nt {
             acc[ti] = tail_chunk(qt, wrow, xq, t0 + ti, acc[ti]);
@@ -463,7 +564,7 @@ fn q2_chunks<const NT: usize>(
     wrow: &[u8],
     xq: &QuantActs,
     t0: usize,
-    nfull: usize,
+    chunks: Range<usize>,
     acc: &mut [__m256; 4],
 ) {
     let mut accv = [_mm256_setzero_ps(); NT];
@@ -472,7 +573,7 @@ fn q2_chunks<const NT: usize>(
     let ones16 = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    for c in 0..nfull {
+    for c in chunks {
         let (codes, dwv) = q2_chunk_codes!(qt, wrow, c);
         for ti in 0..NT {
             let t = t0 + ti;
@@ -886,4 +987,83 @@ pub(crate) unsafe fn dot_q32_row(qt: QuantType, wrow: &[u8], x: &[f32]) -> Optio
     }
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     Some(hsum_ps(v))
+}
+
+/// One Q2 row (`src`, file layout, `n_in` elements of `qt`: g128, PQ2_0 or g64) into the mask
+/// layout (`dst`, the same length): `crate::q2m::pack_row_fast` on 8 words at a time. For field ℓ
+/// and a, the 8 file bytes holding pair elements `128ℓ + 32a .. + 32` zero-extend to the u32 lanes
+/// k = 0..8, ℓ shifted into byte ℓ; each lane's 4×4 2-bit transpose is bytes `4a .. 4a + 4` of
+/// vector k, and a 4×8 u32 transpose puts the 4 a of each k side by side. Returns whether any code
+/// of the row's whole pairs is 3 (the layout's kernels need 0..2).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q2m_pack_row(qt: QuantType, src: &[u8], n_in: usize, dst: &mut [u8]) -> bool {
+    assert!(crate::q2m::supports(qt));
+    assert!(Some(src.len()) == qt.row_bytes(n_in) && dst.len() == src.len());
+    dst.copy_from_slice(src);
+    let (pb, sb) = (crate::q2m::pair_bytes(qt), crate::q2m::scale_bytes(qt));
+    let (g, bb) = (qt.block_elems(), qt.block_bytes());
+    let (m1, m2) = (
+        _mm256_set1_epi32(0x00CC_00CC),
+        _mm256_set1_epi32(0x0000_F0F0),
+    );
+    let m55 = _mm256_set1_epi32(0x5555_5555);
+    let mut bad = _mm256_setzero_si256();
+    for s in 0..n_in / crate::q2m::PAIR_ELEMS {
+        let sp = &src[s * pb..(s + 1) * pb];
+        let dp = &mut dst[s * pb..(s + 1) * pb];
+        for b in 0..sb / 2 {
+            dp[2 * b..2 * b + 2].copy_from_slice(&sp[b * bb..b * bb + 2]);
+        }
+        let mut y = [_mm256_setzero_si256(); 4];
+        for (a, ya) in y.iter_mut().enumerate() {
+            let mut x = _mm256_setzero_si256();
+            for l in 0..4 {
+                let e = 128 * l + 32 * a;
+                let off = (e / g) * bb + 2 + (e % g) / 4;
+                let b8 = &sp[off..off + 8];
+                // SAFETY: reads the 8 bytes of b8 (checked by slicing).
+                let v =
+                    _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(b8.as_ptr() as *const __m128i) });
+                let v = match l {
+                    0 => v,
+                    1 => _mm256_slli_epi32(v, 8),
+                    2 => _mm256_slli_epi32(v, 16),
+                    _ => _mm256_slli_epi32(v, 24),
+                };
+                x = _mm256_or_si256(x, v);
+            }
+            // a code 3: both bits of a field
+            bad = _mm256_or_si256(
+                bad,
+                _mm256_and_si256(_mm256_and_si256(x, _mm256_srli_epi32(x, 1)), m55),
+            );
+            // the 4×4 transpose of 2-bit fields (`crate::q2m`'s transpose4x4_2bit) in each lane
+            let t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 6)), m1);
+            let x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 6)));
+            let t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 12)), m2);
+            *ya = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 12)));
+        }
+        // y[a] lane k → vector k word a: z_i holds vectors i (low 128 bits) and i + 4 (high)
+        let t0 = _mm256_unpacklo_epi32(y[0], y[1]);
+        let t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+        let t2 = _mm256_unpacklo_epi32(y[2], y[3]);
+        let t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+        let z0 = _mm256_unpacklo_epi64(t0, t2);
+        let z1 = _mm256_unpackhi_epi64(t0, t2);
+        let z2 = _mm256_unpacklo_epi64(t1, t3);
+        let z3 = _mm256_unpackhi_epi64(t1, t3);
+        let out = &mut dp[sb..sb + 128];
+        // SAFETY: four 32-byte stores into `out`'s 128 bytes (checked by slicing).
+        unsafe {
+            let o = out.as_mut_ptr() as *mut __m256i;
+            _mm256_storeu_si256(o, _mm256_permute2x128_si256(z0, z1, 0x20));
+            _mm256_storeu_si256(o.add(1), _mm256_permute2x128_si256(z2, z3, 0x20));
+            _mm256_storeu_si256(o.add(2), _mm256_permute2x128_si256(z0, z1, 0x31));
+            _mm256_storeu_si256(o.add(3), _mm256_permute2x128_si256(z2, z3, 0x31));
+        }
+    }
+    _mm256_testz_si256(bad, bad) == 0
 }

@@ -11,7 +11,9 @@
 //! - 32 vector registers, so 8 activation rows share one unpacked chunk (4 with AVX2).
 
 use crate::avx2::{dw_lanes, hsum_ps, prefetch_lines, q2_chunk_codes, tail_chunk};
-use crate::ops::{q1p_chunk, QuantActs};
+use crate::ops::{
+    mask_kind, mk_pair_bytes, mk_type, q1p_chunk, QuantActs, MK_Q1, MK_Q2G128, MK_Q2G64,
+};
 use crate::q1m;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
@@ -49,46 +51,65 @@ pub(crate) unsafe fn lowbit_rows_one_act(
     }
 }
 
-/// [`lowbit_rows_one_act`] for Q1_0 rows in the mask layout (`crate::q1m`): groups of 4 rows
-/// share each activation load, and their float chains (two dependent `fma` per pair and row)
-/// overlap.
+/// [`lowbit_rows_one_act`] for rows in a mask layout (`crate::q1m` for Q1_0, `crate::q2m` for the
+/// Q2 types): groups of 4 rows share each activation load, and their float chains (two dependent
+/// `fma` per pair and row) overlap.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C, AVX-512 F/BW/VL, VNNI and BITALG. `rows.len()` must be
-/// `out.len()` whole Q1_0 rows for `xq.n_in` elements, and `xq.n >= 1`.
+/// `out.len()` whole mask-layout rows of `qt` for `xq.n_in` elements, and `xq.n >= 1`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
-pub(crate) unsafe fn q1m_rows_one_act(rows: &[u8], xq: &QuantActs, out: &mut [f32]) {
+pub(crate) unsafe fn mask_rows_one_act(
+    qt: QuantType,
+    rows: &[u8],
+    xq: &QuantActs,
+    out: &mut [f32],
+) {
     let rb = rows.len() / out.len().max(1);
     let mut r = 0;
     macro_rules! go {
-        ($R:literal, $S:literal) => {
+        ($R:literal, $S:literal, $M:expr) => {
             while out.len() - r >= $R {
                 let w: [&[u8]; $R] =
                     core::array::from_fn(|i| &rows[(r + i) * rb..(r + i + 1) * rb]);
                 // SAFETY: the same CPU features as this function; the asserts inside check the
                 // rows.
-                unsafe { q1m_rows_one::<$R, $S>(w, xq, &mut out[r..r + $R]) }
+                unsafe { mask_rows_one::<$R, $S, { $M }>(w, xq, &mut out[r..r + $R]) }
                 r += $R;
             }
         };
     }
     // 4 rows with one i32 chain each (the rest: one row, two chains). Zen 4, one thread,
-    // 5120 × 17408: 4 rows / 1 chain 0.99 ms, 2 / 2 1.01, 1 / 2 1.03, 8 / 1 1.07 (`tests/bench.rs`)
-    go!(4, 1);
-    go!(1, 2);
+    // Q1_0 5120 × 17408: 4 rows / 1 chain 0.99 ms, 2 / 2 1.01, 1 / 2 1.03, 8 / 1 1.07
+    // (`tests/bench.rs`)
+    match mask_kind(qt) {
+        MK_Q1 => {
+            go!(4, 1, MK_Q1);
+            go!(1, 2, MK_Q1);
+        }
+        MK_Q2G128 => {
+            go!(4, 1, MK_Q2G128);
+            go!(1, 2, MK_Q2G128);
+        }
+        _ => {
+            go!(4, 1, MK_Q2G64);
+            go!(1, 2, MK_Q2G64);
+        }
+    }
 }
 
-/// R mask-layout Q1_0 rows against activation row 0 (decode): `out[r]`.
+/// R mask-layout rows of kind M against activation row 0 (decode): `out[r]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
-unsafe fn q1m_rows_one<const R: usize, const S: usize>(
+unsafe fn mask_rows_one<const R: usize, const S: usize, const M: u8>(
     wrows: [&[u8]; R],
     xq: &QuantActs,
     out: &mut [f32],
 ) {
+    let qt = mk_type(M);
     assert_eq!(out.len(), R);
     for w in &wrows {
-        assert_eq!(Some(w.len()), QuantType::Q1_0.row_bytes(xq.n_in));
+        assert_eq!(Some(w.len()), qt.row_bytes(xq.n_in));
     }
     let nfull = xq.n_in / 256;
     let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS);
@@ -96,12 +117,16 @@ unsafe fn q1m_rows_one<const R: usize, const S: usize>(
     // the next R rows follow these in memory (one task's rows): stream them towards the caches
     // while these run, at the pace these are read
     let next = wrows[R - 1].as_ptr().wrapping_add(wrows[R - 1].len());
-    q1m_pairs_s::<R, 1, S>(&wrows, xq, 0, c1 / 2, next, &mut acc);
-    q1_chunks::<R, 1>(&wrows, xq, 0, c1..nfull, &mut acc);
+    mask_pairs_s::<R, 1, S, M>(&wrows, xq, 0, c1 / 2, next, &mut acc);
+    if M == MK_Q1 {
+        q1_chunks::<R, 1>(&wrows, xq, 0, c1..nfull, &mut acc);
+    } else {
+        q2_chunks::<R, 1>(qt, &wrows, xq, 0, c1..nfull, &mut acc);
+    }
     let partial = xq.n_in % 256 != 0;
     for r in 0..R {
         let a = if partial {
-            tail_chunk(QuantType::Q1_0, wrows[r], xq, 0, acc[r][0])
+            tail_chunk(qt, wrows[r], xq, 0, acc[r][0])
         } else {
             acc[r][0]
         };
@@ -157,7 +182,7 @@ pub(crate) unsafe fn lowbit_rows<const R: usize>(
         if qt == QuantType::Q1_0 {
             by_rows!(nt, R, q1_chunks, &wrows, xq, t0, 0..nfull, &mut acc)
         } else {
-            by_rows!(nt, R, q2_chunks, qt, &wrows, xq, t0, nfull, &mut acc)
+            by_rows!(nt, R, q2_chunks, qt, &wrows, xq, t0, 0..nfull, &mut acc)
         }
         for r in 0..R {
             for ti in 0..nt {
@@ -171,25 +196,46 @@ pub(crate) unsafe fn lowbit_rows<const R: usize>(
     }
 }
 
-/// [`lowbit_rows`] for Q1_0 rows in the mask layout (`crate::q1m`): the whole 512-element pairs
-/// run [`q1m_pairs`], a last unpaired chunk and a partial one the file-layout code.
+/// [`lowbit_rows`] for rows in a mask layout (`crate::q1m`, `crate::q2m`): the whole 512-element
+/// pairs run [`mask_pairs`], a last unpaired chunk and a partial one the file-layout code.
 ///
 /// # Safety
-/// As [`lowbit_rows`], with each `wrows[r]` one whole mask-layout Q1_0 row.
+/// As [`lowbit_rows`], with each `wrows[r]` one whole mask-layout row of `qt`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
-pub(crate) unsafe fn q1m_rows<const R: usize>(
+pub(crate) unsafe fn mask_rows<const R: usize>(
+    qt: QuantType,
     wrows: [&[u8]; R],
     xq: &QuantActs,
     t_begin: usize,
     outs: [&mut [f32]; R],
 ) {
+    // one function per kind, so each holds only its own chunk code
+    // SAFETY: the same CPU features and contract as this function.
+    unsafe {
+        match mask_kind(qt) {
+            MK_Q1 => mask_rows_m::<R, MK_Q1>(wrows, xq, t_begin, outs),
+            MK_Q2G128 => mask_rows_m::<R, MK_Q2G128>(wrows, xq, t_begin, outs),
+            _ => mask_rows_m::<R, MK_Q2G64>(wrows, xq, t_begin, outs),
+        }
+    }
+}
+
+/// [`mask_rows`] of kind M.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bitalg")]
+unsafe fn mask_rows_m<const R: usize, const M: u8>(
+    wrows: [&[u8]; R],
+    xq: &QuantActs,
+    t_begin: usize,
+    outs: [&mut [f32]; R],
+) {
+    let qt = mk_type(M);
     let g = outs[0].len();
     let n = t_begin + g;
     assert!(n <= xq.n);
     for r in 0..R {
         assert_eq!(outs[r].len(), g);
-        assert_eq!(Some(wrows[r].len()), QuantType::Q1_0.row_bytes(xq.n_in));
+        assert_eq!(Some(wrows[r].len()), qt.row_bytes(xq.n_in));
     }
     let nfull = xq.n_in / 256;
     let c1 = 2 * (xq.n_in / q1m::PAIR_ELEMS); // chunks in whole pairs
@@ -197,11 +243,29 @@ pub(crate) unsafe fn q1m_rows<const R: usize>(
     while t0 < n {
         let nt = (n - t0).min(ROWS);
         let mut acc = [[_mm256_setzero_ps(); ROWS]; R]; // acc[r][ti]: 8 lane accumulators
-        by_rows!(nt, R, q1m_pairs, &wrows, xq, t0, c1 / 2, &mut acc);
-        by_rows!(nt, R, q1_chunks, &wrows, xq, t0, c1..nfull, &mut acc);
+        macro_rules! pairs {
+            ($NT:literal) => {
+                mask_pairs::<R, $NT, M>(&wrows, xq, t0, c1 / 2, &mut acc)
+            };
+        }
+        match nt {
+            1 => pairs!(1),
+            2 => pairs!(2),
+            3 => pairs!(3),
+            4 => pairs!(4),
+            5 => pairs!(5),
+            6 => pairs!(6),
+            7 => pairs!(7),
+            _ => pairs!(8),
+        }
+        if M == MK_Q1 {
+            by_rows!(nt, R, q1_chunks, &wrows, xq, t0, c1..nfull, &mut acc);
+        } else {
+            by_rows!(nt, R, q2_chunks, qt, &wrows, xq, t0, c1..nfull, &mut acc);
+        }
         for r in 0..R {
             for ti in 0..nt {
-                acc[r][ti] = tail_chunk(QuantType::Q1_0, wrows[r], xq, t0 + ti, acc[r][ti]);
+                acc[r][ti] = tail_chunk(qt, wrows[r], xq, t0 + ti, acc[r][ti]);
             }
             for ti in 0..nt {
                 outs[r][t0 - t_begin + ti] = hsum_ps(acc[r][ti]);
@@ -388,20 +452,23 @@ fn q2_chunks<const R: usize, const NT: usize>(
     wrows: &[&[u8]; R],
     xq: &QuantActs,
     t0: usize,
-    nfull: usize,
+    chunks: Range<usize>,
     acc: &mut [[__m256; ROWS]; R],
 ) {
+    if chunks.is_empty() {
+        return;
+    }
     let mut accv = [[_mm256_setzero_ps(); NT]; R];
     for r in 0..R {
         accv[r].copy_from_slice(&acc[r][..NT]);
     }
-    assert!(t0 + NT <= xq.n && 256 * nfull <= xq.n_pad);
+    assert!(t0 + NT <= xq.n && 256 * chunks.end <= xq.n_pad);
     // acts: row t0's Q2-permuted activation bytes; rows t0..t0+NT follow at a stride of n_pad
     let acts = xq.qp[t0 * xq.n_pad..].as_ptr();
     let nbp = xq.n_pad / 32;
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    for c in 0..nfull {
+    for c in chunks {
         // codes[r][4*half + s]: byte i = code of chunk element 128*half + 4i + s
         let mut codes = [[zero; 8]; R];
         let mut dwv = [_mm256_setzero_ps(); R];
@@ -446,35 +513,41 @@ fn q2_chunks<const R: usize, const NT: usize>(
     }
 }
 
-/// Q1_0 in the mask layout (`crate::q1m`) over the first `npair` 512-element pairs of weight rows
-/// `wrows` and activation rows `t0..t0+NT`. Per 64 weights: word k broadcast to every qword and
-/// ANDed with `1 << (p / 8)` in byte p gives the `b·2^j` bytes, which `vpdpbusd` takes with each
-/// activation row's 64-byte q1p vector of the pair. i32 lane `L = 8h + l` then holds
-/// `2^(L/2) · Σ b·q` of block `8(2s + h) + l`; `vpsravd` by L / 2 makes it exact Σ b·q, and the
-/// float step is the chunk kernels' for chunk 2s (low half) and then chunk 2s + 1 (high half):
-/// the same operations in the same order, the same bits.
+/// Rows in a mask layout of kind M over the first `npair` 512-element pairs of weight rows
+/// `wrows` and activation rows `t0..t0+NT`: [`mask_pairs_s`] with two i32 chains per (weight row,
+/// activation row) when few pairs share a vector (`vpdpbusd` latency).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q1m_pairs<const R: usize, const NT: usize>(
+fn mask_pairs<const R: usize, const NT: usize, const M: u8>(
     wrows: &[&[u8]; R],
     xq: &QuantActs,
     t0: usize,
     npair: usize,
     acc: &mut [[__m256; ROWS]; R],
 ) {
-    // two independent i32 chains per (weight row, activation row) when few pairs share the
-    // vector (vpdpbusd latency)
+    let none = core::ptr::null();
     if R * NT < 4 {
-        q1m_pairs_s::<R, NT, 2>(wrows, xq, t0, npair, core::ptr::null(), acc)
+        mask_pairs_s::<R, NT, 2, M>(wrows, xq, t0, npair, none, acc)
     } else {
-        q1m_pairs_s::<R, NT, 1>(wrows, xq, t0, npair, core::ptr::null(), acc)
+        mask_pairs_s::<R, NT, 1, M>(wrows, xq, t0, npair, none, acc)
     }
 }
 
-/// [`q1m_pairs`] with `S` independent i32 chains per (weight row, activation row).
+/// The mask-layout pairs with `S` independent i32 chains per (weight row, activation row). Per 64
+/// weights one broadcast, one AND and one `vpdpbusd` with each activation row's 64-byte q1p vector
+/// k of the pair, whose i32 lane `L = 8h + l` is block `8(2s + h) + l`:
+/// - Q1_0 (`crate::q1m`): word k broadcast to every qword, ANDed with `1 << (p / 8)` in byte p,
+///   leaves `2^(L/2) · Σ b·q` in lane L; `vpsravd` by L / 2, then `Σ (2b − 1)·q = 2·Σ b·q − Σ q`;
+/// - Q2 (`crate::q2m`): vector k's 16 bytes broadcast to every 128-bit lane, ANDed with
+///   `3 << 2(p / 16)`, leave `4^(L/4) · Σ c·q`; `vpsravd` by 2·(L / 4), then
+///   `Σ (c − 1)·q = Σ c·q − Σ q`.
+///
+/// The float step is the chunk kernels' for chunk 2s (low half) and then chunk 2s + 1 (high
+/// half): the same operations in the same order, the same bits. With `prefetch` non-null, the
+/// lines of the R rows that follow are requested at the pace these are read.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
+fn mask_pairs_s<const R: usize, const NT: usize, const S: usize, const M: u8>(
     wrows: &[&[u8]; R],
     xq: &QuantActs,
     t0: usize,
@@ -483,25 +556,50 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
     acc: &mut [[__m256; ROWS]; R],
 ) {
     let nbp = xq.n_pad / 32;
-    // byte p: 1 << (p / 8)
-    let bitsel = _mm512_setr_epi64(
-        0x0101_0101_0101_0101,
-        0x0202_0202_0202_0202,
-        0x0404_0404_0404_0404,
-        0x0808_0808_0808_0808,
-        0x1010_1010_1010_1010,
-        0x2020_2020_2020_2020,
-        0x4040_4040_4040_4040,
-        0x8080_8080_8080_8080u64 as i64,
-    );
-    // lane L: L / 2, the power of two its bytes carry
-    let lane_shift = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let pb = mk_pair_bytes(M);
+    // the bytes of the 64-byte operand that carry their weight at one power of two per i32 lane:
+    // Q1_0 byte p: 1 << (p / 8); Q2 byte p: 3 << 2(p / 16)
+    let sel = if M == MK_Q1 {
+        _mm512_setr_epi64(
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0404_0404_0404_0404,
+            0x0808_0808_0808_0808,
+            0x1010_1010_1010_1010,
+            0x2020_2020_2020_2020,
+            0x4040_4040_4040_4040,
+            0x8080_8080_8080_8080u64 as i64,
+        )
+    } else {
+        _mm512_setr_epi64(
+            0x0303_0303_0303_0303,
+            0x0303_0303_0303_0303,
+            0x0C0C_0C0C_0C0C_0C0C,
+            0x0C0C_0C0C_0C0C_0C0C,
+            0x3030_3030_3030_3030,
+            0x3030_3030_3030_3030,
+            0xC0C0_C0C0_C0C0_C0C0u64 as i64,
+            0xC0C0_C0C0_C0C0_C0C0u64 as i64,
+        )
+    };
+    // lane L: the power of two its bytes carry
+    let lane_shift = if M == MK_Q1 {
+        _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+    } else {
+        _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
+    };
     let zero = _mm512_setzero_si512();
-    // lane 4b + i ← d of block b of the pair
-    let dw_idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    // lane L ← d of the weight block holding block L: 4 scales of 128 (Q1_0, g128), 8 of 64
+    let dw_idx = if M == MK_Q2G64 {
+        _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+    } else {
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+    };
+    // the pair's weight operands start after its scales
+    let wo = if M == MK_Q2G64 { 16 } else { 8 };
     assert!(t0 + NT <= xq.n && q1m::PAIR_ELEMS * npair <= xq.n_pad);
     for w in wrows {
-        assert!(w.len() >= q1m::PAIR_BYTES * npair);
+        assert!(w.len() >= pb * npair);
     }
     let mut accv = [[_mm256_setzero_ps(); NT]; R];
     for r in 0..R {
@@ -511,28 +609,41 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
     let acts = xq.q1p[t0 * xq.n_pad..].as_ptr();
     for s in 0..npair {
         if !prefetch.is_null() {
-            prefetch_lines(
-                prefetch.wrapping_add(q1m::PAIR_BYTES * R * s),
-                q1m::PAIR_BYTES * R,
-            );
+            prefetch_lines(prefetch.wrapping_add(pb * R * s), pb * R);
         }
         let mut dwv = [_mm512_setzero_ps(); R];
         let mut wp = [core::ptr::null::<u8>(); R];
         for r in 0..R {
-            // SAFETY: pair s's 72 bytes lie inside wrows[r] (asserted above).
-            wp[r] = unsafe { wrows[r].as_ptr().add(q1m::PAIR_BYTES * s) };
-            // SAFETY: reads the pair's first 8 bytes (the 4 f16 scales).
-            let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
-            dwv[r] = _mm512_permutexvar_ps(dw_idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+            // SAFETY: pair s's pb bytes lie inside wrows[r] (asserted above).
+            wp[r] = unsafe { wrows[r].as_ptr().add(pb * s) };
+            let d = if M == MK_Q2G64 {
+                // SAFETY: reads the pair's first 16 bytes (its 8 f16 scales).
+                let h = unsafe { _mm_loadu_si128(wp[r] as *const __m128i) };
+                _mm512_castps256_ps512(_mm256_cvtph_ps(h))
+            } else {
+                // SAFETY: reads the pair's first 8 bytes (its 4 f16 scales).
+                let h = unsafe { _mm_loadl_epi64(wp[r] as *const __m128i) };
+                _mm512_castps128_ps512(_mm_cvtph_ps(h))
+            };
+            dwv[r] = _mm512_permutexvar_ps(dw_idx, d);
         }
-        let mut bq = [[[zero; S]; NT]; R]; // bq[r][ti][h]: lane L = partial 2^(L/2)·Σ b·q
+        let mut bq = [[[zero; S]; NT]; R]; // bq[r][ti][h]: lane L = partial (power)·Σ code·q
         for k in 0..8 {
             let h = k % S;
             let mut wb = [zero; R];
             for r in 0..R {
-                // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
-                let word = unsafe { core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64) };
-                wb[r] = _mm512_and_si512(_mm512_set1_epi64(word), bitsel);
+                let wv = if M == MK_Q1 {
+                    // SAFETY: word k is bytes 8 + 8k .. 16 + 8k of the pair (inside, above).
+                    _mm512_set1_epi64(unsafe {
+                        core::ptr::read_unaligned(wp[r].add(8 + 8 * k) as *const i64)
+                    })
+                } else {
+                    // SAFETY: vector k is bytes wo + 16k .. wo + 16k + 16 of the pair (inside).
+                    _mm512_broadcast_i32x4(unsafe {
+                        _mm_loadu_si128(wp[r].add(wo + 16 * k) as *const __m128i)
+                    })
+                };
+                wb[r] = _mm512_and_si512(wv, sel);
             }
             for ti in 0..NT {
                 // SAFETY: row t0 + ti < xq.n and 512s + 64k + 64 <= n_pad (asserted above).
@@ -562,7 +673,12 @@ fn q1m_pairs_s<const R: usize, const NT: usize, const S: usize>(
                         _mm512_loadu_ps(da.as_ptr()),
                     )
                 };
-                let isf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_slli_epi32(bqs, 1), sv));
+                let cq = if M == MK_Q1 {
+                    _mm512_slli_epi32(bqs, 1)
+                } else {
+                    bqs
+                };
+                let isf = _mm512_cvtepi32_ps(_mm512_sub_epi32(cq, sv));
                 let sc = _mm512_mul_ps(dwv[r], dav);
                 let a0 = _mm256_fmadd_ps(
                     _mm512_castps512_ps256(isf),

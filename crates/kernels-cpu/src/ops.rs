@@ -385,6 +385,13 @@ pub fn q1m_available() -> bool {
     active_isa().avx2()
 }
 
+/// True when this CPU runs Q2 matrices (`Q2_0` g128, `PQ2_0`, `Q2_0` g64) in their mask layout
+/// ([`crate::q2m`]): the active ISA is AVX2 or AVX-512. A backend that packs a matrix with
+/// [`crate::q2m::pack_into`] (when it succeeds) then multiplies with [`matmul_q2m`].
+pub fn q2m_available() -> bool {
+    active_isa().avx2()
+}
+
 /// [`matmul_q`] for a Q1_0 matrix in the mask layout (`wm` from [`crate::q1m::pack`]): the same
 /// results bit for bit as [`matmul_q`] on the file bytes. Needs [`q1m_available`].
 pub fn matmul_q1m(wm: &[u8], n_in: usize, n_out: usize, xq: &QuantActs, y: &mut [f32]) {
@@ -400,15 +407,96 @@ pub fn matmul_q1m_isa(
     xq: &QuantActs,
     y: &mut [f32],
 ) {
-    assert!(
-        isa.avx2() && isa_supported(isa),
-        "matmul_q1m: the mask layout needs AVX2 or AVX-512 ({isa:?} here)"
-    );
-    assert_eq!(xq.n_in, n_in, "matmul_q1m: activation width");
-    matmul_lowbit(isa, wm, QuantType::Q1_0, true, n_in, n_out, xq, y)
+    matmul_masked_isa(isa, wm, QuantType::Q1_0, n_in, n_out, xq, y)
 }
 
-/// The low-bit matmul of [`matmul_q_isa`]; `masks`: Q1_0 rows in the mask layout (AVX2 / AVX-512).
+/// [`matmul_q`] for a Q2 matrix of type `qt` in its mask layout (`wm` from
+/// [`crate::q2m::pack_into`]): the same results bit for bit as [`matmul_q`] on the file bytes.
+/// Needs [`q2m_available`].
+pub fn matmul_q2m(
+    wm: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    matmul_q2m_isa(active_isa(), wm, qt, n_in, n_out, xq, y)
+}
+
+/// [`matmul_q2m`] with an explicit ISA: AVX2 or AVX-512.
+pub fn matmul_q2m_isa(
+    isa: Isa,
+    wm: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    assert!(
+        crate::q2m::supports(qt),
+        "matmul_q2m: {qt:?} is not a Q2 type"
+    );
+    matmul_masked_isa(isa, wm, qt, n_in, n_out, xq, y)
+}
+
+fn matmul_masked_isa(
+    isa: Isa,
+    wm: &[u8],
+    qt: QuantType,
+    n_in: usize,
+    n_out: usize,
+    xq: &QuantActs,
+    y: &mut [f32],
+) {
+    assert!(
+        isa.avx2() && isa_supported(isa),
+        "the mask layouts need AVX2 or AVX-512 ({isa:?} here)"
+    );
+    assert_eq!(xq.n_in, n_in, "mask-layout matmul: activation width");
+    matmul_lowbit(isa, wm, qt, true, n_in, n_out, xq, y)
+}
+
+/// Mask-layout kinds, the SIMD kernels' const parameter: Q1_0 ([`crate::q1m`]), Q2 g128 / PQ2_0
+/// and Q2 g64 ([`crate::q2m`]).
+pub(crate) const MK_Q1: u8 = 0;
+pub(crate) const MK_Q2G128: u8 = 1;
+pub(crate) const MK_Q2G64: u8 = 2;
+
+/// The mask-layout kind of `qt` (Q1_0 or a Q2 type).
+#[inline]
+pub(crate) fn mask_kind(qt: QuantType) -> u8 {
+    match qt {
+        QuantType::Q1_0 => MK_Q1,
+        QuantType::Q2_0G64 => MK_Q2G64,
+        QuantType::Q2_0G128 | QuantType::PQ2_0 => MK_Q2G128,
+        _ => panic!("no mask layout for {qt:?}"),
+    }
+}
+
+/// A type of kind `m` (PQ2_0 and Q2_0 g128 share their bytes and kernels).
+#[inline]
+pub(crate) const fn mk_type(m: u8) -> QuantType {
+    match m {
+        MK_Q1 => QuantType::Q1_0,
+        MK_Q2G128 => QuantType::Q2_0G128,
+        _ => QuantType::Q2_0G64,
+    }
+}
+
+/// Bytes of one 512-element pair of kind `m`: 4 Q1_0 blocks (72), 4 g128 blocks (136) or 8 g64
+/// blocks (144).
+#[inline]
+pub(crate) const fn mk_pair_bytes(m: u8) -> usize {
+    match m {
+        MK_Q1 => 72,
+        MK_Q2G128 => 136,
+        _ => 144,
+    }
+}
+
+/// The low-bit matmul of [`matmul_q_isa`]; `masks`: rows in `qt`'s mask layout (AVX2 / AVX-512).
 #[allow(clippy::too_many_arguments)]
 fn matmul_lowbit(
     isa: Isa,
@@ -420,7 +508,7 @@ fn matmul_lowbit(
     xq: &QuantActs,
     y: &mut [f32],
 ) {
-    assert!(!masks || (isa.avx2() && qt == QuantType::Q1_0));
+    assert!(!masks || (isa.avx2() && (qt == QuantType::Q1_0 || crate::q2m::supports(qt))));
     let rb = qt
         .row_bytes(n_in)
         .expect("matmul: n_in is not a whole number of blocks");
@@ -543,7 +631,7 @@ fn lowbit_rows_one_act(
             // SAFETY: `check_isa` verified AVX2+FMA+F16C; `rows` is out.len() whole rows (above).
             unsafe {
                 if masks {
-                    crate::avx2::q1m_rows_one_act(rows, xq, out)
+                    crate::avx2::mask_rows_one_act(qt, rows, xq, out)
                 } else {
                     crate::avx2::lowbit_rows_one_act(qt, rows, xq, out)
                 }
@@ -557,7 +645,7 @@ fn lowbit_rows_one_act(
             // out.len() whole rows (above).
             unsafe {
                 if masks {
-                    crate::avx512::q1m_rows_one_act(rows, xq, out)
+                    crate::avx512::mask_rows_one_act(qt, rows, xq, out)
                 } else {
                     crate::avx512::lowbit_rows_one_act(qt, rows, xq, out)
                 }
@@ -593,7 +681,7 @@ fn lowbit_row_pair(
             // kernel asserts that both rows are whole rows of `qt` and the activation rows exist.
             unsafe {
                 if masks {
-                    crate::avx512::q1m_rows::<2>([w0, w1], xq, t_begin, [out0, out1])
+                    crate::avx512::mask_rows::<2>(qt, [w0, w1], xq, t_begin, [out0, out1])
                 } else {
                     crate::avx512::lowbit_rows::<2>(qt, [w0, w1], xq, t_begin, [out0, out1])
                 }
@@ -630,7 +718,7 @@ fn lowbit_row(
             // `xq.n_in` elements (asserted by the caller) and the rows are inside `xq` (above).
             unsafe {
                 if masks {
-                    crate::avx2::q1m_row(wrow, xq, t_begin, out)
+                    crate::avx2::mask_row(qt, wrow, xq, t_begin, out)
                 } else {
                     crate::avx2::lowbit_row(qt, wrow, xq, t_begin, out)
                 }
@@ -644,7 +732,7 @@ fn lowbit_row(
             // one whole row of `qt` for `xq.n_in` elements and the rows are inside `xq` (above).
             unsafe {
                 if masks {
-                    crate::avx512::q1m_rows::<1>([wrow], xq, t_begin, [out])
+                    crate::avx512::mask_rows::<1>(qt, [wrow], xq, t_begin, [out])
                 } else {
                     crate::avx512::lowbit_rows::<1>(qt, [wrow], xq, t_begin, [out])
                 }

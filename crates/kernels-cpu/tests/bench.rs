@@ -4,7 +4,7 @@
 //! Env: `BENCH_THREADS` (default: rayon's default), `BENCH_ITERS` (default 30), `BENCH_SCALAR=0` to
 //! skip the (slow) scalar-fallback rows, `BENCH_SHAPE=<n_in>x<n_out>` (default 5120x17408),
 //! `BENCH_N=1,5,512` (activation rows; default 1,5), `BENCH_TYPES=Q1_0,...` (weight types by
-//! name), `BENCH_ISAS=avx512m,avx512,avx2m,avx2,scalar` (`…m`: Q1_0 in the mask layout).
+//! name), `BENCH_ISAS=avx512m,avx512,avx2m,avx2,scalar` (`…m`: the mask layout, `q1m` / `q2m`).
 
 mod common;
 
@@ -61,9 +61,21 @@ fn bench_lowbit_matmul() {
             let x = rng.vec(n * n_in, 1.0);
             let xq = ops::quantize_acts(&x, n, n_in);
             let mut y = vec![0f32; n * n_out];
-            // the Q1_0 mask layout, named "Avx512m" / "Avx2m" in the table
-            let wm = (qt == QuantType::Q1_0 && isa_supported(Isa::Avx2))
-                .then(|| bonsai_kernels_cpu::q1m::pack(&w, n_in, n_out));
+            // the mask layout (Q1_0: q1m, Q2: q2m), named "Avx512m" / "Avx2m" in the table
+            let wm = if !isa_supported(Isa::Avx2) {
+                None
+            } else if qt == QuantType::Q1_0 {
+                Some(bonsai_kernels_cpu::q1m::pack(&w, n_in, n_out))
+            } else {
+                bonsai_kernels_cpu::q2m::pack(qt, &w, n_in, n_out)
+            };
+            let matmul_m = |isa: Isa, wm: &[u8], y: &mut [f32]| {
+                if qt == QuantType::Q1_0 {
+                    ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, y)
+                } else {
+                    ops::matmul_q2m_isa(isa, wm, qt, n_in, n_out, &xq, y)
+                }
+            };
             // one row of the table: 3 warm-up calls, then per-call times (the median and the
             // minimum resist a noisy shared machine)
             let row = |label: &str, its: usize, call: &mut dyn FnMut()| {
@@ -99,11 +111,9 @@ fn bench_lowbit_matmul() {
                 pool.install(|| {
                     let mut ym = vec![0f32; n * n_out];
                     ops::matmul_q_isa(isa, &w, qt, n_in, n_out, &xq, &mut y);
-                    ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, &mut ym);
+                    matmul_m(isa, wm, &mut ym);
                     assert_eq!(y, ym, "mask layout differs from the file layout");
-                    row(&label, iters, &mut || {
-                        ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, &mut ym)
-                    });
+                    row(&label, iters, &mut || matmul_m(isa, wm, &mut ym));
                     std::hint::black_box(&ym);
                 });
             }
@@ -126,5 +136,49 @@ fn bench_lowbit_matmul() {
             }
             std::hint::black_box(&y);
         }
+    }
+}
+
+/// The load-time packers: GB/s of file bytes re-laid into the mask layouts (`BENCH_SHAPE`,
+/// `BENCH_THREADS`; the median of 5 after a warm-up).
+#[test]
+#[ignore]
+fn bench_mask_packers() {
+    let (n_in, n_out) = (5120usize, 17408usize);
+    let mut builder = rayon::ThreadPoolBuilder::new();
+    if let Some(t) = env_usize("BENCH_THREADS") {
+        builder = builder.num_threads(t);
+    }
+    let pool = builder.build().unwrap();
+    let mut rng = Rng::new(7);
+    for qt in [QuantType::Q1_0, QuantType::Q2_0G128, QuantType::Q2_0G64] {
+        let w = random_weights(&mut rng, qt, n_in, n_out, false);
+        let mut out = vec![0u8; w.len()];
+        let mut ts: Vec<f64> = (0..6)
+            .map(|_| {
+                let t0 = Instant::now();
+                pool.install(|| {
+                    if qt == QuantType::Q1_0 {
+                        bonsai_kernels_cpu::q1m::pack_into(&w, n_in, n_out, &mut out)
+                    } else {
+                        assert!(bonsai_kernels_cpu::q2m::pack_into(
+                            qt, &w, n_in, n_out, &mut out
+                        ))
+                    }
+                });
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        ts.remove(0);
+        ts.sort_by(f64::total_cmp);
+        let dt = ts[ts.len() / 2];
+        println!(
+            "pack {:>10}: {:7.2} ms for {} MB, {:5.2} GB/s",
+            qt.name(),
+            dt * 1e3,
+            w.len() / 1_000_000,
+            w.len() as f64 / dt / 1e9
+        );
+        std::hint::black_box(&out);
     }
 }

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use bonsai_kernels_cpu::{ops, q1m, reference as r, QuantType};
+use bonsai_kernels_cpu::{ops, q1m, q2m, reference as r, QuantType};
 use half::f16;
 use rayon::prelude::*;
 
@@ -27,17 +27,17 @@ impl CpuBackend {
     }
 }
 
-/// A weight matrix `[n_in, n_out]` read in place from the mapped file, or — Q1_0 where the CPU
-/// kernels run AVX2 or AVX-512 — re-laid once at load into the mask layout ([`q1m`]) that those
-/// mat-vecs read without unpacking (the same results bit for bit).
+/// A weight matrix `[n_in, n_out]` read in place from the mapped file, or — Q1_0 and the Q2 types
+/// where the CPU kernels run AVX2 or AVX-512 — re-laid once at load into the mask layout ([`q1m`],
+/// [`q2m`]) that those mat-vecs read without unpacking (the same results bit for bit).
 pub struct CpuMat {
     g: Arc<Gguf>,
     idx: usize,
     pub qt: QuantType,
     pub n_in: usize,
     pub n_out: usize,
-    /// `[n_out, row_bytes(n_in)]` the Q1_0 rows in the mask layout, in anonymous memory asked to
-    /// be backed by huge pages; the file's pages are released.
+    /// `[n_out, row_bytes(n_in)]` the rows in their mask layout (Q1_0 or Q2), in anonymous memory
+    /// asked to be backed by huge pages; the file's pages are released.
     masks: Option<memmap2::MmapMut>,
 }
 
@@ -53,7 +53,10 @@ impl CpuMat {
     /// `y` `[n, n_out]` = the quantized activations `xq` · Wᵀ (a low-bit matrix).
     fn matmul_q(&self, xq: &ops::QuantActs, y: &mut [f32]) {
         match &self.masks {
-            Some(wm) => ops::matmul_q1m(wm, self.n_in, self.n_out, xq, y),
+            Some(wm) if self.qt == QuantType::Q1_0 => {
+                ops::matmul_q1m(wm, self.n_in, self.n_out, xq, y)
+            }
+            Some(wm) => ops::matmul_q2m(wm, self.qt, self.n_in, self.n_out, xq, y),
             None => ops::matmul_q(self.data(), self.qt, self.n_in, self.n_out, xq, y),
         }
     }
@@ -64,7 +67,12 @@ impl CpuMat {
         match &self.masks {
             Some(wm) => {
                 let mut row = vec![0u8; rb];
-                q1m::unpack_row(&wm[o * rb..(o + 1) * rb], self.n_in, &mut row);
+                let src = &wm[o * rb..(o + 1) * rb];
+                if self.qt == QuantType::Q1_0 {
+                    q1m::unpack_row(src, self.n_in, &mut row);
+                } else {
+                    q2m::unpack_row(self.qt, src, self.n_in, &mut row);
+                }
                 bonsai_kernels_cpu::quant::dequantize_row(self.qt, &row, out);
             }
             None => bonsai_kernels_cpu::quant::dequantize_row(
@@ -76,10 +84,15 @@ impl CpuMat {
     }
 }
 
-/// Whether Q1_0 matrices go into the mask layout: the active ISA is AVX2 or AVX-512 and
-/// `BONSAI_CPU_Q1M` is not `0`.
-fn use_q1m() -> bool {
-    ops::q1m_available() && std::env::var("BONSAI_CPU_Q1M").map_or(true, |v| v != "0")
+/// Whether matrices of `qt` go into their mask layout: Q1_0 or a Q2 type, the active ISA is AVX2
+/// or AVX-512, and `BONSAI_CPU_Q1M` (Q1_0) / `BONSAI_CPU_Q2M` (Q2) is not `0`.
+fn use_mask_layout(qt: QuantType) -> bool {
+    let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
+    if qt == QuantType::Q1_0 {
+        ops::q1m_available() && on("BONSAI_CPU_Q1M")
+    } else {
+        q2m::supports(qt) && ops::q2m_available() && on("BONSAI_CPU_Q2M")
+    }
 }
 
 /// Activation rows: `data` is `[n, width]` f32.
@@ -372,7 +385,7 @@ impl Backend for CpuBackend {
             n_out,
             masks: None,
         };
-        if qt == QuantType::Q1_0 && n_in >= q1m::PAIR_ELEMS && use_q1m() {
+        if n_in >= q1m::PAIR_ELEMS && use_mask_layout(qt) {
             let data = m.data();
             let mut buf = memmap2::MmapMut::map_anon(data.len()).map_err(|e| {
                 Error::Backend(format!("cpu: {} bytes for {name}: {e}", data.len()))
@@ -381,9 +394,17 @@ impl Backend for CpuBackend {
             #[cfg(target_os = "linux")]
             let _ = buf.advise(memmap2::Advice::HugePage);
             g.prefault(data);
-            q1m::pack_into(data, n_in, n_out, &mut buf);
-            g.release(data);
-            m.masks = Some(buf);
+            // a Q2 matrix with the unused code 3 stays in the file layout (`q2m::pack_into`)
+            let packed = if qt == QuantType::Q1_0 {
+                q1m::pack_into(data, n_in, n_out, &mut buf);
+                true
+            } else {
+                q2m::pack_into(qt, data, n_in, n_out, &mut buf)
+            };
+            if packed {
+                g.release(data);
+                m.masks = Some(buf);
+            }
         }
         Ok(m)
     }
