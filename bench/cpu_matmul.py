@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(
-    r"^\s*(?P<qt>.+?) n=(?P<n>\d+) (?P<isa>\w+):\s+(?P<med>[\d.]+) ms/call median \((?P<min>[\d.]+) min\)"
+    r"^[\s.]*(?P<qt>[^\s.].*?) n=(?P<n>\d+) (?P<isa>\w+):\s+(?P<med>[\d.]+) ms/call median \((?P<min>[\d.]+) min\)"
 )
 
 
