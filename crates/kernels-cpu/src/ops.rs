@@ -22,7 +22,7 @@
 //! while the task's weight rows pass over them, and AVX-512 takes two weight rows per pass so
 //! each activation load feeds two `vpdpbusd`.
 //!
-//! Q1_0 in the mask layout ([`crate::q1m`], [`matmul_q1m`]; AVX2 and AVX-512): the same
+//! Q1_0 in the mask layout ([`crate::q1m`], [`matmul_masked`]; AVX2 and AVX-512): the same
 //! definition and bits. Each 512-element pair's block integers come from one broadcast, one AND and
 //! one `vpdpbusd` per 64 weights (AVX2: two ANDs, `vpmaddubsw` + `vpmaddwd` per 32) instead of the
 //! file layout's unpacking (`vpshufbitqmb` and a masked move per 32; AVX2: a shuffle, two ANDs and a
@@ -30,7 +30,7 @@
 //! next 4 in: on a Zen 4 core that is what lets the AVX-512 mat-vec reach DRAM bandwidth (2
 //! threads, 5120 × 131072: 28 GB/s against 16 GB/s in the file layout).
 //!
-//! The Q2 types in their mask layout ([`crate::q2m`], [`matmul_q2m`]) run the same kernels with
+//! The Q2 types in their mask layout ([`crate::q2m`], [`matmul_masked`]) run the same kernels with
 //! 16-byte code vectors: one broadcast, one AND and one `vpdpbusd` per 64 weights, the same bits
 //! as the file layout's per-chunk unpacking (2 threads, 5120 × 131072: 34–37 GB/s against 23 /
 //! 14 GB/s for g128 / g64).
@@ -383,42 +383,18 @@ pub fn matmul_q_isa(
     matmul_lowbit(isa, w, qt, false, n_in, n_out, xq, y)
 }
 
-/// True when this CPU runs Q1_0 matrices in the mask layout ([`crate::q1m`]): the active ISA is
-/// AVX2 or AVX-512. A backend that packs its matrices with [`crate::q1m::pack`] then multiplies
-/// with [`matmul_q1m`].
-pub fn q1m_available() -> bool {
-    active_isa().avx2()
+/// True when this CPU runs matrices of `qt` in a mask layout ([`crate::q1m`] for Q1_0,
+/// [`crate::q2m`] for the Q2 types): the active ISA is AVX2 or AVX-512. A backend that packs a
+/// matrix with `q1m::pack_into` / `q2m::pack_into` (when that succeeds) then multiplies with
+/// [`matmul_masked`].
+pub fn mask_layout_available(qt: QuantType) -> bool {
+    (qt == QuantType::Q1_0 || crate::q2m::supports(qt)) && active_isa().avx2()
 }
 
-/// True when this CPU runs Q2 matrices (`Q2_0` g128, `PQ2_0`, `Q2_0` g64) in their mask layout
-/// ([`crate::q2m`]): the active ISA is AVX2 or AVX-512. A backend that packs a matrix with
-/// [`crate::q2m::pack_into`] (when it succeeds) then multiplies with [`matmul_q2m`].
-pub fn q2m_available() -> bool {
-    active_isa().avx2()
-}
-
-/// [`matmul_q`] for a Q1_0 matrix in the mask layout (`wm` from [`crate::q1m::pack`]): the same
-/// results bit for bit as [`matmul_q`] on the file bytes. Needs [`q1m_available`].
-pub fn matmul_q1m(wm: &[u8], n_in: usize, n_out: usize, xq: &QuantActs, y: &mut [f32]) {
-    matmul_q1m_isa(active_isa(), wm, n_in, n_out, xq, y)
-}
-
-/// [`matmul_q1m`] with an explicit ISA: AVX2 or AVX-512.
-pub fn matmul_q1m_isa(
-    isa: Isa,
-    wm: &[u8],
-    n_in: usize,
-    n_out: usize,
-    xq: &QuantActs,
-    y: &mut [f32],
-) {
-    matmul_masked_isa(isa, wm, QuantType::Q1_0, n_in, n_out, xq, y)
-}
-
-/// [`matmul_q`] for a Q2 matrix of type `qt` in its mask layout (`wm` from
-/// [`crate::q2m::pack_into`]): the same results bit for bit as [`matmul_q`] on the file bytes.
-/// Needs [`q2m_available`].
-pub fn matmul_q2m(
+/// [`matmul_q`] for a matrix of `qt` in its mask layout (`wm` from [`crate::q1m::pack`] or
+/// [`crate::q2m::pack`]): the same results bit for bit as [`matmul_q`] on the file bytes. Needs
+/// [`mask_layout_available`].
+pub fn matmul_masked(
     wm: &[u8],
     qt: QuantType,
     n_in: usize,
@@ -426,11 +402,11 @@ pub fn matmul_q2m(
     xq: &QuantActs,
     y: &mut [f32],
 ) {
-    matmul_q2m_isa(active_isa(), wm, qt, n_in, n_out, xq, y)
+    matmul_masked_isa(active_isa(), wm, qt, n_in, n_out, xq, y)
 }
 
-/// [`matmul_q2m`] with an explicit ISA: AVX2 or AVX-512.
-pub fn matmul_q2m_isa(
+/// [`matmul_masked`] with an explicit ISA: AVX2 or AVX-512.
+pub fn matmul_masked_isa(
     isa: Isa,
     wm: &[u8],
     qt: QuantType,
@@ -440,26 +416,14 @@ pub fn matmul_q2m_isa(
     y: &mut [f32],
 ) {
     assert!(
-        crate::q2m::supports(qt),
-        "matmul_q2m: {qt:?} is not a Q2 type"
+        qt == QuantType::Q1_0 || crate::q2m::supports(qt),
+        "matmul_masked: no mask layout for {qt:?}"
     );
-    matmul_masked_isa(isa, wm, qt, n_in, n_out, xq, y)
-}
-
-fn matmul_masked_isa(
-    isa: Isa,
-    wm: &[u8],
-    qt: QuantType,
-    n_in: usize,
-    n_out: usize,
-    xq: &QuantActs,
-    y: &mut [f32],
-) {
     assert!(
         isa.avx2() && isa_supported(isa),
         "the mask layouts need AVX2 or AVX-512 ({isa:?} here)"
     );
-    assert_eq!(xq.n_in, n_in, "mask-layout matmul: activation width");
+    assert_eq!(xq.n_in, n_in, "matmul_masked: activation width");
     matmul_lowbit(isa, wm, qt, true, n_in, n_out, xq, y)
 }
 

@@ -70,11 +70,7 @@ fn bench_lowbit_matmul() {
                 bonsai_kernels_cpu::q2m::pack(qt, &w, n_in, n_out)
             };
             let matmul_m = |isa: Isa, wm: &[u8], y: &mut [f32]| {
-                if qt == QuantType::Q1_0 {
-                    ops::matmul_q1m_isa(isa, wm, n_in, n_out, &xq, y)
-                } else {
-                    ops::matmul_q2m_isa(isa, wm, qt, n_in, n_out, &xq, y)
-                }
+                ops::matmul_masked_isa(isa, wm, qt, n_in, n_out, &xq, y)
             };
             // one row of the table: 3 warm-up calls, then per-call times (the median and the
             // minimum resist a noisy shared machine)

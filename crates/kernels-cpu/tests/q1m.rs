@@ -1,5 +1,5 @@
 //! The Q1_0 mask layout (`q1m`): packing is a bijection, the fast and AVX-512 packers write the
-//! scalar definition's bytes, and `matmul_q1m` (AVX2 and AVX-512) on the packed rows equals
+//! scalar definition's bytes, and `matmul_masked` (AVX2 and AVX-512) on the packed rows equals
 //! `matmul_q` on the file rows bit for bit (every activation-row count, thread count and row
 //! shape: whole pairs, an unpaired 256-chunk, a partial chunk).
 
@@ -104,53 +104,21 @@ fn avx512_pack_equals_scalar() {
 }
 
 #[test]
-fn matmul_q1m_equals_file_layout_bits() {
-    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|&i| isa_supported(i))
-        .collect();
-    eprintln!("matmul_q1m_equals_file_layout_bits: the mask kernels of {isas:?}");
-    if isas.is_empty() {
-        eprintln!("SKIPPED matmul_q1m_equals_file_layout_bits: no AVX2 here (not counted as run)");
+fn matmul_masked_q1_equals_file_layout_bits() {
+    if !ops::mask_layout_available(QuantType::Q1_0) {
+        eprintln!(
+            "SKIPPED matmul_masked_q1_equals_file_layout_bits: no AVX2 here (not counted as run)"
+        );
         return;
     }
-    assert!(ops::q1m_available());
     let mut rng = Rng::new(73);
+    let ns = [1usize, 2, 3, 4, 5, 7, 8, 9, 13];
     for n_in in WIDTHS {
         for n_out in [1usize, 3, 4, 5, 17, 33] {
             let w = random_weights(&mut rng, QuantType::Q1_0, n_in, n_out, true);
             let wm = q1m::pack(&w, n_in, n_out);
-            for n in [1usize, 2, 3, 4, 5, 7, 8, 9, 13] {
-                let x = rng.vec(n * n_in, 3.0);
-                let xq = ops::quantize_acts(&x, n, n_in);
-                let mut want = vec![0f32; n * n_out];
-                ops::matmul_q_isa(
-                    Isa::Scalar,
-                    &w,
-                    QuantType::Q1_0,
-                    n_in,
-                    n_out,
-                    &xq,
-                    &mut want,
-                );
-                for (&isa, threads) in isas.iter().flat_map(|i| [(i, 1usize), (i, 2)]) {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let mut got = vec![0f32; n * n_out];
-                    pool.install(|| ops::matmul_q1m_isa(isa, &wm, n_in, n_out, &xq, &mut got));
-                    for i in 0..got.len() {
-                        assert_eq!(
-                            got[i].to_bits(),
-                            want[i].to_bits(),
-                            "{isa:?} n_in {n_in} n_out {n_out} n {n} threads {threads} idx {i}: {} vs {}",
-                            got[i],
-                            want[i]
-                        );
-                    }
-                }
-            }
+            let isas = check_masked_matmul(&mut rng, QuantType::Q1_0, &w, &wm, n_in, n_out, &ns);
+            assert!(!isas.is_empty());
         }
     }
 }

@@ -53,10 +53,7 @@ impl CpuMat {
     /// `y` `[n, n_out]` = the quantized activations `xq` · Wᵀ (a low-bit matrix).
     fn matmul_q(&self, xq: &ops::QuantActs, y: &mut [f32]) {
         match &self.masks {
-            Some(wm) if self.qt == QuantType::Q1_0 => {
-                ops::matmul_q1m(wm, self.n_in, self.n_out, xq, y)
-            }
-            Some(wm) => ops::matmul_q2m(wm, self.qt, self.n_in, self.n_out, xq, y),
+            Some(wm) => ops::matmul_masked(wm, self.qt, self.n_in, self.n_out, xq, y),
             None => ops::matmul_q(self.data(), self.qt, self.n_in, self.n_out, xq, y),
         }
     }
@@ -87,12 +84,12 @@ impl CpuMat {
 /// Whether matrices of `qt` go into their mask layout: Q1_0 or a Q2 type, the active ISA is AVX2
 /// or AVX-512, and `BONSAI_CPU_Q1M` (Q1_0) / `BONSAI_CPU_Q2M` (Q2) is not `0`.
 fn use_mask_layout(qt: QuantType) -> bool {
-    let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
-    if qt == QuantType::Q1_0 {
-        ops::q1m_available() && on("BONSAI_CPU_Q1M")
+    let var = if qt == QuantType::Q1_0 {
+        "BONSAI_CPU_Q1M"
     } else {
-        q2m::supports(qt) && ops::q2m_available() && on("BONSAI_CPU_Q2M")
-    }
+        "BONSAI_CPU_Q2M"
+    };
+    ops::mask_layout_available(qt) && std::env::var(var).map_or(true, |v| v != "0")
 }
 
 /// Activation rows: `data` is `[n, width]` f32.

@@ -105,3 +105,47 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 pub fn max_abs(a: &[f32]) -> f32 {
     a.iter().fold(0.0, |m, v| m.max(v.abs()))
 }
+
+/// `matmul_masked` on the AVX2 / AVX-512 kernels this CPU has, with 1 and 2 threads, equals the
+/// scalar `matmul_q` on the file layout bit for bit: `qt` weights `w` (file layout) and `wm` (the
+/// same in its mask layout), `n_out` rows of `n_in`, for every activation-row count of `ns`.
+/// Returns the ISAs it ran (empty: none here).
+pub fn check_masked_matmul(
+    rng: &mut Rng,
+    qt: QuantType,
+    w: &[u8],
+    wm: &[u8],
+    n_in: usize,
+    n_out: usize,
+    ns: &[usize],
+) -> Vec<bonsai_kernels_cpu::ops::Isa> {
+    use bonsai_kernels_cpu::ops::{self, isa_supported, Isa};
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| isa_supported(i))
+        .collect();
+    for &n in ns {
+        let x = rng.vec(n * n_in, 3.0);
+        let xq = ops::quantize_acts(&x, n, n_in);
+        let mut want = vec![0f32; n * n_out];
+        ops::matmul_q_isa(Isa::Scalar, w, qt, n_in, n_out, &xq, &mut want);
+        for (&isa, threads) in isas.iter().flat_map(|i| [(i, 1usize), (i, 2)]) {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = vec![0f32; n * n_out];
+            pool.install(|| ops::matmul_masked_isa(isa, wm, qt, n_in, n_out, &xq, &mut got));
+            for i in 0..got.len() {
+                assert_eq!(
+                    got[i].to_bits(),
+                    want[i].to_bits(),
+                    "{qt:?} {isa:?} n_in {n_in} n_out {n_out} n {n} threads {threads} idx {i}: {} vs {}",
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+    isas
+}
