@@ -2,7 +2,7 @@
 //! definition in `ops` (see the `ops` module doc); only the integer parts are reorganized.
 
 use crate::ops::{
-    lowbit_isum, mask_kind, mk_pair_bytes, mk_type, q1p_chunk, wscale, QuantActs, MK_Q1, MK_Q2G128,
+    lowbit_isum, mk_pair_bytes, mk_type, q1p_chunk, with_mask_kind, wscale, QuantActs, MK_Q1,
     MK_Q2G64,
 };
 use crate::q1m;
@@ -115,20 +115,10 @@ pub(crate) unsafe fn mask_rows_one_act(
             }
         };
     }
-    match mask_kind(qt) {
-        MK_Q1 => {
-            go!(4, MK_Q1);
-            go!(1, MK_Q1);
-        }
-        MK_Q2G128 => {
-            go!(4, MK_Q2G128);
-            go!(1, MK_Q2G128);
-        }
-        _ => {
-            go!(4, MK_Q2G64);
-            go!(1, MK_Q2G64);
-        }
-    }
+    with_mask_kind!(qt, M => {
+        go!(4, M);
+        go!(1, M);
+    })
 }
 
 /// R mask-layout rows of kind M against activation row 0 (decode): `out[r]`.
@@ -174,13 +164,7 @@ pub(crate) unsafe fn mask_row(
     out: &mut [f32],
 ) {
     // SAFETY: the same CPU features and contract as this function.
-    unsafe {
-        match mask_kind(qt) {
-            MK_Q1 => mask_row_m::<MK_Q1>(wrow, xq, t_begin, out),
-            MK_Q2G128 => mask_row_m::<MK_Q2G128>(wrow, xq, t_begin, out),
-            _ => mask_row_m::<MK_Q2G64>(wrow, xq, t_begin, out),
-        }
-    }
+    unsafe { with_mask_kind!(qt, M => mask_row_m::<M>(wrow, xq, t_begin, out)) }
 }
 
 /// [`mask_row`] of kind M.

@@ -11,9 +11,7 @@
 //! - 32 vector registers, so 8 activation rows share one unpacked chunk (4 with AVX2).
 
 use crate::avx2::{dw_lanes, hsum_ps, prefetch_lines, q2_chunk_codes, tail_chunk};
-use crate::ops::{
-    mask_kind, mk_pair_bytes, mk_type, q1p_chunk, QuantActs, MK_Q1, MK_Q2G128, MK_Q2G64,
-};
+use crate::ops::{mk_pair_bytes, mk_type, q1p_chunk, with_mask_kind, QuantActs, MK_Q1, MK_Q2G64};
 use crate::q1m;
 use crate::quant::QuantType;
 use core::arch::x86_64::*;
@@ -82,20 +80,10 @@ pub(crate) unsafe fn mask_rows_one_act(
     // 4 rows with one i32 chain each (the rest: one row, two chains). Zen 4, one thread,
     // Q1_0 5120 × 17408: 4 rows / 1 chain 0.99 ms, 2 / 2 1.01, 1 / 2 1.03, 8 / 1 1.07
     // (`tests/bench.rs`)
-    match mask_kind(qt) {
-        MK_Q1 => {
-            go!(4, 1, MK_Q1);
-            go!(1, 2, MK_Q1);
-        }
-        MK_Q2G128 => {
-            go!(4, 1, MK_Q2G128);
-            go!(1, 2, MK_Q2G128);
-        }
-        _ => {
-            go!(4, 1, MK_Q2G64);
-            go!(1, 2, MK_Q2G64);
-        }
-    }
+    with_mask_kind!(qt, M => {
+        go!(4, 1, M);
+        go!(1, 2, M);
+    })
 }
 
 /// R mask-layout rows of kind M against activation row 0 (decode): `out[r]`.
@@ -212,13 +200,7 @@ pub(crate) unsafe fn mask_rows<const R: usize>(
 ) {
     // one function per kind, so each holds only its own chunk code
     // SAFETY: the same CPU features and contract as this function.
-    unsafe {
-        match mask_kind(qt) {
-            MK_Q1 => mask_rows_m::<R, MK_Q1>(wrows, xq, t_begin, outs),
-            MK_Q2G128 => mask_rows_m::<R, MK_Q2G128>(wrows, xq, t_begin, outs),
-            _ => mask_rows_m::<R, MK_Q2G64>(wrows, xq, t_begin, outs),
-        }
-    }
+    unsafe { with_mask_kind!(qt, M => mask_rows_m::<R, M>(wrows, xq, t_begin, outs)) }
 }
 
 /// [`mask_rows`] of kind M.

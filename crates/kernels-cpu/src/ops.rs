@@ -433,6 +433,29 @@ pub(crate) const MK_Q1: u8 = 0;
 pub(crate) const MK_Q2G128: u8 = 1;
 pub(crate) const MK_Q2G64: u8 = 2;
 
+/// `$body` with the const `$M` bound to the mask-layout kind of `$qt`: one arm, and so one
+/// monomorphized body, per kind (the SIMD kernels' dispatch).
+macro_rules! with_mask_kind {
+    ($qt:expr, $M:ident => $body:expr) => {
+        match $crate::ops::mask_kind($qt) {
+            $crate::ops::MK_Q1 => {
+                const $M: u8 = $crate::ops::MK_Q1;
+                $body
+            }
+            $crate::ops::MK_Q2G128 => {
+                const $M: u8 = $crate::ops::MK_Q2G128;
+                $body
+            }
+            _ => {
+                const $M: u8 = $crate::ops::MK_Q2G64;
+                $body
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use with_mask_kind;
+
 /// The mask-layout kind of `qt` (Q1_0 or a Q2 type).
 #[inline]
 pub(crate) fn mask_kind(qt: QuantType) -> u8 {

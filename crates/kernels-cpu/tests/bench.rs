@@ -17,16 +17,21 @@ fn env_usize(k: &str) -> Option<usize> {
     std::env::var(k).ok().and_then(|v| v.parse().ok())
 }
 
-#[test]
-#[ignore]
-fn bench_lowbit_matmul() {
-    let (n_in, n_out) = std::env::var("BENCH_SHAPE")
+/// `BENCH_SHAPE=<n_in>x<n_out>`, default 5120x17408.
+fn bench_shape() -> (usize, usize) {
+    std::env::var("BENCH_SHAPE")
         .ok()
         .and_then(|v| {
             let (a, b) = v.split_once('x')?;
             Some((a.parse().ok()?, b.parse().ok()?))
         })
-        .unwrap_or((5120usize, 17408usize));
+        .unwrap_or((5120, 17408))
+}
+
+#[test]
+#[ignore]
+fn bench_lowbit_matmul() {
+    let (n_in, n_out) = bench_shape();
     let ns: Vec<usize> = std::env::var("BENCH_N")
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
@@ -140,7 +145,7 @@ fn bench_lowbit_matmul() {
 #[test]
 #[ignore]
 fn bench_mask_packers() {
-    let (n_in, n_out) = (5120usize, 17408usize);
+    let (n_in, n_out) = bench_shape();
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(t) = env_usize("BENCH_THREADS") {
         builder = builder.num_threads(t);
