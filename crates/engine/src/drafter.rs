@@ -363,9 +363,7 @@ impl Drafter {
             }
             let mut gt = l.gate.matmul(&u, bs); // [bs, n_ff]
             let up = l.up.matmul(&u, bs); // [bs, n_ff]
-            for (gi, ui) in gt.iter_mut().zip(&up) {
-                *gi = r::silu(*gi) * ui;
-            }
+            ops::silu_op(ops::SiluOp::GateMulUp, &mut gt, &up);
             let y = l.down.matmul(&gt, bs); // [bs, E]
             for (xi, yi) in x.iter_mut().zip(&y) {
                 *xi += yi;

@@ -808,6 +808,56 @@ fn exp_nonpos8(x: __m256) -> __m256 {
     _mm256_andnot_ps(under, y)
 }
 
+/// `ops::sigmoid_fast` on 8 lanes, the same IEEE operations in the same order: `t = e^{−|x|}`,
+/// `1 / (1 + t)` where `x ≥ 0` (ordered: false for NaN, like the scalar `if`), else `t / (1 + t)`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn sigmoid8(x: __m256) -> __m256 {
+    let sign = _mm256_set1_ps(-0.0);
+    let t = exp_nonpos8(_mm256_or_ps(x, sign)); // −|x|: the sign bit set
+    let d = _mm256_add_ps(_mm256_set1_ps(1.0), t);
+    let pos = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+    _mm256_blendv_ps(
+        _mm256_div_ps(t, d),
+        _mm256_div_ps(_mm256_set1_ps(1.0), d),
+        pos,
+    )
+}
+
+/// `ops::silu_op_isa` over the whole 8-element steps of `a`; returns how many elements it did
+/// (the caller does the tail with the scalar form, which gives the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `b.len() >= a.len()` unless `op` is `InPlace`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn silu_op(op: crate::ops::SiluOp, a: &mut [f32], b: &[f32]) -> usize {
+    use crate::ops::SiluOp;
+    let n = a.len() / 8 * 8;
+    debug_assert!(op == SiluOp::InPlace || b.len() >= n);
+    let (pa, pb) = (a.as_mut_ptr(), b.as_ptr());
+    let mut i = 0;
+    while i < n {
+        // SAFETY: i + 8 <= n <= a.len(), and <= b.len() for the ops that read b (caller's
+        // contract).
+        unsafe {
+            let x = _mm256_loadu_ps(pa.add(i));
+            let y = match op {
+                SiluOp::InPlace => _mm256_mul_ps(x, sigmoid8(x)),
+                SiluOp::GateMulUp => {
+                    _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_loadu_ps(pb.add(i)))
+                }
+                SiluOp::MulByGate => {
+                    let z = _mm256_loadu_ps(pb.add(i));
+                    _mm256_mul_ps(x, _mm256_mul_ps(z, sigmoid8(z)))
+                }
+            };
+            _mm256_storeu_ps(pa.add(i), y);
+        }
+        i += 8;
+    }
+    n
+}
+
 /// See `ops::log_sum_exp`: the same maximum, the same 8 lane accumulators in the same order, the
 /// same final f64 combination, so the result is the same bits.
 ///

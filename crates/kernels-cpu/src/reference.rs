@@ -117,6 +117,19 @@ pub fn conv1d_silu_step(
     k: usize,
     out: &mut [f32], // [C]
 ) {
+    conv1d_step(state, x, w, k, out);
+    out.iter_mut().for_each(|v| *v = silu(*v));
+}
+
+/// [`conv1d_silu_step`] without the SiLU: `out[c]` is the conv sum (f64 accumulation in tap order,
+/// rounded once to f32), and the state shifts the same way.
+pub fn conv1d_step(
+    state: &mut [f32], // [k-1, C] pre-conv inputs, oldest first
+    x: &[f32],         // [C] this token's pre-conv input
+    w: &[f32],         // [C, k] per-channel taps, tap k-1 = current token
+    k: usize,
+    out: &mut [f32], // [C]
+) {
     let c = x.len();
     assert!(k >= 1);
     assert_eq!(state.len(), (k - 1) * c);
@@ -127,7 +140,7 @@ pub fn conv1d_silu_step(
         for j in 0..k - 1 {
             acc += w[ch * k + j] as f64 * state[j * c + ch] as f64;
         }
-        out[ch] = silu(acc as f32);
+        out[ch] = acc as f32;
     }
     if k > 1 {
         state.copy_within(c.., 0);

@@ -320,3 +320,87 @@ fn conv1d_step_hand() {
     assert!((out[1] - r::silu(5.0)).abs() < 1e-6);
     assert_eq!(state, vec![2.0, 20.0, 3.0, 30.0, 4.0, 40.0]);
 }
+
+/// `ops::sigmoid_fast` / `silu_fast` (the engine's element-wise SiLU) against the f64 reference:
+/// relative error ≤ 4e-7 (absolute 1e-30 below, where the reference is subnormal or 0).
+#[test]
+fn sigmoid_fast_close_to_reference() {
+    let mut worst = 0f64;
+    let mut x = -100f32;
+    while x <= 100.0 {
+        for v in [x, x + 1e-3, x * 0.37] {
+            let (a, b) = (ops::sigmoid_fast(v) as f64, r::sigmoid(v) as f64);
+            let rel = (a - b).abs() / b.abs().max(1e-30);
+            assert!(
+                rel <= 4e-7 || (a - b).abs() <= 1e-30,
+                "sigmoid({v}): {a} vs {b}"
+            );
+            worst = worst.max(if b > 1e-30 { rel } else { 0.0 });
+            let (a, b) = (ops::silu_fast(v) as f64, r::silu(v) as f64);
+            assert!(
+                (a - b).abs() <= 4e-7 * b.abs() + 1e-30,
+                "silu({v}): {a} vs {b}"
+            );
+        }
+        x += 0.0137;
+    }
+    assert!(worst > 0.0, "the sweep compared nothing");
+    // the special values
+    assert_eq!(ops::sigmoid_fast(0.0), 0.5);
+    assert_eq!(ops::sigmoid_fast(f32::INFINITY), 1.0);
+    assert_eq!(ops::sigmoid_fast(f32::NEG_INFINITY), 0.0);
+    assert_eq!(ops::silu_fast(f32::INFINITY), f32::INFINITY);
+    assert!(ops::silu_fast(f32::NAN).is_nan());
+    assert_eq!(ops::silu_fast(-200.0), 0.0);
+    eprintln!("sigmoid_fast worst relative error {worst:.3e}");
+}
+
+/// Every ISA's `silu_op` gives the scalar form's bits, for each op, every length 0..40 (the SIMD
+/// steps and the tail) and special values (±0, ±inf, NaN, the −87 cut, subnormals).
+#[test]
+fn silu_op_same_bits_every_isa() {
+    use ops::SiluOp;
+    let mut rng = Rng::new(11);
+    let specials = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -87.0,
+        -86.99999,
+        87.0,
+        1e-40,
+        -1e-40,
+        f32::MAX,
+        f32::MIN,
+    ];
+    let mut ran = 0;
+    for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+        for op in [SiluOp::InPlace, SiluOp::GateMulUp, SiluOp::MulByGate] {
+            for n in (0..40).chain([1000, 4099]) {
+                let mut a: Vec<f32> = rng.vec(n, 30.0);
+                let mut b: Vec<f32> = rng.vec(n, 30.0);
+                for (i, s) in specials.iter().enumerate() {
+                    if n > 0 && i % 3 == n % 3 {
+                        let j = rng.u64() as usize % n;
+                        a[j] = *s;
+                        b[(j * 7 + 1) % n] = *s;
+                    }
+                }
+                let bb: &[f32] = if op == SiluOp::InPlace { &[] } else { &b };
+                let mut want = a.clone();
+                ops::silu_op_isa(Isa::Scalar, op, &mut want, bb);
+                ops::silu_op_isa(isa, op, &mut a, bb);
+                for (i, (x, y)) in a.iter().zip(&want).enumerate() {
+                    assert!(
+                        x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                        "{isa:?} {op:?} n {n} [{i}]: {x} vs {y}"
+                    );
+                }
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 3 * 42, "only the scalar ISA ran");
+}

@@ -284,7 +284,7 @@ fn gdn_impl(
     let mut g = vec![0f32; n * d.hv]; // [n, H_v]
     let mut c = vec![0f32; d.conv_dim];
     for t in 0..n {
-        r::conv1d_silu_step(
+        ops::conv1d_silu_step(
             &mut st.conv,
             &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
             &w.conv1d,
@@ -345,9 +345,7 @@ fn gdn_impl(
     }
     // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
     r::rmsnorm_heads(&mut o, d.dv, &w.ssm_norm, eps);
-    for (oi, zi) in o.iter_mut().zip(&z) {
-        *oi *= r::silu(*zi);
-    }
+    ops::silu_op(ops::SiluOp::MulByGate, &mut o, &z);
     // 7. out projection + residual
     let mut y = Vec::new();
     project(&o, n, vd, &mut [(&w.ssm_out, &mut y)]);
@@ -652,7 +650,7 @@ impl Backend for CpuBackend {
                     }
                     let gt = &gate[th * hd..(th + 1) * hd];
                     for (o, gv) in oh.iter_mut().zip(gt) {
-                        *o = *o / sum * r::sigmoid(*gv);
+                        *o = *o / sum * ops::sigmoid_fast(*gv);
                     }
                 }
             });
@@ -671,9 +669,7 @@ impl Backend for CpuBackend {
         rmsnorm_rows(x, &w.post_norm, cfg.rms_eps, &mut u);
         let (mut gt, mut up) = (Vec::new(), Vec::new()); // [n, n_ff] each
         project(&u, n, e, &mut [(&w.gate, &mut gt), (&w.up, &mut up)]);
-        for (gi, ui) in gt.iter_mut().zip(&up) {
-            *gi = r::silu(*gi) * *ui;
-        }
+        ops::silu_op(ops::SiluOp::GateMulUp, &mut gt, &up);
         let mut y = Vec::new(); // [n, n_embd]
         project(&gt, n, cfg.n_ff, &mut [(&w.down, &mut y)]);
         for (xi, yi) in x.data.iter_mut().zip(&y) {
