@@ -557,11 +557,12 @@ fn q2_chunks<const NT: usize>(
     let ones16 = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let qp = xq.qp();
     for c in chunks {
         let (codes, dwv) = q2_chunk_codes!(qt, wrow, c);
         for ti in 0..NT {
             let t = t0 + ti;
-            let p = &xq.qp[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
+            let p = &qp[t * xq.n_pad + 256 * c..t * xq.n_pad + 256 * c + 256];
             let mut yh = [zero; 2];
             for hf in 0..2 {
                 let mut s16 = zero;
@@ -856,6 +857,117 @@ pub(crate) unsafe fn silu_op(op: crate::ops::SiluOp, a: &mut [f32], b: &[f32]) -
         i += 8;
     }
     n
+}
+
+/// `ops::quantize_row_isa` with AVX2: per 32-element block the same f32 `amax`, `d = amax / 127`
+/// and `1 / d`, the same products and the same rounding (`trunc`, then ±1 where the exact fraction
+/// reaches ±0.5, clamped to ±127; NaN products give 0 like `ops::round_to_i8`); a chunk's 8 blocks
+/// then go to their `q1p` vectors by one 8 × 8 dword transpose.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; the lengths must be as `ops::quantize_row_isa` asserts.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn quantize_row(
+    xr: &[f32],
+    p1row: &mut [i8],
+    drow: &mut [f32],
+    srow: &mut [i32],
+) {
+    let n_in = xr.len();
+    let n_pad = p1row.len();
+    let nb = n_in / 32;
+    assert!(n_in % 32 == 0 && n_pad % 256 == 0 && n_in <= n_pad);
+    assert!(drow.len() >= n_pad / 32 && srow.len() >= n_pad / 32);
+    let sign = _mm256_set1_ps(-0.0);
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(128.0));
+    let (qlo, qhi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let (half, nhalf, one) = (
+        _mm256_set1_ps(0.5),
+        _mm256_set1_ps(-0.5),
+        _mm256_set1_ps(1.0),
+    );
+    // packs_epi32 / packs_epi16 interleave 128-bit lanes: dwords (0, 4, 1, 5, 2, 6, 3, 7) restore
+    // element order
+    let unlace = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let px = xr.as_ptr();
+    for c in 0..n_pad / 256 {
+        let mut blk = [_mm256_setzero_si256(); 8]; // blk[l]: block 8c + l's 32 codes in order
+        for (l, bv) in blk.iter_mut().enumerate() {
+            let b = 8 * c + l;
+            if b >= nb {
+                break;
+            }
+            // SAFETY: block b's 32 floats lie inside xr (b < n_in / 32).
+            let xv: [__m256; 4] =
+                core::array::from_fn(|j| unsafe { _mm256_loadu_ps(px.add(32 * b + 8 * j)) });
+            // amax: max_ps(|x|, m) returns m for a NaN |x|, as f32::max ignores NaN
+            let mut m = _mm256_setzero_ps();
+            for v in xv {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+            let amax = _mm_cvtss_f32(m1);
+            let db = amax / 127.0;
+            let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let mut qi = [_mm256_setzero_si256(); 4];
+            let mut sv = _mm256_setzero_si256();
+            for j in 0..4 {
+                let v = _mm256_mul_ps(xv[j], idv);
+                let ord = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
+                let vc = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+                let t = _mm256_round_ps(vc, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                let f = _mm256_sub_ps(vc, t);
+                let up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
+                let dn = _mm256_and_ps(_mm256_cmp_ps(f, nhalf, _CMP_LE_OQ), one);
+                let r = _mm256_sub_ps(_mm256_add_ps(t, up), dn);
+                let r = _mm256_min_ps(_mm256_max_ps(r, qlo), qhi);
+                qi[j] = _mm256_and_si256(_mm256_cvtps_epi32(r), ord);
+                sv = _mm256_add_epi32(sv, qi[j]);
+            }
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
+            drow[b] = db;
+            srow[b] = _mm_cvtsi128_si32(s1);
+            let w01 = _mm256_packs_epi32(qi[0], qi[1]);
+            let w23 = _mm256_packs_epi32(qi[2], qi[3]);
+            *bv = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), unlace);
+        }
+        // transpose: q1p vector k's dword l = block l's dword k
+        let t: [__m256i; 8] = core::array::from_fn(|i| {
+            let (a, b) = (blk[2 * (i / 2)], blk[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi32(a, b)
+            } else {
+                _mm256_unpackhi_epi32(a, b)
+            }
+        });
+        // t[0] = lo(B0, B1), t[1] = hi(B0, B1), t[2] = lo(B2, B3), ...; u[4h + i]: dword k = i (low
+        // lane) or 4 + i (high lane) of blocks 4h..4h + 4
+        let mut u = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let (a0, a1, b0, b1) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+            u[4 * h] = _mm256_unpacklo_epi64(a0, b0);
+            u[4 * h + 1] = _mm256_unpackhi_epi64(a0, b0);
+            u[4 * h + 2] = _mm256_unpacklo_epi64(a1, b1);
+            u[4 * h + 3] = _mm256_unpackhi_epi64(a1, b1);
+        }
+        for k in 0..8 {
+            let i = k % 4;
+            let v = if k < 4 {
+                _mm256_permute2x128_si256(u[i], u[4 + i], 0x20)
+            } else {
+                _mm256_permute2x128_si256(u[i], u[4 + i], 0x31)
+            };
+            let off = crate::ops::q1p_vec(n_pad, c, k);
+            assert!(off + 32 <= n_pad);
+            // SAFETY: 32 bytes at off lie inside p1row (asserted).
+            unsafe { _mm256_storeu_si256(p1row.as_mut_ptr().add(off) as *mut __m256i, v) };
+        }
+    }
 }
 
 /// See `ops::log_sum_exp`: the same maximum, the same 8 lane accumulators in the same order, the

@@ -446,7 +446,7 @@ fn q2_chunks<const R: usize, const NT: usize>(
     }
     assert!(t0 + NT <= xq.n && 256 * chunks.end <= xq.n_pad);
     // acts: row t0's Q2-permuted activation bytes; rows t0..t0+NT follow at a stride of n_pad
-    let acts = xq.qp[t0 * xq.n_pad..].as_ptr();
+    let acts = xq.qp()[t0 * xq.n_pad..].as_ptr();
     let nbp = xq.n_pad / 32;
     let zero = _mm256_setzero_si256();
     let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);

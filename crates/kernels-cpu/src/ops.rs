@@ -170,16 +170,21 @@ fn check_isa(isa: Isa) {
 /// Activations quantized to int8 in 32-element blocks (llama.cpp Q8_0 scheme, f32 scales), for `n`
 /// rows of `n_in`. Rows are zero-padded to a multiple of 256 elements. Also keeps the f32 originals
 /// so [`matmul_q`] on a non-low-bit weight equals [`matmul`] exactly.
+///
+/// The quantizer writes the codes once, in the `q1p` order that the Q1_0 kernels and every mask
+/// layout read; the natural order (`qs`: the scalar path, tests, GPU twins) and the Q2 file-layout
+/// order (`qp`) are derived from it on first use.
 pub struct QuantActs {
     pub(crate) n: usize,
     pub(crate) n_in: usize,
     /// `n_in` rounded up to 256.
     pub(crate) n_pad: usize,
-    /// qs: [n, n_pad] int8 codes, natural order.
-    pub(crate) qs: Vec<i8>,
+    /// qs: [n, n_pad] int8 codes, natural order (derived from `q1p` on first use: [`Self::qs`]).
+    qs: OnceLock<Vec<i8>>,
     /// qp: [n, n_pad] the same codes permuted per 128-element chunk for the Q2 kernels:
-    /// `qp[128p + 32s + i] = qs[128p + 4i + s]` (the order 2-bit codes unpack in).
-    pub(crate) qp: Vec<i8>,
+    /// `qp[128p + 32s + i] = qs[128p + 4i + s]` (the order 2-bit codes unpack in); derived on first
+    /// use ([`Self::qp`]).
+    qp: OnceLock<Vec<i8>>,
     /// q1p: [n, n_pad] the codes permuted per 256-element chunk for the Q1_0 kernels: vector k
     /// (32 bytes) of chunk c holds `qs[256c + 32l + 4k + m]` at byte `4l + m` (so i32 lane l of
     /// every vector is block l), and lies at [`q1p_vec`]`(n_pad, c, k)`: the two chunks of each
@@ -206,7 +211,48 @@ impl QuantActs {
     }
     /// `[n, n_pad]` int8 codes in element order (GPU twins upload and compare these).
     pub fn codes(&self) -> &[i8] {
-        &self.qs
+        self.qs()
+    }
+    /// `[n, n_pad]` codes in element order, derived from `q1p` on the first call.
+    pub(crate) fn qs(&self) -> &[i8] {
+        self.qs.get_or_init(|| {
+            let mut qs = vec![0i8; self.q1p.len()];
+            for (qr, pr) in qs
+                .chunks_exact_mut(self.n_pad.max(1))
+                .zip(self.q1p.chunks_exact(self.n_pad.max(1)))
+            {
+                for c in 0..self.n_pad / 256 {
+                    for k in 0..8 {
+                        let v = q1p_vec(self.n_pad, c, k);
+                        for l in 0..8 {
+                            let e = 256 * c + 32 * l + 4 * k;
+                            qr[e..e + 4].copy_from_slice(&pr[v + 4 * l..v + 4 * l + 4]);
+                        }
+                    }
+                }
+            }
+            qs
+        })
+    }
+    /// `[n, n_pad]` codes in the Q2 file-layout order, derived on the first call.
+    pub(crate) fn qp(&self) -> &[i8] {
+        self.qp.get_or_init(|| {
+            let qs = self.qs();
+            let mut qp = vec![0i8; qs.len()];
+            for (pr, qr) in qp
+                .chunks_exact_mut(self.n_pad.max(1))
+                .zip(qs.chunks_exact(self.n_pad.max(1)))
+            {
+                for p in 0..self.n_pad / 128 {
+                    for s in 0..4 {
+                        for i in 0..32 {
+                            pr[128 * p + 32 * s + i] = qr[128 * p + 4 * i + s];
+                        }
+                    }
+                }
+            }
+            qp
+        })
     }
     /// `[n, n_pad / 32]` block scales.
     pub fn scales(&self) -> &[f32] {
@@ -218,7 +264,7 @@ impl QuantActs {
     }
     /// Dequantized value `q·d` of element `i` of row `t` (for tests and diagnostics).
     pub fn dequant(&self, t: usize, i: usize) -> f32 {
-        self.qs[t * self.n_pad + i] as f32 * self.d[t * self.n_pad / 32 + i / 32]
+        self.qs()[t * self.n_pad + i] as f32 * self.d[t * self.n_pad / 32 + i / 32]
     }
 }
 
@@ -254,68 +300,90 @@ pub fn round_to_i8(v: f32) -> i8 {
 
 /// Quantize `n` rows of `n_in` f32 activations (`n_in % 32 == 0`) to [`QuantActs`]:
 /// `d = amax/127` (f32), `q = round_half_away(x · (1/d))` clamped to ±127; `d = 0, q = 0` for an
-/// all-zero block.
+/// all-zero block. Rows run in parallel; each row runs [`quantize_row_isa`] on the active ISA.
 pub fn quantize_acts(x: &[f32] /* [n, n_in] */, n: usize, n_in: usize) -> QuantActs {
+    quantize_acts_isa(active_isa(), x, n, n_in)
+}
+
+/// [`quantize_acts`] with an explicit ISA (every ISA gives the same bytes).
+pub fn quantize_acts_isa(isa: Isa, x: &[f32], n: usize, n_in: usize) -> QuantActs {
     assert_eq!(n_in % 32, 0, "quantize_acts: n_in must be a multiple of 32");
     assert_eq!(x.len(), n * n_in, "quantize_acts: x length");
+    check_isa(isa);
     let n_pad = n_in.div_ceil(256) * 256;
     let nbp = n_pad / 32;
-    let mut qs = vec![0i8; n * n_pad];
-    let mut qp = vec![0i8; n * n_pad];
     let mut q1p = vec![0i8; n * n_pad];
     let mut d = vec![0f32; n * nbp];
     let mut sums = vec![0i32; n * nbp];
-    let rows = qs
-        .par_chunks_mut(n_pad.max(1))
-        .zip(qp.par_chunks_mut(n_pad.max(1)))
-        .zip(q1p.par_chunks_mut(n_pad.max(1)))
-        .zip(d.par_chunks_mut(nbp.max(1)))
-        .zip(sums.par_chunks_mut(nbp.max(1)))
-        .enumerate();
-    rows.for_each(|(t, ((((qrow, prow), p1row), drow), srow))| {
-        let xr = &x[t * n_in..(t + 1) * n_in];
+    let row = |t: usize, p1row: &mut [i8], drow: &mut [f32], srow: &mut [i32]| {
+        quantize_row_isa(isa, &x[t * n_in..(t + 1) * n_in], p1row, drow, srow)
+    };
+    if n == 1 {
+        // one row (decode): no parallel region
+        row(0, &mut q1p, &mut d, &mut sums);
+    } else if n > 1 {
+        q1p.par_chunks_mut(n_pad)
+            .zip(d.par_chunks_mut(nbp))
+            .zip(sums.par_chunks_mut(nbp))
+            .enumerate()
+            .for_each(|(t, ((p1row, drow), srow))| row(t, p1row, drow, srow));
+    }
+    QuantActs {
+        n,
+        n_in,
+        n_pad,
+        qs: OnceLock::new(),
+        qp: OnceLock::new(),
+        q1p,
+        d,
+        sums,
+        x: x.to_vec(),
+    }
+}
+
+/// One row of [`quantize_acts`]: `xr` (`n_in` f32, a multiple of 32) into its `q1p` codes
+/// (`p1row`: `n_pad` bytes, zero on entry), block scales and code sums (`n_pad / 32` each, zero
+/// on entry; the padding blocks stay zero).
+pub fn quantize_row_isa(
+    isa: Isa,
+    xr: &[f32],
+    p1row: &mut [i8],
+    drow: &mut [f32],
+    srow: &mut [i32],
+) {
+    let n_in = xr.len();
+    let n_pad = p1row.len();
+    assert!(n_in % 32 == 0 && n_pad % 256 == 0 && n_in <= n_pad && n_pad - n_in < 256);
+    assert!(drow.len() == n_pad / 32 && srow.len() == n_pad / 32);
+    if isa.avx2() {
+        check_isa(isa);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 + FMA verified by `check_isa`; the lengths are checked above.
+        unsafe {
+            crate::avx2::quantize_row(xr, p1row, drow, srow)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!()
+    } else {
         for b in 0..n_in / 32 {
             let xb = &xr[32 * b..32 * b + 32];
             let amax = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
             let db = amax / 127.0;
             let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+            // block b = 8c + l: its dword k (elements 4k..4k + 4) is dword l of q1p vector k
+            let (c, l) = (b / 8, b % 8);
             let mut s = 0i32;
-            for j in 0..32 {
-                let q = round_to_i8(xb[j] * id);
-                qrow[32 * b + j] = q;
-                s += q as i32;
+            for k in 0..8 {
+                let v = q1p_vec(n_pad, c, k) + 4 * l;
+                for m in 0..4 {
+                    let q = round_to_i8(xb[4 * k + m] * id);
+                    p1row[v + m] = q;
+                    s += q as i32;
+                }
             }
             drow[b] = db;
             srow[b] = s;
         }
-        for p in 0..n_pad / 128 {
-            for s in 0..4 {
-                for i in 0..32 {
-                    prow[128 * p + 32 * s + i] = qrow[128 * p + 4 * i + s];
-                }
-            }
-        }
-        for c in 0..n_pad / 256 {
-            for k in 0..8 {
-                let v = q1p_vec(n_pad, c, k);
-                for l in 0..8 {
-                    for m in 0..4 {
-                        p1row[v + 4 * l + m] = qrow[256 * c + 32 * l + 4 * k + m];
-                    }
-                }
-            }
-        }
-    });
-    QuantActs {
-        n,
-        n_in,
-        n_pad,
-        qs,
-        qp,
-        q1p,
-        d,
-        sums,
-        x: x.to_vec(),
     }
 }
 
@@ -509,6 +577,12 @@ fn matmul_lowbit(
     assert_eq!(y.len(), n * n_out, "matmul: y length");
     if n == 0 || n_out == 0 {
         return;
+    }
+    // the derived code orders the kernels below read, made once before the parallel region
+    if isa == Isa::Scalar {
+        xq.qs();
+    } else if !masks && qt.is_q2() {
+        xq.qp();
     }
     if n == 1 {
         y.par_chunks_mut(ROWS_PER_TASK)
@@ -754,7 +828,7 @@ pub(crate) fn lowbit_isum(qt: QuantType, wrow: &[u8], xq: &QuantActs, t: usize, 
     let e0 = b * 32;
     let blk = &wrow[(e0 / be) * bb..(e0 / be + 1) * bb];
     let off = e0 % be; // element offset of this 32-run inside the weight block
-    let q = &xq.qs[t * xq.n_pad + e0..t * xq.n_pad + e0 + 32];
+    let q = &xq.qs()[t * xq.n_pad + e0..t * xq.n_pad + e0 + 32];
     let mut s = 0i32;
     match qt {
         QuantType::Q1_0 => {

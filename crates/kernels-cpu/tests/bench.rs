@@ -183,3 +183,29 @@ fn bench_mask_packers() {
         std::hint::black_box(&out);
     }
 }
+
+/// The activation quantizer for one row (the decode step runs it before every low-bit projection,
+/// on the forward's thread): µs per call at the 27B input widths (`BENCH_ITERS`, median).
+#[test]
+#[ignore]
+fn bench_quantize_acts() {
+    let iters = env_usize("BENCH_ITERS").unwrap_or(200);
+    let mut rng = Rng::new(3);
+    for n_in in [1024usize, 5120, 6144, 17408] {
+        let x = rng.vec(n_in, 3.0);
+        let mut ts: Vec<f64> = (0..iters)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(ops::quantize_acts(&x, 1, n_in));
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        ts.sort_by(f64::total_cmp);
+        let dt = ts[ts.len() / 2];
+        println!(
+            "quantize_acts 1 x {n_in:>6}: {:7.2} us ({:.2} ns/element)",
+            dt * 1e6,
+            dt * 1e9 / n_in as f64
+        );
+    }
+}

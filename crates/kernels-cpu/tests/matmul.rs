@@ -443,3 +443,76 @@ fn dequantize_row_isa_equals_scalar_bits() {
         }
     }
 }
+
+/// Every ISA's quantizer gives the same codes, scales and sums, and the codes are the scheme's
+/// (`d = amax / 127`, `q = round_to_i8(x · (1 / d))`, computed here block by block in element
+/// order): widths with and without a partial last 256-element chunk, one and several rows, and
+/// blocks holding NaN, ±inf, ±0, subnormals, exact halves and huge values.
+#[test]
+fn quantize_acts_same_bytes_every_isa() {
+    let mut rng = Rng::new(5);
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        1e-42,
+        -1e-42,
+        1e30,
+        -3e38,
+        0.5,
+        -0.5,
+    ];
+    let mut ran = 0;
+    for n_in in [32usize, 64, 224, 256, 288, 512, 800, 1056, 5120] {
+        for n in [1usize, 3] {
+            let mut x = rng.vec(n * n_in, 4.0);
+            for (i, s) in specials.iter().enumerate() {
+                if rng.u64() % 3 == 0 {
+                    let j = rng.u64() as usize % x.len();
+                    x[j] = *s;
+                }
+                if i == 0 && n_in >= 64 {
+                    // one all-zero block and one block of a single exact half-step value
+                    x[32..64].iter_mut().for_each(|v| *v = 0.0);
+                    x[0] = 127.0;
+                    x[1] = 0.5;
+                    x[2] = -1.5;
+                }
+            }
+            // the scheme, in element order
+            let n_pad = n_in.div_ceil(256) * 256;
+            let mut want_q = vec![0i8; n * n_pad];
+            let mut want_d = vec![0f32; n * n_pad / 32];
+            let mut want_s = vec![0i32; n * n_pad / 32];
+            for t in 0..n {
+                for b in 0..n_in / 32 {
+                    let xb = &x[t * n_in + 32 * b..t * n_in + 32 * b + 32];
+                    let amax = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let bi = t * n_pad / 32 + b;
+                    want_d[bi] = d;
+                    for (j, &v) in xb.iter().enumerate() {
+                        let q = ops::round_to_i8(v * id);
+                        want_q[t * n_pad + 32 * b + j] = q;
+                        want_s[bi] += q as i32;
+                    }
+                }
+            }
+            for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+                let xq = ops::quantize_acts_isa(isa, &x, n, n_in);
+                assert_eq!(xq.codes(), &want_q[..], "{isa:?} n_in {n_in} n {n}: codes");
+                let same_d = xq
+                    .scales()
+                    .iter()
+                    .zip(&want_d)
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                assert!(same_d, "{isa:?} n_in {n_in} n {n}: scales");
+                assert_eq!(xq.sums(), &want_s[..], "{isa:?} n_in {n_in} n {n}: sums");
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 18 * 2, "only the scalar ISA ran");
+}
