@@ -1525,20 +1525,6 @@ pub fn silu_op_isa(isa: Isa, op: SiluOp, a: &mut [f32], b: &[f32]) {
     }
 }
 
-/// One step of the causal depthwise conv with SiLU, as the engine runs it: the conv sums of
-/// [`crate::reference::conv1d_step`], then [`silu_op`] (the reference's f64 SiLU replaced by
-/// [`silu_fast`]). Same state update.
-pub fn conv1d_silu_step(
-    state: &mut [f32], // [k-1, C] pre-conv inputs, oldest first
-    x: &[f32],         // [C] this token's pre-conv input
-    w: &[f32],         // [C, k] per-channel taps, tap k-1 = current token
-    k: usize,
-    out: &mut [f32], // [C]
-) {
-    crate::reference::conv1d_step(state, x, w, k, out);
-    silu_op(SiluOp::InPlace, out, &[]);
-}
-
 /// `exp(x)` for `x ≤ 0` in branch-free arithmetic that LLVM vectorizes (no libm call).
 #[inline(always)]
 pub(crate) fn exp_nonpos(x: f32) -> f32 {
