@@ -1452,9 +1452,10 @@ pub fn log_sum_exp_scalar(x: &[f32]) -> f64 {
     max as f64 + sum.ln()
 }
 
-/// `σ(x) = 1 / (1 + e^{−x})` from [`exp_nonpos`] (no libm call): with `t = e^{−|x|}`, `1 / (1 + t)`
-/// for `x ≥ 0` and `t / (1 + t)` otherwise. Relative error ≲ 3e-7 against the f64
-/// [`crate::reference::sigmoid`]; the AVX2 form gives the same bits. `−87` and below give exactly 0.
+/// `σ(x) = 1 / (1 + e^{−x})` from the polynomial `exp` of [`log_sum_exp`] (no libm call): with
+/// `t = e^{−|x|}`, `1 / (1 + t)` for `x ≥ 0` and `t / (1 + t)` otherwise. Relative error ≲ 3.4e-7
+/// against the f64 [`crate::reference::sigmoid`]; the AVX2 form gives the same bits. `−87` and
+/// below give exactly 0.
 #[inline(always)]
 pub fn sigmoid_fast(x: f32) -> f32 {
     let t = exp_nonpos(-x.abs());
