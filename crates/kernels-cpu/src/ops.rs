@@ -322,9 +322,10 @@ pub fn quantize_acts_isa(isa: Isa, x: &[f32], n: usize, n_in: usize) -> QuantAct
         // one row (decode): no parallel region
         row(0, &mut q1p, &mut d, &mut sums);
     } else if n > 1 {
-        q1p.par_chunks_mut(n_pad)
-            .zip(d.par_chunks_mut(nbp))
-            .zip(sums.par_chunks_mut(nbp))
+        // (max(1): a zero-width row has no chunks, and rayon rejects a chunk size of 0)
+        q1p.par_chunks_mut(n_pad.max(1))
+            .zip(d.par_chunks_mut(nbp.max(1)))
+            .zip(sums.par_chunks_mut(nbp.max(1)))
             .enumerate()
             .for_each(|(t, ((p1row, drow), srow))| row(t, p1row, drow, srow));
     }

@@ -515,4 +515,9 @@ fn quantize_acts_same_bytes_every_isa() {
         }
     }
     assert!(ran >= 18 * 2, "only the scalar ISA ran");
+    // zero-width rows: no codes, no panic
+    for n in [1usize, 3] {
+        let xq = ops::quantize_acts(&[], n, 0);
+        assert!(xq.codes().is_empty() && xq.scales().is_empty() && xq.sums().is_empty());
+    }
 }
