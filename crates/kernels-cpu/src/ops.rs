@@ -213,46 +213,28 @@ impl QuantActs {
     pub fn codes(&self) -> &[i8] {
         self.qs()
     }
-    /// `[n, n_pad]` codes in element order, derived from `q1p` on the first call.
+    /// `[n, n_pad]` codes in element order, gathered from `q1p` on the first call.
     pub(crate) fn qs(&self) -> &[i8] {
-        self.qs.get_or_init(|| {
-            let mut qs = vec![0i8; self.q1p.len()];
-            for (qr, pr) in qs
-                .chunks_exact_mut(self.n_pad.max(1))
-                .zip(self.q1p.chunks_exact(self.n_pad.max(1)))
-            {
-                for c in 0..self.n_pad / 256 {
-                    for k in 0..8 {
-                        let v = q1p_vec(self.n_pad, c, k);
-                        for l in 0..8 {
-                            let e = 256 * c + 32 * l + 4 * k;
-                            qr[e..e + 4].copy_from_slice(&pr[v + 4 * l..v + 4 * l + 4]);
-                        }
-                    }
-                }
-            }
-            qs
-        })
+        self.qs.get_or_init(|| self.gather_q1p(|e| e))
     }
-    /// `[n, n_pad]` codes in the Q2 file-layout order, derived on the first call.
+    /// `[n, n_pad]` codes in the Q2 file-layout order (`qp[128p + 32s + i]` = element
+    /// `128p + 4i + s`), gathered from `q1p` on the first call.
     pub(crate) fn qp(&self) -> &[i8] {
-        self.qp.get_or_init(|| {
-            let qs = self.qs();
-            let mut qp = vec![0i8; qs.len()];
-            for (pr, qr) in qp
-                .chunks_exact_mut(self.n_pad.max(1))
-                .zip(qs.chunks_exact(self.n_pad.max(1)))
-            {
-                for p in 0..self.n_pad / 128 {
-                    for s in 0..4 {
-                        for i in 0..32 {
-                            pr[128 * p + 32 * s + i] = qr[128 * p + 4 * i + s];
-                        }
-                    }
-                }
+        self.qp
+            .get_or_init(|| self.gather_q1p(|j| j / 128 * 128 + 4 * (j % 32) + j % 128 / 32))
+    }
+    /// Every row's codes in an order whose position `j` holds element `elem(j)`, read from `q1p`.
+    fn gather_q1p(&self, elem: impl Fn(usize) -> usize) -> Vec<i8> {
+        let mut out = vec![0i8; self.q1p.len()];
+        for (or, pr) in out
+            .chunks_exact_mut(self.n_pad.max(1))
+            .zip(self.q1p.chunks_exact(self.n_pad.max(1)))
+        {
+            for (j, o) in or.iter_mut().enumerate() {
+                *o = pr[q1p_pos(self.n_pad, elem(j))];
             }
-            qp
-        })
+        }
+        out
     }
     /// `[n, n_pad / 32]` block scales.
     pub fn scales(&self) -> &[f32] {
@@ -275,6 +257,13 @@ impl QuantActs {
 pub(crate) fn q1p_vec(n_pad: usize, c: usize, k: usize) -> usize {
     let (base, stride) = q1p_chunk(n_pad, c);
     base + stride * k
+}
+
+/// Offset in a `q1p` row of `n_pad` codes of element `e`: byte `4l + m` of vector k of chunk c, for
+/// `e = 256c + 32l + 4k + m`.
+#[inline]
+pub(crate) fn q1p_pos(n_pad: usize, e: usize) -> usize {
+    q1p_vec(n_pad, e / 256, e % 32 / 4) + 4 * (e % 256 / 32) + e % 4
 }
 
 /// [`q1p_vec`] as (offset of vector 0, stride between vectors) of chunk c.
@@ -309,7 +298,6 @@ pub fn quantize_acts(x: &[f32] /* [n, n_in] */, n: usize, n_in: usize) -> QuantA
 pub fn quantize_acts_isa(isa: Isa, x: &[f32], n: usize, n_in: usize) -> QuantActs {
     assert_eq!(n_in % 32, 0, "quantize_acts: n_in must be a multiple of 32");
     assert_eq!(x.len(), n * n_in, "quantize_acts: x length");
-    check_isa(isa);
     let n_pad = n_in.div_ceil(256) * 256;
     let nbp = n_pad / 32;
     let mut q1p = vec![0i8; n * n_pad];
@@ -371,16 +359,11 @@ pub fn quantize_row_isa(
             let amax = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
             let db = amax / 127.0;
             let id = if db != 0.0 { 1.0 / db } else { 0.0 };
-            // block b = 8c + l: its dword k (elements 4k..4k + 4) is dword l of q1p vector k
-            let (c, l) = (b / 8, b % 8);
             let mut s = 0i32;
-            for k in 0..8 {
-                let v = q1p_vec(n_pad, c, k) + 4 * l;
-                for m in 0..4 {
-                    let q = round_to_i8(xb[4 * k + m] * id);
-                    p1row[v + m] = q;
-                    s += q as i32;
-                }
+            for (j, &v) in xb.iter().enumerate() {
+                let q = round_to_i8(v * id);
+                p1row[q1p_pos(n_pad, 32 * b + j)] = q;
+                s += q as i32;
             }
             drow[b] = db;
             srow[b] = s;
