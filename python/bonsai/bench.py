@@ -30,6 +30,9 @@ def _cpu_name() -> str:
 
 
 def _commit() -> str:
+    # a copy of the tree without .git (the device machine) names its build through the environment
+    if os.environ.get("BONSAI_BUILD_COMMIT"):
+        return os.environ["BONSAI_BUILD_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[2]
         out = subprocess.run(

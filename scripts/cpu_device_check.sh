@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The CPU benchmarks on the device machine's CPU (16 cores with AVX-512 on the lent H100 / H200
+# hosts), where this machine has 2: bonsai against llama.cpp (llama-cpp-python, built here for a
+# generic AVX-512 VNNI x86-64, not -march=native) on the same synthetic files, a thread sweep of
+# the 27B Q1_0 decode, and the memory's read bandwidth (bench/membw.py) for the roofline.
+#
+# Build HERE first (needs network: pip):
+#   scripts/cpu_device_check.sh --stage      # wheels into .cpudev/ (git-ignored)
+# and run THERE (device tool, repo root, carry [".cpudev"]):
+#   bash scripts/cpu_device_check.sh [--quick]
+# Results (JSON + Markdown) go to $OUT (or ./bench/out when $OUT is unset).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--stage" ]]; then
+  rm -rf .cpudev && mkdir -p .cpudev/wheels .cpudev/lib
+  # bonsai: the development wheel (same fastrel profile as the local CPU benches)
+  MATURIN_PEP517_ARGS= CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target} \
+    maturin build --profile fastrel -o .cpudev/wheels >/dev/null || { echo "bonsai wheel failed"; exit 1; }
+  # llama-cpp-python without -march=native (this machine's AVX-512 set need not be the device's)
+  lcp=${LLAMA_CPP_WHEEL:-}
+  if [[ -z "$lcp" ]]; then
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" \
+      pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -w .cpudev/wheels \
+      || { echo "llama-cpp-python wheel failed"; exit 1; }
+  else
+    cp "$lcp" .cpudev/wheels/
+  fi
+  # its pure-Python dependencies (the device has no network); numpy is there already (synth)
+  pip download -q --no-deps --only-binary :all: -d .cpudev/wheels diskcache jinja2 typing_extensions \
+    || { echo "pip download failed"; exit 1; }
+  # MarkupSafe has a pure-Python fallback in its sdist-free wheels only per interpreter: take a few
+  for py in 3.10 3.11 3.12 3.13; do
+    pip download -q --no-deps --only-binary :all: --python-version $py --platform manylinux2014_x86_64 \
+      -d .cpudev/wheels markupsafe || true
+  done
+  # the OpenMP runtime llama.cpp links against, in case the device lacks it
+  cp -L "$(ldconfig -p | awk '/libgomp.so.1 .*x86-64/ {print $NF; exit}')" .cpudev/lib/ 2>/dev/null || true
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .cpudev/commit.txt
+  ls -la .cpudev/wheels .cpudev/lib; du -sh .cpudev
+  exit 0
+fi
+
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+OUT=${OUT:-bench/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 BONSAI_BUILD_COMMIT=$(cat .cpudev/commit.txt)
+P=/tmp/cpudev-py
+rm -rf $P && pip install -q --no-deps --no-index --find-links .cpudev/wheels --target $P \
+  bonsai llama-cpp-python diskcache jinja2 markupsafe typing_extensions 2>&1 | tail -3
+ldconfig -p | grep -q libgomp.so.1 || export LD_LIBRARY_PATH=$PWD/.cpudev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$P
+{
+  lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L3"
+  grep -o -w "avx512f\|avx512_vnni\|avx512bw\|avx512_bitalg\|avx512vbmi" /proc/cpuinfo | sort | uniq -c
+  free -g | head -2
+} 2>&1 | tee "$OUT/cpu.txt"
+python3 -c "import bonsai, llama_cpp; print('bonsai', bonsai.__file__, 'llama_cpp', llama_cpp.__version__)" || exit 1
+
+echo "[${SECONDS}s] == memory read bandwidth =="
+python3 bench/membw.py --workers "1,4,8,$(nproc)" --mib 1024 --repeat 5 --out "$OUT/cpu16-membw.json"
+
+M=/tmp/bonsai-cpu-models; mkdir -p $M
+echo "[${SECONDS}s] == small model, bonsai vs llama.cpp, all cores =="
+python3 -m bonsai bench --models $M --out "$OUT" --name cpu16-small 2>&1 | grep -v "^bench: generating"
+
+echo "[${SECONDS}s] == 27B Q1_0, bonsai vs llama.cpp, all cores =="
+python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
+echo "[${SECONDS}s] 27b q1 synth done"
+python3 -m bonsai bench --preset 27b --variants q1 --gen 16 --prompt-lengths 16,32,64 --models $M --out "$OUT" --name cpu16-27b-q1
+
+if [[ $QUICK == 0 ]]; then
+  echo "[${SECONDS}s] == 27B Q1_0 bonsai decode by thread count =="
+  for t in 4 8 12; do
+    python3 -m bonsai bench --preset 27b --variants q1 --gen 16 --prompt-lengths 16,32 --no-peer --threads $t \
+      --models $M --out "$OUT" --name cpu16-27b-q1-t$t 2>&1 | grep "| q1 |"
+  done
+  echo "[${SECONDS}s] == 27B ternary (64-block Q2_0), bonsai vs llama.cpp, all cores =="
+  python3 -m bonsai.synth --preset 27b --variant q2g64 --out $M/27b-q2g64.gguf >/dev/null 2>&1
+  python3 -m bonsai bench --preset 27b --variants q2g64 --gen 8 --prompt-lengths 16,32 --models $M --out "$OUT" --name cpu16-27b-q2g64
+fi
+echo "[${SECONDS}s] done"
