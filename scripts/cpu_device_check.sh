@@ -7,7 +7,7 @@
 # Build HERE first (needs network: pip):
 #   scripts/cpu_device_check.sh --stage      # wheels into .cpudev/ (git-ignored)
 # and run THERE (device tool, repo root, carry [".cpudev"]):
-#   bash scripts/cpu_device_check.sh [--quick]
+#   bash scripts/cpu_device_check.sh [--quick | --spin-ab]
 # Results (JSON + Markdown) go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,8 +41,9 @@ if [[ "${1:-}" == "--stage" ]]; then
   exit 0
 fi
 
-QUICK=0
+QUICK=0; SPINAB=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
+[[ "${1:-}" == "--spin-ab" ]] && SPINAB=1
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BONSAI_BUILD_COMMIT=$(cat .cpudev/commit.txt)
 P=/tmp/cpudev-py
@@ -56,6 +57,26 @@ export PYTHONPATH=$P
   free -g | head -2
 } 2>&1 | tee "$OUT/cpu.txt"
 python3 -c "import bonsai, llama_cpp; print('bonsai', bonsai.__file__, 'llama_cpp', llama_cpp.__version__)" || exit 1
+
+if [[ $SPINAB == 1 ]]; then
+  # the spinning pool against rayon (bench/cpu_spin_ab.py), then the default against llama.cpp;
+  # everything bundled into one file (the device tool brings back at most 8)
+  M=/tmp/bonsai-cpu-models; mkdir -p $M
+  python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
+  python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
+  echo "[${SECONDS}s] models ready"
+  BONSAI_CPU_PAR_STATS=1 python3 bench/cpu_spin_ab.py --models $M/small-q1.gguf --reps 3 --gen 64 \
+    --prompt-lengths 16,64 --out "$OUT" --name cpu16-spin-ab-small 2> "$OUT/spin-ab-small-stats.log"
+  BONSAI_CPU_PAR_STATS=1 python3 bench/cpu_spin_ab.py --models $M/27b-q1.gguf --reps 3 --gen 16 \
+    --prompt-lengths 16,32 --out "$OUT" --name cpu16-spin-ab-27b 2> "$OUT/spin-ab-27b-stats.log"
+  echo "[${SECONDS}s] == with the default pool, against llama.cpp =="
+  python3 -m bonsai bench --models $M --out "$OUT" --variants q1 --name cpu16-small-q1 2>&1 | grep "^| q1"
+  python3 -m bonsai bench --preset 27b --variants q1 --gen 16 --prompt-lengths 16,32,64 --models $M --out "$OUT" \
+    --name cpu16-27b-q1 2>&1 | grep "^| q1"
+  (cd "$OUT" && tar czf cpu16-results.tgz --exclude cpu16-results.tgz . && find . -type f ! -name cpu16-results.tgz -delete)
+  echo "[${SECONDS}s] done"
+  exit 0
+fi
 
 echo "[${SECONDS}s] == memory read bandwidth =="
 python3 bench/membw.py --workers "1,4,8,$(nproc)" --mib 1024 --repeat 5 --out "$OUT/cpu16-membw.json"

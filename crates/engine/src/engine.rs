@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use bonsai_kernels_cpu::par::SpinPool;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::backend::cpu::CpuBackend;
@@ -293,6 +294,7 @@ fn start_worker<B: Backend>(
     gpu: Option<Arc<bonsai_kernels_cuda::Gpu>>,
     device: &str,
     pool: rayon::ThreadPool,
+    spin: Option<SpinPool>,
     g: &Arc<Gguf>,
     cfg: &TargetConfig,
     n_ctx: usize,
@@ -352,7 +354,13 @@ fn start_worker<B: Backend>(
     };
     let handle = std::thread::Builder::new()
         .name("bonsai-engine".into())
-        .spawn(move || pool.install(|| worker.run(rx)))
+        .spawn(move || {
+            pool.install(|| match &spin {
+                // the forward's parallel loops on the spinning pool (bonsai_kernels_cpu::par)
+                Some(sp) => sp.install(|| worker.run(rx)),
+                None => worker.run(rx),
+            })
+        })
         .map_err(|e| Error::Backend(format!("cannot start the engine thread: {e}")))?;
     Ok((tx, handle, spec_report, device_name))
 }
@@ -401,6 +409,7 @@ impl Engine {
                 None,
                 "cpu",
                 pool,
+                cpu_spin_pool(threads)?,
                 &g,
                 &cfg,
                 n_ctx,
@@ -418,13 +427,13 @@ impl Engine {
                 let b = CudaBackend::new(0)?;
                 let gpu = Some(b.gpu_arc());
                 start_worker(
-                    b, gpu, "cuda", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                    b, gpu, "cuda", pool, None, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
                 )?
             }
             Device::Vulkan => {
                 let b = VulkanBackend::new(true, opts.kv_type)?;
                 start_worker(
-                    b, None, "vulkan", pool, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
+                    b, None, "vulkan", pool, None, &g, &cfg, n_ctx, opts, &tokenizer, &stop_ids,
                 )?
             }
         };
@@ -604,6 +613,33 @@ enum Proposer {
     Ngram,
 }
 
+/// The CPU forward's spinning thread pool (`bonsai_kernels_cpu::par::SpinPool`) of `threads`
+/// threads in all, for 4 threads or more: its workers wait for the next parallel loop spinning,
+/// for `BONSAI_CPU_SPIN_US` µs (default 1000) after the last one, then park. `BONSAI_CPU_SPIN=0`
+/// never, `=1` from 2 threads: otherwise the loops run on the engine's rayon pool (whose idle
+/// threads park at once; on the 2-core development VM rayon was ~5 % faster).
+fn cpu_spin_pool(threads: usize) -> Result<Option<SpinPool>> {
+    let min_threads = match std::env::var("BONSAI_CPU_SPIN").as_deref() {
+        Ok("0") => return Ok(None),
+        Ok("1") => 2,
+        _ => 4,
+    };
+    if threads < min_threads {
+        return Ok(None);
+    }
+    let us = match std::env::var("BONSAI_CPU_SPIN_US") {
+        Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+            Error::InvalidRequest(format!(
+                "BONSAI_CPU_SPIN_US={v:?} is not a whole number of µs"
+            ))
+        })?,
+        Err(_) => 1000,
+    };
+    SpinPool::new(threads, std::time::Duration::from_micros(us))
+        .map(Some)
+        .map_err(|e| Error::Backend(format!("cannot start {threads} spinning threads: {e}")))
+}
+
 /// `BONSAI_GPU_DRAFTER=0` keeps the DSpark drafter on the host with the CUDA backend (default: on
 /// the GPU).
 fn gpu_drafter_enabled() -> bool {
@@ -683,9 +719,21 @@ impl<B: Backend> Worker<B> {
                     events,
                     cancel,
                 } => {
+                    let t0 = Instant::now();
+                    bonsai_kernels_cpu::par::take_stats();
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         self.generate(&req, &events, &cancel)
                     }));
+                    if let Some((loops, inside)) = bonsai_kernels_cpu::par::take_stats() {
+                        // BONSAI_CPU_PAR_STATS=1: where a request's CPU time went
+                        let all = t0.elapsed();
+                        eprintln!(
+                            "bonsai par stats: request {:.1} ms, {loops} parallel loops, {:.1} ms inside them, {:.1} ms outside",
+                            all.as_secs_f64() * 1e3,
+                            inside.as_secs_f64() * 1e3,
+                            all.saturating_sub(inside).as_secs_f64() * 1e3
+                        );
+                    }
                     match r {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {

@@ -2,7 +2,8 @@
 //!
 //! - [`quant`]: block formats and the reference dequantization (bit-level oracle).
 //! - [`mod@reference`]: scalar reference ops, never optimized: the oracle for every backend.
-//! - [`ops`]: rayon-parallel, SIMD-dispatched ops used by the CPU backend.
+//! - [`ops`]: parallel, SIMD-dispatched ops used by the CPU backend.
+//! - [`par`]: their parallel loops, on rayon or on a spinning pool ([`par::SpinPool`]).
 //! - [`q1m`]: the Q1_0 mask layout, re-laid at load for the AVX2 / AVX-512 mat-vecs.
 //! - [`q2m`]: the same for the Q2 (ternary) types.
 
@@ -11,6 +12,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod ops;
+pub mod par;
 pub mod q1m;
 pub mod q2m;
 pub mod quant;

@@ -1,4 +1,4 @@
-//! Optimized CPU ops: rayon-parallel over output rows / heads, runtime SIMD dispatch.
+//! Optimized CPU ops: parallel over output rows / heads ([`crate::par`]), runtime SIMD dispatch.
 //!
 //! ## Low-bit matmul numerics (Q1_0, Q2_0 g128/g64, PQ2_0)
 //! Activations are quantized like llama.cpp's Q8_0 activations ([`quantize_acts`]): per 32-element
@@ -39,9 +39,9 @@
 //! f32 activations: each weight row is dequantized once and dotted with each activation row by
 //! [`dot_f32`] (fixed 4×8-lane order), again independent of `n` and of the thread count.
 
+use crate::par;
 use crate::quant::{dequantize_row, QuantType};
 use half::f16;
-use rayon::prelude::*;
 use std::sync::OnceLock;
 
 /// Instruction set used by an op. `Scalar` is the portable fallback that computes the same
@@ -309,13 +309,18 @@ pub fn quantize_acts_isa(isa: Isa, x: &[f32], n: usize, n_in: usize) -> QuantAct
     if n == 1 {
         // one row (decode): no parallel region
         row(0, &mut q1p, &mut d, &mut sums);
-    } else if n > 1 {
-        // (max(1): a zero-width row has no chunks, and rayon rejects a chunk size of 0)
-        q1p.par_chunks_mut(n_pad.max(1))
-            .zip(d.par_chunks_mut(nbp.max(1)))
-            .zip(sums.par_chunks_mut(nbp.max(1)))
-            .enumerate()
-            .for_each(|(t, ((p1row, drow), srow))| row(t, p1row, drow, srow));
+    } else if n > 1 && n_pad > 0 {
+        // (zero-width rows have nothing to write, and no chunks to cut)
+        par::for_each_chunk_mut3(
+            &mut q1p,
+            n_pad,
+            &mut d,
+            nbp,
+            &mut sums,
+            nbp,
+            1,
+            |t, p1row, drow, srow| row(t, p1row, drow, srow),
+        );
     }
     QuantActs {
         n,
@@ -569,13 +574,11 @@ fn matmul_lowbit(
         xq.qp();
     }
     if n == 1 {
-        y.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(ci, yc)| {
-                let o0 = ci * ROWS_PER_TASK;
-                let rows = &w[o0 * rb..(o0 + yc.len()) * rb];
-                lowbit_rows_one_act(isa, qt, masks, rows, xq, yc);
-            });
+        par::for_each_chunk_mut(y, ROWS_PER_TASK, 0, |ci, yc| {
+            let o0 = ci * ROWS_PER_TASK;
+            let rows = &w[o0 * rb..(o0 + yc.len()) * rb];
+            lowbit_rows_one_act(isa, qt, masks, rows, xq, yc);
+        });
         return;
     }
     // Several activation rows: each task takes ROWS_PER_TASK weight rows and walks the activation
@@ -586,37 +589,35 @@ fn matmul_lowbit(
     const ACT_GROUP: usize = 8;
     let yp = DisjointOut(y.as_mut_ptr());
     let yp = &yp;
-    (0..n_out.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|ci| {
-            let (o0, o1) = (ci * ROWS_PER_TASK, ((ci + 1) * ROWS_PER_TASK).min(n_out));
-            let mut tile = [0f32; ROWS_PER_TASK * ACT_GROUP]; // tile: [rows, group]
-            for tb in (0..n).step_by(ACT_GROUP) {
-                let g = (n - tb).min(ACT_GROUP);
-                let mut o = o0;
-                while o < o1 {
-                    let out = &mut tile[(o - o0) * ACT_GROUP..];
-                    if o + 1 < o1 {
-                        let (a, b) = out.split_at_mut(ACT_GROUP);
-                        let rows = &w[o * rb..(o + 2) * rb];
-                        lowbit_row_pair(isa, qt, masks, rows, xq, tb, &mut a[..g], &mut b[..g]);
-                        o += 2;
-                    } else {
-                        let row = &w[o * rb..(o + 1) * rb];
-                        lowbit_row(isa, qt, masks, row, xq, tb, &mut out[..g]);
-                        o += 1;
-                    }
-                }
-                for t in tb..tb + g {
-                    for o in o0..o1 {
-                        // SAFETY: t < n and o < n_out, so the index is inside `y` (length
-                        // n · n_out, asserted above); only this task writes columns o0..o1, so
-                        // no two tasks write the same element, and `y` outlives the parallel loop.
-                        unsafe { *yp.0.add(t * n_out + o) = tile[(o - o0) * ACT_GROUP + t - tb] };
-                    }
+    par::for_each_index(n_out.div_ceil(ROWS_PER_TASK), 1, |ci| {
+        let (o0, o1) = (ci * ROWS_PER_TASK, ((ci + 1) * ROWS_PER_TASK).min(n_out));
+        let mut tile = [0f32; ROWS_PER_TASK * ACT_GROUP]; // tile: [rows, group]
+        for tb in (0..n).step_by(ACT_GROUP) {
+            let g = (n - tb).min(ACT_GROUP);
+            let mut o = o0;
+            while o < o1 {
+                let out = &mut tile[(o - o0) * ACT_GROUP..];
+                if o + 1 < o1 {
+                    let (a, b) = out.split_at_mut(ACT_GROUP);
+                    let rows = &w[o * rb..(o + 2) * rb];
+                    lowbit_row_pair(isa, qt, masks, rows, xq, tb, &mut a[..g], &mut b[..g]);
+                    o += 2;
+                } else {
+                    let row = &w[o * rb..(o + 1) * rb];
+                    lowbit_row(isa, qt, masks, row, xq, tb, &mut out[..g]);
+                    o += 1;
                 }
             }
-        });
+            for t in tb..tb + g {
+                for o in o0..o1 {
+                    // SAFETY: t < n and o < n_out, so the index is inside `y` (length
+                    // n · n_out, asserted above); only this task writes columns o0..o1, so
+                    // no two tasks write the same element, and `y` outlives the parallel loop.
+                    unsafe { *yp.0.add(t * n_out + o) = tile[(o - o0) * ACT_GROUP + t - tb] };
+                }
+            }
+        }
+    });
 }
 
 /// `y`'s base pointer shared by tasks that write disjoint elements (see its use).
@@ -906,16 +907,13 @@ fn matmul_f32acts(
             }
         }
     };
-    let init = || vec![0f32; n_in];
+    // buf: one dequantized row per task (a task is ROWS_PER_TASK rows of every activation row)
+    let run = |ci: usize, yc: &mut [f32]| task(ci * ROWS_PER_TASK, &mut vec![0f32; n_in], yc);
     if n == 1 {
-        y.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each_init(init, |buf, (ci, yc)| task(ci * ROWS_PER_TASK, buf, yc));
+        par::for_each_chunk_mut(y, ROWS_PER_TASK, 0, run);
     } else {
         let mut yt = vec![0f32; n_out * n]; // yt: [n_out, n]
-        yt.par_chunks_mut(ROWS_PER_TASK * n)
-            .enumerate()
-            .for_each_init(init, |buf, (ci, yc)| task(ci * ROWS_PER_TASK, buf, yc));
+        par::for_each_chunk_mut(&mut yt, ROWS_PER_TASK * n, 0, run);
         transpose_into(&yt, n_out, n, y);
     }
 }
@@ -1087,16 +1085,13 @@ pub fn gdn_step_isa(
         return;
     }
     let scale = 1.0 / (d_k as f32).sqrt();
-    s.par_chunks_mut(d_k * d_v)
-        .zip(out.par_chunks_mut(d_v))
-        .enumerate()
-        .for_each(|(h, (sh, oh))| {
-            let kap = h % h_k;
-            let kh = &k[kap * d_k..(kap + 1) * d_k];
-            let qh = &q[kap * d_k..(kap + 1) * d_k];
-            let vh = &v[h * d_v..(h + 1) * d_v];
-            head_step(isa, sh, qh, kh, vh, g[h], beta[h], d_k, d_v, scale, oh);
-        });
+    par::for_each_chunk_mut2(s, d_k * d_v, out, d_v, 1, |h, sh, oh| {
+        let kap = h % h_k;
+        let kh = &k[kap * d_k..(kap + 1) * d_k];
+        let qh = &q[kap * d_k..(kap + 1) * d_k];
+        let vh = &v[h * d_v..(h + 1) * d_v];
+        head_step(isa, sh, qh, kh, vh, g[h], beta[h], d_k, d_v, scale, oh);
+    });
 }
 
 /// One head of the delta rule. sh: [d_k, d_v]; oh: [d_v].
@@ -1196,20 +1191,17 @@ pub fn gdn_chunked_isa(
     let scale = 1.0 / (d_k as f32).sqrt();
     // per-head outputs oh: [h_v][T, d_v], scattered into out afterwards
     let mut oh_all = vec![0f32; h_v * t * d_v];
-    s.par_chunks_mut(d_k * d_v)
-        .zip(oh_all.par_chunks_mut(t * d_v))
-        .enumerate()
-        .for_each(|(h, (sh, oh))| {
-            let kap = h % h_k;
-            let mut c0 = 0;
-            while c0 < t {
-                let l = chunk.min(t - c0);
-                chunk_head(
-                    isa, sh, oh, q, k, v, g, beta, c0, l, h, kap, h_v, h_k, d_k, d_v, scale,
-                );
-                c0 += l;
-            }
-        });
+    par::for_each_chunk_mut2(s, d_k * d_v, &mut oh_all, t * d_v, 1, |h, sh, oh| {
+        let kap = h % h_k;
+        let mut c0 = 0;
+        while c0 < t {
+            let l = chunk.min(t - c0);
+            chunk_head(
+                isa, sh, oh, q, k, v, g, beta, c0, l, h, kap, h_v, h_k, d_k, d_v, scale,
+            );
+            c0 += l;
+        }
+    });
     for h in 0..h_v {
         for r in 0..t {
             out[(r * h_v + h) * d_v..(r * h_v + h + 1) * d_v]
@@ -1365,7 +1357,7 @@ pub fn attention_isa(
         return;
     }
     let group = n_head / n_kv;
-    out.par_chunks_mut(hd).enumerate().for_each(|(h, oh)| {
+    par::for_each_chunk_mut(out, hd, 1, |h, oh| {
         let kv = h / group;
         let qh = &q[h * hd..(h + 1) * hd];
         let mut p = vec![0f32; t]; // p: [T]

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bonsai_kernels_cpu::{ops, q1m, q2m, reference as r, QuantType};
 use half::f16;
-use rayon::prelude::*;
 
 use super::{gdn_rec_width, Backend, GdnMode, KvType, Step};
 use crate::config::TargetConfig;
@@ -618,44 +617,42 @@ impl Backend for CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let (kc, vc) = (&kv.k, &kv.v);
-        att.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(tg, out)| {
-                let (t, g) = (tg / nkv, tg % nkv);
-                let len = s.pos + t + 1;
-                let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
-                let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
-                for j in 0..len {
-                    kc.read(j, kvw, g * hd..(g + 1) * hd, &mut kf[j * hd..(j + 1) * hd]);
-                    vc.read(j, kvw, g * hd..(g + 1) * hd, &mut vf[j * hd..(j + 1) * hd]);
+        bonsai_kernels_cpu::par::for_each_chunk_mut(&mut att, group * hd, 1, |tg, out| {
+            let (t, g) = (tg / nkv, tg % nkv);
+            let len = s.pos + t + 1;
+            let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
+            let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
+            for j in 0..len {
+                kc.read(j, kvw, g * hd..(g + 1) * hd, &mut kf[j * hd..(j + 1) * hd]);
+                vc.read(j, kvw, g * hd..(g + 1) * hd, &mut vf[j * hd..(j + 1) * hd]);
+            }
+            let mut sc = vec![0f32; len];
+            for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
+                let h = g * group + jh;
+                let th = t * nh + h;
+                let qh = &q[th * hd..(th + 1) * hd];
+                let mut mx = f32::NEG_INFINITY;
+                for (j, scj) in sc.iter_mut().enumerate() {
+                    *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
+                    mx = mx.max(*scj);
                 }
-                let mut sc = vec![0f32; len];
-                for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
-                    let h = g * group + jh;
-                    let th = t * nh + h;
-                    let qh = &q[th * hd..(th + 1) * hd];
-                    let mut mx = f32::NEG_INFINITY;
-                    for (j, scj) in sc.iter_mut().enumerate() {
-                        *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
-                        mx = mx.max(*scj);
-                    }
-                    let mut sum = 0f32;
-                    for scj in sc.iter_mut() {
-                        *scj = (*scj - mx).exp();
-                        sum += *scj;
-                    }
-                    oh.fill(0.0);
-                    for (j, &p) in sc.iter().enumerate() {
-                        for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
-                            *o += p * v;
-                        }
-                    }
-                    let gt = &gate[th * hd..(th + 1) * hd];
-                    for (o, gv) in oh.iter_mut().zip(gt) {
-                        *o = *o / sum * ops::sigmoid_fast(*gv);
+                let mut sum = 0f32;
+                for scj in sc.iter_mut() {
+                    *scj = (*scj - mx).exp();
+                    sum += *scj;
+                }
+                oh.fill(0.0);
+                for (j, &p) in sc.iter().enumerate() {
+                    for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
+                        *o += p * v;
                     }
                 }
-            });
+                let gt = &gate[th * hd..(th + 1) * hd];
+                for (o, gv) in oh.iter_mut().zip(gt) {
+                    *o = *o / sum * ops::sigmoid_fast(*gv);
+                }
+            }
+        });
         // 4. out projection + residual
         let mut y = Vec::new();
         project(&att, n, nh * hd, &mut [(&w.out, &mut y)]);
