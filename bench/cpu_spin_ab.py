@@ -68,7 +68,8 @@ def main() -> None:
             "decode_tok_s_median": med,
             "spin_over_rayon": med["1"] / med["0"],
         }
-        print(f"spin-ab {Path(path).name}: rayon {med['0']:.2f}, spin {med['1']:.2f} tok/s ({med['1'] / med['0']:.2f}x)")
+        ratio = med["1"] / med["0"]
+        print(f"spin-ab {Path(path).name}: rayon {med['0']:.2f}, spin {med['1']:.2f} tok/s ({ratio:.2f}x)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{a.name}.json").write_text(json.dumps(res, indent=2) + "\n")
