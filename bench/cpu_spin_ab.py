@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+try:
+    import bonsai  # noqa: F401  (an installed wheel first: the device copy of the tree has no .so)
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from bonsai import Engine  # noqa: E402
 from bonsai.bench import _commit, _cpu_name, _prompts, _summ, bench_bonsai  # noqa: E402
