@@ -1467,6 +1467,61 @@ pub fn silu_op(op: SiluOp, a: &mut [f32], b: &[f32]) {
     silu_op_isa(active_isa(), op, a, b)
 }
 
+/// One step of the GDN's causal depthwise conv and its SiLU, in parallel over channel chunks:
+/// `out[ch] = SiLU(w[ch][k−1]·x[ch] + Σ_j w[ch][j]·state[j][ch])`, the sum in f64 in
+/// [`crate::reference::conv1d_step`]'s order and the SiLU [`silu_op`]'s (`InPlace`), then the
+/// window slides (`state`'s oldest row out, `x` in). The same bits as those two in sequence.
+pub fn conv1d_silu_step(
+    state: &mut [f32], // [k-1, C] pre-conv inputs, oldest first
+    x: &[f32],         // [C] this row's pre-conv input
+    w: &[f32],         // [C, k] per-channel taps, tap k-1 = this row
+    k: usize,
+    out: &mut [f32], // [C]
+) {
+    conv1d_silu_step_isa(active_isa(), state, x, w, k, out)
+}
+
+/// [`conv1d_silu_step`] with an explicit ISA (for the SiLU; every ISA gives the same bits).
+pub fn conv1d_silu_step_isa(
+    isa: Isa,
+    state: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    out: &mut [f32],
+) {
+    let c = x.len();
+    assert!(k >= 1, "conv1d_silu_step: k ≥ 1");
+    assert_eq!(state.len(), (k - 1) * c, "conv1d_silu_step: state length");
+    assert_eq!(w.len(), c * k, "conv1d_silu_step: weight length");
+    assert_eq!(out.len(), c, "conv1d_silu_step: out length");
+    const CH: usize = 512; // channels per task
+    let st = DisjointOut(state.as_mut_ptr());
+    let st = &st;
+    par::for_each_chunk_mut(out, CH, 0, |i, oc| {
+        let c0 = i * CH;
+        for (o, ch) in oc.iter_mut().zip(c0..) {
+            // SAFETY (both unsafe blocks): j < k − 1 and ch < c, so j·c + ch < (k − 1)·c, inside
+            // `state`; this task alone reads and writes the channels c0..c0 + oc.len() of every
+            // state row, and `state` outlives the loop.
+            let mut acc = w[ch * k + k - 1] as f64 * x[ch] as f64;
+            for j in 0..k - 1 {
+                acc += w[ch * k + j] as f64 * unsafe { *st.0.add(j * c + ch) } as f64;
+            }
+            *o = acc as f32;
+            for j in 0..k.saturating_sub(1) {
+                let v = if j + 2 < k {
+                    unsafe { *st.0.add((j + 1) * c + ch) }
+                } else {
+                    x[ch]
+                };
+                unsafe { *st.0.add(j * c + ch) = v };
+            }
+        }
+        silu_op_isa(isa, SiluOp::InPlace, oc, &[]);
+    });
+}
+
 /// One element-wise SiLU op (see [`SiluOp`]) with [`silu_fast`]'s arithmetic on `isa`.
 pub fn silu_op_isa(isa: Isa, op: SiluOp, a: &mut [f32], b: &[f32]) {
     if op != SiluOp::InPlace {

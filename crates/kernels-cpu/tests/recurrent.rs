@@ -404,3 +404,43 @@ fn silu_op_same_bits_every_isa() {
     }
     assert!(ran >= 3 * 42, "only the scalar ISA ran");
 }
+
+/// `ops::conv1d_silu_step` (channel chunks in parallel, on rayon and on a spinning pool) gives
+/// the bits of `reference::conv1d_step` followed by `silu_op` (`InPlace`), output and window, over
+/// several steps, for every ISA, tap count and a channel count that is not a multiple of a chunk.
+#[test]
+fn conv1d_silu_step_equals_reference_then_silu() {
+    use bonsai_kernels_cpu::par::SpinPool;
+    let pool = SpinPool::new(3, std::time::Duration::from_micros(200)).unwrap();
+    let mut rng = Rng::new(29);
+    for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+        for k in [1usize, 2, 4] {
+            for c in [1usize, 700, 10240] {
+                let w = rng.vec(c * k, 1.0);
+                let mut s_ref = rng.vec((k - 1) * c, 2.0);
+                let mut s_a = s_ref.clone();
+                let mut s_b = s_ref.clone();
+                for step in 0..3 {
+                    let x = rng.vec(c, 3.0);
+                    let mut want = vec![0f32; c];
+                    r::conv1d_step(&mut s_ref, &x, &w, k, &mut want);
+                    ops::silu_op_isa(isa, ops::SiluOp::InPlace, &mut want, &[]);
+                    let (mut a, mut b) = (vec![0f32; c], vec![0f32; c]);
+                    ops::conv1d_silu_step_isa(isa, &mut s_a, &x, &w, k, &mut a);
+                    pool.install(|| ops::conv1d_silu_step_isa(isa, &mut s_b, &x, &w, k, &mut b));
+                    let same = |u: &[f32], v: &[f32]| {
+                        u.iter().zip(v).all(|(p, q)| p.to_bits() == q.to_bits())
+                    };
+                    assert!(
+                        same(&a, &want) && same(&b, &want),
+                        "{isa:?} k {k} c {c} step {step}: out"
+                    );
+                    assert!(
+                        same(&s_a, &s_ref) && same(&s_b, &s_ref),
+                        "{isa:?} k {k} c {c} step {step}: window"
+                    );
+                }
+            }
+        }
+    }
+}

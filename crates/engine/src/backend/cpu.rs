@@ -283,15 +283,14 @@ fn gdn_impl(
     let mut g = vec![0f32; n * d.hv]; // [n, H_v]
     let mut c = vec![0f32; d.conv_dim];
     for t in 0..n {
-        // the reference conv sums, then the engine's SiLU (`ops::silu_fast`)
-        r::conv1d_step(
+        // the reference conv sums, then the engine's SiLU (`ops::silu_fast`), over channel chunks
+        ops::conv1d_silu_step(
             &mut st.conv,
             &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
             &w.conv1d,
             d.kconv,
             &mut c,
         );
-        ops::silu_op(ops::SiluOp::InPlace, &mut c, &[]);
         let qt = &mut q[t * qk..(t + 1) * qk];
         qt.copy_from_slice(&c[..qk]);
         r::l2norm_heads(qt, d.dk, eps);
