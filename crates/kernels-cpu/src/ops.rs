@@ -484,6 +484,81 @@ pub fn matmul_masked_isa(
     matmul_lowbit(isa, wm, qt, true, n_in, n_out, xq, y)
 }
 
+/// One matrix of [`matmul_q_many`]: its rows (`masks`: in its mask layout, as
+/// [`matmul_masked`] takes them; else the file's bytes, as [`matmul_q`]), and its output.
+pub struct MatQ<'a> {
+    pub w: &'a [u8],
+    pub qt: QuantType,
+    pub masks: bool,
+    pub n_out: usize,
+    /// `[n, n_out]`
+    pub y: &'a mut [f32],
+}
+
+/// Several matrices with one input, `xq`: each [`MatQ`] gets what [`matmul_q`] (or
+/// [`matmul_masked`]) gives, bit for bit. With one activation row and low-bit matrices only (a
+/// decode step's projections) every matrix's row chunks run in one parallel loop instead of a
+/// loop each: fewer loops, and the small matrices (the GDN gates' 48 rows) share the big ones'.
+pub fn matmul_q_many(mats: &mut [MatQ], xq: &QuantActs) {
+    matmul_q_many_isa(active_isa(), mats, xq)
+}
+
+/// [`matmul_q_many`] with an explicit ISA.
+pub fn matmul_q_many_isa(isa: Isa, mats: &mut [MatQ], xq: &QuantActs) {
+    check_isa(isa);
+    let one_loop = xq.n == 1 && mats.iter().all(|m| m.qt.is_lowbit());
+    if !one_loop {
+        for m in mats.iter_mut() {
+            if m.masks {
+                matmul_masked_isa(isa, m.w, m.qt, xq.n_in, m.n_out, xq, m.y);
+            } else {
+                matmul_q_isa(isa, m.w, m.qt, xq.n_in, m.n_out, xq, m.y);
+            }
+        }
+        return;
+    }
+    // the checks of matmul_masked / matmul_lowbit, per matrix
+    let mut first = Vec::with_capacity(mats.len() + 1); // first[i]: matrix i's first chunk
+    first.push(0usize);
+    for m in mats.iter() {
+        if m.masks {
+            assert!(
+                (m.qt == QuantType::Q1_0 || crate::q2m::supports(m.qt)) && isa.avx2(),
+                "matmul_q_many: no mask layout for {:?} on {isa:?}",
+                m.qt
+            );
+        }
+        let rb =
+            m.qt.row_bytes(xq.n_in)
+                .expect("matmul: n_in is not a whole number of blocks");
+        assert_eq!(m.w.len(), rb * m.n_out, "matmul: weight bytes");
+        assert_eq!(m.y.len(), m.n_out, "matmul: y length");
+        first.push(first.last().copied().unwrap_or(0) + m.n_out.div_ceil(ROWS_PER_TASK));
+    }
+    // the derived code orders the kernels read, made once before the parallel region
+    if isa == Isa::Scalar {
+        xq.qs();
+    } else if mats.iter().any(|m| !m.masks && m.qt.is_q2()) {
+        xq.qp();
+    }
+    let outs: Vec<DisjointOut> = mats
+        .iter_mut()
+        .map(|m| DisjointOut(m.y.as_mut_ptr()))
+        .collect();
+    let (mats, outs, first) = (&*mats, &outs, &first);
+    par::for_each_index(first[mats.len()], 0, |g| {
+        let i = first.partition_point(|&f| f <= g) - 1; // the matrix of chunk g
+        let m = &mats[i];
+        let o0 = (g - first[i]) * ROWS_PER_TASK;
+        let rows = ROWS_PER_TASK.min(m.n_out - o0);
+        let rb = m.w.len() / m.n_out;
+        // SAFETY: o0 + rows ≤ n_out = the length of matrix i's output (asserted above); chunk g
+        // alone writes rows o0..o0 + rows of it, and the outputs outlive the loop.
+        let yc = unsafe { std::slice::from_raw_parts_mut(outs[i].0.add(o0), rows) };
+        lowbit_rows_one_act(isa, m.qt, m.masks, &m.w[o0 * rb..(o0 + rows) * rb], xq, yc);
+    });
+}
+
 /// Mask-layout kinds, the SIMD kernels' const parameter: Q1_0 ([`crate::q1m`]), Q2 g128 / PQ2_0
 /// and Q2 g64 ([`crate::q2m`]).
 pub(crate) const MK_Q1: u8 = 0;

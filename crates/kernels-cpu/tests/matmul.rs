@@ -521,3 +521,90 @@ fn quantize_acts_same_bytes_every_isa() {
         assert!(xq.codes().is_empty() && xq.scales().is_empty() && xq.sums().is_empty());
     }
 }
+
+/// `matmul_q_many` (a decode row's matrices in one parallel loop, on rayon and on a spinning
+/// pool) gives each matrix what `matmul_q` / `matmul_masked` give alone, bit for bit: Q1_0 and the
+/// Q2 types, file and mask layouts mixed, row counts that are not multiples of a task (48, 37),
+/// and several activation rows (the per-matrix path).
+#[test]
+fn matmul_q_many_equals_one_matrix_at_a_time() {
+    use bonsai_kernels_cpu::ops::MatQ;
+    use bonsai_kernels_cpu::par::SpinPool;
+    use bonsai_kernels_cpu::{q1m, q2m};
+    let pool = SpinPool::new(3, std::time::Duration::from_micros(200)).unwrap();
+    let mut rng = Rng::new(77);
+    let n_in = 512;
+    let kinds = [
+        (QuantType::Q1_0, 300usize),
+        (QuantType::Q2_0G128, 48),
+        (QuantType::Q1_0, 37),
+        (QuantType::Q2_0G64, 130),
+        (QuantType::PQ2_0, 16),
+    ];
+    let ws: Vec<Vec<u8>> = kinds
+        .iter()
+        .map(|&(qt, n_out)| random_weights(&mut rng, qt, n_in, n_out, false))
+        .collect();
+    for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+        // the mask layouts where this ISA has them, every other matrix in the file layout
+        let wm: Vec<Option<Vec<u8>>> = kinds
+            .iter()
+            .zip(&ws)
+            .enumerate()
+            .map(|(i, (&(qt, n_out), w))| {
+                if isa == Isa::Scalar || i % 2 == 1 {
+                    None
+                } else if qt == QuantType::Q1_0 {
+                    Some(q1m::pack(w, n_in, n_out))
+                } else {
+                    q2m::pack(qt, w, n_in, n_out)
+                }
+            })
+            .collect();
+        for n in [1usize, 3] {
+            let x = rng.vec(n * n_in, 3.0);
+            let xq = ops::quantize_acts(&x, n, n_in);
+            let want: Vec<Vec<f32>> = kinds
+                .iter()
+                .zip(&ws)
+                .map(|(&(qt, n_out), w)| {
+                    let mut y = vec![0f32; n * n_out];
+                    ops::matmul_q_isa(isa, w, qt, n_in, n_out, &xq, &mut y);
+                    y
+                })
+                .collect();
+            for on_pool in [false, true] {
+                let mut got: Vec<Vec<f32>> = kinds
+                    .iter()
+                    .map(|&(_, n_out)| vec![0f32; n * n_out])
+                    .collect();
+                let mut mats: Vec<MatQ> = kinds
+                    .iter()
+                    .zip(&ws)
+                    .zip(&wm)
+                    .zip(got.iter_mut())
+                    .map(|(((&(qt, n_out), w), m), y)| MatQ {
+                        w: m.as_deref().unwrap_or(w),
+                        qt,
+                        masks: m.is_some(),
+                        n_out,
+                        y,
+                    })
+                    .collect();
+                if on_pool {
+                    pool.install(|| ops::matmul_q_many_isa(isa, &mut mats, &xq));
+                } else {
+                    ops::matmul_q_many_isa(isa, &mut mats, &xq);
+                }
+                drop(mats);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} n {n} pool {on_pool} matrix {i} ({:?})",
+                        kinds[i].0
+                    );
+                }
+            }
+        }
+    }
+}

@@ -237,9 +237,35 @@ fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>
     for (m, y) in outs.iter_mut() {
         debug_assert_eq!(m.n_in, n_in);
         y.resize(n * m.n_out, 0.0);
-        match (&xq, m.qt.is_lowbit()) {
-            (Some(q), true) => m.matmul_q(q, y),
-            _ => ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y),
+    }
+    match &xq {
+        // every matrix low-bit: one call, so a decode row's matrices share one parallel loop
+        Some(q) if outs.iter().all(|(m, _)| m.qt.is_lowbit()) => {
+            let mut mats: Vec<ops::MatQ> = outs
+                .iter_mut()
+                .map(|(m, y)| {
+                    let (w, masks) = match &m.masks {
+                        Some(wm) => (&wm[..], true),
+                        None => (m.data(), false),
+                    };
+                    ops::MatQ {
+                        w,
+                        qt: m.qt,
+                        masks,
+                        n_out: m.n_out,
+                        y: &mut y[..],
+                    }
+                })
+                .collect();
+            ops::matmul_q_many(&mut mats, q);
+        }
+        _ => {
+            for (m, y) in outs.iter_mut() {
+                match (&xq, m.qt.is_lowbit()) {
+                    (Some(q), true) => m.matmul_q(q, y),
+                    _ => ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y),
+                }
+            }
         }
     }
 }
