@@ -472,6 +472,13 @@ pub fn matmul_masked_isa(
     xq: &QuantActs,
     y: &mut [f32],
 ) {
+    assert_mask_layout(isa, qt);
+    assert_eq!(xq.n_in, n_in, "matmul_masked: activation width");
+    matmul_lowbit(isa, wm, qt, true, n_in, n_out, xq, y)
+}
+
+/// A matrix of `qt` in its mask layout can be multiplied on `isa` ([`matmul_masked`]'s checks).
+fn assert_mask_layout(isa: Isa, qt: QuantType) {
     assert!(
         qt == QuantType::Q1_0 || crate::q2m::supports(qt),
         "matmul_masked: no mask layout for {qt:?}"
@@ -480,8 +487,18 @@ pub fn matmul_masked_isa(
         isa.avx2() && isa_supported(isa),
         "the mask layouts need AVX2 or AVX-512 ({isa:?} here)"
     );
-    assert_eq!(xq.n_in, n_in, "matmul_masked: activation width");
-    matmul_lowbit(isa, wm, qt, true, n_in, n_out, xq, y)
+}
+
+/// Derive the code orders of `xq` that the low-bit kernels on `isa` will read, once, before a
+/// parallel region: the natural order for the scalar kernels, the Q2 file-layout order when a
+/// Q2 matrix in the file layout (`file_q2`) is to be read. (The SIMD kernels of Q1_0 and of the
+/// mask layouts read `q1p`, which the quantizer writes.)
+fn derive_code_orders(isa: Isa, xq: &QuantActs, file_q2: bool) {
+    if isa == Isa::Scalar {
+        xq.qs();
+    } else if file_q2 {
+        xq.qp();
+    }
 }
 
 /// One matrix of [`matmul_q_many`]: its rows (`masks`: in its mask layout, as
@@ -517,16 +534,12 @@ pub fn matmul_q_many_isa(isa: Isa, mats: &mut [MatQ], xq: &QuantActs) {
         }
         return;
     }
-    // the checks of matmul_masked / matmul_lowbit, per matrix
+    // matmul_masked's and matmul_lowbit's checks, per matrix
     let mut first = Vec::with_capacity(mats.len() + 1); // first[i]: matrix i's first chunk
     first.push(0usize);
     for m in mats.iter() {
         if m.masks {
-            assert!(
-                (m.qt == QuantType::Q1_0 || crate::q2m::supports(m.qt)) && isa.avx2(),
-                "matmul_q_many: no mask layout for {:?} on {isa:?}",
-                m.qt
-            );
+            assert_mask_layout(isa, m.qt);
         }
         let rb =
             m.qt.row_bytes(xq.n_in)
@@ -535,12 +548,7 @@ pub fn matmul_q_many_isa(isa: Isa, mats: &mut [MatQ], xq: &QuantActs) {
         assert_eq!(m.y.len(), m.n_out, "matmul: y length");
         first.push(first.last().copied().unwrap_or(0) + m.n_out.div_ceil(ROWS_PER_TASK));
     }
-    // the derived code orders the kernels read, made once before the parallel region
-    if isa == Isa::Scalar {
-        xq.qs();
-    } else if mats.iter().any(|m| !m.masks && m.qt.is_q2()) {
-        xq.qp();
-    }
+    derive_code_orders(isa, xq, mats.iter().any(|m| !m.masks && m.qt.is_q2()));
     let outs: Vec<DisjointOut> = mats
         .iter_mut()
         .map(|m| DisjointOut(m.y.as_mut_ptr()))
@@ -642,12 +650,7 @@ fn matmul_lowbit(
     if n == 0 || n_out == 0 {
         return;
     }
-    // the derived code orders the kernels below read, made once before the parallel region
-    if isa == Isa::Scalar {
-        xq.qs();
-    } else if !masks && qt.is_q2() {
-        xq.qp();
-    }
+    derive_code_orders(isa, xq, !masks && qt.is_q2());
     if n == 1 {
         par::for_each_chunk_mut(y, ROWS_PER_TASK, 0, |ci, yc| {
             let o0 = ci * ROWS_PER_TASK;
@@ -1570,9 +1573,10 @@ pub fn conv1d_silu_step_isa(
     assert_eq!(state.len(), (k - 1) * c, "conv1d_silu_step: state length");
     assert_eq!(w.len(), c * k, "conv1d_silu_step: weight length");
     assert_eq!(out.len(), c, "conv1d_silu_step: out length");
-    const CH: usize = 512; // channels per task
-                           // below this many channels a parallel loop costs more than it saves (a rayon region on 2
-                           // threads: `small` decode 389 → 313 tok/s with its ~2,000-channel convs in loops)
+    // channels per task
+    const CH: usize = 512;
+    // below this many channels a parallel loop costs more than it saves (a rayon region on 2
+    // threads: `small` decode 389 → 313 tok/s with its ~2,000-channel convs in loops)
     const PAR_MIN: usize = 8192;
     let st = DisjointOut(state.as_mut_ptr());
     let st = &st;

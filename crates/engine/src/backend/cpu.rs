@@ -49,11 +49,19 @@ impl CpuMat {
             .expect("tensor extent validated at load")
     }
 
-    /// `y` `[n, n_out]` = the quantized activations `xq` · Wᵀ (a low-bit matrix).
-    fn matmul_q(&self, xq: &ops::QuantActs, y: &mut [f32]) {
-        match &self.masks {
-            Some(wm) => ops::matmul_masked(wm, self.qt, self.n_in, self.n_out, xq, y),
-            None => ops::matmul_q(self.data(), self.qt, self.n_in, self.n_out, xq, y),
+    /// This matrix with its output `y` `[n, n_out]`, as [`ops::matmul_q_many`] takes it: the mask
+    /// layout where it has one, else the file's bytes.
+    fn with_output<'a>(&'a self, y: &'a mut [f32]) -> ops::MatQ<'a> {
+        let (w, masks) = match &self.masks {
+            Some(wm) => (&wm[..], true),
+            None => (self.data(), false),
+        };
+        ops::MatQ {
+            w,
+            qt: self.qt,
+            masks,
+            n_out: self.n_out,
+            y,
         }
     }
 
@@ -239,32 +247,18 @@ fn project(x: &[f32], n: usize, n_in: usize, outs: &mut [(&CpuMat, &mut Vec<f32>
         y.resize(n * m.n_out, 0.0);
     }
     match &xq {
-        // every matrix low-bit: one call, so a decode row's matrices share one parallel loop
-        Some(q) if outs.iter().all(|(m, _)| m.qt.is_lowbit()) => {
+        // one call for all: a decode row's low-bit matrices share one parallel loop (any other
+        // matrix takes matmul_q's f32 path, which is ops::matmul's)
+        Some(q) => {
             let mut mats: Vec<ops::MatQ> = outs
                 .iter_mut()
-                .map(|(m, y)| {
-                    let (w, masks) = match &m.masks {
-                        Some(wm) => (&wm[..], true),
-                        None => (m.data(), false),
-                    };
-                    ops::MatQ {
-                        w,
-                        qt: m.qt,
-                        masks,
-                        n_out: m.n_out,
-                        y: &mut y[..],
-                    }
-                })
+                .map(|(m, y)| m.with_output(&mut y[..]))
                 .collect();
             ops::matmul_q_many(&mut mats, q);
         }
-        _ => {
+        None => {
             for (m, y) in outs.iter_mut() {
-                match (&xq, m.qt.is_lowbit()) {
-                    (Some(q), true) => m.matmul_q(q, y),
-                    _ => ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y),
-                }
+                ops::matmul(m.data(), m.qt, m.n_in, m.n_out, x, n, y);
             }
         }
     }
