@@ -221,3 +221,26 @@ def test_engine_chunked_equals_token_by_token(variant, request):
 def test_tokenizer_matches_llamacpp(text, tiny_q1):
     eng, orc = engine_for(str(tiny_q1)), oracle_for(str(tiny_q1))
     assert eng.tokenize(text, special=True) == orc.tokenize(text, special=True)
+
+
+@pytest.mark.parametrize("variant", ["tiny_q1", "tiny_q2g64"])
+def test_engine_long_context_vs_reference(variant, request):
+    # 700 positions: the CPU attention merges fixed 256-key chunks (kernels-cpu `attn`), so these
+    # rows see 1-3 chunks, through the many-rows schedule (prefill) and the per-chunk one (decode)
+    import bonsai
+
+    path = str(request.getfixturevalue(variant))
+    eng = bonsai.Engine(path, device="cpu", n_ctx=1024, threads=2)
+    ref, ref_q8 = ref_for(path), ref_for(path, "q8_0")
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, min(ref.n_vocab, 256), 700)]
+    a = np.asarray(eng.logits(ids), dtype=np.float64)
+    b = np.asarray(eng.logits(ids, chunked=False), dtype=np.float64)
+    X, Q = ref.logits(ids), ref_q8.logits(ids)
+    nmse_sim = R.nmse(Q, X)
+    for name, e in (("prefill", a), ("token by token", b)):
+        # the whole sequence and its last 200 rows alone (3 chunks each) are as close to the exact
+        # reference as the simulated Q8_0 noise allows
+        assert R.nmse(e, X) <= 4.0 * nmse_sim, (name, R.nmse(e, X), nmse_sim)
+        assert R.nmse(e[500:], X[500:]) <= 4.0 * R.nmse(Q[500:], X[500:]), name
+        tau = R.tie_threshold(R.q8_logit_sigma(X, Q))
+        assert not R.choice_violations(e.argmax(1), X, tau), name

@@ -5,6 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use bonsai_kernels_cpu::attn::{attention_gated, AttnShape, KvSource};
 use bonsai_kernels_cpu::{ops, q1m, q2m, reference as r, QuantType};
 use half::f16;
 
@@ -189,6 +190,25 @@ impl KvRows {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A layer's cache as the attention op reads it: rows of one kv head, converted to f32.
+struct CpuKvSource<'a> {
+    kv: &'a CpuKv,
+    width: usize, // n_kv·hd
+}
+
+impl KvSource for CpuKvSource<'_> {
+    fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        for (j, o) in out.chunks_exact_mut(hd).enumerate() {
+            self.kv.k.read(pos + j, self.width, g * hd..(g + 1) * hd, o);
+        }
+    }
+    fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        for (j, o) in out.chunks_exact_mut(hd).enumerate() {
+            self.kv.v.read(pos + j, self.width, g * hd..(g + 1) * hd, o);
         }
     }
 }
@@ -628,50 +648,21 @@ impl Backend for CpuBackend {
         }
         kv.len = s.pos + n;
 
-        // 3. causal attention over positions ≤ pos, grouped GQA, then the σ(gate). One task per
-        //    (row, kv head): its K/V prefix is converted to f32 once (f16: SIMD) and shared by the
-        //    `group` query heads that read it. Each (row, head) result is computed the same way
-        //    whatever n is (batch invariance: verify rows equal single-token steps).
-        let group = nh / nkv;
-        let scale = 1.0 / (hd as f32).sqrt();
+        // 3. causal attention over positions ≤ pos, grouped GQA, then the σ(gate), in fixed chunks
+        //    of key positions (`attn`: every (row, head) result is the same whatever n is, so
+        //    verify rows equal single-token steps; a task converts one chunk of K/V to f32, never
+        //    a whole prefix).
         let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
-        let (kc, vc) = (&kv.k, &kv.v);
-        bonsai_kernels_cpu::par::for_each_chunk_mut(&mut att, group * hd, 1, |tg, out| {
-            let (t, g) = (tg / nkv, tg % nkv);
-            let len = s.pos + t + 1;
-            let mut kf = vec![0f32; len * hd]; // [len, hd] this kv head's keys
-            let mut vf = vec![0f32; len * hd]; // [len, hd] this kv head's values
-            for j in 0..len {
-                kc.read(j, kvw, g * hd..(g + 1) * hd, &mut kf[j * hd..(j + 1) * hd]);
-                vc.read(j, kvw, g * hd..(g + 1) * hd, &mut vf[j * hd..(j + 1) * hd]);
-            }
-            let mut sc = vec![0f32; len];
-            for (jh, oh) in out.chunks_exact_mut(hd).enumerate() {
-                let h = g * group + jh;
-                let th = t * nh + h;
-                let qh = &q[th * hd..(th + 1) * hd];
-                let mut mx = f32::NEG_INFINITY;
-                for (j, scj) in sc.iter_mut().enumerate() {
-                    *scj = ops::dot_f32(qh, &kf[j * hd..(j + 1) * hd]) * scale;
-                    mx = mx.max(*scj);
-                }
-                let mut sum = 0f32;
-                for scj in sc.iter_mut() {
-                    *scj = (*scj - mx).exp();
-                    sum += *scj;
-                }
-                oh.fill(0.0);
-                for (j, &p) in sc.iter().enumerate() {
-                    for (o, v) in oh.iter_mut().zip(&vf[j * hd..(j + 1) * hd]) {
-                        *o += p * v;
-                    }
-                }
-                let gt = &gate[th * hd..(th + 1) * hd];
-                for (o, gv) in oh.iter_mut().zip(gt) {
-                    *o = *o / sum * ops::sigmoid_fast(*gv);
-                }
-            }
-        });
+        let src = CpuKvSource { kv, width: kvw };
+        let shape = AttnShape {
+            n,
+            pos0: s.pos,
+            n_head: nh,
+            n_kv: nkv,
+            hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        attention_gated(&src, &q, &gate, shape, &mut att);
         // 4. out projection + residual
         let mut y = Vec::new();
         project(&att, n, nh * hd, &mut [(&w.out, &mut y)]);
