@@ -7,7 +7,9 @@
 # Build HERE first (needs network: pip):
 #   scripts/cpu_device_check.sh --stage      # wheels into .cpudev/ (git-ignored)
 # and run THERE (device tool, repo root, carry [".cpudev"]):
-#   bash scripts/cpu_device_check.sh [--quick | --spin-ab]
+#   bash scripts/cpu_device_check.sh [--quick | --spin-ab | --long-ctx]
+# --long-ctx compares a second bonsai wheel, staged with BONSAI_AB_WHEEL=<old.whl> --stage, with
+# this one and llama.cpp by prompt length (bench/cpu_long_context.py).
 # Results (JSON + Markdown) go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,8 @@ if [[ "${1:-}" == "--stage" ]]; then
     pip download -q --no-deps --only-binary :all: --python-version $py --platform manylinux2014_x86_64 \
       -d .cpudev/wheels markupsafe || true
   done
+  # the baseline of --long-ctx
+  if [[ -n "${BONSAI_AB_WHEEL:-}" ]]; then mkdir -p .cpudev/ab && cp "$BONSAI_AB_WHEEL" .cpudev/ab/; fi
   # the OpenMP runtime llama.cpp links against, in case the device lacks it
   cp -L "$(ldconfig -p | awk '/libgomp.so.1 .*x86-64/ {print $NF; exit}')" .cpudev/lib/ 2>/dev/null || true
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .cpudev/commit.txt
@@ -41,9 +45,10 @@ if [[ "${1:-}" == "--stage" ]]; then
   exit 0
 fi
 
-QUICK=0; SPINAB=0
+QUICK=0; SPINAB=0; LONGCTX=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 [[ "${1:-}" == "--spin-ab" ]] && SPINAB=1
+[[ "${1:-}" == "--long-ctx" ]] && LONGCTX=1
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BONSAI_BUILD_COMMIT=$(cat .cpudev/commit.txt)
 P=/tmp/cpudev-py
@@ -57,6 +62,26 @@ export PYTHONPATH=$P
   free -g | head -2
 } 2>&1 | tee "$OUT/cpu.txt"
 python3 -c "import bonsai, llama_cpp; print('bonsai', bonsai.__file__, 'llama_cpp', llama_cpp.__version__)" || exit 1
+
+if [[ $LONGCTX == 1 ]]; then
+  # prefill and decode by prompt length: the staged baseline wheel ("base"), this build ("new")
+  # and llama.cpp, alternating processes; everything bundled into one file
+  AB=/tmp/cpudev-ab
+  rm -rf $AB && pip install -q --no-deps --no-index --target $AB .cpudev/ab/*.whl 2>&1 | tail -2
+  echo "base: $(ls .cpudev/ab)"
+  M=/tmp/bonsai-cpu-models; mkdir -p $M
+  python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
+  echo "[${SECONDS}s] small ready"
+  python3 bench/cpu_long_context.py --model $M/small-q1.gguf --build base=$AB --build new=$P --llamacpp \
+    --lengths 512,2048,8192 --gen 32 --reps 2 --timeout 240 --out "$OUT" --name cpu16-longctx-small-q1
+  python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
+  echo "[${SECONDS}s] 27b ready"
+  python3 bench/cpu_long_context.py --model $M/27b-q1.gguf --build base=$AB --build new=$P --llamacpp \
+    --lengths 1024 --gen 16 --reps 1 --timeout ${LONGCTX_27B_TIMEOUT:-120} --out "$OUT" --name cpu16-longctx-27b-q1
+  (cd "$OUT" && tar czf cpu16-results.tgz --exclude cpu16-results.tgz . && find . -type f ! -name cpu16-results.tgz -delete)
+  echo "[${SECONDS}s] done"
+  exit 0
+fi
 
 if [[ $SPINAB == 1 ]]; then
   # the spinning pool against rayon (bench/cpu_spin_ab.py), then the default against llama.cpp;
