@@ -9,7 +9,8 @@
 # and run THERE (device tool, repo root, carry [".cpudev"]):
 #   bash scripts/cpu_device_check.sh [--quick | --spin-ab | --long-ctx]
 # --long-ctx compares a second bonsai wheel, staged with BONSAI_AB_WHEEL=<old.whl> --stage, with
-# this one and llama.cpp by prompt length (bench/cpu_long_context.py).
+# this one and llama.cpp by prompt length (bench/cpu_long_context.py; LONGCTX_SMALL / LONGCTX_27B
+# the comma lists of prompt lengths).
 # Results (JSON + Markdown) go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,11 +74,11 @@ if [[ $LONGCTX == 1 ]]; then
   python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
   echo "[${SECONDS}s] small ready"
   python3 bench/cpu_long_context.py --model $M/small-q1.gguf --build base=$AB --build new=$P --llamacpp \
-    --lengths 512,2048,8192 --gen 32 --reps 2 --timeout 240 --out "$OUT" --name cpu16-longctx-small-q1
+    --lengths ${LONGCTX_SMALL:-512,2048,8192} --gen 32 --reps 2 --timeout 240 --out "$OUT" --name cpu16-longctx-small-q1
   python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
   echo "[${SECONDS}s] 27b ready"
   python3 bench/cpu_long_context.py --model $M/27b-q1.gguf --build base=$AB --build new=$P --llamacpp \
-    --lengths 1024 --gen 16 --reps 1 --timeout ${LONGCTX_27B_TIMEOUT:-120} --out "$OUT" --name cpu16-longctx-27b-q1
+    --lengths ${LONGCTX_27B:-1024} --gen 16 --reps 1 --timeout ${LONGCTX_27B_TIMEOUT:-120} --out "$OUT" --name cpu16-longctx-27b-q1
   (cd "$OUT" && tar czf cpu16-results.tgz --exclude cpu16-results.tgz . && find . -type f ! -name cpu16-results.tgz -delete)
   echo "[${SECONDS}s] done"
   exit 0

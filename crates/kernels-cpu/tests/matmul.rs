@@ -222,6 +222,40 @@ fn batch_and_thread_invariance() {
     }
 }
 
+/// A prefill-sized matmul (several weight panels and activation spans, both ragged) equals the
+/// one-row matmul of each of its rows, bit for bit.
+#[test]
+fn many_rows_panels_and_spans_equal_single_rows() {
+    let mut rng = Rng::new(9);
+    let (n_in, n_out, n) = (512, 300, 200);
+    for qt in ALL_TYPES.into_iter().filter(|q| q.is_lowbit()) {
+        let w = random_weights(&mut rng, qt, n_in, n_out, false);
+        let x = rng.vec(n * n_in, 1.0);
+        let mut y = vec![0f32; n * n_out];
+        ops::matmul(&w, qt, n_in, n_out, &x, n, &mut y);
+        for t in [0, 7, 8, 127, 128, 199] {
+            let mut y1 = vec![0f32; n_out];
+            ops::matmul(
+                &w,
+                qt,
+                n_in,
+                n_out,
+                &x[t * n_in..(t + 1) * n_in],
+                1,
+                &mut y1,
+            );
+            for o in 0..n_out {
+                assert_eq!(
+                    y[t * n_out + o].to_bits(),
+                    y1[o].to_bits(),
+                    "{} row {t} out {o}",
+                    qt.name()
+                );
+            }
+        }
+    }
+}
+
 /// matmul_q with shared activations equals matmul, for every type.
 #[test]
 fn matmul_q_reuse_equals_matmul() {
