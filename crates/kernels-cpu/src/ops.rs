@@ -383,13 +383,6 @@ pub fn quantize_row_isa(
 /// Weight rows per parallel task (does not affect results).
 const ROWS_PER_TASK: usize = 16;
 
-/// Weight rows per task of a many-row low-bit matmul (prefill): a panel stays in L2 while the
-/// task's activation rows pass (128 Q1_0 rows of 5,120 inputs are 90 KB). Does not affect results.
-const PREFILL_PANEL: usize = 128;
-
-/// Activation rows per task of a many-row low-bit matmul (more tasks than panels alone give).
-const PREFILL_SPAN: usize = 128;
-
 /// `y[t, o] = Σ_i W[o, i] · x[t, i]` for `n` activation rows. Low-bit weights use int8 activations
 /// (see the module doc); other types use f32 activations.
 pub fn matmul(
@@ -666,30 +659,19 @@ fn matmul_lowbit(
         });
         return;
     }
-    // Several activation rows: a task takes a panel of weight rows and a span of activation rows,
-    // and walks the span in groups of ACT_GROUP, so a group's int8 rows (ACT_GROUP × n_pad bytes)
-    // stay in L1/L2 while every weight row of the panel is dotted with them, and the panel's
-    // weights (PANEL × rb bytes) stay in L2 while the span's groups pass. Every activation byte is
-    // then read from memory once per panel: with the 16-row panels of a verify (n ≤ ACT_GROUP: one
-    // group, nothing to reuse) a 512-row prefill chunk streamed its activations ~32× per 512
-    // weight rows. Each task writes its outputs straight into `y` (rows of its span, columns of
-    // its panel). The order of work only, not the results.
+    // Several activation rows: each task takes ROWS_PER_TASK weight rows and walks the activation
+    // rows in groups of ACT_GROUP, so a group's int8 rows (ACT_GROUP × n_pad bytes) stay in L1/L2
+    // while every weight row of the task is dotted with them (instead of each weight row
+    // streaming all n activation rows), and writes its outputs straight into `y`'s columns
+    // o0..o1. The order of work only, not the results.
     const ACT_GROUP: usize = 8;
-    let (panel, span) = if n <= ACT_GROUP {
-        (ROWS_PER_TASK, ACT_GROUP)
-    } else {
-        (PREFILL_PANEL, PREFILL_SPAN)
-    };
-    let (n_panels, n_spans) = (n_out.div_ceil(panel), n.div_ceil(span));
     let yp = DisjointOut(y.as_mut_ptr());
     let yp = &yp;
-    par::for_each_index(n_panels * n_spans, 1, |ti| {
-        let (pi, si) = (ti / n_spans, ti % n_spans);
-        let (o0, o1) = (pi * panel, ((pi + 1) * panel).min(n_out));
-        let (t0, t1) = (si * span, ((si + 1) * span).min(n));
-        let mut tile = vec![0f32; panel * ACT_GROUP]; // tile: [panel rows, group]
-        for tb in (t0..t1).step_by(ACT_GROUP) {
-            let g = (t1 - tb).min(ACT_GROUP);
+    par::for_each_index(n_out.div_ceil(ROWS_PER_TASK), 1, |ci| {
+        let (o0, o1) = (ci * ROWS_PER_TASK, ((ci + 1) * ROWS_PER_TASK).min(n_out));
+        let mut tile = [0f32; ROWS_PER_TASK * ACT_GROUP]; // tile: [rows, group]
+        for tb in (0..n).step_by(ACT_GROUP) {
+            let g = (n - tb).min(ACT_GROUP);
             let mut o = o0;
             while o < o1 {
                 let out = &mut tile[(o - o0) * ACT_GROUP..];
@@ -707,9 +689,8 @@ fn matmul_lowbit(
             for t in tb..tb + g {
                 for o in o0..o1 {
                     // SAFETY: t < n and o < n_out, so the index is inside `y` (length
-                    // n · n_out, asserted above); only this task writes rows t0..t1 of columns
-                    // o0..o1, so no two tasks write the same element, and `y` outlives the
-                    // parallel loop.
+                    // n · n_out, asserted above); only this task writes columns o0..o1, so
+                    // no two tasks write the same element, and `y` outlives the parallel loop.
                     unsafe { *yp.0.add(t * n_out + o) = tile[(o - o0) * ACT_GROUP + t - tb] };
                 }
             }

@@ -222,10 +222,10 @@ fn batch_and_thread_invariance() {
     }
 }
 
-/// A prefill-sized matmul (several weight panels and activation spans, both ragged) equals the
-/// one-row matmul of each of its rows, bit for bit.
+/// A prefill-sized matmul (many activation groups, weight rows past several tasks, both ragged)
+/// equals the one-row matmul of each of its rows, bit for bit.
 #[test]
-fn many_rows_panels_and_spans_equal_single_rows() {
+fn many_rows_equal_single_rows() {
     let mut rng = Rng::new(9);
     let (n_in, n_out, n) = (512, 300, 200);
     for qt in ALL_TYPES.into_iter().filter(|q| q.is_lowbit()) {
