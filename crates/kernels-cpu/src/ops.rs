@@ -1608,6 +1608,59 @@ pub fn conv1d_silu_step_isa(
     }
 }
 
+/// [`conv1d_silu_step`] over `n` consecutive rows at once (prefill): `out[t]` and the final window
+/// are those of `n` calls in row order, bit for bit, but the parallel loop runs over channel chunks
+/// with every row inside (one loop instead of `n`).
+pub fn conv1d_silu_rows(
+    state: &mut [f32], // [k-1, C] pre-conv inputs, oldest first
+    xs: &[f32],        // [n, C] the rows' pre-conv inputs
+    w: &[f32],         // [C, k]
+    k: usize,
+    n: usize,
+    out: &mut [f32], // [n, C]
+) {
+    let isa = active_isa();
+    assert!(n >= 1 && k >= 1, "conv1d_silu_rows: n, k ≥ 1");
+    let c = xs.len() / n;
+    assert_eq!(xs.len(), n * c, "conv1d_silu_rows: input length");
+    assert_eq!(out.len(), n * c, "conv1d_silu_rows: out length");
+    assert_eq!(state.len(), (k - 1) * c, "conv1d_silu_rows: state length");
+    assert_eq!(w.len(), c * k, "conv1d_silu_rows: weight length");
+    // channels per task
+    const CH: usize = 256;
+    let st = DisjointOut(state.as_mut_ptr());
+    let st = &st;
+    let op = DisjointOut(out.as_mut_ptr());
+    let op = &op;
+    par::for_each_index(c.div_ceil(CH), 1, |ci| {
+        let (c0, c1) = (ci * CH, ((ci + 1) * CH).min(c));
+        for t in 0..n {
+            let x = &xs[t * c..(t + 1) * c];
+            // SAFETY: row t's channels c0..c1 lie inside `out` ([n, C]); only this task writes
+            // channels c0..c1 of any row, and `out` outlives the loop.
+            let oc = unsafe { std::slice::from_raw_parts_mut(op.0.add(t * c + c0), c1 - c0) };
+            for (o, ch) in oc.iter_mut().zip(c0..) {
+                // SAFETY (the unsafe blocks): j < k − 1 and ch < c, so j·c + ch lies inside
+                // `state`; only this task reads or writes channels c0..c1 of the state rows.
+                let mut acc = w[ch * k + k - 1] as f64 * x[ch] as f64;
+                for j in 0..k - 1 {
+                    acc += w[ch * k + j] as f64 * unsafe { *st.0.add(j * c + ch) } as f64;
+                }
+                *o = acc as f32;
+                for j in 0..k.saturating_sub(1) {
+                    let v = if j + 2 < k {
+                        unsafe { *st.0.add((j + 1) * c + ch) }
+                    } else {
+                        x[ch]
+                    };
+                    unsafe { *st.0.add(j * c + ch) = v };
+                }
+            }
+            silu_op_isa(isa, SiluOp::InPlace, oc, &[]);
+        }
+    });
+}
+
 /// One element-wise SiLU op (see [`SiluOp`]) with [`silu_fast`]'s arithmetic on `isa`.
 pub fn silu_op_isa(isa: Isa, op: SiluOp, a: &mut [f32], b: &[f32]) {
     if op != SiluOp::InPlace {

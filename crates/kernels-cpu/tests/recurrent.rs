@@ -444,3 +444,42 @@ fn conv1d_silu_step_equals_reference_then_silu() {
         }
     }
 }
+
+/// `ops::conv1d_silu_rows` over n rows gives the outputs and final window of n
+/// `ops::conv1d_silu_step` calls, bit for bit (on rayon and on a spinning pool), for tap counts
+/// and channel counts that are not a multiple of its chunk.
+#[test]
+fn conv1d_silu_rows_equals_steps() {
+    use bonsai_kernels_cpu::par::SpinPool;
+    let pool = SpinPool::new(3, std::time::Duration::from_micros(200)).unwrap();
+    let mut rng = Rng::new(31);
+    for k in [1usize, 2, 4] {
+        for c in [1usize, 700, 10240] {
+            for n in [1usize, 3, 17] {
+                let w = rng.vec(c * k, 1.0);
+                let s0 = rng.vec((k - 1) * c, 2.0);
+                let xs = rng.vec(n * c, 3.0);
+                let mut s_want = s0.clone();
+                let mut want = vec![0f32; n * c];
+                for t in 0..n {
+                    ops::conv1d_silu_step(
+                        &mut s_want,
+                        &xs[t * c..(t + 1) * c],
+                        &w,
+                        k,
+                        &mut want[t * c..(t + 1) * c],
+                    );
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let (mut s_a, mut s_b) = (s0.clone(), s0.clone());
+                let (mut a, mut b) = (vec![0f32; n * c], vec![0f32; n * c]);
+                ops::conv1d_silu_rows(&mut s_a, &xs, &w, k, n, &mut a);
+                pool.install(|| ops::conv1d_silu_rows(&mut s_b, &xs, &w, k, n, &mut b));
+                for (got, st, name) in [(&a, &s_a, "rayon"), (&b, &s_b, "pool")] {
+                    assert_eq!(bits(got), bits(&want), "{name} k {k} c {c} n {n}: out");
+                    assert_eq!(bits(st), bits(&s_want), "{name} k {k} c {c} n {n}: window");
+                }
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bonsai_kernels_cpu::attn::{attention_gated, AttnShape, KvSource};
-use bonsai_kernels_cpu::{ops, q1m, q2m, reference as r, QuantType};
+use bonsai_kernels_cpu::{ops, par, q1m, q2m, reference as r, QuantType};
 use half::f16;
 
 use super::{gdn_rec_width, Backend, GdnMode, KvType, Step};
@@ -243,15 +243,45 @@ fn gdn_dims(cfg: &TargetConfig) -> GdnDims {
     }
 }
 
+/// Rows per task of the row-parallel element-wise passes (prefill); with fewer than two tasks'
+/// worth of rows (decode, a verify) they run inline, where a parallel loop would cost more.
+const ROWS_PER_TASK: usize = 4;
+
+/// `f(t, row_t)` for every `width`-element row of `data`, in parallel over groups of rows when
+/// there are enough of them. Each call sees one row only, so the results do not depend on it.
+fn for_rows<F: Fn(usize, &mut [f32]) + Sync + Send>(data: &mut [f32], width: usize, f: F) {
+    if width == 0 {
+        return;
+    }
+    if data.len() < 2 * ROWS_PER_TASK * width {
+        data.chunks_exact_mut(width)
+            .enumerate()
+            .for_each(|(t, row)| f(t, row));
+    } else {
+        par::for_each_chunk_mut(data, ROWS_PER_TASK * width, 1, |ci, rows| {
+            for (j, row) in rows.chunks_exact_mut(width).enumerate() {
+                f(ci * ROWS_PER_TASK + j, row);
+            }
+        });
+    }
+}
+
+/// `x += y` (the residual), row-parallel as [`for_rows`]. x, y: `[n, width]`.
+fn add_rows(x: &mut CpuAct, y: &[f32]) {
+    let w = x.width;
+    for_rows(&mut x.data, w, |t, xr| {
+        for (xi, yi) in xr.iter_mut().zip(&y[t * w..(t + 1) * w]) {
+            *xi += *yi;
+        }
+    });
+}
+
 /// `out[t] = rmsnorm(x[t]) ⊙ w` for every row. x, out: `[n, width]`.
 fn rmsnorm_rows(x: &CpuAct, w: &[f32], eps: f32, out: &mut [f32]) {
-    for (xr, or) in x
-        .data
-        .chunks_exact(x.width)
-        .zip(out.chunks_exact_mut(x.width))
-    {
-        r::rmsnorm(xr, w, eps, or);
-    }
+    let width = x.width;
+    for_rows(out, width, |t, or| {
+        r::rmsnorm(&x.data[t * width..(t + 1) * width], w, eps, or)
+    });
 }
 
 /// y: `[n, n_out]` = x `[n, n_in]` · Wᵀ for several matrices sharing one input (activations quantized once).
@@ -321,23 +351,27 @@ fn gdn_impl(
     let mut v = vec![0f32; n * vd]; // [n, H_v, d_v]
     let mut beta = vec![0f32; n * d.hv]; // [n, H_v]
     let mut g = vec![0f32; n * d.hv]; // [n, H_v]
-    let mut c = vec![0f32; d.conv_dim];
-    for t in 0..n {
-        // the reference conv sums, then the engine's SiLU (`ops::silu_fast`), over channel chunks
-        ops::conv1d_silu_step(
-            &mut st.conv,
-            &mixed[t * d.conv_dim..(t + 1) * d.conv_dim],
-            &w.conv1d,
-            d.kconv,
-            &mut c,
-        );
-        let qt = &mut q[t * qk..(t + 1) * qk];
-        qt.copy_from_slice(&c[..qk]);
+                                      // the reference conv sums, then the engine's SiLU (`ops::silu_fast`), over channel chunks;
+                                      // several rows in one loop (the same bits as row after row)
+    let cd = d.conv_dim;
+    let mut c = vec![0f32; n * cd]; // [n, conv_dim]
+    if n == 1 {
+        ops::conv1d_silu_step(&mut st.conv, &mixed, &w.conv1d, d.kconv, &mut c);
+    } else {
+        ops::conv1d_silu_rows(&mut st.conv, &mixed, &w.conv1d, d.kconv, n, &mut c);
+    }
+    for_rows(&mut q, qk, |t, qt| {
+        qt.copy_from_slice(&c[t * cd..t * cd + qk]);
         r::l2norm_heads(qt, d.dk, eps);
-        let kt = &mut k[t * qk..(t + 1) * qk];
-        kt.copy_from_slice(&c[qk..2 * qk]);
+    });
+    for_rows(&mut k, qk, |t, kt| {
+        kt.copy_from_slice(&c[t * cd + qk..t * cd + 2 * qk]);
         r::l2norm_heads(kt, d.dk, eps);
-        v[t * vd..(t + 1) * vd].copy_from_slice(&c[2 * qk..]);
+    });
+    for_rows(&mut v, vd, |t, vt| {
+        vt.copy_from_slice(&c[t * cd + 2 * qk..(t + 1) * cd])
+    });
+    for t in 0..n {
         for h in 0..d.hv {
             let i = t * d.hv + h;
             beta[i] = r::sigmoid(bb[i]);
@@ -384,14 +418,14 @@ fn gdn_impl(
         }
     }
     // 6. gated RMSNorm per head: y_h = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h)
-    r::rmsnorm_heads(&mut o, d.dv, &w.ssm_norm, eps);
-    ops::silu_op(ops::SiluOp::MulByGate, &mut o, &z);
+    for_rows(&mut o, vd, |t, ot| {
+        r::rmsnorm_heads(ot, d.dv, &w.ssm_norm, eps);
+        ops::silu_op(ops::SiluOp::MulByGate, ot, &z[t * vd..(t + 1) * vd]);
+    });
     // 7. out projection + residual
     let mut y = Vec::new();
     project(&o, n, vd, &mut [(&w.ssm_out, &mut y)]);
-    for (xi, yi) in x.data.iter_mut().zip(&y) {
-        *xi += *yi;
-    }
+    add_rows(x, &y);
     Ok(())
 }
 
@@ -630,21 +664,25 @@ impl Backend for CpuBackend {
         let kvw = nkv * hd;
         kv.k.set_rows(s.pos + n, kvw);
         kv.v.set_rows(s.pos + n, kvw);
-        for t in 0..n {
-            let pos = s.pos + t;
-            for h in 0..nh {
-                let src = &qf[(t * nh + h) * 2 * hd..(t * nh + h + 1) * 2 * hd];
-                q[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&src[..hd]);
-                gate[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&src[hd..]);
+        for_rows(&mut q, nh * hd, |t, qt| {
+            for (h, qh) in qt.chunks_exact_mut(hd).enumerate() {
+                qh.copy_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
             }
-            let qt = &mut q[t * nh * hd..(t + 1) * nh * hd];
             r::rmsnorm_heads(qt, hd, &w.q_norm, eps);
-            r::rope_neox(qt, hd, cfg.n_rot, pos, cfg.rope_base);
-            let kt = &mut kf[t * kvw..(t + 1) * kvw];
+            r::rope_neox(qt, hd, cfg.n_rot, s.pos + t, cfg.rope_base);
+        });
+        for_rows(&mut gate, nh * hd, |t, gt| {
+            for (h, gh) in gt.chunks_exact_mut(hd).enumerate() {
+                gh.copy_from_slice(&qf[(t * nh + h) * 2 * hd + hd..(t * nh + h + 1) * 2 * hd]);
+            }
+        });
+        for_rows(&mut kf, kvw, |t, kt| {
             r::rmsnorm_heads(kt, hd, &w.k_norm, eps);
-            r::rope_neox(kt, hd, cfg.n_rot, pos, cfg.rope_base);
-            kv.k.write(pos, kvw, kt);
-            kv.v.write(pos, kvw, &vf[t * kvw..(t + 1) * kvw]);
+            r::rope_neox(kt, hd, cfg.n_rot, s.pos + t, cfg.rope_base);
+        });
+        for t in 0..n {
+            kv.k.write(s.pos + t, kvw, &kf[t * kvw..(t + 1) * kvw]);
+            kv.v.write(s.pos + t, kvw, &vf[t * kvw..(t + 1) * kvw]);
         }
         kv.len = s.pos + n;
 
@@ -666,9 +704,7 @@ impl Backend for CpuBackend {
         // 4. out projection + residual
         let mut y = Vec::new();
         project(&att, n, nh * hd, &mut [(&w.out, &mut y)]);
-        for (xi, yi) in x.data.iter_mut().zip(&y) {
-            *xi += *yi;
-        }
+        add_rows(x, &y);
         Ok(())
     }
 
@@ -678,12 +714,13 @@ impl Backend for CpuBackend {
         rmsnorm_rows(x, &w.post_norm, cfg.rms_eps, &mut u);
         let (mut gt, mut up) = (Vec::new(), Vec::new()); // [n, n_ff] each
         project(&u, n, e, &mut [(&w.gate, &mut gt), (&w.up, &mut up)]);
-        ops::silu_op(ops::SiluOp::GateMulUp, &mut gt, &up);
+        let nff = cfg.n_ff;
+        for_rows(&mut gt, nff, |t, g| {
+            ops::silu_op(ops::SiluOp::GateMulUp, g, &up[t * nff..(t + 1) * nff])
+        });
         let mut y = Vec::new(); // [n, n_embd]
-        project(&gt, n, cfg.n_ff, &mut [(&w.down, &mut y)]);
-        for (xi, yi) in x.data.iter_mut().zip(&y) {
-            *xi += *yi;
-        }
+        project(&gt, n, nff, &mut [(&w.down, &mut y)]);
+        add_rows(x, &y);
         Ok(())
     }
 
