@@ -45,8 +45,18 @@ def main() -> int:
             print(x, flush=True)
         lines.append({"threads": int(t), "rc": p.returncode, "lines": out})
     if a.out:
+        from bonsai.bench import _commit, _cpu_name
+
+        res = {
+            "command": "python3 bench/cpu_prefill_threads.py " + " ".join(sys.argv[1:]),
+            "commit": _commit(),
+            "device": {"cpu": _cpu_name(), "cores": os.cpu_count()},
+            "model": a.model,
+            "tokens": a.tokens,
+            "runs": lines,
+        }
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "tokens": a.tokens, "runs": lines}, f, indent=2)
+            json.dump(res, f, indent=2)
     return 0
 
 
