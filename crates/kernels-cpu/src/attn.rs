@@ -176,67 +176,49 @@ fn chunk_partial(
     )
 }
 
-/// [`chunk_partial`] for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunk_partial_avx2(
-    qh: &[f32],
-    kf: &[f32],
-    vf: &[f32],
-    nk: usize,
-    hd: usize,
-    scale: f32,
-    sc: &mut [f32],
-    o: &mut [f32],
-) -> (f32, f32) {
-    // SAFETY: AVX2 + FMA are enabled here (the caller's contract); the slices have equal lengths.
-    chunk_partial_body::<64>(
-        |a, b| unsafe { crate::avx2::dot(a, b) },
-        qh,
-        kf,
-        vf,
-        nk,
-        hd,
-        scale,
-        sc,
-        o,
-    )
+/// [`chunk_partial`] compiled for an x86 feature set, with `B` outputs per register block.
+macro_rules! chunk_partial_for {
+    ($name:ident, $features:literal, $b:literal, $what:literal) => {
+        #[doc = concat!("[`chunk_partial`] for ", $what, ".")]
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU must support ", $features, ".")]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            qh: &[f32],
+            kf: &[f32],
+            vf: &[f32],
+            nk: usize,
+            hd: usize,
+            scale: f32,
+            sc: &mut [f32],
+            o: &mut [f32],
+        ) -> (f32, f32) {
+            chunk_partial_body::<$b>(
+                // SAFETY: AVX2 + FMA are enabled here (the caller's contract); a key row and
+                // the query have hd elements each.
+                |a, b| unsafe { crate::avx2::dot(a, b) },
+                qh,
+                kf,
+                vf,
+                nk,
+                hd,
+                scale,
+                sc,
+                o,
+            )
+        }
+    };
 }
-
-/// [`chunk_partial`] for AVX-512 (the element-wise loops 16 lanes wide).
-///
-/// # Safety
-/// The CPU must support AVX-512F as well as AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunk_partial_avx512(
-    qh: &[f32],
-    kf: &[f32],
-    vf: &[f32],
-    nk: usize,
-    hd: usize,
-    scale: f32,
-    sc: &mut [f32],
-    o: &mut [f32],
-) -> (f32, f32) {
-    // SAFETY: AVX2 + FMA are enabled here (the caller's contract); the slices have equal lengths.
-    chunk_partial_body::<128>(
-        |a, b| unsafe { crate::avx2::dot(a, b) },
-        qh,
-        kf,
-        vf,
-        nk,
-        hd,
-        scale,
-        sc,
-        o,
-    )
-}
+chunk_partial_for!(chunk_partial_avx2, "avx2,fma,f16c", 64, "AVX2");
+chunk_partial_for!(
+    chunk_partial_avx512,
+    "avx2,fma,f16c,avx512f",
+    128,
+    "AVX-512 (the element-wise loops 16 lanes wide)"
+);
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -318,64 +300,101 @@ fn finish(o: &[f32], l: f32, gate: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Reads chunk `c`'s first `nk` keys and values of kv head `g` into `kf` / `vf`.
-fn load_chunk(
-    kv: &dyn KvSource,
-    c: usize,
-    nk: usize,
-    g: usize,
-    hd: usize,
-    kf: &mut [f32],
-    vf: &mut [f32],
-) {
-    kv.keys(c * ATTN_CHUNK, g, hd, &mut kf[..nk * hd]);
-    kv.values(c * ATTN_CHUNK, g, hd, &mut vf[..nk * hd]);
+/// One task's scratch for one chunk: its keys and values as f32 (`[C, hd]` each), the scores and
+/// one partial output.
+struct ChunkScratch {
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    sc: Vec<f32>,
+    o: Vec<f32>,
 }
 
-fn per_chunk(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut [f32]) {
-    let AttnShape {
-        n,
-        pos0,
-        n_head,
-        n_kv,
-        hd,
-        scale,
-    } = s;
-    let group = n_head / n_kv;
-    let isa = ops::active_isa();
-    let nch = (pos0 + n).div_ceil(ATTN_CHUNK); // chunks of the longest row
-    let slot = hd + 2; // one partial: m, l, o[hd]
-                       // parts: [n_kv, nch, n, group, hd + 2]; a row's slots past its own prefix stay unused
-    let mut parts = vec![0f32; n_kv * nch * n * group * slot];
-    par::for_each_chunk_mut(&mut parts, n * group * slot, 1, |gc, part| {
-        let (g, c) = (gc / nch, gc % nch);
+impl ChunkScratch {
+    fn new(hd: usize) -> Self {
+        ChunkScratch {
+            kf: vec![0f32; ATTN_CHUNK * hd],
+            vf: vec![0f32; ATTN_CHUNK * hd],
+            sc: vec![0f32; ATTN_CHUNK],
+            o: vec![0f32; hd],
+        }
+    }
+
+    /// Loads chunk `c` of kv head `g` as far as row `rows.end − 1` reaches, then gives every row
+    /// of `rows` that reaches the chunk and every q head of the group its partial:
+    /// `f(t, jh, m, l, o)`.
+    #[allow(clippy::too_many_arguments)]
+    fn walk(
+        &mut self,
+        isa: Isa,
+        kv: &dyn KvSource,
+        q: &[f32],
+        s: &AttnShape,
+        g: usize,
+        c: usize,
+        rows: std::ops::Range<usize>,
+        mut f: impl FnMut(usize, usize, f32, f32, &[f32]),
+    ) {
+        let (hd, group) = (s.hd, s.n_head / s.n_kv);
         let c0 = c * ATTN_CHUNK;
-        let span = (pos0 + n - c0).min(ATTN_CHUNK); // keys of this chunk the longest row sees
-        let mut kf = vec![0f32; span * hd]; // [span, hd]
-        let mut vf = vec![0f32; span * hd]; // [span, hd]
-        load_chunk(kv, c, span, g, hd, &mut kf, &mut vf);
-        let mut sc = vec![0f32; span];
-        for t in 0..n {
-            let len = pos0 + t + 1;
+        let span = (s.pos0 + rows.end - c0).min(ATTN_CHUNK); // keys the longest row sees
+        kv.keys(c0, g, hd, &mut self.kf[..span * hd]);
+        kv.values(c0, g, hd, &mut self.vf[..span * hd]);
+        for t in rows {
+            let len = s.pos0 + t + 1;
             if len <= c0 {
                 continue;
             }
             let nk = (len - c0).min(ATTN_CHUNK);
             for jh in 0..group {
-                let h = g * group + jh;
-                let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-                let p = &mut part[(t * group + jh) * slot..(t * group + jh + 1) * slot];
-                let (head, o) = p.split_at_mut(2);
-                let (m, l) = chunk_partial(isa, qh, &kf, &vf, nk, hd, scale, &mut sc, o);
-                head[0] = m;
-                head[1] = l;
+                let th = t * s.n_head + g * group + jh;
+                let qh = &q[th * hd..(th + 1) * hd];
+                let (m, l) = chunk_partial(
+                    isa,
+                    qh,
+                    &self.kf,
+                    &self.vf,
+                    nk,
+                    hd,
+                    s.scale,
+                    &mut self.sc,
+                    &mut self.o,
+                );
+                f(t, jh, m, l, &self.o);
             }
         }
+    }
+}
+
+fn per_chunk(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut [f32]) {
+    let (n, hd, n_head) = (s.n, s.hd, s.n_head);
+    let group = n_head / s.n_kv;
+    let isa = ops::active_isa();
+    let nch = (s.pos0 + n).div_ceil(ATTN_CHUNK); // chunks of the longest row
+    let slot = hd + 2; // one partial: m, l, o[hd]
+                       // parts: [n_kv, nch, n, group, hd + 2]; a row's slots past its own prefix stay unused
+    let mut parts = vec![0f32; s.n_kv * nch * n * group * slot];
+    par::for_each_chunk_mut(&mut parts, n * group * slot, 1, |gc, part| {
+        let mut scratch = ChunkScratch::new(hd);
+        scratch.walk(
+            isa,
+            kv,
+            q,
+            &s,
+            gc / nch,
+            gc % nch,
+            0..n,
+            |t, jh, m, l, o| {
+                let p = &mut part[(t * group + jh) * slot..(t * group + jh + 1) * slot];
+                p[0] = m;
+                p[1] = l;
+                p[2..].copy_from_slice(o);
+            },
+        );
     });
     par::for_each_chunk_mut(out, hd, 1, |th, oh| {
         let (t, h) = (th / n_head, th % n_head);
         let (g, jh) = (h / group, h % group);
-        let len = pos0 + t + 1;
+        let len = s.pos0 + t + 1;
         let (mut am, mut al) = (f32::NEG_INFINITY, 0f32);
         let mut ao = vec![0f32; hd];
         for c in 0..len.div_ceil(ATTN_CHUNK) {
@@ -388,14 +407,7 @@ fn per_chunk(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut
 }
 
 fn row_blocks(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut [f32]) {
-    let AttnShape {
-        n,
-        pos0,
-        n_head,
-        n_kv,
-        hd,
-        scale,
-    } = s;
+    let (n, hd, n_head, n_kv) = (s.n, s.hd, s.n_head, s.n_kv);
     let group = n_head / n_kv;
     let isa = ops::active_isa();
     let nb = n.div_ceil(ROW_BLOCK);
@@ -405,40 +417,24 @@ fn row_blocks(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mu
     par::for_each_chunk_mut(&mut res, blk, 1, |gb, rb| {
         let (g, b) = (gb / nb, gb % nb);
         let (t0, t1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(n));
-        let mut kf = vec![0f32; ATTN_CHUNK * hd]; // [C, hd]
-        let mut vf = vec![0f32; ATTN_CHUNK * hd]; // [C, hd]
-        let mut sc = vec![0f32; ATTN_CHUNK];
-        let mut o = vec![0f32; hd];
+        let mut scratch = ChunkScratch::new(hd);
         let rows = (t1 - t0) * group;
         let mut am = vec![f32::NEG_INFINITY; rows]; // [rows, group] running max
         let mut al = vec![0f32; rows]; // [rows, group] running sum
-        let last_len = pos0 + t1; // the block's longest prefix
-        for c in 0..last_len.div_ceil(ATTN_CHUNK) {
-            let c0 = c * ATTN_CHUNK;
-            let span = (last_len - c0).min(ATTN_CHUNK);
-            load_chunk(kv, c, span, g, hd, &mut kf, &mut vf);
-            for t in t0..t1 {
-                let len = pos0 + t + 1;
-                if len <= c0 {
-                    continue;
-                }
-                let nk = (len - c0).min(ATTN_CHUNK);
-                for jh in 0..group {
-                    let h = g * group + jh;
-                    let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-                    let (m, l) = chunk_partial(isa, qh, &kf, &vf, nk, hd, scale, &mut sc, &mut o);
-                    let r = (t - t0) * group + jh;
-                    merge(
-                        &mut am[r],
-                        &mut al[r],
-                        &mut rb[r * hd..(r + 1) * hd],
-                        m,
-                        l,
-                        &o,
-                    );
-                }
-            }
+        for c in 0..(s.pos0 + t1).div_ceil(ATTN_CHUNK) {
+            scratch.walk(isa, kv, q, &s, g, c, t0..t1, |t, jh, m, l, o| {
+                let r = (t - t0) * group + jh;
+                merge(
+                    &mut am[r],
+                    &mut al[r],
+                    &mut rb[r * hd..(r + 1) * hd],
+                    m,
+                    l,
+                    o,
+                );
+            });
         }
+        let mut o = vec![0f32; hd];
         for t in t0..t1 {
             for jh in 0..group {
                 let r = (t - t0) * group + jh;

@@ -1580,32 +1580,54 @@ pub fn conv1d_silu_step_isa(
     const PAR_MIN: usize = 8192;
     let st = DisjointOut(state.as_mut_ptr());
     let st = &st;
-    let chunk = |c0: usize, oc: &mut [f32]| {
-        for (o, ch) in oc.iter_mut().zip(c0..) {
-            // SAFETY (the unsafe blocks): j < k − 1 and ch < c, so j·c + ch < (k − 1)·c, inside
-            // `state`; one call of `chunk` alone reads and writes the channels c0..c0 + oc.len()
-            // of every state row (the loop's chunks are disjoint), and `state` outlives it.
-            let mut acc = w[ch * k + k - 1] as f64 * x[ch] as f64;
-            for j in 0..k - 1 {
-                acc += w[ch * k + j] as f64 * unsafe { *st.0.add(j * c + ch) } as f64;
-            }
-            *o = acc as f32;
-            for j in 0..k.saturating_sub(1) {
-                let v = if j + 2 < k {
-                    unsafe { *st.0.add((j + 1) * c + ch) }
-                } else {
-                    x[ch]
-                };
-                unsafe { *st.0.add(j * c + ch) = v };
-            }
-        }
-        silu_op_isa(isa, SiluOp::InPlace, oc, &[]);
-    };
+    // SAFETY: `st` points at `state` ([k − 1, c]); one call of `chunk` alone reads and writes the
+    // channels c0..c0 + oc.len() of every state row (the loop's chunks are disjoint), and `state`
+    // outlives the loop.
+    let chunk =
+        |c0: usize, oc: &mut [f32]| unsafe { conv_silu_channels(isa, st.0, c, x, w, k, c0, oc) };
     if c < PAR_MIN {
         chunk(0, out);
     } else {
         par::for_each_chunk_mut(out, CH, 0, |i, oc| chunk(i * CH, oc));
     }
+}
+
+/// One row's conv step + SiLU over channels `c0 .. c0 + oc.len()`: `oc[i] = SiLU(Σ taps)` with
+/// the sum in f64 in [`crate::reference::conv1d_step`]'s order, then those channels' window
+/// slides (oldest row out, `x` in).
+///
+/// # Safety
+/// `state` points at a live `[k − 1, c]` window; no one else reads or writes its channels
+/// `c0 .. c0 + oc.len()` during the call; `c0 + oc.len() ≤ c = x.len()` and `w.len() = c·k`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_silu_channels(
+    isa: Isa,
+    state: *mut f32,
+    c: usize,
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    c0: usize,
+    oc: &mut [f32],
+) {
+    for (o, ch) in oc.iter_mut().zip(c0..) {
+        // SAFETY (the unsafe blocks): j < k − 1 and ch < c, so j·c + ch lies inside the window,
+        // whose channels c0.. are this call's alone (the caller's contract).
+        let mut acc = w[ch * k + k - 1] as f64 * x[ch] as f64;
+        for j in 0..k - 1 {
+            acc += w[ch * k + j] as f64 * unsafe { *state.add(j * c + ch) } as f64;
+        }
+        *o = acc as f32;
+        for j in 0..k.saturating_sub(1) {
+            let v = if j + 2 < k {
+                unsafe { *state.add((j + 1) * c + ch) }
+            } else {
+                x[ch]
+            };
+            unsafe { *state.add(j * c + ch) = v };
+        }
+    }
+    silu_op_isa(isa, SiluOp::InPlace, oc, &[]);
 }
 
 /// [`conv1d_silu_step`] over `n` consecutive rows at once (prefill): `out[t]` and the final window
@@ -1639,24 +1661,8 @@ pub fn conv1d_silu_rows(
             // SAFETY: row t's channels c0..c1 lie inside `out` ([n, C]); only this task writes
             // channels c0..c1 of any row, and `out` outlives the loop.
             let oc = unsafe { std::slice::from_raw_parts_mut(op.0.add(t * c + c0), c1 - c0) };
-            for (o, ch) in oc.iter_mut().zip(c0..) {
-                // SAFETY (the unsafe blocks): j < k − 1 and ch < c, so j·c + ch lies inside
-                // `state`; only this task reads or writes channels c0..c1 of the state rows.
-                let mut acc = w[ch * k + k - 1] as f64 * x[ch] as f64;
-                for j in 0..k - 1 {
-                    acc += w[ch * k + j] as f64 * unsafe { *st.0.add(j * c + ch) } as f64;
-                }
-                *o = acc as f32;
-                for j in 0..k.saturating_sub(1) {
-                    let v = if j + 2 < k {
-                        unsafe { *st.0.add((j + 1) * c + ch) }
-                    } else {
-                        x[ch]
-                    };
-                    unsafe { *st.0.add(j * c + ch) = v };
-                }
-            }
-            silu_op_isa(isa, SiluOp::InPlace, oc, &[]);
+            // SAFETY: as for `out`, only this task touches channels c0..c1 of the state rows.
+            unsafe { conv_silu_channels(isa, st.0, c, x, w, k, c0, oc) };
         }
     });
 }
