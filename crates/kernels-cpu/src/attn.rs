@@ -369,9 +369,11 @@ fn per_chunk(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut
     let (n, hd, n_head) = (s.n, s.hd, s.n_head);
     let group = n_head / s.n_kv;
     let isa = ops::active_isa();
-    let nch = (s.pos0 + n).div_ceil(ATTN_CHUNK); // chunks of the longest row
-    let slot = hd + 2; // one partial: m, l, o[hd]
-                       // parts: [n_kv, nch, n, group, hd + 2]; a row's slots past its own prefix stay unused
+    // chunks of the longest row
+    let nch = (s.pos0 + n).div_ceil(ATTN_CHUNK);
+    // one partial: m, l, o[hd]
+    let slot = hd + 2;
+    // parts: [n_kv, nch, n, group, hd + 2]; a row's slots past its own prefix stay unused
     let mut parts = vec![0f32; s.n_kv * nch * n * group * slot];
     par::for_each_chunk_mut(&mut parts, n * group * slot, 1, |gc, part| {
         let mut scratch = ChunkScratch::new(hd);
@@ -411,8 +413,9 @@ fn row_blocks(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mu
     let group = n_head / n_kv;
     let isa = ops::active_isa();
     let nb = n.div_ceil(ROW_BLOCK);
-    let blk = ROW_BLOCK * group * hd; // one task's rows × q heads of its group
-                                      // res: [n_kv, nb·ROW_BLOCK, group, hd], then scattered into out's [n, n_head, hd]
+    // one task's rows × q heads of its group
+    let blk = ROW_BLOCK * group * hd;
+    // res: [n_kv, nb·ROW_BLOCK, group, hd], then scattered into out's [n, n_head, hd]
     let mut res = vec![0f32; n_kv * nb * blk];
     par::for_each_chunk_mut(&mut res, blk, 1, |gb, rb| {
         let (g, b) = (gb / nb, gb % nb);

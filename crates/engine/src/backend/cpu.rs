@@ -351,10 +351,11 @@ fn gdn_impl(
     let mut v = vec![0f32; n * vd]; // [n, H_v, d_v]
     let mut beta = vec![0f32; n * d.hv]; // [n, H_v]
     let mut g = vec![0f32; n * d.hv]; // [n, H_v]
-                                      // the reference conv sums, then the engine's SiLU (`ops::silu_fast`), over channel chunks;
-                                      // several rows in one loop (the same bits as row after row)
     let cd = d.conv_dim;
     let mut c = vec![0f32; n * cd]; // [n, conv_dim]
+
+    // the reference conv sums, then the engine's SiLU (`ops::silu_fast`), over channel chunks;
+    // several rows in one loop (the same bits as row after row)
     if n == 1 {
         ops::conv1d_silu_step(&mut st.conv, &mixed, &w.conv1d, d.kconv, &mut c);
     } else {
