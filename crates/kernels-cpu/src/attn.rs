@@ -138,48 +138,60 @@ pub fn attention_gated_with(
     }
 }
 
-/// One chunk's partial for one (row, q head): `(m, l)` returned, `o` `[hd]` written. `kf` / `vf`
-/// hold at least `nk` keys / values `[nk, hd]`; `sc` is scratch of at least `nk`. The same bits
-/// on every ISA: the AVX bodies are this code compiled for wider registers (Rust never fuses a
+/// One loaded chunk's partials for `np = nks.len()` (row, q head) pairs at once: pair p's query is
+/// `qs[p]` (`[np, hd]`), it sees the chunk's first `nks[p]` keys / values (`kf` / `vf`,
+/// `[nk, hd]`), and gets `ml[p] = (m, l)` and `os[p]` (`[np, hd]`); `sc` is scratch `[np, C]`.
+/// Per pair the operations are one pair's alone, in the same order (keys ascending for the
+/// scores, the max, the sum and every output element's Σ p·v); the pairs only share the walk over
+/// the keys, in sub-blocks of [`SUB`] that stay in L1 while every pair passes. The same bits on
+/// every ISA: the AVX bodies are this code compiled for wider registers (Rust never fuses a
 /// multiply and an add on its own), with [`ops::dot_f32`]'s AVX2 form, which equals its scalar one.
 #[allow(clippy::too_many_arguments)]
-fn chunk_partial(
+fn chunk_partials(
     isa: Isa,
-    qh: &[f32],
+    qs: &[f32],
+    nks: &[usize],
     kf: &[f32],
     vf: &[f32],
-    nk: usize,
     hd: usize,
     scale: f32,
     sc: &mut [f32],
-    o: &mut [f32],
-) -> (f32, f32) {
+    os: &mut [f32],
+    ml: &mut [(f32, f32)],
+) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        // SAFETY: `isa` comes from `ops::active_isa`, which returns only ISAs this CPU supports.
-        Isa::Avx512 => return unsafe { chunk_partial_avx512(qh, kf, vf, nk, hd, scale, sc, o) },
+        // SAFETY: `isa` comes from `ops::active_isa` (or a test's `isa_supported` check), which
+        // give only ISAs this CPU supports.
+        Isa::Avx512 => {
+            return unsafe { chunk_partials_avx512(qs, nks, kf, vf, hd, scale, sc, os, ml) }
+        }
         // SAFETY: as above.
-        Isa::Avx2 => return unsafe { chunk_partial_avx2(qh, kf, vf, nk, hd, scale, sc, o) },
+        Isa::Avx2 => return unsafe { chunk_partials_avx2(qs, nks, kf, vf, hd, scale, sc, os, ml) },
         Isa::Scalar => {}
     }
     let _ = isa;
-    chunk_partial_body::<64>(
+    chunk_partials_body::<64>(
         |a, b| ops::dot_f32_isa(Isa::Scalar, a, b),
-        qh,
+        qs,
+        nks,
         kf,
         vf,
-        nk,
         hd,
         scale,
         sc,
-        o,
+        os,
+        ml,
     )
 }
 
-/// [`chunk_partial`] compiled for an x86 feature set, with `B` outputs per register block.
-macro_rules! chunk_partial_for {
+/// Keys per sub-block of [`chunk_partials`]: 32 keys of K (or V) are 16 KB at hd 128.
+const SUB: usize = 32;
+
+/// [`chunk_partials`] compiled for an x86 feature set, with `B` outputs per register block.
+macro_rules! chunk_partials_for {
     ($name:ident, $features:literal, $b:literal, $what:literal) => {
-        #[doc = concat!("[`chunk_partial`] for ", $what, ".")]
+        #[doc = concat!("[`chunk_partials`] for ", $what, ".")]
         ///
         /// # Safety
         #[doc = concat!("The CPU must support ", $features, ".")]
@@ -187,34 +199,36 @@ macro_rules! chunk_partial_for {
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $name(
-            qh: &[f32],
+            qs: &[f32],
+            nks: &[usize],
             kf: &[f32],
             vf: &[f32],
-            nk: usize,
             hd: usize,
             scale: f32,
             sc: &mut [f32],
-            o: &mut [f32],
-        ) -> (f32, f32) {
-            chunk_partial_body::<$b>(
+            os: &mut [f32],
+            ml: &mut [(f32, f32)],
+        ) {
+            chunk_partials_body::<$b>(
                 // SAFETY: AVX2 + FMA are enabled here (the caller's contract); a key row and
                 // the query have hd elements each.
                 |a, b| unsafe { crate::avx2::dot(a, b) },
-                qh,
+                qs,
+                nks,
                 kf,
                 vf,
-                nk,
                 hd,
                 scale,
                 sc,
-                o,
+                os,
+                ml,
             )
         }
     };
 }
-chunk_partial_for!(chunk_partial_avx2, "avx2,fma,f16c", 64, "AVX2");
-chunk_partial_for!(
-    chunk_partial_avx512,
+chunk_partials_for!(chunk_partials_avx2, "avx2,fma,f16c", 64, "AVX2");
+chunk_partials_for!(
+    chunk_partials_avx512,
     "avx2,fma,f16c,avx512f",
     128,
     "AVX-512 (the element-wise loops 16 lanes wide)"
@@ -222,40 +236,59 @@ chunk_partial_for!(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn chunk_partial_body<const B: usize>(
+fn chunk_partials_body<const B: usize>(
     dot: impl Fn(&[f32], &[f32]) -> f32,
-    qh: &[f32],
+    qs: &[f32],
+    nks: &[usize],
     kf: &[f32],
     vf: &[f32],
-    nk: usize,
     hd: usize,
     scale: f32,
     sc: &mut [f32],
-    o: &mut [f32],
-) -> (f32, f32) {
-    let sc = &mut sc[..nk];
-    let mut m = f32::NEG_INFINITY;
-    for (j, scj) in sc.iter_mut().enumerate() {
-        *scj = dot(qh, &kf[j * hd..(j + 1) * hd]) * scale;
-        m = m.max(*scj);
+    os: &mut [f32],
+    ml: &mut [(f32, f32)],
+) {
+    let nmax = nks.iter().copied().max().unwrap_or(0);
+    // scores: sc[p][j] = q_p·k_j·scale, a sub-block of keys against every pair
+    for k0 in (0..nmax).step_by(SUB) {
+        for (p, &nk) in nks.iter().enumerate() {
+            let qh = &qs[p * hd..(p + 1) * hd];
+            for j in k0..(k0 + SUB).min(nk) {
+                sc[p * ATTN_CHUNK + j] = dot(qh, &kf[j * hd..(j + 1) * hd]) * scale;
+            }
+        }
     }
-    for scj in sc.iter_mut() {
-        *scj = ops::exp_nonpos(*scj - m);
+    // per pair: the max, the exps and their sum, in key order
+    for (p, &nk) in nks.iter().enumerate() {
+        let row = &mut sc[p * ATTN_CHUNK..p * ATTN_CHUNK + nk];
+        let m = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        for x in row.iter_mut() {
+            *x = ops::exp_nonpos(*x - m);
+        }
+        ml[p] = (m, row.iter().fold(0f32, |l, &x| l + x));
     }
-    let l = sc.iter().fold(0f32, |l, &p| l + p);
-    pv_sum::<B>(sc, vf, hd, o);
-    (m, l)
+    // o_p = Σ p_j·v_j, each element from 0 in key order, a sub-block of values against every pair
+    os[..nks.len() * hd].fill(0.0);
+    for k0 in (0..nmax).step_by(SUB) {
+        for (p, &nk) in nks.iter().enumerate() {
+            if nk > k0 {
+                let pj = &sc[p * ATTN_CHUNK + k0..p * ATTN_CHUNK + (k0 + SUB).min(nk)];
+                pv_add::<B>(pj, &vf[k0 * hd..], hd, &mut os[p * hd..(p + 1) * hd]);
+            }
+        }
+    }
 }
 
-/// `o = Σ_j p_j·v_j` over `p`'s keys, each element from 0 in key order (multiply, then add). The
-/// output is walked in register-sized blocks with the keys inside, so a block's sums stay in
-/// registers; the operations per element are the plain loop's. `B`: 8 independent vector sums
-/// (64 for 8-lane AVX2, 128 for 16-lane AVX-512), enough to hide the add latency.
+/// `o += Σ_j p_j·v_j` over `p`'s keys (`vf` from the first of them), each element in key order
+/// (multiply, then add). The output is walked in register-sized blocks with the keys inside, so a
+/// block's sums stay in registers; the operations per element are the plain loop's. `B`: 8
+/// independent vector sums (64 for 8-lane AVX2, 128 for 16-lane AVX-512), enough to hide the add
+/// latency.
 #[inline(always)]
-fn pv_sum<const B: usize>(p: &[f32], vf: &[f32], hd: usize, o: &mut [f32]) {
+fn pv_add<const B: usize>(p: &[f32], vf: &[f32], hd: usize, o: &mut [f32]) {
     let mut i0 = 0;
     while i0 + B <= hd {
-        let mut acc = [0f32; B];
+        let mut acc: [f32; B] = o[i0..i0 + B].try_into().unwrap();
         for (j, &pj) in p.iter().enumerate() {
             let v: &[f32; B] = vf[j * hd + i0..j * hd + i0 + B].try_into().unwrap();
             for i in 0..B {
@@ -266,7 +299,6 @@ fn pv_sum<const B: usize>(p: &[f32], vf: &[f32], hd: usize, o: &mut [f32]) {
         i0 += B;
     }
     if i0 < hd {
-        o[i0..].fill(0.0);
         for (j, &pj) in p.iter().enumerate() {
             for (x, v) in o[i0..].iter_mut().zip(&vf[j * hd + i0..(j + 1) * hd]) {
                 *x += pj * v;
@@ -300,22 +332,30 @@ fn finish(o: &[f32], l: f32, gate: &[f32], out: &mut [f32]) {
     }
 }
 
-/// One task's scratch for one chunk: its keys and values as f32 (`[C, hd]` each), the scores and
-/// one partial output.
+/// One task's scratch for one chunk: its keys and values as f32 (`[C, hd]` each), and for up to
+/// `pairs` (row, q head) pairs their queries, scores, partial outputs and `(m, l)`.
 struct ChunkScratch {
-    kf: Vec<f32>,
-    vf: Vec<f32>,
-    sc: Vec<f32>,
-    o: Vec<f32>,
+    kf: Vec<f32>,             // [C, hd]
+    vf: Vec<f32>,             // [C, hd]
+    qs: Vec<f32>,             // [pairs, hd]
+    nks: Vec<usize>,          // [pairs]
+    who: Vec<(usize, usize)>, // [pairs] (row, q head in the group)
+    sc: Vec<f32>,             // [pairs, C]
+    os: Vec<f32>,             // [pairs, hd]
+    ml: Vec<(f32, f32)>,      // [pairs]
 }
 
 impl ChunkScratch {
-    fn new(hd: usize) -> Self {
+    fn new(hd: usize, pairs: usize) -> Self {
         ChunkScratch {
             kf: vec![0f32; ATTN_CHUNK * hd],
             vf: vec![0f32; ATTN_CHUNK * hd],
-            sc: vec![0f32; ATTN_CHUNK],
-            o: vec![0f32; hd],
+            qs: Vec::with_capacity(pairs * hd),
+            nks: Vec::with_capacity(pairs),
+            who: Vec::with_capacity(pairs),
+            sc: vec![0f32; pairs * ATTN_CHUNK],
+            os: vec![0f32; pairs * hd],
+            ml: vec![(0f32, 0f32); pairs],
         }
     }
 
@@ -339,28 +379,36 @@ impl ChunkScratch {
         let span = (s.pos0 + rows.end - c0).min(ATTN_CHUNK); // keys the longest row sees
         kv.keys(c0, g, hd, &mut self.kf[..span * hd]);
         kv.values(c0, g, hd, &mut self.vf[..span * hd]);
+        self.qs.clear();
+        self.nks.clear();
+        self.who.clear();
         for t in rows {
             let len = s.pos0 + t + 1;
             if len <= c0 {
                 continue;
             }
-            let nk = (len - c0).min(ATTN_CHUNK);
             for jh in 0..group {
                 let th = t * s.n_head + g * group + jh;
-                let qh = &q[th * hd..(th + 1) * hd];
-                let (m, l) = chunk_partial(
-                    isa,
-                    qh,
-                    &self.kf,
-                    &self.vf,
-                    nk,
-                    hd,
-                    s.scale,
-                    &mut self.sc,
-                    &mut self.o,
-                );
-                f(t, jh, m, l, &self.o);
+                self.qs.extend_from_slice(&q[th * hd..(th + 1) * hd]);
+                self.nks.push((len - c0).min(ATTN_CHUNK));
+                self.who.push((t, jh));
             }
+        }
+        chunk_partials(
+            isa,
+            &self.qs,
+            &self.nks,
+            &self.kf,
+            &self.vf,
+            hd,
+            s.scale,
+            &mut self.sc,
+            &mut self.os,
+            &mut self.ml,
+        );
+        for (p, &(t, jh)) in self.who.iter().enumerate() {
+            let (m, l) = self.ml[p];
+            f(t, jh, m, l, &self.os[p * hd..(p + 1) * hd]);
         }
     }
 }
@@ -376,7 +424,7 @@ fn per_chunk(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mut
     // parts: [n_kv, nch, n, group, hd + 2]; a row's slots past its own prefix stay unused
     let mut parts = vec![0f32; s.n_kv * nch * n * group * slot];
     par::for_each_chunk_mut(&mut parts, n * group * slot, 1, |gc, part| {
-        let mut scratch = ChunkScratch::new(hd);
+        let mut scratch = ChunkScratch::new(hd, n * group);
         scratch.walk(
             isa,
             kv,
@@ -420,8 +468,8 @@ fn row_blocks(kv: &dyn KvSource, q: &[f32], gate: &[f32], s: AttnShape, out: &mu
     par::for_each_chunk_mut(&mut res, blk, 1, |gb, rb| {
         let (g, b) = (gb / nb, gb % nb);
         let (t0, t1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(n));
-        let mut scratch = ChunkScratch::new(hd);
         let rows = (t1 - t0) * group;
+        let mut scratch = ChunkScratch::new(hd, rows);
         let mut am = vec![f32::NEG_INFINITY; rows]; // [rows, group] running max
         let mut al = vec![0f32; rows]; // [rows, group] running sum
         for c in 0..(s.pos0 + t1).div_ceil(ATTN_CHUNK) {
@@ -514,21 +562,41 @@ mod tests {
 
     #[test]
     fn every_isa_gives_the_scalar_partial_bits() {
-        for &(hd, nk) in &[(128, ATTN_CHUNK), (40, 37), (256, 5)] {
-            let c = case(1, nk - 1, 1, 1, hd, hd as u64 + nk as u64);
-            let run_isa = |isa: Isa| {
-                let (mut sc, mut o) = (vec![0f32; nk], vec![0f32; hd]);
-                let (m, l) =
-                    chunk_partial(isa, &c.q, &c.k, &c.v, nk, hd, c.s.scale, &mut sc, &mut o);
-                (
-                    m.to_bits(),
-                    l.to_bits(),
-                    o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                )
+        // pairs with ragged key counts (one past a sub-block, one inside the first); each pair's
+        // partial is also the one-pair call's, so batching changes no bits
+        for &(hd, nks) in &[
+            (128, &[ATTN_CHUNK, 33, 1][..]),
+            (40, &[37, 5][..]),
+            (256, &[5][..]),
+        ] {
+            let np = nks.len();
+            let c = case(np, ATTN_CHUNK - np, 1, 1, hd, hd as u64 + np as u64);
+            let run_isa = |isa: Isa, qs: &[f32], nks: &[usize]| {
+                let np = nks.len();
+                let (mut sc, mut os) = (vec![0f32; np * ATTN_CHUNK], vec![0f32; np * hd]);
+                let mut ml = vec![(0f32, 0f32); np];
+                chunk_partials(
+                    isa, qs, nks, &c.k, &c.v, hd, c.s.scale, &mut sc, &mut os, &mut ml,
+                );
+                let ml: Vec<_> = ml.iter().map(|(m, l)| (m.to_bits(), l.to_bits())).collect();
+                (ml, os.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
             };
-            let want = run_isa(Isa::Scalar);
+            let want = run_isa(Isa::Scalar, &c.q, nks);
             for isa in Isa::ALL.into_iter().filter(|&i| ops::isa_supported(i)) {
-                assert_eq!(run_isa(isa), want, "{isa:?} hd {hd} keys {nk}");
+                assert_eq!(
+                    run_isa(isa, &c.q, nks),
+                    want,
+                    "{isa:?} hd {hd} keys {nks:?}"
+                );
+                for p in 0..np {
+                    let (ml, os) = run_isa(isa, &c.q[p * hd..(p + 1) * hd], &nks[p..p + 1]);
+                    assert_eq!(ml[0], want.0[p], "{isa:?} pair {p} alone: m, l");
+                    assert_eq!(
+                        os,
+                        want.1[p * hd..(p + 1) * hd],
+                        "{isa:?} pair {p} alone: o"
+                    );
+                }
             }
         }
     }
