@@ -403,12 +403,12 @@ impl Engine {
             .thread_name(|i| format!("bonsai-cpu-{i}"))
             .build()
             .map_err(|e| Error::Backend(format!("cannot start {threads} threads: {e}")))?;
+        if device == Device::Cpu {
+            cpu_malloc_tune();
+        }
         let started = match device {
             Device::Cpu => start_worker(
-                {
-                    cpu_malloc_tune();
-                    CpuBackend::new(opts.kv_type)
-                },
+                CpuBackend::new(opts.kv_type),
                 None,
                 "cpu",
                 pool,
@@ -621,9 +621,9 @@ enum Proposer {
 /// zeroed page faults, and every free a TLB shootdown on the cores running the pool. With the
 /// mmap threshold at glibc's maximum (32 MiB) and freed heap kept (trim threshold 1 GiB), the
 /// blocks are reused instead: on the 2-core development VM the `small` 512-token prefill went
-/// 1.23–1.27 → 1.03–1.11 s (the time outside the parallel loops 256 → 54–87 ms). Process-wide and
-/// once; `BONSAI_CPU_MALLOC=0` leaves glibc's defaults (the cost: up to 1 GiB of freed memory kept
-/// by the process instead of returned to the system).
+/// 1.30–1.36 → 1.05–1.21 s (the time outside the parallel loops 257–276 → 62–115 ms).
+/// Process-wide and once; `BONSAI_CPU_MALLOC=0` leaves glibc's defaults (the cost: up to 1 GiB of
+/// freed memory kept by the process instead of returned to the system).
 fn cpu_malloc_tune() {
     if std::env::var("BONSAI_CPU_MALLOC").as_deref() == Ok("0") {
         return;
