@@ -7,10 +7,13 @@
 # Build HERE first (needs network: pip):
 #   scripts/cpu_device_check.sh --stage      # wheels into .cpudev/ (git-ignored)
 # and run THERE (device tool, repo root, carry [".cpudev"]):
-#   bash scripts/cpu_device_check.sh [--quick | --spin-ab | --long-ctx]
+#   bash scripts/cpu_device_check.sh [--quick | --spin-ab | --long-ctx | --prefill-ab]
 # --long-ctx compares a second bonsai wheel, staged with BONSAI_AB_WHEEL=<old.whl> --stage, with
 # this one and llama.cpp by prompt length (bench/cpu_long_context.py; LONGCTX_SMALL / LONGCTX_27B
 # the comma lists of prompt lengths).
+# --prefill-ab runs bench/cpu_prefill_threads.py (prefill by thread count, time outside the parallel
+# loops) for the staged baseline wheel, this one, and this one with BONSAI_CPU_MALLOC=0, in
+# alternating processes; it needs no llama.cpp (stage with LLAMA_CPP_WHEEL=none).
 # Results (JSON + Markdown) go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +25,9 @@ if [[ "${1:-}" == "--stage" ]]; then
     maturin build --profile fastrel -o .cpudev/wheels >/dev/null || { echo "bonsai wheel failed"; exit 1; }
   # llama-cpp-python without -march=native (this machine's AVX-512 set need not be the device's)
   lcp=${LLAMA_CPP_WHEEL:-}
-  if [[ -z "$lcp" ]]; then
+  if [[ "$lcp" == none ]]; then
+    echo "no llama-cpp-python staged (only --prefill-ab runs without it)"
+  elif [[ -z "$lcp" ]]; then
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" \
       pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -w .cpudev/wheels \
       || { echo "llama-cpp-python wheel failed"; exit 1; }
@@ -38,7 +43,10 @@ if [[ "${1:-}" == "--stage" ]]; then
       -d .cpudev/wheels markupsafe || true
   done
   # the baseline of --long-ctx
-  if [[ -n "${BONSAI_AB_WHEEL:-}" ]]; then mkdir -p .cpudev/ab && cp "$BONSAI_AB_WHEEL" .cpudev/ab/; fi
+  if [[ -n "${BONSAI_AB_WHEEL:-}" ]]; then
+    mkdir -p .cpudev/ab && cp "$BONSAI_AB_WHEEL" .cpudev/ab/
+    echo "${BONSAI_AB_COMMIT:-unknown}" > .cpudev/ab/commit.txt  # the baseline's commit, for the JSON
+  fi
   # the OpenMP runtime llama.cpp links against, in case the device lacks it
   cp -L "$(ldconfig -p | awk '/libgomp.so.1 .*x86-64/ {print $NF; exit}')" .cpudev/lib/ 2>/dev/null || true
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench' || echo '+dirty')" > .cpudev/commit.txt
@@ -46,15 +54,17 @@ if [[ "${1:-}" == "--stage" ]]; then
   exit 0
 fi
 
-QUICK=0; SPINAB=0; LONGCTX=0
+QUICK=0; SPINAB=0; LONGCTX=0; PREFILLAB=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 [[ "${1:-}" == "--spin-ab" ]] && SPINAB=1
 [[ "${1:-}" == "--long-ctx" ]] && LONGCTX=1
+[[ "${1:-}" == "--prefill-ab" ]] && PREFILLAB=1
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BONSAI_BUILD_COMMIT=$(cat .cpudev/commit.txt)
 P=/tmp/cpudev-py
-rm -rf $P && pip install -q --no-deps --no-index --find-links .cpudev/wheels --target $P \
-  bonsai llama-cpp-python diskcache jinja2 markupsafe typing_extensions 2>&1 | tail -3
+PKGS="bonsai llama-cpp-python diskcache jinja2 markupsafe typing_extensions"
+[[ $PREFILLAB == 1 ]] && PKGS=bonsai
+rm -rf $P && pip install -q --no-deps --no-index --find-links .cpudev/wheels --target $P $PKGS 2>&1 | tail -3
 ldconfig -p | grep -q libgomp.so.1 || export LD_LIBRARY_PATH=$PWD/.cpudev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$P
 {
@@ -62,6 +72,33 @@ export PYTHONPATH=$P
   grep -o -w "avx512f\|avx512_vnni\|avx512bw\|avx512_bitalg\|avx512vbmi" /proc/cpuinfo | sort | uniq -c
   free -g | head -2
 } 2>&1 | tee "$OUT/cpu.txt"
+if [[ $PREFILLAB == 1 ]]; then
+  # prefill by thread count: baseline, this build, this build without the allocator settings;
+  # builds alternate per model and repetition, one process per (build, thread count)
+  AB=/tmp/cpudev-ab
+  rm -rf $AB && pip install -q --no-deps --no-index --target $AB .cpudev/ab/*.whl 2>&1 | tail -2
+  BASE_COMMIT=$(cat .cpudev/ab/commit.txt 2>/dev/null || echo unknown)
+  echo "base: $(ls .cpudev/ab) at $BASE_COMMIT"
+  M=/tmp/bonsai-cpu-models; mkdir -p $M
+  python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
+  python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
+  echo "[${SECONDS}s] models ready"
+  run_ab() {  # model tokens threads rep
+    local name=$(basename "$1" .gguf)
+    for b in base new malloc0; do
+      local pp=$P cm=$BONSAI_BUILD_COMMIT mal=1
+      [[ $b == base ]] && pp=$AB cm=$BASE_COMMIT
+      [[ $b == malloc0 ]] && mal=0
+      echo "[${SECONDS}s] $name $2 tokens, $b"
+      PYTHONPATH=$pp BONSAI_BUILD_COMMIT=$cm BONSAI_CPU_MALLOC=$mal python3 bench/cpu_prefill_threads.py \
+        --model "$1" --tokens "$2" --threads "$3" --out "$OUT/cpu16-prefill-ab-$name-$b-r$4.json"
+    done
+  }
+  for r in 1 2; do run_ab $M/small-q1.gguf 512 16,8,4 $r; done
+  run_ab $M/27b-q1.gguf 256 16,8 1
+  echo "[${SECONDS}s] done"
+  exit 0
+fi
 python3 -c "import bonsai, llama_cpp; print('bonsai', bonsai.__file__, 'llama_cpp', llama_cpp.__version__)" || exit 1
 
 if [[ $LONGCTX == 1 ]]; then
