@@ -209,3 +209,47 @@ fn bench_quantize_acts() {
         );
     }
 }
+
+/// Gated causal attention (`attn::attention_gated`) over an f32 cache: µs per call (median of
+/// `BENCH_ITERS`) for decode / verify / prefill-block row counts at a few context lengths, at the
+/// 27B's attention shape (24 q heads, 4 kv heads, hd 256) and `small`'s (8, 2, 128).
+#[test]
+#[ignore]
+fn bench_attention() {
+    use bonsai_kernels_cpu::attn::{attention_gated, AttnShape, F32Kv};
+    let iters = env_usize("BENCH_ITERS").unwrap_or(20);
+    let mut rng = Rng::new(5);
+    for (name, n_head, n_kv, hd) in [("27b", 24usize, 4usize, 256usize), ("small", 8, 2, 128)] {
+        for ctx in [1024usize, 8192] {
+            let k = rng.vec(ctx * n_kv * hd, 1.0);
+            let v = rng.vec(ctx * n_kv * hd, 1.0);
+            let kv = F32Kv { k: &k, v: &v, n_kv };
+            for n in [1usize, 5, 32] {
+                let q = rng.vec(n * n_head * hd, 2.0);
+                let gate = rng.vec(n * n_head * hd, 3.0);
+                let mut out = vec![0f32; q.len()];
+                let s = AttnShape {
+                    n,
+                    pos0: ctx - n,
+                    n_head,
+                    n_kv,
+                    hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                };
+                attention_gated(&kv, &q, &gate, s, &mut out);
+                let mut ts: Vec<f64> = (0..iters)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        attention_gated(&kv, &q, &gate, s, &mut out);
+                        t0.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                ts.sort_by(f64::total_cmp);
+                println!(
+                    "attention {name:>5} ctx {ctx:>5} rows {n:>2}: {:9.1} us",
+                    ts[ts.len() / 2] * 1e6
+                );
+            }
+        }
+    }
+}
