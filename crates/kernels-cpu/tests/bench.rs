@@ -210,21 +210,72 @@ fn bench_quantize_acts() {
     }
 }
 
+/// A head-major f32 cache `[n_kv, T, hd]`: a chunk of one kv head's keys is one contiguous run.
+struct HeadMajorKv {
+    k: Vec<f32>, // [n_kv, T, hd]
+    v: Vec<f32>, // [n_kv, T, hd]
+    t: usize,
+}
+
+impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv {
+    fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        let o = (g * self.t + pos) * hd;
+        out.copy_from_slice(&self.k[o..o + out.len()]);
+    }
+    fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        let o = (g * self.t + pos) * hd;
+        out.copy_from_slice(&self.v[o..o + out.len()]);
+    }
+}
+
 /// Gated causal attention (`attn::attention_gated`) over an f32 cache: µs per call (median of
 /// `BENCH_ITERS`) for decode / verify / prefill-block row counts at a few context lengths, at the
 /// 27B's attention shape (24 q heads, 4 kv heads, hd 256) and `small`'s (8, 2, 128).
+/// `BENCH_CTX` / `BENCH_N` (comma lists) and `BENCH_MODEL=27b|small` narrow the sweep.
 #[test]
 #[ignore]
 fn bench_attention() {
     use bonsai_kernels_cpu::attn::{attention_gated, AttnShape, F32Kv};
     let iters = env_usize("BENCH_ITERS").unwrap_or(20);
+    let list = |k: &str, d: &[usize]| -> Vec<usize> {
+        std::env::var(k)
+            .ok()
+            .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
+            .unwrap_or_else(|| d.to_vec())
+    };
+    let (ctxs, ns) = (
+        list("BENCH_CTX", &[1024, 8192]),
+        list("BENCH_N", &[1, 5, 32]),
+    );
+    let only = std::env::var("BENCH_MODEL").ok();
     let mut rng = Rng::new(5);
     for (name, n_head, n_kv, hd) in [("27b", 24usize, 4usize, 256usize), ("small", 8, 2, 128)] {
-        for ctx in [1024usize, 8192] {
+        if only.as_deref().is_some_and(|m| m != name) {
+            continue;
+        }
+        for &ctx in &ctxs {
             let k = rng.vec(ctx * n_kv * hd, 1.0);
             let v = rng.vec(ctx * n_kv * hd, 1.0);
-            let kv = F32Kv { k: &k, v: &v, n_kv };
-            for n in [1usize, 5, 32] {
+            let pm = F32Kv { k: &k, v: &v, n_kv };
+            // the same cache head-major (BENCH_KV=head)
+            let hm = |x: &[f32]| {
+                let mut o = vec![0f32; x.len()];
+                for p in 0..ctx {
+                    for g in 0..n_kv {
+                        o[(g * ctx + p) * hd..(g * ctx + p + 1) * hd]
+                            .copy_from_slice(&x[(p * n_kv + g) * hd..(p * n_kv + g + 1) * hd]);
+                    }
+                }
+                o
+            };
+            let head = std::env::var("BENCH_KV").is_ok_and(|v| v == "head");
+            let hmkv = HeadMajorKv {
+                k: if head { hm(&k) } else { Vec::new() },
+                v: if head { hm(&v) } else { Vec::new() },
+                t: ctx,
+            };
+            let kv: &dyn bonsai_kernels_cpu::attn::KvSource = if head { &hmkv } else { &pm };
+            for &n in &ns {
                 let q = rng.vec(n * n_head * hd, 2.0);
                 let gate = rng.vec(n * n_head * hd, 3.0);
                 let mut out = vec![0f32; q.len()];
@@ -236,11 +287,11 @@ fn bench_attention() {
                     hd,
                     scale: 1.0 / (hd as f32).sqrt(),
                 };
-                attention_gated(&kv, &q, &gate, s, &mut out);
+                attention_gated(kv, &q, &gate, s, &mut out);
                 let mut ts: Vec<f64> = (0..iters)
                     .map(|_| {
                         let t0 = Instant::now();
-                        attention_gated(&kv, &q, &gate, s, &mut out);
+                        attention_gated(kv, &q, &gate, s, &mut out);
                         t0.elapsed().as_secs_f64()
                     })
                     .collect();

@@ -107,12 +107,40 @@ pub struct CpuAct {
     pub data: Vec<f32>,
 }
 
-/// One attention layer's cache: K and V rows `[len, n_kv·hd]`, f16 or q8_0.
+/// One attention layer's cache, head-major: per kv head its K and V rows `[len, hd]`, f16 or
+/// q8_0. The attention reads one head's keys a chunk of positions at a time, which is one
+/// contiguous run here; with position-major rows `[len, n_kv·hd]` it was `hd` elements at a
+/// stride of `n_kv·hd` (27B at 8,192 positions, f32 test cache: 8.1–8.3 → 4.6–4.9 ms per decode
+/// call, `bench_attention` with `BENCH_KV=head`). A q8_0 block (32 elements) never straddles two
+/// heads (`hd % 32 == 0` is required), so the codes and scales are the position-major ones.
 pub struct CpuKv {
-    width: usize,
+    hd: usize,
     len: usize,
-    k: KvRows,
-    v: KvRows,
+    k: Vec<KvRows>, // [n_kv] × [len, hd]
+    v: Vec<KvRows>, // [n_kv] × [len, hd]
+}
+
+impl CpuKv {
+    /// `n_kv·hd`, the width of one position's K (or V) row.
+    fn width(&self) -> usize {
+        self.k.len() * self.hd
+    }
+
+    /// Keep (or make room for) exactly `rows` positions.
+    fn set_rows(&mut self, rows: usize) {
+        for r in self.k.iter_mut().chain(self.v.iter_mut()) {
+            r.set_rows(rows, self.hd);
+        }
+    }
+
+    /// Stores position `pos`'s K and V rows (`[n_kv·hd]` each, heads in order).
+    fn write(&mut self, pos: usize, k: &[f32], v: &[f32]) {
+        let hd = self.hd;
+        for (g, (kr, vr)) in self.k.iter_mut().zip(self.v.iter_mut()).enumerate() {
+            kr.write(pos, hd, &k[g * hd..(g + 1) * hd]);
+            vr.write(pos, hd, &v[g * hd..(g + 1) * hd]);
+        }
+    }
 }
 
 /// K or V rows of one layer. q8_0 is ggml's block: 32 int8 codes with one f16 scale
@@ -173,19 +201,16 @@ impl KvRows {
         }
     }
 
-    /// `out = row[pos][cols]` as f32 (`cols` 32-aligned for q8_0).
-    fn read(&self, pos: usize, width: usize, cols: Range<usize>, out: &mut [f32]) {
+    /// `out` = rows `pos ..` (as many as `out` holds: `out.len() / width`) as f32, in one pass
+    /// over their contiguous elements (`width` a multiple of 32 for q8_0).
+    fn read_rows(&self, pos: usize, width: usize, out: &mut [f32]) {
+        let e0 = pos * width;
         match self {
-            KvRows::F16(v) => {
-                ops::f16_to_f32(&v[pos * width + cols.start..pos * width + cols.end], out)
-            }
+            KvRows::F16(v) => ops::f16_to_f32(&v[e0..e0 + out.len()], out),
             KvRows::Q8 { q, d } => {
-                let nb = width / 32;
                 for (b, ob) in out.chunks_exact_mut(32).enumerate() {
-                    let blk = cols.start / 32 + b;
-                    let sc = d[pos * nb + blk].to_f32();
-                    let qs = &q[pos * width + 32 * blk..pos * width + 32 * (blk + 1)];
-                    for (o, &c) in ob.iter_mut().zip(qs) {
+                    let sc = d[e0 / 32 + b].to_f32();
+                    for (o, &c) in ob.iter_mut().zip(&q[e0 + 32 * b..e0 + 32 * (b + 1)]) {
                         *o = c as f32 * sc;
                     }
                 }
@@ -194,22 +219,20 @@ impl KvRows {
     }
 }
 
-/// A layer's cache as the attention op reads it: rows of one kv head, converted to f32.
+/// A layer's cache as the attention op reads it: consecutive rows of one kv head, converted to
+/// f32.
 struct CpuKvSource<'a> {
     kv: &'a CpuKv,
-    width: usize, // n_kv·hd
 }
 
 impl KvSource for CpuKvSource<'_> {
     fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
-        for (j, o) in out.chunks_exact_mut(hd).enumerate() {
-            self.kv.k.read(pos + j, self.width, g * hd..(g + 1) * hd, o);
-        }
+        debug_assert_eq!(hd, self.kv.hd);
+        self.kv.k[g].read_rows(pos, hd, out);
     }
     fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
-        for (j, o) in out.chunks_exact_mut(hd).enumerate() {
-            self.kv.v.read(pos + j, self.width, g * hd..(g + 1) * hd, o);
-        }
+        debug_assert_eq!(hd, self.kv.hd);
+        self.kv.v[g].read_rows(pos, hd, out);
     }
 }
 
@@ -501,10 +524,10 @@ impl Backend for CpuBackend {
         }
         // Grows on demand up to n_ctx; memory is paid only for positions in use.
         Ok(CpuKv {
-            width: cfg.n_head_kv * cfg.head_dim,
+            hd: cfg.head_dim,
             len: 0,
-            k: KvRows::new(self.kv),
-            v: KvRows::new(self.kv),
+            k: (0..cfg.n_head_kv).map(|_| KvRows::new(self.kv)).collect(),
+            v: (0..cfg.n_head_kv).map(|_| KvRows::new(self.kv)).collect(),
         })
     }
 
@@ -528,13 +551,12 @@ impl Backend for CpuBackend {
 
     fn truncate_kv(&self, kv: &mut CpuKv, len: usize) {
         kv.len = kv.len.min(len);
-        kv.k.set_rows(kv.len, kv.width);
-        kv.v.set_rows(kv.len, kv.width);
+        kv.set_rows(kv.len);
     }
 
     fn copy_kv(&self, src: &CpuKv, dst: &mut CpuKv) {
         dst.len = src.len;
-        dst.width = src.width;
+        dst.hd = src.hd;
         dst.k.clone_from(&src.k);
         dst.v.clone_from(&src.v);
     }
@@ -546,12 +568,15 @@ impl Backend for CpuBackend {
     }
 
     fn kv_to_host(&self, kv: &CpuKv) -> Result<(usize, Vec<f32>)> {
-        let (len, w) = (kv.len, kv.width);
-        let mut out = vec![0f32; 2 * len * w]; // [K rows ‖ V rows] f32
+        let (len, w, hd) = (kv.len, kv.width(), kv.hd);
+        let mut out = vec![0f32; 2 * len * w]; // [K rows ‖ V rows] f32, position-major
         let (ko, vo) = out.split_at_mut(len * w);
         for p in 0..len {
-            kv.k.read(p, w, 0..w, &mut ko[p * w..(p + 1) * w]);
-            kv.v.read(p, w, 0..w, &mut vo[p * w..(p + 1) * w]);
+            for (g, (kr, vr)) in kv.k.iter().zip(&kv.v).enumerate() {
+                let o = p * w + g * hd;
+                kr.read_rows(p, hd, &mut ko[o..o + hd]);
+                vr.read_rows(p, hd, &mut vo[o..o + hd]);
+            }
         }
         Ok((len, out))
     }
@@ -663,8 +688,7 @@ impl Backend for CpuBackend {
         let mut q = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let mut gate = vec![0f32; n * nh * hd]; // [n, n_head, hd]
         let kvw = nkv * hd;
-        kv.k.set_rows(s.pos + n, kvw);
-        kv.v.set_rows(s.pos + n, kvw);
+        kv.set_rows(s.pos + n);
         for_rows(&mut q, nh * hd, |t, qt| {
             for (h, qh) in qt.chunks_exact_mut(hd).enumerate() {
                 qh.copy_from_slice(&qf[(t * nh + h) * 2 * hd..(t * nh + h) * 2 * hd + hd]);
@@ -682,8 +706,11 @@ impl Backend for CpuBackend {
             r::rope_neox(kt, hd, cfg.n_rot, s.pos + t, cfg.rope_base);
         });
         for t in 0..n {
-            kv.k.write(s.pos + t, kvw, &kf[t * kvw..(t + 1) * kvw]);
-            kv.v.write(s.pos + t, kvw, &vf[t * kvw..(t + 1) * kvw]);
+            kv.write(
+                s.pos + t,
+                &kf[t * kvw..(t + 1) * kvw],
+                &vf[t * kvw..(t + 1) * kvw],
+            );
         }
         kv.len = s.pos + n;
 
@@ -692,7 +719,7 @@ impl Backend for CpuBackend {
         //    verify rows equal single-token steps; a task converts one chunk of K/V to f32, never
         //    a whole prefix).
         let mut att = vec![0f32; n * nh * hd]; // [n, n_head, hd]
-        let src = CpuKvSource { kv, width: kvw };
+        let src = CpuKvSource { kv };
         let shape = AttnShape {
             n,
             pos0: s.pos,
