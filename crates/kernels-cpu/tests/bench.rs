@@ -228,10 +228,29 @@ impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv {
     }
 }
 
+/// The same head-major cache in f16, converted as the engine's cache is (`BENCH_KV=head16`).
+struct HeadMajorKv16 {
+    k: Vec<half::f16>, // [n_kv, T, hd]
+    v: Vec<half::f16>, // [n_kv, T, hd]
+    t: usize,
+}
+
+impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv16 {
+    fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        let o = (g * self.t + pos) * hd;
+        ops::f16_to_f32(&self.k[o..o + out.len()], out);
+    }
+    fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
+        let o = (g * self.t + pos) * hd;
+        ops::f16_to_f32(&self.v[o..o + out.len()], out);
+    }
+}
+
 /// Gated causal attention (`attn::attention_gated`) over an f32 cache: µs per call (median of
 /// `BENCH_ITERS`) for decode / verify / prefill-block row counts at a few context lengths, at the
 /// 27B's attention shape (24 q heads, 4 kv heads, hd 256) and `small`'s (8, 2, 128).
-/// `BENCH_CTX` / `BENCH_N` (comma lists) and `BENCH_MODEL=27b|small` narrow the sweep.
+/// `BENCH_CTX` / `BENCH_N` (comma lists) and `BENCH_MODEL=27b|small` narrow the sweep;
+/// `BENCH_KV=head` lays the cache out head-major, `head16` head-major in f16 (the engine's).
 #[test]
 #[ignore]
 fn bench_attention() {
@@ -268,13 +287,32 @@ fn bench_attention() {
                 }
                 o
             };
-            let head = std::env::var("BENCH_KV").is_ok_and(|v| v == "head");
+            let layout = std::env::var("BENCH_KV").unwrap_or_default();
+            let head = layout == "head";
+            let h16 = |x: &[f32]| hm(x).iter().map(|&f| half::f16::from_f32(f)).collect();
+            let hmkv16 = HeadMajorKv16 {
+                k: if layout == "head16" {
+                    h16(&k)
+                } else {
+                    Vec::new()
+                },
+                v: if layout == "head16" {
+                    h16(&v)
+                } else {
+                    Vec::new()
+                },
+                t: ctx,
+            };
             let hmkv = HeadMajorKv {
                 k: if head { hm(&k) } else { Vec::new() },
                 v: if head { hm(&v) } else { Vec::new() },
                 t: ctx,
             };
-            let kv: &dyn bonsai_kernels_cpu::attn::KvSource = if head { &hmkv } else { &pm };
+            let kv: &dyn bonsai_kernels_cpu::attn::KvSource = match layout.as_str() {
+                "head" => &hmkv,
+                "head16" => &hmkv16,
+                _ => &pm,
+            };
             for &n in &ns {
                 let q = rng.vec(n * n_head * hd, 2.0);
                 let gate = rng.vec(n * n_head * hd, 3.0);
