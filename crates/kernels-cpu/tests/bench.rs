@@ -8,6 +8,7 @@
 
 mod common;
 
+use bonsai_kernels_cpu::attn::KvSource;
 use bonsai_kernels_cpu::ops::{self, active_isa, isa_supported, Isa};
 use bonsai_kernels_cpu::quant::QuantType;
 use common::*;
@@ -217,7 +218,7 @@ struct HeadMajorKv {
     t: usize,
 }
 
-impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv {
+impl KvSource for HeadMajorKv {
     fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
         let o = (g * self.t + pos) * hd;
         out.copy_from_slice(&self.k[o..o + out.len()]);
@@ -235,7 +236,7 @@ struct HeadMajorKv16 {
     t: usize,
 }
 
-impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv16 {
+impl KvSource for HeadMajorKv16 {
     fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
         let o = (g * self.t + pos) * hd;
         ops::f16_to_f32(&self.k[o..o + out.len()], out);
@@ -246,9 +247,9 @@ impl bonsai_kernels_cpu::attn::KvSource for HeadMajorKv16 {
     }
 }
 
-/// Gated causal attention (`attn::attention_gated`) over an f32 cache: µs per call (median of
-/// `BENCH_ITERS`) for decode / verify / prefill-block row counts at a few context lengths, at the
-/// 27B's attention shape (24 q heads, 4 kv heads, hd 256) and `small`'s (8, 2, 128).
+/// Gated causal attention (`attn::attention_gated`) over a K/V cache (position-major f32 unless
+/// `BENCH_KV` says otherwise): µs per call (median of `BENCH_ITERS`) for decode / verify /
+/// prefill-block row counts at a few context lengths, at the 27B's attention shape (24 q heads, 4 kv heads, hd 256) and `small`'s (8, 2, 128).
 /// `BENCH_CTX` / `BENCH_N` (comma lists) and `BENCH_MODEL=27b|small` narrow the sweep;
 /// `BENCH_KV=head` lays the cache out head-major, `head16` head-major in f16 (the engine's).
 #[test]
@@ -267,6 +268,7 @@ fn bench_attention() {
         list("BENCH_N", &[1, 5, 32]),
     );
     let only = std::env::var("BENCH_MODEL").ok();
+    let layout = std::env::var("BENCH_KV").unwrap_or_default(); // "", "head" or "head16"
     let mut rng = Rng::new(5);
     for (name, n_head, n_kv, hd) in [("27b", 24usize, 4usize, 256usize), ("small", 8, 2, 128)] {
         if only.as_deref().is_some_and(|m| m != name) {
@@ -287,30 +289,20 @@ fn bench_attention() {
                 }
                 o
             };
-            let layout = std::env::var("BENCH_KV").unwrap_or_default();
-            let head = layout == "head";
             let h16 = |x: &[f32]| hm(x).iter().map(|&f| half::f16::from_f32(f)).collect();
-            let hmkv16 = HeadMajorKv16 {
-                k: if layout == "head16" {
-                    h16(&k)
-                } else {
-                    Vec::new()
-                },
-                v: if layout == "head16" {
-                    h16(&v)
-                } else {
-                    Vec::new()
-                },
+            let hmkv = (layout == "head").then(|| HeadMajorKv {
+                k: hm(&k),
+                v: hm(&v),
                 t: ctx,
-            };
-            let hmkv = HeadMajorKv {
-                k: if head { hm(&k) } else { Vec::new() },
-                v: if head { hm(&v) } else { Vec::new() },
+            });
+            let hmkv16 = (layout == "head16").then(|| HeadMajorKv16 {
+                k: h16(&k),
+                v: h16(&v),
                 t: ctx,
-            };
-            let kv: &dyn bonsai_kernels_cpu::attn::KvSource = match layout.as_str() {
-                "head" => &hmkv,
-                "head16" => &hmkv16,
+            });
+            let kv: &dyn KvSource = match (&hmkv, &hmkv16) {
+                (Some(h), _) => h,
+                (_, Some(h)) => h,
                 _ => &pm,
             };
             for &n in &ns {
