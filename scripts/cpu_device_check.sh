@@ -72,13 +72,17 @@ export PYTHONPATH=$P
   grep -o -w "avx512f\|avx512_vnni\|avx512bw\|avx512_bitalg\|avx512vbmi" /proc/cpuinfo | sort | uniq -c
   free -g | head -2
 } 2>&1 | tee "$OUT/cpu.txt"
-if [[ $PREFILLAB == 1 ]]; then
-  # prefill by thread count: baseline, this build, this build without the allocator settings;
-  # builds alternate per model and repetition, one process per (build, thread count)
+# the staged baseline wheel (--long-ctx, --prefill-ab) into $AB, its commit into $BASE_COMMIT
+install_ab() {
   AB=/tmp/cpudev-ab
   rm -rf $AB && pip install -q --no-deps --no-index --target $AB .cpudev/ab/*.whl 2>&1 | tail -2
   BASE_COMMIT=$(cat .cpudev/ab/commit.txt 2>/dev/null || echo unknown)
   echo "base: $(ls .cpudev/ab) at $BASE_COMMIT"
+}
+if [[ $PREFILLAB == 1 ]]; then
+  # prefill by thread count: baseline, this build, this build without the allocator settings;
+  # builds alternate per model and repetition, one process per (build, thread count)
+  install_ab
   M=/tmp/bonsai-cpu-models; mkdir -p $M
   python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
   python3 -m bonsai.synth --preset 27b --variant q1 --out $M/27b-q1.gguf >/dev/null 2>&1
@@ -104,9 +108,7 @@ python3 -c "import bonsai, llama_cpp; print('bonsai', bonsai.__file__, 'llama_cp
 if [[ $LONGCTX == 1 ]]; then
   # prefill and decode by prompt length: the staged baseline wheel ("base"), this build ("new")
   # and llama.cpp, alternating processes; everything bundled into one file
-  AB=/tmp/cpudev-ab
-  rm -rf $AB && pip install -q --no-deps --no-index --target $AB .cpudev/ab/*.whl 2>&1 | tail -2
-  echo "base: $(ls .cpudev/ab)"
+  install_ab
   M=/tmp/bonsai-cpu-models; mkdir -p $M
   python3 -m bonsai.synth --preset small --variant q1 --out $M/small-q1.gguf >/dev/null 2>&1
   echo "[${SECONDS}s] small ready"

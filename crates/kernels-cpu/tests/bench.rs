@@ -18,6 +18,14 @@ fn env_usize(k: &str) -> Option<usize> {
     std::env::var(k).ok().and_then(|v| v.parse().ok())
 }
 
+/// A comma list of numbers from the environment (`BENCH_N=1,5,512`), else `default`.
+fn env_list(k: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(k)
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
 /// `BENCH_SHAPE=<n_in>x<n_out>`, default 5120x17408.
 fn bench_shape() -> (usize, usize) {
     std::env::var("BENCH_SHAPE")
@@ -33,10 +41,7 @@ fn bench_shape() -> (usize, usize) {
 #[ignore]
 fn bench_lowbit_matmul() {
     let (n_in, n_out) = bench_shape();
-    let ns: Vec<usize> = std::env::var("BENCH_N")
-        .ok()
-        .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 5]);
+    let ns = env_list("BENCH_N", &[1, 5]);
     let iters = env_usize("BENCH_ITERS").unwrap_or(30);
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(t) = env_usize("BENCH_THREADS") {
@@ -211,39 +216,23 @@ fn bench_quantize_acts() {
     }
 }
 
-/// A head-major f32 cache `[n_kv, T, hd]`: a chunk of one kv head's keys is one contiguous run.
-struct HeadMajorKv {
-    k: Vec<f32>, // [n_kv, T, hd]
-    v: Vec<f32>, // [n_kv, T, hd]
+/// A head-major cache `[n_kv, T, hd]` of `T` (f32, or f16 as the engine keeps it): a chunk of one
+/// kv head's keys is one contiguous run, turned into f32 by `conv`.
+struct HeadMajorKv<T> {
+    k: Vec<T>, // [n_kv, T, hd]
+    v: Vec<T>, // [n_kv, T, hd]
     t: usize,
+    conv: fn(&[T], &mut [f32]),
 }
 
-impl KvSource for HeadMajorKv {
+impl<T: Sync> KvSource for HeadMajorKv<T> {
     fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
         let o = (g * self.t + pos) * hd;
-        out.copy_from_slice(&self.k[o..o + out.len()]);
+        (self.conv)(&self.k[o..o + out.len()], out);
     }
     fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
         let o = (g * self.t + pos) * hd;
-        out.copy_from_slice(&self.v[o..o + out.len()]);
-    }
-}
-
-/// The same head-major cache in f16, converted as the engine's cache is (`BENCH_KV=head16`).
-struct HeadMajorKv16 {
-    k: Vec<half::f16>, // [n_kv, T, hd]
-    v: Vec<half::f16>, // [n_kv, T, hd]
-    t: usize,
-}
-
-impl KvSource for HeadMajorKv16 {
-    fn keys(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
-        let o = (g * self.t + pos) * hd;
-        ops::f16_to_f32(&self.k[o..o + out.len()], out);
-    }
-    fn values(&self, pos: usize, g: usize, hd: usize, out: &mut [f32]) {
-        let o = (g * self.t + pos) * hd;
-        ops::f16_to_f32(&self.v[o..o + out.len()], out);
+        (self.conv)(&self.v[o..o + out.len()], out);
     }
 }
 
@@ -257,15 +246,9 @@ impl KvSource for HeadMajorKv16 {
 fn bench_attention() {
     use bonsai_kernels_cpu::attn::{attention_gated, AttnShape, F32Kv};
     let iters = env_usize("BENCH_ITERS").unwrap_or(20);
-    let list = |k: &str, d: &[usize]| -> Vec<usize> {
-        std::env::var(k)
-            .ok()
-            .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
-            .unwrap_or_else(|| d.to_vec())
-    };
     let (ctxs, ns) = (
-        list("BENCH_CTX", &[1024, 8192]),
-        list("BENCH_N", &[1, 5, 32]),
+        env_list("BENCH_CTX", &[1024, 8192]),
+        env_list("BENCH_N", &[1, 5, 32]),
     );
     let only = std::env::var("BENCH_MODEL").ok();
     let layout = std::env::var("BENCH_KV").unwrap_or_default(); // "", "head" or "head16"
@@ -289,16 +272,20 @@ fn bench_attention() {
                 }
                 o
             };
-            let h16 = |x: &[f32]| hm(x).iter().map(|&f| half::f16::from_f32(f)).collect();
+            let h16 = |x: &[f32]| -> Vec<half::f16> {
+                hm(x).iter().map(|&f| half::f16::from_f32(f)).collect()
+            };
             let hmkv = (layout == "head").then(|| HeadMajorKv {
                 k: hm(&k),
                 v: hm(&v),
                 t: ctx,
+                conv: |s: &[f32], o: &mut [f32]| o.copy_from_slice(s),
             });
-            let hmkv16 = (layout == "head16").then(|| HeadMajorKv16 {
+            let hmkv16 = (layout == "head16").then(|| HeadMajorKv {
                 k: h16(&k),
                 v: h16(&v),
                 t: ctx,
+                conv: ops::f16_to_f32,
             });
             let kv: &dyn KvSource = match (&hmkv, &hmkv16) {
                 (Some(h), _) => h,
