@@ -396,6 +396,13 @@ pub fn tiny_target_with(p: &Tiny, wt: QuantType) -> Builder {
             b.add(&n("ssm_conv1d.weight"), &[p.conv_kernel, conv_dim], f);
             b.add(&n("ssm_dt.bias"), &[p.h_v], f);
             b.add(&n("ssm_a"), &[p.h_v], f);
+            // -exp(A_log) < 0, as in a trained model: each step's decay exp(a · softplus(…)) stays
+            // below 1 (0.77–0.97 here). The generic F32 fill (~1.0) made it grow ~3.7× a step, so
+            // the recurrent state overflowed to NaN after ~70 positions, and the int8 activation
+            // quantizer, which maps NaN to 0, hid that from the logits.
+            b.tensor_mut(&n("ssm_a")).data = (0..p.h_v)
+                .flat_map(|i| (-(0.02 + 0.03 * (i % 7) as f32)).to_le_bytes())
+                .collect();
             b.add(&n("ssm_norm.weight"), &[p.d_state], f);
             b.add(&n("ssm_out.weight"), &[p.inner, e], wt);
         }
