@@ -80,6 +80,25 @@ def test_n_ctx_option(tiny_q1):
     assert c.finish_reason == "length" and 1 <= len(c.token_ids) <= 2
 
 
+def test_prompt_cache_resumes_and_equals_fresh(tiny_q1):
+    """A prompt that extends the previous one resumes at that prompt's last 512-token boundary and
+    gives the tokens and logprobs of a fresh prefill (the engine without a cache)."""
+    cached = bonsai.Engine(tiny_q1, device="cpu")
+    fresh = bonsai.Engine(tiny_q1, device="cpu", prompt_cache=False)
+    n_vocab = cached.info["n_vocab"]
+    first = [(i * 7919 + 11) % n_vocab for i in range(700)]
+    turn = first + [(i * 104729 + 5) % n_vocab for i in range(120)]
+    for prompt, want_cached in ((first, 0), (turn, 512), (first, 512), (turn[:512], 0), (turn, 0)):
+        got = cached.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+        want = fresh.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+        assert got.usage["cached_tokens"] == want_cached, (len(prompt), got.usage)
+        assert want.usage["cached_tokens"] == 0
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == want.logprobs  # the same bits: the resumed state is exact
+    with pytest.raises(bonsai.InvalidRequestError, match="prompt_cache"):
+        bonsai.Engine(tiny_q1, device="cpu", prompt_cache="yes")
+
+
 @pytest.mark.parametrize("variant,wtype", [("q2", "Q2"), ("pq2", "PQ2")])
 def test_ternary_models_generate(synth_model, variant, wtype):
     e = bonsai.Engine(synth_model("tiny", variant), device="cpu")

@@ -317,6 +317,39 @@ def test_models_health_metrics_policy_tokenize(engine):
     assert st == 200 and ctype.startswith("text/html") and "/v1/chat/completions" in html
 
 
+def test_multi_turn_chat_resumes_from_the_prompt_cache(tiny_q1):
+    """The second turn of a conversation with a long system prompt resumes the first turn's prompt
+    (usage.prompt_tokens_details.cached_tokens, the metrics counter) and answers as an engine
+    without a prompt cache does."""
+    cached = bonsai.Engine(tiny_q1, device="cpu")
+    fresh = bonsai.Engine(tiny_q1, device="cpu", prompt_cache=False)
+    system = {"role": "system", "content": " ".join(f"rule {i}: be brief." for i in range(150))}
+    turn1 = [system, {"role": "user", "content": "hi"}]
+    n1 = len(fresh.tokenize(fresh.apply_chat_template(turn1, enable_thinking=False)))
+    assert n1 > 512, n1
+
+    async def go(c):
+        out = []
+        body = {"max_tokens": 6, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+        r = await (await c.post(CHAT, json={**body, "messages": turn1})).json()
+        out.append(r)
+        turn2 = [*turn1, r["choices"][0]["message"], {"role": "user", "content": "and then?"}]
+        out.append(await (await c.post(CHAT, json={**body, "messages": turn2})).json())
+        out.append(turn2)
+        out.append(await (await c.get("/metrics")).text())
+        return out
+
+    r1, r2, turn2, metrics = serve(cached, go)
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    resumed = 512 * ((n1 - 1) // 512)
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == resumed
+    _, exp = expected_chat(fresh, turn2, thinking=False, max_tokens=6)
+    assert r2["choices"][0]["message"]["content"] == exp.text
+    assert r2["usage"]["prompt_tokens"] == exp.usage["prompt_tokens"]
+    vals = dict(re.findall(r"^(\S+) (\S+)$", metrics, re.M))
+    assert vals["bonsai_prompt_cached_tokens_total"] == str(resumed)
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 

@@ -134,7 +134,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"weights are RANDOM, so its text is gibberish: {model}",
             file=sys.stderr,
         )
-    kw: dict[str, Any] = {"device": args.device, "n_ctx": args.n_ctx, "threads": args.threads}
+    kw: dict[str, Any] = {
+        "device": args.device,
+        "n_ctx": args.n_ctx,
+        "threads": args.threads,
+        "prompt_cache": not args.no_prompt_cache,
+    }
     if args.draft is not None:
         kw.update(draft=args.draft, speculative=args.speculative)
     eng = Engine(model, **kw)
@@ -181,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--draft", default=None, help='speculative decoding: a DSpark drafter GGUF or "ngram"')
     s.add_argument("--speculative", default="auto", choices=["auto", "always", "never"])
     s.add_argument("--max-tokens", type=int, default=None, help="default limit per request (default: n_ctx)")
+    s.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="prefill every prompt from scratch (default: resume one that starts with the previous prompt)",
+    )
     s.set_defaults(fn=cmd_serve)
     sub.add_parser("synth", help="generate synthetic models (python -m bonsai synth --help)")
     sub.add_parser("bench", help="benchmarks (python -m bonsai bench --help)")

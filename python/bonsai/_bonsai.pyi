@@ -37,8 +37,9 @@ FinishReason: TypeAlias = Literal["stop", "length", "cancelled"]
 TokenEvent: TypeAlias = tuple[Literal["token"], int, str, float, list[tuple[int, float]]]
 #: ``("text", text)``: held-back text released at the end, without a token of its own.
 TextEvent: TypeAlias = tuple[Literal["text"], str]
-#: ``("done", finish_reason, usage)``; usage keys: ``prompt_tokens``, ``completion_tokens`` (int),
-#: ``prefill_seconds``, ``decode_seconds``, ``ttft_seconds`` (float).
+#: ``("done", finish_reason, usage)``; usage keys: ``prompt_tokens``, ``cached_tokens`` (prompt
+#: tokens resumed from the prompt cache), ``completion_tokens`` (int), ``prefill_seconds``,
+#: ``decode_seconds``, ``ttft_seconds`` (float).
 DoneEvent: TypeAlias = tuple[Literal["done"], FinishReason, dict[str, int | float]]
 Event: TypeAlias = TokenEvent | TextEvent | DoneEvent
 
@@ -78,6 +79,7 @@ class RawEngine:
         speculative: str = "auto",
         rollback: str = "replay",
         kv_cache: str = "f16",
+        prompt_cache: bool = True,
     ) -> RawEngine: ...
     def info(self) -> dict[str, Any]:
         """``path``, ``architecture``, ``name``, ``weight_type`` (str); ``n_layer``, ``n_embd``,

@@ -523,7 +523,7 @@ def make_usage(engine_usage: dict[str, Any] | None, reasoning_tokens: int = 0) -
         "completion_tokens": c,
         "total_tokens": p + c,
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))},
     }
     for k in _USAGE_EXTRAS:
         if u.get(k) is not None:

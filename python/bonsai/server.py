@@ -51,6 +51,7 @@ class _State:
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "cancelled": 0, "error": 0}
         self.rejected = 0
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.generated_tokens = 0
         self.reasoning_tokens = 0
         self.prompt_seconds = 0.0
@@ -66,6 +67,7 @@ class _State:
     def record_usage(self, usage: dict[str, Any] | None, reasoning_tokens: int = 0) -> None:
         u = usage or {}
         self.prompt_tokens += int(u.get("prompt_tokens", 0))
+        self.cached_tokens += int(u.get("cached_tokens", 0))
         self.generated_tokens += int(u.get("completion_tokens", 0))
         self.prompt_seconds += float(u.get("prefill_seconds", 0.0))
         self.generation_seconds += float(u.get("decode_seconds", 0.0))
@@ -303,6 +305,13 @@ async def metrics(request: web.Request) -> web.Response:
     rows += [
         ("bonsai_requests_rejected_total", "counter", "Requests the engine rejected (400).", s.rejected, None),
         ("bonsai_prompt_tokens_total", "counter", "Prompt tokens processed.", s.prompt_tokens, None),
+        (
+            "bonsai_prompt_cached_tokens_total",
+            "counter",
+            "Prompt tokens resumed from the prompt cache instead of prefilled.",
+            s.cached_tokens,
+            None,
+        ),
         ("bonsai_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens, None),
         ("bonsai_reasoning_tokens_total", "counter", "Generated tokens inside <think>.", s.reasoning_tokens, None),
         ("bonsai_prompt_seconds_total", "counter", "Seconds spent in prefill.", s.prompt_seconds, None),

@@ -81,7 +81,7 @@ struct RawEngine {
 #[pymethods]
 impl RawEngine {
     #[new]
-    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay", kv_cache="f16"))]
+    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay", kv_cache="f16", prompt_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -93,6 +93,7 @@ impl RawEngine {
         speculative: &str,
         rollback: &str,
         kv_cache: &str,
+        prompt_cache: bool,
     ) -> PyResult<Self> {
         let kv_type = KvType::parse(kv_cache).ok_or_else(|| {
             InvalidRequestError::new_err(format!(
@@ -128,6 +129,8 @@ impl RawEngine {
             speculative,
             rollback,
             kv_type,
+            prompt_cache,
+            ..Default::default()
         };
         let e = py.detach(|| Engine::load(&model, &opts)).map_err(to_py)?;
         Ok(RawEngine { inner: Arc::new(e) })
@@ -401,6 +404,7 @@ fn event_to_py<'py>(py: Python<'py>, ev: Event) -> PyResult<Bound<'py, PyTuple>>
         Event::Done { reason, usage } => {
             let d = PyDict::new(py);
             d.set_item("prompt_tokens", usage.prompt_tokens)?;
+            d.set_item("cached_tokens", usage.cached_tokens)?;
             d.set_item("completion_tokens", usage.completion_tokens)?;
             d.set_item("prefill_seconds", usage.prefill_seconds)?;
             d.set_item("decode_seconds", usage.decode_seconds)?;

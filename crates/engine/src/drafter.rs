@@ -441,6 +441,26 @@ impl DraftState {
         self.next_pos = 0;
     }
 
+    /// Forget the staged positions at and after `pos` (the engine's prompt cache resumes a
+    /// sequence at `pos`); the rows before it stay. A `pos` at or before the oldest live row
+    /// forgets everything, like [`DraftState::reset`].
+    pub fn truncate(&mut self, pos: usize) {
+        if pos >= self.next_pos {
+            return;
+        }
+        let drop = self.next_pos - pos;
+        if drop >= self.len {
+            self.reset();
+            return;
+        }
+        self.len -= drop;
+        self.next_pos = pos;
+        let end = (self.off + self.len) * self.kvw;
+        for b in self.k.iter_mut().chain(self.v.iter_mut()) {
+            b.truncate(end);
+        }
+    }
+
     /// Number of context rows held (≤ the window).
     pub fn len(&self) -> usize {
         self.len

@@ -28,7 +28,7 @@ use crate::spec::{
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 
-/// Rows per prefill chunk.
+/// Rows per prefill chunk (the default of [`EngineOptions::prefill_chunk`]).
 pub const PREFILL_CHUNK: usize = 512;
 
 #[derive(Clone, Debug)]
@@ -47,6 +47,13 @@ pub struct EngineOptions {
     pub rollback: Rollback,
     /// Attention KV cache storage (f16, or q8_0 on CPU).
     pub kv_type: KvType,
+    /// Keep the state at the last prompt's last prefill-chunk boundary and resume a request whose
+    /// prompt starts with those tokens from there, computing exactly what a fresh prefill does
+    /// ([`Usage::cached_tokens`] counts the tokens skipped).
+    pub prompt_cache: bool,
+    /// Prompt rows per prefill forward ([`PREFILL_CHUNK`] by default). Chunks start at its
+    /// multiples, and the prompt cache's boundaries are its multiples too.
+    pub prefill_chunk: usize,
 }
 
 /// Where drafts come from.
@@ -68,8 +75,19 @@ impl Default for EngineOptions {
             speculative: PolicyMode::Auto,
             rollback: Rollback::Replay,
             kv_type: KvType::F16,
+            prompt_cache: true,
+            prefill_chunk: PREFILL_CHUNK,
         }
     }
+}
+
+/// Where a DSpark drafter's context goes when a request's sequence starts at `resume` (0: empty) and
+/// the drafter holds positions up to `next_pos`: `Some(resume)` keeps its rows before `resume`,
+/// which is possible when a fresh prefill would stage from `resume` or earlier (the window of a
+/// `p_len`-token prompt) and the rows reach `resume`; `None` empties it. The drafter's context
+/// only steers what it proposes, never what the target accepts: the output is the same either way.
+fn draft_resume(next_pos: usize, resume: usize, p_len: usize, window: usize) -> Option<usize> {
+    (resume > 0 && next_pos >= resume && p_len.saturating_sub(window) <= resume).then_some(resume)
 }
 
 /// Drafts per round (the drafter's block size; n-gram drafts use the same bound).
@@ -152,6 +170,9 @@ pub struct TokenEvent {
 #[derive(Clone, Debug)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Prompt tokens resumed from the prompt cache instead of prefilled (a multiple of
+    /// [`EngineOptions::prefill_chunk`], at most `prompt_tokens − 1`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
@@ -351,6 +372,9 @@ fn start_worker<B: Backend>(
         tokenizer: tokenizer.clone(),
         stop_ids: stop_ids.to_vec(),
         spec: spec_ctx,
+        cache: opts.prompt_cache.then(PromptCache::default),
+        cached: 0,
+        chunk: opts.prefill_chunk,
     };
     let handle = std::thread::Builder::new()
         .name("bonsai-engine".into())
@@ -377,6 +401,9 @@ impl Engine {
             None => QWEN35_TEMPLATE.to_string(),
         };
         let template = ChatTemplate::new(&template_src)?;
+        if opts.prefill_chunk == 0 {
+            return Err(Error::InvalidRequest("prefill_chunk must be ≥ 1".into()));
+        }
         let n_ctx = opts.n_ctx.unwrap_or_else(|| cfg.n_ctx_train.min(4096));
         if n_ctx < 2 || n_ctx > cfg.n_ctx_train {
             return Err(Error::InvalidRequest(format!(
@@ -606,6 +633,39 @@ struct Worker<B: Backend> {
     tokenizer: Arc<Tokenizer>,
     stop_ids: Vec<u32>,
     spec: Option<SpecCtx<B>>,
+    /// `None` with `prompt_cache` off.
+    cache: Option<PromptCache<B>>,
+    /// Prompt tokens the current request resumed from the cache.
+    cached: usize,
+    /// Rows per prefill forward.
+    chunk: usize,
+}
+
+/// The prompt cache: the GDN state at the start of the last prompt's last prefill chunk, with the
+/// tokens before that boundary, whose attention KV rows are still the live cache's first rows.
+///
+/// A prompt that starts with those tokens and is longer resumes there: the GDN states are copied
+/// back, the KV is truncated to the boundary, and prefill runs from it. Prefill chunks start at
+/// multiples of the prefill chunk either way and every chunk before the boundary saw the same
+/// tokens from the same state, so a resumed request computes exactly what a fresh one does: the
+/// same logits, bit for bit, and the same tokens (multi-turn chat, a fixed system prompt, a
+/// repeated request). Only the boundary's state is kept (one copy of every GDN layer's state), not
+/// the state after generated tokens: those went through decode steps, whose float order differs
+/// from a chunked prefill's.
+struct PromptCache<B: Backend> {
+    /// The cached prefix, `prefill_chunk · m` tokens (empty: nothing cached).
+    tokens: Vec<u32>,
+    /// Every GDN layer's state after `tokens`, in layer order (allocated at the first snapshot).
+    gdn: Vec<B::Gdn>,
+}
+
+impl<B: Backend> Default for PromptCache<B> {
+    fn default() -> Self {
+        PromptCache {
+            tokens: Vec::new(),
+            gdn: Vec::new(),
+        }
+    }
 }
 
 enum Proposer {
@@ -778,6 +838,7 @@ impl<B: Backend> Worker<B> {
                                 "internal error: {msg}"
                             ))));
                             // the sequence state may be half-updated: start clean
+                            self.forget_prompt();
                             self.state.reset(&self.backend);
                         }
                     }
@@ -788,11 +849,12 @@ impl<B: Backend> Worker<B> {
 
     fn all_logits(&mut self, ids: &[u32], chunked: bool) -> Result<Vec<f32>> {
         let nv = self.cfg.n_vocab;
+        self.forget_prompt();
         self.state.reset(&self.backend);
         let mut out = Vec::with_capacity(ids.len() * nv);
         let mut buf = Vec::new();
         if chunked {
-            for chunk in ids.chunks(PREFILL_CHUNK) {
+            for chunk in ids.chunks(self.chunk) {
                 forward(
                     &self.backend,
                     &self.cfg,
@@ -825,6 +887,59 @@ impl<B: Backend> Worker<B> {
         Ok(out)
     }
 
+    /// Start a request's sequence: resume from the prompt cache when `prompt` is longer than its
+    /// tokens and starts with them (returns their count), else reset to empty (returns 0; the cache
+    /// is forgotten, since the prefill about to run overwrites the KV rows it relies on).
+    fn resume_prompt(&mut self, prompt: &[u32]) -> Result<usize> {
+        if let Some(c) = &mut self.cache {
+            let b = c.tokens.len();
+            if b > 0 && prompt.len() > b && prompt.starts_with(&c.tokens) {
+                self.backend.copy_gdn_all(&c.gdn, &mut self.state.gdn)?;
+                for kv in &mut self.state.kv {
+                    self.backend.truncate_kv(kv, b);
+                }
+                self.state.pos = b;
+                return Ok(b);
+            }
+            c.tokens.clear();
+        }
+        self.state.reset(&self.backend);
+        Ok(0)
+    }
+
+    /// Put the live GDN state, which is the state after `prefix`, into the prompt cache. Where its
+    /// buffers cannot be allocated the cache turns off (a warning on stderr) and the request goes on.
+    fn save_prompt(&mut self, prefix: &[u32]) -> Result<()> {
+        let Some(c) = &mut self.cache else {
+            return Ok(());
+        };
+        debug_assert_eq!(prefix.len(), self.state.pos);
+        if c.gdn.is_empty() {
+            let bufs: Result<Vec<_>> = (0..self.state.gdn.len())
+                .map(|_| self.backend.new_gdn(&self.cfg))
+                .collect();
+            match bufs {
+                Ok(b) => c.gdn = b,
+                Err(e) => {
+                    eprintln!("bonsai: prompt cache off (its state buffers: {e})");
+                    self.cache = None;
+                    return Ok(());
+                }
+            }
+        }
+        c.tokens.clear();
+        self.backend.copy_gdn_all(&self.state.gdn, &mut c.gdn)?;
+        c.tokens.extend_from_slice(prefix);
+        Ok(())
+    }
+
+    /// Forget the prompt cache (the live KV rows are about to change from position 0).
+    fn forget_prompt(&mut self) {
+        if let Some(c) = &mut self.cache {
+            c.tokens.clear();
+        }
+    }
+
     fn generate(
         &mut self,
         req: &GenRequest,
@@ -833,40 +948,61 @@ impl<B: Backend> Worker<B> {
     ) -> Result<()> {
         let t0 = Instant::now();
         let n_ctx = self.state.n_ctx;
-        self.state.reset(&self.backend);
+        let p_len = req.prompt.len();
+        // the sequence resumes at `resume` (the prompt cache) or starts empty
+        let resume = self.resume_prompt(&req.prompt)?;
+        self.cached = resume;
         let use_spec = self.spec.is_some() && req.speculative != Some(false);
         let force = req.speculative == Some(true);
         let mut stats = SpecStats::default();
-        // DSpark: the tap layers and window; the context restarts with the sequence.
+        // DSpark: the tap layers and window. The drafter's context restarts with the sequence, or
+        // keeps its rows before a resumed boundary (every request, drafting or not, so that its
+        // rows always belong to the live sequence).
         let (tap_layers, window) = match self.spec.as_mut().map(|c| &mut c.proposer) {
-            Some(Proposer::Dspark(d, st)) if use_spec => {
-                st.reset();
+            Some(Proposer::Dspark(d, st)) => {
+                match draft_resume(st.next_pos(), resume, p_len, d.window()) {
+                    Some(p) => st.truncate(p),
+                    None => st.reset(),
+                }
                 (Some(d.cfg.target_layers.clone()), d.window())
             }
-            Some(Proposer::DsparkGpu(d, st)) if use_spec => {
-                st.reset();
+            Some(Proposer::DsparkGpu(d, st)) => {
+                match draft_resume(st.next_pos(), resume, p_len, d.window()) {
+                    Some(p) => st.truncate(p),
+                    None => st.reset(),
+                }
                 (Some(d.cfg.target_layers.clone()), d.window())
             }
             _ => (None, 0),
+        };
+        let (tap_layers, window) = if use_spec {
+            (tap_layers, window)
+        } else {
+            (None, 0)
         };
         let mut logits = Vec::new();
         // a row's best entries, when the backend computes them for the sampler
         let mut top: Vec<(u32, f32)> = Vec::new();
         let mut taps = Vec::new();
-        // Prefill in chunks; logits only for the last row of the last chunk. With a drafter, the taps
-        // of the last `window` prompt positions are captured per chunk and staged right away.
-        let p_len = req.prompt.len();
-        let n_chunks = p_len.div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in req.prompt.chunks(PREFILL_CHUNK).enumerate() {
+        // Prefill in chunks from `resume` (chunks start at multiples of the chunk either way);
+        // logits only for the last row of the last chunk. With a drafter, the taps of the last
+        // `window` prompt positions are captured per chunk and staged right away. The state at the
+        // last chunk's start goes into the prompt cache.
+        let rest = &req.prompt[resume..];
+        let n_chunks = rest.len().div_ceil(self.chunk);
+        for (i, chunk) in rest.chunks(self.chunk).enumerate() {
             if cancel.load(Ordering::Relaxed) {
                 return self.finish(events, FinishReason::Cancelled, req, 0, t0, t0, None, stats);
             }
+            let pos0 = resume + i * self.chunk;
             let rows = if i + 1 == n_chunks {
+                if pos0 > resume {
+                    self.save_prompt(&req.prompt[..pos0])?;
+                }
                 LogitRows::Last
             } else {
                 LogitRows::None
             };
-            let pos0 = i * PREFILL_CHUNK;
             let first = p_len.saturating_sub(window).max(pos0) - pos0;
             let tap_req = match &tap_layers {
                 Some(l) if first < chunk.len() => Some(TapRequest {
@@ -1169,6 +1305,7 @@ impl<B: Backend> Worker<B> {
         let usage = Usage {
             spec,
             prompt_tokens: req.prompt.len(),
+            cached_tokens: self.cached,
             completion_tokens: n_gen,
             prefill_seconds: (t_prefill - t0).as_secs_f64(),
             decode_seconds: t_prefill.elapsed().as_secs_f64(),

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
-use bonsai_engine::backend::{Backend, KvType};
+use bonsai_engine::backend::Backend;
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::Drafter;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
@@ -696,7 +696,7 @@ fn cuda_engine_gpu_drafter_equals_plain() {
                 draft,
                 speculative: PolicyMode::Always,
                 rollback: Rollback::Replay,
-                kv_type: KvType::F16,
+                ..Default::default()
             };
             Engine::load(&m.path, &opts).unwrap()
         };

@@ -254,14 +254,27 @@ fn vulkan_verify_rows_equal_single_steps() {
 }
 
 fn engine(path: &std::path::Path, draft: Option<DraftSource>, rollback: Rollback) -> Engine {
+    engine_with(path, draft, rollback, 64, true)
+}
+
+/// An engine on Vulkan with `prefill_chunk` rows per prefill forward and a context of four chunks.
+fn engine_with(
+    path: &std::path::Path,
+    draft: Option<DraftSource>,
+    rollback: Rollback,
+    prefill_chunk: usize,
+    prompt_cache: bool,
+) -> Engine {
     let opts = EngineOptions {
-        n_ctx: Some(256),
+        n_ctx: Some(4 * prefill_chunk),
+        prefill_chunk,
         threads: Some(2),
         device: "vulkan".into(),
         draft,
         speculative: PolicyMode::Always,
         rollback,
         kv_type: KvType::F16,
+        prompt_cache,
     };
     let e = Engine::load(path, &opts).unwrap();
     assert!(
@@ -270,6 +283,25 @@ fn engine(path: &std::path::Path, draft: Option<DraftSource>, rollback: Rollback
         e.info().device
     );
     e
+}
+
+/// The prompt cache on Vulkan: every request of `common::prompt_cache_equals_fresh` gives the tokens
+/// and logprob bits of a fresh prefill and resumes the expected prefix (Q1_0 on 64-row prefill
+/// chunks: on lavapipe this alone takes minutes; the state copies it checks are the same for every
+/// weight type).
+#[test]
+fn vulkan_engine_prompt_cache_equals_fresh() {
+    let _ = vulkan();
+    let chunk = 64;
+    let wt = QuantType::Q1_0;
+    let path = write(&tiny_target(wt), &format!("pc-{}.gguf", wt.name()));
+    let fresh = engine_with(&path, None, Rollback::Replay, chunk, false);
+    let cached = engine_with(&path, None, Rollback::Replay, chunk, true);
+    let n = prompt_cache_equals_fresh(&cached, &fresh, true, chunk, wt.name());
+    println!(
+        "vulkan {}: cached == fresh (tokens and logprob bits), {n} resumed",
+        wt.name()
+    );
 }
 
 /// The engine on Vulkan with a drafter gives plain greedy output token for token: n-gram and DSpark,

@@ -892,6 +892,22 @@ impl CudaDraftState {
         self.next_pos = 0;
     }
 
+    /// Forget the staged positions at and after `pos` (the engine's prompt cache resumes a
+    /// sequence at `pos`); the ring rows before it stay where they are. A `pos` at or before the
+    /// oldest live row forgets everything, like [`CudaDraftState::reset`].
+    pub fn truncate(&mut self, pos: usize) {
+        if pos >= self.next_pos {
+            return;
+        }
+        let drop = self.next_pos - pos;
+        if drop >= self.len {
+            self.reset();
+            return;
+        }
+        self.len -= drop;
+        self.next_pos = pos;
+    }
+
     /// Number of context rows held (≤ the window).
     pub fn len(&self) -> usize {
         self.len

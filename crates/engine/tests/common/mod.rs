@@ -679,3 +679,129 @@ pub fn prefill_with_taps<B: bonsai_engine::backend::Backend>(
     .unwrap();
     taps
 }
+
+/// One request on `e` to the end: `(token id, logprob bits)` per generated token and the usage.
+pub fn complete_with_logprobs(
+    e: &bonsai_engine::engine::Engine,
+    pr: &[u32],
+    n: usize,
+    params: &bonsai_engine::sampling::SamplerParams,
+) -> (Vec<(u32, u32)>, bonsai_engine::engine::Usage) {
+    use bonsai_engine::engine::{Event, GenRequest};
+    let req = GenRequest {
+        prompt: pr.to_vec(),
+        params: params.clone(),
+        max_tokens: n,
+        stop: Vec::new(),
+        stop_ids: Vec::new(),
+        ignore_eos: true,
+        speculative: None,
+    };
+    let (rx, _cancel) = e.submit(req).unwrap();
+    let mut out = Vec::new();
+    loop {
+        match rx.recv().expect("engine event") {
+            Event::Token(t) => out.push((t.id, t.logprob.to_bits())),
+            Event::Text(_) => {}
+            Event::Done { usage, .. } => return (out, usage),
+            Event::Error(err) => panic!("generation failed: {err}"),
+        }
+    }
+}
+
+/// The prompt cache against fresh prefills. A sequence of requests — a long prompt, the chat turn
+/// that extends it, the same prompt again, the cached prefix plus one token, the cached prefix
+/// alone (no resume: nothing would be left to prefill), a prompt that resumes an older, shorter
+/// boundary, an unrelated prompt, an `Engine::logits` call (which forgets the cache), a short
+/// prompt — on `cached` (prompt cache on) gives the tokens of `fresh` (prompt cache off) request by
+/// request, greedy and seeded sampling, and with `same_logprobs` every logprob bit as well; each
+/// request resumes exactly the expected prefix (`Usage::cached_tokens`). `chunk`: both engines'
+/// `prefill_chunk`. Returns the resumed tokens summed over the sequence.
+pub fn prompt_cache_equals_fresh(
+    cached: &bonsai_engine::engine::Engine,
+    fresh: &bonsai_engine::engine::Engine,
+    same_logprobs: bool,
+    chunk: usize,
+    label: &str,
+) -> usize {
+    use bonsai_engine::sampling::SamplerParams;
+    let c = chunk;
+    let nv = cached.info().n_vocab as u32;
+    let toks = |n: usize, seed: u32| -> Vec<u32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x % nv
+            })
+            .collect()
+    };
+    let a = toks(2 * c + c / 7, 1); // its last chunk starts at 2c
+    let b = [a.clone(), toks(c / 4, 2)].concat(); // shorter than 3c
+    let a_plus1 = [&a[..2 * c], &toks(1, 3)[..]].concat();
+    let other = toks(c + c / 6, 4);
+    let short = toks(10, 5);
+    let greedy = SamplerParams::greedy();
+    let sampled = SamplerParams {
+        temperature: 0.8,
+        top_k: 8,
+        top_p: 0.95,
+        seed: 77,
+        ..Default::default()
+    };
+    // (what, prompt, sampling, prompt tokens expected from the cache)
+    let steps: Vec<(&str, &[u32], &SamplerParams, usize)> = vec![
+        ("long prompt", &a, &greedy, 0),
+        ("its next chat turn", &b, &greedy, 2 * c),
+        ("the long prompt again, sampled", &a, &sampled, 2 * c),
+        ("the cached prefix + 1 token", &a_plus1, &greedy, 2 * c),
+        ("the cached prefix alone", &a[..2 * c], &greedy, 0),
+        ("the next turn on the shorter boundary", &b, &greedy, c),
+        ("an unrelated prompt", &other, &greedy, 0),
+        ("(logits call)", &[], &greedy, 0),
+        (
+            "the unrelated prompt after a logits call",
+            &other,
+            &greedy,
+            0,
+        ),
+        ("a short prompt", &short, &greedy, 0),
+        ("the short prompt again", &short, &greedy, 0),
+    ];
+    let mut resumed = 0;
+    for (what, p, params, want_cached) in steps {
+        if p.is_empty() {
+            cached.logits(&short, true).expect("logits");
+            continue;
+        }
+        let (got, u) = complete_with_logprobs(cached, p, 12, params);
+        let (want, u0) = complete_with_logprobs(fresh, p, 12, params);
+        assert_eq!(
+            u0.cached_tokens, 0,
+            "{label}: the engine without a cache resumed"
+        );
+        assert_eq!(
+            u.cached_tokens, want_cached,
+            "{label} {what}: resumed {} prompt tokens, expected {want_cached}",
+            u.cached_tokens
+        );
+        let ids = |v: &[(u32, u32)]| v.iter().map(|t| t.0).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "{label} {what} ({} prompt tokens, {} resumed): tokens differ from a fresh prefill",
+            p.len(),
+            u.cached_tokens
+        );
+        if same_logprobs {
+            assert_eq!(
+                got, want,
+                "{label} {what}: logprob bits differ from a fresh prefill"
+            );
+        }
+        resumed += u.cached_tokens;
+    }
+    resumed
+}
