@@ -410,6 +410,12 @@ impl Drafter {
     }
 }
 
+/// A drafter context of `len` rows ending before position `next_pos`, cut to end before `pos`: `None`
+/// when it keeps every row (`pos ≥ next_pos`), else the rows left (0: none, the context restarts).
+pub(crate) fn cut_context(next_pos: usize, len: usize, pos: usize) -> Option<usize> {
+    (pos < next_pos).then(|| len.saturating_sub(next_pos - pos))
+}
+
 /// The drafter's per-sequence state: the context K/V window. k, v per layer: `[off + len, kvw]` f32;
 /// the live rows are `off .. off + len` at positions `next_pos − len .. next_pos`.
 ///
@@ -445,19 +451,16 @@ impl DraftState {
     /// sequence at `pos`); the rows before it stay. A `pos` at or before the oldest live row
     /// forgets everything, like [`DraftState::reset`].
     pub fn truncate(&mut self, pos: usize) {
-        if pos >= self.next_pos {
-            return;
-        }
-        let drop = self.next_pos - pos;
-        if drop >= self.len {
-            self.reset();
-            return;
-        }
-        self.len -= drop;
-        self.next_pos = pos;
-        let end = (self.off + self.len) * self.kvw;
-        for b in self.k.iter_mut().chain(self.v.iter_mut()) {
-            b.truncate(end);
+        match cut_context(self.next_pos, self.len, pos) {
+            None => {}
+            Some(0) => self.reset(),
+            Some(len) => {
+                (self.len, self.next_pos) = (len, pos);
+                let end = (self.off + len) * self.kvw;
+                for b in self.k.iter_mut().chain(self.v.iter_mut()) {
+                    b.truncate(end);
+                }
+            }
         }
     }
 

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use bonsai_engine::backend::cpu::CpuBackend;
 use bonsai_engine::backend::cuda::CudaBackend;
-use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode};
+use bonsai_engine::backend::{gdn_rec_width, Backend, GdnMode, KvType};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::{DraftState, Drafter};
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
@@ -514,36 +514,10 @@ fn engine(m: &Model, device: &str, draft: Option<DraftSource>, rollback: Rollbac
         draft,
         speculative: PolicyMode::Always,
         rollback,
+        kv_type: KvType::F16,
         ..Default::default()
     };
-    load_on(m, device, &opts)
-}
-
-/// An engine with `prefill_chunk` rows per prefill forward and a context of four chunks.
-fn engine_with(
-    m: &Model,
-    device: &str,
-    draft: Option<DraftSource>,
-    rollback: Rollback,
-    prefill_chunk: usize,
-    prompt_cache: bool,
-) -> Engine {
-    let opts = EngineOptions {
-        n_ctx: Some(4 * prefill_chunk),
-        prefill_chunk,
-        threads: Some(4),
-        device: device.into(),
-        draft,
-        speculative: PolicyMode::Always,
-        rollback,
-        prompt_cache,
-        ..Default::default()
-    };
-    load_on(m, device, &opts)
-}
-
-fn load_on(m: &Model, device: &str, opts: &EngineOptions) -> Engine {
-    let e = Engine::load(&m.path, opts).unwrap();
+    let e = Engine::load(&m.path, &opts).unwrap();
     assert!(
         e.info().device.starts_with(device),
         "device {}",
@@ -659,8 +633,19 @@ fn cuda_engine_prompt_cache_equals_fresh() {
     models.extend(env_models(test).unwrap_or_default());
     for m in &models {
         for chunk in [bonsai_engine::engine::PREFILL_CHUNK, 64] {
-            let fresh = engine_with(m, "cuda", None, Rollback::Replay, chunk, false);
-            let cached = engine_with(m, "cuda", None, Rollback::Replay, chunk, true);
+            let load = |draft, cache| {
+                common::chunked_engine(
+                    &m.path,
+                    "cuda",
+                    draft,
+                    Rollback::Replay,
+                    KvType::F16,
+                    chunk,
+                    cache,
+                )
+            };
+            let fresh = load(None, false);
+            let cached = load(None, true);
             let n = common::prompt_cache_equals_fresh(&cached, &fresh, true, chunk, &m.name);
             println!(
                 "{} chunk {chunk}: cuda cached == fresh (tokens and logprob bits), {n} resumed",
@@ -668,8 +653,7 @@ fn cuda_engine_prompt_cache_equals_fresh() {
             );
             drop(cached);
             if let Some(d) = &m.drafter {
-                let src = Some(DraftSource::Dspark(d.clone()));
-                let cached = engine_with(m, "cuda", src, Rollback::Replay, chunk, true);
+                let cached = load(Some(DraftSource::Dspark(d.clone())), true);
                 common::prompt_cache_equals_fresh(&cached, &fresh, false, chunk, &m.name);
                 println!(
                     "{} chunk {chunk}: cuda cached + DSpark == fresh plain (tokens)",

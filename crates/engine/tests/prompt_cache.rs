@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use bonsai_engine::backend::KvType;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, PREFILL_CHUNK};
-use bonsai_engine::spec::PolicyMode;
+use bonsai_engine::spec::Rollback;
 use bonsai_engine::QuantType;
 
 fn write(dir: &Path, b: &common::Builder, name: &str) -> PathBuf {
@@ -24,21 +24,10 @@ fn engine(
     path: &Path,
     cache: bool,
     chunk: usize,
-    kv_type: KvType,
+    kv: KvType,
     draft: Option<DraftSource>,
 ) -> Engine {
-    let opts = EngineOptions {
-        n_ctx: Some(4 * chunk),
-        threads: Some(2),
-        device: "cpu".into(),
-        draft,
-        speculative: PolicyMode::Always,
-        kv_type,
-        prompt_cache: cache,
-        prefill_chunk: chunk,
-        ..Default::default()
-    };
-    Engine::load(path, &opts).unwrap()
+    common::chunked_engine(path, "cpu", draft, Rollback::Replay, kv, chunk, cache)
 }
 
 #[test]

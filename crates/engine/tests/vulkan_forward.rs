@@ -20,7 +20,7 @@ use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
 use bonsai_engine::sampling::SamplerParams;
-use bonsai_engine::spec::{PolicyMode, Rollback};
+use bonsai_engine::spec::Rollback;
 use bonsai_engine::QuantType;
 use common::*;
 
@@ -254,35 +254,7 @@ fn vulkan_verify_rows_equal_single_steps() {
 }
 
 fn engine(path: &std::path::Path, draft: Option<DraftSource>, rollback: Rollback) -> Engine {
-    engine_with(path, draft, rollback, 64, true)
-}
-
-/// An engine on Vulkan with `prefill_chunk` rows per prefill forward and a context of four chunks.
-fn engine_with(
-    path: &std::path::Path,
-    draft: Option<DraftSource>,
-    rollback: Rollback,
-    prefill_chunk: usize,
-    prompt_cache: bool,
-) -> Engine {
-    let opts = EngineOptions {
-        n_ctx: Some(4 * prefill_chunk),
-        prefill_chunk,
-        threads: Some(2),
-        device: "vulkan".into(),
-        draft,
-        speculative: PolicyMode::Always,
-        rollback,
-        kv_type: KvType::F16,
-        prompt_cache,
-    };
-    let e = Engine::load(path, &opts).unwrap();
-    assert!(
-        e.info().device.starts_with("vulkan"),
-        "device {}",
-        e.info().device
-    );
-    e
+    chunked_engine(path, "vulkan", draft, rollback, KvType::F16, 64, true)
 }
 
 /// The prompt cache on Vulkan: every request of `common::prompt_cache_equals_fresh` gives the tokens
@@ -295,8 +267,18 @@ fn vulkan_engine_prompt_cache_equals_fresh() {
     let chunk = 64;
     let wt = QuantType::Q1_0;
     let path = write(&tiny_target(wt), &format!("pc-{}.gguf", wt.name()));
-    let fresh = engine_with(&path, None, Rollback::Replay, chunk, false);
-    let cached = engine_with(&path, None, Rollback::Replay, chunk, true);
+    let load = |cache| {
+        chunked_engine(
+            &path,
+            "vulkan",
+            None,
+            Rollback::Replay,
+            KvType::F16,
+            chunk,
+            cache,
+        )
+    };
+    let (fresh, cached) = (load(false), load(true));
     let n = prompt_cache_equals_fresh(&cached, &fresh, true, chunk, wt.name());
     println!(
         "vulkan {}: cached == fresh (tokens and logprob bits), {n} resumed",
@@ -311,13 +293,7 @@ fn vulkan_engine_prompt_cache_equals_fresh() {
 fn vulkan_engine_speculative_equals_plain() {
     let _ = vulkan();
     let greedy = SamplerParams::greedy();
-    let sampled = SamplerParams {
-        temperature: 0.8,
-        top_k: 8,
-        top_p: 0.95,
-        seed: 77,
-        ..Default::default()
-    };
+    let sampled = sampled(77);
     let drafter = write(&tiny_drafter(QuantType::Q1_0), "drafter.gguf");
     for wt in [QuantType::Q1_0, QuantType::Q2_0G128] {
         let path = write(&tiny_target(wt), &format!("e-{}.gguf", wt.name()));

@@ -896,16 +896,11 @@ impl CudaDraftState {
     /// sequence at `pos`); the ring rows before it stay where they are. A `pos` at or before the
     /// oldest live row forgets everything, like [`CudaDraftState::reset`].
     pub fn truncate(&mut self, pos: usize) {
-        if pos >= self.next_pos {
-            return;
+        match crate::drafter::cut_context(self.next_pos, self.len, pos) {
+            None => {}
+            Some(0) => self.reset(),
+            Some(len) => (self.len, self.next_pos) = (len, pos),
         }
-        let drop = self.next_pos - pos;
-        if drop >= self.len {
-            self.reset();
-            return;
-        }
-        self.len -= drop;
-        self.next_pos = pos;
     }
 
     /// Number of context rows held (≤ the window).

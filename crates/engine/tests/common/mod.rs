@@ -580,26 +580,50 @@ pub fn complete(
     n: usize,
     params: &bonsai_engine::sampling::SamplerParams,
 ) -> (Vec<u32>, bonsai_engine::engine::Usage) {
-    use bonsai_engine::engine::{Event, GenRequest};
-    let req = GenRequest {
-        prompt: pr.to_vec(),
-        params: params.clone(),
-        max_tokens: n,
-        stop: Vec::new(),
-        stop_ids: Vec::new(),
-        ignore_eos: true,
-        speculative: None,
-    };
-    let (rx, _cancel) = e.submit(req).unwrap();
-    let mut ids = Vec::new();
-    loop {
-        match rx.recv().expect("engine event") {
-            Event::Token(t) => ids.push(t.id),
-            Event::Text(_) => {}
-            Event::Done { usage, .. } => return (ids, usage),
-            Event::Error(err) => panic!("generation failed: {err}"),
-        }
+    let (toks, usage) = complete_with_logprobs(e, pr, n, params);
+    (toks.into_iter().map(|t| t.0).collect(), usage)
+}
+
+/// The tests' seeded sampling: temperature 0.8, top-k 8, top-p 0.95.
+pub fn sampled(seed: u64) -> bonsai_engine::sampling::SamplerParams {
+    bonsai_engine::sampling::SamplerParams {
+        temperature: 0.8,
+        top_k: 8,
+        top_p: 0.95,
+        seed,
+        ..Default::default()
     }
+}
+
+/// An engine on `device` that drafts every step it can (with `draft`), with `prefill_chunk` rows
+/// per prefill forward and a context of four chunks; panics if it lands on another device.
+pub fn chunked_engine(
+    path: &std::path::Path,
+    device: &str,
+    draft: Option<bonsai_engine::engine::DraftSource>,
+    rollback: bonsai_engine::spec::Rollback,
+    kv_type: bonsai_engine::backend::KvType,
+    prefill_chunk: usize,
+    prompt_cache: bool,
+) -> bonsai_engine::engine::Engine {
+    let opts = bonsai_engine::engine::EngineOptions {
+        n_ctx: Some(4 * prefill_chunk),
+        threads: Some(2),
+        device: device.into(),
+        draft,
+        speculative: bonsai_engine::spec::PolicyMode::Always,
+        rollback,
+        kv_type,
+        prompt_cache,
+        prefill_chunk,
+    };
+    let e = bonsai_engine::engine::Engine::load(path, &opts).unwrap();
+    assert!(
+        e.info().device.starts_with(device),
+        "device {}",
+        e.info().device
+    );
+    e
 }
 
 /// Normalized mean squared error of `a` against the reference `b`: Σ(a − b)² / Σb².
@@ -744,13 +768,7 @@ pub fn prompt_cache_equals_fresh(
     let other = toks(c + c / 6, 4);
     let short = toks(10, 5);
     let greedy = SamplerParams::greedy();
-    let sampled = SamplerParams {
-        temperature: 0.8,
-        top_k: 8,
-        top_p: 0.95,
-        seed: 77,
-        ..Default::default()
-    };
+    let sampled = sampled(77);
     // (what, prompt, sampling, prompt tokens expected from the cache)
     let steps: Vec<(&str, &[u32], &SamplerParams, usize)> = vec![
         ("long prompt", &a, &greedy, 0),
