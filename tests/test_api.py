@@ -95,6 +95,15 @@ def test_prompt_cache_resumes_and_equals_fresh(tiny_q1):
         assert want.usage["cached_tokens"] == 0
         assert got.token_ids == want.token_ids
         assert got.logprobs == want.logprobs  # the same bits: the resumed state is exact
+    # three users of one 600-token system prompt: the second saves its last 512-token boundary
+    system = first[:600]
+    users = [system + [(i * 31 + 7 * u) % n_vocab for i in range(600)] for u in (1, 2, 3)]
+    steps = [([5, 6, 7], 0), (users[0], 0), (users[1], 0), (users[2], 512), (users[1], 512)]  # short: cache emptied
+    for prompt, want_cached in steps:
+        got = cached.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
+        want = fresh.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
+        assert got.usage["cached_tokens"] == want_cached, got.usage
+        assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
     with pytest.raises(bonsai.InvalidRequestError, match="prompt_cache"):
         bonsai.Engine(tiny_q1, device="cpu", prompt_cache="yes")
 

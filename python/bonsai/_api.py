@@ -143,10 +143,12 @@ class Engine:
         kv_cache: attention KV cache storage, ``"f16"`` (default) or ``"q8_0"`` (CPU and Vulkan;
             ~47% less memory per context token).
         prompt_cache: resume a request whose prompt starts with the previous prompt (multi-turn
-            chat, a shared system prompt, a repeated request) from the state saved at that prompt's
-            last 512-token prefill boundary instead of prefilling it again. Output is bit-identical
-            to a fresh prefill; ``usage["cached_tokens"]`` says how many prompt tokens were resumed.
-            Costs one copy of the GDN state (~157 MB for the 27B) in the backend's memory.
+            chat, a repeated request) from the state saved at that prompt's last 512-token prefill
+            boundary, or with the prefix the previous prompt shared with the one before it (a common
+            system prompt) from its last boundary, instead of prefilling it again. Output is
+            bit-identical to a fresh prefill; ``usage["cached_tokens"]`` says how many prompt tokens
+            were resumed. Costs up to two copies of the GDN state (~157 MB each for the 27B) in the
+            backend's memory.
     """
 
     def __init__(

@@ -47,8 +47,9 @@ pub struct EngineOptions {
     pub rollback: Rollback,
     /// Attention KV cache storage (f16, or q8_0 on CPU).
     pub kv_type: KvType,
-    /// Keep the state at the last prompt's last prefill-chunk boundary and resume a request whose
-    /// prompt starts with those tokens from there, computing exactly what a fresh prefill does
+    /// Keep the state at the last prompt's last prefill-chunk boundary (and at the last boundary of
+    /// the prefix it shared with the prompt before it) and resume a request whose prompt starts
+    /// with those tokens from there, computing exactly what a fresh prefill does
     /// ([`Usage::cached_tokens`] counts the tokens skipped).
     pub prompt_cache: bool,
     /// Prompt rows per prefill forward ([`PREFILL_CHUNK`] by default). Chunks start at its
@@ -641,30 +642,52 @@ struct Worker<B: Backend> {
     chunk: usize,
 }
 
-/// The prompt cache: the GDN state at the start of the last prompt's last prefill chunk, with the
-/// tokens before that boundary, whose attention KV rows are still the live cache's first rows.
+/// The prompt cache: GDN states saved at prefill-chunk boundaries of the prompt the live KV rows
+/// were prefilled from, whose attention KV rows are still the live cache's first rows. Two slots:
+/// `last`, the start of that prompt's last chunk (the next turn of a chat starts with the whole
+/// prompt), and `shared`, the last boundary inside the prefix it shared with the prompt before it
+/// (a system prompt that many conversations start with).
 ///
-/// A prompt that starts with those tokens and is longer resumes there: the GDN states are copied
-/// back, the KV is truncated to the boundary, and prefill runs from it. Prefill chunks start at
-/// multiples of the prefill chunk either way and every chunk before the boundary saw the same
-/// tokens from the same state, so a resumed request computes exactly what a fresh one does: the
-/// same logits, bit for bit, and the same tokens (multi-turn chat, a fixed system prompt, a
-/// repeated request). Only the boundary's state is kept (one copy of every GDN layer's state), not
-/// the state after generated tokens: those went through decode steps, whose float order differs
-/// from a chunked prefill's.
+/// A prompt that starts with a slot's tokens and is longer resumes at the longest such slot: the GDN
+/// states are copied back, the KV is truncated to the boundary, and prefill runs from it. Prefill
+/// chunks start at multiples of the prefill chunk either way and every chunk before the boundary
+/// saw the same tokens from the same state, so a resumed request computes exactly what a fresh one
+/// does: the same logits, bit for bit. The state after generated tokens is not kept: those went
+/// through decode steps, whose float order differs from a chunked prefill's.
 struct PromptCache<B: Backend> {
-    /// The cached prefix, `prefill_chunk · m` tokens (empty: nothing cached).
+    /// The prompt prefix every valid slot's tokens are a prefix of (the live KV rows' tokens).
     tokens: Vec<u32>,
-    /// Every GDN layer's state after `tokens`, in layer order (allocated at the first snapshot).
+    last: Snapshot<B>,
+    shared: Snapshot<B>,
+}
+
+/// Every GDN layer's state after the first `len` tokens of [`PromptCache::tokens`] (`len` 0: empty;
+/// the buffers are allocated at the first save).
+struct Snapshot<B: Backend> {
+    len: usize,
     gdn: Vec<B::Gdn>,
 }
 
 impl<B: Backend> Default for PromptCache<B> {
     fn default() -> Self {
+        let empty = || Snapshot {
+            len: 0,
+            gdn: Vec::new(),
+        };
         PromptCache {
             tokens: Vec::new(),
-            gdn: Vec::new(),
+            last: empty(),
+            shared: empty(),
         }
+    }
+}
+
+impl<B: Backend> PromptCache<B> {
+    /// Forget every slot.
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.last.len = 0;
+        self.shared.len = 0;
     }
 }
 
@@ -887,39 +910,65 @@ impl<B: Backend> Worker<B> {
         Ok(out)
     }
 
-    /// Start a request's sequence: resume from the prompt cache when `prompt` is longer than its
-    /// tokens and starts with them (returns their count), else reset to empty (returns 0; the cache
-    /// is forgotten, since the prefill about to run overwrites the KV rows it relies on).
-    fn resume_prompt(&mut self, prompt: &[u32]) -> Result<usize> {
-        if let Some(c) = &mut self.cache {
-            let b = c.tokens.len();
-            if b > 0 && prompt.len() > b && prompt.starts_with(&c.tokens) {
-                self.backend.copy_gdn_all(&c.gdn, &mut self.state.gdn)?;
-                for kv in &mut self.state.kv {
-                    self.backend.truncate_kv(kv, b);
-                }
-                self.state.pos = b;
-                return Ok(b);
+    /// Start a request's sequence: resume from the prompt cache's longest slot that `prompt` starts
+    /// with and is longer than. Returns `(resumed length, shared boundary)`: on a resume the length
+    /// (slots past it are forgotten: the prefill about to run overwrites their KV rows), otherwise
+    /// 0 and the sequence reset (every slot forgotten), with the last chunk boundary inside the
+    /// prefix `prompt` shares with the cached prompt, for [`Worker::save_prompt`]'s `shared` slot.
+    fn resume_prompt(&mut self, prompt: &[u32]) -> Result<(usize, usize)> {
+        let chunk = self.chunk;
+        let Some(c) = &mut self.cache else {
+            self.state.reset(&self.backend);
+            return Ok((0, 0));
+        };
+        let common = prompt
+            .iter()
+            .zip(&c.tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let fits = |len: usize| len > 0 && len <= common && len < prompt.len();
+        let slot = [&c.last, &c.shared]
+            .into_iter()
+            .filter(|s| fits(s.len))
+            .max_by_key(|s| s.len);
+        if let Some(slot) = slot {
+            let b = slot.len;
+            self.backend.copy_gdn_all(&slot.gdn, &mut self.state.gdn)?;
+            for kv in &mut self.state.kv {
+                self.backend.truncate_kv(kv, b);
             }
-            c.tokens.clear();
+            self.state.pos = b;
+            for s in [&mut c.last, &mut c.shared] {
+                if s.len > b {
+                    s.len = 0;
+                }
+            }
+            c.tokens.truncate(b);
+            return Ok((b, 0));
         }
+        c.clear();
         self.state.reset(&self.backend);
-        Ok(0)
+        Ok((
+            0,
+            common.min(prompt.len().saturating_sub(1)) / chunk * chunk,
+        ))
     }
 
-    /// Put the live GDN state, which is the state after `prefix`, into the prompt cache. Where its
-    /// buffers cannot be allocated the cache turns off (a warning on stderr) and the request goes on.
-    fn save_prompt(&mut self, prefix: &[u32]) -> Result<()> {
+    /// Put the live GDN state, which is the state after `prefix`, into the prompt cache's `last`
+    /// slot (or `shared`). Where its buffers cannot be allocated the cache turns off (a warning on
+    /// stderr) and the request goes on.
+    fn save_prompt(&mut self, prefix: &[u32], shared: bool) -> Result<()> {
         let Some(c) = &mut self.cache else {
             return Ok(());
         };
         debug_assert_eq!(prefix.len(), self.state.pos);
-        if c.gdn.is_empty() {
+        let slot = if shared { &mut c.shared } else { &mut c.last };
+        if slot.gdn.is_empty() {
             let bufs: Result<Vec<_>> = (0..self.state.gdn.len())
                 .map(|_| self.backend.new_gdn(&self.cfg))
                 .collect();
             match bufs {
-                Ok(b) => c.gdn = b,
+                Ok(b) => slot.gdn = b,
                 Err(e) => {
                     eprintln!("bonsai: prompt cache off (its state buffers: {e})");
                     self.cache = None;
@@ -927,8 +976,10 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+        slot.len = 0;
+        self.backend.copy_gdn_all(&self.state.gdn, &mut slot.gdn)?;
+        slot.len = prefix.len();
         c.tokens.clear();
-        self.backend.copy_gdn_all(&self.state.gdn, &mut c.gdn)?;
         c.tokens.extend_from_slice(prefix);
         Ok(())
     }
@@ -936,7 +987,7 @@ impl<B: Backend> Worker<B> {
     /// Forget the prompt cache (the live KV rows are about to change from position 0).
     fn forget_prompt(&mut self) {
         if let Some(c) = &mut self.cache {
-            c.tokens.clear();
+            c.clear();
         }
     }
 
@@ -950,7 +1001,7 @@ impl<B: Backend> Worker<B> {
         let n_ctx = self.state.n_ctx;
         let p_len = req.prompt.len();
         // the sequence resumes at `resume` (the prompt cache) or starts empty
-        let resume = self.resume_prompt(&req.prompt)?;
+        let (resume, shared) = self.resume_prompt(&req.prompt)?;
         self.cached = resume;
         let use_spec = self.spec.is_some() && req.speculative != Some(false);
         let force = req.speculative == Some(true);
@@ -987,7 +1038,8 @@ impl<B: Backend> Worker<B> {
         // Prefill in chunks from `resume` (chunks start at multiples of the chunk either way);
         // logits only for the last row of the last chunk. With a drafter, the taps of the last
         // `window` prompt positions are captured per chunk and staged right away. The state at the
-        // last chunk's start goes into the prompt cache.
+        // last chunk's start goes into the prompt cache, and on a fresh prefill also the state at
+        // the last boundary of the prefix shared with the previous prompt.
         let rest = &req.prompt[resume..];
         let n_chunks = rest.len().div_ceil(self.chunk);
         for (i, chunk) in rest.chunks(self.chunk).enumerate() {
@@ -997,10 +1049,13 @@ impl<B: Backend> Worker<B> {
             let pos0 = resume + i * self.chunk;
             let rows = if i + 1 == n_chunks {
                 if pos0 > resume {
-                    self.save_prompt(&req.prompt[..pos0])?;
+                    self.save_prompt(&req.prompt[..pos0], false)?;
                 }
                 LogitRows::Last
             } else {
+                if pos0 > 0 && pos0 == shared {
+                    self.save_prompt(&req.prompt[..pos0], true)?;
+                }
                 LogitRows::None
             };
             let first = p_len.saturating_sub(window).max(pos0) - pos0;

@@ -737,7 +737,8 @@ pub fn complete_with_logprobs(
 /// that extends it, the same prompt again, the cached prefix plus one token, the cached prefix
 /// alone (no resume: nothing would be left to prefill), a prompt that resumes an older, shorter
 /// boundary, an unrelated prompt, an `Engine::logits` call (which forgets the cache), a short
-/// prompt — on `cached` (prompt cache on) gives the tokens of `fresh` (prompt cache off) request by
+/// prompt, then three users of one system prompt (the second saves the shared boundary, the third
+/// and the second again resume it) — on `cached` (prompt cache on) gives the tokens of `fresh` (prompt cache off) request by
 /// request, greedy and seeded sampling, and with `same_logprobs` every logprob bit as well; each
 /// request resumes exactly the expected prefix (`Usage::cached_tokens`). `chunk`: both engines'
 /// `prefill_chunk`. Returns the resumed tokens summed over the sequence.
@@ -767,6 +768,9 @@ pub fn prompt_cache_equals_fresh(
     let a_plus1 = [&a[..2 * c], &toks(1, 3)[..]].concat();
     let other = toks(c + c / 6, 4);
     let short = toks(10, 5);
+    // one system prompt of 1.5 chunks, three users of a chunk each
+    let user = |seed: u32| [&a[..c + c / 2], &toks(c, seed)[..]].concat();
+    let (user_a, user_b, user_c) = (user(6), user(7), user(8));
     let greedy = SamplerParams::greedy();
     let sampled = sampled(77);
     // (what, prompt, sampling, prompt tokens expected from the cache)
@@ -787,6 +791,15 @@ pub fn prompt_cache_equals_fresh(
         ),
         ("a short prompt", &short, &greedy, 0),
         ("the short prompt again", &short, &greedy, 0),
+        ("user A of a system prompt", &user_a, &greedy, 0),
+        (
+            "user B of the system prompt (saves its boundary)",
+            &user_b,
+            &greedy,
+            0,
+        ),
+        ("user C of the system prompt", &user_c, &greedy, c),
+        ("user B again", &user_b, &greedy, c),
     ];
     let mut resumed = 0;
     for (what, p, params, want_cached) in steps {
