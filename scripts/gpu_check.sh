@@ -266,6 +266,11 @@ if [[ $PCACHE == 1 ]] && ! late "prompt cache"; then
     BONSAI_BUILD_COMMIT=$(cat .device/commit.txt) PYTHONPATH=/tmp/bonsai-py python3 bench/prompt_cache.py --model $f \
       --device cuda --system 4000 --user 100 --gen 32 --turns 6 --reps 2 --out "$OUT/cuda-prompt-cache-27b-$v" 2>&1 |
       tee "$OUT/prompt-cache-$v.log"; rc=$((rc|${PIPESTATUS[0]}))
+    # three conversations taking turns: the stash against the live conversation only and no cache
+    BONSAI_BUILD_COMMIT=$(cat .device/commit.txt) PYTHONPATH=/tmp/bonsai-py python3 bench/prompt_cache.py --model $f \
+      --device cuda --system 4000 --user 100 --gen 32 --turns 4 --conversations 3 --reps 2 \
+      --out "$OUT/cuda-prompt-cache-interleaved-27b-$v" 2>&1 | tee "$OUT/prompt-cache-interleaved-$v.log"
+    rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 if [[ $APIAB == 1 ]] && ! late "api a/b"; then

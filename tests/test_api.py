@@ -80,15 +80,20 @@ def test_n_ctx_option(tiny_q1):
     assert c.finish_reason == "length" and 1 <= len(c.token_ids) <= 2
 
 
-def test_prompt_cache_resumes_and_equals_fresh(tiny_q1):
-    """A prompt that extends the previous one resumes at that prompt's last 512-token boundary and
-    gives the tokens and logprobs of a fresh prefill (the engine without a cache)."""
-    cached = bonsai.Engine(tiny_q1, device="cpu")
+@pytest.mark.parametrize("entries", [4, 0])
+def test_prompt_cache_resumes_and_equals_fresh(tiny_q1, entries):
+    """A prompt that extends a cached one resumes at that prompt's last 512-token boundary and gives
+    the tokens and logprobs of a fresh prefill (the engine without a cache). With stashed lineages
+    (``prompt_cache_entries`` 4) a conversation the last prompt replaced is resumed from the stash;
+    with 0 only the live one is."""
+    cached = bonsai.Engine(tiny_q1, device="cpu", prompt_cache_entries=entries)
     fresh = bonsai.Engine(tiny_q1, device="cpu", prompt_cache=False)
+    stash = entries > 0
     n_vocab = cached.info["n_vocab"]
     first = [(i * 7919 + 11) % n_vocab for i in range(700)]
     turn = first + [(i * 104729 + 5) % n_vocab for i in range(120)]
-    for prompt, want_cached in ((first, 0), (turn, 512), (first, 512), (turn[:512], 0), (turn, 0)):
+    steps = [(first, 0), (turn, 512), (first, 512), (turn[:512], 0), (turn, 512 if stash else 0)]
+    for prompt, want_cached in steps:
         got = cached.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
         want = fresh.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
         assert got.usage["cached_tokens"] == want_cached, (len(prompt), got.usage)
@@ -98,7 +103,13 @@ def test_prompt_cache_resumes_and_equals_fresh(tiny_q1):
     # three users of one 600-token system prompt: the second saves its last 512-token boundary
     system = first[:600]
     users = [system + [(i * 31 + 7 * u) % n_vocab for i in range(600)] for u in (1, 2, 3)]
-    steps = [([5, 6, 7], 0), (users[0], 0), (users[1], 0), (users[2], 512), (users[1], 512)]  # short: cache emptied
+    steps = [
+        ([5, 6, 7], 0),  # short: the live lineage is emptied (and stashed)
+        (users[0], 512 if stash else 0),  # the stashed first[:512]
+        (users[1], 0),
+        (users[2], 512),
+        (users[1], 1024 if stash else 512),  # its own last boundary, from the stash
+    ]
     for prompt, want_cached in steps:
         got = cached.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
         want = fresh.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
@@ -106,6 +117,26 @@ def test_prompt_cache_resumes_and_equals_fresh(tiny_q1):
         assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
     with pytest.raises(bonsai.InvalidRequestError, match="prompt_cache"):
         bonsai.Engine(tiny_q1, device="cpu", prompt_cache="yes")
+    with pytest.raises(bonsai.InvalidRequestError, match="prompt_cache_entries"):
+        bonsai.Engine(tiny_q1, device="cpu", prompt_cache_entries=-1)
+    with pytest.raises(bonsai.InvalidRequestError, match="prefill_chunk"):
+        bonsai.Engine(tiny_q1, device="cpu", prefill_chunk=0)
+
+
+def test_prefill_chunk_sets_the_prompt_cache_boundaries(tiny_q1):
+    """``prefill_chunk`` 128: a chat turn resumes at its previous prompt's last 128-token boundary,
+    with the tokens and logprobs of a fresh prefill at the default chunk (the bits may differ
+    between chunk sizes, so the reference uses the same chunk)."""
+    cached = bonsai.Engine(tiny_q1, device="cpu", prefill_chunk=128)
+    fresh = bonsai.Engine(tiny_q1, device="cpu", prefill_chunk=128, prompt_cache=False)
+    n_vocab = cached.info["n_vocab"]
+    first = [(i * 7919 + 11) % n_vocab for i in range(300)]
+    turn = first + [(i * 104729 + 5) % n_vocab for i in range(50)]
+    for prompt, want_cached in ((first, 0), (turn, 256)):
+        got = cached.complete(prompt, max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
+        want = fresh.complete(prompt, max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
+        assert got.usage["cached_tokens"] == want_cached, got.usage
+        assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
 
 
 @pytest.mark.parametrize("variant,wtype", [("q2", "Q2"), ("pq2", "PQ2")])

@@ -350,6 +350,39 @@ def test_multi_turn_chat_resumes_from_the_prompt_cache(tiny_q1):
     assert vals["bonsai_prompt_cached_tokens_total"] == str(resumed)
 
 
+def test_interleaved_conversations_each_resume_their_own_history(tiny_q1):
+    """Two conversations with different long system prompts, alternating through the server: each
+    second turn resumes its own first turn's prompt from the prompt cache's stash and answers as an
+    engine without a cache does; with ``prompt_cache_entries=0`` the second turns start over."""
+    fresh = bonsai.Engine(tiny_q1, device="cpu", prompt_cache=False)
+    convs = []
+    for who in ("an owl", "a fox"):
+        system = {"role": "system", "content": " ".join(f"rule {i}: speak as {who}." for i in range(120))}
+        convs.append([system, {"role": "user", "content": "hi"}])
+    n1 = [len(fresh.tokenize(fresh.apply_chat_template(c, enable_thinking=False))) for c in convs]
+    assert min(n1) > 512, n1
+    body = {"max_tokens": 5, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+
+    async def go(c):
+        firsts = [await (await c.post(CHAT, json={**body, "messages": m})).json() for m in convs]
+        seconds, turns = [], []
+        for m, r in zip(convs, firsts, strict=True):
+            turn2 = [*m, r["choices"][0]["message"], {"role": "user", "content": "and then?"}]
+            turns.append(turn2)
+            seconds.append(await (await c.post(CHAT, json={**body, "messages": turn2})).json())
+        return firsts, seconds, turns
+
+    for entries in (4, 0):
+        cached = bonsai.Engine(tiny_q1, device="cpu", prompt_cache_entries=entries)
+        firsts, seconds, turns = serve(cached, go)
+        for n, r1, r2, turn2 in zip(n1, firsts, seconds, turns, strict=True):
+            assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            want = 512 * ((n - 1) // 512) if entries else 0
+            assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == want, (entries, r2["usage"])
+            _, exp = expected_chat(fresh, turn2, thinking=False, max_tokens=5)
+            assert r2["choices"][0]["message"]["content"] == exp.text
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 

@@ -139,6 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "n_ctx": args.n_ctx,
         "threads": args.threads,
         "prompt_cache": not args.no_prompt_cache,
+        "prompt_cache_entries": args.prompt_cache_entries,
     }
     if args.draft is not None:
         kw.update(draft=args.draft, speculative=args.speculative)
@@ -189,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--no-prompt-cache",
         action="store_true",
-        help="prefill every prompt from scratch (default: resume one that starts with the previous prompt)",
+        help="prefill every prompt from scratch (default: resume one that starts with a cached prompt)",
+    )
+    s.add_argument(
+        "--prompt-cache-entries",
+        type=int,
+        default=4,
+        metavar="N",
+        help="conversations the prompt cache keeps besides the live one (default 4; 0: only the live one)",
     )
     s.set_defaults(fn=cmd_serve)
     sub.add_parser("synth", help="generate synthetic models (python -m bonsai synth --help)")

@@ -142,13 +142,20 @@ class Engine:
         rollback: GDN rollback after a partial accept: ``"replay"`` (default) or ``"reforward"``.
         kv_cache: attention KV cache storage, ``"f16"`` (default) or ``"q8_0"`` (CPU and Vulkan;
             ~47% less memory per context token).
-        prompt_cache: resume a request whose prompt starts with the previous prompt (multi-turn
-            chat, a repeated request) from the state saved at that prompt's last 512-token prefill
-            boundary, or with the prefix the previous prompt shared with the one before it (a common
-            system prompt) from its last boundary, instead of prefilling it again. Output is
+        prompt_cache: resume a request whose prompt starts with a cached prompt's tokens (the next
+            turn of a chat, a repeated request, another user of a long system prompt) from the state
+            saved at that prompt's last prefill-chunk boundary, or at the last boundary of a prefix
+            it shared with an earlier prompt, instead of prefilling it again. Output is
             bit-identical to a fresh prefill; ``usage["cached_tokens"]`` says how many prompt tokens
-            were resumed. Costs up to two copies of the GDN state (~157 MB each for the 27B) in the
-            backend's memory.
+            were resumed.
+        prompt_cache_entries: with ``prompt_cache``, how many other conversations (or earlier
+            branches of one) are kept besides the live one, so that interleaved conversations each
+            resume their own history; the least recently used goes first. Each costs a copy of its
+            KV rows and up to two copies of the GDN state (~157 MB each for the 27B) in the
+            backend's memory. ``0`` keeps only the live conversation.
+        prefill_chunk: prompt tokens per prefill forward (default 512). The prompt cache's
+            boundaries are its multiples: a smaller chunk re-prefills less of a resumed prompt, at
+            some prefill speed.
     """
 
     def __init__(
@@ -163,6 +170,8 @@ class Engine:
         rollback: str = "replay",
         kv_cache: str = "f16",
         prompt_cache: bool = True,
+        prompt_cache_entries: int = 4,
+        prefill_chunk: int = 512,
     ) -> None:
         if model is None:
             model = demo_model_path()
@@ -172,7 +181,7 @@ class Engine:
             )
         if not isinstance(device, str):
             raise _bonsai.InvalidRequestError(f"device must be a string, got {type(device).__name__}")
-        for name, v in (("n_ctx", n_ctx), ("threads", threads)):
+        for name, v in (("n_ctx", n_ctx), ("threads", threads), ("prefill_chunk", prefill_chunk)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise _bonsai.InvalidRequestError(f"{name} must be a positive integer, got {v!r}")
         if draft is not None and not isinstance(draft, (str, os.PathLike)):
@@ -182,6 +191,9 @@ class Engine:
                 raise _bonsai.InvalidRequestError(f"{name} must be a string, got {type(v).__name__}")
         if not isinstance(prompt_cache, bool):
             raise _bonsai.InvalidRequestError(f"prompt_cache must be a bool, got {type(prompt_cache).__name__}")
+        entries = prompt_cache_entries
+        if not isinstance(entries, int) or isinstance(entries, bool) or entries < 0:
+            raise _bonsai.InvalidRequestError(f"prompt_cache_entries must be a non-negative integer, got {entries!r}")
         self._raw = _bonsai.RawEngine(
             os.fspath(model),
             device,
@@ -192,6 +204,8 @@ class Engine:
             rollback,
             kv_cache,
             prompt_cache,
+            prompt_cache_entries,
+            prefill_chunk,
         )
         self.info: dict[str, Any] = dict(self._raw.info())
 

@@ -80,6 +80,8 @@ class RawEngine:
         rollback: str = "replay",
         kv_cache: str = "f16",
         prompt_cache: bool = True,
+        prompt_cache_entries: int = 4,
+        prefill_chunk: int = 512,
     ) -> RawEngine: ...
     def info(self) -> dict[str, Any]:
         """``path``, ``architecture``, ``name``, ``weight_type`` (str); ``n_layer``, ``n_embd``,

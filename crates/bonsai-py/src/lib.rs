@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use bonsai_engine::backend::KvType;
 use bonsai_engine::chat::ChatMessage;
-use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, Event, GenRequest};
+use bonsai_engine::engine::{
+    DraftSource, Engine, EngineOptions, Event, GenRequest, PREFILL_CHUNK, PROMPT_CACHE_ENTRIES,
+};
 use bonsai_engine::sampling::SamplerParams;
 use bonsai_engine::spec::{PolicyMode, Rollback, SpecStats};
 use bonsai_engine::Error;
@@ -81,7 +83,7 @@ struct RawEngine {
 #[pymethods]
 impl RawEngine {
     #[new]
-    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay", kv_cache="f16", prompt_cache=true))]
+    #[pyo3(signature = (model, device="auto", n_ctx=None, threads=None, draft=None, speculative="auto", rollback="replay", kv_cache="f16", prompt_cache=true, prompt_cache_entries=PROMPT_CACHE_ENTRIES, prefill_chunk=PREFILL_CHUNK))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -94,6 +96,8 @@ impl RawEngine {
         rollback: &str,
         kv_cache: &str,
         prompt_cache: bool,
+        prompt_cache_entries: usize,
+        prefill_chunk: usize,
     ) -> PyResult<Self> {
         let kv_type = KvType::parse(kv_cache).ok_or_else(|| {
             InvalidRequestError::new_err(format!(
@@ -130,7 +134,8 @@ impl RawEngine {
             rollback,
             kv_type,
             prompt_cache,
-            ..Default::default()
+            prompt_cache_entries,
+            prefill_chunk,
         };
         let e = py.detach(|| Engine::load(&model, &opts)).map_err(to_py)?;
         Ok(RawEngine { inner: Arc::new(e) })

@@ -30,6 +30,9 @@ use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 
 /// Rows per prefill chunk (the default of [`EngineOptions::prefill_chunk`]).
 pub const PREFILL_CHUNK: usize = 512;
+/// Lineages the prompt cache keeps besides the live one (the default of
+/// [`EngineOptions::prompt_cache_entries`]).
+pub const PROMPT_CACHE_ENTRIES: usize = 4;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -52,6 +55,11 @@ pub struct EngineOptions {
     /// with those tokens from there, computing exactly what a fresh prefill does
     /// ([`Usage::cached_tokens`] counts the tokens skipped).
     pub prompt_cache: bool,
+    /// With `prompt_cache`: how many other lineages (other conversations, earlier branches of one)
+    /// the cache keeps besides the live sequence's, least recently used dropped first. Each holds a
+    /// copy of its KV rows and one or two GDN states in the backend's memory (27B: ~157 MB per
+    /// state plus 64 KiB per f16 KV row). 0: only the live sequence's lineage.
+    pub prompt_cache_entries: usize,
     /// Prompt rows per prefill forward ([`PREFILL_CHUNK`] by default). Chunks start at its
     /// multiples, and the prompt cache's boundaries are its multiples too.
     pub prefill_chunk: usize,
@@ -77,6 +85,7 @@ impl Default for EngineOptions {
             rollback: Rollback::Replay,
             kv_type: KvType::F16,
             prompt_cache: true,
+            prompt_cache_entries: PROMPT_CACHE_ENTRIES,
             prefill_chunk: PREFILL_CHUNK,
         }
     }
@@ -373,7 +382,9 @@ fn start_worker<B: Backend>(
         tokenizer: tokenizer.clone(),
         stop_ids: stop_ids.to_vec(),
         spec: spec_ctx,
-        cache: opts.prompt_cache.then(PromptCache::default),
+        cache: opts
+            .prompt_cache
+            .then(|| PromptCache::new(opts.prompt_cache_entries)),
         cached: 0,
         chunk: opts.prefill_chunk,
     };
@@ -642,52 +653,218 @@ struct Worker<B: Backend> {
     chunk: usize,
 }
 
-/// The prompt cache: GDN states saved at prefill-chunk boundaries of the prompt the live KV rows
-/// were prefilled from, whose attention KV rows are still the live cache's first rows. Two slots:
-/// `last`, the start of that prompt's last chunk (the next turn of a chat starts with the whole
-/// prompt), and `shared`, the last boundary inside the prefix it shared with the prompt before it
-/// (a system prompt that many conversations start with).
+/// The prompt cache. The live lineage: GDN states saved at prefill-chunk boundaries of the prompt
+/// the live KV rows were prefilled from, whose attention KV rows are still the live cache's first
+/// rows. Two slots: `last`, the start of that prompt's last chunk (the next turn of a chat starts
+/// with the whole prompt), and `shared`, the last boundary inside the prefix it shared with a prompt
+/// before it (a system prompt that many conversations start with).
 ///
-/// A prompt that starts with a slot's tokens and is longer resumes at the longest such slot: the GDN
-/// states are copied back, the KV is truncated to the boundary, and prefill runs from it. Prefill
-/// chunks start at multiples of the prefill chunk either way and every chunk before the boundary
-/// saw the same tokens from the same state, so a resumed request computes exactly what a fresh one
-/// does: the same logits, bit for bit. The state after generated tokens is not kept: those went
-/// through decode steps, whose float order differs from a chunked prefill's.
+/// Other lineages (other conversations, an earlier branch of this one) wait in `stash`, at most
+/// `cap` of them, least recently used first, each with its slots and a copy of the KV rows they
+/// cover. The live lineage goes there when a request would overwrite the rows of its furthest slot:
+/// another lineage resumes, a fresh prefill starts, or the request resumes at an earlier slot.
+///
+/// A prompt that starts with a slot's tokens and is longer resumes at the longest such slot, live or
+/// stashed (the live one on a tie): the GDN states are copied back, the KV is truncated to the
+/// boundary (after a stashed lineage's rows are copied in), and prefill runs from it. A stashed
+/// lineage resumed at its furthest slot becomes the live one and leaves the stash; resumed at an
+/// earlier slot it is copied and stays. Prefill chunks start at multiples of the prefill chunk
+/// either way and every chunk before the boundary saw the same tokens from the same state, so a
+/// resumed request computes exactly what a fresh one does: the same logits, bit for bit. The state
+/// after generated tokens is not kept: those went through decode steps, whose float order differs
+/// from a chunked prefill's.
 struct PromptCache<B: Backend> {
-    /// The prompt prefix every valid slot's tokens are a prefix of (the live KV rows' tokens).
+    /// The prompt prefix every valid live slot's tokens are a prefix of (the live KV rows' tokens;
+    /// as long as the furthest slot).
     tokens: Vec<u32>,
     last: Snapshot<B>,
     shared: Snapshot<B>,
+    /// Stashed lineages, least recently used first.
+    stash: Vec<Stashed<B>>,
+    /// The most lineages `stash` holds ([`EngineOptions::prompt_cache_entries`]).
+    cap: usize,
+    /// GDN buffers of dropped slots, reused by the next save.
+    spare: Vec<Vec<B::Gdn>>,
 }
 
-/// Every GDN layer's state after the first `len` tokens of [`PromptCache::tokens`] (`len` 0: empty;
-/// the buffers are allocated at the first save).
+/// Every GDN layer's state after the first `len` tokens of its lineage (`len` 0: empty; the buffers
+/// are allocated at the first save).
 struct Snapshot<B: Backend> {
     len: usize,
     gdn: Vec<B::Gdn>,
 }
 
-impl<B: Backend> Default for PromptCache<B> {
+impl<B: Backend> Default for Snapshot<B> {
     fn default() -> Self {
-        let empty = || Snapshot {
+        Snapshot {
             len: 0,
             gdn: Vec::new(),
-        };
-        PromptCache {
-            tokens: Vec::new(),
-            last: empty(),
-            shared: empty(),
         }
     }
 }
 
+/// A lineage out of the live KV cache.
+struct Stashed<B: Backend> {
+    /// `[top]`: the tokens of the rows `kv` holds; `top` is the furthest slot's length.
+    tokens: Vec<u32>,
+    last: Snapshot<B>,
+    shared: Snapshot<B>,
+    /// Per attention layer, a copy of the KV rows `0..top`.
+    kv: Vec<B::Kv>,
+}
+
+impl<B: Backend> Stashed<B> {
+    fn slot(&self, len: usize) -> &Snapshot<B> {
+        if self.last.len == len {
+            &self.last
+        } else {
+            &self.shared
+        }
+    }
+}
+
+/// Where a request's sequence starts ([`Worker::resume_prompt`]).
+struct Resume {
+    /// Prompt tokens resumed from the cache (0: a fresh sequence).
+    len: usize,
+    /// On a fresh sequence: the last chunk boundary inside the prefix the prompt shares with a
+    /// cached lineage's tokens, where [`Worker::save_prompt`] keeps the `shared` slot (0: none).
+    shared: usize,
+    /// The rows before `len` are the live sequence's own (false: another lineage's were copied in,
+    /// or the sequence starts empty).
+    same_sequence: bool,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 impl<B: Backend> PromptCache<B> {
-    /// Forget every slot.
+    fn new(cap: usize) -> Self {
+        PromptCache {
+            tokens: Vec::new(),
+            last: Snapshot::default(),
+            shared: Snapshot::default(),
+            stash: Vec::new(),
+            cap,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Forget the live lineage's slots (the stash stays).
     fn clear(&mut self) {
         self.tokens.clear();
         self.last.len = 0;
         self.shared.len = 0;
+    }
+
+    /// The live lineage's furthest slot (0: none).
+    fn top(&self) -> usize {
+        self.last.len.max(self.shared.len)
+    }
+
+    /// Keep a slot's GDN buffers for the next save (two at most: the live lineage's slots).
+    fn recycle(&mut self, s: Snapshot<B>) {
+        if !s.gdn.is_empty() && self.spare.len() < 2 {
+            self.spare.push(s.gdn);
+        }
+    }
+
+    fn recycle_entry(&mut self, e: Stashed<B>) {
+        self.recycle(e.last);
+        self.recycle(e.shared);
+    }
+
+    /// The live lineage is about to lose its rows past `keep`: move its slots past `keep` into the
+    /// stash with a copy of the KV rows up to its furthest slot (the live KV is truncated there).
+    /// Without room (`cap` 0) or memory for the copy, those slots are forgotten instead.
+    fn stash_live(&mut self, b: &B, cfg: &TargetConfig, st: &mut SeqState<B>, keep: usize) {
+        let top = self.top();
+        if top <= keep {
+            return;
+        }
+        let forget = |c: &mut Self| {
+            for s in [&mut c.last, &mut c.shared] {
+                if s.len > keep {
+                    s.len = 0;
+                }
+            }
+            c.tokens.truncate(keep);
+        };
+        if self.cap == 0 {
+            return forget(self);
+        }
+        let mut kv = Vec::with_capacity(st.kv.len());
+        for live in &mut st.kv {
+            b.truncate_kv(live, top);
+            match b.new_kv(cfg, top) {
+                Ok(mut copy) => {
+                    b.copy_kv(live, &mut copy);
+                    kv.push(copy);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "bonsai: prompt cache: a conversation is not kept (its KV copy: {e})"
+                    );
+                    return forget(self);
+                }
+            }
+        }
+        let take = |s: &mut Snapshot<B>| {
+            if s.len > keep {
+                std::mem::take(s)
+            } else {
+                Snapshot::default()
+            }
+        };
+        let entry = Stashed {
+            tokens: self.tokens[..top].to_vec(),
+            last: take(&mut self.last),
+            shared: take(&mut self.shared),
+            kv,
+        };
+        self.tokens.truncate(keep);
+        // an entry of the same rows is superseded
+        if let Some(i) = self.stash.iter().position(|e| e.tokens == entry.tokens) {
+            let old = self.stash.remove(i);
+            self.recycle_entry(old);
+        }
+        self.stash.push(entry);
+        while self.stash.len() > self.cap {
+            let old = self.stash.remove(0);
+            self.recycle_entry(old);
+        }
+    }
+
+    /// Copy stashed lineage `e`'s KV rows and the GDN state of its slot of length `len` into the
+    /// live sequence (whose slots are empty). At its furthest slot the lineage is the live one from
+    /// now on; otherwise it goes back to the stash (most recently used) and the live lineage is its
+    /// first `len` tokens, with no slot yet.
+    fn restore(&mut self, b: &B, st: &mut SeqState<B>, e: Stashed<B>, len: usize) -> Result<()> {
+        for (live, copy) in st.kv.iter_mut().zip(&e.kv) {
+            b.copy_kv(copy, live);
+            b.truncate_kv(live, len);
+        }
+        b.copy_gdn_all(&e.slot(len).gdn, &mut st.gdn)?;
+        st.pos = len;
+        if len == e.last.len.max(e.shared.len) {
+            let old = std::mem::replace(&mut self.last, e.last);
+            self.recycle(old);
+            let old = std::mem::replace(&mut self.shared, e.shared);
+            self.recycle(old);
+            self.tokens = e.tokens;
+        } else {
+            self.tokens.clear();
+            self.tokens.extend_from_slice(&e.tokens[..len]);
+            self.last.len = 0;
+            self.shared.len = 0;
+            self.stash.push(e);
+            while self.stash.len() > self.cap {
+                let old = self.stash.remove(0);
+                self.recycle_entry(old);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -861,7 +1038,7 @@ impl<B: Backend> Worker<B> {
                                 "internal error: {msg}"
                             ))));
                             // the sequence state may be half-updated: start clean
-                            self.forget_prompt();
+                            self.forget_prompt(true);
                             self.state.reset(&self.backend);
                         }
                     }
@@ -872,7 +1049,7 @@ impl<B: Backend> Worker<B> {
 
     fn all_logits(&mut self, ids: &[u32], chunked: bool) -> Result<Vec<f32>> {
         let nv = self.cfg.n_vocab;
-        self.forget_prompt();
+        self.forget_prompt(false);
         self.state.reset(&self.backend);
         let mut out = Vec::with_capacity(ids.len() * nv);
         let mut buf = Vec::new();
@@ -910,48 +1087,81 @@ impl<B: Backend> Worker<B> {
         Ok(out)
     }
 
-    /// Start a request's sequence: resume from the prompt cache's longest slot that `prompt` starts
-    /// with and is longer than. Returns `(resumed length, shared boundary)`: on a resume the length
-    /// (slots past it are forgotten: the prefill about to run overwrites their KV rows), otherwise
-    /// 0 and the sequence reset (every slot forgotten), with the last chunk boundary inside the
-    /// prefix `prompt` shares with the cached prompt, for [`Worker::save_prompt`]'s `shared` slot.
-    fn resume_prompt(&mut self, prompt: &[u32]) -> Result<(usize, usize)> {
+    /// Start a request's sequence: resume from the prompt cache's longest slot, live or stashed,
+    /// that `prompt` starts with and is longer than, or start empty (see [`PromptCache`]). The
+    /// live lineage goes to the stash first where the sequence would lose its furthest slot's rows.
+    fn resume_prompt(&mut self, prompt: &[u32]) -> Result<Resume> {
         let chunk = self.chunk;
         let Some(c) = &mut self.cache else {
             self.state.reset(&self.backend);
-            return Ok((0, 0));
+            return Ok(Resume {
+                len: 0,
+                shared: 0,
+                same_sequence: false,
+            });
         };
-        let common = prompt
-            .iter()
-            .zip(&c.tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let fits = |len: usize| len > 0 && len <= common && len < prompt.len();
-        let slot = [&c.last, &c.shared]
+        let fits = |len: usize, common: usize| len > 0 && len <= common && len < prompt.len();
+        let common_live = common_prefix(prompt, &c.tokens);
+        let live = [c.last.len, c.shared.len]
             .into_iter()
-            .filter(|s| fits(s.len))
-            .max_by_key(|s| s.len);
-        if let Some(slot) = slot {
-            let b = slot.len;
-            self.backend.copy_gdn_all(&slot.gdn, &mut self.state.gdn)?;
-            for kv in &mut self.state.kv {
-                self.backend.truncate_kv(kv, b);
+            .filter(|&l| fits(l, common_live))
+            .max()
+            .unwrap_or(0);
+        let mut common_any = common_live;
+        // the stash's longest fitting slot: (length, entry)
+        let mut stashed: Option<(usize, usize)> = None;
+        for (i, e) in c.stash.iter().enumerate() {
+            let common = common_prefix(prompt, &e.tokens);
+            common_any = common_any.max(common);
+            for l in [e.last.len, e.shared.len] {
+                if fits(l, common) && stashed.is_none_or(|(best, _)| l > best) {
+                    stashed = Some((l, i));
+                }
             }
-            self.state.pos = b;
+        }
+        let (b, cfg, st) = (&self.backend, &self.cfg, &mut self.state);
+        if let Some((len, i)) = stashed.filter(|&(len, _)| len > live) {
+            let e = c.stash.remove(i);
+            c.stash_live(b, cfg, st, 0);
+            c.restore(b, st, e, len)?;
+            return Ok(Resume {
+                len,
+                shared: 0,
+                same_sequence: false,
+            });
+        }
+        if live > 0 {
+            c.stash_live(b, cfg, st, live);
+            let slot = if c.last.len == live {
+                &c.last
+            } else {
+                &c.shared
+            };
+            b.copy_gdn_all(&slot.gdn, &mut st.gdn)?;
+            for kv in &mut st.kv {
+                b.truncate_kv(kv, live);
+            }
+            st.pos = live;
             for s in [&mut c.last, &mut c.shared] {
-                if s.len > b {
+                if s.len > live {
                     s.len = 0;
                 }
             }
-            c.tokens.truncate(b);
-            return Ok((b, 0));
+            c.tokens.truncate(live);
+            return Ok(Resume {
+                len: live,
+                shared: 0,
+                same_sequence: true,
+            });
         }
+        c.stash_live(b, cfg, st, 0);
         c.clear();
-        self.state.reset(&self.backend);
-        Ok((
-            0,
-            common.min(prompt.len().saturating_sub(1)) / chunk * chunk,
-        ))
+        st.reset(b);
+        Ok(Resume {
+            len: 0,
+            shared: common_any.min(prompt.len().saturating_sub(1)) / chunk * chunk,
+            same_sequence: false,
+        })
     }
 
     /// Put the live GDN state, which is the state after `prefix`, into the prompt cache's `last`
@@ -964,15 +1174,19 @@ impl<B: Backend> Worker<B> {
         debug_assert_eq!(prefix.len(), self.state.pos);
         let slot = if shared { &mut c.shared } else { &mut c.last };
         if slot.gdn.is_empty() {
-            let bufs: Result<Vec<_>> = (0..self.state.gdn.len())
-                .map(|_| self.backend.new_gdn(&self.cfg))
-                .collect();
-            match bufs {
-                Ok(b) => slot.gdn = b,
-                Err(e) => {
-                    eprintln!("bonsai: prompt cache off (its state buffers: {e})");
-                    self.cache = None;
-                    return Ok(());
+            if let Some(g) = c.spare.pop() {
+                slot.gdn = g;
+            } else {
+                let bufs: Result<Vec<_>> = (0..self.state.gdn.len())
+                    .map(|_| self.backend.new_gdn(&self.cfg))
+                    .collect();
+                match bufs {
+                    Ok(g) => slot.gdn = g,
+                    Err(e) => {
+                        eprintln!("bonsai: prompt cache off (its state buffers: {e})");
+                        self.cache = None;
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -984,10 +1198,14 @@ impl<B: Backend> Worker<B> {
         Ok(())
     }
 
-    /// Forget the prompt cache (the live KV rows are about to change from position 0).
-    fn forget_prompt(&mut self) {
+    /// Forget the live lineage (the live KV rows are about to change from position 0); `all`: the
+    /// stash too.
+    fn forget_prompt(&mut self, all: bool) {
         if let Some(c) = &mut self.cache {
             c.clear();
+            if all {
+                c.stash.clear();
+            }
         }
     }
 
@@ -1001,24 +1219,32 @@ impl<B: Backend> Worker<B> {
         let n_ctx = self.state.n_ctx;
         let p_len = req.prompt.len();
         // the sequence resumes at `resume` (the prompt cache) or starts empty
-        let (resume, shared) = self.resume_prompt(&req.prompt)?;
+        let Resume {
+            len: resume,
+            shared,
+            same_sequence,
+        } = self.resume_prompt(&req.prompt)?;
         self.cached = resume;
         let use_spec = self.spec.is_some() && req.speculative != Some(false);
         let force = req.speculative == Some(true);
         let mut stats = SpecStats::default();
         // DSpark: the tap layers and window. The drafter's context restarts with the sequence, or
-        // keeps its rows before a resumed boundary (every request, drafting or not, so that its
-        // rows always belong to the live sequence).
+        // keeps its rows before a boundary resumed in the same sequence (every request, drafting or
+        // not, so that its rows always belong to the live sequence).
         let (tap_layers, window) = match self.spec.as_mut().map(|c| &mut c.proposer) {
             Some(Proposer::Dspark(d, st)) => {
-                match draft_resume(st.next_pos(), resume, p_len, d.window()) {
+                match draft_resume(st.next_pos(), resume, p_len, d.window())
+                    .filter(|_| same_sequence)
+                {
                     Some(p) => st.truncate(p),
                     None => st.reset(),
                 }
                 (Some(d.cfg.target_layers.clone()), d.window())
             }
             Some(Proposer::DsparkGpu(d, st)) => {
-                match draft_resume(st.next_pos(), resume, p_len, d.window()) {
+                match draft_resume(st.next_pos(), resume, p_len, d.window())
+                    .filter(|_| same_sequence)
+                {
                     Some(p) => st.truncate(p),
                     None => st.reset(),
                 }

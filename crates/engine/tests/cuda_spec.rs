@@ -644,17 +644,19 @@ fn cuda_engine_prompt_cache_equals_fresh() {
                     cache,
                 )
             };
-            let fresh = load(None, false);
-            let cached = load(None, true);
-            let n = common::prompt_cache_equals_fresh(&cached, &fresh, true, chunk, &m.name);
+            let entries = bonsai_engine::engine::PROMPT_CACHE_ENTRIES;
+            let fresh = load(None, None);
+            let cached = load(None, Some(entries));
+            let n =
+                common::prompt_cache_equals_fresh(&cached, &fresh, true, chunk, entries, &m.name);
             println!(
                 "{} chunk {chunk}: cuda cached == fresh (tokens and logprob bits), {n} resumed",
                 m.name
             );
             drop(cached);
             if let Some(d) = &m.drafter {
-                let cached = load(Some(DraftSource::Dspark(d.clone())), true);
-                common::prompt_cache_equals_fresh(&cached, &fresh, false, chunk, &m.name);
+                let cached = load(Some(DraftSource::Dspark(d.clone())), Some(entries));
+                common::prompt_cache_equals_fresh(&cached, &fresh, false, chunk, entries, &m.name);
                 println!(
                     "{} chunk {chunk}: cuda cached + DSpark == fresh plain (tokens)",
                     m.name

@@ -10,7 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bonsai_engine::backend::KvType;
-use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, PREFILL_CHUNK};
+use bonsai_engine::engine::{
+    DraftSource, Engine, EngineOptions, PREFILL_CHUNK, PROMPT_CACHE_ENTRIES,
+};
 use bonsai_engine::spec::Rollback;
 use bonsai_engine::QuantType;
 
@@ -22,7 +24,7 @@ fn write(dir: &Path, b: &common::Builder, name: &str) -> PathBuf {
 
 fn engine(
     path: &Path,
-    cache: bool,
+    cache: Option<usize>,
     chunk: usize,
     kv: KvType,
     draft: Option<DraftSource>,
@@ -30,14 +32,23 @@ fn engine(
     common::chunked_engine(path, "cpu", draft, Rollback::Replay, kv, chunk, cache)
 }
 
+const ENTRIES: Option<usize> = Some(PROMPT_CACHE_ENTRIES);
+
 #[test]
 fn cpu_prompt_cache_equals_fresh_prefill() {
     let dir = std::env::temp_dir().join(format!("bonsai-prompt-cache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let check = |m: &Path, chunk: usize, kv: KvType, label: &str| {
-        let fresh = engine(m, false, chunk, kv, None);
-        let cached = engine(m, true, chunk, kv, None);
-        let n = common::prompt_cache_equals_fresh(&cached, &fresh, true, chunk, label);
+        let fresh = engine(m, None, chunk, kv, None);
+        let cached = engine(m, ENTRIES, chunk, kv, None);
+        let n = common::prompt_cache_equals_fresh(
+            &cached,
+            &fresh,
+            true,
+            chunk,
+            PROMPT_CACHE_ENTRIES,
+            label,
+        );
         println!("{label}, chunk {chunk}: cached == fresh (tokens and logprob bits), {n} resumed");
     };
     // the engine's default chunk on Q1_0; every weight type and the q8_0 KV cache on 64-row chunks
@@ -53,17 +64,29 @@ fn cpu_prompt_cache_equals_fresh_prefill() {
         check(&m, 64, KvType::F16, wt.name());
     }
     check(&q1, 64, KvType::Q8_0, "Q1_0 q8_0 KV");
+    // only the live lineage (no stash)
+    let fresh = engine(&q1, None, 64, KvType::F16, None);
+    let live_only = engine(&q1, Some(0), 64, KvType::F16, None);
+    let n = common::prompt_cache_equals_fresh(&live_only, &fresh, true, 64, 0, "Q1_0 live only");
+    println!("Q1_0 live lineage only, chunk 64: cached == fresh, {n} resumed");
     // drafting: the drafter's context is truncated with the target's; the tokens stay the plain ones
     let d = write(&dir, &common::tiny_drafter(QuantType::Q1_0), "drafter.gguf");
     for chunk in [64, PREFILL_CHUNK] {
-        let fresh = engine(&q1, false, chunk, KvType::F16, None);
+        let fresh = engine(&q1, None, chunk, KvType::F16, None);
         for (kind, src) in [
             ("dspark", DraftSource::Dspark(d.clone())),
             ("ngram", DraftSource::Ngram),
         ] {
-            let cached = engine(&q1, true, chunk, KvType::F16, Some(src));
+            let cached = engine(&q1, ENTRIES, chunk, KvType::F16, Some(src));
             let label = format!("Q1_0 {kind}");
-            common::prompt_cache_equals_fresh(&cached, &fresh, false, chunk, &label);
+            common::prompt_cache_equals_fresh(
+                &cached,
+                &fresh,
+                false,
+                chunk,
+                PROMPT_CACHE_ENTRIES,
+                &label,
+            );
             let st = cached.spec_report().expect("drafter").totals;
             assert!(st.rounds > 0, "{label}: no speculative round ran");
             println!(

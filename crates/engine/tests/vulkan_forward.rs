@@ -16,7 +16,7 @@ use bonsai_engine::backend::cpu::{CpuAct, CpuBackend};
 use bonsai_engine::backend::vulkan::{ActMode, VkAct, VulkanBackend};
 use bonsai_engine::backend::{Backend, GdnMode, KvType, Step};
 use bonsai_engine::config::TargetConfig;
-use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
+use bonsai_engine::engine::{DraftSource, Engine, EngineOptions, PROMPT_CACHE_ENTRIES};
 use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, Mixer, SeqState, Weights};
 use bonsai_engine::sampling::SamplerParams;
@@ -254,7 +254,15 @@ fn vulkan_verify_rows_equal_single_steps() {
 }
 
 fn engine(path: &std::path::Path, draft: Option<DraftSource>, rollback: Rollback) -> Engine {
-    chunked_engine(path, "vulkan", draft, rollback, KvType::F16, 64, true)
+    chunked_engine(
+        path,
+        "vulkan",
+        draft,
+        rollback,
+        KvType::F16,
+        64,
+        Some(PROMPT_CACHE_ENTRIES),
+    )
 }
 
 /// The prompt cache on Vulkan: every request of `common::prompt_cache_equals_fresh` gives the tokens
@@ -278,8 +286,15 @@ fn vulkan_engine_prompt_cache_equals_fresh() {
             cache,
         )
     };
-    let (fresh, cached) = (load(false), load(true));
-    let n = prompt_cache_equals_fresh(&cached, &fresh, true, chunk, wt.name());
+    let (fresh, cached) = (load(None), load(Some(PROMPT_CACHE_ENTRIES)));
+    let n = prompt_cache_equals_fresh(
+        &cached,
+        &fresh,
+        true,
+        chunk,
+        PROMPT_CACHE_ENTRIES,
+        wt.name(),
+    );
     println!(
         "vulkan {}: cached == fresh (tokens and logprob bits), {n} resumed",
         wt.name()

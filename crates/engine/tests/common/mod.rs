@@ -604,7 +604,8 @@ pub fn chunked_engine(
     rollback: bonsai_engine::spec::Rollback,
     kv_type: bonsai_engine::backend::KvType,
     prefill_chunk: usize,
-    prompt_cache: bool,
+    // the prompt cache with this many stashed lineages (`None`: off)
+    cache: Option<usize>,
 ) -> bonsai_engine::engine::Engine {
     let opts = bonsai_engine::engine::EngineOptions {
         n_ctx: Some(4 * prefill_chunk),
@@ -614,7 +615,8 @@ pub fn chunked_engine(
         speculative: bonsai_engine::spec::PolicyMode::Always,
         rollback,
         kv_type,
-        prompt_cache,
+        prompt_cache: cache.is_some(),
+        prompt_cache_entries: cache.unwrap_or(0),
         prefill_chunk,
     };
     let e = bonsai_engine::engine::Engine::load(path, &opts).unwrap();
@@ -733,23 +735,28 @@ pub fn complete_with_logprobs(
     }
 }
 
-/// The prompt cache against fresh prefills. A sequence of requests — a long prompt, the chat turn
-/// that extends it, the same prompt again, the cached prefix plus one token, the cached prefix
-/// alone (no resume: nothing would be left to prefill), a prompt that resumes an older, shorter
-/// boundary, an unrelated prompt, an `Engine::logits` call (which forgets the cache), a short
-/// prompt, then three users of one system prompt (the second saves the shared boundary, the third
-/// and the second again resume it) — on `cached` (prompt cache on) gives the tokens of `fresh` (prompt cache off) request by
-/// request, greedy and seeded sampling, and with `same_logprobs` every logprob bit as well; each
-/// request resumes exactly the expected prefix (`Usage::cached_tokens`). `chunk`: both engines'
-/// `prefill_chunk`. Returns the resumed tokens summed over the sequence.
+/// Runs a sequence of requests on `cached` (an engine with the prompt cache, `entries` stashed
+/// lineages: 0 or [`bonsai_engine::engine::PROMPT_CACHE_ENTRIES`]) and `fresh` (without) and checks
+/// that each gives a fresh prefill's tokens (and, with `same_logprobs`, logprob bits) and resumes
+/// exactly the prompt tokens expected: a chat's next turns, repeats, a prefix of the cached prompt,
+/// an unrelated prompt, a logits call, short prompts, users of one system prompt, and conversations
+/// interleaved (with `entries` > 0 each resumes its own history from the stash, the least recently
+/// used dropped past `entries`). Returns the resumed prompt tokens summed over the requests.
 pub fn prompt_cache_equals_fresh(
     cached: &bonsai_engine::engine::Engine,
     fresh: &bonsai_engine::engine::Engine,
     same_logprobs: bool,
     chunk: usize,
+    entries: usize,
     label: &str,
 ) -> usize {
     use bonsai_engine::sampling::SamplerParams;
+    assert!(
+        entries == 0 || entries == bonsai_engine::engine::PROMPT_CACHE_ENTRIES,
+        "the expected resumed lengths are for 0 or {} stashed lineages",
+        bonsai_engine::engine::PROMPT_CACHE_ENTRIES
+    );
+    let stash = entries > 0;
     let c = chunk;
     let nv = cached.info().n_vocab as u32;
     let toks = |n: usize, seed: u32| -> Vec<u32> {
@@ -768,11 +775,15 @@ pub fn prompt_cache_equals_fresh(
     let a_plus1 = [&a[..2 * c], &toks(1, 3)[..]].concat();
     let other = toks(c + c / 6, 4);
     let short = toks(10, 5);
-    // one system prompt of 1.5 chunks, three users of a chunk each
+    // one system prompt of 1.5 chunks, users of a chunk each, and their next turns
     let user = |seed: u32| [&a[..c + c / 2], &toks(c, seed)[..]].concat();
-    let (user_a, user_b, user_c) = (user(6), user(7), user(8));
+    let (user_a, user_b, user_c, user_d) = (user(6), user(7), user(8), user(11));
+    let next = |u: &[u32], seed: u32| [u, &toks(c / 2, seed)[..]].concat();
+    let (user_a2, user_b2, user_c2) = (next(&user_a, 9), next(&user_b, 12), next(&user_c, 10));
     let greedy = SamplerParams::greedy();
     let sampled = sampled(77);
+    // with the stash, else only the live lineage
+    let pick = |with: usize, without: usize| if stash { with } else { without };
     // (what, prompt, sampling, prompt tokens expected from the cache)
     let steps: Vec<(&str, &[u32], &SamplerParams, usize)> = vec![
         ("long prompt", &a, &greedy, 0),
@@ -780,7 +791,12 @@ pub fn prompt_cache_equals_fresh(
         ("the long prompt again, sampled", &a, &sampled, 2 * c),
         ("the cached prefix + 1 token", &a_plus1, &greedy, 2 * c),
         ("the cached prefix alone", &a[..2 * c], &greedy, 0),
-        ("the next turn on the shorter boundary", &b, &greedy, c),
+        (
+            "the next turn again (the stash has the longer boundary)",
+            &b,
+            &greedy,
+            pick(2 * c, c),
+        ),
         ("an unrelated prompt", &other, &greedy, 0),
         ("(logits call)", &[], &greedy, 0),
         (
@@ -791,7 +807,12 @@ pub fn prompt_cache_equals_fresh(
         ),
         ("a short prompt", &short, &greedy, 0),
         ("the short prompt again", &short, &greedy, 0),
-        ("user A of a system prompt", &user_a, &greedy, 0),
+        (
+            "user A of a system prompt (a stashed chunk boundary)",
+            &user_a,
+            &greedy,
+            pick(c, 0),
+        ),
         (
             "user B of the system prompt (saves its boundary)",
             &user_b,
@@ -799,7 +820,22 @@ pub fn prompt_cache_equals_fresh(
             0,
         ),
         ("user C of the system prompt", &user_c, &greedy, c),
-        ("user B again", &user_b, &greedy, c),
+        ("user B again", &user_b, &greedy, pick(2 * c, c)),
+        ("user A's next turn", &user_a2, &greedy, pick(2 * c, c)),
+        ("user C's next turn", &user_c2, &greedy, pick(2 * c, c)),
+        (
+            "user D of the system prompt (drops the oldest lineage)",
+            &user_d,
+            &greedy,
+            c,
+        ),
+        ("user B's next turn", &user_b2, &greedy, pick(2 * c, c)),
+        (
+            "the first chat's next turn again (its lineage was dropped)",
+            &b,
+            &greedy,
+            c,
+        ),
     ];
     let mut resumed = 0;
     for (what, p, params, want_cached) in steps {
