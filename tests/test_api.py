@@ -82,17 +82,19 @@ def test_n_ctx_option(tiny_q1):
 
 @pytest.mark.parametrize("entries", [4, 0])
 def test_prompt_cache_resumes_and_equals_fresh(tiny_q1, entries):
-    """A prompt that extends a cached one resumes at that prompt's last 512-token boundary and gives
-    the tokens and logprobs of a fresh prefill (the engine without a cache). With stashed lineages
-    (``prompt_cache_entries`` 4) a conversation the last prompt replaced is resumed from the stash;
-    with 0 only the live one is."""
+    """A prompt that extends a cached one resumes at that prompt's last 64-token boundary (the CPU
+    backend's prefill granule; 512-token prefill chunks) and gives the tokens and logprobs of a fresh
+    prefill (the engine without a cache). With stashed lineages (``prompt_cache_entries`` 4) a
+    conversation the last prompt replaced is resumed from the stash; with 0 only the live one is.
+    The expected lengths follow the rules of the engine's ``PromptCache`` (its last chunk start and
+    last 64-token boundary of each prompt, the shared-prefix boundary of a fresh prefill)."""
     cached = bonsai.Engine(tiny_q1, device="cpu", prompt_cache_entries=entries)
     fresh = bonsai.Engine(tiny_q1, device="cpu", prompt_cache=False)
     stash = entries > 0
     n_vocab = cached.info["n_vocab"]
     first = [(i * 7919 + 11) % n_vocab for i in range(700)]
     turn = first + [(i * 104729 + 5) % n_vocab for i in range(120)]
-    steps = [(first, 0), (turn, 512), (first, 512), (turn[:512], 0), (turn, 512 if stash else 0)]
+    steps = [(first, 0), (turn, 640), (first, 512), (turn[:512], 0), (turn, 768 if stash else 448)]
     for prompt, want_cached in steps:
         got = cached.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
         want = fresh.complete(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
@@ -100,15 +102,16 @@ def test_prompt_cache_resumes_and_equals_fresh(tiny_q1, entries):
         assert want.usage["cached_tokens"] == 0
         assert got.token_ids == want.token_ids
         assert got.logprobs == want.logprobs  # the same bits: the resumed state is exact
-    # three users of one 600-token system prompt: the second saves its last 512-token boundary
+    # three users of one 600-token system prompt: without the stash the second saves the system
+    # prompt's last 64-token boundary (576) for the third
     system = first[:600]
     users = [system + [(i * 31 + 7 * u) % n_vocab for i in range(600)] for u in (1, 2, 3)]
     steps = [
         ([5, 6, 7], 0),  # short: the live lineage is emptied (and stashed)
-        (users[0], 512 if stash else 0),  # the stashed first[:512]
-        (users[1], 0),
-        (users[2], 512),
-        (users[1], 1024 if stash else 512),  # its own last boundary, from the stash
+        (users[0], 512 if stash else 0),  # a stashed first[:512]
+        (users[1], 512 if stash else 0),
+        (users[2], 512 if stash else 576),
+        (users[1], 1152 if stash else 576),  # its own last 64-token boundary, from the stash
     ]
     for prompt, want_cached in steps:
         got = cached.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
@@ -124,9 +127,8 @@ def test_prompt_cache_resumes_and_equals_fresh(tiny_q1, entries):
 
 
 def test_prefill_chunk_sets_the_prompt_cache_boundaries(tiny_q1):
-    """``prefill_chunk`` 128: a chat turn resumes at its previous prompt's last 128-token boundary,
-    with the tokens and logprobs of a fresh prefill at the default chunk (the bits may differ
-    between chunk sizes, so the reference uses the same chunk)."""
+    """``prefill_chunk`` 128: a chat turn resumes at its previous prompt's last 64-token boundary
+    (300 tokens: 256), with the tokens and logprobs of a fresh prefill on 128-token chunks."""
     cached = bonsai.Engine(tiny_q1, device="cpu", prefill_chunk=128)
     fresh = bonsai.Engine(tiny_q1, device="cpu", prefill_chunk=128, prompt_cache=False)
     n_vocab = cached.info["n_vocab"]

@@ -317,6 +317,17 @@ def test_models_health_metrics_policy_tokenize(engine):
     assert st == 200 and ctype.startswith("text/html") and "/v1/chat/completions" in html
 
 
+def cpu_resume(eng, turn1, turn2):
+    """Prompt tokens the CPU engine's prompt cache resumes for chat ``turn2`` after ``turn1`` (no
+    thinking): the longest boundary the first prompt's prefill saved — its last 512-token chunk start
+    or its last multiple of 64 (the CPU prefill granule) — inside the prefix the two prompts share."""
+    ids = [eng.tokenize(eng.apply_chat_template(t, enable_thinking=False)) for t in (turn1, turn2)]
+    common = next((i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b), min(map(len, ids)))
+    n1 = len(ids[0])
+    fits = [b for b in (512 * ((n1 - 1) // 512), 64 * ((n1 - 1) // 64)) if 0 < b <= common and b < len(ids[1])]
+    return max(fits, default=0)
+
+
 def test_multi_turn_chat_resumes_from_the_prompt_cache(tiny_q1):
     """The second turn of a conversation with a long system prompt resumes the first turn's prompt
     (usage.prompt_tokens_details.cached_tokens, the metrics counter) and answers as an engine
@@ -341,7 +352,8 @@ def test_multi_turn_chat_resumes_from_the_prompt_cache(tiny_q1):
 
     r1, r2, turn2, metrics = serve(cached, go)
     assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    resumed = 512 * ((n1 - 1) // 512)
+    resumed = cpu_resume(fresh, turn1, turn2)
+    assert resumed >= 512, resumed
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == resumed
     _, exp = expected_chat(fresh, turn2, thinking=False, max_tokens=6)
     assert r2["choices"][0]["message"]["content"] == exp.text
@@ -375,9 +387,10 @@ def test_interleaved_conversations_each_resume_their_own_history(tiny_q1):
     for entries in (4, 0):
         cached = bonsai.Engine(tiny_q1, device="cpu", prompt_cache_entries=entries)
         firsts, seconds, turns = serve(cached, go)
-        for n, r1, r2, turn2 in zip(n1, firsts, seconds, turns, strict=True):
+        for conv, r1, r2, turn2 in zip(convs, firsts, seconds, turns, strict=True):
             assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-            want = 512 * ((n - 1) // 512) if entries else 0
+            want = cpu_resume(fresh, conv, turn2) if entries else 0
+            assert not entries or want >= 512, want
             assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == want, (entries, r2["usage"])
             _, exp = expected_chat(fresh, turn2, thinking=False, max_tokens=5)
             assert r2["choices"][0]["message"]["content"] == exp.text

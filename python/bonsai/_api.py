@@ -144,10 +144,10 @@ class Engine:
             ~47% less memory per context token).
         prompt_cache: resume a request whose prompt starts with a cached prompt's tokens (the next
             turn of a chat, a repeated request, another user of a long system prompt) from the state
-            saved at that prompt's last prefill-chunk boundary, or at the last boundary of a prefix
-            it shared with an earlier prompt, instead of prefilling it again. Output is
-            bit-identical to a fresh prefill; ``usage["cached_tokens"]`` says how many prompt tokens
-            were resumed.
+            saved at that prompt's last prefill-chunk boundary (on the CPU also its last multiple of
+            64 tokens), or at the last boundary of a prefix it shared with an earlier prompt,
+            instead of prefilling it again. Output is bit-identical to a fresh prefill;
+            ``usage["cached_tokens"]`` says how many prompt tokens were resumed.
         prompt_cache_entries: with ``prompt_cache``, how many other conversations (or earlier
             branches of one) are kept besides the live one, so that interleaved conversations each
             resume their own history; the least recently used goes first. Each costs a copy of its

@@ -79,6 +79,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Gdn: Send;
 
     fn name(&self) -> String;
+    /// Rows at whose multiples (counted from position 0) a chunked prefill may be split into
+    /// forwards of any lengths and still give every row the bits of one forward over them all;
+    /// `None` (the default): only at the multiples of the prefill chunk. The prompt cache keeps a
+    /// boundary at the last such multiple before a prompt's end where this divides the chunk
+    /// ([`crate::engine::EngineOptions::prefill_chunk`]), so a chat's next turn prefills fewer rows.
+    fn prefill_granule(&self) -> Option<usize> {
+        None
+    }
 
     // ---- loading -------------------------------------------------------------------------------
     /// Load the matrix `name` (ggml `[n_in, n_out]`), checking its shape.

@@ -50,10 +50,11 @@ pub struct EngineOptions {
     pub rollback: Rollback,
     /// Attention KV cache storage (f16, or q8_0 on CPU).
     pub kv_type: KvType,
-    /// Keep the state at the last prompt's last prefill-chunk boundary (and at the last boundary of
-    /// the prefix it shared with the prompt before it) and resume a request whose prompt starts
-    /// with those tokens from there, computing exactly what a fresh prefill does
-    /// ([`Usage::cached_tokens`] counts the tokens skipped).
+    /// Keep the state at the last prompt's last prefill-chunk boundary, at its last boundary of the
+    /// backend's finer prefill split ([`crate::backend::Backend::prefill_granule`]; the CPU's 64
+    /// rows) and at the last boundary of the prefix it shared with the prompt before it, and
+    /// resume a request whose prompt starts with those tokens from there, computing exactly what a
+    /// fresh prefill does ([`Usage::cached_tokens`] counts the tokens skipped).
     pub prompt_cache: bool,
     /// With `prompt_cache`: how many other lineages (other conversations, earlier branches of one)
     /// the cache keeps besides the live sequence's, least recently used dropped first. Each holds a
@@ -181,7 +182,8 @@ pub struct TokenEvent {
 pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens resumed from the prompt cache instead of prefilled (a multiple of
-    /// [`EngineOptions::prefill_chunk`], at most `prompt_tokens − 1`).
+    /// [`EngineOptions::prefill_chunk`] or of the backend's prefill granule, at most
+    /// `prompt_tokens − 1`).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub prefill_seconds: f64,
@@ -373,6 +375,10 @@ fn start_worker<B: Backend>(
     }
     let spec_report = spec_ctx.as_ref().map(|c| c.report.clone());
     let device_name = format!("{device}: {}", pool.install(|| backend.name()));
+    let granule = backend
+        .prefill_granule()
+        .filter(|&g| g > 0 && opts.prefill_chunk % g == 0)
+        .unwrap_or(opts.prefill_chunk);
     let (tx, rx) = unbounded::<Cmd>();
     let worker = Worker {
         backend,
@@ -387,6 +393,7 @@ fn start_worker<B: Backend>(
             .then(|| PromptCache::new(opts.prompt_cache_entries)),
         cached: 0,
         chunk: opts.prefill_chunk,
+        granule,
     };
     let handle = std::thread::Builder::new()
         .name("bonsai-engine".into())
@@ -651,13 +658,18 @@ struct Worker<B: Backend> {
     cached: usize,
     /// Rows per prefill forward.
     chunk: usize,
+    /// The prompt cache's boundaries are its multiples: the backend's prefill granule where that
+    /// divides `chunk`, else `chunk`.
+    granule: usize,
 }
 
-/// The prompt cache. The live lineage: GDN states saved at prefill-chunk boundaries of the prompt
-/// the live KV rows were prefilled from, whose attention KV rows are still the live cache's first
-/// rows. Two slots: `last`, the start of that prompt's last chunk (the next turn of a chat starts
-/// with the whole prompt), and `shared`, the last boundary inside the prefix it shared with a prompt
-/// before it (a system prompt that many conversations start with).
+/// The prompt cache. The live lineage: GDN states saved at prefill boundaries of the prompt the
+/// live KV rows were prefilled from, whose attention KV rows are still the live cache's first rows.
+/// Three slots ([`Slot`]): `Last`, the start of that prompt's last prefill chunk; `Tail`, the last
+/// boundary before its end at the backend's finer split ([`Backend::prefill_granule`]; the next
+/// turn of a chat starts with the whole prompt, and resumes there); and `Shared`, the last boundary
+/// inside the prefix it shared with a prompt before it (a system prompt that many conversations
+/// start with).
 ///
 /// Other lineages (other conversations, an earlier branch of this one) wait in `stash`, at most
 /// `cap` of them, least recently used first, each with its slots and a copy of the KV rows they
@@ -668,23 +680,32 @@ struct Worker<B: Backend> {
 /// stashed (the live one on a tie): the GDN states are copied back, the KV is truncated to the
 /// boundary (after a stashed lineage's rows are copied in), and prefill runs from it. A stashed
 /// lineage resumed at its furthest slot becomes the live one and leaves the stash; resumed at an
-/// earlier slot it is copied and stays. Prefill chunks start at multiples of the prefill chunk
-/// either way and every chunk before the boundary saw the same tokens from the same state, so a
-/// resumed request computes exactly what a fresh one does: the same logits, bit for bit. The state
-/// after generated tokens is not kept: those went through decode steps, whose float order differs
-/// from a chunked prefill's.
+/// earlier slot it is copied and stays. Every boundary is a multiple of the prefill granule, which
+/// divides the prefill chunk, and a prefill split at such multiples gives every row the bits of a
+/// fresh chunked prefill (the granule is the chunk itself where the backend promises nothing finer),
+/// so a resumed request computes exactly what a fresh one does: the same logits, bit for bit. The
+/// state after generated tokens is not kept: those went through decode steps, whose float order
+/// differs from a chunked prefill's.
 struct PromptCache<B: Backend> {
     /// The prompt prefix every valid live slot's tokens are a prefix of (the live KV rows' tokens;
     /// as long as the furthest slot).
     tokens: Vec<u32>,
-    last: Snapshot<B>,
-    shared: Snapshot<B>,
+    /// Indexed by [`Slot`].
+    slots: [Snapshot<B>; 3],
     /// Stashed lineages, least recently used first.
     stash: Vec<Stashed<B>>,
     /// The most lineages `stash` holds ([`EngineOptions::prompt_cache_entries`]).
     cap: usize,
     /// GDN buffers of dropped slots, reused by the next save.
     spare: Vec<Vec<B::Gdn>>,
+}
+
+/// A prompt cache slot (see [`PromptCache`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slot {
+    Last = 0,
+    Tail = 1,
+    Shared = 2,
 }
 
 /// Every GDN layer's state after the first `len` tokens of its lineage (`len` 0: empty; the buffers
@@ -703,32 +724,26 @@ impl<B: Backend> Default for Snapshot<B> {
     }
 }
 
+/// The furthest of `slots` (0: none).
+fn top_slot<B: Backend>(slots: &[Snapshot<B>; 3]) -> usize {
+    slots.iter().map(|s| s.len).max().unwrap_or(0)
+}
+
 /// A lineage out of the live KV cache.
 struct Stashed<B: Backend> {
     /// `[top]`: the tokens of the rows `kv` holds; `top` is the furthest slot's length.
     tokens: Vec<u32>,
-    last: Snapshot<B>,
-    shared: Snapshot<B>,
+    slots: [Snapshot<B>; 3],
     /// Per attention layer, a copy of the KV rows `0..top`.
     kv: Vec<B::Kv>,
-}
-
-impl<B: Backend> Stashed<B> {
-    fn slot(&self, len: usize) -> &Snapshot<B> {
-        if self.last.len == len {
-            &self.last
-        } else {
-            &self.shared
-        }
-    }
 }
 
 /// Where a request's sequence starts ([`Worker::resume_prompt`]).
 struct Resume {
     /// Prompt tokens resumed from the cache (0: a fresh sequence).
     len: usize,
-    /// On a fresh sequence: the last chunk boundary inside the prefix the prompt shares with a
-    /// cached lineage's tokens, where [`Worker::save_prompt`] keeps the `shared` slot (0: none).
+    /// On a fresh sequence: the last granule boundary inside the prefix the prompt shares with a
+    /// cached lineage's tokens, where [`Worker::save_prompt`] keeps the `Shared` slot (0: none).
     shared: usize,
     /// The rows before `len` are the live sequence's own (false: another lineage's were copied in,
     /// or the sequence starts empty).
@@ -743,8 +758,7 @@ impl<B: Backend> PromptCache<B> {
     fn new(cap: usize) -> Self {
         PromptCache {
             tokens: Vec::new(),
-            last: Snapshot::default(),
-            shared: Snapshot::default(),
+            slots: Default::default(),
             stash: Vec::new(),
             cap,
             spare: Vec::new(),
@@ -754,45 +768,44 @@ impl<B: Backend> PromptCache<B> {
     /// Forget the live lineage's slots (the stash stays).
     fn clear(&mut self) {
         self.tokens.clear();
-        self.last.len = 0;
-        self.shared.len = 0;
+        for s in &mut self.slots {
+            s.len = 0;
+        }
     }
 
-    /// The live lineage's furthest slot (0: none).
-    fn top(&self) -> usize {
-        self.last.len.max(self.shared.len)
-    }
-
-    /// Keep a slot's GDN buffers for the next save (two at most: the live lineage's slots).
+    /// Keep a slot's GDN buffers for the next save (as many as the live lineage has slots).
     fn recycle(&mut self, s: Snapshot<B>) {
-        if !s.gdn.is_empty() && self.spare.len() < 2 {
+        if !s.gdn.is_empty() && self.spare.len() < self.slots.len() {
             self.spare.push(s.gdn);
         }
     }
 
     fn recycle_entry(&mut self, e: Stashed<B>) {
-        self.recycle(e.last);
-        self.recycle(e.shared);
+        for s in e.slots {
+            self.recycle(s);
+        }
+    }
+
+    /// Forget the live slots past `keep` and the tokens past it.
+    fn forget_past(&mut self, keep: usize) {
+        for s in &mut self.slots {
+            if s.len > keep {
+                s.len = 0;
+            }
+        }
+        self.tokens.truncate(keep);
     }
 
     /// The live lineage is about to lose its rows past `keep`: move its slots past `keep` into the
     /// stash with a copy of the KV rows up to its furthest slot (the live KV is truncated there).
     /// Without room (`cap` 0) or memory for the copy, those slots are forgotten instead.
     fn stash_live(&mut self, b: &B, cfg: &TargetConfig, st: &mut SeqState<B>, keep: usize) {
-        let top = self.top();
+        let top = top_slot(&self.slots);
         if top <= keep {
             return;
         }
-        let forget = |c: &mut Self| {
-            for s in [&mut c.last, &mut c.shared] {
-                if s.len > keep {
-                    s.len = 0;
-                }
-            }
-            c.tokens.truncate(keep);
-        };
         if self.cap == 0 {
-            return forget(self);
+            return self.forget_past(keep);
         }
         let mut kv = Vec::with_capacity(st.kv.len());
         for live in &mut st.kv {
@@ -806,7 +819,7 @@ impl<B: Backend> PromptCache<B> {
                     eprintln!(
                         "bonsai: prompt cache: a conversation is not kept (its KV copy: {e})"
                     );
-                    return forget(self);
+                    return self.forget_past(keep);
                 }
             }
         }
@@ -817,10 +830,10 @@ impl<B: Backend> PromptCache<B> {
                 Snapshot::default()
             }
         };
+        let [l, t, sh] = &mut self.slots;
         let entry = Stashed {
             tokens: self.tokens[..top].to_vec(),
-            last: take(&mut self.last),
-            shared: take(&mut self.shared),
+            slots: [take(l), take(t), take(sh)],
             kv,
         };
         self.tokens.truncate(keep);
@@ -845,19 +858,25 @@ impl<B: Backend> PromptCache<B> {
             b.copy_kv(copy, live);
             b.truncate_kv(live, len);
         }
-        b.copy_gdn_all(&e.slot(len).gdn, &mut st.gdn)?;
+        let slot = e
+            .slots
+            .iter()
+            .find(|s| s.len == len)
+            .ok_or_else(|| Error::Backend(format!("prompt cache: no slot of {len} tokens")))?;
+        b.copy_gdn_all(&slot.gdn, &mut st.gdn)?;
         st.pos = len;
-        if len == e.last.len.max(e.shared.len) {
-            let old = std::mem::replace(&mut self.last, e.last);
-            self.recycle(old);
-            let old = std::mem::replace(&mut self.shared, e.shared);
-            self.recycle(old);
+        if len == top_slot(&e.slots) {
+            let old = std::mem::replace(&mut self.slots, e.slots);
+            for s in old {
+                self.recycle(s);
+            }
             self.tokens = e.tokens;
         } else {
             self.tokens.clear();
             self.tokens.extend_from_slice(&e.tokens[..len]);
-            self.last.len = 0;
-            self.shared.len = 0;
+            for s in &mut self.slots {
+                s.len = 0;
+            }
             self.stash.push(e);
             while self.stash.len() > self.cap {
                 let old = self.stash.remove(0);
@@ -1091,7 +1110,7 @@ impl<B: Backend> Worker<B> {
     /// that `prompt` starts with and is longer than, or start empty (see [`PromptCache`]). The
     /// live lineage goes to the stash first where the sequence would lose its furthest slot's rows.
     fn resume_prompt(&mut self, prompt: &[u32]) -> Result<Resume> {
-        let chunk = self.chunk;
+        let granule = self.granule;
         let Some(c) = &mut self.cache else {
             self.state.reset(&self.backend);
             return Ok(Resume {
@@ -1102,8 +1121,10 @@ impl<B: Backend> Worker<B> {
         };
         let fits = |len: usize, common: usize| len > 0 && len <= common && len < prompt.len();
         let common_live = common_prefix(prompt, &c.tokens);
-        let live = [c.last.len, c.shared.len]
-            .into_iter()
+        let live = c
+            .slots
+            .iter()
+            .map(|s| s.len)
             .filter(|&l| fits(l, common_live))
             .max()
             .unwrap_or(0);
@@ -1113,7 +1134,7 @@ impl<B: Backend> Worker<B> {
         for (i, e) in c.stash.iter().enumerate() {
             let common = common_prefix(prompt, &e.tokens);
             common_any = common_any.max(common);
-            for l in [e.last.len, e.shared.len] {
+            for l in e.slots.iter().map(|s| s.len) {
                 if fits(l, common) && stashed.is_none_or(|(best, _)| l > best) {
                     stashed = Some((l, i));
                 }
@@ -1132,22 +1153,17 @@ impl<B: Backend> Worker<B> {
         }
         if live > 0 {
             c.stash_live(b, cfg, st, live);
-            let slot = if c.last.len == live {
-                &c.last
-            } else {
-                &c.shared
-            };
+            let slot = c
+                .slots
+                .iter()
+                .find(|s| s.len == live)
+                .expect("the live slot");
             b.copy_gdn_all(&slot.gdn, &mut st.gdn)?;
             for kv in &mut st.kv {
                 b.truncate_kv(kv, live);
             }
             st.pos = live;
-            for s in [&mut c.last, &mut c.shared] {
-                if s.len > live {
-                    s.len = 0;
-                }
-            }
-            c.tokens.truncate(live);
+            c.forget_past(live);
             return Ok(Resume {
                 len: live,
                 shared: 0,
@@ -1159,20 +1175,20 @@ impl<B: Backend> Worker<B> {
         st.reset(b);
         Ok(Resume {
             len: 0,
-            shared: common_any.min(prompt.len().saturating_sub(1)) / chunk * chunk,
+            shared: common_any.min(prompt.len().saturating_sub(1)) / granule * granule,
             same_sequence: false,
         })
     }
 
-    /// Put the live GDN state, which is the state after `prefix`, into the prompt cache's `last`
-    /// slot (or `shared`). Where its buffers cannot be allocated the cache turns off (a warning on
-    /// stderr) and the request goes on.
-    fn save_prompt(&mut self, prefix: &[u32], shared: bool) -> Result<()> {
+    /// Put the live GDN state, which is the state after `prefix`, into the prompt cache's slot
+    /// `which`. Where its buffers cannot be allocated the cache turns off (a warning on stderr) and
+    /// the request goes on.
+    fn save_prompt(&mut self, prefix: &[u32], which: Slot) -> Result<()> {
         let Some(c) = &mut self.cache else {
             return Ok(());
         };
         debug_assert_eq!(prefix.len(), self.state.pos);
-        let slot = if shared { &mut c.shared } else { &mut c.last };
+        let slot = &mut c.slots[which as usize];
         if slot.gdn.is_empty() {
             if let Some(g) = c.spare.pop() {
                 slot.gdn = g;
@@ -1266,22 +1282,32 @@ impl<B: Backend> Worker<B> {
         // `window` prompt positions are captured per chunk and staged right away. The state at the
         // last chunk's start goes into the prompt cache, and on a fresh prefill also the state at
         // the last boundary of the prefix shared with the previous prompt.
-        let rest = &req.prompt[resume..];
-        let n_chunks = rest.len().div_ceil(self.chunk);
-        for (i, chunk) in rest.chunks(self.chunk).enumerate() {
+        // Prefill pieces: the chunk grid from `resume`, split at the boundaries the prompt cache
+        // keeps (all multiples of the granule, which divides the chunk): `Last` at the start of the
+        // last chunk of the prompt's chunk grid, `Tail` at the last granule boundary before its
+        // end, `Shared` (fresh prefills) where the prompt leaves the prefix shared with a cached one.
+        let last = p_len.saturating_sub(1) / self.chunk * self.chunk;
+        let tail = p_len.saturating_sub(1) / self.granule * self.granule;
+        let mut starts: Vec<usize> = (resume..p_len).step_by(self.chunk).collect();
+        starts.extend([shared, last, tail].into_iter().filter(|&x| x > resume));
+        starts.sort_unstable();
+        starts.dedup();
+        for (i, &pos0) in starts.iter().enumerate() {
             if cancel.load(Ordering::Relaxed) {
                 return self.finish(events, FinishReason::Cancelled, req, 0, t0, t0, None, stats);
             }
-            let pos0 = resume + i * self.chunk;
-            let rows = if i + 1 == n_chunks {
-                if pos0 > resume {
-                    self.save_prompt(&req.prompt[..pos0], false)?;
-                }
+            let end = starts.get(i + 1).copied().unwrap_or(p_len);
+            let chunk = &req.prompt[pos0..end];
+            if pos0 > resume && pos0 == last {
+                self.save_prompt(&req.prompt[..pos0], Slot::Last)?;
+            } else if pos0 > resume && pos0 == tail {
+                self.save_prompt(&req.prompt[..pos0], Slot::Tail)?;
+            } else if pos0 > 0 && pos0 == shared {
+                self.save_prompt(&req.prompt[..pos0], Slot::Shared)?;
+            }
+            let rows = if end == p_len {
                 LogitRows::Last
             } else {
-                if pos0 > 0 && pos0 == shared {
-                    self.save_prompt(&req.prompt[..pos0], true)?;
-                }
                 LogitRows::None
             };
             let first = p_len.saturating_sub(window).max(pos0) - pos0;

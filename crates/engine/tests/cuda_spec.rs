@@ -647,8 +647,9 @@ fn cuda_engine_prompt_cache_equals_fresh() {
             let entries = bonsai_engine::engine::PROMPT_CACHE_ENTRIES;
             let fresh = load(None, None);
             let cached = load(None, Some(entries));
-            let n =
-                common::prompt_cache_equals_fresh(&cached, &fresh, true, chunk, entries, &m.name);
+            let n = common::prompt_cache_equals_fresh(
+                &cached, &fresh, true, chunk, chunk, entries, &m.name,
+            );
             println!(
                 "{} chunk {chunk}: cuda cached == fresh (tokens and logprob bits), {n} resumed",
                 m.name
@@ -656,7 +657,9 @@ fn cuda_engine_prompt_cache_equals_fresh() {
             drop(cached);
             if let Some(d) = &m.drafter {
                 let cached = load(Some(DraftSource::Dspark(d.clone())), Some(entries));
-                common::prompt_cache_equals_fresh(&cached, &fresh, false, chunk, entries, &m.name);
+                common::prompt_cache_equals_fresh(
+                    &cached, &fresh, false, chunk, chunk, entries, &m.name,
+                );
                 println!(
                     "{} chunk {chunk}: cuda cached + DSpark == fresh plain (tokens)",
                     m.name

@@ -33,6 +33,9 @@ fn engine(
 }
 
 const ENTRIES: Option<usize> = Some(PROMPT_CACHE_ENTRIES);
+/// The CPU backend's prefill granule (its delta-rule chunk): the prompt cache's boundaries on 512-
+/// and 64-row prefill chunks alike.
+const CPU_GRANULE: usize = 64;
 
 #[test]
 fn cpu_prompt_cache_equals_fresh_prefill() {
@@ -46,6 +49,7 @@ fn cpu_prompt_cache_equals_fresh_prefill() {
             &fresh,
             true,
             chunk,
+            CPU_GRANULE,
             PROMPT_CACHE_ENTRIES,
             label,
         );
@@ -67,7 +71,8 @@ fn cpu_prompt_cache_equals_fresh_prefill() {
     // only the live lineage (no stash)
     let fresh = engine(&q1, None, 64, KvType::F16, None);
     let live_only = engine(&q1, Some(0), 64, KvType::F16, None);
-    let n = common::prompt_cache_equals_fresh(&live_only, &fresh, true, 64, 0, "Q1_0 live only");
+    let n =
+        common::prompt_cache_equals_fresh(&live_only, &fresh, true, 64, 64, 0, "Q1_0 live only");
     println!("Q1_0 live lineage only, chunk 64: cached == fresh, {n} resumed");
     // drafting: the drafter's context is truncated with the target's; the tokens stay the plain ones
     let d = write(&dir, &common::tiny_drafter(QuantType::Q1_0), "drafter.gguf");
@@ -84,6 +89,7 @@ fn cpu_prompt_cache_equals_fresh_prefill() {
                 &fresh,
                 false,
                 chunk,
+                CPU_GRANULE,
                 PROMPT_CACHE_ENTRIES,
                 &label,
             );

@@ -292,6 +292,7 @@ fn vulkan_engine_prompt_cache_equals_fresh() {
         &fresh,
         true,
         chunk,
+        chunk,
         PROMPT_CACHE_ENTRIES,
         wt.name(),
     );

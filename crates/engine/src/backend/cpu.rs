@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::{decode_step_eager, AttnWeights, GdnWeights, MlpWeights, SeqState, Weights};
 
+/// Rows per chunk of the chunked delta rule in prefill ([`ops::gdn_chunked`]), counted from the
+/// start of each prefill forward.
+const GDN_CHUNK: usize = 64;
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
     /// Storage of the attention KV cache.
@@ -437,7 +441,7 @@ fn gdn_impl(
         }
         GdnMode::Chunked => {
             ops::gdn_chunked(
-                &mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, 64, &mut o,
+                &mut st.s, &q, &k, &v, &g, &beta, n, d.hk, d.dk, d.dv, GDN_CHUNK, &mut o,
             );
         }
     }
@@ -466,6 +470,15 @@ impl Backend for CpuBackend {
             rayon::current_num_threads(),
             ops::active_isa()
         )
+    }
+
+    /// 64, the delta rule's chunk: a prefill forward that starts at a multiple of it runs the rule
+    /// over the same 64-row chunks as one that starts earlier on that grid, and every other op of
+    /// the forward (projections with per-row activation scales, norms, RoPE, attention over the
+    /// cache) computes a row alone. So any split at its multiples gives every row the same bits (the
+    /// prompt-cache tests compare a resumed prefill with a fresh one bit for bit).
+    fn prefill_granule(&self) -> Option<usize> {
+        Some(GDN_CHUNK)
     }
 
     fn load_mat(&self, g: &Arc<Gguf>, name: &str, n_in: usize, n_out: usize) -> Result<CpuMat> {

@@ -736,7 +736,9 @@ pub fn complete_with_logprobs(
 }
 
 /// Runs a sequence of requests on `cached` (an engine with the prompt cache, `entries` stashed
-/// lineages: 0 or [`bonsai_engine::engine::PROMPT_CACHE_ENTRIES`]) and `fresh` (without) and checks
+/// lineages: 0 or [`bonsai_engine::engine::PROMPT_CACHE_ENTRIES`]; `chunk` rows per prefill forward
+/// and boundaries at multiples of `granule`, the backend's prefill granule where it divides the
+/// chunk, else the chunk) and `fresh` (without) and checks
 /// that each gives a fresh prefill's tokens (and, with `same_logprobs`, logprob bits) and resumes
 /// exactly the prompt tokens expected: a chat's next turns, repeats, a prefix of the cached prompt,
 /// an unrelated prompt, a logits call, short prompts, users of one system prompt, and conversations
@@ -747,6 +749,7 @@ pub fn prompt_cache_equals_fresh(
     fresh: &bonsai_engine::engine::Engine,
     same_logprobs: bool,
     chunk: usize,
+    granule: usize,
     entries: usize,
     label: &str,
 ) -> usize {
@@ -782,20 +785,53 @@ pub fn prompt_cache_equals_fresh(
     let (user_a2, user_b2, user_c2) = (next(&user_a, 9), next(&user_b, 12), next(&user_c, 10));
     let greedy = SamplerParams::greedy();
     let sampled = sampled(77);
-    // with the stash, else only the live lineage
-    let pick = |with: usize, without: usize| if stash { with } else { without };
+    // The expected resumed lengths, with the stash and with the live lineage only. With the
+    // granule equal to the chunk every boundary is a chunk start; with a 64-row granule under
+    // 512-row chunks (the CPU backend's default) the `Tail` slot sits at the last multiple of 64
+    // before each prompt's end, and the `Shared` one at a multiple of 64 too. The 64 / 512 values
+    // come from a small model of the rules in `PromptCache`'s documentation, written for this test
+    // and not from the engine's code (a: 1,097 tokens, its tail 1,088; b: 1,225, tail 1,216; users:
+    // 1,280 with a 768-token system prompt).
+    let fine = granule < c;
+    assert!(
+        !fine || (granule, c) == (64, 512),
+        "the expected resumed lengths with a finer granule are for 64 / 512, not {granule} / {c}"
+    );
+    let want = |coarse: [usize; 2], fine_rows: [usize; 2]| {
+        let w = if fine { fine_rows } else { coarse };
+        if stash {
+            w[0]
+        } else {
+            w[1]
+        }
+    };
     // (what, prompt, sampling, prompt tokens expected from the cache)
     let steps: Vec<(&str, &[u32], &SamplerParams, usize)> = vec![
         ("long prompt", &a, &greedy, 0),
-        ("its next chat turn", &b, &greedy, 2 * c),
-        ("the long prompt again, sampled", &a, &sampled, 2 * c),
-        ("the cached prefix + 1 token", &a_plus1, &greedy, 2 * c),
+        (
+            "its next chat turn",
+            &b,
+            &greedy,
+            want([2 * c; 2], [1088; 2]),
+        ),
+        (
+            "the long prompt again, sampled",
+            &a,
+            &sampled,
+            want([2 * c; 2], [1024; 2]),
+        ),
+        (
+            "the cached prefix + 1 token",
+            &a_plus1,
+            &greedy,
+            want([2 * c; 2], [1024; 2]),
+        ),
         ("the cached prefix alone", &a[..2 * c], &greedy, 0),
         (
             "the next turn again (the stash has the longer boundary)",
             &b,
             &greedy,
-            pick(2 * c, c),
+            want([2 * c, c], [1216, 960]),
         ),
         ("an unrelated prompt", &other, &greedy, 0),
         ("(logits call)", &[], &greedy, 0),
@@ -811,30 +847,55 @@ pub fn prompt_cache_equals_fresh(
             "user A of a system prompt (a stashed chunk boundary)",
             &user_a,
             &greedy,
-            pick(c, 0),
+            want([c, 0], [512, 0]),
         ),
         (
             "user B of the system prompt (saves its boundary)",
             &user_b,
             &greedy,
-            0,
+            want([0, 0], [512, 0]),
         ),
-        ("user C of the system prompt", &user_c, &greedy, c),
-        ("user B again", &user_b, &greedy, pick(2 * c, c)),
-        ("user A's next turn", &user_a2, &greedy, pick(2 * c, c)),
-        ("user C's next turn", &user_c2, &greedy, pick(2 * c, c)),
+        (
+            "user C of the system prompt",
+            &user_c,
+            &greedy,
+            want([c; 2], [512, 768]),
+        ),
+        (
+            "user B again",
+            &user_b,
+            &greedy,
+            want([2 * c, c], [1216, 768]),
+        ),
+        (
+            "user A's next turn",
+            &user_a2,
+            &greedy,
+            want([2 * c, c], [1216, 768]),
+        ),
+        (
+            "user C's next turn",
+            &user_c2,
+            &greedy,
+            want([2 * c, c], [1216, 768]),
+        ),
         (
             "user D of the system prompt (drops the oldest lineage)",
             &user_d,
             &greedy,
-            c,
+            want([c; 2], [512, 768]),
         ),
-        ("user B's next turn", &user_b2, &greedy, pick(2 * c, c)),
+        (
+            "user B's next turn",
+            &user_b2,
+            &greedy,
+            want([2 * c, c], [1216, 768]),
+        ),
         (
             "the first chat's next turn again (its lineage was dropped)",
             &b,
             &greedy,
-            c,
+            want([c; 2], [960, 768]),
         ),
     ];
     let mut resumed = 0;
