@@ -151,7 +151,7 @@ class Engine:
         prompt_cache_entries: with ``prompt_cache``, how many other conversations (or earlier
             branches of one) are kept besides the live one, so that interleaved conversations each
             resume their own history; the least recently used goes first. Each costs a copy of its
-            KV rows and up to two copies of the GDN state (~157 MB each for the 27B) in the
+            KV rows and up to three copies of the GDN state (~157 MB each for the 27B) in the
             backend's memory. ``0`` keeps only the live conversation.
         prefill_chunk: prompt tokens per prefill forward (default 512). The prompt cache's
             boundaries are its multiples: a smaller chunk re-prefills less of a resumed prompt, at

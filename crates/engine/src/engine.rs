@@ -58,7 +58,7 @@ pub struct EngineOptions {
     pub prompt_cache: bool,
     /// With `prompt_cache`: how many other lineages (other conversations, earlier branches of one)
     /// the cache keeps besides the live sequence's, least recently used dropped first. Each holds a
-    /// copy of its KV rows and one or two GDN states in the backend's memory (27B: ~157 MB per
+    /// copy of its KV rows and one to three GDN states in the backend's memory (27B: ~157 MB per
     /// state plus 64 KiB per f16 KV row). 0: only the live sequence's lineage.
     pub prompt_cache_entries: usize,
     /// Prompt rows per prefill forward ([`PREFILL_CHUNK`] by default). Chunks start at its
