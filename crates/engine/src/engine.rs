@@ -842,7 +842,13 @@ impl<B: Backend> PromptCache<B> {
             let old = self.stash.remove(i);
             self.recycle_entry(old);
         }
-        self.stash.push(entry);
+        self.push_entry(entry);
+    }
+
+    /// Put `e` in the stash as its most recently used entry, dropping the least recently used past
+    /// `cap`.
+    fn push_entry(&mut self, e: Stashed<B>) {
+        self.stash.push(e);
         while self.stash.len() > self.cap {
             let old = self.stash.remove(0);
             self.recycle_entry(old);
@@ -877,11 +883,7 @@ impl<B: Backend> PromptCache<B> {
             for s in &mut self.slots {
                 s.len = 0;
             }
-            self.stash.push(e);
-            while self.stash.len() > self.cap {
-                let old = self.stash.remove(0);
-                self.recycle_entry(old);
-            }
+            self.push_entry(e);
         }
         Ok(())
     }
@@ -1163,7 +1165,6 @@ impl<B: Backend> Worker<B> {
                 b.truncate_kv(kv, live);
             }
             st.pos = live;
-            c.forget_past(live);
             return Ok(Resume {
                 len: live,
                 shared: 0,
@@ -1247,20 +1248,17 @@ impl<B: Backend> Worker<B> {
         // DSpark: the tap layers and window. The drafter's context restarts with the sequence, or
         // keeps its rows before a boundary resumed in the same sequence (every request, drafting or
         // not, so that its rows always belong to the live sequence).
+        let own = if same_sequence { resume } else { 0 };
         let (tap_layers, window) = match self.spec.as_mut().map(|c| &mut c.proposer) {
             Some(Proposer::Dspark(d, st)) => {
-                match draft_resume(st.next_pos(), resume, p_len, d.window())
-                    .filter(|_| same_sequence)
-                {
+                match draft_resume(st.next_pos(), own, p_len, d.window()) {
                     Some(p) => st.truncate(p),
                     None => st.reset(),
                 }
                 (Some(d.cfg.target_layers.clone()), d.window())
             }
             Some(Proposer::DsparkGpu(d, st)) => {
-                match draft_resume(st.next_pos(), resume, p_len, d.window())
-                    .filter(|_| same_sequence)
-                {
+                match draft_resume(st.next_pos(), own, p_len, d.window()) {
                     Some(p) => st.truncate(p),
                     None => st.reset(),
                 }
