@@ -792,6 +792,43 @@ fn cuda_rows_first_round_ab() {
         &rows,
     );
 }
+/// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
+/// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
+/// form: the what-if's rejected round and the greedy step, alternating in one process (four
+/// times). `BONSAI_B1Q_AHEAD_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_b1q_ahead_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_b1q_ahead_round_ab") else {
+        return;
+    };
+    let gpu = t.cuda.gpu();
+    let saved = gpu.b1q_ahead();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for ahead in [false, true] {
+            gpu.set_b1q_ahead(ahead);
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "B1QAHEAD rep {rep} b1q_ahead {ahead:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"b1q_ahead\": {ahead}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_b1q_ahead(saved);
+    emit_rows(
+        &t,
+        &path,
+        ("B1QAHEAD", "BONSAI_B1Q_AHEAD_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
+        &rows,
+    );
+}
+
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel

@@ -434,12 +434,36 @@ __device__ __forceinline__ void mma_u8u8_k32(int* d, const u32* a, u32 b0, u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Weight loads that do not allocate in L1 (the AHEAD form of the verify below): each weight word
+// is read once per launch, so caching it in L1 only evicts the activation rows, which every warp
+// of the SM reads again for each block. The same values as __ldg.
+__device__ __forceinline__ uint4 ldg_na_u4(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ldg_na_u32(const u32* p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 // Block: RGW tile groups × KS K parts (warp w: part w % KS, group w / KS); a group is R
 // consecutive 16-row tiles, which share each block's activation loads. The weights of the next
 // block pair are loaded while the current one is used.
 // PL = 2 (Q2_0): the A bytes are the codes c = c0 + 2·c1 ∈ 0..3 built from both planes' words,
 // and S = 256·Chi + Clo − Σ_k a_k (the weight is c − 1), the b1-plane kernels' exact block sum.
-template <int KS, int RGW, int R, int PL = 1>
+// AHEAD (`_r2a`, the default; `Gpu::b1q_ahead`): each block's activation B fragments, code sums
+// and units are loaded one block ahead of their use, so the MMAs of block b no longer wait on an
+// L1 / L2 round trip for them, and the weights and scales are loaded without allocating in L1
+// (ldg_na_*), so they do not evict the activation rows. The same values and float operations, so
+// the same bits. 27B rejected round on an H100, alternating in one process: Q1_0 6.56–6.71 →
+// 6.32–6.36 ms, Q2_0 7.78–7.91 → 7.36–7.46 (bench/results/cuda-h100-verify-loads-ab*-27b-*.json:
+// the no-allocate loads alone gave 6.57 / 7.63–7.72; the activations a pair ahead, the weights two
+// pairs ahead, or both, took 146–242 registers and were slower than AHEAD, 6.43–7.54 / 8.0–8.2).
+template <int KS, int RGW, int R, int PL = 1, bool AHEAD = false>
 __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre) {
@@ -483,9 +507,13 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
-            for (int q = 0; q < PL; ++q) na[r][q] = __ldg(wa[r] + ((size_t)p * PL + q) * 32);
-            nd[r][0] = __ldg(wd[r] + (size_t)(2 * p) * 8);
-            nd[r][1] = __ldg(wd[r] + (size_t)(2 * p + 1) * 8);
+            for (int q = 0; q < PL; ++q) {
+                const uint4* a = wa[r] + ((size_t)p * PL + q) * 32;
+                na[r][q] = AHEAD ? ldg_na_u4(a) : __ldg(a);
+            }
+            const u32 *d0 = wd[r] + (size_t)(2 * p) * 8, *d1 = wd[r] + (size_t)(2 * p + 1) * 8;
+            nd[r][0] = AHEAD ? ldg_na_u32(d0) : __ldg(d0);
+            nd[r][1] = AHEAD ? ldg_na_u32(d1) : __ldg(d1);
         }
     };
     if (pre) {
@@ -496,6 +524,28 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
         if (live) load_w(p0);
     }
     const u32 M = 0x01010101u;
+    // one block's activation operands: B fragments (hi, lo bytes of j 0..3), the two C columns'
+    // code sums (negated) and units
+    struct Act {
+        uint4 bh01, bl01, bh23, bl23;
+        int na0, na1;
+        float u0, u1;
+    };
+    auto load_act = [&](int blk) {
+        Act a;
+        a.bh01 = a.bl01 = a.bh23 = a.bl23 = make_uint4(0u, 0u, 0u, 0u);
+        if (bok) {
+            const uint4* b = xb + (size_t)blk * 16;
+            a.bh01 = __ldg(b), a.bl01 = __ldg(b + 1), a.bh23 = __ldg(b + 2), a.bl23 = __ldg(b + 3);
+        }
+        const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
+        const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));
+        a.na0 = -((sa.x + sa.y) + (sa.z + sa.w)), a.na1 = -((sb.x + sb.y) + (sb.z + sb.w));
+        a.u0 = __ldg(xu + (size_t)c0 * nblk + blk), a.u1 = __ldg(xu + (size_t)c1 * nblk + blk);
+        return a;
+    };
+    Act nx;  // AHEAD: the next block's operands
+    if (AHEAD && live) nx = load_act(2 * p0);
     for (int p = p0; live && p < p1; ++p) {
         uint4 ca[R][PL];
         u32 cd[R][2];
@@ -509,17 +559,19 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 #pragma unroll
         for (int hb = 0; hb < 2; ++hb) {
             const int blk = 2 * p + hb;
-            uint4 bh01 = {0u, 0u, 0u, 0u}, bl01 = bh01, bh23 = bh01, bl23 = bh01;
-            if (bok) {
-                const uint4* b = xb + (size_t)blk * 16;
-                bh01 = __ldg(b), bl01 = __ldg(b + 1), bh23 = __ldg(b + 2), bl23 = __ldg(b + 3);
+            Act cur;
+            if (AHEAD) {
+                cur = nx;
+                if (blk + 1 < 2 * p1) nx = load_act(blk + 1);
+            } else {
+                cur = load_act(blk);
             }
-            const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
-            const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));
-            const int na0 = -((sa.x + sa.y) + (sa.z + sa.w)), na1 = -((sb.x + sb.y) + (sb.z + sb.w));
-            const float u0 = __ldg(xu + (size_t)c0 * nblk + blk), u1 = __ldg(xu + (size_t)c1 * nblk + blk);
-            const u32 bh[8] = {bh01.x, bh01.y, bh01.z, bh01.w, bh23.x, bh23.y, bh23.z, bh23.w};
-            const u32 bl[8] = {bl01.x, bl01.y, bl01.z, bl01.w, bl23.x, bl23.y, bl23.z, bl23.w};
+            const int na0 = cur.na0, na1 = cur.na1;
+            const float u0 = cur.u0, u1 = cur.u1;
+            const u32 bh[8] = {cur.bh01.x, cur.bh01.y, cur.bh01.z, cur.bh01.w,
+                               cur.bh23.x, cur.bh23.y, cur.bh23.z, cur.bh23.w};
+            const u32 bl[8] = {cur.bl01.x, cur.bl01.y, cur.bl01.z, cur.bl01.w,
+                               cur.bl23.x, cur.bl23.y, cur.bl23.z, cur.bl23.w};
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const u32 w0 = hb ? ca[r][0].z : ca[r][0].x, w1 = hb ? ca[r][0].w : ca[r][0].y;
@@ -584,10 +636,11 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 }
 
 // Variants `_rR_kKS`: R tiles per warp, the K split KS (4 warps per block up to KS = 4, then KS
-// warps). Launcher: `Gpu::mv_b1q`.
-#define MVBQ_ENTRY(NAME, R, KS, RGW, PL)                                                   \
+// warps); `_r2a_kKS` the AHEAD form of `_r2` (the default). Launcher: `Gpu::mv_b1q`.
+#define MVBQ_ENTRY(NAME, R, KS, RGW, PL) MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, false)
+#define MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, AHEAD)                                        \
     MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xv,                                    \
-                 mvbq_mv<KS, RGW, R, PL>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+                 mvbq_mv<KS, RGW, R, PL, AHEAD>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
 MVBQ_ENTRY(mvbq_q1_r1_k1, 1, 1, 4, 1)
 MVBQ_ENTRY(mvbq_q1_r1_k2, 1, 2, 2, 1)
 MVBQ_ENTRY(mvbq_q1_r1_k4, 1, 4, 1, 1)
@@ -608,3 +661,13 @@ MVBQ_ENTRY(mvbq_q2_r2_k2, 2, 2, 2, 2)
 MVBQ_ENTRY(mvbq_q2_r2_k4, 2, 4, 1, 2)
 MVBQ_ENTRY(mvbq_q2_r2_k8, 2, 8, 1, 2)
 MVBQ_ENTRY(mvbq_q2_r2_k16, 2, 16, 1, 2)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r2a_k1, 2, 1, 4, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r2a_k2, 2, 2, 2, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r2a_k4, 2, 4, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r2a_k8, 2, 8, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r2a_k16, 2, 16, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k1, 2, 1, 4, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k2, 2, 2, 2, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k4, 2, 4, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k8, 2, 8, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k16, 2, 16, 1, 2, true)

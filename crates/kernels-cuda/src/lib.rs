@@ -1803,6 +1803,11 @@ kernels!(
         mvbq_q1_r2_k4,
         mvbq_q1_r2_k8,
         mvbq_q1_r2_k16,
+        mvbq_q1_r2a_k1,
+        mvbq_q1_r2a_k2,
+        mvbq_q1_r2a_k4,
+        mvbq_q1_r2a_k8,
+        mvbq_q1_r2a_k16,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -1837,6 +1842,11 @@ kernels!(
         mvbq_q2_r2_k4,
         mvbq_q2_r2_k8,
         mvbq_q2_r2_k16,
+        mvbq_q2_r2a_k1,
+        mvbq_q2_r2a_k2,
+        mvbq_q2_r2a_k4,
+        mvbq_q2_r2a_k8,
+        mvbq_q2_r2a_k16,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -2084,6 +2094,8 @@ pub struct Gpu {
     gdn_norm_batch: AtomicBool,
     /// [`Gpu::mv_rows_first`] (`BONSAI_CUDA_MV_ROWS_FIRST=0` turns it off).
     mv_rows_first: AtomicBool,
+    /// [`Gpu::b1q_ahead`] (`BONSAI_CUDA_B1Q_AHEAD=0` turns it off).
+    b1q_ahead: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2422,6 +2434,9 @@ impl Gpu {
             ),
             mv_rows_first: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_MV_ROWS_FIRST").map_or(true, |v| v != "0"),
+            ),
+            b1q_ahead: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
@@ -3708,7 +3723,8 @@ impl Gpu {
                 | (self.spec_pdl() as u64) << 25
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
-                | (self.mv_rows_first() as u64) << 29,
+                | (self.mv_rows_first() as u64) << 29
+                | (self.b1q_ahead() as u64) << 30,
         ]
     }
 
@@ -4133,29 +4149,43 @@ impl Gpu {
         let f = &self.f;
         // the variants by K split 1, 2, 4, 8, 16, and the launch shape
         let r = mvbq_tiles();
-        let t = match (planes, r) {
-            (1, 1) => [
+        let t = match (planes, r, self.b1q_ahead()) {
+            (1, 1, _) => [
                 f.mvbq_q1_r1_k1,
                 f.mvbq_q1_r1_k2,
                 f.mvbq_q1_r1_k4,
                 f.mvbq_q1_r1_k8,
                 f.mvbq_q1_r1_k16,
             ],
-            (1, _) => [
+            (1, _, true) => [
+                f.mvbq_q1_r2a_k1,
+                f.mvbq_q1_r2a_k2,
+                f.mvbq_q1_r2a_k4,
+                f.mvbq_q1_r2a_k8,
+                f.mvbq_q1_r2a_k16,
+            ],
+            (1, _, false) => [
                 f.mvbq_q1_r2_k1,
                 f.mvbq_q1_r2_k2,
                 f.mvbq_q1_r2_k4,
                 f.mvbq_q1_r2_k8,
                 f.mvbq_q1_r2_k16,
             ],
-            (_, 1) => [
+            (_, 1, _) => [
                 f.mvbq_q2_r1_k1,
                 f.mvbq_q2_r1_k2,
                 f.mvbq_q2_r1_k4,
                 f.mvbq_q2_r1_k8,
                 f.mvbq_q2_r1_k16,
             ],
-            _ => [
+            (_, _, true) => [
+                f.mvbq_q2_r2a_k1,
+                f.mvbq_q2_r2a_k2,
+                f.mvbq_q2_r2a_k4,
+                f.mvbq_q2_r2a_k8,
+                f.mvbq_q2_r2a_k16,
+            ],
+            (_, _, false) => [
                 f.mvbq_q2_r2_k1,
                 f.mvbq_q2_r2_k2,
                 f.mvbq_q2_r2_k4,
@@ -4307,6 +4337,22 @@ impl Gpu {
     /// Set [`Self::mv_rows_first`] (capture graphs after setting it).
     pub fn set_mv_rows_first(&self, on: bool) {
         self.mv_rows_first.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the int8 tensor-core verify ([`Self::mv_b1q`], two tiles per warp) takes its AHEAD
+    /// form (`_r2a`): each block's activation operands loaded one block ahead of their use, the
+    /// weights and scales without allocating in L1. On by default (`BONSAI_CUDA_B1Q_AHEAD=0`
+    /// off): the 27B rejected round on an H100 6.56–6.71 → 6.32–6.36 ms (Q1_0) and 7.78–7.91 →
+    /// 7.36–7.46 (Q2_0), the step unchanged (`cuda_spec_bench::cuda_b1q_ahead_round_ab`,
+    /// `bench/results/cuda-h100-verify-loads-ab*-27b-*.json`). The same float operations, so the
+    /// same bits; `gpu_kernels::mv_b1q_equals_b1p_one_row` runs both forms.
+    pub fn b1q_ahead(&self) -> bool {
+        self.b1q_ahead.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1q_ahead`] (capture graphs after setting it).
+    pub fn set_b1q_ahead(&self, on: bool) {
+        self.b1q_ahead.store(on, Ordering::Relaxed);
     }
 
     /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2

@@ -4984,8 +4984,8 @@ fn scratch_seg(z: &DevBuf, n_out: usize) -> MvSeg {
 
 /// The int8 tensor-core verify kernel on the b1-plane layout (`mvbq_q1_*`): every row of a
 /// 2..=8-row launch equals the one-row b1-plane launch of that row bit for bit (the same exact
-/// block integers, the same float operations, the shape's K split), at every K split; grouped
-/// segments, `accumulate`, and the shapes it refuses.
+/// block integers, the same float operations, the shape's K split), at every K split and in both
+/// load forms ([`Gpu::b1q_ahead`]); grouped segments, `accumulate`, and the shapes it refuses.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_b1q_equals_b1p_one_row() {
@@ -5057,7 +5057,12 @@ fn mv_b1q_equals_b1p_one_row() {
             )
             .unwrap()
         };
-        for n in [2usize, 5, 8] {
+        // both forms (`Gpu::b1q_ahead`: the activations a block ahead, the weights not in L1)
+        for (ahead, n) in [false, true]
+            .into_iter()
+            .flat_map(|a| [2usize, 5, 8].map(|n| (a, n)))
+        {
+            g.set_b1q_ahead(ahead);
             for y in &ys {
                 g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
             }
@@ -5070,7 +5075,7 @@ fn mv_b1q_equals_b1p_one_row() {
                         assert_eq!(
                             got.to_bits(),
                             want[t][r].to_bits(),
-                            "[{n_in}x{segs:?}] ks {ks} n {n}: activation {t} row {r} ({got} vs {})",
+                            "[{n_in}x{segs:?}] ks {ks} ahead {ahead} n {n}: activation {t} row {r} ({got} vs {})",
                             want[t][r]
                         );
                     } else {
@@ -5079,33 +5084,37 @@ fn mv_b1q_equals_b1p_one_row() {
                 }
             }
         }
-        // accumulate: one f32 add onto y
-        let y0: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
-        for (y, v) in ys.iter().zip(&y0) {
-            g.htod(y, 0, v).unwrap();
-        }
-        // the same [t][row], the segments concatenated
-        let y0: Vec<Vec<f32>> = (0..3)
-            .map(|t| {
-                y0.iter()
-                    .zip(&segs)
-                    .flat_map(|(v, &so)| v[t * so..(t + 1) * so].iter().copied())
-                    .collect()
-            })
-            .collect();
-        b1q(3, true);
-        let acc = gather(3);
-        for t in 0..3 {
-            for r in 0..rows {
-                assert_eq!(
-                    acc[t][r].to_bits(),
-                    (y0[t][r] + want[t][r]).to_bits(),
-                    "accumulate [{n_in}x{segs:?}] activation {t} row {r}"
-                );
+        // accumulate: one f32 add onto y, in both forms
+        for ahead in [false, true] {
+            g.set_b1q_ahead(ahead);
+            let y0s: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
+            for (y, v) in ys.iter().zip(&y0s) {
+                g.htod(y, 0, v).unwrap();
+            }
+            // the same [t][row], the segments concatenated
+            let y0: Vec<Vec<f32>> = (0..3)
+                .map(|t| {
+                    y0s.iter()
+                        .zip(&segs)
+                        .flat_map(|(v, &so)| v[t * so..(t + 1) * so].iter().copied())
+                        .collect()
+                })
+                .collect();
+            b1q(3, true);
+            let acc = gather(3);
+            for t in 0..3 {
+                for r in 0..rows {
+                    assert_eq!(
+                        acc[t][r].to_bits(),
+                        (y0[t][r] + want[t][r]).to_bits(),
+                        "accumulate ahead {ahead} [{n_in}x{segs:?}] activation {t} row {r}"
+                    );
+                }
             }
         }
+        g.set_b1q_ahead(true);
         eprintln!(
-            "mv_b1q {planes} plane(s) [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate"
+            "mv_b1q {planes} plane(s) [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate, both load forms"
         );
     }
     let z = g.alloc(1 << 16).unwrap();
