@@ -161,8 +161,8 @@ __device__ __forceinline__ void quant32_x4(const float v[4], i8* q4, float* d, i
 // subtracts the sum of sub-block tg). Host twin: `host_quant_p16`. One block barrier.
 // With `xv` (row base, may be null) also the byte-split codes of the int8 tensor-core verify
 // (`mvbq_q1_*` in kernels/mvbp.cu, which documents the layout): the high byte (signed) and the low
-// byte of element e = 2j + h + 8m of sub-block w & 3 at bytes 8·(j & 1) + 4h + m of the sub-block's
-// 64-byte chunk, the high in its 16-byte half 2·(j >> 1), the low in the half after. Host twin:
+// byte of element e = 2j + h + 8m of sub-block w & 3 at bytes 8·(j & 1) + 4h + m of that sub-block's
+// 16 bytes in the block's 64-byte quarter 2·(j >> 1) (high) or the quarter after (low). Host twin:
 // `b1q_acts_host`. With `xp` null no planes are written (the rows only the int8 tensor-core
 // verify reads: it takes the byte-split codes, the units and the sums).
 // One warp's share of quant_p16_part given the block's amax: the calling warp holds sub-block j
@@ -192,9 +192,9 @@ __device__ __forceinline__ void quant_p16_store(float v, float amax, int blk, in
     }
     if (xv) {
         const int jj = (lane >> 1) & 3, h = lane & 1, m = lane >> 3;
-        u8* c = xv + (size_t)(4 * blk + j) * 64 + (jj >> 1) * 32 + (jj & 1) * 8 + h * 4 + m;
+        u8* c = xv + (size_t)blk * 256 + (jj >> 1) * 128 + j * 16 + (jj & 1) * 8 + h * 4 + m;
         c[0] = (u8)((u32)code >> 8);
-        c[16] = (u8)code;
+        c[64] = (u8)code;
     }
     const int sum = warp_sum_i(code);
     if (lane == 0) {

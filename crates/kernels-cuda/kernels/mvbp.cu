@@ -416,9 +416,12 @@ MVBP_SWP_ENTRY(mvbp_q2_n1x_k1_swi_p16, MVBP_X_UNR_Q2, 2)
 // float operations: acc = fmaf(d·u, (float)S, acc) over the K part's blocks in increasing order,
 // then the K parts in order (`mvbp_ks` of the shape). So row t of this launch equals the one-row
 // b1-plane launch of that row bit for bit.
-// xv layout: [n][n_in / 128][4 sub-blocks tg][4] uint4 {hi(j 0, 1), lo(j 0, 1), hi(j 2, 3),
-// lo(j 2, 3)}; within a 16-byte half, byte 8·(j & 1) + 4h + m is element 2j + h + 8m of the
-// sub-block (h = 0: the b0 register, k 4tg + m; h = 1: b1, k 16 + 4tg + m).
+// xv layout: [n][n_in / 128][4 quarters {hi(j 0, 1), lo(j 0, 1), hi(j 2, 3), lo(j 2, 3)}][4
+// sub-blocks tg] uint4; within a sub-block's 16 bytes, byte 8·(j & 1) + 4h + m is element
+// 2j + h + 8m of the sub-block (h = 0: the b0 register, k 4tg + m; h = 1: b1, k 16 + 4tg + m). So
+// each of a lane's four loads of a block reads, over the warp, 64 contiguous bytes per activation
+// row (the sub-block-major order before 2026-12-06 spread them over four 64-byte chunks: twice the
+// L1 sectors per load).
 __device__ __forceinline__ void mma_u8s8_k32(int* d, const u32* a, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -496,7 +499,7 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     }
     // this lane's B column (activation row g) and its two C columns 2tg, 2tg + 1
     const bool bok = g < n, cok0 = 2 * tg < n, cok1 = 2 * tg + 1 < n;
-    const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg * 4;
+    const uint4* xb = xv + (size_t)(bok ? g : 0) * nblk * 16 + tg;
     const int c0 = cok0 ? 2 * tg : 0, c1 = cok1 ? 2 * tg + 1 : 0;
     float acc[R][4];  // rows g, g, g + 8, g + 8 × columns 2tg, 2tg + 1, 2tg, 2tg + 1
 #pragma unroll
@@ -536,7 +539,7 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
         a.bh01 = a.bl01 = a.bh23 = a.bl23 = make_uint4(0u, 0u, 0u, 0u);
         if (bok) {
             const uint4* b = xb + (size_t)blk * 16;
-            a.bh01 = __ldg(b), a.bl01 = __ldg(b + 1), a.bh23 = __ldg(b + 2), a.bl23 = __ldg(b + 3);
+            a.bh01 = __ldg(b), a.bl01 = __ldg(b + 4), a.bh23 = __ldg(b + 8), a.bl23 = __ldg(b + 12);
         }
         const int4 sa = __ldg((const int4*)(xs + ((size_t)c0 * nblk + blk) * 4));
         const int4 sb = __ldg((const int4*)(xs + ((size_t)c1 * nblk + blk) * 4));

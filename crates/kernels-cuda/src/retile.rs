@@ -347,19 +347,21 @@ pub fn host_quant_p16(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<i32>, Vec<i16>) {
 
 /// The byte-split activation codes of the int8 tensor-core verify (`mvbq_q1_*` in
 /// `kernels/mvbp.cu`) from one row's int16 `codes` (`codes.len() % 128 == 0`): per 128-element
-/// block and 32-element sub-block a 64-byte chunk of four 16-byte halves {hi(j 0, 1), lo(j 0, 1),
-/// hi(j 2, 3), lo(j 2, 3)}, where byte 8·(j & 1) + 4h + m of a half holds element 2j + h + 8m of
-/// the sub-block: hi = code >> 8 (signed), lo = code & 0xff, so code = 256·hi + lo. The host twin of
-/// what `quant_p16_part` writes to its `xv` output.
+/// block four 64-byte quarters {hi(j 0, 1), lo(j 0, 1), hi(j 2, 3), lo(j 2, 3)}, each the 16 bytes
+/// of the block's four 32-element sub-blocks in order, where byte 8·(j & 1) + 4h + m of a
+/// sub-block's 16 holds element 2j + h + 8m of the sub-block: hi = code >> 8 (signed), lo =
+/// code & 0xff, so code = 256·hi + lo. The host twin of what `quant_p16_part` writes to its `xv`
+/// output.
 pub fn b1q_acts_host(codes: &[i16]) -> Vec<u8> {
     assert_eq!(codes.len() % 128, 0, "b1q_acts_host: {} codes", codes.len());
     let mut out = vec![0u8; codes.len() * 2];
     for (sb, sub) in codes.chunks_exact(32).enumerate() {
+        let (blk, tg) = (sb / 4, sb % 4);
         for (e, &c) in sub.iter().enumerate() {
             let (j, h, m) = ((e >> 1) & 3, e & 1, e >> 3);
-            let o = sb * 64 + (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
+            let o = blk * 256 + (j >> 1) * 128 + tg * 16 + (j & 1) * 8 + h * 4 + m;
             out[o] = ((c as i32) >> 8) as u8;
-            out[o + 16] = c as u8;
+            out[o + 64] = c as u8;
         }
     }
     out
@@ -790,7 +792,6 @@ pub(crate) mod tests {
                 let xv = b1q_acts_host(&codes);
                 let (mut hi, mut lo) = (0i64, 0i64);
                 for tg in 0..4 {
-                    let chunk = &xv[tg * 64..tg * 64 + 64];
                     for j in 0..4 {
                         for h in 0..2 {
                             let i = 2 * j + h;
@@ -801,9 +802,9 @@ pub(crate) mod tests {
                             };
                             for m in 0..4 {
                                 let c = ((a >> (8 * m)) & 0xff) as i64;
-                                let o = (j >> 1) * 32 + (j & 1) * 8 + h * 4 + m;
-                                hi += c * chunk[o] as i8 as i64;
-                                lo += c * chunk[o + 16] as i64;
+                                let o = (j >> 1) * 128 + tg * 16 + (j & 1) * 8 + h * 4 + m;
+                                hi += c * xv[o] as i8 as i64;
+                                lo += c * xv[o + 64] as i64;
                             }
                         }
                     }
