@@ -792,6 +792,7 @@ fn cuda_rows_first_round_ab() {
         &rows,
     );
 }
+
 /// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
 /// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
 /// form: the what-if's rejected round and the greedy step, alternating in one process (four
