@@ -2235,7 +2235,8 @@ pub struct QuantOut {
 /// Where a producer writes b1-plane activations `[n, k]` (the input of [`Gpu::mv_b1p`] /
 /// [`Gpu::mv_b1q`], as [`Gpu::rmsnorm_quant_p16`] writes them): planes `xp` `[n, k / 256, 32, 4]`
 /// u32, units `xu` `[n, k / 128]` f32, sums `xs` `[n, k / 128, 4]` i32, and the byte-split codes
-/// `xv` `[n, k / 128, 4 quarters, 4 sub-blocks]` uint4 for [`Gpu::mv_b1q`] (0: not written). Needs `k % 256 == 0`.
+/// `xv` `[n, k / 128, 4 quarters, 4 sub-blocks]` uint4 for [`Gpu::mv_b1q`] (0: not written).
+/// Needs `k % 256 == 0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P16Out {
     /// Bit planes.
@@ -3198,8 +3199,8 @@ impl Gpu {
     /// planes `[n, k / 256, 32, 4]` u32, units `[n, k / 128]` f32, sums `[n, k / 128, 4]` i32, the
     /// input of [`Self::mv_b1p`]; `(0, 0, 0, 0)`: none) from the same normalized values; host twin
     /// [`host_quant_p16`]. The fourth buffer (0: none) gets the same codes byte-split for
-    /// [`Self::mv_b1q`] (`[n, k / 128, 4 quarters, 4 sub-blocks]` uint4, host twin [`b1q_acts_host`]). The b1-plane
-    /// outputs need `k % 256 == 0`. With them, `q = 0` skips the int8 codes (`d`, `s` unused):
+    /// [`Self::mv_b1q`] (`[n, k / 128, 4 quarters, 4 sub-blocks]` uint4, host twin
+    /// [`b1q_acts_host`]). The b1-plane outputs need `k % 256 == 0`. With them, `q = 0` skips the int8 codes (`d`, `s` unused):
     /// for rows whose every consumer reads the b1-plane outputs (the planes do not change). With
     /// the byte-split codes, `xp = 0` skips the planes: for rows that only [`Self::mv_b1q`]
     /// reads (the units, sums and byte-split codes do not change).
@@ -4117,10 +4118,11 @@ impl Gpu {
 
     /// The int8 tensor-core verify mat-vec on the b1-plane layout (`mvbq_q1_*`, `kernels/mvbp.cu`):
     /// `segs` as [`Self::mv_b1p`], activations as the norm's byte-split codes `xv`
-    /// `[n, n_in / 128, 4 quarters, 4 sub-blocks]` uint4 ([`b1q_acts_host`] spells the layout) with the block scales
-    /// `xu` and sub-block sums `xs` of the b1-plane activations; `n` ≤ [`MAX_ROWS`]. Same exact block
-    /// integers and float operations as the b1-plane kernels with the shape's K split, so row t
-    /// equals the one-row [`Self::mv_b1p`] launch of that row bit for bit.
+    /// `[n, n_in / 128, 4 quarters, 4 sub-blocks]` uint4 ([`b1q_acts_host`] spells the layout) with
+    /// the block scales `xu` and sub-block sums `xs` of the b1-plane activations; `n` ≤
+    /// [`MAX_ROWS`]. Same exact block integers and float operations as the b1-plane kernels with
+    /// the shape's K split, so row t equals the one-row [`Self::mv_b1p`] launch of that row bit
+    /// for bit.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_b1q(
         &self,

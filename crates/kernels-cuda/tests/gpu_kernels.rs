@@ -4990,6 +4990,7 @@ fn scratch_seg(z: &DevBuf, n_out: usize) -> MvSeg {
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
+    let ahead0 = g.b1q_ahead();
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
     // and one launch of an odd tile count
@@ -5112,7 +5113,7 @@ fn mv_b1q_equals_b1p_one_row() {
                 }
             }
         }
-        g.set_b1q_ahead(true);
+        g.set_b1q_ahead(ahead0);
         eprintln!(
             "mv_b1q {planes} plane(s) [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate, both load forms"
         );
