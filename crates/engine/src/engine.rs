@@ -347,6 +347,10 @@ fn start_worker<B: Backend>(
                     Some(gpu) => {
                         let d = pool.install(|| CudaDrafter::new(gpu, d))?;
                         let st = d.new_state()?;
+                        // the verify's taps stay on the device, where the drafter stages them
+                        if let Some(cuda) = as_cuda(&backend) {
+                            cuda.set_verify_taps_on_host(false);
+                        }
                         let p = Proposer::DsparkGpu(Box::new(d), Box::new(st));
                         (p, "dspark", shared, window)
                     }
@@ -889,6 +893,11 @@ impl<B: Backend> PromptCache<B> {
     }
 }
 
+/// The CUDA backend behind a generic one, if that is what it is.
+fn as_cuda<B: Backend + 'static>(b: &B) -> Option<&CudaBackend> {
+    (b as &dyn std::any::Any).downcast_ref::<CudaBackend>()
+}
+
 enum Proposer {
     /// The host drafter (CPU backend, or `BONSAI_GPU_DRAFTER=0`).
     Dspark(Box<Drafter>, DraftState),
@@ -1405,12 +1414,7 @@ impl<B: Backend> Worker<B> {
                     )?;
                     let keep = out.n_acc + 1;
                     if tap_layers.is_some() {
-                        let ctx = self.spec.as_mut().expect("use_spec");
-                        let w = ctx.bufs.taps.len() / (draft.len() + 1);
-                        let t = std::mem::take(&mut ctx.bufs.taps);
-                        let r = self.stage(&t[..keep * w], start, keep);
-                        self.spec.as_mut().expect("use_spec").bufs.taps = t;
-                        r?;
+                        self.stage_verified(start, keep, draft.len() + 1)?;
                     }
                     let secs = timer.secs();
                     stats.rounds += 1;
@@ -1519,6 +1523,29 @@ impl<B: Backend> Worker<B> {
                 .policy
                 .want_round()
         })
+    }
+
+    /// Stage the first `keep` rows of the last verify (`n` rows from `start`) into the drafter's
+    /// context: from the host copy of their taps, or, where the verify left them on the device (a
+    /// GPU drafter on CUDA), from there.
+    fn stage_verified(&mut self, start: usize, keep: usize, n: usize) -> Result<()> {
+        let ctx = self.spec.as_mut().expect("a round ran");
+        if !ctx.bufs.taps.is_empty() {
+            let w = ctx.bufs.taps.len() / n;
+            let t = std::mem::take(&mut ctx.bufs.taps);
+            let r = self.stage(&t[..keep * w], start, keep);
+            self.spec.as_mut().expect("a round ran").bufs.taps = t;
+            return r;
+        }
+        let dev = as_cuda(&self.backend).and_then(|c| c.last_verify_taps());
+        match (&mut ctx.proposer, dev) {
+            (Proposer::DsparkGpu(d, st), Some((src, rows))) if keep <= rows => {
+                d.stage_dev(st, src, start, keep)
+            }
+            _ => Err(Error::Backend(format!(
+                "the verify of {n} rows left no taps to stage {keep} of"
+            ))),
+        }
     }
 
     /// Stage committed positions into the drafter's context (DSpark only).

@@ -645,7 +645,10 @@ fn cuda_drafter_graph_equals_eager() {
         let batches = [1usize, 4, 2, 300, 5, window, 1, 3, 7];
         for (bi, &nb) in batches.iter().enumerate() {
             let taps = rand_taps(&mut rng, nb, tw);
+            // eager stage passes into one state, the captured stage (up to 8 rows) into the other
+            d.set_graph(false);
             d.stage(&mut se, &taps, pos, nb).unwrap();
+            d.set_graph(true);
             d.stage(&mut sg, &taps, pos, nb).unwrap();
             pos += nb;
             for c in 0..2 {
@@ -667,13 +670,114 @@ fn cuda_drafter_graph_equals_eager() {
                     .filter(|(a, b)| a.to_bits() != b.to_bits())
                     .count();
                 assert_eq!(diff, 0, "{what}: {diff} logits differ, eager vs graph");
+                // the Markov steps in one vocabulary order and in alternating orders: the same
+                // drafts and the same scores of the last (reversed) step, bit for bit
+                let alt0 = d.markov_alt();
+                let mut by_alt = Vec::new();
+                for alt in [false, true] {
+                    d.set_markov_alt(alt);
+                    d.set_graph(false);
+                    let ids = d.draft(&mut se, id_last, pos).unwrap();
+                    by_alt.push((ids, d.last_markov_scores(&se).unwrap()));
+                }
+                d.set_markov_alt(alt0);
+                assert_eq!(by_alt[0].0, by_alt[1].0, "{what}: drafts by Markov order");
+                let diff = by_alt[0]
+                    .1
+                    .iter()
+                    .zip(&by_alt[1].1)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    diff, 0,
+                    "{what}: {diff} Markov scores differ by vocabulary order"
+                );
                 cases += 1;
             }
         }
         assert_eq!(sg.len(), window, "{}: the window did not fill", m.name);
+        assert!(
+            sg.stage_graphs_captured() > 0 && se.stage_graphs_captured() == 0,
+            "{}: the captured stage was not used (or the eager state captured one)",
+            m.name
+        );
         println!(
-            "{}: draft graph == eager draft over {cases} drafts (ids and head logits bit for bit; \
-             window {window} rows, wrapped)",
+            "{}: draft graph after captured stages == eager draft after eager stages over {cases} \
+             drafts (ids and head logits bit for bit; window {window} rows, wrapped); Markov steps \
+             in alternating vocabulary order == one order (ids and last scores bit for bit)",
+            m.name
+        );
+    }
+}
+
+/// Staging from tap rows on the device (`CudaDrafter::stage_dev`, what the engine does with the
+/// verify's taps) equals staging the same rows from the host, eager and captured, through a
+/// wrapped window: the exported context K/V and the drafts (ids and head logits) bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_drafter_stage_dev_equals_host() {
+    let test = "cuda_drafter_stage_dev_equals_host";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    let gpu = b.gpu();
+    for m in models(test) {
+        let d = gpu_drafter(&b, &m);
+        let (tw, window, nv) = (d.tap_width(), d.window(), d.cfg.n_vocab);
+        let (graph0, sg0) = (d.graph(), d.stage_graph());
+        let mut sh = d.new_state().unwrap();
+        let mut sd = d.new_state().unwrap();
+        let mut rng = Rng(37);
+        let mut pos = 0usize;
+        // a long context staged from the host into both, then short stages of up to 8 rows
+        // (a round's kept rows) past the window's end
+        let long = window.saturating_sub(6);
+        let taps = rand_taps(&mut rng, long, tw);
+        d.stage(&mut sh, &taps, 0, long).unwrap();
+        d.stage(&mut sd, &taps, 0, long).unwrap();
+        pos += long;
+        let mut cases = 0;
+        for (i, nb) in [1usize, 5, 3, 8, 2, 4, 1, 5].into_iter().enumerate() {
+            let graph = i % 4 < 2; // eager and captured stages, both paths alike
+            d.set_graph(graph);
+            d.set_stage_graph(true);
+            let taps = rand_taps(&mut rng, nb, tw);
+            let dev = gpu.upload(&taps).unwrap();
+            d.stage(&mut sh, &taps, pos, nb).unwrap();
+            d.stage_dev(&mut sd, dev.ptr(), pos, nb).unwrap();
+            pos += nb;
+            let what = format!("{} stage {i} ({nb} rows, graph {graph}, pos {pos})", m.name);
+            let (eh, ed) = (d.export(&sh).unwrap(), d.export(&sd).unwrap());
+            assert_eq!(eh.0, ed.0, "{what}: first position");
+            let diff =
+                eh.1.iter()
+                    .zip(&ed.1)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+            assert!(
+                eh.1.len() == ed.1.len() && diff == 0,
+                "{what}: {diff} context values differ"
+            );
+            let id = (rng.next() % (nv as u64 - 1)) as u32;
+            let (ih, lh) = d.draft_with_logits(&mut sh, id, pos).unwrap();
+            let (id_, ld) = d.draft_with_logits(&mut sd, id, pos).unwrap();
+            assert_eq!(ih, id_, "{what}: drafts");
+            assert!(
+                lh.iter().zip(&ld).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: logits"
+            );
+            cases += 1;
+        }
+        assert!(
+            sd.len() == window && sd.stage_graphs_captured() > 0,
+            "{}: window or graph",
+            m.name
+        );
+        d.set_graph(graph0);
+        d.set_stage_graph(sg0);
+        println!(
+            "{}: staging from device taps == from host taps over {cases} stages (context K/V, \
+             drafts and head logits bit for bit; eager and captured; window {window} rows, wrapped)",
             m.name
         );
     }
@@ -889,47 +993,50 @@ fn cuda_draft_by_context() {
     }
 }
 
-/// The graph draft with the block mat-vecs rows-first (`Gpu::mv_rows_first`: `mv_q41_n4f`, the
-/// default) against the plain `mv_q41_n4`, alternating in one process at two context lengths,
-/// and one eager draft of each with its Q4_1 launches timed alone: a benchmark, not a timed test
-/// (it asserts only that both give drafts). `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER` as
-/// [`cuda_draft_by_context`]; JSON to `$BONSAI_DRAFT_RF_OUT` when set.
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
-fn cuda_draft_rows_first_ab() {
-    let Some((b, d)) = bench_drafter("cuda_draft_rows_first_ab") else {
-        return;
-    };
+/// Graph drafts with a switch off and on (`set`), alternating in one process at contexts of 64
+/// and 1,024 rows (4 × median of 15 drafts each), and one eager draft of each side with the
+/// launches whose kernel name starts with `prefix` timed alone: the rows of an A/B benchmark's
+/// JSON, the sides named by `names`, each line printed with `label`. Asserts only that both
+/// sides give drafts; puts the switch back to `on0`.
+fn draft_switch_ab(
+    b: &CudaBackend,
+    d: &CudaDrafter,
+    label: &str,
+    names: [&str; 2],
+    prefix: &str,
+    set: &dyn Fn(bool),
+    on0: bool,
+) -> Vec<String> {
     let gpu = b.gpu();
-    let rf0 = gpu.mv_rows_first();
     let (window, nv) = (d.window(), d.cfg.n_vocab);
     let mut st = d.new_state().unwrap();
     let mut rng = Rng(11);
     let mut pos = 0usize;
     let mut rows = Vec::new();
+    let [n0, n1] = names;
     for ctx in [64usize, 1024] {
         let ctx = ctx.min(window);
-        stage_random_taps(&d, &mut st, &mut pos, ctx, &mut rng);
-        // [plain, rows-first]
+        stage_random_taps(d, &mut st, &mut pos, ctx, &mut rng);
+        // [off, on]
         let mut ms = [Vec::new(), Vec::new()];
         for _rep in 0..4 {
-            for (side, rf) in [false, true].into_iter().enumerate() {
-                gpu.set_mv_rows_first(rf);
+            for (side, on) in [false, true].into_iter().enumerate() {
+                set(on);
                 let id = (rng.next() % (nv as u64 - 1)) as u32;
-                ms[side].push(median_draft_ms(&d, &mut st, id, pos));
+                ms[side].push(median_draft_ms(d, &mut st, id, pos));
             }
         }
-        // one eager draft of each form, its Q4_1 mat-vec launches timed alone
+        // one eager draft of each side, its `prefix` launches timed alone
         d.set_graph(false);
-        let mut q41_us = [0f32; 2];
-        for (side, rf) in [false, true].into_iter().enumerate() {
-            gpu.set_mv_rows_first(rf);
+        let mut alone_us = [0f32; 2];
+        for (side, on) in [false, true].into_iter().enumerate() {
+            set(on);
             gpu.profile_begin();
             d.draft(&mut st, 7, pos).unwrap();
-            q41_us[side] = gpu
+            alone_us[side] = gpu
                 .profile_end()
                 .iter()
-                .filter(|(k, _)| k.starts_with("mv_q41"))
+                .filter(|(k, _)| k.starts_with(prefix))
                 .map(|(_, us)| us)
                 .sum();
         }
@@ -941,25 +1048,91 @@ fn cuda_draft_rows_first_ab() {
         };
         let (p, f) = (med(&ms[0]), med(&ms[1]));
         println!(
-            "DRAFTRF context {ctx}: plain {p:.3} ms, rows-first {f:.3} ms per graph draft ({:.3}x); Q4_1 launches alone {:.1} / {:.1} us; runs {:?} / {:?}",
+            "{label} context {ctx}: {n0} {p:.3} ms, {n1} {f:.3} ms per graph draft ({:.3}x); \
+             {prefix} launches alone {:.1} / {:.1} us; runs {:?} / {:?}",
             p / f,
-            q41_us[0],
-            q41_us[1],
+            alone_us[0],
+            alone_us[1],
             ms[0],
             ms[1]
         );
         rows.push(format!(
-            "{{\"context\": {ctx}, \"plain_ms\": {p:.4}, \"rows_first_ms\": {f:.4}, \"q41_alone_us\": {{\"plain\": {:.1}, \"rows_first\": {:.1}}}, \"plain_runs\": {:?}, \"rows_first_runs\": {:?}}}",
-            q41_us[0], q41_us[1], ms[0], ms[1]
+            "{{\"context\": {ctx}, \"{n0}_ms\": {p:.4}, \"{n1}_ms\": {f:.4}, \"{prefix}_alone_us\": \
+             {{\"{n0}\": {:.1}, \"{n1}\": {:.1}}}, \"{n0}_runs\": {:?}, \"{n1}_runs\": {:?}}}",
+            alone_us[0], alone_us[1], ms[0], ms[1]
         ));
     }
-    gpu.set_mv_rows_first(rf0);
-    if let Ok(out) = std::env::var("BONSAI_DRAFT_RF_OUT") {
+    set(on0);
+    rows
+}
+
+/// Write an A/B benchmark's JSON (`what`, the device, `rows`) to the file named by `$var`, if set.
+fn write_ab_json(var: &str, what: &str, b: &CudaBackend, rows: &[String]) {
+    if let Ok(out) = std::env::var(var) {
         let json = format!(
-            "{{\"what\": \"graph draft ms with the Q4_1 block mat-vecs plain (mv_q41_n4) and rows-first (mv_q41_n4f, Gpu::set_mv_rows_first), alternating in one process, 4 x median of 15; q41_alone_us: the mv_q41 launches of one eager draft timed alone\", \"device\": \"{}\", \"rows\": [{}]}}\n",
+            "{{\"what\": \"{what}\", \"device\": \"{}\", \"rows\": [{}]}}\n",
             b.name(),
             rows.join(", ")
         );
         std::fs::write(&out, json).unwrap();
     }
+}
+
+/// The graph draft with the block mat-vecs rows-first (`Gpu::mv_rows_first`: `mv_q41_n4f`, the
+/// default) against the plain `mv_q41_n4` ([`draft_switch_ab`]): a benchmark, not a timed test.
+/// `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER` as [`cuda_draft_by_context`]; JSON to
+/// `$BONSAI_DRAFT_RF_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_rows_first_ab() {
+    let Some((b, d)) = bench_drafter("cuda_draft_rows_first_ab") else {
+        return;
+    };
+    let gpu = b.gpu();
+    let rows = draft_switch_ab(
+        &b,
+        &d,
+        "DRAFTRF",
+        ["plain", "rows_first"],
+        "mv_q41",
+        &|on| gpu.set_mv_rows_first(on),
+        gpu.mv_rows_first(),
+    );
+    write_ab_json(
+        "BONSAI_DRAFT_RF_OUT",
+        "graph draft ms with the Q4_1 block mat-vecs plain (mv_q41_n4) and rows-first (mv_q41_n4f, \
+         Gpu::set_mv_rows_first), alternating in one process, 4 x median of 15; mv_q41_alone_us: \
+         the mv_q41 launches of one eager draft timed alone",
+        &b,
+        &rows,
+    );
+}
+
+/// The graph draft with the Markov steps in alternating vocabulary orders
+/// (`CudaDrafter::set_markov_alt`, the default) against one order ([`draft_switch_ab`]): a
+/// benchmark, not a timed test. `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER` as
+/// [`cuda_draft_by_context`]; JSON to `$BONSAI_DRAFT_MARKOV_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_markov_alt_ab() {
+    let Some((b, d)) = bench_drafter("cuda_draft_markov_alt_ab") else {
+        return;
+    };
+    let rows = draft_switch_ab(
+        &b,
+        &d,
+        "DRAFTMARKOV",
+        ["one_order", "alternating"],
+        "dsp_markov",
+        &|on| d.set_markov_alt(on),
+        d.markov_alt(),
+    );
+    write_ab_json(
+        "BONSAI_DRAFT_MARKOV_OUT",
+        "graph draft ms with the Markov steps in one vocabulary order and in alternating orders \
+         (CudaDrafter::set_markov_alt), alternating in one process, 4 x median of 15; \
+         dsp_markov_alone_us: the dsp_markov_scores launches of one eager draft timed alone",
+        &b,
+        &rows,
+    );
 }

@@ -55,6 +55,11 @@ trait Switch: Backend {
     fn graphs_give_stats(&self) -> bool;
     /// Force the row fallback (rows copied after a row-less graph) on or off.
     fn force_row_fallback(&self, on: bool);
+    /// Leave the switched-on verify's taps on the device (where a GPU drafter stages them); a
+    /// backend without that keeps returning them.
+    fn taps_on_device(&self, on: bool);
+    /// The last verify's taps where it left them on the device (`floats` of them), else `None`.
+    fn device_taps(&self, floats: usize) -> Option<Vec<f32>>;
 }
 
 impl Switch for CudaBackend {
@@ -67,6 +72,18 @@ impl Switch for CudaBackend {
     fn force_row_fallback(&self, on: bool) {
         self.set_force_row_fallback(on);
     }
+    fn taps_on_device(&self, on: bool) {
+        self.set_verify_taps_on_host(!on);
+    }
+    fn device_taps(&self, floats: usize) -> Option<Vec<f32>> {
+        let (src, _rows) = self.last_verify_taps()?;
+        let g = self.gpu();
+        let buf = g.alloc(floats * 4).unwrap();
+        g.dtod(buf.ptr(), src, floats * 4).unwrap();
+        let mut v = vec![0f32; floats];
+        g.dtoh(&buf, 0, &mut v).unwrap();
+        Some(v)
+    }
 }
 
 impl Switch for CpuBackend {
@@ -75,6 +92,10 @@ impl Switch for CpuBackend {
         false
     }
     fn force_row_fallback(&self, _on: bool) {}
+    fn taps_on_device(&self, _on: bool) {}
+    fn device_taps(&self, _floats: usize) -> Option<Vec<f32>> {
+        None
+    }
 }
 
 /// How a check asks for the logits rows.
@@ -371,6 +392,7 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
     let mut greedy = Sampler::new(SamplerParams::greedy());
     let mut calls = 0;
     let (mut skipped, mut fallbacks, mut step_skipped) = (0, 0, 0);
+    let mut dev_checked = 0;
     // pass 0 captures (on CUDA), pass 1 replays at later positions
     for pass in 0..2 {
         for with_taps in [false, true] {
@@ -401,6 +423,9 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                         .unwrap();
                     b.set_graphs(true);
                     b.force_row_fallback(rows == Rows::Fallback);
+                    // every other call with taps leaves the graph's taps on the device
+                    let dev_taps = with_taps && calls % 2 == 1;
+                    b.taps_on_device(dev_taps);
                     b.round_snapshot(&sb.gdn, &mut snap_b).unwrap();
                     let st_b = b
                         .verify_forward(
@@ -415,6 +440,7 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                         )
                         .unwrap();
                     b.force_row_fallback(false);
+                    b.taps_on_device(false);
                     b.set_graphs(false);
                     assert!(host_gdn(&snap_a) == pre, "{what}: eager snapshot");
                     assert!(host_gdn(&snap_b) == pre, "{what}: graph snapshot");
@@ -433,7 +459,14 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
                     );
                     if with_taps {
                         assert_eq!(ta.len(), n * layers.len() * cfg.n_embd, "{what}: taps");
-                        assert!(bits(&ta) == bits(&tb), "{what}: taps differ");
+                        match b.device_taps(ta.len()).filter(|_| dev_taps) {
+                            Some(td) => {
+                                assert!(tb.is_empty(), "{what}: device taps also copied back");
+                                assert!(bits(&ta) == bits(&td), "{what}: device taps differ");
+                                dev_checked += 1;
+                            }
+                            None => assert!(bits(&ta) == bits(&tb), "{what}: taps differ"),
+                        }
                     }
                     for l in 0..n_gdn {
                         assert!(
@@ -465,6 +498,11 @@ fn verify_forward_checks<B: Switch>(b: &B, m: &Model) {
         }
     }
     if b.graphs_give_stats() {
+        assert!(
+            dev_checked > 0,
+            "{}: no verify left its taps on the device",
+            m.name
+        );
         assert!(
             skipped > 0 && fallbacks > 0 && step_skipped > 0,
             "{}: the graphs never skipped the rows ({skipped} verifies, {step_skipped} steps) \

@@ -94,6 +94,12 @@ impl Dr {
             d.set_graph(on);
         }
     }
+    /// The GPU drafter's captured stage on or off.
+    fn set_stage_graph(&self, on: bool) {
+        if let Dr::Gpu(d) = self {
+            d.set_stage_graph(on);
+        }
+    }
     fn draft(&self, st: &mut DrState, id_last: u32, start: usize) -> Vec<u32> {
         match (self, st) {
             (Dr::Host(d), DrState::Host(s)) => d.draft(s, id_last, start).unwrap(),
@@ -139,7 +145,16 @@ fn timed_dspark_round(
     });
     let keep = out.n_acc + 1;
     let tw = d.tap_width();
-    let ((), ss) = timed(cuda, || d.stage(ds, &bufs.taps[..keep * tw], start, keep));
+    // the kept rows' taps from the host copy, or where the verify left them on the device
+    let ((), ss) = timed(cuda, || match (bufs.taps.is_empty(), d, ds) {
+        (false, d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
+        (true, Dr::Gpu(g), DrState::Gpu(s)) => {
+            let (src, rows) = cuda.last_verify_taps().expect("taps on the device");
+            assert!(keep <= rows, "{keep} kept rows of a {rows}-row verify");
+            g.stage_dev(s, src, start, keep).unwrap()
+        }
+        _ => unreachable!("device taps without the GPU drafter"),
+    });
     (out, [sd, sr, ss])
 }
 
@@ -1306,17 +1321,25 @@ fn cuda_spec_round_cost() {
         t_ng.push(t.elapsed().as_secs_f64());
     }
     let ngram_ms = median_ms(&mut t_ng);
-    // (round graphs, draft graph): all eager, round graphs with the eager draft (the A/B of the
-    // draft graph), all graphs
+    // (round graphs, draft graph, device stage): all eager, round graphs with the eager draft (the
+    // A/B of the draft graph), graphs with the taps copied to the host and staged eagerly (the
+    // A/B of the device stage), all graphs with the taps staged from device memory by the
+    // captured stage (the engine's default)
     let mut draft_prof = String::from("null");
     let mut dspark_json = [
         String::from("null"),
         String::from("null"),
         String::from("null"),
+        String::from("null"),
     ];
-    for (ci, (graph, draft_graph)) in [(false, false), (true, false), (true, true)]
-        .into_iter()
-        .enumerate()
+    for (ci, (graph, draft_graph, dev_stage)) in [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (true, true, true),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let Some(d) = &drafter else {
             break;
@@ -1324,6 +1347,8 @@ fn cuda_spec_round_cost() {
         let gi = graph as usize;
         cuda.set_round_graph(graph);
         d.set_graph(draft_graph);
+        d.set_stage_graph(dev_stage);
+        cuda.set_verify_taps_on_host(!dev_stage || matches!(d, Dr::Host(_)));
         {
             let mut st = SeqState::new(&cuda, &cfg, n_ctx).unwrap();
             let mut ds = d.new_state();
@@ -1385,7 +1410,7 @@ fn cuda_spec_round_cost() {
                 median_ms(&mut t_total),
             );
             println!(
-            "BENCH dspark ({}, round graph {graph}, draft graph {draft_graph}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
+            "BENCH dspark ({}, round graph {graph}, draft graph {draft_graph}, device stage {dev_stage}): draft {dm:.3} ms, stage {sm:.3} ms, verify round {rm:.3} ms, \
              total {tm:.3} ms, R = {:.2} vs the greedy graph step ({:.2} vs the eager+taps step); \
              {acc} of {} drafts accepted",
             d.label(),
@@ -1394,7 +1419,7 @@ fn cuda_spec_round_cost() {
             ROUNDS * K
         );
             dspark_json[ci] = format!(
-            "{{\"drafter\": \"{}\", \"draft_graph\": {draft_graph}, \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
+            "{{\"drafter\": \"{}\", \"draft_graph\": {draft_graph}, \"device_stage\": {dev_stage}, \"draft_ms\": {dm:.3}, \"stage_ms\": {sm:.3}, \"round_ms\": {rm:.3}, \"total_ms\": {tm:.3}, \
              \"R_vs_eager_taps_step\": {:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}, \
              \"R_with_oracle_k\": [{}]}}",
             d.label(),
@@ -1409,6 +1434,10 @@ fn cuda_spec_round_cost() {
         }
     }
     cuda.set_round_graph(false);
+    cuda.set_verify_taps_on_host(true);
+    if let Some(d) = &drafter {
+        d.set_stage_graph(true);
+    }
     let ngram_r: Vec<String> = (0..=K)
         .map(|k| format!("{:.3}", (ngram_ms + round_ms[0][0][0][k]) / plain_ms))
         .collect();
@@ -1423,7 +1452,7 @@ fn cuda_spec_round_cost() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
          \"plain_step_row_ms\": {plain_row_ms:.3}, \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
-         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph_eager_draft\": {}, \"dspark_graph\": {}, \"draft_profile\": {}}}",
+         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph_eager_draft\": {}, \"dspark_graph_host_stage\": {}, \"dspark_graph\": {}, \"draft_profile\": {}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rounds_json.join(", "),
@@ -1432,6 +1461,7 @@ fn cuda_spec_round_cost() {
         dspark_json[0],
         dspark_json[1],
         dspark_json[2],
+        dspark_json[3],
         draft_prof
     );
     println!("BENCH {json}");

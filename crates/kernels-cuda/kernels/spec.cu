@@ -313,6 +313,7 @@ __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
 #define DSP_PAR_POS 0
 #define DSP_PAR_OFF 1
 #define DSP_PAR_LEN 2
+#define DSP_PAR_SLOT 3
 extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const float* w, float eps, int hd,
                                          int pos0, float rope_base, float* dst, int dst_stride, int cap,
                                          int slot0, const int* par, int heads1, const float* src2,
@@ -324,7 +325,10 @@ extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const
         h -= heads1;
         src = src2, src_stride = src2_stride, w = w2, dst = dst2, dst_stride = dst2_stride;
     }
-    if (par) pos0 = par[DSP_PAR_POS];
+    if (par) {
+        pos0 = par[DSP_PAR_POS];
+        if (cap > 0) slot0 = par[DSP_PAR_SLOT];  // a captured stage writes the ring at run time
+    }
     float x = src[(size_t)t * src_stride + h * hd + j];
     float ss = block_sum(x * x, red);
     float inv = 1.0f / sqrtf(ss / (float)hd + eps);
@@ -340,11 +344,13 @@ extern "C" __global__ void dsp_norm_rope(const float* src, int src_stride, const
     dst[dsp_ring_row(t, cap, slot0) * dst_stride + h * hd + j] = y;
 }
 
-// dst row dsp_ring_row(t) [width] = src row t [width] (src row stride src_stride).
+// dst row dsp_ring_row(t) [width] = src row t [width] (src row stride src_stride). par: null, or
+// the captured stage's device parameters, whose slot replaces slot0.
 // grid (ceil(width / 256), n), block 256.
 extern "C" __global__ void dsp_copy_rows(const float* src, int src_stride, int width, float* dst, int cap,
-                                         int slot0) {
+                                         int slot0, const int* par) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
+    if (par) slot0 = par[DSP_PAR_SLOT];
     int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     dst[dsp_ring_row(t, cap, slot0) * width + c] = src[(size_t)t * src_stride + c];
@@ -723,12 +729,17 @@ __device__ __forceinline__ float dsp_ld(const void* p, int kind, size_t i) {
 // grid ceil(nv / (8·DSP_MV)), block 256: a warp per DSP_MV vocab entries; lanes over r in
 // increasing order, or, for two 16-bit planes of the same kind and rank a multiple of 8, 8
 // consecutive r per lane (one 16-byte load of each table row).
+// rev: block i takes the vocab entries of block gridDim.x − 1 − i. The draft's steps alternate it,
+// so a step starts with the entries (and the rows of b) that the step before read last and the L2
+// still holds; every entry's operations are the same either way.
 #define DSP_MV 4  // vocab entries per warp
 extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a, int ka, const void* b, int kb,
-                                             int rank, int nv, int mask, const int* prev, float* scores) {
+                                             int rank, int nv, int mask, const int* prev, float* scores,
+                                             int rev) {
     PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int lane = threadIdx.x & 31;
-    int v0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * DSP_MV;
+    const int bx = rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    int v0 = (bx * 8 + (threadIdx.x >> 5)) * DSP_MV;
     if (v0 >= nv) return;
     int pv = *prev;
     size_t p = pv >= 0 && pv < nv ? (size_t)pv : 0;  // never read outside the table

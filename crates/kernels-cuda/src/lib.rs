@@ -2672,6 +2672,52 @@ impl Gpu {
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.op_stream()) }.map_err(err("dtod"))
     }
 
+    /// Device-to-device copy of `height` rows of `width` bytes, from rows `src_pitch` bytes apart
+    /// to rows `dst_pitch` bytes apart (stream-ordered, capturable).
+    pub fn dtod_2d(
+        &self,
+        dst: u64,
+        dst_pitch: usize,
+        src: u64,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        assert!(
+            width <= src_pitch && width <= dst_pitch,
+            "dtod_2d: rows of {width} bytes at pitches {src_pitch} / {dst_pitch}"
+        );
+        self.bind()?;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: height,
+        };
+        // SAFETY: the caller passes device ranges of `height` rows at the given pitches inside
+        // live buffers; the descriptor is read during the call.
+        unsafe {
+            sys::cuMemcpy2DAsync_v2(&copy, self.op_stream())
+                .result()
+                .map_err(err("dtod 2d"))
+        }
+    }
+
     /// Zero `bytes` at `dst` (stream-ordered).
     pub fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {

@@ -154,18 +154,20 @@ pub enum PlaneKind {
     F16 = 2,
 }
 
-/// The device parameters a captured draft reads at run time (`DSP_PAR_*` in the source): `i32`
-/// slots `[pos0, off, len]`, written before each replay. `pos0` is the block's first position
-/// ([`Gpu::dsp_norm_rope`]), `off` / `len` the live context rows of the ring
-/// ([`Gpu::dsp_attention`]).
+/// The device parameters a captured draft or stage reads at run time (`DSP_PAR_*` in the source):
+/// `i32` slots `[pos0, off, len, slot]`, written before each replay. `pos0` is the first row's
+/// position ([`Gpu::dsp_norm_rope`]), `off` / `len` the live context rows of the ring
+/// ([`Gpu::dsp_attention`]), `slot` the ring row a stage writes its first row to
+/// ([`Gpu::dsp_norm_rope`] with a ring, [`Gpu::dsp_copy_rows`]).
 pub struct DspPar;
 
 impl DspPar {
     /// i32 slots.
-    pub const SLOTS: usize = 3;
+    pub const SLOTS: usize = 4;
     pub const POS: usize = 0;
     pub const OFF: usize = 1;
     pub const LEN: usize = 2;
+    pub const SLOT: usize = 3;
 }
 
 /// A ring of `cap` rows (`cap == 0`: plain rows `0..n`) that a write starts at row `slot0`.
@@ -487,7 +489,8 @@ impl Gpu {
     /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:
     /// `heads` heads of `n` rows of `src` (`[n, src_stride]` f32, head h at columns `h·hd..`) into row
     /// `ring.(slot0 + t) mod cap` of `dst` (`[*, dst_stride]`, same columns). `par`: 0, or device
-    /// [`DspPar`] read at run time instead of `pos0` (a captured draft replays at any position).
+    /// [`DspPar`] read at run time instead of `pos0` and, with a ring (`cap > 0`), of `slot0` (a
+    /// captured draft or stage replays at any position).
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_norm_rope(
         &self,
@@ -570,7 +573,9 @@ impl Gpu {
     }
 
     /// Row `t` of `src` (`[n, src_stride]`, the first `width` columns) into row
-    /// `(ring.slot0 + t) mod ring.cap` of `dst` (`[*, width]`).
+    /// `(ring.slot0 + t) mod ring.cap` of `dst` (`[*, width]`). `par`: 0, or device [`DspPar`]
+    /// whose `slot` replaces `ring.slot0` (a captured stage).
+    #[allow(clippy::too_many_arguments)]
     pub fn dsp_copy_rows(
         &self,
         src: u64,
@@ -579,6 +584,7 @@ impl Gpu {
         n: usize,
         dst: u64,
         ring: Ring,
+        par: u64,
     ) -> Result<()> {
         if n == 0 || width == 0 {
             return Ok(());
@@ -594,6 +600,7 @@ impl Gpu {
                 Arg::P(dst),
                 Arg::I(ring.cap as i32),
                 Arg::I(ring.slot0 as i32),
+                Arg::P(par),
             ],
         )
     }
@@ -731,7 +738,9 @@ impl Gpu {
     }
 
     /// One Markov step: `scores[v] = logits[v] + Σ_r b[v, r]·a[*prev, r]` (`a`, `b`: planes
-    /// `[nv, rank]`), `scores[mask] = −inf`; `prev`: device i32.
+    /// `[nv, rank]`), `scores[mask] = −inf`; `prev`: device i32. `rev`: the blocks take the
+    /// vocabulary from its end (the same scores; a step after one without `rev` starts with the
+    /// rows of `b` that one read last).
     #[allow(clippy::too_many_arguments)]
     pub fn dsp_markov_scores(
         &self,
@@ -745,6 +754,7 @@ impl Gpu {
         mask: usize,
         prev: u64,
         scores: u64,
+        rev: bool,
     ) -> Result<()> {
         if nv == 0 {
             return Ok(());
@@ -764,6 +774,7 @@ impl Gpu {
                 Arg::I(mask as i32),
                 Arg::P(prev),
                 Arg::P(scores),
+                Arg::I(rev as i32),
             ],
         )
     }

@@ -261,6 +261,11 @@ pub struct CudaBackend {
     /// Tests only ([`CudaBackend::set_force_row_fallback`]): treat every row's statistics as
     /// unusable when deciding whether rows may be skipped.
     force_row_fallback: AtomicBool,
+    /// Whether the verify graphs copy their taps to the host ([`CudaBackend::set_verify_taps_on_host`]).
+    verify_taps_host: AtomicBool,
+    /// The last verify's taps on the device, `(address, rows)` of `[rows, n_taps·n_embd]` f32, when
+    /// its graph left them there ([`CudaBackend::last_verify_taps`]).
+    verify_taps: Mutex<Option<(u64, usize)>>,
 }
 
 /// The speculative round's captured graphs (see [`CudaBackend::set_round_graph`]).
@@ -318,8 +323,9 @@ struct RoundIo {
     /// Per-row best entries `[MV_ROWS, TOPK_ROW, 2]` u32 (`topk_rows`): device, then pinned.
     top_dev: DevBuf,
     top: kc::PinnedBuf,
-    /// Taps `[tap layer j][row][n_embd]` f32 (j-major: one copy per tapped layer): device, then
-    /// pinned; the host reorders them into the `[row][j][n_embd]` layout of `TapRequest`.
+    /// Taps `[row][tap layer j][n_embd]` f32 (`TapRequest`'s layout; one 2D copy per tapped layer):
+    /// device, then pinned unless they stay on the device
+    /// ([`CudaBackend::set_verify_taps_on_host`]).
     taps_dev: DevBuf,
     taps: kc::PinnedBuf,
 }
@@ -493,6 +499,8 @@ impl CudaBackend {
                 _ => 2,
             }),
             force_row_fallback: AtomicBool::new(false),
+            verify_taps_host: AtomicBool::new(true),
+            verify_taps: Mutex::new(None),
         })
     }
 
@@ -675,6 +683,7 @@ impl CudaBackend {
         top: Option<RowTops<'_>>,
     ) -> Result<Vec<Option<LogitStats>>> {
         let n = ids.len();
+        *self.verify_taps.lock().expect("verify taps lock") = None;
         let taps_inside = taps
             .as_ref()
             .is_none_or(|(l, _)| l.iter().all(|&il| il < w.layers.len()));
@@ -724,6 +733,26 @@ impl CudaBackend {
             top,
             &snaps,
         )
+    }
+
+    /// Whether a verify through the round graph copies the rows' taps to the host (the default).
+    /// Off (a GPU drafter stages them from device memory): the graph leaves them on the device,
+    /// [`Backend::verify_forward`] returns no taps, and [`Self::last_verify_taps`] says where they
+    /// are. An eager verify (round graphs off, or a row count they do not take) still returns them.
+    pub fn set_verify_taps_on_host(&self, on: bool) {
+        self.verify_taps_host.store(on, Ordering::Relaxed);
+    }
+
+    /// See [`Self::set_verify_taps_on_host`].
+    pub fn verify_taps_on_host(&self) -> bool {
+        self.verify_taps_host.load(Ordering::Relaxed)
+    }
+
+    /// The taps of the last verify, when its graph left them on the device: `(address, rows)` of
+    /// `[rows, n_taps·n_embd]` f32 (row r: its taps in tap-layer order, `TapRequest`'s layout).
+    /// Valid until the next verify.
+    pub fn last_verify_taps(&self) -> Option<(u64, usize)> {
+        *self.verify_taps.lock().expect("verify taps lock")
     }
 
     /// Tests only: with `on`, [`Backend::decode_step_stats`] and [`Backend::verify_forward`]
@@ -1985,9 +2014,9 @@ impl CudaBackend {
     /// [`Self::verify_graph`]): ids and positions from `io.input` into the device slots, then the
     /// launches of the eager `model::forward` over the same rows in the same order (embed; per
     /// layer the mixer — GDN with its verify record into `recs[i]` — and the MLP; after each
-    /// tapped layer one copy of its n rows into `io.taps_dev`), the head over the n rows, the
+    /// tapped layer one 2D copy of its n rows into `io.taps_dev`), the head over the n rows, the
     /// per-row logit statistics, and async copies of logits (only with `rows`), statistics and
-    /// taps to pinned memory. No host synchronization (capturable).
+    /// (with `taps_host`) taps to pinned memory. No host synchronization (capturable).
     #[allow(clippy::too_many_arguments)]
     fn verify_body(
         &self,
@@ -1999,11 +2028,13 @@ impl CudaBackend {
         recs: &[u64],
         snaps: &[SnapPair],
         tap_layers: &[usize],
+        taps_host: bool,
         n: usize,
         out: StepOut,
     ) -> Result<()> {
         let g = &self.gpu;
         let (e, nv) = (cfg.n_embd, cfg.n_vocab);
+        let tw = tap_layers.len() * e; // a row's taps
         let x = io.x.buf.ptr();
         g.htod_pinned_async(sc.ids.ptr(), &io.input, 0, n * 4)
             .map_err(be)?;
@@ -2024,8 +2055,9 @@ impl CudaBackend {
                 }
             }
             self.mlp_impl(sc, cfg, &layer.mlp, x, n)?;
+            // taps [n, n_taps·e]: row t's tap j at columns j·e..
             for (j, _) in tap_layers.iter().enumerate().filter(|(_, &l)| l == il) {
-                g.dtod(io.taps_dev.at(j * n * e * 4), x, n * e * 4)
+                g.dtod_2d(io.taps_dev.at(j * e * 4), tw * 4, x, e * 4, e * 4, n)
                     .map_err(be)?;
             }
         }
@@ -2046,8 +2078,8 @@ impl CudaBackend {
         }
         g.dtoh_pinned_async(&io.stats, 0, io.stats_dev.ptr(), n * 16)
             .map_err(be)?;
-        if !tap_layers.is_empty() {
-            g.dtoh_pinned_async(&io.taps, 0, io.taps_dev.ptr(), tap_layers.len() * n * e * 4)
+        if !tap_layers.is_empty() && taps_host {
+            g.dtoh_pinned_async(&io.taps, 0, io.taps_dev.ptr(), n * tw * 4)
                 .map_err(be)?;
         }
         Ok(())
@@ -2123,6 +2155,7 @@ impl CudaBackend {
             )));
         }
         let n_taps = tap_layers.len();
+        let taps_host = self.verify_taps_on_host();
         let mut guard = self.round_graphs.lock().expect("round graph lock");
         let rg = &mut *guard;
         if rg
@@ -2148,6 +2181,7 @@ impl CudaBackend {
                 io.stats_dev.ptr(),
                 io.taps_dev.ptr(),
                 n_taps as u64,
+                taps_host as u64,
                 out as u64,
             ]);
             key.extend(tap_layers.iter().map(|&l| l as u64));
@@ -2159,7 +2193,9 @@ impl CudaBackend {
             let io_ref: &RoundIo = io;
             let idx = cached_graph(graphs, key, || {
                 self.capture_graph(|| {
-                    self.verify_body(sc, cfg, w, st, io_ref, &recp, snaps, tap_layers, n, out)
+                    self.verify_body(
+                        sc, cfg, w, st, io_ref, &recp, snaps, tap_layers, taps_host, n, out,
+                    )
                 })
             })?;
             for (t, &id) in ids.iter().enumerate() {
@@ -2210,15 +2246,12 @@ impl CudaBackend {
             Ok(stats)
         })?;
         if let Some(out) = tap_out {
-            // [j][row][e] on the device → [row][j][e] (TapRequest's layout)
-            let row_w = n_taps * e;
-            out.resize(n * row_w, 0.0);
-            let src = io.taps.f32s(n_taps * n * e);
-            for j in 0..n_taps {
-                for r in 0..n {
-                    out[r * row_w + j * e..r * row_w + (j + 1) * e]
-                        .copy_from_slice(&src[(j * n + r) * e..(j * n + r + 1) * e]);
-                }
+            // [row][j][e] (TapRequest's layout) on the device; on the host too unless they stay
+            out.clear();
+            if taps_host {
+                out.extend_from_slice(io.taps.f32s(n * n_taps * e));
+            } else if n_taps > 0 {
+                *self.verify_taps.lock().expect("verify taps lock") = Some((io.taps_dev.ptr(), n));
             }
         }
         for r in recs.iter_mut() {

@@ -9,7 +9,8 @@
 //! - Context rows ([`CudaDrafter::stage`]): tap rows are uploaded (`[n, n_taps·E]` f32, ≤ 8 rows per
 //!   pass), `c = RMSNorm(W_fc·f) ⊙ hidden_norm`, then per layer `K = RoPE(RMSNorm_hd(W_k·c) ⊙ k_norm)`
 //!   and `V = W_v·c` written into a ring of `window` rows (f32) at absolute positions. Eviction is the
-//!   host's: the newest `window` rows stay live.
+//!   host's: the newest `window` rows stay live. A stage of up to 8 rows (a round's accepted rows,
+//!   a decode step's row) replays a captured graph per row count, like the draft.
 //! - A draft ([`CudaDrafter::draft`]): block rows `E[token] + snr` (row 0 built on the host from the
 //!   mapped embedding, the mask rows precomputed on the device), six layers with non-causal block
 //!   attention over `[context ; block]`, the head, then the sequential Markov correction on the
@@ -182,6 +183,14 @@ pub struct CudaDrafter {
     /// `BONSAI_CUDA_DRAFT_ATTN=head` (read at load) a block per q head with the keys spread over up
     /// to [`kc::DSP_ATTN_SPREAD`] chunks. [`CudaDrafter::set_attn_per_kv_head`].
     attn_kv: AtomicBool,
+    /// The Markov steps alternate the direction their blocks take the vocabulary in (on unless
+    /// `BONSAI_CUDA_MARKOV_ALT=0`, read at load; [`CudaDrafter::set_markov_alt`]): step k + 1
+    /// starts with the rows of `markov_b` (a 127 MB table on the 27B drafter, read once a step)
+    /// that step k read last, which the L2 still holds. The same scores either way.
+    markov_alt: AtomicBool,
+    /// Stages of up to 8 rows replay a captured graph per row count while [`Self::graph`] is on
+    /// (on unless `BONSAI_CUDA_STAGE_GRAPH=0`, read at load; [`CudaDrafter::set_stage_graph`]).
+    stage_graph: AtomicBool,
 }
 
 /// Where a draft's inputs come from.
@@ -193,6 +202,35 @@ enum DraftIn {
     /// the position and window read from device memory by the kernels; the drafted ids are copied
     /// back to the state's pinned output.
     Graph,
+}
+
+/// Where a stage pass's inputs come from.
+#[derive(Clone, Copy)]
+enum StageIn {
+    /// Taps already in `xf`; the position and the ring rows as launch arguments.
+    Eager { pos: usize, ring: Ring },
+    /// The state's pinned stage input ([`DspPar`] with `pos0` and `slot`, and the taps unless
+    /// `src` is their device address) copied in by the pass, and the position and ring slot read
+    /// from device memory by the kernels.
+    Graph { src: u64 },
+}
+
+/// Where a stage's tap rows are (`[n, tap_width]` f32).
+#[derive(Clone, Copy)]
+enum TapSrc<'a> {
+    Host(&'a [f32]),
+    /// A device address.
+    Dev(u64),
+}
+
+impl TapSrc<'_> {
+    /// The rows from float `floats` on.
+    fn skip(self, floats: usize) -> Self {
+        match self {
+            TapSrc::Host(t) => TapSrc::Host(&t[floats..]),
+            TapSrc::Dev(p) => TapSrc::Dev(p + (floats * 4) as u64),
+        }
+    }
 }
 
 /// Rows per device pass (the mat-vec kernels take at most 8).
@@ -265,6 +303,12 @@ impl CudaDrafter {
             attn_kv: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_DRAFT_ATTN").map_or(true, |v| v != "head"),
             ),
+            markov_alt: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_MARKOV_ALT").map_or(true, |v| v != "0"),
+            ),
+            stage_graph: AtomicBool::new(
+                std::env::var("BONSAI_CUDA_STAGE_GRAPH").map_or(true, |v| v != "0"),
+            ),
             cfg,
             host,
             gpu,
@@ -308,6 +352,31 @@ impl CudaDrafter {
         self.attn_kv.store(on, Ordering::Relaxed);
     }
 
+    /// Whether the Markov steps alternate their vocabulary order (the default;
+    /// `BONSAI_CUDA_MARKOV_ALT=0` at load or [`Self::set_markov_alt`] turns it off). The drafts are
+    /// the same bits either way (`tests/cuda_drafter.rs` `cuda_drafter_graph_equals_eager`).
+    pub fn markov_alt(&self) -> bool {
+        self.markov_alt.load(Ordering::Relaxed)
+    }
+
+    /// Turn the Markov steps' alternating order on or off (benchmarks compare both; a state's
+    /// captured draft is captured again).
+    pub fn set_markov_alt(&self, on: bool) {
+        self.markov_alt.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether stages of up to 8 rows replay a captured graph (with [`Self::graph`] on; the
+    /// default). The staged rows are the same bits either way (`tests/cuda_drafter.rs`
+    /// `cuda_drafter_graph_equals_eager`).
+    pub fn stage_graph(&self) -> bool {
+        self.graph() && self.stage_graph.load(Ordering::Relaxed)
+    }
+
+    /// Turn the captured stage on or off (benchmarks compare both).
+    pub fn set_stage_graph(&self, on: bool) {
+        self.stage_graph.store(on, Ordering::Relaxed);
+    }
+
     /// The block attention kernel a draft launches now.
     fn attn_kernel(&self) -> kc::DspAttnKernel {
         match (self.fused(), self.attn_per_kv_head()) {
@@ -335,7 +404,8 @@ impl CudaDrafter {
                 | (self.gpu.spec_pdl() as u64) << 2
                 | (self.fused() as u64) << 3
                 | (self.attn_per_kv_head() as u64) << 4
-                | (self.gpu.mv_rows_first() as u64) << 5,
+                | (self.gpu.mv_rows_first() as u64) << 5
+                | (self.markov_alt() as u64) << 6,
         ]
     }
 
@@ -421,6 +491,12 @@ impl CudaDrafter {
             gpar: a(DspPar::SLOTS * 4)?,
             gout: g.alloc_pinned((c.block_size + 1) * 4).map_err(be)?,
             graph: None,
+            sin: g
+                .alloc_pinned(ROWS * tw * f + DspPar::SLOTS * 4)
+                .map_err(be)?,
+            spar: a(DspPar::SLOTS * 4)?,
+            stage_graphs: (0..=ROWS).map(|_| None).collect(),
+            sin_busy: false,
         })
     }
 
@@ -497,11 +573,49 @@ impl CudaDrafter {
 
     /// Stage `n` committed positions `pos0 .. pos0 + n` from their tap rows (taps: host
     /// `[n, tap_width]`). Positions must continue the staged ones (a fresh state accepts any start).
-    /// Same contract and window as [`Drafter::stage`].
+    /// Same contract and window as [`Drafter::stage`]. With [`Self::stage_graph`] on, up to 8 rows are
+    /// one replay of the state's captured stage for that row count (the same launches, the
+    /// position and ring slot read from device memory), queued without waiting for it; more rows
+    /// go in eager passes of 8.
     pub fn stage(
         &self,
         st: &mut CudaDraftState,
         taps: &[f32],
+        pos0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let tw = self.tap_width();
+        if taps.len() != n * tw {
+            return Err(Error::Backend(format!(
+                "drafter stage: {} tap floats for {n} rows of {tw}",
+                taps.len()
+            )));
+        }
+        self.stage_from(st, TapSrc::Host(taps), pos0, n)
+    }
+
+    /// [`Self::stage`] from tap rows already on the device: `src` holds `[n, tap_width]` f32 (the
+    /// target's verify taps, `CudaBackend::last_verify_taps`), `n ≤ 8`. The rows are copied on
+    /// the device, so nothing goes through the host; the same operations as [`Self::stage`].
+    pub fn stage_dev(
+        &self,
+        st: &mut CudaDraftState,
+        src: u64,
+        pos0: usize,
+        n: usize,
+    ) -> Result<()> {
+        if n > ROWS || src == 0 {
+            return Err(Error::Backend(format!(
+                "drafter stage from device taps: {n} rows (at most {ROWS}) at address {src:#x}"
+            )));
+        }
+        self.stage_from(st, TapSrc::Dev(src), pos0, n)
+    }
+
+    fn stage_from(
+        &self,
+        st: &mut CudaDraftState,
+        taps: TapSrc,
         pos0: usize,
         n: usize,
     ) -> Result<()> {
@@ -515,57 +629,121 @@ impl CudaDrafter {
             )));
         }
         let tw = self.tap_width();
-        if taps.len() != n * tw {
-            return Err(Error::Backend(format!(
-                "drafter stage: {} tap floats for {n} rows of {tw}",
-                taps.len()
-            )));
-        }
-        let c = &self.cfg;
-        let (e, hd, nkv) = (c.n_embd, c.head_dim, c.n_head_kv);
-        let kvw = st.kvw;
         let g = &*self.gpu;
         // rows older than the window would be evicted right away: never compute them
         let skip = n.saturating_sub(st.cap);
-        let (taps, pos0, n) = (&taps[skip * tw..], pos0 + skip, n - skip);
+        let (taps, pos0, n) = (taps.skip(skip * tw), pos0 + skip, n - skip);
+        if self.stage_graph() && n <= ROWS {
+            // one pass: the state's captured stage of n rows, [pos0, slot] (and host taps) through
+            // pinned memory (a stage launched before may still be reading them: wait for it)
+            if st.sin_busy {
+                g.sync().map_err(be)?;
+                st.sin_busy = false;
+            }
+            let ring;
+            (st.off, st.len, ring) = ring_append(st.cap, st.off, st.len, n);
+            let src = match taps {
+                TapSrc::Host(t) => {
+                    st.sin.write(0, t);
+                    0
+                }
+                TapSrc::Dev(p) => p,
+            };
+            let mut par = [0i32; DspPar::SLOTS];
+            par[DspPar::POS] = pos0 as i32;
+            par[DspPar::SLOT] = ring.slot0 as i32;
+            st.sin.write(ROWS * tw * 4, &par);
+            let [k0, k1, k2] = self.graph_key();
+            let key = [k0, k1, k2, src];
+            if st.stage_graphs[n].as_ref().map(|(k, _)| *k) != Some(key) {
+                st.stage_graphs[n] = None;
+                g.sync().map_err(be)?;
+                g.begin_capture().map_err(be)?;
+                let queued = self.enqueue_stage(st, n, StageIn::Graph { src });
+                // end the capture whatever happened, so the stream is usable again
+                let graph = g.end_capture().map_err(be);
+                queued?;
+                st.stage_graphs[n] = Some((key, graph?));
+            }
+            let (_, graph) = st.stage_graphs[n].as_ref().expect("captured above");
+            g.launch_graph(graph).map_err(be)?;
+            st.sin_busy = true;
+            st.next_pos = pos0 + n;
+            return Ok(());
+        }
         let mut t0 = 0;
         while t0 < n {
             let nr = (n - t0).min(ROWS);
             let ring;
             (st.off, st.len, ring) = ring_append(st.cap, st.off, st.len, nr);
             let pos = pos0 + t0;
-            // taps [nr, tw] f32 → xf, quantized in place
-            g.htod(&st.xf, 0, &taps[t0 * tw..(t0 + nr) * tw])
-                .map_err(be)?;
-            g.quant_rows(st.xf.ptr(), nr, tw, st.xq.ptr(), st.xd.ptr(), st.xs.ptr())
-                .map_err(be)?;
-            self.mv(st, &[(&self.fc, st.h.ptr())], nr, false)?; // h [nr, E]
-            self.norm_in(st, st.h.ptr(), &self.hidden_norm, nr, e)?; // c
-            for (il, l) in self.layers.iter().enumerate() {
-                self.mv(st, &[(&l.k, st.kf.ptr()), (&l.v, st.vf.ptr())], nr, false)?;
-                g.dsp_norm_rope(
-                    st.kf.ptr(),
-                    kvw,
-                    nkv,
-                    nr,
-                    l.k_norm.ptr(),
-                    c.rms_eps,
-                    hd,
-                    pos,
-                    c.rope_base,
-                    st.k[il].ptr(),
-                    kvw,
-                    ring,
-                    0,
-                )
-                .map_err(be)?;
-                g.dsp_copy_rows(st.vf.ptr(), kvw, kvw, nr, st.v[il].ptr(), ring)
-                    .map_err(be)?;
+            // taps [nr, tw] f32 → xf (quantized in place by the pass)
+            match taps {
+                TapSrc::Host(t) => g.htod(&st.xf, 0, &t[t0 * tw..(t0 + nr) * tw]),
+                TapSrc::Dev(p) => g.dtod(st.xf.ptr(), p + (t0 * tw * 4) as u64, nr * tw * 4),
             }
+            .map_err(be)?;
+            self.enqueue_stage(st, nr, StageIn::Eager { pos, ring })?;
             st.next_pos = pos + nr;
             t0 += nr;
         }
         debug_assert!(st.len <= st.cap);
+        Ok(())
+    }
+
+    /// Queue one stage pass of `nr ≤ 8` rows whose taps are in `xf` (`Eager`) or in the state's
+    /// pinned stage input (`Graph`, copied in by the pass; the position and the ring slot then come
+    /// from device memory): `c = RMSNorm(W_fc·f) ⊙ hidden_norm`, then per layer the context K
+    /// (normed, roped) and V rows into the ring.
+    fn enqueue_stage(&self, st: &CudaDraftState, nr: usize, inp: StageIn) -> Result<()> {
+        let c = &self.cfg;
+        let (e, hd, nkv) = (c.n_embd, c.head_dim, c.n_head_kv);
+        let (kvw, tw) = (st.kvw, self.tap_width());
+        let g = &*self.gpu;
+        let (pos, ring, par) = match inp {
+            StageIn::Eager { pos, ring } => (pos, ring, 0),
+            StageIn::Graph { src } => {
+                if src == 0 {
+                    g.htod_pinned_async(st.xf.ptr(), &st.sin, 0, nr * tw * 4)
+                } else {
+                    g.dtod(st.xf.ptr(), src, nr * tw * 4)
+                }
+                .map_err(be)?;
+                g.htod_pinned_async(st.spar.ptr(), &st.sin, ROWS * tw * 4, DspPar::SLOTS * 4)
+                    .map_err(be)?;
+                let ring = Ring {
+                    cap: st.cap,
+                    slot0: 0,
+                };
+                (0, ring, st.spar.ptr())
+            }
+        };
+        // xf [nr, tw] quantized in place
+        g.quant_rows(st.xf.ptr(), nr, tw, st.xq.ptr(), st.xd.ptr(), st.xs.ptr())
+            .map_err(be)?;
+        self.mv(st, &[(&self.fc, st.h.ptr())], nr, false)?; // h [nr, E]
+        self.norm_in(st, st.h.ptr(), &self.hidden_norm, nr, e)?; // c
+        for (il, l) in self.layers.iter().enumerate() {
+            self.mv(st, &[(&l.k, st.kf.ptr()), (&l.v, st.vf.ptr())], nr, false)?;
+            g.dsp_norm_rope(
+                st.kf.ptr(),
+                kvw,
+                nkv,
+                nr,
+                l.k_norm.ptr(),
+                c.rms_eps,
+                hd,
+                pos,
+                c.rope_base,
+                st.k[il].ptr(),
+                kvw,
+                ring,
+                par,
+            )
+            .map_err(be)?;
+            g.dsp_copy_rows(st.vf.ptr(), kvw, kvw, nr, st.v[il].ptr(), ring, par)
+                .map_err(be)?;
+        }
         Ok(())
     }
 
@@ -643,6 +821,8 @@ impl CudaDrafter {
             self.enqueue_draft(st, DraftIn::Eager { id_last, start })?;
             g.dtoh(&st.ids, 0, &mut ids).map_err(be)?;
         }
+        // the stream is drained: no stage reads the stage input any more
+        st.sin_busy = false;
         // A row with no finite score (non-finite drafter logits) has no argmax; the host drafter
         // then keeps its initial pick, id 0, and so does this one (the next Markov step clamps
         // the same way on the device). A draft is only a proposal: verification stays exact.
@@ -790,6 +970,7 @@ impl CudaDrafter {
         self.norm_in(st, x, &self.output_norm, bs, e)?;
         self.mv(st, &[(&self.output, st.logits.ptr())], bs, false)?;
         // the sequential Markov correction: step k conditions on ids[k], the token just chosen
+        let alt = self.markov_alt();
         for k in 0..bs {
             g.dsp_markov_scores(
                 st.logits.at(k * nv * 4),
@@ -802,6 +983,7 @@ impl CudaDrafter {
                 c.mask_token_id as usize,
                 st.ids.at(k * 4),
                 st.scores.ptr(),
+                alt && k % 2 == 1,
             )
             .map_err(be)?;
             g.argmax_rows(st.scores.ptr(), 1, nv, st.ids.at((k + 1) * 4))
@@ -812,6 +994,14 @@ impl CudaDrafter {
                 .map_err(be)?;
         }
         Ok(())
+    }
+
+    /// The scores of the last draft's last Markov step (`[V]`; debug / tests).
+    #[doc(hidden)]
+    pub fn last_markov_scores(&self, st: &CudaDraftState) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; self.cfg.n_vocab];
+        self.gpu.dtoh(&st.scores, 0, &mut v).map_err(be)?;
+        Ok(v)
     }
 
     /// Test / debug export in [`crate::drafter::DraftState::export`]'s format: `(first position,
@@ -882,6 +1072,14 @@ pub struct CudaDraftState {
     gout: PinnedBuf, // [bs + 1] i32: the graph's copy of ids
     /// The captured draft (its key: [`CudaDrafter::graph_key`]); it bakes in this state's buffers.
     graph: Option<([u64; 3], kc::Graph)>,
+    // the captured stage's input: pinned [taps (8 rows of tap_width f32) ‖ DspPar (i32 × 4)]
+    sin: PinnedBuf,
+    spar: DevBuf, // DspPar [4] i32 on the device, read by the stage graphs' kernels
+    /// The captured stage of n rows at index n (key: the draft's, then the device address of
+    /// its taps, 0 for the pinned input).
+    stage_graphs: Vec<Option<([u64; 4], kc::Graph)>>,
+    /// A stage graph was launched since the last synchronization: it may still read `sin`.
+    sin_busy: bool,
 }
 
 impl CudaDraftState {
@@ -921,6 +1119,12 @@ impl CudaDraftState {
     /// [`CudaDrafter::graph`] on).
     pub fn graph_captured(&self) -> bool {
         self.graph.is_some()
+    }
+
+    /// How many row counts have a captured stage (each is captured at its first stage with
+    /// [`CudaDrafter::graph`] on).
+    pub fn stage_graphs_captured(&self) -> usize {
+        self.stage_graphs.iter().filter(|g| g.is_some()).count()
     }
 
     /// Device bytes of the context window (K and V, all layers).
