@@ -41,13 +41,11 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 // grid (hv + ceil(conv_dim / 256), dv / 32), block 256 (8 warps).
 //   S [hv, dk, dv]; conv_state [kconv-1, conv_dim] oldest first; rec [>= n, rec_w] as above.
 // Blocks x < hv: the delta rule of v-head x for value columns [32·y, 32·y + 32), written as a copy of
-// gdn_step's recurrence: the same values, the same float operations in the same order (warp w owns
+// gdn_step's recurrence: the same loads, the same float operations in the same order (warp w owns
 // key rows [w·R, (w+1)·R), R = dk/8; lane = value column; the u reduction over the 8 warps in warp
 // order), so the state equals what gdn_step leaves bit for bit. Only the output o is not computed
 // (it never feeds back into S). KEEP IN SYNC with gdn_step in bonsai.cu: any change to its
-// arithmetic must be mirrored here (the GPU tests compare the two bit for bit). Unlike gdn_step, a
-// warp reads its key rows' k straight from the record (no shared-memory staging), a row ahead,
-// and a row takes one block barrier (the u reduction).
+// arithmetic must be mirrored here (the GPU tests compare the two bit for bit).
 // Blocks x >= hv (row y == 0 only): the conv window, one channel per thread: for each row drop the
 // oldest window row and append the row's pre-conv input, exactly as gdn_conv updates it.
 // S_src / conv_src: where the state and window are read (the round's snapshot, so the rollback
@@ -55,7 +53,7 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, const float* S_src,
                                                 const float* conv_src, const float* rec, int rec_w, int hk,
                                                 int hv, int dk, int dv, int kconv, int n) {
-    __shared__ float red[2][8][32];
+    __shared__ float ks[128], red[8][32];
     int conv_dim = 2 * hk * dk + hv * dv;
     if ((int)blockIdx.x >= hv) {
         if (blockIdx.y != 0) return;
@@ -84,46 +82,31 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
     int kap = h % hk;
     float* Sh = S + (size_t)h * dk * dv;
     const float* Ss = S_src + (size_t)h * dk * dv;
-    // A row's inputs straight from the record into registers: the k values of this warp's key rows
-    // (the same for every lane), the gate, β and this column's v. Loaded a row ahead, so a row
-    // waits on no load; gdn_step's ks[] holds the same values, so the operations are its own.
-    float kk[16], gin = 0.f, bin = 0.f, vin = 0.f;
-    auto load_row = [&](int t) {
-        const float* row = rec + (size_t)t * rec_w;
-#pragma unroll
-        for (int r = 0; r < 16; ++r) kk[r] = r < R ? row[koff + kap * dk + w * R + r] : 0.f;
-        gin = row[goff + h];
-        bin = row[boff + h];
-        vin = row[voff + h * dv + j];
-    };
-    if (n > 0) load_row(0);
     float s[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) s[r] = r < R ? Ss[(size_t)(w * R + r) * dv + j] : 0.f;
     for (int t = 0; t < n; ++t) {
-        float k_t[16];
-#pragma unroll
-        for (int r = 0; r < 16; ++r) k_t[r] = kk[r];
-        const float g_t = gin, b_t = bin, v_t = vin;
-        if (t + 1 < n) load_row(t + 1);
-        float decay = expf(g_t);
+        const float* row = rec + (size_t)t * rec_w;
+        __syncthreads();
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) ks[i] = row[koff + kap * dk + i];
+        __syncthreads();
+        float decay = expf(row[goff + h]);
         float u = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
             if (r < R) {
                 s[r] *= decay;
-                u = fmaf(s[r], k_t[r], u);
+                u = fmaf(s[r], ks[w * R + r], u);
             }
-        // one barrier a row: the warps' partial sums alternate between two buffers (a buffer is
-        // written again two rows later, after every thread passed the barrier between)
-        red[t & 1][w][lane] = u;
+        red[w][lane] = u;
         __syncthreads();
         float ut = 0.f;
-        for (int i = 0; i < 8; ++i) ut += red[t & 1][i][lane];
-        float delta = b_t * (v_t - ut);
+        for (int i = 0; i < 8; ++i) ut += red[i][lane];
+        float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
 #pragma unroll
         for (int r = 0; r < 16; ++r)
-            if (r < R) s[r] = fmaf(k_t[r], delta, s[r]);
+            if (r < R) s[r] = fmaf(ks[w * R + r], delta, s[r]);
+        // (the next row's first __syncthreads orders these red/ks reads before their rewrite)
     }
 #pragma unroll
     for (int r = 0; r < 16; ++r)
