@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use bonsai_engine::backend::cuda::CudaBackend;
 use bonsai_engine::backend::cuda_drafter::{CudaDraftState, CudaDrafter};
-use bonsai_engine::backend::Backend;
+use bonsai_engine::backend::{Backend, GdnMode};
 use bonsai_engine::config::TargetConfig;
 use bonsai_engine::drafter::Drafter;
 use bonsai_engine::engine::{DraftSource, Engine, EngineOptions};
@@ -778,6 +778,135 @@ fn cuda_drafter_stage_dev_equals_host() {
         println!(
             "{}: staging from device taps == from host taps over {cases} stages (context K/V, \
              drafts and head logits bit for bit; eager and captured; window {window} rows, wrapped)",
+            m.name
+        );
+    }
+}
+
+/// GPU-drafter DSpark rounds the way the engine runs them: the verify's taps left on the device
+/// (`CudaBackend::set_verify_taps_on_host(false)`) and the kept rows staged from there
+/// (`CudaDrafter::stage_dev`). After every round the drafter's context equals one staged row by
+/// row from plain decoding's host taps, bit for bit, and the round's last token is plain greedy's.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_gpu_drafter_rounds_stage_device_taps() {
+    use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
+    use bonsai_engine::sampling::Sampler;
+    use bonsai_engine::spec::{verify_round, RoundBufs};
+    let test = "cuda_gpu_drafter_rounds_stage_device_taps";
+    let Some(b) = gpu_or_skip(test) else {
+        return;
+    };
+    for m in models(test) {
+        let g = Arc::new(Gguf::open(&m.path).unwrap());
+        let cfg = TargetConfig::from_gguf(&g).unwrap();
+        let w = Weights::load(&b, &g, &cfg).unwrap();
+        let d = gpu_drafter(&b, &m);
+        let layers = d.cfg.target_layers.clone();
+        let tw = d.tap_width();
+        let nv = cfg.n_vocab as u32;
+        let pr: Vec<u32> = (0..21u32)
+            .map(|i| i.wrapping_mul(2654435761) % (nv - 8).min(1400))
+            .collect();
+        // the speculative side and the reference, both prefilled with taps and staged at once
+        let mut lg = Vec::new();
+        let mut st = SeqState::new(&b, &cfg, 512).unwrap();
+        let mut ds = d.new_state().unwrap();
+        let taps = common::prefill_with_taps(&b, &cfg, &w, &mut st, &pr, &layers, &mut lg);
+        d.stage(&mut ds, &taps, 0, pr.len()).unwrap();
+        let mut rst = SeqState::new(&b, &cfg, 512).unwrap();
+        let mut rds = d.new_state().unwrap();
+        let mut rlg = Vec::new();
+        let rtaps = common::prefill_with_taps(&b, &cfg, &w, &mut rst, &pr, &layers, &mut rlg);
+        d.stage(&mut rds, &rtaps, 0, pr.len()).unwrap();
+        let mut s = Sampler::new(SamplerParams::greedy());
+        let first = s.sample(&lg);
+        s.accept(first.id);
+        let mut got = vec![first.id];
+        let mut bufs = RoundBufs::new(&b, &cfg, 5).unwrap();
+        b.set_verify_taps_on_host(false);
+        let (mut rounds, mut dev_rounds) = (0, 0);
+        while got.len() < 40 {
+            let (start, id_last) = (st.pos, *got.last().unwrap());
+            let draft = d.draft(&mut ds, id_last, start).unwrap();
+            let out = verify_round(
+                &b,
+                &cfg,
+                &w,
+                &mut st,
+                &mut bufs,
+                &mut s,
+                id_last,
+                &draft,
+                Some(&layers),
+                Rollback::Replay,
+            )
+            .unwrap();
+            let keep = out.n_acc + 1;
+            if bufs.taps.is_empty() {
+                let (src, rows) = b.last_verify_taps().expect("the verify left its taps");
+                assert!(keep <= rows, "{keep} kept rows of a {rows}-row verify");
+                d.stage_dev(&mut ds, src, start, keep).unwrap();
+                dev_rounds += 1;
+            } else {
+                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
+                    .unwrap();
+            }
+            got.extend(out.tokens.iter().map(|x| x.id));
+            // the reference: the same tokens one plain forward at a time, each row's host taps
+            // staged alone
+            for &id in &got[got.len() - keep - 1..got.len() - 1] {
+                let (mut t1, pos) = (Vec::new(), rst.pos);
+                forward(
+                    &b,
+                    &cfg,
+                    &w,
+                    &mut rst,
+                    &[id],
+                    GdnMode::Recurrent,
+                    LogitRows::Last,
+                    &mut rlg,
+                    Capture {
+                        taps: Some(TapRequest {
+                            layers: &layers,
+                            rows: 0..1,
+                            out: &mut t1,
+                        }),
+                        gdn_rec: None,
+                    },
+                )
+                .unwrap();
+                d.stage(&mut rds, &t1, pos, 1).unwrap();
+            }
+            let what = format!("{} round {rounds} (keep {keep})", m.name);
+            let greedy = Sampler::new(SamplerParams::greedy()).sample(&rlg).id;
+            assert_eq!(
+                Some(greedy),
+                got.last().copied(),
+                "{what}: plain greedy token"
+            );
+            let (a, r) = (d.export(&ds).unwrap(), d.export(&rds).unwrap());
+            let diff =
+                a.1.iter()
+                    .zip(&r.1)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
+            assert!(
+                a.0 == r.0 && a.1.len() == r.1.len() && diff == 0,
+                "{what}: drafter context differs ({diff} values)"
+            );
+            rounds += 1;
+        }
+        b.set_verify_taps_on_host(true);
+        assert!(
+            dev_rounds > 0,
+            "{}: no round staged from device taps",
+            m.name
+        );
+        println!(
+            "{}: {rounds} GPU-drafter rounds ({dev_rounds} staged from the verify's device taps): \
+             drafter context == row-by-row staging of plain decoding's taps, bit for bit; tokens \
+             == plain greedy",
             m.name
         );
     }
