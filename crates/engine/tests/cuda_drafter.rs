@@ -1265,35 +1265,3 @@ fn cuda_draft_markov_alt_ab() {
         &rows,
     );
 }
-
-/// The graph draft with the drafter's kernels on programmatic dependent launch
-/// (`Gpu::set_spec_pdl`: the Q4_1 mat-vecs and the Markov steps load their first weights before
-/// the wait) against plain launches ([`draft_switch_ab`]): a benchmark, not a timed test.
-/// `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER` as [`cuda_draft_by_context`]; JSON to
-/// `$BONSAI_DRAFT_PDL_OUT` when set.
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
-fn cuda_draft_spec_pdl_ab() {
-    let Some((b, d)) = bench_drafter("cuda_draft_spec_pdl_ab") else {
-        return;
-    };
-    let gpu = b.gpu();
-    let rows = draft_switch_ab(
-        &b,
-        &d,
-        "DRAFTPDL",
-        ["plain", "pdl"],
-        "mv_q41",
-        &|on| gpu.set_spec_pdl(on),
-        gpu.spec_pdl(),
-    );
-    write_ab_json(
-        "BONSAI_DRAFT_PDL_OUT",
-        "graph draft ms with the drafter's kernels launched plainly and with programmatic dependent \
-         launch (Gpu::set_spec_pdl; the Q4_1 mat-vecs and the Markov steps load their first weights \
-         before the wait), alternating in one process, 4 x median of 15; mv_q41_alone_us: the \
-         mv_q41 launches of one eager draft timed alone",
-        &b,
-        &rows,
-    );
-}

@@ -178,7 +178,6 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
     } else if ((gw -= g1) < g2) {
         cp = c2; dp = dm2; y = y2; no = n2;
     } else {
-        PDL_ENTRY();
         return;  // no block barrier in this kernel
     }
     int o0 = gw * Q41_R;
@@ -196,30 +195,14 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
     for (int r = 0; r < Q41_R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    // the lane's first sub-block of weights before the PDL wait (weights are never written on the
-    // device): with programmatic launch its loads overlap the previous kernel's tail
-    uint4 c_first[Q41_R];
-    u32 dm_first[Q41_R];
-#pragma unroll
-    for (int r = 0; r < Q41_R; ++r) {
-        c_first[r] = lane < nb ? __ldg(crow[r] + lane) : make_uint4(0u, 0u, 0u, 0u);
-        dm_first[r] = lane < nb ? __ldg(drow[r] + lane) : 0u;
-    }
-    PDL_ENTRY();
 #pragma unroll 2
     for (int j = lane; j < nb; j += 32) {
         uint4 c[Q41_R];
         float dw[Q41_R], mw[Q41_R];
 #pragma unroll
         for (int r = 0; r < Q41_R; ++r) {
-            u32 dm;
-            if (j == lane) {
-                c[r] = c_first[r];
-                dm = dm_first[r];
-            } else {
-                c[r] = __ldg(crow[r] + j);
-                dm = __ldg(drow[r] + j);
-            }
+            c[r] = __ldg(crow[r] + j);
+            u32 dm = __ldg(drow[r] + j);
             dw[r] = h2f((u16)(dm & 0xffffu));
             mw[r] = h2f((u16)(dm >> 16));
         }
@@ -306,6 +289,7 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
         name(const uint4* c0, const u32* dm0, float* y0, int n0, const uint4* c1, const u32* dm1, float* y1,    \
              int n1, const uint4* c2, const u32* dm2, float* y2, int n2, const i8* __restrict__ q,              \
              const float* __restrict__ da, const int* __restrict__ sa, int n_in, int n, int accumulate) {       \
+        PDL_ENTRY();                                                                                            \
         mv_q41_rows<R, NT, RF>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate); \
     }
 MV_Q41_ENTRY(mv_q41, 2, MAXN)
@@ -752,28 +736,17 @@ __device__ __forceinline__ float dsp_ld(const void* p, int kind, size_t i) {
 extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a, int ka, const void* b, int kb,
                                              int rank, int nv, int mask, const int* prev, float* scores,
                                              int rev) {
+    PDL_ENTRY();  // launched with programmatic stream serialization: wait first
     int lane = threadIdx.x & 31;
     const int bx = rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     int v0 = (bx * 8 + (threadIdx.x >> 5)) * DSP_MV;
-    const bool fast = kb != 0 && ka == kb && (rank & 7) == 0;
-    // the fast path's first 16 bytes of the warp's b rows before the PDL wait (the table is never
-    // written on the device): with programmatic launch they overlap the previous kernel's tail
-    auto b_chunk = [&](int u, int c) -> uint4 {
-        return v0 + u < nv ? __ldg((const uint4*)((const u16*)b + (size_t)(v0 + u) * rank) + c)
-                           : make_uint4(0, 0, 0, 0);
-    };
-    uint4 b_first[DSP_MV];
-#pragma unroll
-    for (int u = 0; u < DSP_MV; ++u)
-        b_first[u] = fast && v0 < nv && lane < (rank >> 3) ? b_chunk(u, lane) : make_uint4(0, 0, 0, 0);
-    PDL_ENTRY();  // prev is the step before's argmax
     if (v0 >= nv) return;
     int pv = *prev;
     size_t p = pv >= 0 && pv < nv ? (size_t)pv : 0;  // never read outside the table
     float acc[DSP_MV];
 #pragma unroll
     for (int u = 0; u < DSP_MV; ++u) acc[u] = 0.f;
-    if (fast) {
+    if (kb != 0 && ka == kb && (rank & 7) == 0) {
         // 16-bit planes, rank a multiple of 8: lane l takes elements 8l .. 8l + 7 of each 256, one
         // 16-byte load per table row (the rows are 16-byte aligned: rank·2 bytes a row); the warp's
         // DSP_MV rows of b are loaded before any is used
@@ -782,7 +755,9 @@ extern "C" __global__ void dsp_markov_scores(const float* logits, const void* a,
             const uint4 aw = __ldg(ar + c);
             uint4 bw[DSP_MV];
 #pragma unroll
-            for (int u = 0; u < DSP_MV; ++u) bw[u] = c == lane ? b_first[u] : b_chunk(u, c);
+            for (int u = 0; u < DSP_MV; ++u)
+                bw[u] = v0 + u < nv ? __ldg((const uint4*)((const u16*)b + (size_t)(v0 + u) * rank) + c)
+                                    : make_uint4(0, 0, 0, 0);
             const u32 aa[4] = {aw.x, aw.y, aw.z, aw.w};
 #pragma unroll
             for (int u = 0; u < DSP_MV; ++u) {
