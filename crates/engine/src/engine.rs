@@ -1529,22 +1529,16 @@ impl<B: Backend> Worker<B> {
     /// context: from the host copy of their taps, or, where the verify left them on the device (a
     /// GPU drafter on CUDA), from there.
     fn stage_verified(&mut self, start: usize, keep: usize, n: usize) -> Result<()> {
+        let cuda = as_cuda(&self.backend);
         let ctx = self.spec.as_mut().expect("a round ran");
-        if !ctx.bufs.taps.is_empty() {
-            let w = ctx.bufs.taps.len() / n;
-            let t = std::mem::take(&mut ctx.bufs.taps);
-            let r = self.stage(&t[..keep * w], start, keep);
-            self.spec.as_mut().expect("a round ran").bufs.taps = t;
-            return r;
-        }
-        let dev = as_cuda(&self.backend).and_then(|c| c.last_verify_taps());
-        match (&mut ctx.proposer, dev) {
-            (Proposer::DsparkGpu(d, st), Some((src, rows))) if keep <= rows => {
-                d.stage_dev(st, src, start, keep)
+        let taps = &ctx.bufs.taps;
+        match &mut ctx.proposer {
+            Proposer::DsparkGpu(d, st) => d.stage_verified(st, cuda, taps, start, keep),
+            Proposer::Dspark(d, st) => {
+                let w = taps.len() / n.max(1);
+                d.stage(st, &taps[..keep * w], start, keep)
             }
-            _ => Err(Error::Backend(format!(
-                "the verify of {n} rows left no taps to stage {keep} of"
-            ))),
+            Proposer::Ngram => Ok(()),
         }
     }
 

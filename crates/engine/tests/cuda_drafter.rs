@@ -803,7 +803,6 @@ fn cuda_gpu_drafter_rounds_stage_device_taps() {
         let w = Weights::load(&b, &g, &cfg).unwrap();
         let d = gpu_drafter(&b, &m);
         let layers = d.cfg.target_layers.clone();
-        let tw = d.tap_width();
         let nv = cfg.n_vocab as u32;
         let pr: Vec<u32> = (0..21u32)
             .map(|i| i.wrapping_mul(2654435761) % (nv - 8).min(1400))
@@ -843,15 +842,9 @@ fn cuda_gpu_drafter_rounds_stage_device_taps() {
             )
             .unwrap();
             let keep = out.n_acc + 1;
-            if bufs.taps.is_empty() {
-                let (src, rows) = b.last_verify_taps().expect("the verify left its taps");
-                assert!(keep <= rows, "{keep} kept rows of a {rows}-row verify");
-                d.stage_dev(&mut ds, src, start, keep).unwrap();
-                dev_rounds += 1;
-            } else {
-                d.stage(&mut ds, &bufs.taps[..keep * tw], start, keep)
-                    .unwrap();
-            }
+            dev_rounds += bufs.taps.is_empty() as usize;
+            d.stage_verified(&mut ds, Some(&b), &bufs.taps, start, keep)
+                .unwrap();
             got.extend(out.tokens.iter().map(|x| x.id));
             // the reference: the same tokens one plain forward at a time, each row's host taps
             // staged alone

@@ -146,14 +146,11 @@ fn timed_dspark_round(
     let keep = out.n_acc + 1;
     let tw = d.tap_width();
     // the kept rows' taps from the host copy, or where the verify left them on the device
-    let ((), ss) = timed(cuda, || match (bufs.taps.is_empty(), d, ds) {
-        (false, d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
-        (true, Dr::Gpu(g), DrState::Gpu(s)) => {
-            let (src, rows) = cuda.last_verify_taps().expect("taps on the device");
-            assert!(keep <= rows, "{keep} kept rows of a {rows}-row verify");
-            g.stage_dev(s, src, start, keep).unwrap()
-        }
-        _ => unreachable!("device taps without the GPU drafter"),
+    let ((), ss) = timed(cuda, || match (d, ds) {
+        (Dr::Gpu(g), DrState::Gpu(s)) => g
+            .stage_verified(s, Some(cuda), &bufs.taps, start, keep)
+            .unwrap(),
+        (d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
     });
     (out, [sd, sr, ss])
 }

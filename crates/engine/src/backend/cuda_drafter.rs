@@ -30,6 +30,7 @@ use bonsai_kernels_cpu::QuantType;
 use bonsai_kernels_cuda::{self as kc, DevBuf, DspPar, Gpu, MvSeg, PinnedBuf, PlaneKind, Ring};
 use rayon::prelude::*;
 
+use crate::backend::cuda::CudaBackend;
 use crate::config::DrafterConfig;
 use crate::drafter::{Drafter, HostMat};
 use crate::error::{Error, Result};
@@ -610,6 +611,36 @@ impl CudaDrafter {
             )));
         }
         self.stage_from(st, TapSrc::Dev(src), pos0, n)
+    }
+
+    /// Stage the first `keep` rows of the last verify (starting at position `start`): from
+    /// `host_taps` (the verify's host copy, `[rows, tap_width]`) when it holds them, else from
+    /// where the verify left them on the device (`CudaBackend::last_verify_taps`). What the engine
+    /// does after every round.
+    pub fn stage_verified(
+        &self,
+        st: &mut CudaDraftState,
+        cuda: Option<&CudaBackend>,
+        host_taps: &[f32],
+        start: usize,
+        keep: usize,
+    ) -> Result<()> {
+        let tw = self.tap_width();
+        if !host_taps.is_empty() {
+            let Some(rows) = host_taps.get(..keep * tw) else {
+                return Err(Error::Backend(format!(
+                    "drafter stage: {keep} kept rows of {} verify tap floats",
+                    host_taps.len()
+                )));
+            };
+            return self.stage(st, rows, start, keep);
+        }
+        match cuda.and_then(|c| c.last_verify_taps()) {
+            Some((src, rows)) if keep <= rows => self.stage_dev(st, src, start, keep),
+            _ => Err(Error::Backend(format!(
+                "drafter stage: the verify left no taps to stage {keep} rows of"
+            ))),
+        }
     }
 
     fn stage_from(
