@@ -76,7 +76,7 @@ impl Switch for CudaBackend {
         self.set_verify_taps_on_host(!on);
     }
     fn device_taps(&self, floats: usize) -> Option<Vec<f32>> {
-        let (src, _rows) = self.last_verify_taps()?;
+        let (src, _rows, _width) = self.last_verify_taps()?;
         let g = self.gpu();
         let buf = g.alloc(floats * 4).unwrap();
         g.dtod(buf.ptr(), src, floats * 4).unwrap();

@@ -263,9 +263,9 @@ pub struct CudaBackend {
     force_row_fallback: AtomicBool,
     /// Whether the verify graphs copy their taps to the host ([`CudaBackend::set_verify_taps_on_host`]).
     verify_taps_host: AtomicBool,
-    /// The last verify's taps on the device, `(address, rows)` of `[rows, n_taps·n_embd]` f32, when
-    /// its graph left them there ([`CudaBackend::last_verify_taps`]).
-    verify_taps: Mutex<Option<(u64, usize)>>,
+    /// The last verify's taps on the device, `(address, rows, row width)` of `[rows, n_taps·n_embd]`
+    /// f32, when its graph left them there ([`CudaBackend::last_verify_taps`]).
+    verify_taps: Mutex<Option<(u64, usize, usize)>>,
 }
 
 /// The speculative round's captured graphs (see [`CudaBackend::set_round_graph`]).
@@ -748,10 +748,10 @@ impl CudaBackend {
         self.verify_taps_host.load(Ordering::Relaxed)
     }
 
-    /// The taps of the last verify, when its graph left them on the device: `(address, rows)` of
-    /// `[rows, n_taps·n_embd]` f32 (row r: its taps in tap-layer order, `TapRequest`'s layout).
-    /// Valid until the next verify.
-    pub fn last_verify_taps(&self) -> Option<(u64, usize)> {
+    /// The taps of the last verify, when its graph left them on the device: `(address, rows, row
+    /// width)` of `[rows, n_taps·n_embd]` f32 (row r: its taps in tap-layer order, `TapRequest`'s
+    /// layout). Valid until the next verify.
+    pub fn last_verify_taps(&self) -> Option<(u64, usize, usize)> {
         *self.verify_taps.lock().expect("verify taps lock")
     }
 
@@ -2251,7 +2251,8 @@ impl CudaBackend {
             if taps_host {
                 out.extend_from_slice(io.taps.f32s(n * n_taps * e));
             } else if n_taps > 0 {
-                *self.verify_taps.lock().expect("verify taps lock") = Some((io.taps_dev.ptr(), n));
+                *self.verify_taps.lock().expect("verify taps lock") =
+                    Some((io.taps_dev.ptr(), n, n_taps * e));
             }
         }
         for r in recs.iter_mut() {

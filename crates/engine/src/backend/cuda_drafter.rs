@@ -636,8 +636,14 @@ impl CudaDrafter {
             return self.stage(st, rows, start, keep);
         }
         match cuda.and_then(|c| c.last_verify_taps()) {
-            Some((src, rows)) if keep <= rows => self.stage_dev(st, src, start, keep),
-            _ => Err(Error::Backend(format!(
+            Some((src, rows, width)) if keep <= rows && width == tw => {
+                self.stage_dev(st, src, start, keep)
+            }
+            Some((_, rows, width)) => Err(Error::Backend(format!(
+                "drafter stage: {keep} kept rows of {tw} tap floats, the verify left {rows} rows \
+                 of {width}"
+            ))),
+            None => Err(Error::Backend(format!(
                 "drafter stage: the verify left no taps to stage {keep} rows of"
             ))),
         }
