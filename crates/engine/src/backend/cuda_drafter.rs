@@ -496,7 +496,7 @@ impl CudaDrafter {
                 .alloc_pinned(ROWS * tw * f + DspPar::SLOTS * 4)
                 .map_err(be)?,
             spar: a(DspPar::SLOTS * 4)?,
-            stage_graphs: (0..=ROWS).map(|_| None).collect(),
+            stage_graphs: (0..2 * (ROWS + 1)).map(|_| None).collect(),
             sin_busy: false,
         })
     }
@@ -692,17 +692,20 @@ impl CudaDrafter {
             st.sin.write(ROWS * tw * 4, &par);
             let [k0, k1, k2] = self.graph_key();
             let key = [k0, k1, k2, src];
-            if st.stage_graphs[n].as_ref().map(|(k, _)| *k) != Some(key) {
-                st.stage_graphs[n] = None;
+            // host-tap stages (a decode step's row) and device-tap ones (a round's kept rows)
+            // keep a graph each, so an engine that mixes them captures neither again
+            let slot = n + (src != 0) as usize * (ROWS + 1);
+            if st.stage_graphs[slot].as_ref().map(|(k, _)| *k) != Some(key) {
+                st.stage_graphs[slot] = None;
                 g.sync().map_err(be)?;
                 g.begin_capture().map_err(be)?;
                 let queued = self.enqueue_stage(st, n, StageIn::Graph { src });
                 // end the capture whatever happened, so the stream is usable again
                 let graph = g.end_capture().map_err(be);
                 queued?;
-                st.stage_graphs[n] = Some((key, graph?));
+                st.stage_graphs[slot] = Some((key, graph?));
             }
-            let (_, graph) = st.stage_graphs[n].as_ref().expect("captured above");
+            let (_, graph) = st.stage_graphs[slot].as_ref().expect("captured above");
             g.launch_graph(graph).map_err(be)?;
             st.sin_busy = true;
             st.next_pos = pos0 + n;
@@ -1112,8 +1115,9 @@ pub struct CudaDraftState {
     // the captured stage's input: pinned [taps (8 rows of tap_width f32) ‖ DspPar (i32 × 4)]
     sin: PinnedBuf,
     spar: DevBuf, // DspPar [4] i32 on the device, read by the stage graphs' kernels
-    /// The captured stage of n rows at index n (key: the draft's, then the device address of
-    /// its taps, 0 for the pinned input).
+    /// The captured stage of n rows from the pinned input at index n, from device taps at index
+    /// n + ROWS + 1 (key: the draft's, then the device address of the taps, 0 for the pinned
+    /// input).
     stage_graphs: Vec<Option<([u64; 4], kc::Graph)>>,
     /// A stage graph was launched since the last synchronization: it may still read `sin`.
     sin_busy: bool,
