@@ -450,6 +450,16 @@ impl Gpu {
         self.hopper() && std::env::var("BONSAI_CUDA_Q41_TC").is_ok_and(|v| v == "1")
     }
 
+    /// Whether the drafter's LM head (Q4_1, `[E, V]`) takes the tensor-core layout
+    /// ([`Self::mv_q41t`]) even where [`Self::q41_tc`] is off: on by default on sm_90+
+    /// (`BONSAI_CUDA_Q41_TC_HEAD=0` off; read at the drafter's load). The head runs only in the
+    /// draft's 4-row block, never in the 1-row context staging that made [`Self::q41_tc`] lose,
+    /// and alone it is the widest Q4_1 launch (248,320 rows): 270 → 235 µs per launch from DRAM
+    /// on the H200 (`bench/results/cuda-q41-tc-timing-27b.json`).
+    pub fn q41_tc_head(&self) -> bool {
+        self.hopper() && std::env::var("BONSAI_CUDA_Q41_TC_HEAD").map_or(true, |v| v != "0")
+    }
+
     /// [`Self::mv_q41`] on the tensor cores (`mvt_q41`, `kernels/mvq41t.cu`): each segment's
     /// `codes` is a matrix re-tiled by [`crate::retile_q41t`] (its `scales` are unused), `y`
     /// `[n, n_out]`. Per weight row and activation row the float operations depend on `n_in` alone

@@ -5322,3 +5322,158 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
         .mv_swiglu_b1p(1, (p, p), (p, p), 32, 8192, (p, p, p), out, None)
         .unwrap());
 }
+
+/// The SwiGLU-fused verify gate‖up launch (`mvbq_*_r2a_k1_swi`, `Gpu::mv_swiglu_b1q`) for n = 2,
+/// 5, 8 activation rows: f32 values, codes, scales and sums equal `mv_b1q` over [gate, up]
+/// followed by `swiglu_quant` bit for bit, and row t equals the decode's one-row fused launch
+/// (`mv_swiglu_b1p`) of row t; rows past n are not written. One shape has n_out % 64 = 32 (a
+/// block's second half past the end). With `b1q_swiglu` off it launches nothing.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn mv_swiglu_b1q_equals_b1q_then_swiglu() {
+    let g = need_gpu!("mv_swiglu_b1q_equals_b1q_then_swiglu");
+    let nmax = bonsai_kernels_cuda::MAX_ROWS;
+    let mut rng = Rng(95);
+    for (planes, n_in, n_out) in [
+        (1usize, 5120usize, 17408usize),
+        (1, 512, 1024),
+        (1, 512, 1056),
+        (2, 5120, 17408),
+        (2, 512, 1056),
+    ] {
+        assert_eq!(mvbp_ks(2 * n_out / 16, n_in), 1);
+        let c = b1p_case(&mut rng, planes, n_in, 2 * n_out, nmax);
+        let (nblk, npair, nb) = (n_in / 128, n_in / 256, n_out / 32);
+        let (codes, scales, xp, xu, xs) = b1p_upload(g, &c);
+        let xv = g.upload(&b1q_acts_host(&c.act)).unwrap();
+        let gate = (codes.ptr(), scales.ptr());
+        let t16 = n_out / 16;
+        let up = (
+            codes.ptr() + (t16 * npair * 512 * planes) as u64,
+            scales.ptr() + (t16 * nblk * 32) as u64,
+        );
+        // outputs of nmax rows, NaN / 0x7f-filled so that rows past n show if written
+        let outs = || {
+            (
+                g.upload(&vec![f32::NAN; nmax * n_out]).unwrap(),
+                g.upload(&vec![0x7fi8; nmax * n_out]).unwrap(),
+                g.upload(&vec![f32::NAN; nmax * nb]).unwrap(),
+                g.upload(&vec![i32::MIN; nmax * nb]).unwrap(),
+            )
+        };
+        // the decode's fused one-row launch of each row: want f32 / codes / scales / sums
+        let mut want = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for t in 0..nmax {
+            let o = swi_outs(g, n_out);
+            let x = (
+                xp.ptr() + (t * npair * 512) as u64,
+                xu.ptr() + (t * nblk * 4) as u64,
+                xs.ptr() + (t * nblk * 16) as u64,
+            );
+            assert!(g
+                .mv_swiglu_b1p(planes, gate, up, n_out, n_in, x, quant_out(&o), None)
+                .unwrap());
+            want.0.extend(down::<u32>(g, &o.0, n_out));
+            want.1.extend(down::<i8>(g, &o.1, n_out));
+            want.2.extend(down::<u32>(g, &o.2, nb));
+            want.3.extend(down::<i32>(g, &o.3, nb));
+        }
+        let x = (xv.ptr(), xu.ptr(), xs.ptr());
+        for n in [2usize, 5, 8] {
+            let o = outs();
+            assert!(g
+                .mv_swiglu_b1q(planes, gate, up, n_out, n_in, x, n, quant_out(&o))
+                .unwrap());
+            let (hf, hq) = (
+                down::<u32>(g, &o.0, nmax * n_out),
+                down::<i8>(g, &o.1, nmax * n_out),
+            );
+            let (hd, hs) = (
+                down::<u32>(g, &o.2, nmax * nb),
+                down::<i32>(g, &o.3, nmax * nb),
+            );
+            let what = format!("[{n_in} x {n_out}] planes {planes} n {n}");
+            assert_eq!(hf[..n * n_out], want.0[..n * n_out], "{what}: f32");
+            assert_eq!(hq[..n * n_out], want.1[..n * n_out], "{what}: codes");
+            assert_eq!(hd[..n * nb], want.2[..n * nb], "{what}: scales");
+            assert_eq!(hs[..n * nb], want.3[..n * nb], "{what}: sums");
+            assert!(
+                hf[n * n_out..].iter().all(|&b| f32::from_bits(b).is_nan()),
+                "{what}: f32 past n"
+            );
+            assert!(
+                hq[n * n_out..].iter().all(|&q| q == 0x7f),
+                "{what}: codes past n"
+            );
+            assert!(
+                hs[n * nb..].iter().all(|&s| s == i32::MIN),
+                "{what}: sums past n"
+            );
+            // the unfused verify: mv_b1q into [n, n_out] gate and up rows, then swiglu_quant
+            let (yg, yu) = (
+                g.alloc(n * n_out * 4).unwrap(),
+                g.alloc(n * n_out * 4).unwrap(),
+            );
+            let seg = |(codes, scales): (u64, u64), y: &DevBuf| MvSeg {
+                codes,
+                scales,
+                y: y.ptr(),
+                n_out,
+            };
+            g.mv_b1q(
+                planes,
+                &[seg(gate, &yg), seg(up, &yu)],
+                x.0,
+                x.1,
+                x.2,
+                n_in,
+                n,
+                false,
+            )
+            .unwrap();
+            let r = outs();
+            g.swiglu_quant(
+                yg.ptr(),
+                yu.ptr(),
+                n,
+                n_out,
+                r.0.ptr(),
+                r.1.ptr(),
+                r.2.ptr(),
+                r.3.ptr(),
+            )
+            .unwrap();
+            assert_eq!(
+                hf,
+                down::<u32>(g, &r.0, nmax * n_out),
+                "{what}: f32 vs unfused"
+            );
+            assert_eq!(
+                hq,
+                down::<i8>(g, &r.1, nmax * n_out),
+                "{what}: codes vs unfused"
+            );
+            assert_eq!(
+                hd,
+                down::<u32>(g, &r.2, nmax * nb),
+                "{what}: scales vs unfused"
+            );
+            assert_eq!(
+                hs,
+                down::<i32>(g, &r.3, nmax * nb),
+                "{what}: sums vs unfused"
+            );
+        }
+        // switched off: nothing launched
+        g.set_b1q_swiglu(false);
+        let o = outs();
+        let launched = g
+            .mv_swiglu_b1q(planes, gate, up, n_out, n_in, x, 5, quant_out(&o))
+            .unwrap();
+        g.set_b1q_swiglu(true);
+        assert!(!launched);
+        assert!(down::<u32>(g, &o.0, n_out)
+            .iter()
+            .all(|&b| f32::from_bits(b).is_nan()));
+    }
+}

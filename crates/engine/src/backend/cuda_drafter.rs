@@ -2,8 +2,8 @@
 //! oracle), with device weights and a device context window.
 //!
 //! - Weights: Q4_1 matrices re-tiled by `retile_q41` (`Gpu::mv_q41`), or by `retile_q41t` for the
-//!   tensor-core kernel (`Gpu::mv_q41t`, sm_90+, opt-in: `BONSAI_CUDA_Q41_TC=1`), int8 activations
-//!   either way; any other
+//!   tensor-core kernel (`Gpu::mv_q41t`, sm_90+: the LM head by default, `Gpu::q41_tc_head`; every
+//!   matrix opt-in, `BONSAI_CUDA_Q41_TC=1`), int8 activations either way; any other
 //!   type is dequantized to an f32 plane at load (`Gpu::mv_f32`). The Markov tables stay in their
 //!   file type (BF16 / F16 / F32 planes read by `dsp_markov_scores`).
 //! - Context rows ([`CudaDrafter::stage`]): tap rows are uploaded (`[n, n_taps·E]` f32, ≤ 8 rows per
@@ -63,9 +63,16 @@ enum DMat {
 }
 
 impl DMat {
+    /// `m` on the device: a Q4_1 matrix in the tensor-core layout where `Gpu::q41_tc` is on,
+    /// else in the dp4a layout.
     fn load(gpu: &Gpu, m: &HostMat) -> Result<DMat> {
+        Self::load_as(gpu, m, gpu.q41_tc())
+    }
+
+    /// [`DMat::load`] with the layout of a Q4_1 matrix chosen by `tc`.
+    fn load_as(gpu: &Gpu, m: &HostMat, tc: bool) -> Result<DMat> {
         let (n_in, n_out) = (m.n_in, m.n_out);
-        if m.qt == QuantType::Q4_1 && gpu.q41_tc() {
+        if m.qt == QuantType::Q4_1 && tc {
             let rec = kc::retile_q41t(m.data(), n_in, n_out);
             return Ok(DMat::Q41t {
                 rec: gpu.upload(&rec).map_err(be)?,
@@ -290,7 +297,8 @@ impl CudaDrafter {
             fc: DMat::load(g, &host.fc)?,
             hidden_norm: up(&host.hidden_norm)?,
             output_norm: up(&host.output_norm)?,
-            output: DMat::load(g, &host.output)?,
+            // the head runs only in the 4-row draft block: the tensor cores there by default
+            output: DMat::load_as(g, &host.output, g.q41_tc() || g.q41_tc_head())?,
             markov_a: Plane::load(g, &host.markov_a)?,
             markov_b: Plane::load(g, &host.markov_b)?,
             mask_rows: up(&mask_rows)?,
