@@ -859,20 +859,6 @@ fn cuda_b1q_ahead_round_ab() {
     );
 }
 
-/// The SwiGLU inside the verify's int8 tensor-core gate‖up launch (`Gpu::b1q_swiglu`, the
-/// default) against that launch followed by `swiglu_quant` ([`switch_round_ab`]).
-/// `BONSAI_B1Q_SWI_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_b1q_swiglu_round_ab() {
-    switch_round_ab(
-        "cuda_b1q_swiglu_round_ab",
-        ("B1QSWI", "BONSAI_B1Q_SWI_OUT", "b1q_swiglu"),
-        kc::Gpu::b1q_swiglu,
-        kc::Gpu::set_b1q_swiglu,
-    );
-}
-
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel
@@ -991,7 +977,7 @@ fn cuda_round_what_if() {
     let names = gpu.kernel_names();
     let matvec = gpu.matvec_kernel_names();
     let other = non_matvec(&names);
-    let mut sets: Vec<(&str, Vec<&str>)> = vec![
+    let sets: Vec<(&str, Vec<&str>)> = vec![
         ("every mat-vec", matvec),
         ("every other kernel", other),
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
@@ -1011,12 +997,9 @@ fn cuda_round_what_if() {
             "rollback replay (gdn_replay)",
             vec!["gdn_replay", "gdn_replay_layers"],
         ),
+        ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];
-    if !gpu.b1q_swiglu() {
-        // (else the verify's gate‖up launch writes the SwiGLU, as the step's does)
-        sets.push(("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]));
-    }
     // launched only inside the round graphs (the eager round reads whole rows on the host), so
     // the eager profiles below cannot vouch for them
     let graph_only = ["logit_stats_rows"];

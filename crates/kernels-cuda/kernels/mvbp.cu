@@ -466,20 +466,11 @@ __device__ __forceinline__ u32 ldg_na_u32(const u32* p) {
 // 6.32–6.36 ms, Q2_0 7.78–7.91 → 7.36–7.46 (bench/results/cuda-h100-verify-loads-ab*-27b-*.json:
 // the no-allocate loads alone gave 6.57 / 7.63–7.72; the activations a pair ahead, the weights two
 // pairs ahead, or both, took 146–242 registers and were slower than AHEAD, 6.43–7.54 / 8.0–8.2).
-// SWI (KS = 1, RGW = 4; the SwiGLU-fused verify gate‖up launch `mvbq_*_swi`, grid n_out / 64):
-// block c's warps 0, 1 take gate tiles 4c .. 4c + 3 (s0, R = 2 each) and warps 2, 3 the same up
-// tiles (s1), each computed exactly as the plain launch computes it; then, for each activation row
-// and each 32 outputs, one warp writes SiLU(gate)·up as swiglu_quant does (f32 unless null,
-// quant32 into row t's q, d, s). So the fused launch gives the bits of this mat-vec followed by
-// swiglu_quant, and (rows being the one-row b1-plane rows) of the decode's `mvbp_*_swi`.
-template <int KS, int RGW, int R, int PL = 1, bool AHEAD = false, bool SWI = false>
+template <int KS, int RGW, int R, int PL = 1, bool AHEAD = false>
 __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
-                                        int n, int accumulate, int pre, SwiOut so = {}) {
-    static_assert(!SWI || (KS == 1 && RGW == 4 && R == 2), "SWI: one K part, 4 warps of 2 tiles");
+                                        int n, int accumulate, int pre) {
     __shared__ float red[KS][KS > 1 ? RGW * R : 1][16][MAXN];
-    // SWI: [gate, up][the block's 64 outputs][activation row]
-    __shared__ float swv[SWI ? 2 : 1][SWI ? 64 : 1][MAXN];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int kp = w % KS, rg = w / KS;
     const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
@@ -489,19 +480,11 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     bool any = false;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        if (SWI) {
-            // gate (warps 0, 1) or up (warps 2, 3) tile 4c + 2·(w & 1) + r; past the end: tile 0
-            const int tile = (2 * blockIdx.x + (rg & 1)) * R + r;
-            ok[r] = tile < t1;
-            sg[r] = rg < 2 ? s0 : s1;
-            tl[r] = ok[r] ? tile : 0;
-        } else {
-            const int tile = (blockIdx.x * RGW + rg) * R + r;
-            ok[r] = tile < t4;
-            // a tile past the last segment reads tile 0 of segment 0 (and writes nothing)
-            sg[r] = !ok[r] || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
-            tl[r] = !ok[r] ? 0 : tile - (tile < t1 ? 0 : tile < t2 ? t1 : tile < t3 ? t2 : t3);
-        }
+        const int tile = (blockIdx.x * RGW + rg) * R + r;
+        ok[r] = tile < t4;
+        // a tile past the last segment reads tile 0 of segment 0 (and writes nothing)
+        sg[r] = !ok[r] || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
+        tl[r] = !ok[r] ? 0 : tile - (tile < t1 ? 0 : tile < t2 ? t1 : tile < t3 ? t2 : t3);
         any |= ok[r];
     }
     const int nblk = n_in >> 7, npair = n_in >> 8;
@@ -627,9 +610,7 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
         for (int i = 0; i < 4; ++i) {
             const int row = g + 8 * (i >> 1), col = 2 * tg + (i & 1);
             if (col >= n) continue;
-            if (SWI) {
-                swv[rg >> 1][((rg & 1) * R + r) * 16 + row][col] = acc[r][i];
-            } else if (KS == 1) {
+            if (KS == 1) {
                 if (ok[r]) {
                     float* yp = sg[r].y + (size_t)col * sg[r].n_out + tl[r] * 16 + row;
                     *yp = accumulate ? *yp + acc[r][i] : acc[r][i];
@@ -638,20 +619,7 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
                 red[kp][KS > 1 ? rg * R + r : 0][row][col] = acc[r][i];
             }
         }
-    if (SWI) {
-        __syncthreads();
-        // (activation row t, 32-output half h) tasks over the 4 warps; the branch is warp-uniform,
-        // as quant32's shuffles need
-        const int nb = s0.n_out >> 5;
-        for (int task = w; task < 2 * n; task += RGW) {
-            const int t = task >> 1, h = task & 1, b = 2 * blockIdx.x + h;
-            if (b >= nb) continue;
-            const float v = siluf_(swv[0][32 * h + lane][t]) * swv[1][32 * h + lane][t];
-            const size_t o = (size_t)t * s0.n_out + 32 * b;
-            if (so.hf) so.hf[o + lane] = v;
-            quant32(v, so.q + o, so.d + (size_t)t * nb + b, so.s + (size_t)t * nb + b);
-        }
-    } else if (KS > 1) {
+    if (KS > 1) {
         __syncthreads();
         // warp kp == 0 of each group writes its tiles: lane = row (16 lanes), all n columns
         if (kp == 0 && lane < 16) {
@@ -706,17 +674,3 @@ MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k2, 2, 2, 2, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k4, 2, 4, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k8, 2, 8, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k16, 2, 16, 1, 2, true)
-// The SwiGLU-fused verify gate‖up launch (SWI above; grid n_out / 64 rounded up, 128 threads):
-// the AHEAD form with 2 tiles per warp and K split 1, writing SiLU(gate) ⊙ up of n ≤ 8 rows as
-// swiglu_quant does. Launcher: `Gpu::mv_swiglu_b1q`.
-#define MVBQ_SWI_ENTRY(NAME, PL)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128)                                                       \
-        NAME(const void* c0, const u16* sc0, const void* c1, const u16* sc1, int n_out, const uint4* xv,    \
-             const float* xu, const int* xs, int n_in, int n, int pre, float* hf, i8* hq, float* hd, int* hs) { \
-        MvSeg g0 = {c0, sc0, nullptr, n_out}, u0 = {c1, sc1, nullptr, n_out},                              \
-              none = {nullptr, nullptr, nullptr, 0};                                                        \
-        mvbq_mv<1, 4, 2, PL, true, true>(g0, u0, none, none, xv, xu, xs, n_in, n, 0, pre,                   \
-                                         SwiOut{hf, hq, hd, hs, {}});                                       \
-    }
-MVBQ_SWI_ENTRY(mvbq_q1_r2a_k1_swi, 1)
-MVBQ_SWI_ENTRY(mvbq_q2_r2a_k1_swi, 2)

@@ -1808,7 +1808,6 @@ kernels!(
         mvbq_q1_r2a_k4,
         mvbq_q1_r2a_k8,
         mvbq_q1_r2a_k16,
-        mvbq_q1_r2a_k1_swi,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -1848,7 +1847,6 @@ kernels!(
         mvbq_q2_r2a_k4,
         mvbq_q2_r2a_k8,
         mvbq_q2_r2a_k16,
-        mvbq_q2_r2a_k1_swi,
         launch_chain_step,
         // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
         mvo_q1_r1_k1,
@@ -2098,8 +2096,6 @@ pub struct Gpu {
     mv_rows_first: AtomicBool,
     /// [`Gpu::b1q_ahead`] (`BONSAI_CUDA_B1Q_AHEAD=0` turns it off).
     b1q_ahead: AtomicBool,
-    /// [`Gpu::b1q_swiglu`] (`BONSAI_CUDA_B1Q_SWI=0` turns it off).
-    b1q_swiglu: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2442,9 +2438,6 @@ impl Gpu {
             ),
             b1q_ahead: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
-            ),
-            b1q_swiglu: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_B1Q_SWI").map_or(true, |v| v != "0"),
             ),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
@@ -3778,8 +3771,7 @@ impl Gpu {
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
-                | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_swiglu() as u64) << 31,
+                | (self.b1q_ahead() as u64) << 30,
         ]
     }
 
@@ -4170,59 +4162,6 @@ impl Gpu {
         Ok(true)
     }
 
-    /// The SwiGLU-fused verify gate‖up launch on the int8 tensor cores (`mvbq_q1_r2a_k1_swi`;
-    /// `mvbq_q2_*` for `planes` = 2): gate and up in the b1-plane layout (`(codes, scales)` each),
-    /// `n` (2..=[`MAX_ROWS`]) activation rows as the norm's byte-split codes `xv` with their units
-    /// `xu` and sums `xs` (the operands of [`Self::mv_b1q`]); writes SiLU(gate) ⊙ up of every row
-    /// to `out` (`[n, n_out]` codes, `[n, n_out / 32]` scales and sums, f32 unless `out.f` is 0)
-    /// exactly as [`Self::mv_b1q`] over `[gate, up]` followed by [`Self::swiglu_quant`] would, so
-    /// row t equals the decode's fused [`Self::mv_swiglu_b1p`] of that row. `Ok(false)` (nothing
-    /// launched) where [`Self::swiglu_fused`], [`Self::b1q_swiglu`] or [`Self::b1q_ahead`] is off,
-    /// the verify takes one tile per warp, `n_out % 32 != 0`, or the shape's K split
-    /// ([`mvbp_ks`] of the 2·n_out rows) is not 1.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_swiglu_b1q(
-        &self,
-        planes: usize,
-        gate: (u64, u64),
-        up: (u64, u64),
-        n_out: usize,
-        n_in: usize,
-        (xv, xu, xs): (u64, u64, u64),
-        n: usize,
-        out: QuantOut,
-    ) -> Result<bool> {
-        if !self.swiglu_fused()
-            || !self.b1q_swiglu()
-            || !self.b1q_ahead()
-            || mvbq_tiles() != 2
-            || !(2..=MAX_ROWS).contains(&n)
-            || n_out == 0
-            || n_out % 32 != 0
-            || n_in == 0
-            || n_in % 256 != 0
-            || mvbp_ks(2 * n_out / 16, n_in) != 1
-        {
-            return Ok(false);
-        }
-        check_planes("mv_swiglu_b1q", planes)?;
-        if xv % 16 != 0 || xu % 4 != 0 || xs % 16 != 0 {
-            return Err(CudaError(format!(
-                "mv_swiglu_b1q: misaligned activations xv {xv:#x} xu {xu:#x} xs {xs:#x}"
-            )));
-        }
-        let f = if planes == 1 {
-            self.f.mvbq_q1_r2a_k1_swi
-        } else {
-            self.f.mvbq_q2_r2a_k1_swi
-        };
-        let mut args = swi_args(gate, up, n_out, (xv, xu, xs), n_in, true, out).to_vec();
-        // the row count goes between n_in and pre
-        args.insert(9, Arg::I(n as i32));
-        self.launch(f, (cdiv(n_out, 64), 1, 1), (128, 1, 1), &args)?;
-        Ok(true)
-    }
-
     /// The int8 tensor-core verify mat-vec on the b1-plane layout (`mvbq_q1_*`, `kernels/mvbp.cu`):
     /// `segs` as [`Self::mv_b1p`], activations as the norm's byte-split codes `xv`
     /// `[n, n_in / 128, 4 quarters, 4 sub-blocks]` uint4 ([`b1q_acts_host`] spells the layout) with
@@ -4462,19 +4401,6 @@ impl Gpu {
     /// Set [`Self::b1q_ahead`] (capture graphs after setting it).
     pub fn set_b1q_ahead(&self, on: bool) {
         self.b1q_ahead.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether verify gate‖up launches on the int8 tensor cores take the SwiGLU inside
-    /// ([`Self::mv_swiglu_b1q`]) where they can, instead of [`Self::mv_b1q`] followed by
-    /// [`Self::swiglu_quant`]. On by default (`BONSAI_CUDA_B1Q_SWI=0` off); the same bits either
-    /// way; graphs key on it.
-    pub fn b1q_swiglu(&self) -> bool {
-        self.b1q_swiglu.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::b1q_swiglu`] (capture graphs after setting it).
-    pub fn set_b1q_swiglu(&self, on: bool) {
-        self.b1q_swiglu.store(on, Ordering::Relaxed);
     }
 
     /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2

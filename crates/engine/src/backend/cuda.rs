@@ -1727,42 +1727,6 @@ impl CudaBackend {
                 }
             }
         }
-        if n > 1
-            && p16
-            && self.b1q_rows(n)
-            && self.b1p_mats([g, u].into_iter(), g.n_in)
-            && (g.n_in, g.n_out) == (u.n_in, u.n_out)
-            && g.n_out == cfg.n_ff
-            && !self.b1p_out_for(sc, &w.down, n)
-        {
-            // verify rows: the SwiGLU inside the int8 tensor-core gate‖up launch, into the int8
-            // activations that swiglu_quant would write (the launch reads the byte-split codes)
-            let (gl, ul) = (g.b1p.as_ref(), u.b1p.as_ref());
-            let (gl, ul) = (gl.expect("b1p layout"), ul.expect("b1p layout"));
-            let acts = Self::p16_acts(sc, n, true);
-            let out = kc::QuantOut {
-                f: Self::f32_input(sc, &[&w.down]),
-                q: sc.xq.ptr(),
-                d: sc.xd.ptr(),
-                s: sc.xs.ptr(),
-            };
-            if self
-                .gpu
-                .mv_swiglu_b1q(
-                    gl.planes,
-                    (gl.codes.ptr(), gl.scales.ptr()),
-                    (ul.codes.ptr(), ul.scales.ptr()),
-                    cfg.n_ff,
-                    g.n_in,
-                    (acts.xv, acts.xu, acts.xs),
-                    n,
-                    out,
-                )
-                .map_err(be)?
-            {
-                return self.proj(sc, &w.down, n, x, true);
-            }
-        }
         self.proj_multi_p16(sc, &[(g, gt), (u, up)], n, false, p16)?;
         if self.b1p_out_for(sc, &w.down, n) {
             // ffn_down on the b1-plane kernels (gate‖up are done reading xp)
