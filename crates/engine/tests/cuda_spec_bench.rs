@@ -42,7 +42,6 @@ use bonsai_engine::gguf::Gguf;
 use bonsai_engine::model::{forward, Capture, LogitRows, SeqState, TapRequest, Weights};
 use bonsai_engine::sampling::{RowNeed, Sampler, SamplerParams};
 use bonsai_engine::spec::{ngram_draft, verify_round, Rollback, RoundBufs, RoundOut};
-use bonsai_kernels_cuda as kc;
 
 const K: usize = 4;
 
@@ -806,56 +805,40 @@ fn cuda_rows_first_round_ab() {
     );
 }
 
-/// A launch switch of the round (`get` / `set` on the target's `Gpu`) off and on: the what-if's
-/// rejected round and the greedy step, alternating in one process (four times); rows tagged
-/// `tag` on stdout, the JSON to `$env` (key `key` for the switch).
-fn switch_round_ab(
-    name: &str,
-    (tag, env, key): (&str, &str, &str),
-    get: impl Fn(&kc::Gpu) -> bool,
-    set: impl Fn(&kc::Gpu, bool),
-) {
-    let Some((path, t, first)) = round_target(name) else {
+/// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
+/// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
+/// form: the what-if's rejected round and the greedy step, alternating in one process (four
+/// times). `BONSAI_B1Q_AHEAD_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_b1q_ahead_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_b1q_ahead_round_ab") else {
         return;
     };
     let gpu = t.cuda.gpu();
-    let saved = get(gpu);
+    let saved = gpu.b1q_ahead();
     let mut rows = Vec::new();
     for rep in 0..4 {
-        for on in [false, true] {
-            set(gpu, on);
+        for ahead in [false, true] {
+            gpu.set_b1q_ahead(ahead);
             let (round, step) = round_and_step(&t, first);
             println!(
-                "{tag} rep {rep} {key} {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                "B1QAHEAD rep {rep} b1q_ahead {ahead:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
                 round / step
             );
             rows.push(format!(
-                "{{\"{key}\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                "{{\"b1q_ahead\": {ahead}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
                 round / step
             ));
         }
     }
-    set(gpu, saved);
+    gpu.set_b1q_ahead(saved);
     emit_rows(
         &t,
         &path,
-        (tag, env),
+        ("B1QAHEAD", "BONSAI_B1Q_AHEAD_OUT"),
         "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
         &rows,
-    );
-}
-
-/// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
-/// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
-/// form ([`switch_round_ab`]). `BONSAI_B1Q_AHEAD_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_b1q_ahead_round_ab() {
-    switch_round_ab(
-        "cuda_b1q_ahead_round_ab",
-        ("B1QAHEAD", "BONSAI_B1Q_AHEAD_OUT", "b1q_ahead"),
-        kc::Gpu::b1q_ahead,
-        kc::Gpu::set_b1q_ahead,
     );
 }
 
@@ -993,11 +976,11 @@ fn cuda_round_what_if() {
             "attention (prep, chunks, merge)",
             common::ATTN_DECODE_KERNELS.to_vec(),
         ),
+        ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         (
             "rollback replay (gdn_replay)",
             vec!["gdn_replay", "gdn_replay_layers"],
         ),
-        ("swiglu_quant", vec!["swiglu_quant", "swiglu_quant_p16"]),
         ("logit_stats_rows", vec!["logit_stats_rows"]),
     ];
     // launched only inside the round graphs (the eager round reads whole rows on the host), so
