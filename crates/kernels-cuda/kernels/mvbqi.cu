@@ -17,18 +17,19 @@
 // Shared memory per chunk buffer and K part: S [2·KI slots][R][32 lanes] int4, d [slots][R][16],
 // u [slots][MAXN]; two buffers, so one barrier per chunk: the chain of chunk c reads buffer c & 1
 // while no warp writes it before it has passed chunk c + 1's barrier.
-template <int KS, int KI, int R, int PL>
+template <int KS, int KI, int R, int PL, int RGW = 1>
 __device__ __forceinline__ void mvbqi_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
                                          const float* __restrict__ xu, const int* __restrict__ xs, int n_in, int n,
                                          int accumulate, int pre) {
     constexpr int SL = 2 * KI, NC = 4 * R / KI;
     static_assert(KI >= 2 && NC >= 1 && NC * KI == 4 * R, "KI (≥ 2) divides the 4·R accumulators of a lane");
-    __shared__ int4 ssm[2][KS][SL][R][32];
-    __shared__ float dsm[2][KS][SL][R][16];
-    __shared__ float usm[2][KS][SL][MAXN];
-    __shared__ float red[KS > 1 ? KS : 1][KS > 1 ? R : 1][16][MAXN];
+    // RGW: tile groups per block, each with its own KS × KI warps ("parts" below: group × K part)
+    __shared__ int4 ssm[2][RGW * KS][SL][R][32];
+    __shared__ float dsm[2][RGW * KS][SL][R][16];
+    __shared__ float usm[2][RGW * KS][SL][MAXN];
+    __shared__ float red[KS > 1 ? KS : 1][KS > 1 ? RGW : 1][KS > 1 ? R : 1][16][MAXN];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
-    const int kp = w / KI, sw = w % KI;
+    const int kp = (w / KI) % KS, sw = w % KI, rg = w / (KI * KS), pq = rg * KS + kp;
     const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
     MvSeg sg[R];
     int tl[R];
@@ -36,7 +37,7 @@ __device__ __forceinline__ void mvbqi_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
     bool any = false;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int tile = blockIdx.x * R + r;
+        const int tile = (blockIdx.x * RGW + rg) * R + r;
         ok[r] = tile < t4;
         // a tile past the last segment reads tile 0 of segment 0 (and writes nothing)
         sg[r] = !ok[r] || tile < t1 ? s0 : tile < t2 ? s1 : tile < t3 ? s2 : s3;
@@ -144,17 +145,17 @@ __device__ __forceinline__ void mvbqi_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
                     }
                     // mvbq_mv's exact block integers: Q1_0 Σ (2c − 1)·a, Q2_0 Σ (c − 1)·a
                     constexpr int F = PL == 1 ? 2 : 1;
-                    ssm[buf][kp][slot][r][lane] =
+                    ssm[buf][pq][slot][r][lane] =
                         make_int4(F * (chi[0] * 256 + clo[0]) + cur.na0, F * (chi[1] * 256 + clo[1]) + cur.na1,
                                   F * (chi[2] * 256 + clo[2]) + cur.na0, F * (chi[3] * 256 + clo[3]) + cur.na1);
                     if (tg == 0) {
-                        dsm[buf][kp][slot][r][g] = h2f((u16)(cd[r][hb] & 0xffffu));
-                        dsm[buf][kp][slot][r][g + 8] = h2f((u16)(cd[r][hb] >> 16));
+                        dsm[buf][pq][slot][r][g] = h2f((u16)(cd[r][hb] & 0xffffu));
+                        dsm[buf][pq][slot][r][g + 8] = h2f((u16)(cd[r][hb] >> 16));
                     }
                 }
                 if (g == 0) {
-                    usm[buf][kp][slot][2 * tg] = cur.u0;
-                    usm[buf][kp][slot][2 * tg + 1] = cur.u1;
+                    usm[buf][pq][slot][2 * tg] = cur.u0;
+                    usm[buf][pq][slot][2 * tg + 1] = cur.u1;
                 }
             }
         }
@@ -165,10 +166,10 @@ __device__ __forceinline__ void mvbqi_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
 #pragma unroll
             for (int cc = 0; cc < NC; ++cc) {
                 const int c = sw * NC + cc, r = c >> 2, i = c & 3;
-                const int4 sv = ssm[buf][kp][sl][r][lane];
+                const int4 sv = ssm[buf][pq][sl][r][lane];
                 const int S = i == 0 ? sv.x : i == 1 ? sv.y : i == 2 ? sv.z : sv.w;
-                const float d = dsm[buf][kp][sl][r][g + 8 * (i >> 1)];
-                const float u = usm[buf][kp][sl][2 * tg + (i & 1)];
+                const float d = dsm[buf][pq][sl][r][g + 8 * (i >> 1)];
+                const float u = usm[buf][pq][sl][2 * tg + (i & 1)];
                 acc[cc] = fmaf(d * u, (float)S, acc[cc]);
             }
         }
@@ -188,21 +189,23 @@ __device__ __forceinline__ void mvbqi_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3,
                     *yp = accumulate ? *yp + acc[cc] : acc[cc];
                 }
             } else {
-                red[KS > 1 ? kp : 0][KS > 1 ? r : 0][row][col] = acc[cc];
+                red[KS > 1 ? kp : 0][KS > 1 ? rg : 0][KS > 1 ? r : 0][row][col] = acc[cc];
             }
         }
     if (KS > 1) {
         __syncthreads();
+        // the first warp of each group: lane = row
+        if (kp == 0 && sw == 0 && lane < 16) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (!ok[r]) continue;
-            for (int e = threadIdx.x; e < 16 * n; e += KS * KI * 32) {
-                const int row = e / n, t = e % n;
-                float v = red[0][KS > 1 ? r : 0][row][t];
+            for (int r = 0; r < R; ++r) {
+                if (!ok[r]) continue;
+                for (int t = 0; t < n; ++t) {
+                    float v = red[0][KS > 1 ? rg : 0][KS > 1 ? r : 0][lane][t];
 #pragma unroll
-                for (int k2 = 1; k2 < KS; ++k2) v += red[k2][KS > 1 ? r : 0][row][t];
-                float* yp = sg[r].y + (size_t)t * sg[r].n_out + tl[r] * 16 + row;
-                *yp = accumulate ? *yp + v : v;
+                    for (int k2 = 1; k2 < KS; ++k2) v += red[k2][KS > 1 ? rg : 0][KS > 1 ? r : 0][lane][t];
+                    float* yp = sg[r].y + (size_t)t * sg[r].n_out + tl[r] * 16 + lane;
+                    *yp = accumulate ? *yp + v : v;
+                }
             }
         }
     }
@@ -225,3 +228,10 @@ MVBQI_ENTRY(mvbq_q2_i4_k2, 2, 2, 2)
 MVBQI_ENTRY(mvbq_q2_i8_k1, 1, 8, 2)
 MVBQI_ENTRY(mvbq_q2_i8_k2, 2, 4, 2)
 MVBQI_ENTRY(mvbq_q2_i8_k4, 4, 2, 2)
+// `_g8`: 8 warps, 2 warps per K part (KI = 2) and 8 / (2·KS) tile groups per block, so the
+// groups' warps walk the same activation blocks together as `mvbq_mv`'s 4 groups do
+#define MVBQG_ENTRY(NAME, KS, PL) \
+    MV_SEG_ENTRY(NAME, 8, 2, const uint4*, xv, \
+                 mvbqi_mv<KS, 2, 2, PL, 4 / (KS)>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+MVBQG_ENTRY(mvbq_q1_g8_k1, 1, 1)
+MVBQG_ENTRY(mvbq_q1_g8_k2, 2, 1)

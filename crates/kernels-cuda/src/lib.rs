@@ -617,9 +617,10 @@ fn mvbq_tiles() -> usize {
     })
 }
 
-/// [`Gpu::b1q_ki`]'s values: 4 or 8 warps per block, else 0 (off).
+/// [`Gpu::b1q_ki`]'s values: 4 or 8 warps per tile pair, 2 (8 warps over 4 / KS tile pairs),
+/// else 0 (off).
 fn b1q_ki_valid(w: usize) -> usize {
-    if w == 4 || w == 8 {
+    if w == 2 || w == 4 || w == 8 {
         w
     } else {
         0
@@ -1828,6 +1829,8 @@ kernels!(
         mvbq_q2_i8_k1,
         mvbq_q2_i8_k2,
         mvbq_q2_i8_k4,
+        mvbq_q1_g8_k1,
+        mvbq_q1_g8_k2,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -4282,6 +4285,15 @@ impl Gpu {
         };
         if let Some(fs) = split {
             return self.launch(fs, (cdiv(tiles, 2), 1, 1), ((ki * 32) as u32, 1, 1), &args);
+        }
+        // 2: 8 warps, 2 per K part, 4 / KS tile pairs a block (`mvbq_q1_g8_k1`, `_k2`)
+        let grouped = match (planes, ki, ks) {
+            (1, 2, 1) => Some((f.mvbq_q1_g8_k1, 4)),
+            (1, 2, 2) => Some((f.mvbq_q1_g8_k2, 2)),
+            _ => None,
+        };
+        if let Some((fs, groups)) = grouped {
+            return self.launch(fs, (cdiv(tiles, 2 * groups), 1, 1), (256, 1, 1), &args);
         }
         // with KI = 1 the AHEAD kernel is that computation
         let t = if ki != 0 {

@@ -4994,7 +4994,7 @@ fn mv_b1q_equals_b1p_one_row() {
     let ahead0 = g.b1q_ahead();
     let ki0 = g.b1q_ki();
     // (AHEAD, warps per block of the split-K-part kernel; 0: none)
-    let forms = [(false, 0usize), (true, 0), (true, 4), (true, 8)];
+    let forms = [(false, 0usize), (true, 0), (true, 2), (true, 4), (true, 8)];
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
     // and one launch of an odd tile count, and one of K split 1 over 5 pairs (the split-part
