@@ -805,43 +805,6 @@ fn cuda_rows_first_round_ab() {
     );
 }
 
-/// The int8 tensor-core verify with each K part's blocks split over the warps of a block
-/// (`Gpu::b1q_ki`: 4 or 8 warps per tile pair, `kernels/mvbqi.cu`) against the AHEAD kernel (0):
-/// the what-if's rejected round and the greedy step, alternating in one process (four times).
-/// `BONSAI_B1Q_KI_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_b1q_ki_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_b1q_ki_round_ab") else {
-        return;
-    };
-    let gpu = t.cuda.gpu();
-    let saved = gpu.b1q_ki();
-    let mut rows = Vec::new();
-    for rep in 0..4 {
-        for ki in [0usize, 2, 4] {
-            gpu.set_b1q_ki(ki);
-            let (round, step) = round_and_step(&t, first);
-            println!(
-                "B1QKI rep {rep} b1q_ki {ki} round {round:.3} ms, step {step:.3} ms, R {:.3}",
-                round / step
-            );
-            rows.push(format!(
-                "{{\"b1q_ki\": {ki}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
-                round / step
-            ));
-        }
-    }
-    gpu.set_b1q_ki(saved);
-    emit_rows(
-        &t,
-        &path,
-        ("B1QKI", "BONSAI_B1Q_KI_OUT"),
-        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
-        &rows,
-    );
-}
-
 /// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
 /// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
 /// form: the what-if's rejected round and the greedy step, alternating in one process (four

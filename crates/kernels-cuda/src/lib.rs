@@ -68,7 +68,6 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mvs.cu"),
     include_str!("../kernels/mvq.cu"),
     include_str!("../kernels/mvbp.cu"),
-    include_str!("../kernels/mvbqi.cu"),
     include_str!("../kernels/mvc.cu"),
     include_str!("../kernels/mvq41t.cu"),
 );
@@ -615,16 +614,6 @@ fn mvbq_tiles() -> usize {
         Some(1) => 1,
         _ => 2,
     })
-}
-
-/// [`Gpu::b1q_ki`]'s values: 4 or 8 warps per tile pair, 2 (8 warps over 4 / KS tile pairs),
-/// else 0 (off).
-fn b1q_ki_valid(w: usize) -> usize {
-    if w == 2 || w == 4 || w == 8 {
-        w
-    } else {
-        0
-    }
 }
 
 /// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
@@ -1819,18 +1808,6 @@ kernels!(
         mvbq_q1_r2a_k4,
         mvbq_q1_r2a_k8,
         mvbq_q1_r2a_k16,
-        mvbq_q1_i4_k1,
-        mvbq_q1_i4_k2,
-        mvbq_q1_i8_k1,
-        mvbq_q1_i8_k2,
-        mvbq_q1_i8_k4,
-        mvbq_q2_i4_k1,
-        mvbq_q2_i4_k2,
-        mvbq_q2_i8_k1,
-        mvbq_q2_i8_k2,
-        mvbq_q2_i8_k4,
-        mvbq_q1_g8_k1,
-        mvbq_q1_g8_k2,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -2119,8 +2096,6 @@ pub struct Gpu {
     mv_rows_first: AtomicBool,
     /// [`Gpu::b1q_ahead`] (`BONSAI_CUDA_B1Q_AHEAD=0` turns it off).
     b1q_ahead: AtomicBool,
-    /// [`Gpu::b1q_ki`] (`BONSAI_CUDA_B1Q_KI=4` or `8`).
-    b1q_ki: AtomicUsize,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2464,7 +2439,6 @@ impl Gpu {
             b1q_ahead: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
-            b1q_ki: AtomicUsize::new(b1q_ki_valid(env_usize("BONSAI_CUDA_B1Q_KI").unwrap_or(0))),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -3797,8 +3771,7 @@ impl Gpu {
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
-                | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_ki() as u64) << 31,
+                | (self.b1q_ahead() as u64) << 30,
         ]
     }
 
@@ -4268,55 +4241,6 @@ impl Gpu {
                 f.mvbq_q2_r2_k16,
             ],
         };
-        // the K parts' blocks over KI = W / KS ≥ 2 warps (`mvbq_*_iW_kKS`): one tile pair a block
-        let ki = self.b1q_ki();
-        let split = match (planes, ki, ks) {
-            (1, 4, 1) => Some(f.mvbq_q1_i4_k1),
-            (1, 4, 2) => Some(f.mvbq_q1_i4_k2),
-            (1, 8, 1) => Some(f.mvbq_q1_i8_k1),
-            (1, 8, 2) => Some(f.mvbq_q1_i8_k2),
-            (1, 8, 4) => Some(f.mvbq_q1_i8_k4),
-            (2, 4, 1) => Some(f.mvbq_q2_i4_k1),
-            (2, 4, 2) => Some(f.mvbq_q2_i4_k2),
-            (2, 8, 1) => Some(f.mvbq_q2_i8_k1),
-            (2, 8, 2) => Some(f.mvbq_q2_i8_k2),
-            (2, 8, 4) => Some(f.mvbq_q2_i8_k4),
-            _ => None,
-        };
-        if let Some(fs) = split {
-            return self.launch(fs, (cdiv(tiles, 2), 1, 1), ((ki * 32) as u32, 1, 1), &args);
-        }
-        // 2: 8 warps, 2 per K part, 4 / KS tile pairs a block (`mvbq_q1_g8_k1`, `_k2`)
-        let grouped = match (planes, ki, ks) {
-            (1, 2, 1) => Some((f.mvbq_q1_g8_k1, 4)),
-            (1, 2, 2) => Some((f.mvbq_q1_g8_k2, 2)),
-            _ => None,
-        };
-        if let Some((fs, groups)) = grouped {
-            return self.launch(fs, (cdiv(tiles, 2 * groups), 1, 1), (256, 1, 1), &args);
-        }
-        // with KI = 1 the AHEAD kernel is that computation
-        let t = if ki != 0 {
-            match planes {
-                1 => [
-                    f.mvbq_q1_r2a_k1,
-                    f.mvbq_q1_r2a_k2,
-                    f.mvbq_q1_r2a_k4,
-                    f.mvbq_q1_r2a_k8,
-                    f.mvbq_q1_r2a_k16,
-                ],
-                _ => [
-                    f.mvbq_q2_r2a_k1,
-                    f.mvbq_q2_r2a_k2,
-                    f.mvbq_q2_r2a_k4,
-                    f.mvbq_q2_r2a_k8,
-                    f.mvbq_q2_r2a_k16,
-                ],
-            }
-        } else {
-            t
-        };
-        let r = if ki != 0 { 2 } else { r };
         // each warp takes r consecutive tiles
         let warps = mvbp_warps(ks);
         let grid = cdiv(tiles, warps / ks * r);
@@ -4477,22 +4401,6 @@ impl Gpu {
     /// Set [`Self::b1q_ahead`] (capture graphs after setting it).
     pub fn set_b1q_ahead(&self, on: bool) {
         self.b1q_ahead.store(on, Ordering::Relaxed);
-    }
-
-    /// Warps per block of the int8 tensor-core verify whose K parts' blocks are split over
-    /// several warps (`kernels/mvbqi.cu`, `mvbq_*_iW_kKS`): 0 (off: the two-tile AHEAD kernel,
-    /// one warp per tile group and K part), 4 or 8 (`BONSAI_CUDA_B1Q_KI`). Each of a part's
-    /// KI = W / KS warps computes the exact block integers of every KI-th block pair; after a
-    /// block barrier per chunk the same warps run the float chain over the chunk in block order,
-    /// so the bits are [`Self::mv_b1q`]'s either way (`gpu_kernels::mv_b1q_equals_b1p_one_row`
-    /// runs every form). Where KI would be 1 (K splits ≥ W) the AHEAD kernel runs.
-    pub fn b1q_ki(&self) -> usize {
-        self.b1q_ki.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::b1q_ki`] (0, 4 or 8; anything else is 0; capture graphs after setting it).
-    pub fn set_b1q_ki(&self, w: usize) {
-        self.b1q_ki.store(b1q_ki_valid(w), Ordering::Relaxed);
     }
 
     /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2
