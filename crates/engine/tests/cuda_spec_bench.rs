@@ -960,8 +960,27 @@ fn cuda_round_what_if() {
     let names = gpu.kernel_names();
     let matvec = gpu.matvec_kernel_names();
     let other = non_matvec(&names);
+    // the mat-vecs by kind: the b1-plane / int8 tensor-core ones (the norm-fed projections:
+    // `mvbp_` one-row in the step, `mvbq_` in the verify) and the dp4a ones (the out-projections:
+    // `mv_q1_` / `mv_q2_`, one-row and n-row)
+    let by_prefix = |prefixes: &[&str]| -> Vec<&str> {
+        matvec
+            .iter()
+            .copied()
+            .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+            .collect()
+    };
+    let (b1plane, dp4a) = (
+        by_prefix(&["mvbp_", "mvbq_"]),
+        by_prefix(&["mv_q1_", "mv_q2_"]),
+    );
     let sets: Vec<(&str, Vec<&str>)> = vec![
-        ("every mat-vec", matvec),
+        ("every mat-vec", matvec.clone()),
+        (
+            "b1-plane and int8 tensor-core mat-vecs (mvbp_, mvbq_)",
+            b1plane,
+        ),
+        ("dp4a mat-vecs (mv_q1_, mv_q2_)", dp4a),
         ("every other kernel", other),
         ("rmsnorm_quant", vec!["rmsnorm_quant"]),
         (
