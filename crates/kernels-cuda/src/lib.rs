@@ -3505,7 +3505,9 @@ impl Gpu {
     /// same bits either way. Off because it measured slower inside the round on the H200: its
     /// launches alone beat the dp4a n-row kernels (round mat-vecs 5.52 → 5.37 ms on Q1_0, 8.34 →
     /// 8.24 on Q2_0) but the round took 7.33 → 7.67 and 10.09 → 10.47 ms
-    /// (`bench/results/cuda-mvc-ab-27b-*.json`).
+    /// (`bench/results/cuda-mvc-ab-27b-*.json`). On an H100 at 0965c2e it is slower alone too:
+    /// round mat-vecs 4.50 → 5.03 ms (Q1_0), 5.66 → 6.14 (Q2_0); round 6.23 → 7.02, 7.31 → 8.12
+    /// (`bench/results/cuda-h100-mvc-ab-27b-*-0965c2e.json`).
     pub fn mvc(&self) -> bool {
         self.mvc.load(Ordering::Relaxed)
     }
