@@ -260,6 +260,15 @@ fn non_matvec<'a>(names: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
+/// The kernels of `names` whose name starts with one of `prefixes`.
+fn with_prefix<'a>(names: &[&'a str], prefixes: &[&str]) -> Vec<&'a str> {
+    names
+        .iter()
+        .copied()
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .collect()
+}
+
 /// Median ms of ROUNDS `verify_round`s (after one warm-up) from the prompt state with `params`'
 /// sampler: round graphs, no taps, replay rollback, K drafts the target rejects at once (not its
 /// continuation, whatever the launches left out make of the logits); the accept on the host is
@@ -405,11 +414,7 @@ fn cuda_b1q_round_ab() {
     let (round0, _) = round_and_step(&t, first);
     let mut split = Vec::new();
     for prefix in ["mvbq_", "mvbp_", "mv_q1_", "mv_q2_", "mvs_", "mvp_"] {
-        let set: Vec<&str> = names
-            .iter()
-            .copied()
-            .filter(|n| n.starts_with(prefix))
-            .collect();
+        let set = with_prefix(&names, &[prefix]);
         gpu.set_skip_kernels(&set).unwrap();
         let (round, step) = round_and_step(&t, first);
         gpu.set_skip_kernels(&[]).unwrap();
@@ -963,19 +968,12 @@ fn cuda_round_what_if() {
     // the mat-vecs by kind: the b1-plane / int8 tensor-core ones (the norm-fed projections:
     // `mvbp_` one-row in the step, `mvbq_` in the verify) and the dp4a ones (the out-projections:
     // `mv_q1_` / `mv_q2_`, one-row and n-row)
-    let by_prefix = |prefixes: &[&str]| -> Vec<&str> {
-        matvec
-            .iter()
-            .copied()
-            .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
-            .collect()
-    };
     let (b1plane, dp4a) = (
-        by_prefix(&["mvbp_", "mvbq_"]),
-        by_prefix(&["mv_q1_", "mv_q2_"]),
+        with_prefix(&matvec, &["mvbp_", "mvbq_"]),
+        with_prefix(&matvec, &["mv_q1_", "mv_q2_"]),
     );
     let sets: Vec<(&str, Vec<&str>)> = vec![
-        ("every mat-vec", matvec.clone()),
+        ("every mat-vec", matvec),
         (
             "b1-plane and int8 tensor-core mat-vecs (mvbp_, mvbq_)",
             b1plane,
