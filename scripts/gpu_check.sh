@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--mvc-ab] [--mvc] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--markov-ab] [--head-tc-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--markov-ab] [--head-tc-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +38,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; O8=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; MVCAB=0; MVC=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; DRAFTERONLY=0; PCACHE=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; DRAFTERONLY=0; PCACHE=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --o8) O8=1; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --mvc-ab) MVCAB=1; shift;; --mvc) MVC=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
+  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -92,15 +92,6 @@ if [[ $STAGED == 1 ]]; then
     late "staged $t" && continue
     echo "[${SECONDS}s] == $t with BONSAI_CUDA_MV_STAGED=all =="
     BONSAI_CUDA_MV_STAGED=all BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/staged-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-  done
-fi
-
-if [[ $O8 == 1 ]]; then
-  # the o8 mat-vec family (BONSAI_CUDA_MV_O8=1, off by default): the engine checks again with it on
-  for t in cuda_forward cuda_spec cuda_round_graph; do
-    late "o8 $t" && continue
-    echo "[${SECONDS}s] == $t with BONSAI_CUDA_MV_O8=1 =="
-    BONSAI_CUDA_MV_O8=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/o8-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
 
@@ -161,11 +152,6 @@ if [[ $BENCH == 1 ]]; then
         rc=$((rc|${PIPESTATUS[0]}))
       done
     fi
-    if [[ $O8 == 1 ]] && ! late "o8 spec bench $v"; then
-      # the same round cost with the o8 family (shared float order, tensor-core verify)
-      BONSAI_CUDA_MV_O8=1 BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-o8-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-o8-$v.log" | grep -E "BENCH|SKIPPED|panicked|result"
-      rc=$((rc|${PIPESTATUS[0]}))
-    fi
   done
 fi
 if [[ $WHATIF == 1 ]]; then
@@ -200,10 +186,6 @@ round_ab() {
 # the b1-plane projections (Q1_0; Q2_0 with two code planes) against the dp4a kernels: round,
 # step and the mat-vecs alone, alternating in one process
 [[ $B1PAB == 1 ]] && round_ab b1p-ab cuda_b1p_round_ab BONSAI_B1P_AB_OUT "B1PAB rep"
-# the verify's dp4a-plan mat-vecs on the tensor cores in the dp4a order (mvc, off by default; 7,
-# 2 or 1 ring stages before the PDL wait) against the dp4a n-row kernels: round, step and the
-# mat-vecs alone, alternating; then the engine's checks with it on (below)
-[[ $MVCAB == 1 ]] && round_ab mvc-ab cuda_mvc_round_ab BONSAI_MVC_AB_OUT "MVCAB rep"
 # sampling on the device paths: greedy, a top-k draw from each row's best entries, the same
 # draw from the whole rows (zero logit bias): round and step, alternating
 [[ $SAMPLEDAB == 1 ]] && round_ab sampled-ab cuda_sampled_round_ab BONSAI_SAMPLED_AB_OUT "SAMPLEDAB rep"
@@ -254,19 +236,12 @@ if [[ $RSPLITAB == 1 ]]; then
     BONSAI_CUDA_MV_RSPLIT=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/rsplit-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
   done
 fi
-if [[ $MVCAB == 1 || $MVC == 1 ]]; then
-  for t in cuda_forward cuda_spec cuda_round_graph; do
-    late "mvc $t" && continue
-    echo "[${SECONDS}s] == $t with BONSAI_CUDA_MVC=1 =="
-    BONSAI_CUDA_MVC=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/mvc-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-  done
-fi
 if [[ $SWEEP == 1 ]]; then
   echo "[${SECONDS}s] == mat-vec launch-plan sweep =="
   for v in $VARIANTS; do
     late "sweep $v" && continue
     f=/tmp/27b-$v.gguf; [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
-    BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP (best|mma|pipe|o8)|SKIPPED|panicked|result"
+    BONSAI_BENCH_MODEL=$f BONSAI_SWEEP_OUT="$OUT/sweep-$v.json" .device/bin/cuda_mv_sweep --include-ignored --nocapture 2>&1 | tee "$OUT/sweep-$v.log" | grep -E "SWEEP (best|pipe)|SKIPPED|panicked|result"
     rc=$((rc|${PIPESTATUS[0]}))
   done
 fi

@@ -482,48 +482,6 @@ fn cuda_snap_round_ab() {
     );
 }
 
-/// The verify's dp4a-plan mat-vecs on the tensor cores in the dp4a order (`Gpu::mvc`, off by
-/// default) with 7, 2 or 1 of its first ring stages requested before the PDL wait, against the
-/// dp4a n-row kernels: the what-if's
-/// round and the greedy step, and the round's mat-vecs alone (every other kernel skipped),
-/// alternating in one process (three times each). `BONSAI_MVC_AB_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_mvc_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_mvc_round_ab") else {
-        return;
-    };
-    let cuda = &t.cuda;
-    let gpu = cuda.gpu();
-    let names = gpu.kernel_names();
-    let other = non_matvec(&names);
-    let mut rows = Vec::new();
-    for rep in 0..3 {
-        for (on, pre) in [(true, 7), (true, 2), (true, 1), (false, 7)] {
-            gpu.set_mvc(on);
-            gpu.set_mvc_pre(pre);
-            let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
-            println!(
-                "MVCAB rep {rep} mvc {on:<5} pre stages {pre} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
-                round / step
-            );
-            rows.push(format!(
-                "{{\"mvc\": {on}, \"mvc_pre_stages\": {pre}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
-                round / step
-            ));
-        }
-    }
-    gpu.set_mvc(false);
-    gpu.set_mvc_pre(7);
-    emit_rows(
-        &t,
-        &path,
-        ("MVCAB", "BONSAI_MVC_AB_OUT"),
-        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\"",
-        &rows,
-    );
-}
-
 /// The row-split dp4a verify kernels (`Gpu::mv_rsplit`: 4- and 5-row launches over 2 blocks of 3
 /// activation rows) against the 5-row kernels, at 4 and 8 weight rows per warp: the what-if's
 /// round and the greedy step, and both with every other kernel skipped (the mat-vecs alone),

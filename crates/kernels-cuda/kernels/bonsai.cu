@@ -234,48 +234,6 @@ extern "C" __global__ void quant_rows(const float* x, int k, i8* q, float* d, in
     quant32(v, q + (size_t)t * k + b * 32, d + (size_t)t * nb + b, s + (size_t)t * nb + b);
 }
 
-// ---- integer sub-scale activations (the design of the kernels README; host twin host_quant_sub,
-// emulated in src/sub_emu.rs) ----------------------------------------------------------------------
-// A group of GE elements (the weight scale block: 128, or 64 for Q2_0 g64) gets one unit
-// u = amax / (127·16); each 32-element sub-block j an integer m_j = clamp(ceil(16·a_j / amax), 1, 16)
-// and codes round(x / (u·m_j)) clamped to ±127, with their sum. A block's sub-block products then
-// add up exactly in int32 (Σ m_j · isum_j) before one float rescale.
-#define SUB_LEVELS 16
-// One sub-block quantized by one full warp (lane j holds element j), given its group's amax and
-// unit: codes q[lane], and from lane 0 m and s.
-__device__ __forceinline__ void quant_sub32(float v, float gmax, float u, i8* q, int* m, int* s) {
-    int lane = threadIdx.x & 31;
-    float aj = warp_max(fabsf(v));
-    int mj = gmax > 0.0f ? min(max((int)ceilf((float)SUB_LEVELS * aj / gmax), 1), SUB_LEVELS) : 1;
-    float dj = u * (float)mj;
-    float id = dj != 0.0f ? 1.0f / dj : 0.0f;
-    int qi = (int)fminf(fmaxf(roundf(v * id), -127.0f), 127.0f);
-    q[lane] = (i8)qi;
-    int sum = warp_sum_i(qi);
-    if (lane == 0) {
-        *m = mj;
-        *s = sum;
-    }
-}
-
-// x [n, k] f32 -> q [n, k], u [n, k/ge], m and s [n, k/32]. grid (k/ge, n), block ge (a warp per
-// sub-block; ge = 64 or 128).
-extern "C" __global__ void quant_rows_sub(const float* x, int k, int ge, i8* q, float* u, int* m, int* s) {
-    PDL_ENTRY();
-    __shared__ float wmax[4];
-    int t = blockIdx.y, gi = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nsb = k >> 5, ng = k / ge, j = gi * (ge >> 5) + w;
-    float v = x[(size_t)t * k + 32 * j + lane];
-    float a = warp_max(fabsf(v));
-    if (lane == 0) wmax[w] = a;
-    __syncthreads();
-    float gmax = 0.0f;
-    for (int i = 0; i < (ge >> 5); ++i) gmax = fmaxf(gmax, wmax[i]);
-    float un = gmax / (127.0f * (float)SUB_LEVELS);
-    if (threadIdx.x == 0) u[(size_t)t * ng + gi] = un;
-    quant_sub32(v, gmax, un, q + (size_t)t * k + 32 * j, m + (size_t)t * nsb + j, s + (size_t)t * nsb + j);
-}
-
 // xn = rmsnorm(x[t]) ⊙ w, written as f32 (xf, may be null) and quantized: int8 per 32 (q, d, s; q
 // may be null when the b1-plane outputs are asked for) and b1-plane. grid (gx, n), block 256:
 // every block computes the row's sum of squares itself (same fixed order in every block, so all

@@ -10,7 +10,7 @@
 //! split leaves ~1e-7. `tests/gpu_kernels.rs` checks the kernel itself on the GPU.
 
 use crate::frag_emu::mma_c_add;
-use crate::mvm_emu::Rng;
+use crate::frag_emu::Rng;
 use half::f16;
 
 const BQ: usize = 64;

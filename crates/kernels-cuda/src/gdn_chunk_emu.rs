@@ -9,7 +9,7 @@
 //! `tests/gpu_kernels.rs` checks the kernels themselves on the GPU.
 
 use crate::frag_emu::mma_c_add;
-use crate::mvm_emu::Rng;
+use crate::frag_emu::Rng;
 
 const C: usize = 64;
 

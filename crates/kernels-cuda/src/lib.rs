@@ -12,19 +12,9 @@ mod frag_emu;
 #[cfg(test)]
 mod gdn_chunk_emu;
 mod gemm;
-mod mvb;
-#[cfg(test)]
-mod mvc_emu;
-#[cfg(test)]
-mod mvm_emu;
-#[cfg(test)]
-mod mvo_emu;
 mod q41t;
 pub mod retile;
 mod spec;
-#[cfg(test)]
-mod sub_emu;
-mod subscale;
 
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
@@ -38,7 +28,6 @@ pub use gemm::{
     f16p_row, f16p_row_exp, gemm_pick_bn, gemm_supported, gemmws_k_splits, GemmConfig, GemmPath,
     GEMM_BM, GEMM_KC,
 };
-pub use mvb::{b1_isum, mv_b1_host, plane_words, planes as b1_planes_host, q1_bit};
 pub use q41t::{
     mv_q41t_host, q41t_bytes, q41t_pairs, q41t_smem_bytes, q41t_tiles, retile_q41t, Q41T_REC,
 };
@@ -52,7 +41,6 @@ pub use spec::{
     DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
     REPLAY_MAX_LAYERS,
 };
-pub use subscale::{host_quant_sub, mv_sub_host, SubActs};
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
 /// `kernels/` (the core decode kernels first; the others use its helpers).
@@ -61,14 +49,9 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/gemm.cu"),
     include_str!("../kernels/spec.cu"),
     include_str!("../kernels/prefill.cu"),
-    include_str!("../kernels/mvm.cu"),
-    include_str!("../kernels/mvb.cu"),
     include_str!("../kernels/mvp.cu"),
-    include_str!("../kernels/mvo.cu"),
     include_str!("../kernels/mvs.cu"),
-    include_str!("../kernels/mvq.cu"),
     include_str!("../kernels/mvbp.cu"),
-    include_str!("../kernels/mvc.cu"),
     include_str!("../kernels/mvq41t.cu"),
 );
 
@@ -211,37 +194,13 @@ const _: () = assert!(GDN_CHUNK * 132 <= 2 * GDN_CHUNK * 68);
 /// Warps per mat-vec block (`MV_WARPS` in the source).
 const MV_WARPS: usize = 4;
 
-/// How one low-bit mat-vec launch is cut. dp4a kernels (`mma == false`, `mv_*`): `r` weight rows
-/// per warp (n = 1 only; the n ≤ 8 variants take 2), `ks` warps of a block splitting each row's K
-/// range. Tensor-core kernels (`mma == true`, `mvm_*` in `kernels/mvm.cu`, any n ≤ 8): `r` m16 tiles
-/// (16 weight rows each) per warp, 1 or 2, and the same `ks`. `pre`: load the first weights before
-/// waiting for the previous kernel (PDL). `r` and `pre` never change a row's float ops; `ks` and
-/// `mma` do, so both are functions of the matrix shape (and the process-wide switch) alone, never
-/// of n (batch invariance: a verify row equals the decode row bit for bit).
+/// How one low-bit dp4a mat-vec launch (`mv_*`) is cut: `r` weight rows per warp (n = 1 only;
+/// the n-row variants take `rn`), `ks` warps of a block splitting each row's K range. `pre`: load
+/// the first weights before waiting for the previous kernel (PDL). `r`, `rn`, `n5` and `pre` never
+/// change a row's float ops; `ks` does, so it is a function of the matrix shape alone, never of n
+/// (batch invariance: a verify row equals the decode row bit for bit).
 ///
-/// Tensor-core plans only:
-/// - `direct`: the `mvd_*` kernels, which load weights straight into registers, instead of the
-///   `mvm_*` ones with a cp.async shared-memory ring.
-/// - `n1_rl`: a one-row launch (decode) runs the dp4a kernel `mvx_*` with `n1_rl` (1 or 2) weight
-///   rows per lane instead of a tensor-core kernel (0).
-///
-/// All three do the same float operations in the same order (the tensor-core order), so they
-/// agree bit for bit and the choice may depend on n: decode rows take dp4a, verify rows the
-/// tensor cores, and a verify row still equals the decode row.
-///
-/// The tensor-core family is off by default: `BONSAI_CUDA_MV_MMA=1` makes the default plans use
-/// it. Measured on the H200 at the 27B shapes (tests/cuda_mv_sweep.rs): the tensor-core kernels
-/// are 1.4–2.4× faster than dp4a at n = 5 (a speculative verify) but 1.3–2.4× slower at n = 1, and
-/// mvx at n = 1 is still 1.2–1.9× slower than the dp4a decode kernel, so plain decode loses more
-/// than a round gains unless most tokens come from rounds.
-///
-/// `b1` (Q1 only; never set by the defaults, only by an explicit plan through
-/// [`Gpu::set_mv_override`]): the binary tensor-core kernels `mvb_q1_*` (`kernels/mvb.cu`,
-/// `mma.m16n8k256 .b1 AND.popc` on the raw 1-bit codes against 8 activation bit planes), with `r`
-/// m16 tiles per warp (1 or 2), K split `ks` and `pre`; `mma`, `direct` and `n1_rl` must be off.
-/// Its float order is its own (neither dp4a's nor the int8 tensor cores'), the same for every n.
-///
-/// `pipe` (dp4a plans only; one-row launches only, n > 1 ignores it): the pipelined persistent
+/// `pipe` (one-row launches only, n > 1 ignores it): the pipelined persistent
 /// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (2 or 4) rows per group and a grid sized to what
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
@@ -252,23 +211,17 @@ const MV_WARPS: usize = 4;
 /// everywhere (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms), so more loads in
 /// flight per warp is not what limits the decode mat-vec.
 ///
-/// `o8` (off by default; `BONSAI_CUDA_MV_O8=1` / [`Gpu::set_mv_o8`], or an explicit plan): the
-/// `kernels/mvo.cu` family in its own float order (8 interleaved partials per row), the same for
-/// every n: one-row launches run the dp4a kernel `mvo_*` with `r` (1, 2 or 4) rows per lane group,
-/// n ≥ 2 the int8 tensor-core kernel `mvt_*` (one m16 tile per warp), both with K split `ks`.
-/// Bit-equal between n = 1 and n ≤ 8 on the H200, but slower at both (decode 4.69 against 3.24 ms
-/// on Q1; `mvt` at n = 5 0.44–1.12× dp4a: cuda-mv-sweep-q1.json `o8_vs_dp4a`).
+/// Four other mat-vec families with their own float orders (`mma`: int8 tensor cores, `mvm` /
+/// `mvd` / `mvx`; `b1`: binary tensor cores on 8 activation planes, `mvb`; `o8`: 8 interleaved
+/// partials, `mvo` / `mvt`; the integer sub-scale kernels `mvq*`) and the dp4a-order tensor-core
+/// verify `mvc` were measured slower and removed on 2026-12-06; the crate README says where and by
+/// how much.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MvPlan {
     pub r: usize,
     pub ks: usize,
     pub pre: bool,
-    pub mma: bool,
-    pub direct: bool,
-    pub n1_rl: usize,
-    pub b1: bool,
     pub pipe: bool,
-    pub o8: bool,
     /// Weight rows per warp of the n ≥ 2 dp4a launches (`mv_*_n8`, 2; `mv_*_n8r4` / `mv_*_n5r4`,
     /// 4; `mv_*_n5r8`, 8 for n ≤ 5). Like `r` it never changes a row's float order.
     pub rn: usize,
@@ -286,32 +239,11 @@ impl MvPlan {
             r,
             ks,
             pre,
-            mma: false,
-            direct: false,
-            n1_rl: 0,
-            b1: false,
             pipe: false,
-            o8: false,
             rn: 2,
             n5: false,
         }
     }
-}
-
-/// Stages of the `mvc_*` kernels' per-warp code rings (`MVC_STAGES` in kernels/mvc.cu).
-const MVC_STAGES: usize = 8;
-
-/// Dynamic shared memory of an `mvc_*` block (kernels/mvc.cu): the tile's 16 rows of f16 weight
-/// scales (padded to 16 bytes), then the larger of the warps' code rings (`32 / cpw` warps ×
-/// [`MVC_STAGES`] × 16 rows × the chains' code bytes) and the chains' f32 results (`ks` × 32 ×
-/// 16 × `n`), which reuse the rings' space.
-fn mvc_smem(kind: WKind, ks: usize, cpw: usize, n_in: usize, n: usize) -> usize {
-    let be = if kind == WKind::Q2G64 { 64 } else { 128 };
-    let words = if kind == WKind::Q1 { 1 } else { 2 };
-    let scales = (16 * (n_in / be) * 2).next_multiple_of(16);
-    let rings = (32 / cpw) * MVC_STAGES * 16 * (cpw * 4 * words);
-    let red = ks * 32 * 16 * n * 4;
-    scales + rings.max(red)
 }
 
 /// The K split for a launch of `rows` output rows (all segments) of width `n_in`: launches of
@@ -341,33 +273,10 @@ fn mv_default_r(kind: WKind, rows: usize) -> usize {
     }
 }
 
-/// Tensor-core plan (m16 tiles per warp, K split) for `rows` output rows. NOT MEASURED: a first
-/// guess from the launch geometry, for the next GPU session's sweep to replace. 5120-row outputs
-/// have 320 m16 tiles; one tile per warp and K split 4 gives 320 blocks of 4 warps (2.4 per SM on
-/// 132 SMs, each warp with 3 chunks = 3 KB of weights in flight); the large launches (gate‖up,
-/// 34,816 rows; head) take two tiles per warp, K split 2.
-fn mvm_default_plan(_kind: WKind, rows: usize, _n_in: usize) -> (usize, usize) {
-    if rows <= 15_000 {
-        (1, 4)
-    } else {
-        (2, 2)
-    }
-}
-
 /// The shape-based default plan of a low-bit mat-vec over `rows` output rows of width `n_in` with
-/// `n` activation rows, on the dp4a kernels (`mma == false`) or the tensor-core ones; the verify
-/// (n ≥ 2) rows per warp and 5-row kernels are [`mv_verify_default`]'s.
-pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize, mma: bool) -> MvPlan {
-    if mma {
-        let (r, ks) = mvm_default_plan(kind, rows, n_in);
-        // the ring measured faster than the direct loads at n = 5 on most 27B shapes, and mvx
-        // with 2 rows per lane faster than with 1 on every 27B shape (cuda-mv-sweep-*.json)
-        return MvPlan {
-            mma,
-            n1_rl: 2,
-            ..MvPlan::dp4a(r, ks, true)
-        };
-    }
+/// `n` activation rows on the dp4a kernels; the verify (n ≥ 2) rows per warp and 5-row kernels
+/// are [`mv_verify_default`]'s.
+pub fn mv_default_plan(kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
     let pipe = n == 1 && mvp_default_on(kind, rows);
     let r = if pipe {
         mvp_default_r(kind, rows)
@@ -408,11 +317,6 @@ fn mvp_mid_rows(rows: usize) -> bool {
 /// cuda-mv-sweep-*.json, `pipe_vs_dp4a` and `all`).
 pub fn mvp_default_r(_kind: WKind, _rows: usize) -> usize {
     4
-}
-
-/// Whether `BONSAI_CUDA_MV_O8=1` asks for the o8 mat-vec family (read once per `Gpu`).
-fn mv_o8_env() -> bool {
-    env_on("BONSAI_CUDA_MV_O8")
 }
 
 /// The default verify (n ≥ 2) dp4a plan of `kind`: weight rows per warp, and whether launches of
@@ -750,29 +654,6 @@ fn mvs_stages_env() -> usize {
         .unwrap_or(0)
 }
 
-/// The sub-scale kernel of a family for `kind` (rows: Q1_0, Q2_0 g128, Q2_0 g64) and K split `ks`
-/// (columns: 1, 2, 4).
-fn sub_variant(
-    what: &str,
-    kind: WKind,
-    ks: usize,
-    table: [[sys::CUfunction; 3]; 3],
-) -> Result<sys::CUfunction> {
-    let row = match kind {
-        WKind::Q1 => 0,
-        WKind::Q2 => 1,
-        WKind::Q2G64 => 2,
-        _ => return Err(CudaError(format!("{what}: {kind:?} (low-bit kinds only)"))),
-    };
-    let col = match ks {
-        1 => 0,
-        2 => 1,
-        4 => 2,
-        _ => return Err(CudaError(format!("{what}: K split {ks} (1, 2 or 4)"))),
-    };
-    Ok(table[row][col])
-}
-
 /// Shared-memory layout of a staged decode mat-vec launch (`kernels/mvs.cu`): rows per warp,
 /// bytes of one ring stage, stages, and the dynamic shared memory of a block; `None` where the
 /// kernel cannot take the shape (every bulk copy must be a multiple of 16 bytes, so `n_in` a
@@ -818,11 +699,6 @@ pub fn mvs_layout(
     let act = n_in + 8 * (n_in / 32);
     let s = if stages > 0 { stages } else { 2 };
     Some((r, sb, s, act + s * sb))
-}
-
-/// Whether `BONSAI_CUDA_MV_MMA=1` asks for the tensor-core mat-vec (read once per `Gpu`).
-fn mv_mma_env() -> bool {
-    env_on("BONSAI_CUDA_MV_MMA")
 }
 
 /// One row's statistics as `logit_stats_rows` writes them.
@@ -1500,50 +1376,7 @@ macro_rules! kernels {
 // stream serialization when it is on. `plain`: every other kernel (always a full dependency).
 kernels!(
     pdl: [
-        mvq_q1_r4_k1,
-        mvq_q1_r4_k2,
-        mvq_q1_r4_k4,
-        mvq_q2_r4_k1,
-        mvq_q2_r4_k2,
-        mvq_q2_r4_k4,
-        mvq_q2g64_r4_k1,
-        mvq_q2g64_r4_k2,
-        mvq_q2g64_r4_k4,
-        mvqt_q1_k1,
-        mvqt_q1_k2,
-        mvqt_q1_k4,
-        mvqt_q2_k1,
-        mvqt_q2_k2,
-        mvqt_q2_k4,
-        mvqt_q2g64_k1,
-        mvqt_q2g64_k2,
-        mvqt_q2g64_k4,
-        mvqx_q1_u0t1_k1,
-        mvqx_q1_u0t1_k2,
-        mvqx_q1_u0t1_k4,
-        mvqx_q1_u1t1_k1,
-        mvqx_q1_u1t1_k2,
-        mvqx_q1_u1t1_k4,
-        mvqx_q1_u0t2_k1,
-        mvqx_q1_u0t2_k2,
-        mvqx_q1_u0t2_k4,
-        mvqx_q1_u1t2_k1,
-        mvqx_q1_u1t2_k2,
-        mvqx_q1_u1t2_k4,
-        mvqx_q2_u0t1_k1,
-        mvqx_q2_u0t1_k2,
-        mvqx_q2_u0t1_k4,
-        mvqx_q2_u1t1_k1,
-        mvqx_q2_u1t1_k2,
-        mvqx_q2_u1t1_k4,
-        mvqx_q2_u0t2_k1,
-        mvqx_q2_u0t2_k2,
-        mvqx_q2_u0t2_k4,
-        mvqx_q2_u1t2_k1,
-        mvqx_q2_u1t2_k2,
-        mvqx_q2_u1t2_k4,
         quant_rows,
-        quant_rows_sub,
         rmsnorm_quant,
         rmsnorm_quant_rows,
         // spec.cu (the speculative round's record and rollback, the DSpark drafter)
@@ -1712,69 +1545,7 @@ kernels!(
         attn_prefill_tc_hd64,
         attn_prefill_tc_hd128,
         attn_prefill_tc_hd256,
-        // ---- mvm.cu (tensor-core mat-vec, n <= MAX_ROWS; off by default): ring, direct, dp4a n = 1 ----
-        mvm_q1_r1_k1,
-        mvm_q1_r1_k2,
-        mvm_q1_r1_k4,
-        mvm_q1_r2_k1,
-        mvm_q1_r2_k2,
-        mvm_q1_r2_k4,
-        mvm_q2_r1_k1,
-        mvm_q2_r1_k2,
-        mvm_q2_r1_k4,
-        mvm_q2_r2_k1,
-        mvm_q2_r2_k2,
-        mvm_q2_r2_k4,
-        mvm_q2g64_r1_k1,
-        mvm_q2g64_r1_k2,
-        mvm_q2g64_r1_k4,
-        mvm_q2g64_r2_k1,
-        mvm_q2g64_r2_k2,
-        mvm_q2g64_r2_k4,
-        mvd_q1_r1_k1,
-        mvd_q1_r1_k2,
-        mvd_q1_r1_k4,
-        mvd_q1_r2_k1,
-        mvd_q1_r2_k2,
-        mvd_q1_r2_k4,
-        mvd_q2_r1_k1,
-        mvd_q2_r1_k2,
-        mvd_q2_r1_k4,
-        mvd_q2_r2_k1,
-        mvd_q2_r2_k2,
-        mvd_q2_r2_k4,
-        mvd_q2g64_r1_k1,
-        mvd_q2g64_r1_k2,
-        mvd_q2g64_r1_k4,
-        mvd_q2g64_r2_k1,
-        mvd_q2g64_r2_k2,
-        mvd_q2g64_r2_k4,
-        mvx_q1_r1_k1,
-        mvx_q1_r1_k2,
-        mvx_q1_r1_k4,
-        mvx_q1_r2_k1,
-        mvx_q1_r2_k2,
-        mvx_q1_r2_k4,
-        mvx_q2_r1_k1,
-        mvx_q2_r1_k2,
-        mvx_q2_r1_k4,
-        mvx_q2_r2_k1,
-        mvx_q2_r2_k2,
-        mvx_q2_r2_k4,
-        mvx_q2g64_r1_k1,
-        mvx_q2g64_r1_k2,
-        mvx_q2g64_r1_k4,
-        mvx_q2g64_r2_k1,
-        mvx_q2g64_r2_k2,
-        mvx_q2g64_r2_k4,
-        // ---- mvb.cu (binary tensor-core mat-vec, Q1 only; off by default) ----
-        b1_planes,
-        mvb_q1_r1_k1,
-        mvb_q1_r1_k2,
-        mvb_q1_r1_k4,
-        mvb_q1_r2_k1,
-        mvb_q1_r2_k2,
-        mvb_q1_r2_k4,
+        // ---- mvbp.cu (b1-plane decode mat-vec, int8 tensor-core verify) ----
         mvbp_q1_n1_k1,
         mvbp_q1_n1_k2,
         mvbp_q1_n1_k4,
@@ -1848,43 +1619,6 @@ kernels!(
         mvbq_q2_r2a_k8,
         mvbq_q2_r2a_k16,
         launch_chain_step,
-        // ---- mvo.cu (the o8 order: dp4a decode mvo, tensor-core verify mvt; off by default) ----
-        mvo_q1_r1_k1,
-        mvo_q1_r1_k2,
-        mvo_q1_r1_k4,
-        mvo_q1_r2_k1,
-        mvo_q1_r2_k2,
-        mvo_q1_r2_k4,
-        mvo_q1_r4_k1,
-        mvo_q1_r4_k2,
-        mvo_q1_r4_k4,
-        mvt_q1_k1,
-        mvt_q1_k2,
-        mvt_q1_k4,
-        mvo_q2_r1_k1,
-        mvo_q2_r1_k2,
-        mvo_q2_r1_k4,
-        mvo_q2_r2_k1,
-        mvo_q2_r2_k2,
-        mvo_q2_r2_k4,
-        mvo_q2_r4_k1,
-        mvo_q2_r4_k2,
-        mvo_q2_r4_k4,
-        mvt_q2_k1,
-        mvt_q2_k2,
-        mvt_q2_k4,
-        mvo_q2g64_r1_k1,
-        mvo_q2g64_r1_k2,
-        mvo_q2g64_r1_k4,
-        mvo_q2g64_r2_k1,
-        mvo_q2g64_r2_k2,
-        mvo_q2g64_r2_k4,
-        mvo_q2g64_r4_k1,
-        mvo_q2g64_r4_k2,
-        mvo_q2g64_r4_k4,
-        mvt_q2g64_k1,
-        mvt_q2g64_k2,
-        mvt_q2g64_k4,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r2_k1,
         mvp_q1_r2_k2,
@@ -1938,19 +1672,6 @@ kernels!(
         mvs_q2_o2_swi,
         mvs_q2g64_o1_swi,
         mvs_q2g64_o2_swi,
-        // ---- mvc.cu (verify rows on the tensor cores in the dp4a order; Gpu::mvc) ----
-        mvc_q1_k1_c8,
-        mvc_q1_k1_c4,
-        mvc_q1_k2_c4,
-        mvc_q1_k2_c4_b2,
-        mvc_q2_k1_c8,
-        mvc_q2_k1_c4,
-        mvc_q2_k2_c4,
-        mvc_q2_k2_c4_b2,
-        mvc_q2g64_k1_c8,
-        mvc_q2g64_k1_c4,
-        mvc_q2g64_k2_c4,
-        mvc_q2g64_k2_c4_b2,
     ],
     plain: [
         spin_ns,
@@ -2039,8 +1760,6 @@ pub struct Gpu {
     prev_kernel: AtomicBool,
     /// A forced mat-vec plan ([`Gpu::set_mv_override`]).
     mv_override: Mutex<Option<MvPlan>>,
-    /// Default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by default).
-    mv_mma: AtomicBool,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
     /// The mid-sized one-row launches of every kind take the pipelined kernels where they are not
@@ -2071,13 +1790,8 @@ pub struct Gpu {
     /// The preferred shared-memory carveout of every kernel ([`Gpu::set_carveout`]) and whether
     /// it was chosen (then a staged launch leaves it alone).
     carveout: Mutex<(Option<u8>, bool)>,
-    /// Default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off).
-    mv_o8: AtomicBool,
     /// Resident blocks (SMs × blocks per SM) of each pipelined kernel, by function handle.
     resident_capacity: Mutex<Vec<((usize, usize), usize)>>,
-    /// Activation bit planes `[n, n_in / 32, 8]` u32 of the `b1` mat-vec plans, grown on demand
-    /// to `MAX_ROWS · n_in` u32 ([`Gpu::mv_lowbit_multi`]).
-    b1_scratch: Mutex<Option<DevBuf>>,
     /// The b1-plane timing substitution ([`Gpu::set_b1p_timing`]): its zeroed activation planes
     /// and output rows, allocated when it is turned on; `None` while off.
     b1p_timing: Mutex<Option<B1pTiming>>,
@@ -2104,14 +1818,6 @@ pub struct Gpu {
     spec_pdl: AtomicBool,
     /// [`Gpu::norm_segs`] (`BONSAI_CUDA_NORM_SEGS`, default 1).
     norm_segs: AtomicUsize,
-    /// [`Gpu::mvc`] (`BONSAI_CUDA_MVC=1` turns it on).
-    mvc: AtomicBool,
-    /// [`Gpu::mvc_chains`] (`BONSAI_CUDA_MVC_CPW=8`: 8 chains per warp; else 4).
-    mvc_cpw: AtomicUsize,
-    /// [`Gpu::mvc_k2_b2`].
-    mvc_k2_b2: AtomicBool,
-    /// [`Gpu::mvc_pre`].
-    mvc_pre: AtomicUsize,
     /// [`Gpu::b1p_out`] (`BONSAI_CUDA_B1P_OUT=1` turns it on).
     b1p_out: AtomicBool,
     /// [`Gpu::b2p`] (`BONSAI_CUDA_B2P=0` turns it off).
@@ -2407,7 +2113,6 @@ impl Gpu {
             ),
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
-            mv_mma: AtomicBool::new(mv_mma_env()),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
             mvp_mid_all: AtomicBool::new(env_on("BONSAI_CUDA_MVP_MID_ALL")),
             mvs_q1: AtomicBool::new(env_on("BONSAI_CUDA_MVS_Q1")),
@@ -2420,9 +2125,7 @@ impl Gpu {
             smem_limit: Mutex::new(Vec::new()),
             smem_optin: std::sync::OnceLock::new(),
             carveout: Mutex::new((None, false)),
-            mv_o8: AtomicBool::new(mv_o8_env()),
             resident_capacity: Mutex::new(Vec::new()),
-            b1_scratch: Mutex::new(None),
             b1p_timing: Mutex::new(None),
             mv_b1p: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P").map_or(true, |v| v != "0")),
             b1p_xs: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_XS").map_or(true, |v| v != "0")),
@@ -2454,23 +2157,6 @@ impl Gpu {
                     .and_then(|v| v.parse::<usize>().ok())
                     .filter(|&v| (1..=8).contains(&v))
                     .unwrap_or(1),
-            ),
-            mvc: AtomicBool::new(std::env::var("BONSAI_CUDA_MVC").is_ok_and(|v| v == "1")),
-            mvc_pre: AtomicUsize::new(
-                std::env::var("BONSAI_CUDA_MVC_PRE")
-                    .ok()
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .map_or(MVC_STAGES - 1, |v| v.min(MVC_STAGES - 1)),
-            ),
-            mvc_k2_b2: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_MVC_K2_B2").is_ok_and(|v| v == "1"),
-            ),
-            mvc_cpw: AtomicUsize::new(
-                if std::env::var("BONSAI_CUDA_MVC_CPW").is_ok_and(|v| v == "8") {
-                    8
-                } else {
-                    4
-                },
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             b2p: AtomicBool::new(std::env::var("BONSAI_CUDA_B2P").map_or(true, |v| v != "0")),
@@ -3002,229 +2688,6 @@ impl Gpu {
         )
     }
 
-    /// Rows of `x` (`[n, k]` f32) in the integer sub-scale format, groups of `ge` (64 or 128):
-    /// codes `q` `[n, k]` i8, units `u` `[n, k / ge]` f32, sub-scales `m` and code sums `s`
-    /// `[n, k / 32]` i32 (bit for bit [`host_quant_sub`]). No mat-vec reads this format yet
-    /// (`src/sub_emu.rs` has the kernels it is for).
-    #[allow(clippy::too_many_arguments)]
-    pub fn quant_rows_sub(
-        &self,
-        x: u64,
-        n: usize,
-        k: usize,
-        ge: usize,
-        q: u64,
-        u: u64,
-        m: u64,
-        s: u64,
-    ) -> Result<()> {
-        assert!((ge == 64 || ge == 128) && k % ge == 0);
-        self.launch(
-            self.f.quant_rows_sub,
-            ((k / ge) as u32, n as u32, 1),
-            (ge as u32, 1, 1),
-            &[
-                Arg::P(x),
-                Arg::I(k as i32),
-                Arg::I(ge as i32),
-                Arg::P(q),
-                Arg::P(u),
-                Arg::P(m),
-                Arg::P(s),
-            ],
-        )
-    }
-
-    /// One activation row in the sub-scale format (`q` `[n_in]`, `u` `[n_in / block]`, `m` / `s`
-    /// `[n_in / 32]`) times a re-tiled low-bit matrix: `y[o] (+)= Σ_B dw·u · Σ_j m_j · isum_j` in
-    /// the float order of [`mv_sub_host`], bit for bit, K split `ks` (1, 2 or 4). Not used by the
-    /// engine yet (the integer sub-scale design, `src/sub_emu.rs`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_sub(
-        &self,
-        kind: WKind,
-        codes: u64,
-        scales: u64,
-        q: u64,
-        u: u64,
-        m: u64,
-        s: u64,
-        y: u64,
-        n_in: usize,
-        n_out: usize,
-        ks: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        if (codes | m | s) % 16 != 0 {
-            return Err(CudaError(
-                "mv_sub: codes, m and s must be 16-byte aligned".into(),
-            ));
-        }
-        let f = &self.f;
-        let f = sub_variant(
-            "mv_sub",
-            kind,
-            ks,
-            [
-                [f.mvq_q1_r4_k1, f.mvq_q1_r4_k2, f.mvq_q1_r4_k4],
-                [f.mvq_q2_r4_k1, f.mvq_q2_r4_k2, f.mvq_q2_r4_k4],
-                [f.mvq_q2g64_r4_k1, f.mvq_q2g64_r4_k2, f.mvq_q2g64_r4_k4],
-            ],
-        )?;
-        let rows_per_block = (MV_WARPS / ks) * 4 * 4; // row groups per warp 4, 4 rows each
-        self.launch(
-            f,
-            (cdiv(n_out, rows_per_block), 1, 1),
-            ((MV_WARPS * 32) as u32, 1, 1),
-            &[
-                Arg::P(codes),
-                Arg::P(scales),
-                Arg::P(y),
-                Arg::I(n_out as i32),
-                Arg::P(q),
-                Arg::P(u),
-                Arg::P(m),
-                Arg::P(s),
-                Arg::I(n_in as i32),
-                Arg::I(accumulate as i32),
-            ],
-        )
-    }
-
-    /// `n` ≤ 8 activation rows in the sub-scale format (`q` `[n, n_in]`, `u` `[n, n_in / block]`,
-    /// `m` `[n, n_in / 32]`) times a re-tiled low-bit matrix on the int8 tensor cores (`mvqt_*`),
-    /// `y` `[n, n_out]`: row t equals [`Self::mv_sub`] on activation row t bit for bit (the float order of
-    /// [`mv_sub_host`]), K split `ks` (1, 2 or 4). Not used by the engine yet.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_sub_rows(
-        &self,
-        kind: WKind,
-        codes: u64,
-        scales: u64,
-        q: u64,
-        u: u64,
-        m: u64,
-        y: u64,
-        n_in: usize,
-        n_out: usize,
-        n: usize,
-        ks: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        if n == 0 || n > MAX_ROWS {
-            return Err(CudaError(format!("mv_sub_rows: n = {n} (1..={MAX_ROWS})")));
-        }
-        // 16-byte code and sub-scale loads (a block's code words, m of 4 sub-blocks)
-        if (codes | m) % 16 != 0 {
-            return Err(CudaError(
-                "mv_sub_rows: codes and m must be 16-byte aligned".into(),
-            ));
-        }
-        let f = &self.f;
-        let f = sub_variant(
-            "mv_sub_rows",
-            kind,
-            ks,
-            [
-                [f.mvqt_q1_k1, f.mvqt_q1_k2, f.mvqt_q1_k4],
-                [f.mvqt_q2_k1, f.mvqt_q2_k2, f.mvqt_q2_k4],
-                [f.mvqt_q2g64_k1, f.mvqt_q2g64_k2, f.mvqt_q2g64_k4],
-            ],
-        )?;
-        self.launch(
-            f,
-            (cdiv(n_out, 16 * (MV_WARPS / ks)), 1, 1),
-            ((MV_WARPS * 32) as u32, 1, 1),
-            &[
-                Arg::P(codes),
-                Arg::P(scales),
-                Arg::P(y),
-                Arg::I(n_out as i32),
-                Arg::P(q),
-                Arg::P(u),
-                Arg::P(m),
-                Arg::I(n_in as i32),
-                Arg::I(n as i32),
-                Arg::I(accumulate as i32),
-            ],
-        )
-    }
-
-    /// Experimental verify variants of [`Self::mv_sub_rows`] (`mvqx_*`, for the timing test): `ua`
-    /// takes the unsigned code as the A operand with the code-sum correction (needs `s`), `tl` m16
-    /// tiles per warp (1 or 2). The same bits as `mv_sub_rows`; Q1_0 and Q2_0 (g128) only, n_in a
-    /// multiple of 1,024.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn mv_sub_rows_x(
-        &self,
-        kind: WKind,
-        (ua, tl): (bool, usize),
-        codes: u64,
-        scales: u64,
-        q: u64,
-        u: u64,
-        m: u64,
-        s: u64,
-        y: u64,
-        n_in: usize,
-        n_out: usize,
-        n: usize,
-        ks: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        if n == 0 || n > MAX_ROWS || n_in % 1024 != 0 || (codes | m | s) % 16 != 0 {
-            return Err(CudaError(format!(
-                "mv_sub_rows_x: n = {n}, n_in = {n_in} (a multiple of 1,024), 16-byte aligned codes / m / s"
-            )));
-        }
-        if kind == WKind::Q2G64 || (tl != 1 && tl != 2) {
-            return Err(CudaError(format!(
-                "mv_sub_rows_x: {kind:?} with {tl} tiles per warp (Q1_0 / Q2_0, 1 or 2 tiles)"
-            )));
-        }
-        let f = &self.f;
-        // [variant][kind][K split]; g64 has no variants (rejected above)
-        let table = [
-            [
-                [f.mvqx_q1_u0t1_k1, f.mvqx_q1_u0t1_k2, f.mvqx_q1_u0t1_k4],
-                [f.mvqx_q2_u0t1_k1, f.mvqx_q2_u0t1_k2, f.mvqx_q2_u0t1_k4],
-            ],
-            [
-                [f.mvqx_q1_u1t1_k1, f.mvqx_q1_u1t1_k2, f.mvqx_q1_u1t1_k4],
-                [f.mvqx_q2_u1t1_k1, f.mvqx_q2_u1t1_k2, f.mvqx_q2_u1t1_k4],
-            ],
-            [
-                [f.mvqx_q1_u0t2_k1, f.mvqx_q1_u0t2_k2, f.mvqx_q1_u0t2_k4],
-                [f.mvqx_q2_u0t2_k1, f.mvqx_q2_u0t2_k2, f.mvqx_q2_u0t2_k4],
-            ],
-            [
-                [f.mvqx_q1_u1t2_k1, f.mvqx_q1_u1t2_k2, f.mvqx_q1_u1t2_k4],
-                [f.mvqx_q2_u1t2_k1, f.mvqx_q2_u1t2_k2, f.mvqx_q2_u1t2_k4],
-            ],
-        ];
-        let [q1, q2] = table[usize::from(ua) + 2 * (tl - 1)];
-        let func = sub_variant("mv_sub_rows_x", kind, ks, [q1, q2, q2])?;
-        self.launch(
-            func,
-            (cdiv(n_out, 16 * tl * (MV_WARPS / ks)), 1, 1),
-            ((MV_WARPS * 32) as u32, 1, 1),
-            &[
-                Arg::P(codes),
-                Arg::P(scales),
-                Arg::P(y),
-                Arg::I(n_out as i32),
-                Arg::P(q),
-                Arg::P(u),
-                Arg::P(m),
-                Arg::P(s),
-                Arg::I(n_in as i32),
-                Arg::I(n as i32),
-                Arg::I(accumulate as i32),
-            ],
-        )
-    }
-
     /// `xn = rmsnorm(x) ⊙ w` per row (also written as f32 to `xf` unless 0) and quantized.
     pub fn rmsnorm_quant(
         &self,
@@ -3353,7 +2816,7 @@ impl Gpu {
     /// One launch over up to [`MAX_SEGS`] low-bit matrices of the same kind and `n_in` that share
     /// the input activations (e.g. gate ‖ up): segment `i` writes `y_i[t, o]` (`[n, n_out_i]`).
     /// Each output equals the single-matrix launch bit for bit (under the same plan). Runs the
-    /// dp4a kernels, or the tensor-core ones (`kernels/mvm.cu`) when the plan says `mma`.
+    /// dp4a kernels (plain, pipelined or staged, as the plan and the shape say).
     pub fn mv_lowbit_multi(
         &self,
         kind: WKind,
@@ -3377,220 +2840,21 @@ impl Gpu {
         }
         let rows: usize = segs.iter().map(|s| s.n_out).sum();
         let plan = self.mv_plan(kind, n, rows, n_in);
-        if plan.b1 {
-            return self.mv_lowbit_b1(kind, segs, q, d, s, n_in, n, accumulate, plan);
-        }
-        // rows per warp-level work unit and the kernel: dp4a (`mv_*`) or tensor-core (`mvm_*`);
-        // `rs` blocks per row group (the dp4a row-split verify kernels: 2)
-        let mut rs = 1;
-        let (rpw, f) = if plan.mma {
-            // the tensor-core kernel reads q 8 bytes, d and s a scale block (16 or 8 bytes) at a time
-            let dal = if kind == WKind::Q2G64 { 8 } else { 16 };
-            if q % 8 != 0 || d % dal != 0 || s % dal != 0 {
-                return Err(CudaError(format!(
-                    "mv_lowbit (mma): misaligned activations q {q:#x} d {d:#x} s {s:#x}"
-                )));
-            }
-            if n == 1 && plan.n1_rl > 0 {
-                // dp4a in the tensor-core float order; reads q 16 bytes at a time
-                if q % 16 != 0 {
-                    return Err(CudaError(format!(
-                        "mv_lowbit (mvx): misaligned activations q {q:#x}"
-                    )));
-                }
-                (8 * plan.n1_rl, self.mvx_func(kind, plan.n1_rl, plan.ks)?)
-            } else {
-                (
-                    16 * plan.r,
-                    self.mvm_func(kind, plan.r, plan.ks, plan.direct)?,
-                )
-            }
-        } else if plan.o8 {
-            if n == 1 {
-                (4 * plan.r, self.mvo_func(kind, plan.r, plan.ks)?)
-            } else {
-                (16, self.mvt_func(kind, plan.ks)?)
-            }
-        } else if n == 1
+        if n == 1
             && self.staged_for(kind, rows)
             && self.launch_mv_staged(kind, segs, q, d, s, n_in, accumulate, plan)?
         {
             return Ok(());
-        } else if n == 1 && plan.pipe {
+        }
+        if n == 1 && plan.pipe {
             let f = self.mvp_func(kind, plan.r, plan.ks)?;
             return self.launch_mv_pipe(f, segs, plan.r, q, d, s, n_in, accumulate, plan);
-        } else if n >= 2 && self.launch_mvc(kind, segs, q, d, s, n_in, n, accumulate, plan)? {
-            return Ok(());
-        } else {
-            let r = if n == 1 { plan.r } else { plan.rn };
-            let (rpw, f, split) = self.mv_func(kind, n, r, plan.ks, plan.n5)?;
-            rs = split;
-            (rpw, f)
-        };
+        }
+        // rows per warp-level work unit, the kernel and `rs` blocks per row group (the dp4a
+        // row-split verify kernels: 2)
+        let r = if n == 1 { plan.r } else { plan.rn };
+        let (rpw, f, rs) = self.mv_func(kind, n, r, plan.ks, plan.n5)?;
         self.launch_mv_segs(f, segs, rpw, rs, q, d, s, n_in, n, accumulate, plan)
-    }
-
-    /// The verify (n ≥ 2) rows of a dp4a plan on the tensor cores in the dp4a float order
-    /// (`kernels/mvc.cu`, [`Self::mvc`]): one block per 16-row tile, `32 / cpw` warps, each
-    /// row equal to the one-row dp4a launch with the plan's K split bit for bit. `Ok(false)` (and
-    /// nothing launched) where it does not apply: switched off, another weight kind, a K split
-    /// other than 1 or 2, or operands not aligned for its vector loads.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_mvc(
-        &self,
-        kind: WKind,
-        segs: &[MvSeg],
-        q: u64,
-        d: u64,
-        s: u64,
-        n_in: usize,
-        n: usize,
-        accumulate: bool,
-        plan: MvPlan,
-    ) -> Result<bool> {
-        if !self.mvc() || !matches!(plan.ks, 1 | 2) || n_in % 64 != 0 {
-            return Ok(false);
-        }
-        let f = &self.f;
-        // 8 chains per warp only for K split 1 (a warp keeps every K part's chains)
-        let cpw = if plan.ks == 1 { self.mvc_chains() } else { 4 };
-        let b2 = self.mvc_k2_b2();
-        let func = match (kind, plan.ks, cpw) {
-            (WKind::Q1, 1, 8) => f.mvc_q1_k1_c8,
-            (WKind::Q1, 1, _) => f.mvc_q1_k1_c4,
-            (WKind::Q1, _, _) if b2 => f.mvc_q1_k2_c4_b2,
-            (WKind::Q1, _, _) => f.mvc_q1_k2_c4,
-            (WKind::Q2, 1, 8) => f.mvc_q2_k1_c8,
-            (WKind::Q2, 1, _) => f.mvc_q2_k1_c4,
-            (WKind::Q2, _, _) if b2 => f.mvc_q2_k2_c4_b2,
-            (WKind::Q2, _, _) => f.mvc_q2_k2_c4,
-            (WKind::Q2G64, 1, 8) => f.mvc_q2g64_k1_c8,
-            (WKind::Q2G64, 1, _) => f.mvc_q2g64_k1_c4,
-            (WKind::Q2G64, _, _) if b2 => f.mvc_q2g64_k2_c4_b2,
-            (WKind::Q2G64, _, _) => f.mvc_q2g64_k2_c4,
-            _ => return Ok(false),
-        };
-        // alignment of the vector accesses: code bytes in 16-byte copies, activation bytes in
-        // 8-byte loads, activation scales and sums 16 bytes at a time on Q1_0 / Q2_0 g128; and
-        // the tile's scales plus the rings must fit the block's shared memory
-        let dal = if kind == WKind::Q2G64 { 4 } else { 16 };
-        let smem = mvc_smem(kind, plan.ks, cpw, n_in, n);
-        if q % 8 != 0
-            || d % dal != 0
-            || s % dal != 0
-            || segs.iter().any(|sg| sg.n_out > 0 && sg.codes % 16 != 0)
-            || smem > self.smem_optin()?
-        {
-            return Ok(false);
-        }
-        let (mut args, tiles) = mv_seg_args(segs, 16, q, d, s, n_in, n, accumulate, plan);
-        if tiles == 0 {
-            return Ok(true);
-        }
-        // the kernel's last parameter: how many ring stages to request before the PDL wait
-        let pre = if plan.pre { self.mvc_pre() } else { 0 };
-        *args.last_mut().expect("mv args") = Arg::I(pre as i32);
-        self.launch_smem(
-            func,
-            (tiles as u32, 1, 1),
-            ((32 / cpw * 32) as u32, 1, 1),
-            smem as u32,
-            &args,
-        )?;
-        Ok(true)
-    }
-
-    /// Whether verify launches (2..=8 rows) of dp4a plans run on the tensor cores in the dp4a
-    /// float order (`mvc_*`, launched by `launch_mvc`; off by default, `BONSAI_CUDA_MVC=1` on). The
-    /// same bits either way. Off because it measured slower inside the round on the H200: its
-    /// launches alone beat the dp4a n-row kernels (round mat-vecs 5.52 → 5.37 ms on Q1_0, 8.34 →
-    /// 8.24 on Q2_0) but the round took 7.33 → 7.67 and 10.09 → 10.47 ms
-    /// (`bench/results/cuda-mvc-ab-27b-*.json`). On an H100 at 0965c2e it is slower alone too:
-    /// round mat-vecs 4.50 → 5.03 ms (Q1_0), 5.66 → 6.14 (Q2_0); round 6.23 → 7.02, 7.31 → 8.12
-    /// (`bench/results/cuda-h100-mvc-ab-27b-*-0965c2e.json`).
-    pub fn mvc(&self) -> bool {
-        self.mvc.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mvc`] (capture graphs after setting it).
-    pub fn set_mvc(&self, on: bool) {
-        self.mvc.store(on, Ordering::Relaxed);
-    }
-
-    /// How many of their first 7 ring stages (and the scales, when > 0) `mvc_*` launches request
-    /// before the PDL wait where the plan says `pre` (`BONSAI_CUDA_MVC_PRE`, default 7).
-    pub fn mvc_pre(&self) -> usize {
-        self.mvc_pre.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mvc_pre`] (0 to 7; capture graphs after setting it).
-    pub fn set_mvc_pre(&self, stages: usize) {
-        self.mvc_pre
-            .store(stages.min(MVC_STAGES - 1), Ordering::Relaxed);
-    }
-
-    /// Whether the K-split-2 `mvc_*` launches take the build for 2 blocks per SM (`_b2`: no
-    /// spills) instead of 3 (80 registers, some spilled); `BONSAI_CUDA_MVC_K2_B2=1`.
-    pub fn mvc_k2_b2(&self) -> bool {
-        self.mvc_k2_b2.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mvc_k2_b2`] (capture graphs after setting it).
-    pub fn set_mvc_k2_b2(&self, on: bool) {
-        self.mvc_k2_b2.store(on, Ordering::Relaxed);
-    }
-
-    /// Chains per warp of the K-split-1 `mvc_*` kernels: 4 (8 warps a block; the default) or 8
-    /// (4 warps; K split 2 always takes 4).
-    pub fn mvc_chains(&self) -> usize {
-        self.mvc_cpw.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mvc_chains`] (8, else 4; capture graphs after setting it).
-    pub fn set_mvc_chains(&self, cpw: usize) {
-        self.mvc_cpw
-            .store(if cpw == 8 { 8 } else { 4 }, Ordering::Relaxed);
-    }
-
-    /// The o8 dp4a one-row kernel of `kind` with `r` rows per lane group and K split `ks`.
-    fn mvo_func(&self, kind: WKind, r: usize, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = match kind {
-            WKind::Q1 => [
-                [f.mvo_q1_r1_k1, f.mvo_q1_r1_k2, f.mvo_q1_r1_k4],
-                [f.mvo_q1_r2_k1, f.mvo_q1_r2_k2, f.mvo_q1_r2_k4],
-                [f.mvo_q1_r4_k1, f.mvo_q1_r4_k2, f.mvo_q1_r4_k4],
-            ],
-            WKind::Q2 => [
-                [f.mvo_q2_r1_k1, f.mvo_q2_r1_k2, f.mvo_q2_r1_k4],
-                [f.mvo_q2_r2_k1, f.mvo_q2_r2_k2, f.mvo_q2_r2_k4],
-                [f.mvo_q2_r4_k1, f.mvo_q2_r4_k2, f.mvo_q2_r4_k4],
-            ],
-            WKind::Q2G64 => [
-                [f.mvo_q2g64_r1_k1, f.mvo_q2g64_r1_k2, f.mvo_q2g64_r1_k4],
-                [f.mvo_q2g64_r2_k1, f.mvo_q2g64_r2_k2, f.mvo_q2g64_r2_k4],
-                [f.mvo_q2g64_r4_k1, f.mvo_q2g64_r4_k2, f.mvo_q2g64_r4_k4],
-            ],
-            _ => return Err(CudaError(format!("mv_lowbit (mvo) on {kind:?}"))),
-        };
-        pick_r_ks(t, "mvo", "lane group", r, ks)
-    }
-
-    /// The o8 tensor-core kernel of `kind` (n ≥ 2) with K split `ks`.
-    fn mvt_func(&self, kind: WKind, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = match kind {
-            WKind::Q1 => [f.mvt_q1_k1, f.mvt_q1_k2, f.mvt_q1_k4],
-            WKind::Q2 => [f.mvt_q2_k1, f.mvt_q2_k2, f.mvt_q2_k4],
-            WKind::Q2G64 => [f.mvt_q2g64_k1, f.mvt_q2g64_k2, f.mvt_q2g64_k4],
-            _ => return Err(CudaError(format!("mv_lowbit (mvt) on {kind:?}"))),
-        };
-        match ks {
-            1 | 2 | 4 => Ok(t[ks.trailing_zeros() as usize]),
-            _ => Err(CudaError(format!(
-                "mv_lowbit (mvt): no variant with K split {ks}"
-            ))),
-        }
     }
 
     /// The pipelined decode kernel of `kind` with `r` rows per group emulating K split `ks`.
@@ -3723,7 +2987,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 18] {
+    pub fn launch_mode_key(&self) -> [u64; 16] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -3733,9 +2997,7 @@ impl Gpu {
                     h.wrapping_mul(131).wrapping_add(b as u64)
                 }),
             self.pdl() as u64,
-            self.mv_mma() as u64,
             self.mv_pipe() as u64,
-            self.mv_o8() as u64,
             self.mv_rn.load(Ordering::Relaxed) as u64,
             self.mv_n5.load(Ordering::Relaxed) as u64,
             self.mv_staged_mode() as u64,
@@ -3760,10 +3022,6 @@ impl Gpu {
                 | (self.b1q() as u64) << 4
                 | (self.b1p_out() as u64) << 5
                 | (self.gdn_norm_batch() as u64) << 6
-                | (self.mvc() as u64) << 7
-                | (self.mvc_chains() as u64) << 8
-                | (self.mvc_k2_b2() as u64) << 12
-                | (self.mvc_pre() as u64) << 13
                 | (self.b2p_unr3() as u64) << 20
                 | (self.q41_r4() as u64) << 21
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
@@ -3953,56 +3211,6 @@ impl Gpu {
             (cdiv(groups, MV_WARPS / plan.ks) * rs as u32, 1, 1),
             ((MV_WARPS * 32) as u32, 1, 1),
             &args,
-        )
-    }
-
-    /// The `b1` plan of [`Self::mv_lowbit_multi`]: `b1_planes` writes the activation bit planes of
-    /// `q` into a scratch buffer this `Gpu` owns (allocated on first use, grown to
-    /// `MAX_ROWS · n_in` u32; so warm it up before a graph capture, which cannot allocate), then
-    /// one `mvb_q1_*` launch reads the planes, `d` and `s`. Q1 only.
-    #[allow(clippy::too_many_arguments)]
-    fn mv_lowbit_b1(
-        &self,
-        kind: WKind,
-        segs: &[MvSeg],
-        q: u64,
-        d: u64,
-        s: u64,
-        n_in: usize,
-        n: usize,
-        accumulate: bool,
-        plan: MvPlan,
-    ) -> Result<()> {
-        if kind != WKind::Q1 {
-            return Err(CudaError(format!("mv_lowbit (b1): Q1 only, not {kind:?}")));
-        }
-        // the kernel reads d and s two sub-blocks (8 bytes) at a time
-        if d % 8 != 0 || s % 8 != 0 {
-            return Err(CudaError(format!(
-                "mv_lowbit (b1): misaligned activations d {d:#x} s {s:#x}"
-            )));
-        }
-        let f = self.mvb_func(plan.r, plan.ks)?;
-        let need = MAX_ROWS * n_in * 4; // planes [MAX_ROWS, n_in / 32, 8] u32
-        let mut scratch = self.b1_scratch.lock().expect("b1 scratch lock");
-        if scratch.as_ref().is_none_or(|b| b.bytes() < need) {
-            *scratch = None;
-            *scratch = Some(self.alloc(need)?);
-        }
-        let planes = scratch.as_ref().expect("b1 scratch").ptr();
-        self.b1_planes(q, n, n_in, planes)?;
-        self.launch_mv_segs(
-            f,
-            segs,
-            16 * plan.r,
-            1,
-            planes,
-            d,
-            s,
-            n_in,
-            n,
-            accumulate,
-            plan,
         )
     }
 
@@ -4587,66 +3795,25 @@ impl Gpu {
         Ok(true)
     }
 
-    /// Activation bit planes for the `b1` mat-vec: `planes` `[n, n_in / 32, 8]` u32 (16-byte
-    /// aligned) from `q` `[n, n_in]` i8; plane `p` of a sub-block holds bit `p` of element `4i + b`
-    /// at bit `8b + i` (the re-tiled Q1 code order; host twin [`b1_planes_host`]).
-    pub fn b1_planes(&self, q: u64, n: usize, n_in: usize, planes: u64) -> Result<()> {
-        assert_eq!(n_in % 32, 0, "b1_planes: n_in = {n_in}");
-        if planes % 16 != 0 {
-            return Err(CudaError(format!(
-                "b1_planes: misaligned planes {planes:#x}"
-            )));
-        }
-        self.launch(
-            self.f.b1_planes,
-            (cdiv(n_in / 32, 8), n as u32, 1),
-            (256, 1, 1),
-            &[Arg::P(q), Arg::I(n_in as i32), Arg::P(planes)],
-        )
-    }
-
-    /// The binary tensor-core Q1 mat-vec with `r` m16 tiles per warp and K split `ks`.
-    fn mvb_func(&self, r: usize, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = [
-            [f.mvb_q1_r1_k1, f.mvb_q1_r1_k2, f.mvb_q1_r1_k4],
-            [f.mvb_q1_r2_k1, f.mvb_q1_r2_k2, f.mvb_q1_r2_k4],
-        ];
-        match (r, ks) {
-            (1 | 2, 1 | 2 | 4) => Ok(t[r - 1][ks.trailing_zeros() as usize]),
-            _ => Err(CudaError(format!(
-                "mv_lowbit (b1): no variant with {r} tiles per warp, K split {ks}"
-            ))),
-        }
-    }
-
     /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
     /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults
-    /// ([`mv_default_plan`], tensor-core when [`Gpu::mv_mma`]; one-row dp4a plans pipelined when
-    /// [`Gpu::mv_pipe`], with [`mvp_default_r`] rows per group).
+    /// ([`mv_default_plan`]; one-row plans pipelined when [`Gpu::mv_pipe`], with [`mvp_default_r`]
+    /// rows per group).
     pub fn mv_plan(&self, kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
         if let Some(p) = *self.mv_override.lock().expect("mv override lock") {
             return p;
         }
-        let mut p = mv_default_plan(kind, n, rows, n_in, self.mv_mma());
-        if !p.mma && self.mv_o8() {
-            // the same K split and rows per lane group as the dp4a default rows per lane (a first
-            // guess for the sweep to replace)
-            p.o8 = true;
-            p.pipe = false;
-            p.r = mv_default_r(kind, rows).min(4);
-            return p;
-        }
+        let mut p = mv_default_plan(kind, n, rows, n_in);
         (p.rn, p.n5) = self.mv_verify(kind);
-        if n == 1 && !p.mma && !p.pipe && self.mvp_mid_all() && mvp_mid_rows(rows) {
+        if n == 1 && !p.pipe && self.mvp_mid_all() && mvp_mid_rows(rows) {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
         }
         let long_r = self.mv_long_r.load(Ordering::Relaxed);
-        if n == 1 && !p.mma && !p.pipe && long_r != 0 && rows > 15_000 {
+        if n == 1 && !p.pipe && long_r != 0 && rows > 15_000 {
             p.r = long_r;
         }
-        if n == 1 && !p.mma && self.mv_pipe() {
+        if n == 1 && self.mv_pipe() {
             p.pipe = true;
             p.r = mvp_default_r(kind, rows);
         }
@@ -4709,18 +3876,6 @@ impl Gpu {
         self.mv_rn.store(rn, Ordering::Relaxed);
         self.mv_n5
             .store(n5.map_or(2, |on| on as u8), Ordering::Relaxed);
-    }
-
-    /// Whether the default plans use the o8 family (`BONSAI_CUDA_MV_O8=1`; off by default).
-    pub fn mv_o8(&self) -> bool {
-        self.mv_o8.load(Ordering::Relaxed)
-    }
-
-    /// Switch the default plans between the o8 family and the others. Applies to every n (decode
-    /// and verify rows must come from the same family), so change it only between requests;
-    /// captured graphs key on it.
-    pub fn set_mv_o8(&self, on: bool) {
-        self.mv_o8.store(on, Ordering::Relaxed);
     }
 
     /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
@@ -4803,33 +3958,14 @@ impl Gpu {
         self.mvs_stages.store(s.min(8), Ordering::Relaxed);
     }
 
-    /// Whether the default plans use the tensor-core mat-vec (`BONSAI_CUDA_MV_MMA=1`; off by
-    /// default).
-    pub fn mv_mma(&self) -> bool {
-        self.mv_mma.load(Ordering::Relaxed)
-    }
-
-    /// Switch the default plans between the dp4a and the tensor-core mat-vec. Applies to every n
-    /// (decode and verify rows must come from the same kernel family to stay bit-identical), so
-    /// change it only between requests, never inside a captured graph's lifetime.
-    pub fn set_mv_mma(&self, on: bool) {
-        self.mv_mma.store(on, Ordering::Relaxed);
-    }
-
     /// Force one plan for every low-bit mat-vec (benchmark sweeps and tests); `None` restores the
-    /// shape-based defaults. dp4a plans: `r` 2 or 4; tensor-core plans: `r` 1 or 2; `ks` 1, 2 or 4.
+    /// shape-based defaults. `r` 2, 4 or 8 (2 or 4 when pipelined); `ks` 1, 2 or 4.
     pub fn set_mv_override(&self, plan: Option<MvPlan>) {
         if let Some(p) = plan {
-            let r_ok = if p.b1 {
-                matches!(p.r, 1 | 2) && !p.mma && !p.direct && p.n1_rl == 0
-            } else if p.mma {
-                matches!(p.r, 1 | 2) && matches!(p.n1_rl, 0..=2)
-            } else if p.o8 {
-                matches!(p.r, 1 | 2 | 4) && p.n1_rl == 0 && !p.direct && !p.pipe
-            } else if p.pipe {
-                matches!(p.r, 2 | 4) && p.n1_rl == 0 && !p.direct
+            let r_ok = if p.pipe {
+                matches!(p.r, 2 | 4)
             } else {
-                matches!(p.r, 2 | 4 | 8) && p.n1_rl == 0
+                matches!(p.r, 2 | 4 | 8)
             };
             assert!(
                 r_ok && matches!(p.ks, 1 | 2 | 4) && matches!(p.rn, 2 | 4 | 8),
@@ -4837,91 +3973,6 @@ impl Gpu {
             );
         }
         *self.mv_override.lock().expect("mv override lock") = plan;
-    }
-
-    /// The tensor-core mat-vec kernel of `kind` with `r` m16 tiles per warp and K split `ks`:
-    /// direct register loads (`mvd_*`) or the cp.async ring (`mvm_*`).
-    fn mvm_func(&self, kind: WKind, r: usize, ks: usize, direct: bool) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = match (kind, direct) {
-            (WKind::Q1, false) => [
-                [f.mvm_q1_r1_k1, f.mvm_q1_r1_k2, f.mvm_q1_r1_k4],
-                [f.mvm_q1_r2_k1, f.mvm_q1_r2_k2, f.mvm_q1_r2_k4],
-            ],
-            (WKind::Q2, false) => [
-                [f.mvm_q2_r1_k1, f.mvm_q2_r1_k2, f.mvm_q2_r1_k4],
-                [f.mvm_q2_r2_k1, f.mvm_q2_r2_k2, f.mvm_q2_r2_k4],
-            ],
-            (WKind::Q2G64, false) => [
-                [f.mvm_q2g64_r1_k1, f.mvm_q2g64_r1_k2, f.mvm_q2g64_r1_k4],
-                [f.mvm_q2g64_r2_k1, f.mvm_q2g64_r2_k2, f.mvm_q2g64_r2_k4],
-            ],
-            (WKind::Q1, true) => [
-                [f.mvd_q1_r1_k1, f.mvd_q1_r1_k2, f.mvd_q1_r1_k4],
-                [f.mvd_q1_r2_k1, f.mvd_q1_r2_k2, f.mvd_q1_r2_k4],
-            ],
-            (WKind::Q2, true) => [
-                [f.mvd_q2_r1_k1, f.mvd_q2_r1_k2, f.mvd_q2_r1_k4],
-                [f.mvd_q2_r2_k1, f.mvd_q2_r2_k2, f.mvd_q2_r2_k4],
-            ],
-            (WKind::Q2G64, true) => [
-                [f.mvd_q2g64_r1_k1, f.mvd_q2g64_r1_k2, f.mvd_q2g64_r1_k4],
-                [f.mvd_q2g64_r2_k1, f.mvd_q2g64_r2_k2, f.mvd_q2g64_r2_k4],
-            ],
-            (WKind::F32, _) => return Err(CudaError("mv_lowbit on an f32 matrix".into())),
-            (WKind::Q41, _) => {
-                return Err(CudaError("mv_lowbit on a Q4_1 matrix (use mv_q41)".into()))
-            }
-        };
-        let row = match r {
-            1 => 0,
-            2 => 1,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_lowbit (mma): no variant with {r} tiles per warp"
-                )))
-            }
-        };
-        let col = match ks {
-            1 => 0,
-            2 => 1,
-            4 => 2,
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_lowbit (mma): no variant with K split {ks}"
-                )))
-            }
-        };
-        Ok(t[row][col])
-    }
-
-    /// The dp4a one-row kernel in the tensor-core float order with `rl` weight rows per lane.
-    fn mvx_func(&self, kind: WKind, rl: usize, ks: usize) -> Result<sys::CUfunction> {
-        let f = &self.f;
-        let t = match kind {
-            WKind::Q1 => [
-                [f.mvx_q1_r1_k1, f.mvx_q1_r1_k2, f.mvx_q1_r1_k4],
-                [f.mvx_q1_r2_k1, f.mvx_q1_r2_k2, f.mvx_q1_r2_k4],
-            ],
-            WKind::Q2 => [
-                [f.mvx_q2_r1_k1, f.mvx_q2_r1_k2, f.mvx_q2_r1_k4],
-                [f.mvx_q2_r2_k1, f.mvx_q2_r2_k2, f.mvx_q2_r2_k4],
-            ],
-            WKind::Q2G64 => [
-                [f.mvx_q2g64_r1_k1, f.mvx_q2g64_r1_k2, f.mvx_q2g64_r1_k4],
-                [f.mvx_q2g64_r2_k1, f.mvx_q2g64_r2_k2, f.mvx_q2g64_r2_k4],
-            ],
-            _ => return Err(CudaError(format!("mv_lowbit (mvx) on {kind:?}"))),
-        };
-        let (row, col) = match (rl, ks) {
-            (1 | 2, 1 | 2 | 4) => (rl - 1, ks.trailing_zeros() as usize),
-            _ => {
-                return Err(CudaError(format!(
-                    "mv_lowbit (mvx): no variant with {rl} rows per lane, K split {ks}"
-                )))
-            }
-        };
-        Ok(t[row][col])
     }
 
     /// The dp4a kernel of `kind` for `n` activation rows with `r` weight rows per warp and K split
@@ -5927,7 +4978,7 @@ impl Gpu {
     /// The cluster SwiGLU kernel (`mv_*_n1_r8_k1_swi`, grid 2·n_out / 32) where `plan` is the plain
     /// dp4a one with 8 rows per warp and K split 1.
     fn mv_swi_kernel(f: &Funcs, kind: WKind, plan: MvPlan) -> Option<sys::CUfunction> {
-        if plan.mma || plan.o8 || plan.pipe || plan.b1 || plan.ks != 1 || plan.r != 8 {
+        if plan.pipe || plan.ks != 1 || plan.r != 8 {
             return None;
         }
         match kind {
@@ -5952,7 +5003,7 @@ impl Gpu {
         (q, d, s): (u64, u64, u64),
         plan: MvPlan,
     ) -> Result<Option<(sys::CUfunction, usize, usize)>> {
-        if plan.ks != 1 || plan.mma || plan.o8 || plan.b1 {
+        if plan.ks != 1 {
             return Ok(None);
         }
         // rows per warp: the layout's choice for the plan (gate and up rows in pairs, so 2 or 4)
@@ -6504,20 +5555,6 @@ mod tests {
     }
 
     #[test]
-    fn sub_variant_picks_kind_row_and_k_split_column() {
-        // distinct fake handles, never launched: only the table lookup is under test
-        let h = |i: usize| std::ptr::null_mut::<u8>().wrapping_add(i + 1) as sys::CUfunction;
-        let table = [[h(0), h(1), h(2)], [h(3), h(4), h(5)], [h(6), h(7), h(8)]];
-        for (row, kind) in [WKind::Q1, WKind::Q2, WKind::Q2G64].into_iter().enumerate() {
-            for (col, ks) in [1, 2, 4].into_iter().enumerate() {
-                assert_eq!(sub_variant("t", kind, ks, table).unwrap(), h(3 * row + col));
-            }
-            assert!(sub_variant("t", kind, 3, table).is_err());
-        }
-        assert!(sub_variant("t", WKind::F32, 1, table).is_err());
-    }
-
-    #[test]
     fn mvs_layout_of_the_27b_shapes() {
         // Q1 5120-wide, 4 rows per warp, no K split: tiles of 16 rows (10,240 code bytes + 1,280
         // scale bytes), activations 5120 + 8·160 bytes, 4 stages under 75 KiB
@@ -6614,34 +5651,22 @@ mod tests {
 
     #[test]
     fn mv_default_plans_never_depend_on_n() {
-        // batch invariance: the float order (ks, kernel family) of a matrix is the same for the
-        // decode launch (n = 1) and every verify launch (n <= 8)
+        // batch invariance: the float order (ks) of a matrix is the same for the decode launch
+        // (n = 1) and every verify launch (n <= 8)
         for kind in [WKind::Q1, WKind::Q2, WKind::Q2G64] {
             for rows in [48usize, 5120, 14_336, 16_480, 34_816, 248_320] {
-                for mma in [false, true] {
-                    let p1 = mv_default_plan(kind, 1, rows, 5120, mma);
-                    assert_eq!(p1.mma, mma);
-                    if mma {
-                        assert!(matches!(p1.r, 1 | 2) && matches!(p1.ks, 1 | 2 | 4));
-                    }
-                    // the pipelined kernels are one-row kernels of the dp4a order
-                    assert!(!p1.pipe || (!mma && matches!(p1.r, 2 | 4)));
-                    for n in 2..=MAX_ROWS {
-                        let p = mv_default_plan(kind, n, rows, 5120, mma);
-                        assert!(!p.pipe);
-                        assert_eq!((p.ks, p.mma), (p1.ks, p1.mma), "{kind:?} {rows} n={n}");
-                        // ring, direct and mvx agree bit for bit, but keep one plan per matrix
-                        assert_eq!((p.direct, p.n1_rl), (p1.direct, p1.n1_rl));
-                        if mma {
-                            assert_eq!(p, p1, "the tensor-core plan takes any n");
-                        }
-                    }
+                let p1 = mv_default_plan(kind, 1, rows, 5120);
+                // the pipelined kernels are one-row kernels of the dp4a order
+                assert!(!p1.pipe || matches!(p1.r, 2 | 4));
+                for n in 2..=MAX_ROWS {
+                    let p = mv_default_plan(kind, n, rows, 5120);
+                    assert!(!p.pipe);
+                    assert_eq!(p.ks, p1.ks, "{kind:?} {rows} n={n}");
                 }
             }
         }
-        // the mvm kernels use the same block shape as the dp4a ones (one grid formula)
-        assert!(SOURCE.contains("#define MVM_WARPS 4") && SOURCE.contains("#define MV_WARPS 4"));
-        assert!(SOURCE.contains("#define MVB_WARPS 4"));
+        // one grid formula: the source's block shape is this crate's
+        assert!(SOURCE.contains("#define MV_WARPS 4"));
         assert_eq!(MV_WARPS, 4);
     }
 
