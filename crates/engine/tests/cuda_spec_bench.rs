@@ -172,6 +172,70 @@ fn timed<T>(cuda: &CudaBackend, f: impl FnOnce() -> T) -> (T, f64) {
     (r, t.elapsed().as_secs_f64())
 }
 
+/// DSpark rounds as the engine runs them (the defaults: round graphs, the draft graph, the kept
+/// rows staged from device memory): draft, verify round, stage, the next draft, ... with nothing
+/// drained between them but what the engine waits for itself (the draft's ids, the verify's
+/// statistics). `rounds` rounds after one warm-up, from a fresh state on `prompt`; returns ms per
+/// round and the accepted drafts.
+#[allow(clippy::too_many_arguments)]
+fn pipelined_dspark_ms(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    prompt: &[u32],
+    n_ctx: usize,
+    d: &Dr,
+    rounds: usize,
+) -> (f64, usize) {
+    let mut st = SeqState::new(cuda, cfg, n_ctx).unwrap();
+    let mut ds = d.new_state();
+    let mut lg = Vec::new();
+    let taps = common::prefill_with_taps(cuda, cfg, w, &mut st, prompt, d.target_layers(), &mut lg);
+    d.stage(&mut ds, &taps, 0, prompt.len());
+    let mut s = Sampler::new(SamplerParams::greedy());
+    let first = s.sample(&lg);
+    s.accept(first.id);
+    let mut id_last = first.id;
+    let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
+    let tw = d.tap_width();
+    let mut acc = 0;
+    let mut t0 = Instant::now();
+    for r in 0..=rounds {
+        if r == 1 {
+            cuda.gpu().sync().unwrap();
+            t0 = Instant::now();
+        }
+        let start = st.pos;
+        let draft = d.draft(&mut ds, id_last, start);
+        let out = verify_round(
+            cuda,
+            cfg,
+            w,
+            &mut st,
+            &mut bufs,
+            &mut s,
+            id_last,
+            &draft,
+            Some(d.target_layers()),
+            Rollback::Replay,
+        )
+        .unwrap();
+        let keep = out.n_acc + 1;
+        match (d, &mut ds) {
+            (Dr::Gpu(g), DrState::Gpu(gs)) => g
+                .stage_verified(gs, Some(cuda), &bufs.taps, start, keep)
+                .unwrap(),
+            (d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
+        }
+        id_last = out.tokens.last().unwrap().id;
+        if r > 0 {
+            acc += out.n_acc;
+        }
+    }
+    cuda.gpu().sync().unwrap();
+    (1e3 * t0.elapsed().as_secs_f64() / rounds as f64, acc)
+}
+
 /// The target model of a round bench: loaded, and a 32-token prompt of ids below `text` run
 /// through `base` (chunked GDN) with its last logits row `lg0`.
 struct Target {
@@ -1298,6 +1362,7 @@ fn cuda_spec_round_cost() {
     // A/B of the device stage), all graphs with the taps staged from device memory by the
     // captured stage (the engine's default)
     let mut draft_prof = String::from("null");
+    let mut dspark_pipelined = String::from("null");
     let mut dspark_json = [
         String::from("null"),
         String::from("null"),
@@ -1403,6 +1468,30 @@ fn cuda_spec_round_cost() {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+            if ci == 3 {
+                // the engine's pipeline, with the rollback replay forked beside the next stage and
+                // draft (`Gpu::fork_replay`, the default) and on one stream, alternating
+                let mut rows = Vec::new();
+                for rep in 0..3 {
+                    for fork in [true, false] {
+                        cuda.gpu().set_fork_replay(fork);
+                        let (ms, acc) =
+                            pipelined_dspark_ms(&cuda, &cfg, &w, &prompt, n_ctx, d, ROUNDS * 4);
+                        println!(
+                        "BENCH dspark pipelined rep {rep} fork {fork:<5}: {ms:.3} ms per round, R = {:.2} vs the greedy graph step; {acc} of {} drafts accepted",
+                        ms / plain_ms,
+                        ROUNDS * 4 * K
+                    );
+                        rows.push(format!(
+                        "{{\"fork\": {fork}, \"round_ms\": {ms:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
+                        ms / plain_ms,
+                        ROUNDS * 4 * K
+                    ));
+                    }
+                }
+                cuda.gpu().set_fork_replay(true);
+                dspark_pipelined = format!("[{}]", rows.join(", "));
+            }
         }
     }
     cuda.set_round_graph(false);
@@ -1424,7 +1513,7 @@ fn cuda_spec_round_cost() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"plain_step_ms\": {plain_ms:.3}, \
          \"plain_step_row_ms\": {plain_row_ms:.3}, \"plain_eager_taps_ms\": {eager_taps_ms:.3}, \"rounds\": [{}], \"ngram\": {{\"search_ms\": {ngram_ms:.4}, \
-         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph_eager_draft\": {}, \"dspark_graph_host_stage\": {}, \"dspark_graph\": {}, \"draft_profile\": {}}}",
+         \"R_by_k_replay\": [{}], \"R_by_k_replay_graph\": [{}]}}, \"dspark\": {}, \"dspark_graph_eager_draft\": {}, \"dspark_graph_host_stage\": {}, \"dspark_graph\": {}, \"dspark_pipelined\": {}, \"draft_profile\": {}}}",
         cfg.weight_type.name(),
         cuda.name(),
         rounds_json.join(", "),
@@ -1434,6 +1523,7 @@ fn cuda_spec_round_cost() {
         dspark_json[1],
         dspark_json[2],
         dspark_json[3],
+        dspark_pipelined,
         draft_prof
     );
     println!("BENCH {json}");

@@ -1742,10 +1742,25 @@ impl Drop for Graph {
     }
 }
 
-/// One GPU: context, one stream, the kernel module.
+/// One GPU: context, one stream (and a side stream for forked graph launches), the kernel module.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// The side stream of [`Gpu::launch_graph_forked`]: the speculative round's rollback replay
+    /// runs there while the drafter's work (in [`Gpu::detached`] scopes) runs on `stream`.
+    side: Arc<CudaStream>,
+    /// Recorded on `stream` before a forked launch; `side` waits on it.
+    ev_fork: sys::CUevent,
+    /// Recorded on `side` after a forked launch; `stream` waits on it before its next operation
+    /// outside a detached scope.
+    ev_join: sys::CUevent,
+    /// A forked launch `stream` has not waited for yet.
+    join_pending: AtomicBool,
+    /// Open [`Gpu::detached`] scopes: while > 0, `stream`'s operations do not wait for a forked
+    /// launch.
+    detached: AtomicUsize,
+    /// [`Gpu::fork_replay`] (`BONSAI_CUDA_FORK=0` turns it off).
+    fork: AtomicBool,
     f: Funcs,
     _module: sys::CUmodule,
     pub arch: (i32, i32),
@@ -2065,6 +2080,21 @@ fn cdiv(a: usize, b: usize) -> u32 {
     a.div_ceil(b) as u32
 }
 
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            let _ = self.side.synchronize();
+            // SAFETY: events created in Gpu::new, destroyed once; nothing queued waits on them
+            // any more (the side stream is drained, and the main stream's waits were queued
+            // before its last operation).
+            unsafe {
+                let _ = cu::event::destroy(self.ev_fork);
+                let _ = cu::event::destroy(self.ev_join);
+            }
+        }
+    }
+}
+
 impl Gpu {
     /// Open device `ordinal`, compile (or load cached) kernels. Fails cleanly when CUDA is absent.
     pub fn new(ordinal: usize) -> Result<Gpu> {
@@ -2075,6 +2105,7 @@ impl Gpu {
         // SAFETY: one stream, synchronized by hand; no CudaSlice is used by this crate.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(err("cuda stream"))?;
+        let side = ctx.new_stream().map_err(err("cuda side stream"))?;
         let arch = ctx
             .compute_capability()
             .map_err(err("compute capability"))?;
@@ -2100,6 +2131,14 @@ impl Gpu {
         let gpu = Gpu {
             ctx,
             stream,
+            side,
+            ev_fork: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(err("event"))?,
+            ev_join: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(err("event"))?,
+            join_pending: AtomicBool::new(false),
+            detached: AtomicUsize::new(0),
+            fork: AtomicBool::new(std::env::var("BONSAI_CUDA_FORK").map_or(true, |v| v != "0")),
             f,
             _module: module,
             arch,
@@ -2414,16 +2453,98 @@ impl Gpu {
         unsafe { cu::memset_d8_async(dst, 0, bytes, self.op_stream()) }.map_err(err("memset"))
     }
 
-    /// Wait for all queued work.
+    /// Wait for all queued work (outside a [`Self::detached`] scope, a forked launch's too).
     pub fn sync(&self) -> Result<()> {
+        self.main_stream();
         self.stream.synchronize().map_err(err("stream sync"))
+    }
+
+    /// The stream for the next operation. Outside a [`Self::detached`] scope, a forked launch not
+    /// waited for yet is joined first: the stream waits on its event, so whatever comes next
+    /// (the next verify or decode step, a copy of the state) runs after it, and the next kernel
+    /// takes a full dependency. Should the event wait fail, the side stream is drained instead.
+    fn main_stream(&self) -> sys::CUstream {
+        let s = self.stream.cu_stream();
+        if self.join_pending.load(Ordering::Relaxed) && self.detached.load(Ordering::Relaxed) == 0 {
+            // SAFETY: the stream and the event are live for as long as self.
+            let waited = unsafe {
+                cu::stream::wait_event(
+                    s,
+                    self.ev_join,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            };
+            if waited.is_err() {
+                let _ = self.side.synchronize();
+            }
+            self.join_pending.store(false, Ordering::Relaxed);
+            self.prev_kernel.store(false, Ordering::Relaxed);
+        }
+        s
     }
 
     /// The stream, for a copy, memset, event or graph launch: the next kernel then takes a full
     /// dependency (programmatic edges are only ever made from one kernel to the next).
     fn op_stream(&self) -> sys::CUstream {
+        let s = self.main_stream();
         self.prev_kernel.store(false, Ordering::Relaxed);
-        self.stream.cu_stream()
+        s
+    }
+
+    /// Launch `g` on the side stream, after everything queued so far, without making the main
+    /// stream wait for it: operations queued inside [`Self::detached`] scopes may run beside it,
+    /// and the first operation outside one waits for it. For work that nothing in those scopes
+    /// reads or writes (the speculative round's rollback replay, beside the drafter's stage and
+    /// draft). With [`Self::fork_replay`] off, a plain [`Self::launch_graph`].
+    pub fn launch_graph_forked(&self, g: &Graph) -> Result<()> {
+        if !self.fork_replay() {
+            return self.launch_graph(g);
+        }
+        self.bind()?;
+        let main = self.op_stream();
+        let side = self.side.cu_stream();
+        // SAFETY: live events, streams and graph of this context; the side stream waits for the
+        // main stream's work so far, then the graph, then the join event.
+        unsafe {
+            cu::event::record(self.ev_fork, main).map_err(err("record fork"))?;
+            cu::stream::wait_event(
+                side,
+                self.ev_fork,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err("wait fork"))?;
+            cu::graph::launch(g.exec, side).map_err(err("graph launch (side)"))?;
+            cu::event::record(self.ev_join, side).map_err(err("record join"))?;
+        }
+        self.join_pending.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Run `f` with the main stream's operations not waiting for a forked launch (the GPU
+    /// drafter's stage and draft, which read and write none of what the forked rollback does).
+    /// Its host synchronizations then drain the main stream only.
+    pub fn detached<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Scope<'a>(&'a AtomicUsize);
+        impl Drop for Scope<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.detached.fetch_add(1, Ordering::Relaxed);
+        let _scope = Scope(&self.detached);
+        f()
+    }
+
+    /// Whether [`Self::launch_graph_forked`] uses the side stream (default on;
+    /// `BONSAI_CUDA_FORK=0` off: everything on one stream, as before 2026-12-06).
+    pub fn fork_replay(&self) -> bool {
+        self.fork.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::fork_replay`] (joins a pending forked launch first).
+    pub fn set_fork_replay(&self, on: bool) {
+        self.main_stream();
+        self.fork.store(on, Ordering::Relaxed);
     }
 
     fn launch(
@@ -2503,6 +2624,7 @@ impl Gpu {
         if smem > 48 * 1024 {
             self.raise_smem_limit(f, smem as usize)?;
         }
+        let stream = self.main_stream();
         let profiling = self.prof.lock().expect("prof lock").is_some();
         if profiling && f != self.f.spin_ns {
             // spin first so that the events and the kernel are queued before the GPU reaches them:
@@ -2512,8 +2634,7 @@ impl Gpu {
             let us = self.time_ms(|| {
                 // SAFETY: as below.
                 unsafe {
-                    cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), params)
-                        .map_err(err("launch"))
+                    cu::launch_kernel(f, grid, block, smem, stream, params).map_err(err("launch"))
                 }
             })? * 1e3;
             if let Some(v) = self.prof.lock().expect("prof lock").as_mut() {
@@ -2544,7 +2665,7 @@ impl Gpu {
                 blockDimY: block.1,
                 blockDimZ: block.2,
                 sharedMemBytes: smem,
-                hStream: self.stream.cu_stream(),
+                hStream: stream,
                 attrs: &mut attr,
                 numAttrs: 1,
             };
@@ -2561,10 +2682,7 @@ impl Gpu {
         // launch_blob's first parameter, at the whole struct the kernel declares (its u64 words,
         // borrowed for the call and only read: the launch copies parameters); every pointer argument
         // comes from a live DevBuf sized by the caller for the given dims.
-        unsafe {
-            cu::launch_kernel(f, grid, block, smem, self.stream.cu_stream(), params)
-                .map_err(err("launch"))
-        }
+        unsafe { cu::launch_kernel(f, grid, block, smem, stream, params).map_err(err("launch")) }
     }
 
     /// Raise kernel `f`'s dynamic shared memory limit to at least `smem` bytes (never lowers it:

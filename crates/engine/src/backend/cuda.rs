@@ -2946,7 +2946,9 @@ impl Backend for CudaBackend {
         let idx = cached_graph(&mut rg.graphs, key, || {
             self.capture_graph(|| replay_all(gdn))
         })?;
-        self.gpu.launch_graph(&rg.graphs[idx].1).map_err(be)
+        // on the side stream: the drafter's stage and next draft (detached scopes in
+        // `CudaDrafter`) run beside it, and the next target operation waits for it
+        self.gpu.launch_graph_forked(&rg.graphs[idx].1).map_err(be)
     }
 
     /// With the round graphs on and at most 8 rows (every tap layer inside the model): one

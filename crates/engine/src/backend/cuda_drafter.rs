@@ -657,7 +657,21 @@ impl CudaDrafter {
         }
     }
 
+    /// [`Self::stage_from_main`] in a detached scope of the GPU: the stage reads the target's taps
+    /// (written before the round's rollback is forked) and the drafter's own buffers, never the
+    /// GDN state a forked rollback replay writes, so it need not wait for that replay.
     fn stage_from(
+        &self,
+        st: &mut CudaDraftState,
+        taps: TapSrc,
+        pos0: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.gpu
+            .detached(|| self.stage_from_main(st, taps, pos0, n))
+    }
+
+    fn stage_from_main(
         &self,
         st: &mut CudaDraftState,
         taps: TapSrc,
@@ -813,7 +827,20 @@ impl CudaDrafter {
             .map(|(ids, l)| (ids, l.expect("logits requested")))
     }
 
+    /// [`Self::run_draft_main`] in a detached scope of the GPU (see [`Self::stage_from`]): the
+    /// draft's synchronization drains the main stream only, not a forked rollback replay.
     fn run_draft(
+        &self,
+        st: &mut CudaDraftState,
+        id_last: u32,
+        start: usize,
+        want_logits: bool,
+    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
+        self.gpu
+            .detached(|| self.run_draft_main(st, id_last, start, want_logits))
+    }
+
+    fn run_draft_main(
         &self,
         st: &mut CudaDraftState,
         id_last: u32,
