@@ -1532,6 +1532,66 @@ fn cuda_spec_round_cost() {
     }
 }
 
+/// DSpark rounds as the engine pipelines them ([`pipelined_dspark_ms`]: round graphs, the draft
+/// graph, the kept rows staged from device memory, nothing drained between draft, verify and
+/// stage), with the rollback replay forked onto the side stream (`Gpu::fork_replay`, the default)
+/// and on one stream, alternating three times in one process; against the greedy graph step.
+/// Stream priorities are fixed per process (`BONSAI_CUDA_SIDE_PRIO=0`: both default), so
+/// `gpu_check.sh --fork-ab` runs it twice. Needs `$BONSAI_SPEC_BENCH_MODEL` and
+/// `$BONSAI_SPEC_BENCH_DRAFTER`; JSON to `$BONSAI_FORK_AB_OUT`.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL and _DRAFTER"]
+fn cuda_dspark_pipelined() {
+    let test = "cuda_dspark_pipelined";
+    let Some(path) = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL") else {
+        return;
+    };
+    let Ok(dpath) = std::env::var("BONSAI_SPEC_BENCH_DRAFTER") else {
+        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_DRAFTER not set (not counted as run)");
+        return;
+    };
+    let t = Target::load(&path);
+    let (cuda, cfg, w) = (&t.cuda, &t.cfg, &t.w);
+    let h = Drafter::load(std::path::Path::new(&dpath), &t.g, cfg).unwrap();
+    let d = Dr::Gpu(Box::new(CudaDrafter::new(cuda.gpu_arc(), h).unwrap()));
+    cuda.set_round_graph(true);
+    cuda.set_verify_taps_on_host(false);
+    d.set_graph(true);
+    d.set_stage_graph(true);
+    let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
+    let step = greedy_step_ms(&t, first);
+    let prio = !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
+    let mut rows = Vec::new();
+    for rep in 0..3 {
+        for fork in [true, false] {
+            cuda.gpu().set_fork_replay(fork);
+            let (ms, acc) = pipelined_dspark_ms(cuda, cfg, w, &t.prompt, t.n_ctx, &d, ROUNDS * 4);
+            println!(
+                "FORKAB {} prio {prio} rep {rep} fork {fork:<5}: {ms:.3} ms per round, step {step:.3} ms, R {:.3}; {acc} of {} drafts accepted",
+                cfg.weight_type.name(),
+                ms / step,
+                ROUNDS * 4 * K
+            );
+            rows.push(format!(
+                "{{\"rep\": {rep}, \"fork\": {fork}, \"round_ms\": {ms:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"accepted\": {acc}, \"drafted\": {}}}",
+                ms / step,
+                ROUNDS * 4 * K
+            ));
+        }
+    }
+    cuda.gpu().set_fork_replay(true);
+    let json = format!(
+        "{{\"model\": \"{path}\", \"drafter\": \"{dpath}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"side_stream_priority_low\": {prio}, \"what\": \"DSpark rounds pipelined as the engine runs them (draft graph, round graphs, device stage, replay rollback), {} rounds after a warm-up, the rollback replay forked onto the side stream or not, alternating in one process\", \"rows\": [{}]}}",
+        cfg.weight_type.name(),
+        cuda.name(),
+        ROUNDS * 4,
+        rows.join(", ")
+    );
+    if let Ok(out) = std::env::var("BONSAI_FORK_AB_OUT") {
+        std::fs::write(out, &json).unwrap();
+    }
+}
+
 /// The what-if's round and the greedy step with the defaults, three times (for A/Bs across
 /// builds: run alternately with another build's binary). Prints `ROUNDPLAIN` lines.
 #[test]

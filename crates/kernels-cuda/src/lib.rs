@@ -2104,8 +2104,20 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(err("cuda context"))?;
         // SAFETY: one stream, synchronized by hand; no CudaSlice is used by this crate.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(err("cuda stream"))?;
-        let side = ctx.new_stream().map_err(err("cuda side stream"))?;
+        // the side stream (a forked rollback replay) at the lowest priority and the main one at
+        // the highest, so that the block scheduler takes the drafter's launches first while both
+        // have work (BONSAI_CUDA_SIDE_PRIO=0: both at the default priority)
+        let (least, greatest) = if std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0") {
+            (0, 0)
+        } else {
+            cu::stream::get_priority_range().unwrap_or((0, 0))
+        };
+        let stream = ctx
+            .new_stream_with_priority(greatest)
+            .map_err(err("cuda stream"))?;
+        let side = ctx
+            .new_stream_with_priority(least)
+            .map_err(err("cuda side stream"))?;
         let arch = ctx
             .compute_capability()
             .map_err(err("compute capability"))?;
