@@ -237,6 +237,12 @@ if [[ $RSPLITAB == 1 ]]; then
   done
 fi
 if [[ $FORKAB == 1 ]]; then
+  # the engine's speculative and drafter checks with the rollback forked (BONSAI_CUDA_FORK=1)
+  for t in cuda_spec cuda_round_graph cuda_drafter; do
+    late "fork $t" && continue
+    echo "[${SECONDS}s] == $t with BONSAI_CUDA_FORK=1 =="
+    BONSAI_CUDA_FORK=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/fork-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+  done
   # DSpark rounds pipelined as the engine runs them, the rollback replay forked onto the side
   # stream or not (alternating in one process), with the side stream at low priority and at the
   # default (one process each)

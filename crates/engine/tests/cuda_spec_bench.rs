@@ -1470,8 +1470,9 @@ fn cuda_spec_round_cost() {
         );
             if ci == 3 {
                 // the engine's pipeline, with the rollback replay forked beside the next stage and
-                // draft (`Gpu::fork_replay`, the default) and on one stream, alternating
+                // draft (`Gpu::fork_replay`) and on one stream, alternating
                 let mut rows = Vec::new();
+                let was = cuda.gpu().fork_replay();
                 for rep in 0..3 {
                     for fork in [true, false] {
                         cuda.gpu().set_fork_replay(fork);
@@ -1489,7 +1490,7 @@ fn cuda_spec_round_cost() {
                     ));
                     }
                 }
-                cuda.gpu().set_fork_replay(true);
+                cuda.gpu().set_fork_replay(was);
                 dspark_pipelined = format!("[{}]", rows.join(", "));
             }
         }
@@ -1534,8 +1535,8 @@ fn cuda_spec_round_cost() {
 
 /// DSpark rounds as the engine pipelines them ([`pipelined_dspark_ms`]: round graphs, the draft
 /// graph, the kept rows staged from device memory, nothing drained between draft, verify and
-/// stage), with the rollback replay forked onto the side stream (`Gpu::fork_replay`, the default)
-/// and on one stream, alternating three times in one process; against the greedy graph step.
+/// stage), with the rollback replay forked onto the side stream (`Gpu::fork_replay`) and on one
+/// stream, alternating three times in one process; against the greedy graph step.
 /// Stream priorities are fixed per process (`BONSAI_CUDA_SIDE_PRIO=0`: both default), so
 /// `gpu_check.sh --fork-ab` runs it twice. Needs `$BONSAI_SPEC_BENCH_MODEL` and
 /// `$BONSAI_SPEC_BENCH_DRAFTER`; JSON to `$BONSAI_FORK_AB_OUT`.
@@ -1562,6 +1563,7 @@ fn cuda_dspark_pipelined() {
     let step = greedy_step_ms(&t, first);
     let prio = !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
     let mut rows = Vec::new();
+    let was = cuda.gpu().fork_replay();
     for rep in 0..3 {
         for fork in [true, false] {
             cuda.gpu().set_fork_replay(fork);
@@ -1579,7 +1581,7 @@ fn cuda_dspark_pipelined() {
             ));
         }
     }
-    cuda.gpu().set_fork_replay(true);
+    cuda.gpu().set_fork_replay(was);
     let json = format!(
         "{{\"model\": \"{path}\", \"drafter\": \"{dpath}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"side_stream_priority_low\": {prio}, \"what\": \"DSpark rounds pipelined as the engine runs them (draft graph, round graphs, device stage, replay rollback), {} rounds after a warm-up, the rollback replay forked onto the side stream or not, alternating in one process\", \"rows\": [{}]}}",
         cfg.weight_type.name(),

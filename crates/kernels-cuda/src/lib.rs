@@ -1759,7 +1759,7 @@ pub struct Gpu {
     /// Open [`Gpu::detached`] scopes: while > 0, `stream`'s operations do not wait for a forked
     /// launch.
     detached: AtomicUsize,
-    /// [`Gpu::fork_replay`] (`BONSAI_CUDA_FORK=0` turns it off).
+    /// [`Gpu::fork_replay`] (`BONSAI_CUDA_FORK=1` turns it on).
     fork: AtomicBool,
     f: Funcs,
     _module: sys::CUmodule,
@@ -2150,7 +2150,7 @@ impl Gpu {
                 .map_err(err("event"))?,
             join_pending: AtomicBool::new(false),
             detached: AtomicUsize::new(0),
-            fork: AtomicBool::new(std::env::var("BONSAI_CUDA_FORK").map_or(true, |v| v != "0")),
+            fork: AtomicBool::new(std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1")),
             f,
             _module: module,
             arch,
@@ -2547,8 +2547,9 @@ impl Gpu {
         f()
     }
 
-    /// Whether [`Self::launch_graph_forked`] uses the side stream (default on;
-    /// `BONSAI_CUDA_FORK=0` off: everything on one stream, as before 2026-12-06).
+    /// Whether [`Self::launch_graph_forked`] uses the side stream (`BONSAI_CUDA_FORK=1`; off by
+    /// default, everything on one stream, until it has run on a GPU: built on 2026-12-06 without
+    /// one).
     pub fn fork_replay(&self) -> bool {
         self.fork.load(Ordering::Relaxed)
     }
