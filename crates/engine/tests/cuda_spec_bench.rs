@@ -1533,6 +1533,17 @@ fn cuda_spec_round_cost() {
     }
 }
 
+/// The 27B target (`$BONSAI_SPEC_BENCH_MODEL`, with a CUDA device) and drafter
+/// (`$BONSAI_SPEC_BENCH_DRAFTER`) paths of a DSpark bench; `None` (and SKIPPED) without them.
+fn model_and_drafter(test: &str) -> Option<(String, String)> {
+    let path = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL")?;
+    let Ok(dpath) = std::env::var("BONSAI_SPEC_BENCH_DRAFTER") else {
+        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_DRAFTER not set (not counted as run)");
+        return None;
+    };
+    Some((path, dpath))
+}
+
 /// DSpark rounds as the engine pipelines them ([`pipelined_dspark_ms`]: round graphs, the draft
 /// graph, the kept rows staged from device memory, nothing drained between draft, verify and
 /// stage), with the rollback replay forked onto the side stream (`Gpu::fork_replay`) and on one
@@ -1543,12 +1554,7 @@ fn cuda_spec_round_cost() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL and _DRAFTER"]
 fn cuda_dspark_pipelined() {
-    let test = "cuda_dspark_pipelined";
-    let Some(path) = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL") else {
-        return;
-    };
-    let Ok(dpath) = std::env::var("BONSAI_SPEC_BENCH_DRAFTER") else {
-        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_DRAFTER not set (not counted as run)");
+    let Some((path, dpath)) = model_and_drafter("cuda_dspark_pipelined") else {
         return;
     };
     let t = Target::load(&path);
@@ -1627,11 +1633,7 @@ const CTX_ROWS: [usize; 4] = [32, 1024, 2048, 4000];
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL and _DRAFTER"]
 fn cuda_dspark_by_context() {
     let test = "cuda_dspark_by_context";
-    let Some(path) = common::cuda_bench_model(test, "BONSAI_SPEC_BENCH_MODEL") else {
-        return;
-    };
-    let Ok(dpath) = std::env::var("BONSAI_SPEC_BENCH_DRAFTER") else {
-        eprintln!("SKIPPED {test}: BONSAI_SPEC_BENCH_DRAFTER not set (not counted as run)");
+    let Some((path, dpath)) = model_and_drafter(test) else {
         return;
     };
     let cuda = CudaBackend::new(0).unwrap();
