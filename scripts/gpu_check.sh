@@ -252,7 +252,7 @@ if [[ $FORKAB == 1 ]]; then
     for prio in 1 0; do
       late "fork A/B $v prio $prio" && continue
       echo "[${SECONDS}s] == fork A/B $v, side stream priority low: $prio =="
-      BONSAI_CUDA_SIDE_PRIO=$prio BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_FORK_AB_OUT="$OUT/fork-ab-$v-prio$prio.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_dspark_pipelined --nocapture 2>&1 | tee "$OUT/fork-ab-$v-prio$prio.log" | grep -E "FORKAB|SKIPPED|panicked|result"
+      BONSAI_CUDA_FORK=1 BONSAI_CUDA_SIDE_PRIO=$prio BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_FORK_AB_OUT="$OUT/fork-ab-$v-prio$prio.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_dspark_pipelined --nocapture 2>&1 | tee "$OUT/fork-ab-$v-prio$prio.log" | grep -E "FORKAB|SKIPPED|panicked|result"
       rc=$((rc|${PIPESTATUS[0]}))
     done
   done

@@ -1548,8 +1548,9 @@ fn model_and_drafter(test: &str) -> Option<(String, String)> {
 /// graph, the kept rows staged from device memory, nothing drained between draft, verify and
 /// stage), with the rollback replay forked onto the side stream (`Gpu::fork_replay`) and on one
 /// stream, alternating three times in one process; against the greedy graph step.
-/// Stream priorities are fixed per process (`BONSAI_CUDA_SIDE_PRIO=0`: both default), so
-/// `gpu_check.sh --fork-ab` runs it twice. Needs `$BONSAI_SPEC_BENCH_MODEL` and
+/// Stream priorities are fixed per process (set at `Gpu::new` when `BONSAI_CUDA_FORK=1`;
+/// `BONSAI_CUDA_SIDE_PRIO=0`: both default), so `gpu_check.sh --fork-ab` runs it twice, with
+/// `BONSAI_CUDA_FORK=1`. Needs `$BONSAI_SPEC_BENCH_MODEL` and
 /// `$BONSAI_SPEC_BENCH_DRAFTER`; JSON to `$BONSAI_FORK_AB_OUT`.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL and _DRAFTER"]
@@ -1567,7 +1568,8 @@ fn cuda_dspark_pipelined() {
     d.set_stage_graph(true);
     let first = Sampler::new(SamplerParams::greedy()).sample(&t.lg0).id;
     let step = greedy_step_ms(&t, first);
-    let prio = !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
+    let prio = std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1")
+        && !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
     let mut rows = Vec::new();
     let was = cuda.gpu().fork_replay();
     for rep in 0..3 {

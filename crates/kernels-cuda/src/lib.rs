@@ -2104,14 +2104,17 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(err("cuda context"))?;
         // SAFETY: one stream, synchronized by hand; no CudaSlice is used by this crate.
         unsafe { ctx.disable_event_tracking() };
-        // the side stream (a forked rollback replay) at the lowest priority and the main one at
-        // the highest, so that the block scheduler takes the drafter's launches first while both
-        // have work (BONSAI_CUDA_SIDE_PRIO=0: both at the default priority)
-        let (least, greatest) = if std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0") {
-            (0, 0)
-        } else {
-            cu::stream::get_priority_range().unwrap_or((0, 0))
-        };
+        // with the forked rollback on (BONSAI_CUDA_FORK=1), the side stream at the lowest
+        // priority and the main one at the highest, so that the block scheduler takes the
+        // drafter's launches first while both have work (BONSAI_CUDA_SIDE_PRIO=0: both at the
+        // default priority, as every stream is without the fork)
+        let fork = std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1");
+        let (least, greatest) =
+            if !fork || std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0") {
+                (0, 0)
+            } else {
+                cu::stream::get_priority_range().unwrap_or((0, 0))
+            };
         let stream = ctx
             .new_stream_with_priority(greatest)
             .map_err(err("cuda stream"))?;
@@ -2150,7 +2153,7 @@ impl Gpu {
                 .map_err(err("event"))?,
             join_pending: AtomicBool::new(false),
             detached: AtomicUsize::new(0),
-            fork: AtomicBool::new(std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1")),
+            fork: AtomicBool::new(fork),
             f,
             _module: module,
             arch,
