@@ -18,7 +18,9 @@ if [[ "${1:-}" == "--stage" ]]; then
   python3 scripts/build_cubins.py --arch 90 || { echo "cubin build failed"; exit 1; }
   # rerun build.rs: its rerun-if-changed paths are absolute, and another worktree building into the
   # same target directory (same crate metadata) leaves its own cubin embedded otherwise — the
-  # binaries then fall back to the device's NVRTC (2026-12-02: 1.5-3 % slower decode that way)
+  # binaries then fall back to the device's NVRTC (2026-12-02: 1.5-3 % slower decode that way).
+  # Both build scripts read CARGO_MANIFEST_DIR when they run (not baked in by env!), so the rerun
+  # reads this checkout's cubins/ and shaders/
   touch crates/kernels-cuda/build.rs
   scripts/stage_test_bins.sh -p bonsai-kernels-cuda -p bonsai-engine \
     --test gpu_kernels --test gpu_gemm --test cuda_forward --test cuda_spec --test cuda_round_graph --test cuda_drafter --test cuda_bench --test cuda_spec_bench \

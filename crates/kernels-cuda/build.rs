@@ -5,7 +5,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cubins");
+    // the manifest directory of this build, read when the script runs: `env!` would bake in the
+    // path of whichever checkout first compiled the script, and cargo reuses a compiled build
+    // script across worktrees that share a target directory
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dir = Path::new(&manifest).join("cubins");
     println!("cargo:rerun-if-changed={}", dir.display());
     println!(
         "cargo:rerun-if-changed={}",

@@ -35,7 +35,11 @@ fn source_hash(dir: &Path) -> String {
 }
 
 fn main() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // read when the script runs, not baked in with `env!`: cargo reuses a compiled build script
+    // across worktrees that share a target directory
+    let root = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
     let src = root.join("shaders");
     let spv = root.join("spv");
     println!("cargo:rerun-if-changed={}", src.display());
