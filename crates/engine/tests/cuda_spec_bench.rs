@@ -88,6 +88,24 @@ impl Dr {
             _ => unreachable!("state of another drafter"),
         }
     }
+    /// Stages the `keep` kept rows of a verify round at `start`: the GPU drafter takes them where
+    /// the verify left them on the device (or from `taps` when the verify copied them out), the
+    /// host drafter from `taps` (`keep` rows of the tap width at the front).
+    fn stage_verified(
+        &self,
+        st: &mut DrState,
+        cuda: &CudaBackend,
+        taps: &[f32],
+        start: usize,
+        keep: usize,
+    ) {
+        match (self, st) {
+            (Dr::Gpu(g), DrState::Gpu(s)) => {
+                g.stage_verified(s, Some(cuda), taps, start, keep).unwrap()
+            }
+            (d, st) => d.stage(st, &taps[..keep * d.tap_width()], start, keep),
+        }
+    }
     /// The GPU drafter's captured draft on or off (the host drafter has none).
     fn set_graph(&self, on: bool) {
         if let Dr::Gpu(d) = self {
@@ -143,14 +161,9 @@ fn timed_dspark_round(
         )
         .unwrap()
     });
-    let keep = out.n_acc + 1;
-    let tw = d.tap_width();
     // the kept rows' taps from the host copy, or where the verify left them on the device
-    let ((), ss) = timed(cuda, || match (d, ds) {
-        (Dr::Gpu(g), DrState::Gpu(s)) => g
-            .stage_verified(s, Some(cuda), &bufs.taps, start, keep)
-            .unwrap(),
-        (d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
+    let ((), ss) = timed(cuda, || {
+        d.stage_verified(ds, cuda, &bufs.taps, start, out.n_acc + 1)
     });
     (out, [sd, sr, ss])
 }
@@ -197,7 +210,6 @@ fn pipelined_dspark_ms(
     s.accept(first.id);
     let mut id_last = first.id;
     let mut bufs = RoundBufs::new(cuda, cfg, K + 1).unwrap();
-    let tw = d.tap_width();
     let mut acc = 0;
     let mut t0 = Instant::now();
     for r in 0..=rounds {
@@ -220,13 +232,7 @@ fn pipelined_dspark_ms(
             Rollback::Replay,
         )
         .unwrap();
-        let keep = out.n_acc + 1;
-        match (d, &mut ds) {
-            (Dr::Gpu(g), DrState::Gpu(gs)) => g
-                .stage_verified(gs, Some(cuda), &bufs.taps, start, keep)
-                .unwrap(),
-            (d, ds) => d.stage(ds, &bufs.taps[..keep * tw], start, keep),
-        }
+        d.stage_verified(&mut ds, cuda, &bufs.taps, start, out.n_acc + 1);
         id_last = out.tokens.last().unwrap().id;
         if r > 0 {
             acc += out.n_acc;
@@ -234,6 +240,42 @@ fn pipelined_dspark_ms(
     }
     cuda.gpu().sync().unwrap();
     (1e3 * t0.elapsed().as_secs_f64() / rounds as f64, acc)
+}
+
+/// One pipelined-round row of a fork A/B: the repetition, whether the rollback replay was forked,
+/// ms per round and the drafts accepted.
+struct ForkRow {
+    rep: usize,
+    fork: bool,
+    ms: f64,
+    acc: usize,
+}
+
+/// Rounds of [`pipelined_dspark_ms`] (`rounds` each) with the rollback replay forked onto the side
+/// stream (`Gpu::fork_replay`) and on one stream, alternating `reps` times in this process; the
+/// forked setting is restored after.
+#[allow(clippy::too_many_arguments)]
+fn fork_ab_rows(
+    cuda: &CudaBackend,
+    cfg: &TargetConfig,
+    w: &Weights<CudaBackend>,
+    prompt: &[u32],
+    n_ctx: usize,
+    d: &Dr,
+    rounds: usize,
+    reps: usize,
+) -> Vec<ForkRow> {
+    let was = cuda.gpu().fork_replay();
+    let mut rows = Vec::new();
+    for rep in 0..reps {
+        for fork in [true, false] {
+            cuda.gpu().set_fork_replay(fork);
+            let (ms, acc) = pipelined_dspark_ms(cuda, cfg, w, prompt, n_ctx, d, rounds);
+            rows.push(ForkRow { rep, fork, ms, acc });
+        }
+    }
+    cuda.gpu().set_fork_replay(was);
+    rows
 }
 
 /// The target model of a round bench: loaded, and a 32-token prompt of ids below `text` run
@@ -1471,26 +1513,21 @@ fn cuda_spec_round_cost() {
             if ci == 3 {
                 // the engine's pipeline, with the rollback replay forked beside the next stage and
                 // draft (`Gpu::fork_replay`) and on one stream, alternating
-                let mut rows = Vec::new();
-                let was = cuda.gpu().fork_replay();
-                for rep in 0..3 {
-                    for fork in [true, false] {
-                        cuda.gpu().set_fork_replay(fork);
-                        let (ms, acc) =
-                            pipelined_dspark_ms(&cuda, &cfg, &w, &prompt, n_ctx, d, ROUNDS * 4);
-                        println!(
-                        "BENCH dspark pipelined rep {rep} fork {fork:<5}: {ms:.3} ms per round, R = {:.2} vs the greedy graph step; {acc} of {} drafts accepted",
-                        ms / plain_ms,
-                        ROUNDS * 4 * K
-                    );
-                        rows.push(format!(
-                        "{{\"fork\": {fork}, \"round_ms\": {ms:.3}, \"R_vs_graph_step\": {:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
-                        ms / plain_ms,
-                        ROUNDS * 4 * K
-                    ));
-                    }
-                }
-                cuda.gpu().set_fork_replay(was);
+                let rows: Vec<String> =
+                    fork_ab_rows(&cuda, &cfg, &w, &prompt, n_ctx, d, ROUNDS * 4, 3)
+                        .iter()
+                        .map(|&ForkRow { rep, fork, ms, acc }| {
+                            let r_step = ms / plain_ms;
+                            println!(
+                                "BENCH dspark pipelined rep {rep} fork {fork:<5}: {ms:.3} ms per round, R = {r_step:.2} vs the greedy graph step; {acc} of {} drafts accepted",
+                                ROUNDS * 4 * K
+                            );
+                            format!(
+                                "{{\"fork\": {fork}, \"round_ms\": {ms:.3}, \"R_vs_graph_step\": {r_step:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
+                                ROUNDS * 4 * K
+                            )
+                        })
+                        .collect();
                 dspark_pipelined = format!("[{}]", rows.join(", "));
             }
         }
@@ -1570,26 +1607,22 @@ fn cuda_dspark_pipelined() {
     let step = greedy_step_ms(&t, first);
     let prio = std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1")
         && !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
-    let mut rows = Vec::new();
-    let was = cuda.gpu().fork_replay();
-    for rep in 0..3 {
-        for fork in [true, false] {
-            cuda.gpu().set_fork_replay(fork);
-            let (ms, acc) = pipelined_dspark_ms(cuda, cfg, w, &t.prompt, t.n_ctx, &d, ROUNDS * 4);
+    let rows: Vec<String> = fork_ab_rows(cuda, cfg, w, &t.prompt, t.n_ctx, &d, ROUNDS * 4, 3)
+        .iter()
+        .map(|&ForkRow { rep, fork, ms, acc }| {
             println!(
                 "FORKAB {} prio {prio} rep {rep} fork {fork:<5}: {ms:.3} ms per round, step {step:.3} ms, R {:.3}; {acc} of {} drafts accepted",
                 cfg.weight_type.name(),
                 ms / step,
                 ROUNDS * 4 * K
             );
-            rows.push(format!(
+            format!(
                 "{{\"rep\": {rep}, \"fork\": {fork}, \"round_ms\": {ms:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"accepted\": {acc}, \"drafted\": {}}}",
                 ms / step,
                 ROUNDS * 4 * K
-            ));
-        }
-    }
-    cuda.gpu().set_fork_replay(was);
+            )
+        })
+        .collect();
     let json = format!(
         "{{\"model\": \"{path}\", \"drafter\": \"{dpath}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"side_stream_priority_low\": {prio}, \"what\": \"DSpark rounds pipelined as the engine runs them (draft graph, round graphs, device stage, replay rollback), {} rounds after a warm-up, the rollback replay forked onto the side stream or not, alternating in one process\", \"rows\": [{}]}}",
         cfg.weight_type.name(),
