@@ -463,8 +463,8 @@ def staged_section() -> list[str]:
 
 
 def mma_section() -> list[str]:
-    """The tensor-core mat-vec family (BONSAI_CUDA_MV_MMA=1) against dp4a: per-launch sweep times
-    at n = 1 (decode) and n = 5 (a verify of 4 drafts), the decode graph A/B, and R."""
+    """The tensor-core mat-vec family (was BONSAI_CUDA_MV_MMA=1; removed 2026-12-06) against dp4a:
+    per-launch sweep times at n = 1 (decode) and n = 5 (a verify of 4 drafts), the decode graph A/B, and R."""
     out = []
     rows = []
     for v in ("q1", "q2"):
@@ -483,7 +483,8 @@ def mma_section() -> list[str]:
     if rows:
         out += [
             "",
-            "Tensor-core mat-vec family (`BONSAI_CUDA_MV_MMA=1`, off by default): µs per launch at the 27B "
+            "Tensor-core mat-vec family (was `BONSAI_CUDA_MV_MMA=1`, off; removed on 2026-12-06, 946a672 is "
+            "the last tree with it): µs per launch at the 27B "
             "shapes; n = 1 runs `mvx` (dp4a in the tensor-core float order, so verify rows equal decode "
             "rows bit for bit), n = 5 the `mvm` tensor-core kernel (`cuda-mv-sweep-*.json`).",
             "",
@@ -568,8 +569,8 @@ def pipe_section() -> list[str]:
 
 
 def o8_section() -> list[str]:
-    """The o8 family (BONSAI_CUDA_MV_O8=1: one float order for a one-row dp4a kernel and an n-row
-    tensor-core kernel) against the default dp4a kernels, per launch."""
+    """The o8 family (was BONSAI_CUDA_MV_O8=1, removed 2026-12-06: one float order for a one-row
+    dp4a kernel and an n-row tensor-core kernel) against the default dp4a kernels, per launch."""
     rows = sweep_rows(
         "o8_vs_dp4a",
         lambda m: (
@@ -581,7 +582,8 @@ def o8_section() -> list[str]:
         return []
     out = [
         "",
-        "o8 family (`BONSAI_CUDA_MV_O8=1`, off: slower at both n): µs per launch, one-row `mvo` with its "
+        "o8 family (was `BONSAI_CUDA_MV_O8=1`, off: slower at both n; removed on 2026-12-06): µs per launch, "
+        "one-row `mvo` with its "
         "best rows per lane group against dp4a, and the n = 5 tensor-core `mvt` against dp4a.",
         "",
         "| weights | matrices | n=1 dp4a | n=1 mvo | n=5 dp4a | n=5 mvt |",
@@ -716,7 +718,7 @@ def blk_section() -> list[str]:
 
 
 def subscale_section() -> list[str]:
-    """The integer sub-scale kernels (not used by the engine yet) against the per-32 mat-vecs."""
+    """The integer sub-scale kernels (never used by the engine; removed 2026-12-06) against the per-32 mat-vecs."""
     d = load("cuda-subscale-27b.json")
     if not d:
         return []
@@ -728,7 +730,8 @@ def subscale_section() -> list[str]:
     kept = next(v for v in d["variants"] if v["kept"])
     out = [
         "",
-        f"The integer sub-scale mat-vecs ({kept['commit']}; not used by the engine yet) against the "
+        f"The integer sub-scale mat-vecs ({kept['commit']}; never used by the engine, removed on 2026-12-06) "
+        "against the "
         "per-32 ones, µs per launch past the L2, best K split (`cuda-subscale-27b.json`, "
         "`gpu_kernels::mv_sub_timing`):",
         "",
