@@ -251,26 +251,20 @@ struct ForkRow {
     acc: usize,
 }
 
-/// Rounds of [`pipelined_dspark_ms`] (`rounds` each) with the rollback replay forked onto the side
-/// stream (`Gpu::fork_replay`) and on one stream, alternating `reps` times in this process; the
-/// forked setting is restored after.
-#[allow(clippy::too_many_arguments)]
+/// `run` (a [`pipelined_dspark_ms`] measurement: ms per round, drafts accepted) with the rollback
+/// replay forked onto the side stream (`Gpu::fork_replay`) and on one stream, alternating `reps`
+/// times in this process; the forked setting is restored after.
 fn fork_ab_rows(
     cuda: &CudaBackend,
-    cfg: &TargetConfig,
-    w: &Weights<CudaBackend>,
-    prompt: &[u32],
-    n_ctx: usize,
-    d: &Dr,
-    rounds: usize,
     reps: usize,
+    mut run: impl FnMut() -> (f64, usize),
 ) -> Vec<ForkRow> {
     let was = cuda.gpu().fork_replay();
     let mut rows = Vec::new();
     for rep in 0..reps {
         for fork in [true, false] {
             cuda.gpu().set_fork_replay(fork);
-            let (ms, acc) = pipelined_dspark_ms(cuda, cfg, w, prompt, n_ctx, d, rounds);
+            let (ms, acc) = run();
             rows.push(ForkRow { rep, fork, ms, acc });
         }
     }
@@ -1513,21 +1507,23 @@ fn cuda_spec_round_cost() {
             if ci == 3 {
                 // the engine's pipeline, with the rollback replay forked beside the next stage and
                 // draft (`Gpu::fork_replay`) and on one stream, alternating
-                let rows: Vec<String> =
-                    fork_ab_rows(&cuda, &cfg, &w, &prompt, n_ctx, d, ROUNDS * 4, 3)
-                        .iter()
-                        .map(|&ForkRow { rep, fork, ms, acc }| {
-                            let r_step = ms / plain_ms;
-                            println!(
-                                "BENCH dspark pipelined rep {rep} fork {fork:<5}: {ms:.3} ms per round, R = {r_step:.2} vs the greedy graph step; {acc} of {} drafts accepted",
-                                ROUNDS * 4 * K
-                            );
-                            format!(
-                                "{{\"fork\": {fork}, \"round_ms\": {ms:.3}, \"R_vs_graph_step\": {r_step:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
-                                ROUNDS * 4 * K
-                            )
-                        })
-                        .collect();
+                let ab = fork_ab_rows(&cuda, 3, || {
+                    pipelined_dspark_ms(&cuda, &cfg, &w, &prompt, n_ctx, d, ROUNDS * 4)
+                });
+                let rows: Vec<String> = ab
+                    .iter()
+                    .map(|&ForkRow { rep, fork, ms, acc }| {
+                        let r_step = ms / plain_ms;
+                        println!(
+                            "BENCH dspark pipelined rep {rep} fork {fork:<5}: {ms:.3} ms per round, R = {r_step:.2} vs the greedy graph step; {acc} of {} drafts accepted",
+                            ROUNDS * 4 * K
+                        );
+                        format!(
+                            "{{\"fork\": {fork}, \"round_ms\": {ms:.3}, \"R_vs_graph_step\": {r_step:.3}, \"accepted\": {acc}, \"drafted\": {}}}",
+                            ROUNDS * 4 * K
+                        )
+                    })
+                    .collect();
                 dspark_pipelined = format!("[{}]", rows.join(", "));
             }
         }
@@ -1607,7 +1603,10 @@ fn cuda_dspark_pipelined() {
     let step = greedy_step_ms(&t, first);
     let prio = std::env::var("BONSAI_CUDA_FORK").is_ok_and(|v| v == "1")
         && !std::env::var("BONSAI_CUDA_SIDE_PRIO").is_ok_and(|v| v == "0");
-    let rows: Vec<String> = fork_ab_rows(cuda, cfg, w, &t.prompt, t.n_ctx, &d, ROUNDS * 4, 3)
+    let ab = fork_ab_rows(cuda, 3, || {
+        pipelined_dspark_ms(cuda, cfg, w, &t.prompt, t.n_ctx, &d, ROUNDS * 4)
+    });
+    let rows: Vec<String> = ab
         .iter()
         .map(|&ForkRow { rep, fork, ms, acc }| {
             println!(
