@@ -926,30 +926,21 @@ fn cuda_b1p_round_ab() {
     let other = non_matvec(&names);
     let on0 = gpu.b1p();
     let mut rows = Vec::new();
-    // (b1p, b2p_unr3): the latter only where the model has two-plane layouts
-    let two_planes = gpu.b2p() && ["Q2_0(g128)", "PQ2_0"].contains(&cfg.weight_type.name());
-    let modes: &[(bool, bool)] = if two_planes {
-        &[(true, false), (true, true), (false, false)]
-    } else {
-        &[(true, false), (false, false)]
-    };
     for rep in 0..3 {
-        for &(on, unr3) in modes {
+        for on in [true, false] {
             gpu.set_b1p(on);
-            gpu.set_b2p_unr3(unr3);
             let (round, step, mv_round, mv_step) = with_matvecs_alone(&t, first, &other);
             println!(
-                "B1PAB rep {rep} b1p {on:<5} b2p_unr3 {unr3:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
+                "B1PAB rep {rep} b1p {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}; mat-vecs alone: round {mv_round:.3} ms, step {mv_step:.3} ms",
                 round / step
             );
             rows.push(format!(
-                "{{\"b1p\": {on}, \"b2p_unr3\": {unr3}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
+                "{{\"b1p\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}, \"matvec_round_ms\": {mv_round:.4}, \"matvec_step_ms\": {mv_step:.4}}}",
                 round / step
             ));
         }
     }
     gpu.set_b1p(on0);
-    gpu.set_b2p_unr3(false);
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"b2p_layouts\": {}, \"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"rows\": [{}]}}",
         cfg.weight_type.name(),

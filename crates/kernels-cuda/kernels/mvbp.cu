@@ -359,12 +359,6 @@ MVBP_X_ENTRY(mvbp_q2_n1x_k2, 2, 2, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k4, 4, 1, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k8, 8, 1, MVBP_X_UNR_Q2, 2)
 MVBP_X_ENTRY(mvbp_q2_n1x_k16, 16, 1, MVBP_X_UNR_Q2, 2)
-// `_n1y`: 3 pairs per stage instead of 2 (`Gpu::b2p_unr3`, a benchmark knob; the same bits).
-MVBP_X_ENTRY(mvbp_q2_n1y_k1, 1, 4, 3, 2)
-MVBP_X_ENTRY(mvbp_q2_n1y_k2, 2, 2, 3, 2)
-MVBP_X_ENTRY(mvbp_q2_n1y_k4, 4, 1, 3, 2)
-MVBP_X_ENTRY(mvbp_q2_n1y_k8, 8, 1, 3, 2)
-MVBP_X_ENTRY(mvbp_q2_n1y_k16, 16, 1, 3, 2)
 MVBP_ENTRY(mvbp_q2_n5_k1, 5, 1, 4, 1, 1, 2)
 MVBP_ENTRY(mvbp_q2_n5_k2, 5, 2, 2, 1, 1, 2)
 MVBP_ENTRY(mvbp_q2_n5_k4, 5, 4, 1, 1, 1, 2)
@@ -387,7 +381,6 @@ MVBP_SWI_ENTRY(mvbp_q1_n1_k1_swi, 2, false, 1)
 MVBP_SWI_ENTRY(mvbp_q1_n1x_k1_swi, MVBP_X_UNR, true, 1)
 MVBP_SWI_ENTRY(mvbp_q2_n1_k1_swi, 1, false, 2)
 MVBP_SWI_ENTRY(mvbp_q2_n1x_k1_swi, MVBP_X_UNR_Q2, true, 2)
-MVBP_SWI_ENTRY(mvbp_q2_n1y_k1_swi, 3, true, 2)
 // The XS launch writing the SwiGLU as b1-plane activations (xp, xu, xs, xv: P16Out's layout, one
 // row): the input of the b1-plane ffn_down. A cluster of 4 blocks per 128 outputs.
 #define MVBP_SWP_ENTRY(NAME, UNR, PL)                                                                      \

@@ -1597,12 +1597,6 @@ kernels!(
         mvbp_q2_n1x_k16,
         mvbp_q2_n1x_k1_swi,
         mvbp_q2_n1x_k1_swi_p16,
-        mvbp_q2_n1y_k1,
-        mvbp_q2_n1y_k2,
-        mvbp_q2_n1y_k4,
-        mvbp_q2_n1y_k8,
-        mvbp_q2_n1y_k16,
-        mvbp_q2_n1y_k1_swi,
         mvbq_q2_r1_k1,
         mvbq_q2_r1_k2,
         mvbq_q2_r1_k4,
@@ -1837,8 +1831,6 @@ pub struct Gpu {
     b1p_out: AtomicBool,
     /// [`Gpu::b2p`] (`BONSAI_CUDA_B2P=0` turns it off).
     b2p: AtomicBool,
-    /// [`Gpu::b2p_unr3`] (`BONSAI_CUDA_B2P_UNR3=1` turns it on).
-    b2p_unr3: AtomicBool,
     /// [`Gpu::q41_r4`] (`BONSAI_CUDA_Q41_R4=1` turns it on).
     q41_r4: AtomicBool,
     /// [`Gpu::mv_rsplit`]: 0 off, 1 on for every kind, 2 per kind (`BONSAI_CUDA_MV_RSPLIT=0|1`;
@@ -2214,9 +2206,6 @@ impl Gpu {
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             b2p: AtomicBool::new(std::env::var("BONSAI_CUDA_B2P").map_or(true, |v| v != "0")),
-            b2p_unr3: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_B2P_UNR3").is_ok_and(|v| v == "1"),
-            ),
             q41_r4: AtomicBool::new(std::env::var("BONSAI_CUDA_Q41_R4").is_ok_and(|v| v == "1")),
             mv_rsplit: AtomicU8::new(match std::env::var("BONSAI_CUDA_MV_RSPLIT").as_deref() {
                 Ok("0") => 0,
@@ -3156,7 +3145,6 @@ impl Gpu {
                 | (self.b1q() as u64) << 4
                 | (self.b1p_out() as u64) << 5
                 | (self.gdn_norm_batch() as u64) << 6
-                | (self.b2p_unr3() as u64) << 20
                 | (self.q41_r4() as u64) << 21
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
                 | (self.norm_p16_only() as u64) << 23
@@ -3492,7 +3480,6 @@ impl Gpu {
         let f = match (planes, xs_smem > 0) {
             (1, true) => self.f.mvbp_q1_n1x_k1_swi,
             (1, false) => self.f.mvbp_q1_n1_k1_swi,
-            (_, true) if self.b2p_unr3() => self.f.mvbp_q2_n1y_k1_swi,
             (_, true) => self.f.mvbp_q2_n1x_k1_swi,
             (_, false) => self.f.mvbp_q2_n1_k1_swi,
         };
@@ -3678,18 +3665,6 @@ impl Gpu {
         self.b2p.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the one-row two-plane (Q2_0) b1-plane launches that hold their activation row in
-    /// shared memory keep 3 weight pairs per stage in flight instead of 2 (`mvbp_q2_n1y_*`; a
-    /// benchmark knob, off by default, `BONSAI_CUDA_B2P_UNR3=1` on). The same bits either way.
-    pub fn b2p_unr3(&self) -> bool {
-        self.b2p_unr3.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::b2p_unr3`] (capture graphs after setting it).
-    pub fn set_b2p_unr3(&self, on: bool) {
-        self.b2p_unr3.store(on, Ordering::Relaxed);
-    }
-
     /// Whether the dp4a verify launches of `kind` with 4 or 5 rows that would take the 5-row
     /// kernels split their activation rows over 2 blocks of 3 (`mv_*_n3r4s` / `mv_*_n3r8s`: twice
     /// the warps, each with registers for 3 rows). Every row keeps the one-row launch's operations,
@@ -3770,15 +3745,7 @@ impl Gpu {
         check_planes("mv_b1p", planes)?;
         let f = &self.f;
         let t = if planes == 2 {
-            if n == 1 && shared && self.b2p_unr3() {
-                [
-                    f.mvbp_q2_n1y_k1,
-                    f.mvbp_q2_n1y_k2,
-                    f.mvbp_q2_n1y_k4,
-                    f.mvbp_q2_n1y_k8,
-                    f.mvbp_q2_n1y_k16,
-                ]
-            } else if n == 1 && shared {
+            if n == 1 && shared {
                 [
                     f.mvbp_q2_n1x_k1,
                     f.mvbp_q2_n1x_k2,

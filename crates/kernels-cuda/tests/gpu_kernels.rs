@@ -4119,10 +4119,6 @@ fn mv_b1p_equals_f64_and_one_row() {
                 &|on| g.set_b1p_xs(xs0 != on),
                 &format!("b1p_xs {} against {xs0}", !xs0),
             );
-            if planes == 2 {
-                // Q2_0's shared-memory kernels with 3 weight pairs per stage
-                same_bits_with(&|on| g.set_b2p_unr3(on), "b2p_unr3");
-            }
             if t == 0 {
                 let y0 = rng.vec(rows, 3.0);
                 let ya = g.upload(&y0).unwrap();
@@ -4422,19 +4418,6 @@ fn mv_swiglu_b1p_equals_matvec_then_swiglu() {
             down::<i32>(g, xsum, n_out / 32),
             down::<i32>(g, &rs, n_out / 32)
         );
-        if planes == 2 {
-            // 3 weight pairs per stage (`b2p_unr3`): the same bits
-            g.set_b2p_unr3(true);
-            let (launched, u3) = launch_fused();
-            g.set_b2p_unr3(false);
-            assert!(launched);
-            assert_eq!(
-                down::<u32>(g, &u3.0, n_out),
-                down::<u32>(g, &rf, n_out),
-                "[{n_in} x {n_out}] b2p_unr3: f32"
-            );
-            assert_eq!(down::<i8>(g, &u3.1, n_out), down::<i8>(g, &rq, n_out));
-        }
         // the SwiGLU as b1-plane activations (a cluster of 4 blocks per 128 outputs) ==
         // swiglu_quant_p16 of the same gate‖up rows
         let (pf, _, _, _) = swi_outs(g, n_out);
