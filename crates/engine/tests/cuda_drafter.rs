@@ -154,7 +154,7 @@ fn f16_at(b: &[u8], i: usize) -> f64 {
 /// Which Q4_1 kernel a case runs.
 #[derive(Clone, Copy, PartialEq)]
 enum Q41Kernel {
-    /// `mv_q41` (`retile_q41`); 4 weight rows per warp with `Gpu::set_q41_r4`.
+    /// `mv_q41` (`retile_q41`).
     Dp4a,
     /// `mvt_q41` (`retile_q41t`), also checked bit for bit against its host twin.
     Tc,
@@ -227,7 +227,7 @@ fn q41_case(gpu: &Gpu, kernel: Q41Kernel, n_in: usize, n_out: usize, n: usize, s
     launch_q41(gpu, kernel, &[seg], act, n_in, n);
     let mut got = vec![0f32; n * n_out];
     gpu.dtoh(&y, 0, &mut got).unwrap();
-    if kernel == Q41Kernel::Dp4a && n <= 4 && !gpu.q41_r4() {
+    if kernel == Q41Kernel::Dp4a && n <= 4 {
         // the draft-block kernel and its rows-first form (`mv_q41_n4` / `mv_q41_n4f`): the same
         // bits
         let rf = gpu.mv_rows_first();
@@ -394,15 +394,10 @@ fn cuda_q41_mv_vs_reference() {
         return;
     };
     let gpu = b.gpu();
-    let r4 = gpu.q41_r4();
-    // both dp4a kernels: 2 rows per warp (`mv_q41`) and 4 (`mv_q41_r4`)
-    for on in [false, true] {
-        gpu.set_q41_r4(on);
-        for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {
-            q41_case(gpu, Q41Kernel::Dp4a, n_in, n_out, n, 1000 + i as u64);
-        }
+    // the dp4a kernels (`mv_q41`, and `mv_q41_n4` for n ≤ 4)
+    for (i, &(n_in, n_out, n)) in Q41_CASES.iter().enumerate() {
+        q41_case(gpu, Q41Kernel::Dp4a, n_in, n_out, n, 1000 + i as u64);
     }
-    gpu.set_q41_r4(r4);
     // the draft-block kernel's rows-first form (`Gpu::mv_rows_first`: `mv_q41_n4f` for n ≤ 4)
     let rf = gpu.mv_rows_first();
     gpu.set_mv_rows_first(true);

@@ -149,8 +149,8 @@ extern "C" __global__ void gdn_replay_layers(const __grid_constant__ ReplayTab t
 // grid ceil(Σ ceil(n_out_s / R) / 4), block 128 (4 warps): warp = R consecutive rows of one segment,
 // lane l takes blocks l, l + 32, ... in increasing order, then a fixed xor-tree: row t's result does
 // not depend on n. Byte i of code word w holds element 4w + i (low nibble) and 16 + 4w + i (high).
-// Q41_R rows per warp (the template parameter): `mv_q41` 2, `mv_q41_r4` 4 (each activation load
-// from L1 feeds twice the rows; the same float operations per row). NT: activation rows the
+// Q41_R rows per warp (the template parameter): 2 in every entry (4 measured no faster; removed
+// on 2026-12-07). NT: activation rows the
 // registers are sized for, MAXN or 4 (`mv_q41_n4`, n <= 4: a draft block; fewer registers, more
 // warps per SM, the same float operations per row). RF (`mv_q41_n4f`, opt-in with
 // `Gpu::mv_rows_first`, built, not yet run on a GPU): the activation rows loaded first (rows past n
@@ -293,7 +293,6 @@ __device__ __forceinline__ void mv_q41_rows(const uint4* c0, const u32* dm0, flo
         mv_q41_rows<R, NT, RF>(c0, dm0, y0, n0, c1, dm1, y1, n1, c2, dm2, y2, n2, q, da, sa, n_in, n, accumulate); \
     }
 MV_Q41_ENTRY(mv_q41, 2, MAXN)
-MV_Q41_ENTRY(mv_q41_r4, 4, MAXN)
 MV_Q41_ENTRY(mv_q41_n4, 2, 4)
 MV_Q41_ENTRY_RF(mv_q41_n4f, 2, 4, true)
 

@@ -1384,7 +1384,6 @@ kernels!(
         gdn_replay,
         gdn_replay_layers,
         mv_q41,
-        mv_q41_r4,
         mv_q41_n4,
         mv_q41_n4f,
         mvt_q41,
@@ -1831,8 +1830,6 @@ pub struct Gpu {
     b1p_out: AtomicBool,
     /// [`Gpu::b2p`] (`BONSAI_CUDA_B2P=0` turns it off).
     b2p: AtomicBool,
-    /// [`Gpu::q41_r4`] (`BONSAI_CUDA_Q41_R4=1` turns it on).
-    q41_r4: AtomicBool,
     /// [`Gpu::mv_rsplit`]: 0 off, 1 on for every kind, 2 per kind (`BONSAI_CUDA_MV_RSPLIT=0|1`;
     /// unset: 2).
     mv_rsplit: AtomicU8,
@@ -2206,7 +2203,6 @@ impl Gpu {
             ),
             b1p_out: AtomicBool::new(std::env::var("BONSAI_CUDA_B1P_OUT").is_ok_and(|v| v == "1")),
             b2p: AtomicBool::new(std::env::var("BONSAI_CUDA_B2P").map_or(true, |v| v != "0")),
-            q41_r4: AtomicBool::new(std::env::var("BONSAI_CUDA_Q41_R4").is_ok_and(|v| v == "1")),
             mv_rsplit: AtomicU8::new(match std::env::var("BONSAI_CUDA_MV_RSPLIT").as_deref() {
                 Ok("0") => 0,
                 Ok("1") => 1,
@@ -2766,7 +2762,6 @@ impl Gpu {
             k.gdn_replay,
             k.gdn_replay_layers,
             k.mv_q41,
-            k.mv_q41_r4,
             k.mv_q41_n4,
             k.mv_q41_n4f,
             k.mvt_q41,
@@ -3145,7 +3140,6 @@ impl Gpu {
                 | (self.b1q() as u64) << 4
                 | (self.b1p_out() as u64) << 5
                 | (self.gdn_norm_batch() as u64) << 6
-                | (self.q41_r4() as u64) << 21
                 | (self.mv_rsplit.load(Ordering::Relaxed) as u64) << 22
                 | (self.norm_p16_only() as u64) << 23
                 | (self.norm_b1q_only() as u64) << 24
@@ -3720,17 +3714,6 @@ impl Gpu {
     /// Set [`Self::b1q_ahead`] (capture graphs after setting it).
     pub fn set_b1q_ahead(&self, on: bool) {
         self.b1q_ahead.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the drafter's Q4_1 mat-vec takes 4 weight rows per warp (`mv_q41_r4`) instead of 2
-    /// (`mv_q41`; `BONSAI_CUDA_Q41_R4=1` on). The same float operations per row either way.
-    pub fn q41_r4(&self) -> bool {
-        self.q41_r4.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::q41_r4`] (capture graphs after setting it).
-    pub fn set_q41_r4(&self, on: bool) {
-        self.q41_r4.store(on, Ordering::Relaxed);
     }
 
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K

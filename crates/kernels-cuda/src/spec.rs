@@ -411,8 +411,8 @@ impl Gpu {
     /// same `n_in` that share the int8 activations `q [n, n_in]`, `d`/`s [n, n_in/32]`
     /// (`n <= MAX_ROWS`): segment `i` writes (or adds to) `y_i [n, n_out_i]`. `MvSeg::scales` is the
     /// `(d, m)` plane. Row t of the result does not depend on n: `mv_q41_n4` (n ≤ 4; its rows-first
-    /// form `mv_q41_n4f` with [`Gpu::mv_rows_first`]), `mv_q41` and `mv_q41_r4` ([`Gpu::q41_r4`])
-    /// do the same float operations per row.
+    /// form `mv_q41_n4f` with [`Gpu::mv_rows_first`]) and `mv_q41` do the same float operations
+    /// per row.
     #[allow(clippy::too_many_arguments)]
     pub fn mv_q41(
         &self,
@@ -425,16 +425,14 @@ impl Gpu {
         accumulate: bool,
     ) -> Result<()> {
         // up to 4 rows (a draft block) in the kernel whose registers hold 4 rows
-        let (f, rpw) = if self.q41_r4() {
-            (self.f.mv_q41_r4, 4)
-        } else if n <= 4 && self.mv_rows_first() {
-            (self.f.mv_q41_n4f, 2)
+        let f = if n <= 4 && self.mv_rows_first() {
+            self.f.mv_q41_n4f
         } else if n <= 4 {
-            (self.f.mv_q41_n4, 2)
+            self.f.mv_q41_n4
         } else {
-            (self.f.mv_q41, 2)
+            self.f.mv_q41
         };
-        let Some((args, groups)) = q41_args("mv_q41", segs, (q, d, s), n_in, n, accumulate, rpw)?
+        let Some((args, groups)) = q41_args("mv_q41", segs, (q, d, s), n_in, n, accumulate, 2)?
         else {
             return Ok(());
         };

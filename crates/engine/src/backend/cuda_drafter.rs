@@ -409,7 +409,6 @@ impl CudaDrafter {
             self.mask_rows.ptr(),
             w,
             self.gpu.pdl() as u64
-                | (self.gpu.q41_r4() as u64) << 1
                 | (self.gpu.spec_pdl() as u64) << 2
                 | (self.fused() as u64) << 3
                 | (self.attn_per_kv_head() as u64) << 4
