@@ -307,7 +307,7 @@ fn mvp_default_on(kind: WKind, rows: usize) -> bool {
     kind == WKind::Q2 && mvp_mid_rows(rows)
 }
 
-/// The mid-sized one-row launches of [`mvp_default_on`] (and [`Gpu::mvp_mid_all`]).
+/// The mid-sized one-row launches of [`mvp_default_on`].
 fn mvp_mid_rows(rows: usize) -> bool {
     (8_192..32_768).contains(&rows)
 }
@@ -1770,10 +1770,6 @@ pub struct Gpu {
     mv_override: Mutex<Option<MvPlan>>,
     /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
     mv_pipe: AtomicBool,
-    /// The mid-sized one-row launches of every kind take the pipelined kernels where they are not
-    /// staged, not only Q2's ([`Gpu::set_mvp_mid_all`], `BONSAI_CUDA_MVP_MID_ALL=1`; off;
-    /// benchmarks compare).
-    mvp_mid_all: AtomicBool,
     /// [`MvStaged::Auto`] stages Q1_0's long launches too ([`Gpu::set_mvs_q1`],
     /// `BONSAI_CUDA_MVS_Q1=1`; off; benchmarks compare).
     mvs_q1: AtomicBool,
@@ -2157,7 +2153,6 @@ impl Gpu {
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
             mv_pipe: AtomicBool::new(mv_pipe_env()),
-            mvp_mid_all: AtomicBool::new(env_on("BONSAI_CUDA_MVP_MID_ALL")),
             mvs_q1: AtomicBool::new(env_on("BONSAI_CUDA_MVS_Q1")),
             mv_rn: AtomicUsize::new(mv_rn_env()),
             mv_n5: AtomicU8::new(mv_n5_env()),
@@ -3105,7 +3100,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 16] {
+    pub fn launch_mode_key(&self) -> [u64; 15] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -3132,7 +3127,6 @@ impl Gpu {
                 | (self.attn_gy(2) as u64) << 18
                 | (self.attn_hpb(1) as u64) << 34
                 | (self.attn_hpb(2) as u64) << 38,
-            self.mvp_mid_all() as u64,
             self.mvs_q1() as u64
                 | (self.b1p() as u64) << 1
                 | (self.b1p_timing() as u64) << 2
@@ -3889,10 +3883,6 @@ impl Gpu {
         }
         let mut p = mv_default_plan(kind, n, rows, n_in);
         (p.rn, p.n5) = self.mv_verify(kind);
-        if n == 1 && !p.pipe && self.mvp_mid_all() && mvp_mid_rows(rows) {
-            p.pipe = true;
-            p.r = mvp_default_r(kind, rows);
-        }
         let long_r = self.mv_long_r.load(Ordering::Relaxed);
         if n == 1 && !p.pipe && long_r != 0 && rows > 15_000 {
             p.r = long_r;
@@ -3902,20 +3892,6 @@ impl Gpu {
             p.r = mvp_default_r(kind, rows);
         }
         p
-    }
-
-    /// Whether the mid-sized one-row launches (8,192 to 32,767 rows: the GDN and attention
-    /// in-projections) of every kind take the pipelined kernels where they are not staged, as
-    /// Q2_0's do by default. Off: a benchmark switch. Q1_0's were measured slower alone, and in
-    /// the decode graph too (2.870 → 2.943 ms/token on the H200 at 22a66b2). Q2_0's are staged
-    /// first since [`MVS_MIN_ROWS`] is 8,192. The same float order either way.
-    pub fn mvp_mid_all(&self) -> bool {
-        self.mvp_mid_all.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::mvp_mid_all`].
-    pub fn set_mvp_mid_all(&self, on: bool) {
-        self.mvp_mid_all.store(on, Ordering::Relaxed);
     }
 
     /// Whether [`MvStaged::Auto`] stages Q1_0's long one-row launches too (gate‖up, then with the
