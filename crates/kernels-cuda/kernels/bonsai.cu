@@ -1632,38 +1632,28 @@ ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h2, 8, 2)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h3, 8, 3)
 ATTN_CHUNKS_ENTRY(attn_chunks_hd256_h6, 8, 6)
 
-// An L2 load (past L1: data other blocks of the same launch wrote).
-__device__ __forceinline__ float ld_cg_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
-// A chunk partial's float: a plain load, or with CG an L2 load (`ld.cg`: the fused decode kernel
-// reads partials that other blocks of its own launch wrote).
-template <bool CG>
-__device__ __forceinline__ float attn_part_ld(const float* p) {
-    return CG ? ld_cg_f32(p) : *p;
-}
+// A chunk partial's float. A call rather than p[i] in the two helpers below: that is how they
+// read before the fused decode kernel (ld.cg loads of the same partials) was removed on
+// 2026-12-07; with plain indexing NVRTC 13.5 compiles the merge kernels a little differently
+// (other registers, a few other address and move instructions), with the call to the same SASS.
+__device__ __forceinline__ float attn_part_ld(const float* p) { return *p; }
 
 // The merge's maximum over nc chunk partials (pp: the row's first, W floats apart).
-template <bool CG = false>
 __device__ __forceinline__ float attn_merge_max(const float* pp, size_t W, int hd, int nc) {
     float M = NEG_INF;
-    for (int c = 0; c < nc; ++c) M = fmaxf(M, attn_part_ld<CG>(pp + (size_t)c * W + hd));
+    for (int c = 0; c < nc; ++c) M = fmaxf(M, attn_part_ld(pp + (size_t)c * W + hd));
     return M;
 }
 
 // The merge's chunk-order chains, one dependent L2 load after another: ls = Σ l_c·f_c and
 // o = Σ acc_c[j]·f_c with f_c = expf(m_c − M), in chunk order.
-template <bool CG = false>
 __device__ __forceinline__ void attn_merge_sums(const float* pp, size_t W, int hd, int nc, int j, float M,
                                                 float& ls, float& o) {
     for (int c = 0; c < nc; ++c) {
         const float* pc = pp + (size_t)c * W;
-        float f = expf(attn_part_ld<CG>(pc + hd) - M);
-        ls = fmaf(attn_part_ld<CG>(pc + hd + 1), f, ls);
-        o = fmaf(attn_part_ld<CG>(pc + j), f, o);
+        float f = expf(attn_part_ld(pc + hd) - M);
+        ls = fmaf(attn_part_ld(pc + hd + 1), f, ls);
+        o = fmaf(attn_part_ld(pc + j), f, o);
     }
 }
 
@@ -1756,123 +1746,6 @@ extern "C" __global__ void attn_merge_quant_serial(const float* part, const floa
     attn_merge_chain(part + ((size_t)t * nh + h) * nchunk * W, W, hd, nc, j, ls, o);
     attn_merge_out(o, ls, qf, nh, hd, h, t, j, out, q, d, s);
 }
-
-// attn_prep's per-head path on a 128-thread block: out[j] = RoPE(rmsnorm(x) ⊙ nw)[j] for j < HD,
-// the same bits (Σ x² as block_sum over HD threads: 32-element group sums, added in group order;
-// the NEOX rotation of the first n_rot elements in double). out, gs (≥ HD/32 floats): shared.
-template <int HD>
-__device__ __forceinline__ void head_norm_rope_128(const float* x, const float* nw, float eps, int n_rot,
-                                                   float rope_base, int pos, float* out, float* gs) {
-    constexpr int PER = (HD + 127) / 128;
-    const int tid = threadIdx.x, lane = tid & 31;
-    float xv[PER], r[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int j = tid + 128 * i;
-        xv[i] = j < HD ? x[j] : 0.f;
-        float sq = warp_sum(xv[i] * xv[i]);  // a warp's lanes are all below HD or all past it
-        if (j < HD && lane == 0) gs[j >> 5] = sq;
-    }
-    __syncthreads();
-    float ss = 0.f;
-    for (int i = 0; i < HD / 32; ++i) ss += gs[i];
-    float inv = 1.0f / sqrtf(ss / (float)HD + eps);
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int j = tid + 128 * i;
-        if (j < HD) out[j] = xv[i] * inv * nw[j];
-    }
-    __syncthreads();
-    int half = n_rot / 2;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int j = tid + 128 * i;
-        if (j < HD) {
-            r[i] = out[j];
-            if (j < n_rot) {
-                int dd = j < half ? j : j - half;
-                double theta = (double)pos * pow((double)rope_base, -2.0 * dd / (double)n_rot);
-                double sn, cs;
-                sincos(theta, &sn, &cs);
-                double a = out[dd], b = out[dd + half];
-                r[i] = j < half ? (float)(a * cs - b * sn) : (float)(a * sn + b * cs);
-            }
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int j = tid + 128 * i;
-        if (j < HD) out[j] = r[i];
-    }
-    __syncthreads();
-}
-
-// One decode row's attention in one launch: attn_prep + attn_chunks + attn_merge_quant for n = 1,
-// the same bits. grid (nh, gy), block 128. Every block normalizes and rotates its head's q itself
-// (into shared memory); the block whose chunks hold the current position (c = nc − 1) also forms
-// that position's K / V of its kv head and writes them to the cache (the blocks of the group's q
-// heads write the same bytes) before its chunks; then attn_chunks. The head's gy blocks count
-// themselves on cnt[h] after their partials (fenced); the last merges as attn_merge_quant (σ(gate),
-// f32 out unless null, quant32) and resets the counter (cnt [≥ nh] u32, zero between launches).
-// A verify launch (n > 1) cannot take it: a row needs the K / V of the launch's earlier rows.
-template <int EPL>
-__device__ __forceinline__ void attn_decode_fused(const float* qf, const float* kf, const float* vf,
-                                                  const float* qn, const float* kn, float eps, int nh,
-                                                  int nkv, int n_rot, float rope_base, const int* pos0,
-                                                  u16* kc, u16* vc, int nchunk, float* part, unsigned* cnt,
-                                                  float* out, i8* q, float* d, int* s) {
-    constexpr int HD = EPL * 32, PER = (HD + 127) / 128;
-    __shared__ float qs[HD], kb[HD], gs[HD / 32];
-    __shared__ int last_s;
-    const int h = blockIdx.x, tid = threadIdx.x;
-    const int pos = *pos0, L = pos + 1;
-    const int nc = (L + AT_CHUNK - 1) / AT_CHUNK;
-    const int g = h / (nh / nkv), kvw = nkv * HD;
-    head_norm_rope_128<HD>(qf + (size_t)h * 2 * HD, qn, eps, n_rot, rope_base, pos, qs, gs);
-    if ((nc - 1) % (int)gridDim.y == (int)blockIdx.y) {
-        head_norm_rope_128<HD>(kf + (size_t)g * HD, kn, eps, n_rot, rope_base, pos, kb, gs);
-        for (int j = tid; j < HD; j += blockDim.x) {
-            kc[(size_t)pos * kvw + g * HD + j] = f2h(kb[j]);
-            vc[(size_t)pos * kvw + g * HD + j] = f2h(vf[(size_t)g * HD + j]);
-        }
-        __syncthreads();
-    }
-    attn_chunks<EPL, 1>(qs, kc, vc, nh, nkv, pos0, nchunk, part);
-    // the head's last block merges
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last_s = atomicAdd(cnt + h, 1u) + 1 == gridDim.y;
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    // the serial merge's operations (attn_merge_chain), with L2 loads; one row (t = 0)
-    const float* pp = part + (size_t)h * nchunk * (HD + 2);
-    const float M = attn_merge_max<true>(pp, HD + 2, HD, nc);
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        int j = tid + 128 * i;
-        if (j < HD) {  // whole warps
-            float ls = 0.f, o = 0.f;
-            attn_merge_sums<true>(pp, HD + 2, HD, nc, j, M, ls, o);
-            attn_merge_out(o, ls, qf, nh, HD, h, 0, j, out, q, d, s);
-        }
-    }
-    if (tid == 0) cnt[h] = 0u;
-}
-
-#define ATTN_FUSED_ENTRY(NAME, EPL)                                                                   \
-    extern "C" __global__ void __launch_bounds__(AT_WARPS * 32) NAME(                                 \
-        const float* qf, const float* kf, const float* vf, const float* qn, const float* kn, float eps, \
-        int nh, int nkv, int n_rot, float rope_base, const int* pos0, u16* kc, u16* vc, int nchunk,   \
-        float* part, unsigned* cnt, float* out, i8* q, float* d, int* s) {                            \
-        PDL_ENTRY();                                                                                  \
-        attn_decode_fused<EPL>(qf, kf, vf, qn, kn, eps, nh, nkv, n_rot, rope_base, pos0, kc, vc,      \
-                               nchunk, part, cnt, out, q, d, s);                                      \
-    }
-ATTN_FUSED_ENTRY(attn_decode_fused_hd64, 2)
-ATTN_FUSED_ENTRY(attn_decode_fused_hd128, 4)
-ATTN_FUSED_ENTRY(attn_decode_fused_hd256, 8)
 
 // Busy-wait about `ns` nanoseconds (profiling: lets the host queue the next launches first).
 extern "C" __global__ void spin_ns(long long ns) {

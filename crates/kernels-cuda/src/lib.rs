@@ -1519,9 +1519,6 @@ kernels!(
         attn_chunks_hd256_h6,
         attn_merge_quant,
         attn_merge_quant_serial,
-        attn_decode_fused_hd64,
-        attn_decode_fused_hd128,
-        attn_decode_fused_hd256,
         swiglu_quant,
         swiglu_quant_v4,
         swiglu_quant_p16,
@@ -1861,9 +1858,8 @@ pub struct Gpu {
     /// arrival counters `[TOPK_ROWS]` u32 (zero between launches), allocated with the GPU so that
     /// a captured launch can use them.
     topk_scratch: std::sync::OnceLock<DevBuf>,
-    /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32, then
-    /// `attn_decode_fused`'s per-head ones `[ATTN_CNT]` (zero between launches), allocated with
-    /// the GPU so that a captured launch can use them.
+    /// `gdn_conv_step`'s per-k-head arrival counters `[GDN_CNT]` u32 (zero between launches),
+    /// allocated with the GPU so that a captured launch can use them.
     gdn_cnt: std::sync::OnceLock<DevBuf>,
     /// How decode / verify GDN layers fuse their kernels ([`GdnFused`] as u8;
     /// [`Gpu::set_gdn_fused`], `BONSAI_CUDA_GDN_FUSED=0|1|2`).
@@ -1874,9 +1870,6 @@ pub struct Gpu {
     /// Decode gate‖up launches with the SwiGLU fused in where the plan allows
     /// ([`Gpu::mv_swiglu`]; `BONSAI_CUDA_SWIGLU_FUSED=0` turns it off).
     swiglu_fused: AtomicBool,
-    /// Decode rows' attention in one launch ([`Gpu::attn_decode_fused`]; off unless
-    /// `BONSAI_CUDA_ATTN_FUSED=1`).
-    attn_fused: AtomicBool,
     /// Flash-decode merges take the first, one-load-per-chunk form ([`Gpu::set_attn_merge_serial`],
     /// `BONSAI_CUDA_ATTN_MERGE=serial`; the same bits, for the A/B and the bit-equality test).
     attn_merge_serial: AtomicBool,
@@ -2023,8 +2016,6 @@ pub struct GdnNormOut {
 
 /// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
 const GDN_CNT: usize = 256;
-/// Heads `attn_decode_fused`'s arrival counters cover (after the GDN ones, in the same buffer).
-const ATTN_CNT: usize = 256;
 
 /// Whether [`Gpu::gdn_conv_step`] takes a GDN layer of these dims: dk == dv, dk a multiple of 32
 /// up to 128, 1 ≤ kconv ≤ 8, hk ≤ 256 and hv ≥ hk (every k-head read by some block).
@@ -2220,7 +2211,6 @@ impl Gpu {
             topk_scratch: std::sync::OnceLock::new(),
             gdn_cnt: std::sync::OnceLock::new(),
             gdn_fused: AtomicU8::new(GdnFused::from_env() as u8),
-            attn_fused: AtomicBool::new(env_on("BONSAI_CUDA_ATTN_FUSED")),
             attn_merge_serial: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_ATTN_MERGE").as_deref() == Ok("serial"),
             ),
@@ -2243,7 +2233,7 @@ impl Gpu {
         let _ = gpu.row_stats.set(rs);
         let tk = gpu.alloc(TOPK_ROWS * (ROW_STATS_MAX_BLOCKS * TOPK_ROW * 8 + 4))?;
         let _ = gpu.topk_scratch.set(tk);
-        let gc = gpu.alloc((GDN_CNT + ATTN_CNT) * 4)?;
+        let gc = gpu.alloc(GDN_CNT * 4)?;
         let _ = gpu.gdn_cnt.set(gc);
         let mut gpu = gpu;
         gpu.gemmw_ok = gpu.probe_gemmw()?;
@@ -3121,8 +3111,7 @@ impl Gpu {
             self.gdn_fused() as u64,
             self.mv_long_r.load(Ordering::Relaxed) as u64,
             self.swiglu_fused() as u64,
-            self.attn_fused() as u64
-                | (self.attn_merge_serial() as u64) << 1
+            (self.attn_merge_serial() as u64) << 1
                 | (self.attn_gy(1) as u64) << 2
                 | (self.attn_gy(2) as u64) << 18
                 | (self.attn_hpb(1) as u64) << 34
@@ -4491,87 +4480,6 @@ impl Gpu {
                 Arg::P(vc),
             ],
         )
-    }
-
-    /// One decode row's attention (`n = 1`) in one launch (`attn_decode_fused_hd*`): what
-    /// [`Self::attn_prep`] then [`Self::attn_decode`] do for that row — the current position's
-    /// K / V appended to the f16 cache, and `out` — bit for bit. Every chunk
-    /// block recomputes its head's q norm and RoPE, the block holding the current position also
-    /// that position's K / V, and the head's last block to finish merges (a counter per head that
-    /// this `Gpu` owns: not for two streams at once). `part` as for [`Self::attn_decode`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn attn_decode_fused(
-        &self,
-        (qf, kf, vf): (u64, u64, u64),
-        (qn, kn): (u64, u64),
-        eps: f32,
-        (nh, nkv, hd): (usize, usize, usize),
-        (n_rot, rope_base): (usize, f32),
-        pos0: u64,
-        (kc, vc): (u64, u64),
-        n_ctx: usize,
-        part: u64,
-        out: QuantOut,
-    ) -> Result<()> {
-        let f = match hd {
-            64 => self.f.attn_decode_fused_hd64,
-            128 => self.f.attn_decode_fused_hd128,
-            256 => self.f.attn_decode_fused_hd256,
-            _ => {
-                return Err(CudaError(format!(
-                    "attention: head dim {hd} not in 64/128/256"
-                )))
-            }
-        };
-        if nkv == 0 || nh % nkv != 0 || nh > ATTN_CNT || n_rot > hd {
-            return Err(CudaError(format!(
-                "attn_decode_fused: {nh} heads over {nkv} kv heads, {n_rot} rotated of {hd}"
-            )));
-        }
-        let nchunk = n_ctx.div_ceil(ATTN_CHUNK);
-        // the same grid.y as attn_decode (it only bounds the parallelism: chunks are fixed)
-        let gy = nchunk.clamp(1, 32) as u32;
-        let cnt = self.gdn_cnt.get().expect("counters").at(GDN_CNT * 4);
-        self.launch(
-            f,
-            (nh as u32, gy, 1),
-            (128, 1, 1),
-            &[
-                Arg::P(qf),
-                Arg::P(kf),
-                Arg::P(vf),
-                Arg::P(qn),
-                Arg::P(kn),
-                Arg::F(eps),
-                Arg::I(nh as i32),
-                Arg::I(nkv as i32),
-                Arg::I(n_rot as i32),
-                Arg::F(rope_base),
-                Arg::P(pos0),
-                Arg::P(kc),
-                Arg::P(vc),
-                Arg::I(nchunk as i32),
-                Arg::P(part),
-                Arg::P(cnt),
-                Arg::P(out.f),
-                Arg::P(out.q),
-                Arg::P(out.d),
-                Arg::P(out.s),
-            ],
-        )
-    }
-
-    /// Whether decode rows take [`Self::attn_decode_fused`] (off unless
-    /// `BONSAI_CUDA_ATTN_FUSED=1`: the H200 A/B at a5d1ee0 was within noise, Q1_0 3.054 → 3.023 ms
-    /// per token, Q2_0 3.497 → 3.522, `bench/results/cuda-attn-fused-ab-27b-*.json`). The same
-    /// bits either way; graphs key on it.
-    pub fn attn_fused(&self) -> bool {
-        self.attn_fused.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::attn_fused`].
-    pub fn set_attn_fused(&self, on: bool) {
-        self.attn_fused.store(on, Ordering::Relaxed);
     }
 
     /// Whether [`Self::attn_decode`] merges with `attn_merge_quant_serial` (one L2 round trip per

@@ -1543,31 +1543,6 @@ impl CudaBackend {
         self.proj_multi_p16(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, p16)?;
         let g = &self.gpu;
         let k = nh * hd;
-        if n == 1 && g.attn_fused() {
-            // decode: q / K / V prep, chunks and merge in one launch (the same bits)
-            g.attn_decode_fused(
-                (qf, kf, vf),
-                (w.q_norm.buf.ptr(), w.k_norm.buf.ptr()),
-                eps,
-                (nh, nkv, hd),
-                (cfg.n_rot, cfg.rope_base),
-                sc.pos.ptr(),
-                (kv.k.ptr(), kv.v.ptr()),
-                sc.scores_ctx,
-                sc.scores.ptr(),
-                kc::QuantOut {
-                    f: sc.att.ptr(),
-                    q: sc.xq.ptr(),
-                    d: sc.xd.ptr(),
-                    s: sc.xs.ptr(),
-                },
-            )
-            .map_err(be)?;
-            if w.out.kind == WKind::F32 {
-                g.dtod(sc.xf.ptr(), sc.att.ptr(), k * 4).map_err(be)?;
-            }
-            return self.proj(sc, &w.out, n, x, true);
-        }
         g.attn_prep(
             qf,
             kf,

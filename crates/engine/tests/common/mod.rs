@@ -438,14 +438,8 @@ pub const GDN_VERIFY_KERNELS: [&str; 3] = [
     "gdn_rec_write",
 ];
 
-/// The 27B decode attention kernels, unfused and fused (the launch what-if benchmarks drop them
-/// together).
-pub const ATTN_DECODE_KERNELS: [&str; 4] = [
-    "attn_prep",
-    "attn_chunks_hd256",
-    "attn_merge_quant",
-    "attn_decode_fused_hd256",
-];
+/// The 27B decode attention kernels (the launch what-if benchmarks drop them together).
+pub const ATTN_DECODE_KERNELS: [&str; 3] = ["attn_prep", "attn_chunks_hd256", "attn_merge_quant"];
 
 /// Tiny drafter geometry.
 pub const D_LAYERS: u64 = 2;
