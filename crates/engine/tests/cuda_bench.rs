@@ -142,13 +142,6 @@ fn cuda_decode_bench() {
             false,
         )
     };
-    // the pipelined one-row kernels keep the dp4a float order: tokens must agree
-    let pipe_ms = ab(
-        "MV_PIPE",
-        &|| gpu.mv_pipe(),
-        &|on| gpu.set_mv_pipe(on),
-        true,
-    );
     // the staged one-row kernels keep the dp4a float order: tokens must agree
     // (auto: the long launches only, the default rule; flipped against off)
     let staged_ms = ab(
@@ -707,7 +700,7 @@ fn cuda_decode_bench() {
     let json = format!(
         "{{\"model\": \"{path}\", \"weight_type\": \"{}\", \"device\": \"{}\", \"steps\": {steps}, \
          \"graph_ms_median\": {med_ms:.3}, \"graph_ms_all\": {times:?}, \"decode_tok_s\": {tps:.1}, \
-         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"b1p\": {b1p_ms}, \"mv_pipe\": {pipe_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mvs_q1\": {mvs_q1_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
+         \"eager_tok_s\": {eager_tps:.1}, \"cubin_source\": \"{:?}\", \"pdl\": {pdl_ms}, \"b1p\": {b1p_ms}, \"mv_staged_auto\": {staged_ms}, \"mv_staged_all\": {staged_all_ms}, \"mv_staged_from_8192_rows\": {staged_8k_ms}, \"gdn_fused\": {gdn_fused_ms}, \"gdn_fused_conv_only_vs_default\": {gdn_fused_conv_ms}, \"swiglu_fused\": {swiglu_ms}, \"mvs_q1\": {mvs_q1_ms}, \"gate_up_plain_r8_swiglu\": {gu_r8_ms}, \"mv_long_plain_r4\": {long_r4_ms}, \"mv_staged_default\": \"{:?}\", \"carveout_x_staged\": [{}], \"staged_flipped_profile\": [{}], \"bytes_per_token\": {bytes_per_token}, \
          \"achieved_GBps\": {:.1}, \"fraction_of_4_49_TBps\": {frac:.3}, \"resident_bytes\": {resident}, \"prefill_pp512_extra_bytes\": {prefill_scratch}, \
          \"gpu_total_bytes\": {total}, \"t_ctx_s\": {t_ctx:.2}, \"t_load_s\": {t_load:.2}, \
          \"t_prefill8_s\": {t_prefill:.3}, \"t_capture_s\": {t_capture:.3}, \"eager_step_ms\": {step_ms:.3}, \"matvec_ms_per_step\": {mv_total_ms:.3}, \"profile\": [{}], \"kernel_profile_total_us\": {ktotal:.1}, \"kernel_profile\": [{}], \"first_tokens\": {:?}, \

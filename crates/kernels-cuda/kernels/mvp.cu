@@ -19,7 +19,7 @@
 // bit, and decode rows stay batch-invariant against the verify (n <= 8) kernels.
 
 // Segment and first row of row group g (groups of R rows, in segment order); false past the end.
-// Shared by mv_pipe and the o8 kernels (mvo.cu).
+// Used by mv_pipe (the o8 kernels of mvo.cu that shared it were removed on 2026-12-06).
 template <int R>
 __device__ __forceinline__ bool mv_seg_group(int g, MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, MvSeg& sg,
                                           int& o0) {

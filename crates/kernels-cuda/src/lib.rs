@@ -204,12 +204,13 @@ const MV_WARPS: usize = 4;
 /// kernels `mvp_*` (`kernels/mvp.cu`) with `r` (2 or 4) rows per group and a grid sized to what
 /// fits on the GPU at once. They reproduce the float order of the dp4a kernels with the same `ks`
 /// (which they emulate inside one warp), so a `pipe` decode row equals the verify row bit for
-/// bit. The defaults use it only for the mid-sized Q2 launches (`mvp_default_on`);
-/// `BONSAI_CUDA_MV_PIPE=1` ([`Gpu::mv_pipe`]) puts every one-row launch on it. Measured on the
+/// bit. The defaults use it only for the mid-sized Q2 launches (`mvp_default_on`); other launches
+/// take it only in explicit plans ([`Gpu::set_mv_override`], the plan sweep). Measured on the
 /// H200 (bench/results/cuda-mv-sweep-*.json, `pipe_vs_dp4a`) it is 0.77–1.02× the plain kernels
-/// on the Q1 27B shapes and 0.77–1.22× on Q2, and a whole graph decode step is slower with it
-/// everywhere (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms), so more loads in
-/// flight per warp is not what limits the decode mat-vec.
+/// on the Q1 27B shapes and 0.77–1.22× on Q2, and a whole graph decode step was slower with every
+/// one-row launch on it (cuda-decode-27b-*.json `mv_pipe`: Q1 3.83 against 3.24 ms; that switch
+/// was removed on 2026-12-07), so more loads in flight per warp is not what limits the decode
+/// mat-vec.
 ///
 /// Four other mat-vec families with their own float orders (`mma`: int8 tensor cores, `mvm` /
 /// `mvd` / `mvx`; `b1`: binary tensor cores on 8 activation planes, `mvb`; `o8`: 8 interleaved
@@ -390,11 +391,6 @@ fn mv_n5_env() -> u8 {
         Ok("1") => 1,
         _ => 2,
     }
-}
-
-/// Whether `BONSAI_CUDA_MV_PIPE=1` asks for the pipelined decode mat-vec (read once per `Gpu`).
-fn mv_pipe_env() -> bool {
-    env_on("BONSAI_CUDA_MV_PIPE")
 }
 
 /// Which one-row launches take the staged decode mat-vec (`kernels/mvs.cu`).
@@ -1765,8 +1761,6 @@ pub struct Gpu {
     prev_kernel: AtomicBool,
     /// A forced mat-vec plan ([`Gpu::set_mv_override`]).
     mv_override: Mutex<Option<MvPlan>>,
-    /// Default one-row dp4a plans use the pipelined kernels (`BONSAI_CUDA_MV_PIPE=1`; off).
-    mv_pipe: AtomicBool,
     /// [`MvStaged::Auto`] stages Q1_0's long launches too ([`Gpu::set_mvs_q1`],
     /// `BONSAI_CUDA_MVS_Q1=1`; off; benchmarks compare).
     mvs_q1: AtomicBool,
@@ -2143,7 +2137,6 @@ impl Gpu {
             ),
             prev_kernel: AtomicBool::new(false),
             mv_override: Mutex::new(None),
-            mv_pipe: AtomicBool::new(mv_pipe_env()),
             mvs_q1: AtomicBool::new(env_on("BONSAI_CUDA_MVS_Q1")),
             mv_rn: AtomicUsize::new(mv_rn_env()),
             mv_n5: AtomicU8::new(mv_n5_env()),
@@ -3090,7 +3083,7 @@ impl Gpu {
 
     /// Every launch setting a captured graph bakes in (PDL edges, mat-vec families and their
     /// staged layout, the carveout): part of the key of every graph of mat-vec launches.
-    pub fn launch_mode_key(&self) -> [u64; 15] {
+    pub fn launch_mode_key(&self) -> [u64; 14] {
         let skipped = self.skip.lock().expect("skip lock");
         [
             skipped
@@ -3100,7 +3093,6 @@ impl Gpu {
                     h.wrapping_mul(131).wrapping_add(b as u64)
                 }),
             self.pdl() as u64,
-            self.mv_pipe() as u64,
             self.mv_rn.load(Ordering::Relaxed) as u64,
             self.mv_n5.load(Ordering::Relaxed) as u64,
             self.mv_staged_mode() as u64,
@@ -3864,8 +3856,8 @@ impl Gpu {
 
     /// The launch plan of a low-bit mat-vec over `rows` output rows of width `n_in` with `n`
     /// activation rows: the override when one is set ([`Gpu::set_mv_override`]), else the defaults
-    /// ([`mv_default_plan`]; one-row plans pipelined when [`Gpu::mv_pipe`], with [`mvp_default_r`]
-    /// rows per group).
+    /// ([`mv_default_plan`], with the verify plan of [`Gpu::mv_verify`] and the long launches'
+    /// rows per warp of [`Gpu::set_mv_long_r`]).
     pub fn mv_plan(&self, kind: WKind, n: usize, rows: usize, n_in: usize) -> MvPlan {
         if let Some(p) = *self.mv_override.lock().expect("mv override lock") {
             return p;
@@ -3875,10 +3867,6 @@ impl Gpu {
         let long_r = self.mv_long_r.load(Ordering::Relaxed);
         if n == 1 && !p.pipe && long_r != 0 && rows > 15_000 {
             p.r = long_r;
-        }
-        if n == 1 && self.mv_pipe() {
-            p.pipe = true;
-            p.r = mvp_default_r(kind, rows);
         }
         p
     }
@@ -3893,13 +3881,6 @@ impl Gpu {
     /// Set [`Self::mvs_q1`].
     pub fn set_mvs_q1(&self, on: bool) {
         self.mvs_q1.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the default one-row dp4a plans use the pipelined kernels `mvp_*` (off unless
-    /// `BONSAI_CUDA_MV_PIPE=1`). Same float order as the other dp4a kernels, so it may change at
-    /// any time for correctness, but captured graphs key on it (they bake the launch in).
-    pub fn mv_pipe(&self) -> bool {
-        self.mv_pipe.load(Ordering::Relaxed)
     }
 
     /// The verify (n ≥ 2) dp4a plan of `kind`'s default plans: weight rows per warp and whether
@@ -3925,11 +3906,6 @@ impl Gpu {
         self.mv_rn.store(rn, Ordering::Relaxed);
         self.mv_n5
             .store(n5.map_or(2, |on| on as u8), Ordering::Relaxed);
-    }
-
-    /// Switch the default one-row dp4a plans between the pipelined and the plain kernels.
-    pub fn set_mv_pipe(&self, on: bool) {
-        self.mv_pipe.store(on, Ordering::Relaxed);
     }
 
     /// Which one-row dp4a launches take the staged kernel (`kernels/mvs.cu`: weights through a
