@@ -538,8 +538,9 @@ def sweep_rows(key: str, cells) -> list[str]:
 
 
 def pipe_section() -> list[str]:
-    """The pipelined persistent decode mat-vec (BONSAI_CUDA_MV_PIPE=1) against the plain dp4a
-    kernels: per-launch sweep times at n = 1 and the decode graph A/B."""
+    """The pipelined persistent decode mat-vec against the plain dp4a kernels: per-launch sweep
+    times at n = 1 and the decode graph A/B (every one-row launch on it: was BONSAI_CUDA_MV_PIPE=1,
+    removed 2026-12-07)."""
     rows = sweep_rows(
         "pipe_vs_dp4a",
         lambda m: (
@@ -556,8 +557,9 @@ def pipe_section() -> list[str]:
         "",
         "Pipelined persistent decode mat-vec (`mvp`): µs per launch at n = 1, best mvp plan with the "
         f"shape's K split (sweeps: {commits}). Since 71f9846 the Q2 launches of 8,192 to 32,767 rows "
-        "(gdn q‖z‖b‖a, attn q‖k‖v) take mvp r4 by default; `BONSAI_CUDA_MV_PIPE=1` puts every one-row "
-        "launch on it.",
+        "(gdn q‖z‖b‖a, attn q‖k‖v) take mvp r4 by default (staged first since 2026-12-01); "
+        "`BONSAI_CUDA_MV_PIPE=1` put every one-row launch on it (off: slower; removed on 2026-12-07, "
+        "9732105 is the last tree with it).",
         "",
         "| weights | matrices | plain dp4a | best mvp | speed-up |",
         "|---|---|---|---|---|",
@@ -658,8 +660,9 @@ def decode_ab_section() -> list[str]:
             "attn_fused",
             "with attn_prep + attn_chunks + attn_merge_quant",
             "with attn_decode_fused",
-            "A decode row's attention in one launch (`BONSAI_CUDA_ATTN_FUSED=1`; off: within noise; "
-            "a one-off run at a5d1ee0, `cuda-attn-fused-ab-27b-*.json`, where it was on)",
+            "A decode row's attention in one launch (was `BONSAI_CUDA_ATTN_FUSED=1`; off: within noise, "
+            "slower in every later A/B; removed on 2026-12-07; a one-off run at a5d1ee0, "
+            "`cuda-attn-fused-ab-27b-*.json`, where it was on)",
             "cuda-attn-fused-ab-27b",
         ),
         (
