@@ -868,6 +868,43 @@ fn cuda_rows_first_round_ab() {
     );
 }
 
+/// The int8 tensor-core verify at 4 tiles per warp (`Gpu::b1q_tiles`, `_r4a`: each block's
+/// activation operands shared by 4 tiles instead of 2) against the default 2 (`_r2a`): the
+/// what-if's rejected round and the greedy step, alternating in one process (four times).
+/// `BONSAI_B1Q_TILES_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_b1q_tiles_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_b1q_tiles_round_ab") else {
+        return;
+    };
+    let gpu = t.cuda.gpu();
+    let saved = gpu.b1q_tiles();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for tiles in [2usize, 4] {
+            gpu.set_b1q_tiles(tiles).expect("tiles per warp");
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "B1QTILES rep {rep} tiles {tiles} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"b1q_tiles\": {tiles}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_b1q_tiles(saved).expect("tiles per warp");
+    emit_rows(
+        &t,
+        &path,
+        ("B1QTILES", "BONSAI_B1Q_TILES_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
+        &rows,
+    );
+}
+
 /// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
 /// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
 /// form: the what-if's rejected round and the greedy step, alternating in one process (four

@@ -632,7 +632,10 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 }
 
 // Variants `_rR_kKS`: R tiles per warp, the K split KS (4 warps per block up to KS = 4, then KS
-// warps); `_r2a_kKS` the AHEAD form of `_r2` (the default). Launcher: `Gpu::mv_b1q`.
+// warps); `_r2a_kKS` the AHEAD form of `_r2` (the default); `_r4a_kKS` the AHEAD form with 4 tiles
+// per warp sharing each block's activation operands, one tile group per block (KS warps), so a
+// launch has half the warps of `_r2a` and each warp twice the independent MMA chains
+// (`Gpu::b1q_tiles`). Launcher: `Gpu::mv_b1q`.
 #define MVBQ_ENTRY(NAME, R, KS, RGW, PL) MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, false)
 #define MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, AHEAD)                                        \
     MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xv,                                    \
@@ -667,3 +670,13 @@ MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k2, 2, 2, 2, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k4, 2, 4, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k8, 2, 8, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k16, 2, 16, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r4a_k1, 4, 1, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r4a_k2, 4, 2, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r4a_k4, 4, 4, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r4a_k8, 4, 8, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q1_r4a_k16, 4, 16, 1, 1, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r4a_k1, 4, 1, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r4a_k2, 4, 2, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r4a_k4, 4, 4, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r4a_k8, 4, 8, 1, 2, true)
+MVBQ_AHEAD_ENTRY(mvbq_q2_r4a_k16, 4, 16, 1, 2, true)

@@ -504,16 +504,12 @@ pub const BLOB_MAX_U64: usize = 480;
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
 
-/// Consecutive 16-row tiles per warp of the int8 tensor-core verify kernels (`mvbq_q1_rR_*`): 2,
-/// or `BONSAI_CUDA_B1Q_R=1` (read once; a benchmark knob, the same bits either way). Two tiles
-/// share each block's activation loads: on the 27B Q1_0 round (5-row verify, round graphs) the
-/// verify's launches took 2.76 ms with 2 and 4.15 ms with 1 (`bench/results/cuda-b1q-tiles-27b-q1.json`).
-fn mvbq_tiles() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| match env_usize("BONSAI_CUDA_B1Q_R") {
-        Some(1) => 1,
+/// The default of [`Gpu::b1q_tiles`]: 2, or `BONSAI_CUDA_B1Q_R=1` / `=4` (read at `Gpu::new`).
+fn mvbq_tiles_env() -> usize {
+    match env_usize("BONSAI_CUDA_B1Q_R") {
+        Some(r @ (1 | 4)) => r,
         _ => 2,
-    })
+    }
 }
 
 /// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
@@ -1571,6 +1567,11 @@ kernels!(
         mvbq_q1_r2a_k4,
         mvbq_q1_r2a_k8,
         mvbq_q1_r2a_k16,
+        mvbq_q1_r4a_k1,
+        mvbq_q1_r4a_k2,
+        mvbq_q1_r4a_k4,
+        mvbq_q1_r4a_k8,
+        mvbq_q1_r4a_k16,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -1604,6 +1605,11 @@ kernels!(
         mvbq_q2_r2a_k4,
         mvbq_q2_r2a_k8,
         mvbq_q2_r2a_k16,
+        mvbq_q2_r4a_k1,
+        mvbq_q2_r4a_k2,
+        mvbq_q2_r4a_k4,
+        mvbq_q2_r4a_k8,
+        mvbq_q2_r4a_k16,
         launch_chain_step,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r2_k1,
@@ -1805,6 +1811,8 @@ pub struct Gpu {
     mv_rows_first: AtomicBool,
     /// [`Gpu::b1q_ahead`] (`BONSAI_CUDA_B1Q_AHEAD=0` turns it off).
     b1q_ahead: AtomicBool,
+    /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1|4`).
+    b1q_tiles: AtomicUsize,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2164,6 +2172,7 @@ impl Gpu {
             b1q_ahead: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
+            b1q_tiles: AtomicUsize::new(mvbq_tiles_env()),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -3122,7 +3131,8 @@ impl Gpu {
                 | (self.norm_segs() as u64) << 26
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
-                | (self.b1q_ahead() as u64) << 30,
+                | (self.b1q_ahead() as u64) << 30
+                | (self.b1q_tiles() as u64) << 31,
         ]
     }
 
@@ -3496,8 +3506,22 @@ impl Gpu {
         let ks = mvbp_ks(tiles, n_in);
         let f = &self.f;
         // the variants by K split 1, 2, 4, 8, 16, and the launch shape
-        let r = mvbq_tiles();
+        let r = self.b1q_tiles();
         let t = match (planes, r, self.b1q_ahead()) {
+            (1, 4, _) => [
+                f.mvbq_q1_r4a_k1,
+                f.mvbq_q1_r4a_k2,
+                f.mvbq_q1_r4a_k4,
+                f.mvbq_q1_r4a_k8,
+                f.mvbq_q1_r4a_k16,
+            ],
+            (_, 4, _) => [
+                f.mvbq_q2_r4a_k1,
+                f.mvbq_q2_r4a_k2,
+                f.mvbq_q2_r4a_k4,
+                f.mvbq_q2_r4a_k8,
+                f.mvbq_q2_r4a_k16,
+            ],
             (1, 1, _) => [
                 f.mvbq_q1_r1_k1,
                 f.mvbq_q1_r1_k2,
@@ -3541,8 +3565,8 @@ impl Gpu {
                 f.mvbq_q2_r2_k16,
             ],
         };
-        // each warp takes r consecutive tiles
-        let warps = mvbp_warps(ks);
+        // each warp takes r consecutive tiles; `_r4a` blocks hold one tile group (ks warps)
+        let warps = if r == 4 { ks } else { mvbp_warps(ks) };
         let grid = cdiv(tiles, warps / ks * r);
         let f = match ks {
             1 | 2 | 4 | 8 | 16 => t[ks.trailing_zeros() as usize],
@@ -3689,6 +3713,25 @@ impl Gpu {
     /// Set [`Self::b1q_ahead`] (capture graphs after setting it).
     pub fn set_b1q_ahead(&self, on: bool) {
         self.b1q_ahead.store(on, Ordering::Relaxed);
+    }
+
+    /// Consecutive 16-row tiles per warp of the int8 tensor-core verify ([`Self::mv_b1q`]): 2
+    /// (`_r2` / `_r2a` by [`Self::b1q_ahead`]), 1 (`_r1`) or 4 (`_r4a`, the AHEAD form; one tile
+    /// group per block). Default 2, `BONSAI_CUDA_B1Q_R=1|4` at `Gpu::new`. A warp's tiles share
+    /// each block's activation operands: on the 27B Q1_0 round (5-row verify, round graphs) the
+    /// verify's launches took 2.76 ms with 2 and 4.15 ms with 1
+    /// (`bench/results/cuda-b1q-tiles-27b-q1.json`). The same bits at every count.
+    pub fn b1q_tiles(&self) -> usize {
+        self.b1q_tiles.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1q_tiles`] to 1, 2 or 4 (capture graphs after setting it).
+    pub fn set_b1q_tiles(&self, r: usize) -> Result<()> {
+        if !matches!(r, 1 | 2 | 4) {
+            return Err(CudaError(format!("b1q tiles per warp {r}: 1, 2 or 4")));
+        }
+        self.b1q_tiles.store(r, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K
