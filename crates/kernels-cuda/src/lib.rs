@@ -506,10 +506,9 @@ pub const MVBP_MAX_ROWS: usize = 5;
 
 /// The default of [`Gpu::b1q_tiles`]: 2, or `BONSAI_CUDA_B1Q_R=1` / `=4` (read at `Gpu::new`).
 fn mvbq_tiles_env() -> usize {
-    match env_usize("BONSAI_CUDA_B1Q_R") {
-        Some(r @ (1 | 4)) => r,
-        _ => 2,
-    }
+    env_usize("BONSAI_CUDA_B1Q_R")
+        .filter(|r| matches!(r, 1 | 4))
+        .unwrap_or(2)
 }
 
 /// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
