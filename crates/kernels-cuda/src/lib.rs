@@ -504,11 +504,18 @@ pub const BLOB_MAX_U64: usize = 480;
 /// Most activation rows of one b1-plane launch.
 pub const MVBP_MAX_ROWS: usize = 5;
 
-/// The default of [`Gpu::b1q_tiles`]: 2, or `BONSAI_CUDA_B1Q_R=1` / `=4` (read at `Gpu::new`).
+/// The default of [`Gpu::b1q_tiles`]: 2, or `BONSAI_CUDA_B1Q_R=1` (read at `Gpu::new`).
 fn mvbq_tiles_env() -> usize {
     env_usize("BONSAI_CUDA_B1Q_R")
-        .filter(|r| matches!(r, 1 | 4))
+        .filter(|&r| r == 1)
         .unwrap_or(2)
+}
+
+/// The default of [`Gpu::b1q_ring`]: 0, or `BONSAI_CUDA_B1Q_RING=3|4` (read at `Gpu::new`).
+fn mvbq_ring_env() -> usize {
+    env_usize("BONSAI_CUDA_B1Q_RING")
+        .filter(|r| matches!(r, 3 | 4))
+        .unwrap_or(0)
 }
 
 /// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
@@ -1566,11 +1573,12 @@ kernels!(
         mvbq_q1_r2a_k4,
         mvbq_q1_r2a_k8,
         mvbq_q1_r2a_k16,
-        mvbq_q1_r4a_k1,
-        mvbq_q1_r4a_k2,
-        mvbq_q1_r4a_k4,
-        mvbq_q1_r4a_k8,
-        mvbq_q1_r4a_k16,
+        mvbq_q1_r2w3_k1,
+        mvbq_q1_r2w3_k2,
+        mvbq_q1_r2w3_k4,
+        mvbq_q1_r2w4_k1,
+        mvbq_q1_r2w4_k2,
+        mvbq_q1_r2w4_k4,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -1604,11 +1612,12 @@ kernels!(
         mvbq_q2_r2a_k4,
         mvbq_q2_r2a_k8,
         mvbq_q2_r2a_k16,
-        mvbq_q2_r4a_k1,
-        mvbq_q2_r4a_k2,
-        mvbq_q2_r4a_k4,
-        mvbq_q2_r4a_k8,
-        mvbq_q2_r4a_k16,
+        mvbq_q2_r2w3_k1,
+        mvbq_q2_r2w3_k2,
+        mvbq_q2_r2w3_k4,
+        mvbq_q2_r2w4_k1,
+        mvbq_q2_r2w4_k2,
+        mvbq_q2_r2w4_k4,
         launch_chain_step,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r2_k1,
@@ -1810,8 +1819,10 @@ pub struct Gpu {
     mv_rows_first: AtomicBool,
     /// [`Gpu::b1q_ahead`] (`BONSAI_CUDA_B1Q_AHEAD=0` turns it off).
     b1q_ahead: AtomicBool,
-    /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1|4`).
+    /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1`).
     b1q_tiles: AtomicUsize,
+    /// [`Gpu::b1q_ring`] (`BONSAI_CUDA_B1Q_RING=3|4`).
+    b1q_ring: AtomicUsize,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2172,6 +2183,7 @@ impl Gpu {
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
             b1q_tiles: AtomicUsize::new(mvbq_tiles_env()),
+            b1q_ring: AtomicUsize::new(mvbq_ring_env()),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -3131,7 +3143,8 @@ impl Gpu {
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
                 | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_tiles() as u64) << 31,
+                | (self.b1q_tiles() as u64) << 31
+                | (self.b1q_ring() as u64) << 34,
         ]
     }
 
@@ -3507,20 +3520,6 @@ impl Gpu {
         // the variants by K split 1, 2, 4, 8, 16, and the launch shape
         let r = self.b1q_tiles();
         let t = match (planes, r, self.b1q_ahead()) {
-            (1, 4, _) => [
-                f.mvbq_q1_r4a_k1,
-                f.mvbq_q1_r4a_k2,
-                f.mvbq_q1_r4a_k4,
-                f.mvbq_q1_r4a_k8,
-                f.mvbq_q1_r4a_k16,
-            ],
-            (_, 4, _) => [
-                f.mvbq_q2_r4a_k1,
-                f.mvbq_q2_r4a_k2,
-                f.mvbq_q2_r4a_k4,
-                f.mvbq_q2_r4a_k8,
-                f.mvbq_q2_r4a_k16,
-            ],
             (1, 1, _) => [
                 f.mvbq_q1_r1_k1,
                 f.mvbq_q1_r1_k2,
@@ -3564,12 +3563,33 @@ impl Gpu {
                 f.mvbq_q2_r2_k16,
             ],
         };
-        // each warp takes r consecutive tiles; `_r4a` blocks hold one tile group (ks warps)
-        let warps = if r == 4 { ks } else { mvbp_warps(ks) };
+        // each warp takes r consecutive tiles
+        let warps = mvbp_warps(ks);
         let grid = cdiv(tiles, warps / ks * r);
         let f = match ks {
             1 | 2 | 4 | 8 | 16 => t[ks.trailing_zeros() as usize],
             _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
+        };
+        // the weight-ring form of `_r2a` (K splits 1, 2, 4)
+        let fr = &self.f;
+        let f = match (r, self.b1q_ahead(), self.b1q_ring(), ks, planes) {
+            (2, true, 3, 1 | 2 | 4, 1) => {
+                [fr.mvbq_q1_r2w3_k1, fr.mvbq_q1_r2w3_k2, fr.mvbq_q1_r2w3_k4]
+                    [ks.trailing_zeros() as usize]
+            }
+            (2, true, 4, 1 | 2 | 4, 1) => {
+                [fr.mvbq_q1_r2w4_k1, fr.mvbq_q1_r2w4_k2, fr.mvbq_q1_r2w4_k4]
+                    [ks.trailing_zeros() as usize]
+            }
+            (2, true, 3, 1 | 2 | 4, _) => {
+                [fr.mvbq_q2_r2w3_k1, fr.mvbq_q2_r2w3_k2, fr.mvbq_q2_r2w3_k4]
+                    [ks.trailing_zeros() as usize]
+            }
+            (2, true, 4, 1 | 2 | 4, _) => {
+                [fr.mvbq_q2_r2w4_k1, fr.mvbq_q2_r2w4_k2, fr.mvbq_q2_r2w4_k4]
+                    [ks.trailing_zeros() as usize]
+            }
+            _ => f,
         };
         self.launch(f, (grid, 1, 1), ((warps * 32) as u32, 1, 1), &args)
     }
@@ -3715,21 +3735,41 @@ impl Gpu {
     }
 
     /// Consecutive 16-row tiles per warp of the int8 tensor-core verify ([`Self::mv_b1q`]): 2
-    /// (`_r2` / `_r2a` by [`Self::b1q_ahead`]), 1 (`_r1`) or 4 (`_r4a`, the AHEAD form; one tile
-    /// group per block). Default 2, `BONSAI_CUDA_B1Q_R=1|4` at `Gpu::new`. A warp's tiles share
-    /// each block's activation operands: on the 27B Q1_0 round (5-row verify, round graphs) the
-    /// verify's launches took 2.76 ms with 2 and 4.15 ms with 1
-    /// (`bench/results/cuda-b1q-tiles-27b-q1.json`). The same bits at every count.
+    /// (`_r2` / `_r2a` by [`Self::b1q_ahead`], the default) or 1 (`_r1`; `BONSAI_CUDA_B1Q_R=1` at
+    /// `Gpu::new`). A warp's tiles share each block's activation operands: on the 27B Q1_0 round
+    /// (5-row verify, round graphs) the verify's launches took 2.76 ms with 2 and 4.15 ms with 1
+    /// (`bench/results/cuda-b1q-tiles-27b-q1.json`); 4 tiles per warp (`_r4a`, removed) made the
+    /// round slower (`bench/results/cuda-h100-b1q-tiles-ab-27b-*.json`). The same bits either way.
     pub fn b1q_tiles(&self) -> usize {
         self.b1q_tiles.load(Ordering::Relaxed)
     }
 
-    /// Set [`Self::b1q_tiles`] to 1, 2 or 4 (capture graphs after setting it).
+    /// Set [`Self::b1q_tiles`] to 1 or 2 (capture graphs after setting it).
     pub fn set_b1q_tiles(&self, r: usize) -> Result<()> {
-        if !matches!(r, 1 | 2 | 4) {
-            return Err(CudaError(format!("b1q tiles per warp {r}: 1, 2 or 4")));
+        if !matches!(r, 1 | 2) {
+            return Err(CudaError(format!("b1q tiles per warp {r}: 1 or 2")));
         }
         self.b1q_tiles.store(r, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The stages of the int8 tensor-core verify's weight ring (`_r2wD`, `kernels/mvbp.cu`): 0
+    /// (the default) keeps the `_r2a` form's next weight pair in registers; 3 or 4 put a warp's
+    /// weights and scales through a D-stage ring in shared memory, filled with `cp.async` D − 1
+    /// pairs ahead (launches with K split ≤ 4 of the `_r2a` form; the others keep it).
+    /// `BONSAI_CUDA_B1Q_RING=3|4` at `Gpu::new`. The same bits at every setting.
+    pub fn b1q_ring(&self) -> usize {
+        self.b1q_ring.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::b1q_ring`] to 0, 3 or 4 (capture graphs after setting it).
+    pub fn set_b1q_ring(&self, d: usize) -> Result<()> {
+        if !matches!(d, 0 | 3 | 4) {
+            return Err(CudaError(format!(
+                "b1q weight ring of {d} stages: 0, 3 or 4"
+            )));
+        }
+        self.b1q_ring.store(d, Ordering::Relaxed);
         Ok(())
     }
 
