@@ -868,43 +868,6 @@ fn cuda_rows_first_round_ab() {
     );
 }
 
-/// The int8 tensor-core verify's weight ring (`Gpu::b1q_ring`, `_r2wD`: a warp's weights through
-/// a D-stage shared-memory ring filled D − 1 pairs ahead with cp.async) at 3 and 4 stages against
-/// the default `_r2a` (the next pair in registers): the what-if's rejected round and the greedy
-/// step, alternating in one process (four times). `BONSAI_B1Q_RING_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_b1q_ring_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_b1q_ring_round_ab") else {
-        return;
-    };
-    let gpu = t.cuda.gpu();
-    let saved = gpu.b1q_ring();
-    let mut rows = Vec::new();
-    for rep in 0..4 {
-        for ring in [0usize, 3, 4] {
-            gpu.set_b1q_ring(ring).expect("ring stages");
-            let (round, step) = round_and_step(&t, first);
-            println!(
-                "B1QRING rep {rep} ring {ring} round {round:.3} ms, step {step:.3} ms, R {:.3}",
-                round / step
-            );
-            rows.push(format!(
-                "{{\"b1q_ring\": {ring}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
-                round / step
-            ));
-        }
-    }
-    gpu.set_b1q_ring(saved).expect("ring stages");
-    emit_rows(
-        &t,
-        &path,
-        ("B1QRING", "BONSAI_B1Q_RING_OUT"),
-        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
-        &rows,
-    );
-}
-
 /// The int8 tensor-core verify's AHEAD form (`Gpu::b1q_ahead`, the default: each block's
 /// activation operands loaded a block ahead, the weights not allocated in L1) against the plain
 /// form: the what-if's rejected round and the greedy step, alternating in one process (four

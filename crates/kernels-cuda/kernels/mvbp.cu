@@ -459,22 +459,11 @@ __device__ __forceinline__ u32 ldg_na_u32(const u32* p) {
 // 6.32–6.36 ms, Q2_0 7.78–7.91 → 7.36–7.46 (bench/results/cuda-h100-verify-loads-ab*-27b-*.json:
 // the no-allocate loads alone gave 6.57 / 7.63–7.72; the activations a pair ahead, the weights two
 // pairs ahead, or both, took 146–242 registers and were slower than AHEAD, 6.43–7.54 / 8.0–8.2).
-// WR > 0 (`_r2wD`, the AHEAD form with a weight ring; `Gpu::b1q_ring`): a warp's weights and scales
-// go through its own WR-stage ring in shared memory, filled with cp.async WR − 1 pairs ahead of
-// their use, instead of one pair ahead in registers: more weight bytes in flight per warp at the
-// same register count. Each lane reads back only what it copied itself (its own uint4 of each
-// tile and its own scale words), so a lane's cp.async.wait_group is all the ordering it needs.
-// The same values and float operations, so the same bits.
-template <int KS, int RGW, int R, int PL = 1, bool AHEAD = false, int WR = 0>
+template <int KS, int RGW, int R, int PL = 1, bool AHEAD = false>
 __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, const uint4* __restrict__ xv,
                                         const float* __restrict__ xu, const int* __restrict__ xs, int n_in,
                                         int n, int accumulate, int pre) {
-    static_assert(WR == 0 || (AHEAD && WR >= 2), "the weight ring: AHEAD activations, at least 2 stages");
-    constexpr int WRS = WR > 0 ? WR : 1, WRW = WR > 0 ? KS * RGW : 1;
     __shared__ float red[KS][KS > 1 ? RGW * R : 1][16][MAXN];
-    // the weight ring: [warp][stage][tile][plane][lane] codes, [warp][stage][tile][block of the pair][lane] scales
-    __shared__ __align__(16) uint4 wr_codes[WRW][WRS][R][PL][32];
-    __shared__ u32 wr_sc[WRW][WRS][R][2][32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int kp = w % KS, rg = w / KS;
     const int t1 = s0.n_out >> 4, t2 = t1 + (s1.n_out >> 4), t3 = t2 + (s2.n_out >> 4), t4 = t3 + (s3.n_out >> 4);
@@ -523,42 +512,12 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
             nd[r][1] = AHEAD ? ldg_na_u32(d1) : __ldg(d1);
         }
     };
-    // WR: pair p into ring stage p % WR (this lane's uint4 of each tile and plane, its scale words)
-    auto issue_w = [&](int p) {
-        const int st = p % WRS;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int q = 0; q < PL; ++q)
-                cp_async16(&wr_codes[w][st][r][q][lane], wa[r] + ((size_t)p * PL + q) * 32);
-            cp_async4(&wr_sc[w][st][r][0][lane], wd[r] + (size_t)(2 * p) * 8);
-            cp_async4(&wr_sc[w][st][r][1][lane], wd[r] + (size_t)(2 * p + 1) * 8);
-        }
-    };
-    // WR: the first WR − 1 pairs, one commit group each (empty past the range)
-    auto prologue_w = [&]() {
-#pragma unroll
-        for (int i = 0; i < WRS - 1; ++i) {
-            if (p0 + i < p1) issue_w(p0 + i);
-            cp_async_commit();
-        }
-    };
     if (pre) {
-        if (live) {
-            if (WR > 0)
-                prologue_w();
-            else
-                load_w(p0);
-        }
+        if (live) load_w(p0);
         PDL_ENTRY();
     } else {
         PDL_ENTRY();
-        if (live) {
-            if (WR > 0)
-                prologue_w();
-            else
-                load_w(p0);
-        }
+        if (live) load_w(p0);
     }
     const u32 M = 0x01010101u;
     // one block's activation operands: B fragments (hi, lo bytes of j 0..3), the two C columns'
@@ -586,27 +545,13 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
     for (int p = p0; live && p < p1; ++p) {
         uint4 ca[R][PL];
         u32 cd[R][2];
-        if (WR > 0) {
-            // pair p + WR − 1 into the stage pair p − 1 used; then wait for pair p's group
-            if (p + WRS - 1 < p1) issue_w(p + WRS - 1);
-            cp_async_commit();
-            cp_async_wait<WRS - 1>();
-            const int st = p % WRS;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < R; ++r) {
 #pragma unroll
-                for (int q = 0; q < PL; ++q) ca[r][q] = wr_codes[w][st][r][q][lane];
-                cd[r][0] = wr_sc[w][st][r][0][lane], cd[r][1] = wr_sc[w][st][r][1][lane];
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-#pragma unroll
-                for (int q = 0; q < PL; ++q) ca[r][q] = na[r][q];
-                cd[r][0] = nd[r][0], cd[r][1] = nd[r][1];
-            }
-            if (p + 1 < p1) load_w(p + 1);
+            for (int q = 0; q < PL; ++q) ca[r][q] = na[r][q];
+            cd[r][0] = nd[r][0], cd[r][1] = nd[r][1];
         }
+        if (p + 1 < p1) load_w(p + 1);
 #pragma unroll
         for (int hb = 0; hb < 2; ++hb) {
             const int blk = 2 * p + hb;
@@ -687,16 +632,15 @@ __device__ __forceinline__ void mvbq_mv(MvSeg s0, MvSeg s1, MvSeg s2, MvSeg s3, 
 }
 
 // Variants `_rR_kKS`: R tiles per warp, the K split KS (4 warps per block up to KS = 4, then KS
-// warps); `_r2a_kKS` the AHEAD form of `_r2` (the default); `_r2wD_kKS` the AHEAD form with a
-// D-stage weight ring (K splits 1, 2, 4: 4 warps a block; `Gpu::b1q_ring`). Launcher: `Gpu::mv_b1q`.
-// Measured slower and removed (2026-12-07, d231dca): 4 tiles per warp (`_r4a`, one tile group per
-// block): the 27B rejected round on an H100 6.23–6.35 → 6.64–6.67 ms (Q1_0), 7.38–7.52 → 8.05–8.08
-// (Q2_0); half the warps, the same weight bytes in flight per SM.
+// warps); `_r2a_kKS` the AHEAD form of `_r2` (the default). Launcher: `Gpu::mv_b1q`.
+// Measured slower on an H100 and removed (2026-12-07; the kernels README has the numbers): 4 tiles
+// per warp in the AHEAD form (`_r4a`, one tile group per block; last in d231dca), and the AHEAD
+// form with each warp's weights and scales through a 3- or 4-stage shared-memory ring filled by
+// cp.async 2–3 pairs ahead (`_r2w3` / `_r2w4`, `Gpu::b1q_ring`; last in 6ddfa80).
 #define MVBQ_ENTRY(NAME, R, KS, RGW, PL) MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, false)
-#define MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, AHEAD) MVBQ_RING_ENTRY(NAME, R, KS, RGW, PL, AHEAD, 0)
-#define MVBQ_RING_ENTRY(NAME, R, KS, RGW, PL, AHEAD, WR)                                     \
+#define MVBQ_AHEAD_ENTRY(NAME, R, KS, RGW, PL, AHEAD)                                        \
     MV_SEG_ENTRY(NAME, (KS) * (RGW), 1, const uint4*, xv,                                    \
-                 mvbq_mv<KS, RGW, R, PL, AHEAD, WR>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
+                 mvbq_mv<KS, RGW, R, PL, AHEAD>(s0, s1, s2, s3, xv, da, sa, n_in, n, accumulate, pre))
 MVBQ_ENTRY(mvbq_q1_r1_k1, 1, 1, 4, 1)
 MVBQ_ENTRY(mvbq_q1_r1_k2, 1, 2, 2, 1)
 MVBQ_ENTRY(mvbq_q1_r1_k4, 1, 4, 1, 1)
@@ -727,15 +671,3 @@ MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k2, 2, 2, 2, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k4, 2, 4, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k8, 2, 8, 1, 2, true)
 MVBQ_AHEAD_ENTRY(mvbq_q2_r2a_k16, 2, 16, 1, 2, true)
-MVBQ_RING_ENTRY(mvbq_q1_r2w3_k1, 2, 1, 4, 1, true, 3)
-MVBQ_RING_ENTRY(mvbq_q1_r2w3_k2, 2, 2, 2, 1, true, 3)
-MVBQ_RING_ENTRY(mvbq_q1_r2w3_k4, 2, 4, 1, 1, true, 3)
-MVBQ_RING_ENTRY(mvbq_q2_r2w3_k1, 2, 1, 4, 2, true, 3)
-MVBQ_RING_ENTRY(mvbq_q2_r2w3_k2, 2, 2, 2, 2, true, 3)
-MVBQ_RING_ENTRY(mvbq_q2_r2w3_k4, 2, 4, 1, 2, true, 3)
-MVBQ_RING_ENTRY(mvbq_q1_r2w4_k1, 2, 1, 4, 1, true, 4)
-MVBQ_RING_ENTRY(mvbq_q1_r2w4_k2, 2, 2, 2, 1, true, 4)
-MVBQ_RING_ENTRY(mvbq_q1_r2w4_k4, 2, 4, 1, 1, true, 4)
-MVBQ_RING_ENTRY(mvbq_q2_r2w4_k1, 2, 1, 4, 2, true, 4)
-MVBQ_RING_ENTRY(mvbq_q2_r2w4_k2, 2, 2, 2, 2, true, 4)
-MVBQ_RING_ENTRY(mvbq_q2_r2w4_k4, 2, 4, 1, 2, true, 4)

@@ -511,13 +511,6 @@ fn mvbq_tiles_env() -> usize {
         .unwrap_or(2)
 }
 
-/// The default of [`Gpu::b1q_ring`]: 0, or `BONSAI_CUDA_B1Q_RING=3|4` (read at `Gpu::new`).
-fn mvbq_ring_env() -> usize {
-    env_usize("BONSAI_CUDA_B1Q_RING")
-        .filter(|r| matches!(r, 3 | 4))
-        .unwrap_or(0)
-}
-
 /// The b1-plane launches take 1 (Q1_0) or 2 (Q2_0 g128 / PQ2_0) code planes.
 fn check_planes(name: &str, planes: usize) -> Result<()> {
     if planes == 1 || planes == 2 {
@@ -1573,12 +1566,6 @@ kernels!(
         mvbq_q1_r2a_k4,
         mvbq_q1_r2a_k8,
         mvbq_q1_r2a_k16,
-        mvbq_q1_r2w3_k1,
-        mvbq_q1_r2w3_k2,
-        mvbq_q1_r2w3_k4,
-        mvbq_q1_r2w4_k1,
-        mvbq_q1_r2w4_k2,
-        mvbq_q1_r2w4_k4,
         mvbp_q2_n1_k1,
         mvbp_q2_n1_k2,
         mvbp_q2_n1_k4,
@@ -1612,12 +1599,6 @@ kernels!(
         mvbq_q2_r2a_k4,
         mvbq_q2_r2a_k8,
         mvbq_q2_r2a_k16,
-        mvbq_q2_r2w3_k1,
-        mvbq_q2_r2w3_k2,
-        mvbq_q2_r2w3_k4,
-        mvbq_q2_r2w4_k1,
-        mvbq_q2_r2w4_k2,
-        mvbq_q2_r2w4_k4,
         launch_chain_step,
         // ---- mvp.cu (pipelined persistent decode mat-vec, n = 1) ----
         mvp_q1_r2_k1,
@@ -1821,8 +1802,6 @@ pub struct Gpu {
     b1q_ahead: AtomicBool,
     /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1`).
     b1q_tiles: AtomicUsize,
-    /// [`Gpu::b1q_ring`] (`BONSAI_CUDA_B1Q_RING=3|4`).
-    b1q_ring: AtomicUsize,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2183,7 +2162,6 @@ impl Gpu {
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
             b1q_tiles: AtomicUsize::new(mvbq_tiles_env()),
-            b1q_ring: AtomicUsize::new(mvbq_ring_env()),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -3143,8 +3121,7 @@ impl Gpu {
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
                 | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_tiles() as u64) << 31
-                | (self.b1q_ring() as u64) << 34,
+                | (self.b1q_tiles() as u64) << 31,
         ]
     }
 
@@ -3570,27 +3547,6 @@ impl Gpu {
             1 | 2 | 4 | 8 | 16 => t[ks.trailing_zeros() as usize],
             _ => return Err(CudaError(format!("mv_b1q: no variant with K split {ks}"))),
         };
-        // the weight-ring form of `_r2a` (K splits 1, 2, 4)
-        let fr = &self.f;
-        let f = match (r, self.b1q_ahead(), self.b1q_ring(), ks, planes) {
-            (2, true, 3, 1 | 2 | 4, 1) => {
-                [fr.mvbq_q1_r2w3_k1, fr.mvbq_q1_r2w3_k2, fr.mvbq_q1_r2w3_k4]
-                    [ks.trailing_zeros() as usize]
-            }
-            (2, true, 4, 1 | 2 | 4, 1) => {
-                [fr.mvbq_q1_r2w4_k1, fr.mvbq_q1_r2w4_k2, fr.mvbq_q1_r2w4_k4]
-                    [ks.trailing_zeros() as usize]
-            }
-            (2, true, 3, 1 | 2 | 4, _) => {
-                [fr.mvbq_q2_r2w3_k1, fr.mvbq_q2_r2w3_k2, fr.mvbq_q2_r2w3_k4]
-                    [ks.trailing_zeros() as usize]
-            }
-            (2, true, 4, 1 | 2 | 4, _) => {
-                [fr.mvbq_q2_r2w4_k1, fr.mvbq_q2_r2w4_k2, fr.mvbq_q2_r2w4_k4]
-                    [ks.trailing_zeros() as usize]
-            }
-            _ => f,
-        };
         self.launch(f, (grid, 1, 1), ((warps * 32) as u32, 1, 1), &args)
     }
 
@@ -3750,26 +3706,6 @@ impl Gpu {
             return Err(CudaError(format!("b1q tiles per warp {r}: 1 or 2")));
         }
         self.b1q_tiles.store(r, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// The stages of the int8 tensor-core verify's weight ring (`_r2wD`, `kernels/mvbp.cu`): 0
-    /// (the default) keeps the `_r2a` form's next weight pair in registers; 3 or 4 put a warp's
-    /// weights and scales through a D-stage ring in shared memory, filled with `cp.async` D − 1
-    /// pairs ahead (launches with K split ≤ 4 of the `_r2a` form; the others keep it).
-    /// `BONSAI_CUDA_B1Q_RING=3|4` at `Gpu::new`. The same bits at every setting.
-    pub fn b1q_ring(&self) -> usize {
-        self.b1q_ring.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::b1q_ring`] to 0, 3 or 4 (capture graphs after setting it).
-    pub fn set_b1q_ring(&self, d: usize) -> Result<()> {
-        if !matches!(d, 0 | 3 | 4) {
-            return Err(CudaError(format!(
-                "b1q weight ring of {d} stages: 0, 3 or 4"
-            )));
-        }
-        self.b1q_ring.store(d, Ordering::Relaxed);
         Ok(())
     }
 

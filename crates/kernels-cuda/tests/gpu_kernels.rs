@@ -4045,22 +4045,16 @@ fn scratch_seg(z: &DevBuf, n_out: usize) -> MvSeg {
 /// The int8 tensor-core verify kernel on the b1-plane layout (`mvbq_q1_*`): every row of a
 /// 2..=8-row launch equals the one-row b1-plane launch of that row bit for bit (the same exact
 /// block integers, the same float operations, the shape's K split), at every K split, in both
-/// load forms ([`Gpu::b1q_ahead`]), at 1 and 2 tiles per warp ([`Gpu::b1q_tiles`]) and with each
-/// weight ring ([`Gpu::b1q_ring`]); grouped segments, `accumulate`, and the shapes it refuses.
+/// load forms ([`Gpu::b1q_ahead`]) and at 1 and 2 tiles per warp ([`Gpu::b1q_tiles`]); grouped
+/// segments, `accumulate`, and the shapes it refuses.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn mv_b1q_equals_b1p_one_row() {
     let g = need_gpu!("mv_b1q_equals_b1p_one_row");
     let ahead0 = g.b1q_ahead();
-    let (tiles0, ring0) = (g.b1q_tiles(), g.b1q_ring());
-    // (tiles per warp, AHEAD, weight ring stages): `_r1`, `_r2`, `_r2a`, `_r2w3`, `_r2w4`
-    let forms = [
-        (1usize, false, 0usize),
-        (2, false, 0),
-        (2, true, 0),
-        (2, true, 3),
-        (2, true, 4),
-    ];
+    let tiles0 = g.b1q_tiles();
+    // (tiles per warp, AHEAD): `_r1`, `_r2`, `_r2a`
+    let forms = [(1usize, false), (2, false), (2, true)];
     let mut rng = Rng(93);
     let nmax = bonsai_kernels_cuda::MAX_ROWS;
     // and one launch of an odd tile count
@@ -4129,14 +4123,13 @@ fn mv_b1q_equals_b1p_one_row() {
             .unwrap()
         };
         // every form (`Gpu::b1q_ahead`: the activations a block ahead, the weights not in L1;
-        // `Gpu::b1q_tiles`: the tiles per warp; `Gpu::b1q_ring`: the weights through a ring)
-        for ((tiles, ahead, ring), n) in forms
+        // `Gpu::b1q_tiles`: the tiles per warp)
+        for ((tiles, ahead), n) in forms
             .into_iter()
             .flat_map(|f| [2usize, 5, 8].map(|n| (f, n)))
         {
             g.set_b1q_ahead(ahead);
             g.set_b1q_tiles(tiles).unwrap();
-            g.set_b1q_ring(ring).unwrap();
             for y in &ys {
                 g.htod(y, 0, &vec![f32::NAN; y.bytes() / 4]).unwrap();
             }
@@ -4149,7 +4142,7 @@ fn mv_b1q_equals_b1p_one_row() {
                         assert_eq!(
                             got.to_bits(),
                             want[t][r].to_bits(),
-                            "[{n_in}x{segs:?}] ks {ks} tiles {tiles} ahead {ahead} ring {ring} n {n}: activation {t} row {r} ({got} vs {})",
+                            "[{n_in}x{segs:?}] ks {ks} tiles {tiles} ahead {ahead} n {n}: activation {t} row {r} ({got} vs {})",
                             want[t][r]
                         );
                     } else {
@@ -4159,10 +4152,9 @@ fn mv_b1q_equals_b1p_one_row() {
             }
         }
         // accumulate: one f32 add onto y, in every form
-        for (tiles, ahead, ring) in forms {
+        for (tiles, ahead) in forms {
             g.set_b1q_ahead(ahead);
             g.set_b1q_tiles(tiles).unwrap();
-            g.set_b1q_ring(ring).unwrap();
             let y0s: Vec<Vec<f32>> = segs.iter().map(|&so| rng.vec(3 * so, 3.0)).collect();
             for (y, v) in ys.iter().zip(&y0s) {
                 g.htod(y, 0, v).unwrap();
@@ -4183,14 +4175,13 @@ fn mv_b1q_equals_b1p_one_row() {
                     assert_eq!(
                         acc[t][r].to_bits(),
                         (y0[t][r] + want[t][r]).to_bits(),
-                        "accumulate tiles {tiles} ahead {ahead} ring {ring} [{n_in}x{segs:?}] activation {t} row {r}"
+                        "accumulate tiles {tiles} ahead {ahead} [{n_in}x{segs:?}] activation {t} row {r}"
                     );
                 }
             }
         }
         g.set_b1q_ahead(ahead0);
         g.set_b1q_tiles(tiles0).unwrap();
-        g.set_b1q_ring(ring0).unwrap();
         eprintln!(
             "mv_b1q {planes} plane(s) [{n_in} x {segs:?}] K split {ks}: n = 2, 5, 8 == one-row b1-plane bit for bit, accumulate, forms {forms:?}"
         );
@@ -4204,8 +4195,7 @@ fn mv_b1q_equals_b1p_one_row() {
     assert!(g.mv_b1q(2, &[seg(16)], p + 4, p, p, 256, 2, false).is_err());
     assert!(g.mv_b1q(0, &[seg(16)], p, p, p, 256, 2, false).is_err());
     assert!(g.set_b1q_tiles(4).is_err());
-    assert!(g.set_b1q_ring(2).is_err());
-    assert_eq!((g.b1q_tiles(), g.b1q_ring()), (tiles0, ring0));
+    assert_eq!(g.b1q_tiles(), tiles0);
 }
 
 /// `mv_swiglu_b1p` (the SwiGLU-fused b1-plane gate‖up launch) equals `mv_b1p` over [gate, up]
