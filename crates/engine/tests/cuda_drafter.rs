@@ -1253,3 +1253,58 @@ fn cuda_draft_markov_alt_ab() {
         &rows,
     );
 }
+
+/// The graph draft with its next weights prefetched into the L2 (`CudaDrafter::set_l2pre`, off by
+/// default) against without ([`draft_switch_ab`]): a benchmark, not a timed test. The drafts must
+/// be the same bits either way, and this checks that too. `$BONSAI_DRAFT_CTX_MODEL` / `_DRAFTER`
+/// as [`cuda_draft_by_context`]; JSON to `$BONSAI_DRAFT_L2PRE_OUT` when set.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
+fn cuda_draft_l2pre_ab() {
+    let Some((b, d)) = bench_drafter("cuda_draft_l2pre_ab") else {
+        return;
+    };
+    // the same drafts and head logits with and without the prefetches, graph and eager
+    for graph in [true, false] {
+        d.set_graph(graph);
+        let mut got = Vec::new();
+        for on in [false, true] {
+            d.set_l2pre(on);
+            let mut st = d.new_state().unwrap();
+            let mut pos = 0usize;
+            stage_random_taps(&d, &mut st, &mut pos, 96, &mut Rng(7));
+            got.push(d.draft_with_logits(&mut st, 11, pos).unwrap());
+        }
+        assert_eq!(
+            got[0].0, got[1].0,
+            "drafts differ with the L2 prefetch (graph {graph})"
+        );
+        assert!(
+            got[0]
+                .1
+                .iter()
+                .zip(&got[1].1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "head logits differ with the L2 prefetch (graph {graph})"
+        );
+    }
+    d.set_graph(true);
+    let rows = draft_switch_ab(
+        &b,
+        &d,
+        "DRAFTL2PRE",
+        ["plain", "l2pre"],
+        "mv_q41",
+        &|on| d.set_l2pre(on),
+        d.l2pre(),
+    );
+    write_ab_json(
+        "BONSAI_DRAFT_L2PRE_OUT",
+        "graph draft ms without and with the next weights prefetched into the L2 \
+         (CudaDrafter::set_l2pre), alternating in one process, 4 x median of 15; mv_q41_alone_us: \
+         the Q4_1 mat-vec launches of one eager draft timed alone (each after a spin, so a \
+         prefetch has finished by then)",
+        &b,
+        &rows,
+    );
+}

@@ -38,8 +38,8 @@ pub use retile::{
 pub use spec::{
     dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_kv_smem, dsp_attn_max_chunks,
     dsp_attn_part_floats, gdn_rec_width, DspAttnKernel, DspPar, NormRopeSet, PlaneKind, Ring,
-    DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
-    REPLAY_MAX_LAYERS,
+    DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, L2PRE_MAX_RANGES,
+    Q41_MAX_SEGS, REPLAY_MAX_LAYERS,
 };
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
@@ -1378,6 +1378,7 @@ kernels!(
         mv_q41_n4,
         mv_q41_n4f,
         mvt_q41,
+        l2_prefetch,
         dsp_norm_rope,
         dsp_copy_rows,
         dsp_attn_part,
