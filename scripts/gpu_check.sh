@@ -219,14 +219,20 @@ fi
 # the Markov steps in alternating vocabulary orders (the default) against one order: graph draft
 [[ $MARKOVAB == 1 ]] && draft_ab draft-markov-ab cuda_draft_markov_alt_ab BONSAI_DRAFT_MARKOV_OUT DRAFTMARKOV
 # the draft's next weights prefetched into the L2 (BONSAI_CUDA_DRAFT_L2PRE, off by default)
-# against without: the graph draft alternating in one process (drafts checked equal first), then
-# the whole DSpark round with it on, against the bench run's default
+# against without: the graph draft alternating in one process (drafts checked equal first); the
+# target's forward the same way (BONSAI_CUDA_L2PRE: round and step); then the whole DSpark round
+# with the draft's prefetch off and on
 if [[ $L2PREAB == 1 ]]; then
-  echo "[${SECONDS}s] == l2_prefetch kernel; the drafter and DSpark engine tests with the prefetch on =="
+  echo "[${SECONDS}s] == l2_prefetch kernel =="
   .device/bin/gpu_kernels --include-ignored --exact l2_prefetch_keeps_launch_order --nocapture 2>&1 | tee "$OUT/l2pre-kernel.log" | grep -E "^test |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
-  BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --skip cuda_q41_timing --nocapture 2>&1 | tee "$OUT/l2pre-drafter.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-  BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/l2pre-spec.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
   draft_ab draft-l2pre-ab cuda_draft_l2pre_ab BONSAI_DRAFT_L2PRE_OUT DRAFTL2PRE
+  # the target's forward with its next weights prefetched (BONSAI_CUDA_L2PRE): round and step
+  round_ab l2pre-round-ab cuda_l2pre_round_ab BONSAI_L2PRE_AB_OUT "L2PREAB rep"
+  if ! late "l2pre engine tests"; then
+    echo "[${SECONDS}s] == DSpark engine and drafter tests with both prefetches on =="
+    BONSAI_CUDA_L2PRE=1 BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/l2pre-spec.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+    BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --skip cuda_q41_timing --nocapture 2>&1 | tee "$OUT/l2pre-drafter.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+  fi
   for v in $VARIANTS; do
     for l in 0 1; do
       late "l2pre$l spec bench $v" && continue

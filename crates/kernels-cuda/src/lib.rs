@@ -1803,6 +1803,8 @@ pub struct Gpu {
     b1q_ahead: AtomicBool,
     /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1`).
     b1q_tiles: AtomicUsize,
+    /// [`Gpu::l2pre`] (`BONSAI_CUDA_L2PRE=1` turns it on).
+    l2pre: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2163,6 +2165,7 @@ impl Gpu {
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
             b1q_tiles: AtomicUsize::new(mvbq_tiles_env()),
+            l2pre: AtomicBool::new(std::env::var("BONSAI_CUDA_L2PRE").is_ok_and(|v| v == "1")),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -3122,7 +3125,8 @@ impl Gpu {
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
                 | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_tiles() as u64) << 31,
+                | (self.b1q_tiles() as u64) << 31
+                | (self.l2pre() as u64) << 34,
         ]
     }
 
@@ -3708,6 +3712,20 @@ impl Gpu {
         }
         self.b1q_tiles.store(r, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the target's forward asks the L2 for a layer's next weights ahead of their
+    /// mat-vec ([`Self::l2_prefetch`]: the out-projection's beside the in-projection and the GDN
+    /// step or attention, ffn gate‖up's beside the out-projection, ffn_down's beside gate‖up).
+    /// Off by default (`BONSAI_CUDA_L2PRE=1` on; [`Self::set_l2pre`]) until measured. The same
+    /// bits either way.
+    pub fn l2pre(&self) -> bool {
+        self.l2pre.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::l2pre`] (capture graphs after setting it).
+    pub fn set_l2pre(&self, on: bool) {
+        self.l2pre.store(on, Ordering::Relaxed);
     }
 
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K

@@ -83,6 +83,24 @@ struct B1pLayout {
 }
 
 impl CudaMat {
+    /// The device byte ranges a launch over this matrix reads: the b1-plane layout where it has
+    /// one and `b1p` (the b1-plane kernels are on), else the dp4a (or f32) one. For
+    /// [`kc::Gpu::l2_prefetch`].
+    fn l2_ranges(&self, b1p: bool) -> Vec<(u64, usize)> {
+        match (&self.b1p, &self.codes) {
+            (Some(l), _) if b1p || self.codes.is_none() => vec![
+                (l.codes.ptr(), l.codes.bytes()),
+                (l.scales.ptr(), l.scales.bytes()),
+            ],
+            (_, Some(c)) => {
+                let mut r = vec![(c.ptr(), c.bytes())];
+                r.extend(self.scales.as_ref().map(|s| (s.ptr(), s.bytes())));
+                r
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The code planes of the b1-plane layout, if it has one.
     fn b1p_planes(&self) -> Option<usize> {
         self.b1p.as_ref().map(|l| l.planes)
@@ -1245,6 +1263,19 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// With [`kc::Gpu::l2pre`] and a launch of at most [`MV_ROWS`] rows (decode, verify): ask the
+    /// L2 for `mats`' weights, beside the launch queued last, for the mat-vec that reads them
+    /// next. Prefill's GEMMs are left alone.
+    fn l2pre_mats(&self, n: usize, mats: &[&CudaMat]) -> Result<()> {
+        if !self.gpu.l2pre() || n > MV_ROWS {
+            return Ok(());
+        }
+        let b1p = self.gpu.b1p();
+        let mut r: Vec<(u64, usize)> = mats.iter().flat_map(|m| m.l2_ranges(b1p)).collect();
+        r.truncate(kc::L2PRE_MAX_RANGES);
+        self.gpu.l2_prefetch(&r).map_err(be)
+    }
+
     fn gdn_impl(
         &self,
         sc: &mut Scratch,
@@ -1295,6 +1326,7 @@ impl CudaBackend {
             false,
             p16,
         )?;
+        self.l2pre_mats(n, &[&w.ssm_out])?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
         // recurrence without per-row block barriers; decode and verify keep the batch-invariant
@@ -1541,6 +1573,7 @@ impl CudaBackend {
         let p16 = self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
         self.proj_multi_p16(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, p16)?;
+        self.l2pre_mats(n, &[&w.out])?;
         let g = &self.gpu;
         let k = nh * hd;
         g.attn_prep(
@@ -1626,6 +1659,7 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
+        self.l2pre_mats(n, &[&w.gate, &w.up])?;
         let p16 = self.norm_in(
             sc,
             x,
@@ -1678,6 +1712,7 @@ impl CudaBackend {
                     )
                     .map_err(be)?
                 {
+                    self.l2pre_mats(1, &[&w.down])?;
                     return match down_p16 {
                         Some(acts) => self.proj_b1p(&[(&w.down, x)], 1, true, acts),
                         None => self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s)),
@@ -1698,11 +1733,13 @@ impl CudaBackend {
                     )
                     .map_err(be)?
                 {
+                    self.l2pre_mats(1, &[&w.down])?;
                     return self.proj_from(sc, &w.down, 1, x, true, (out.q, out.d, out.s));
                 }
             }
         }
         self.proj_multi_p16(sc, &[(g, gt), (u, up)], n, false, p16)?;
+        self.l2pre_mats(n, &[&w.down])?;
         if self.b1p_out_for(sc, &w.down, n) {
             // ffn_down on the b1-plane kernels (gate‖up are done reading xp)
             let acts = Self::p16_acts(sc, n, self.b1q_rows(n));
