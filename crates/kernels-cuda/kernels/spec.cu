@@ -296,27 +296,28 @@ MV_Q41_ENTRY(mv_q41, 2, MAXN)
 MV_Q41_ENTRY(mv_q41_n4, 2, 4)
 MV_Q41_ENTRY_RF(mv_q41_n4f, 2, 4, true)
 
-// L2 prefetch of up to L2PRE_RANGES byte ranges that no kernel writes (the drafter's next weight
-// matrices), so that the mat-vec that reads them later finds them in the L2 instead of DRAM.
-// Writes nothing and reads nothing: each thread asks the bulk copy engine for 64 KiB chunks
-// (`cp.async.bulk.prefetch.L2`, sm_90; a no-op below), grid-stride over the ranges' chunks. It lets
-// its dependents launch at once and waits for the kernel before it only at its end, so with
-// programmatic launch it runs beside that kernel (typically the mat-vec before the one it serves),
-// while the launch after it still starts only when that kernel has finished. Ranges start 16-byte
-// aligned; a length is rounded down to a multiple of 16 (the instruction's unit).
+// L2 prefetch of up to L2PRE_RANGES byte ranges that no kernel writes (the next weight matrices),
+// so that the mat-vec that reads them later finds them in the L2 instead of DRAM. Writes nothing
+// and reads nothing: each thread asks the bulk copy engine for L2PRE_CHUNK-byte chunks
+// (`cp.async.bulk.prefetch.L2`, sm_90; a no-op below), grid-stride over the ranges' chunks. The
+// launcher puts it on a stream of its own (Gpu::l2_prefetch): an issuing thread waits while its
+// SM's copy engine is busy, so on the main stream it held up the launch after it for the whole
+// transfer (~12 us a launch, measured on an H100). Ranges start 16-byte aligned; a length is
+// rounded down to a multiple of 16 (the instruction's unit).
 #define L2PRE_RANGES 8
+#define L2PRE_CHUNK (1ull << 14)
 struct L2PreRanges {
     const u8* p[L2PRE_RANGES];
     unsigned long long n[L2PRE_RANGES];
 };
 extern "C" __global__ void l2_prefetch(const __grid_constant__ L2PreRanges r) {
-    PDL_TRIGGER();
 #if BONSAI_SM90
-    const unsigned long long CH = 1ull << 16;
+    const unsigned long long CH = L2PRE_CHUNK;
     unsigned long long total = 0;
 #pragma unroll
     for (int i = 0; i < L2PRE_RANGES; ++i) total += (r.n[i] + CH - 1) / CH;
-    for (unsigned long long c = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; c < total;
+    // consecutive chunks on consecutive blocks (so on different SMs), then the blocks' next threads
+    for (unsigned long long c = (unsigned long long)threadIdx.x * gridDim.x + blockIdx.x; c < total;
          c += (unsigned long long)gridDim.x * blockDim.x) {
         unsigned long long k = c;
         int i = 0;
@@ -327,7 +328,6 @@ extern "C" __global__ void l2_prefetch(const __grid_constant__ L2PreRanges r) {
                          : "memory");
     }
 #endif
-    PDL_WAIT();  // finish after the kernel before: the next launch's wait covers that kernel too
 }
 
 // Ring row of logical row t: (slot0 + t) mod cap, or t itself when cap <= 0.

@@ -1378,7 +1378,6 @@ kernels!(
         mv_q41_n4,
         mv_q41_n4f,
         mvt_q41,
-        l2_prefetch,
         dsp_norm_rope,
         dsp_copy_rows,
         dsp_attn_part,
@@ -1657,6 +1656,7 @@ kernels!(
     ],
     plain: [
         spin_ns,
+        l2_prefetch,
         // ---- gemm.cu (prefill) ----
         gemm_q1,
         gemm_q2,
@@ -1738,6 +1738,15 @@ pub struct Gpu {
     ev_join: sys::CUevent,
     /// A forked launch `stream` has not waited for yet.
     join_pending: AtomicBool,
+    /// The stream of [`Gpu::l2_prefetch`]'s kernels, beside `stream` (lowest priority).
+    pre: Arc<CudaStream>,
+    /// Recorded on `stream` where an L2 prefetch forks off; `pre` waits on it.
+    ev_pre: sys::CUevent,
+    /// Recorded on `pre` after the last prefetch; `stream` waits on it before a capture ends and
+    /// before a host synchronization ([`Gpu::l2_prefetch_join`]).
+    ev_pre_join: sys::CUevent,
+    /// A prefetch launched on `pre` that `stream` has not joined yet.
+    pre_pending: AtomicBool,
     /// Open [`Gpu::detached`] scopes: while > 0, `stream`'s operations do not wait for a forked
     /// launch.
     detached: AtomicUsize,
@@ -2054,12 +2063,15 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             let _ = self.side.synchronize();
+            let _ = self.pre.synchronize();
             // SAFETY: events created in Gpu::new, destroyed once; nothing queued waits on them
-            // any more (the side stream is drained, and the main stream's waits were queued
+            // any more (the side streams are drained, and the main stream's waits were queued
             // before its last operation).
             unsafe {
                 let _ = cu::event::destroy(self.ev_fork);
                 let _ = cu::event::destroy(self.ev_join);
+                let _ = cu::event::destroy(self.ev_pre);
+                let _ = cu::event::destroy(self.ev_pre_join);
             }
         }
     }
@@ -2091,6 +2103,9 @@ impl Gpu {
         let side = ctx
             .new_stream_with_priority(least)
             .map_err(err("cuda side stream"))?;
+        let pre = ctx
+            .new_stream_with_priority(least)
+            .map_err(err("cuda prefetch stream"))?;
         let arch = ctx
             .compute_capability()
             .map_err(err("compute capability"))?;
@@ -2122,6 +2137,12 @@ impl Gpu {
             ev_join: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(err("event"))?,
             join_pending: AtomicBool::new(false),
+            pre,
+            ev_pre: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(err("event"))?,
+            ev_pre_join: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(err("event"))?,
+            pre_pending: AtomicBool::new(false),
             detached: AtomicUsize::new(0),
             fork: AtomicBool::new(fork),
             f,
@@ -2435,8 +2456,65 @@ impl Gpu {
 
     /// Wait for all queued work (outside a [`Self::detached`] scope, a forked launch's too).
     pub fn sync(&self) -> Result<()> {
+        self.l2_prefetch_join()?;
         self.main_stream();
         self.stream.synchronize().map_err(err("stream sync"))
+    }
+
+    /// [`Self::l2_prefetch`]'s launch: the kernel on the prefetch stream, after the main
+    /// stream's work so far (an event, not a kernel: the main stream's next launch keeps its
+    /// programmatic edge to the kernel before), with nothing on the main stream waiting for it
+    /// until [`Self::l2_prefetch_join`].
+    pub(crate) fn launch_prefetch(&self, grid: u32, blob: &[u64]) -> Result<()> {
+        self.bind()?;
+        let main = self.stream.cu_stream();
+        let pre = self.pre.cu_stream();
+        let mut words = blob.to_vec();
+        let mut params: Vec<*mut c_void> = vec![words.as_mut_ptr() as *mut c_void];
+        // SAFETY: live events and streams of this context; the prefetch stream waits for the
+        // main stream's work so far. l2_prefetch takes one by-value struct of blob.len() u64
+        // words (its only parameter), read by the driver during the launch call.
+        unsafe {
+            cu::event::record(self.ev_pre, main).map_err(err("record prefetch fork"))?;
+            cu::stream::wait_event(
+                pre,
+                self.ev_pre,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err("wait prefetch fork"))?;
+            cu::launch_kernel(
+                self.f.l2_prefetch,
+                (grid, 1, 1),
+                (32, 1, 1),
+                0,
+                pre,
+                &mut params,
+            )
+            .map_err(err("launch l2_prefetch"))?;
+        }
+        self.pre_pending.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Make the main stream wait for the prefetches launched so far ([`Self::l2_prefetch`]):
+    /// before a capture ends (a capture must join every stream it forked) and before a host
+    /// synchronization. Nothing else needs it: a prefetch writes nothing.
+    pub fn l2_prefetch_join(&self) -> Result<()> {
+        if !self.pre_pending.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: live events and streams of this context.
+        unsafe {
+            cu::event::record(self.ev_pre_join, self.pre.cu_stream())
+                .map_err(err("record prefetch join"))?;
+            cu::stream::wait_event(
+                self.stream.cu_stream(),
+                self.ev_pre_join,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err("wait prefetch join"))
+        }
     }
 
     /// The stream for the next operation. Outside a [`Self::detached`] scope, a forked launch not
@@ -5204,6 +5282,9 @@ impl Gpu {
     /// Start capturing this GPU's stream into a graph.
     pub fn begin_capture(&self) -> Result<()> {
         self.bind()?;
+        // eager prefetches still queued are joined outside the capture: the capture then forks
+        // the prefetch stream afresh
+        self.l2_prefetch_join()?;
         // SAFETY: our own non-default stream; ended by end_capture.
         unsafe {
             cu::stream::begin_capture(
@@ -5217,6 +5298,8 @@ impl Gpu {
     /// End the capture and instantiate the graph.
     pub fn end_capture(&self) -> Result<Graph> {
         self.bind()?;
+        // a capture must join the streams it forked: the prefetch stream's work so far
+        self.l2_prefetch_join()?;
         // SAFETY: the stream is capturing (begin_capture succeeded).
         let graph =
             unsafe { cu::stream::end_capture(self.op_stream()) }.map_err(err("end capture"))?;

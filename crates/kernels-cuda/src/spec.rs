@@ -10,10 +10,10 @@ pub const Q41_MAX_SEGS: usize = 3;
 const DSP_MARKOV_PER_WARP: usize = 4;
 /// Most byte ranges one [`Gpu::l2_prefetch`] launch takes (`L2PRE_RANGES` in the source).
 pub const L2PRE_MAX_RANGES: usize = 8;
-/// Bytes per `cp.async.bulk.prefetch.L2` of [`Gpu::l2_prefetch`] (one chunk per thread).
-const L2PRE_CHUNK: usize = 1 << 16;
+/// Bytes per `cp.async.bulk.prefetch.L2` of [`Gpu::l2_prefetch`] (`L2PRE_CHUNK` in the source).
+const L2PRE_CHUNK: usize = 1 << 14;
 /// Most blocks (of 32 threads) of one [`Gpu::l2_prefetch`] launch.
-const L2PRE_MAX_BLOCKS: usize = 32;
+const L2PRE_MAX_BLOCKS: usize = 128;
 /// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
 pub const REPLAY_MAX_LAYERS: usize = 64;
 /// Most keys per chunk of the per-head block attention ([`DspAttnKernel::PerHead`]; `DSP_CH` in
@@ -501,10 +501,11 @@ impl Gpu {
     }
 
     /// Ask the L2 to fetch up to [`L2PRE_MAX_RANGES`] device byte ranges `(address, bytes)` that
-    /// no kernel writes (weights), for a later launch to find there (`l2_prefetch`: 64 KiB bulk
+    /// no kernel writes (weights), for a later launch to find there (`l2_prefetch`: 16 KiB bulk
     /// prefetches, sm_90+; nothing below, where the kernel is not launched). It writes nothing and
-    /// changes no result. With [`Self::pdl`] it runs beside the kernel queued before it, and the
-    /// next launch still waits for that kernel. Each address must be 16-byte aligned (a
+    /// changes no result. It runs on a stream of its own after the main stream's work so far, and
+    /// nothing on the main stream waits for it until [`Self::l2_prefetch_join`] (a capture's end,
+    /// a host synchronization). Each address must be 16-byte aligned (a
     /// `cuMemAlloc` base, or an offset into one that is a multiple of 16); each length is rounded
     /// down to a multiple of 16. Empty ranges are skipped.
     pub fn l2_prefetch(&self, ranges: &[(u64, usize)]) -> Result<()> {
@@ -529,8 +530,9 @@ impl Gpu {
             blob[i] = p;
             blob[L2PRE_MAX_RANGES + i] = n as u64;
         }
-        let blocks = cdiv(chunks, 32).min(L2PRE_MAX_BLOCKS as u32);
-        self.launch_blob(self.f.l2_prefetch, (blocks, 1, 1), (32, 1, 1), &blob, &[])
+        // about one chunk per block: the bulk prefetches a block asks for are issued at its SM's
+        // pace (~0.1 TB/s each on an H100), so the blocks spread over the SMs
+        self.launch_prefetch(chunks.min(L2PRE_MAX_BLOCKS) as u32, &blob)
     }
 
     /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:

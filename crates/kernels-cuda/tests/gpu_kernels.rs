@@ -3734,12 +3734,12 @@ fn launch_chain_cost() {
     g.set_pdl(pdl0);
 }
 
-/// `l2_prefetch` between dependent launches (the DSpark draft puts one after each mat-vec) keeps
-/// their order: it runs beside the launch before it but ends only after it, so the launch after
-/// it still sees that launch's writes. A chain of `launch_chain_step` increments with a prefetch
+/// `l2_prefetch` between dependent launches (the forward puts one after a mat-vec) leaves their
+/// order alone: it runs on a stream of its own, forked after the main stream's work so far, and a
+/// capture joins it before it ends. A chain of `launch_chain_step` increments with a prefetch
 /// between every two, eager and captured, with and without programmatic launch: a lost increment
-/// would show a launch that overtook the one before the prefetch. Bad ranges are errors, and the
-/// prefetched buffer is unchanged.
+/// would show a launch that overtook the one before it. Bad ranges are errors, and the prefetched
+/// buffer is unchanged.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
 fn l2_prefetch_keeps_launch_order() {
