@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--markov-ab] [--head-tc-ab] [--fork-ab] [--l2pre-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--markov-ab] [--head-tc-ab] [--fork-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; FORKAB=0; L2PREAB=0; DRAFTERONLY=0; PCACHE=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; FORKAB=0; DRAFTERONLY=0; PCACHE=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --fork-ab) FORKAB=1; shift;; --l2pre-ab) L2PREAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
+  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --fork-ab) FORKAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -218,30 +218,6 @@ if [[ $RFAB == 1 ]]; then
 fi
 # the Markov steps in alternating vocabulary orders (the default) against one order: graph draft
 [[ $MARKOVAB == 1 ]] && draft_ab draft-markov-ab cuda_draft_markov_alt_ab BONSAI_DRAFT_MARKOV_OUT DRAFTMARKOV
-# the draft's next weights prefetched into the L2 (BONSAI_CUDA_DRAFT_L2PRE, off by default)
-# against without: the graph draft alternating in one process (drafts checked equal first); the
-# target's forward the same way (BONSAI_CUDA_L2PRE: round and step); then the whole DSpark round
-# with the draft's prefetch off and on
-if [[ $L2PREAB == 1 ]]; then
-  echo "[${SECONDS}s] == l2_prefetch kernel =="
-  .device/bin/gpu_kernels --include-ignored --exact l2_prefetch_keeps_launch_order --nocapture 2>&1 | tee "$OUT/l2pre-kernel.log" | grep -E "^test |SKIPPED|result|panicked" ; rc=$((rc|${PIPESTATUS[0]}))
-  draft_ab draft-l2pre-ab cuda_draft_l2pre_ab BONSAI_DRAFT_L2PRE_OUT DRAFTL2PRE
-  # the target's forward with its next weights prefetched (BONSAI_CUDA_L2PRE): round and step
-  round_ab l2pre-round-ab cuda_l2pre_round_ab BONSAI_L2PRE_AB_OUT "L2PREAB rep"
-  if ! late "l2pre engine tests"; then
-    echo "[${SECONDS}s] == DSpark engine and drafter tests with both prefetches on =="
-    BONSAI_CUDA_L2PRE=1 BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_spec --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/l2pre-spec.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-    BONSAI_CUDA_DRAFT_L2PRE=1 BONSAI_CUDA_MODELS=$M .device/bin/cuda_drafter --include-ignored --test-threads 1 --skip cuda_q41_timing --nocapture 2>&1 | tee "$OUT/l2pre-drafter.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
-  fi
-  for v in $VARIANTS; do
-    for l in 0 1; do
-      late "l2pre$l spec bench $v" && continue
-      f=/tmp/27b-$v.gguf; d=/tmp/27b-$v-dspark.gguf
-      BONSAI_CUDA_DRAFT_L2PRE=$l BONSAI_SPEC_BENCH_MODEL=$f BONSAI_SPEC_BENCH_DRAFTER=$d BONSAI_SPEC_BENCH_OUT="$OUT/spec-bench-l2pre$l-$v.json" .device/bin/cuda_spec_bench --include-ignored --exact cuda_spec_round_cost --nocapture 2>&1 | tee "$OUT/spec-bench-l2pre$l-$v.log" | grep -E "BENCH (plain|dspark)|SKIPPED|panicked|result"
-      rc=$((rc|${PIPESTATUS[0]}))
-    done
-  done
-fi
 # the drafter's LM head in the tensor-core layout (a load-time choice, BONSAI_CUDA_Q41_TC_HEAD) or
 # not: the Markov A/B's graph drafts in alternating processes, head layout off / on, twice
 if [[ $HEADTCAB == 1 ]]; then

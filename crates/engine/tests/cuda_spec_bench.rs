@@ -905,43 +905,6 @@ fn cuda_b1q_ahead_round_ab() {
     );
 }
 
-/// The target's next weights prefetched into the L2 (`Gpu::l2pre`: the out-projection's beside
-/// the in-projection and the GDN step or attention, gate‖up's beside the out-projection,
-/// ffn_down's beside gate‖up; off by default) against without: the what-if's rejected round and
-/// the greedy step, alternating in one process (four times). `BONSAI_L2PRE_AB_OUT` gets the JSON.
-#[test]
-#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
-fn cuda_l2pre_round_ab() {
-    let Some((path, t, first)) = round_target("cuda_l2pre_round_ab") else {
-        return;
-    };
-    let gpu = t.cuda.gpu();
-    let saved = gpu.l2pre();
-    let mut rows = Vec::new();
-    for rep in 0..4 {
-        for on in [false, true] {
-            gpu.set_l2pre(on);
-            let (round, step) = round_and_step(&t, first);
-            println!(
-                "L2PREAB rep {rep} l2pre {on:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
-                round / step
-            );
-            rows.push(format!(
-                "{{\"l2pre\": {on}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
-                round / step
-            ));
-        }
-    }
-    gpu.set_l2pre(saved);
-    emit_rows(
-        &t,
-        &path,
-        ("L2PREAB", "BONSAI_L2PRE_AB_OUT"),
-        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
-        &rows,
-    );
-}
-
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel

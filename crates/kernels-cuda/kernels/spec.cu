@@ -296,40 +296,6 @@ MV_Q41_ENTRY(mv_q41, 2, MAXN)
 MV_Q41_ENTRY(mv_q41_n4, 2, 4)
 MV_Q41_ENTRY_RF(mv_q41_n4f, 2, 4, true)
 
-// L2 prefetch of up to L2PRE_RANGES byte ranges that no kernel writes (the next weight matrices),
-// so that the mat-vec that reads them later finds them in the L2 instead of DRAM. Writes nothing
-// and reads nothing: each thread asks the bulk copy engine for L2PRE_CHUNK-byte chunks
-// (`cp.async.bulk.prefetch.L2`, sm_90; a no-op below), grid-stride over the ranges' chunks. The
-// launcher puts it on a stream of its own (Gpu::l2_prefetch): an issuing thread waits while its
-// SM's copy engine is busy, so on the main stream it held up the launch after it for the whole
-// transfer (~12 us a launch, measured on an H100). Ranges start 16-byte aligned; a length is
-// rounded down to a multiple of 16 (the instruction's unit).
-#define L2PRE_RANGES 8
-#define L2PRE_CHUNK (1ull << 14)
-struct L2PreRanges {
-    const u8* p[L2PRE_RANGES];
-    unsigned long long n[L2PRE_RANGES];
-};
-extern "C" __global__ void l2_prefetch(const __grid_constant__ L2PreRanges r) {
-#if BONSAI_SM90
-    const unsigned long long CH = L2PRE_CHUNK;
-    unsigned long long total = 0;
-#pragma unroll
-    for (int i = 0; i < L2PRE_RANGES; ++i) total += (r.n[i] + CH - 1) / CH;
-    // consecutive chunks on consecutive blocks (so on different SMs), then the blocks' next threads
-    for (unsigned long long c = (unsigned long long)threadIdx.x * gridDim.x + blockIdx.x; c < total;
-         c += (unsigned long long)gridDim.x * blockDim.x) {
-        unsigned long long k = c;
-        int i = 0;
-        while (i < L2PRE_RANGES - 1 && k >= (r.n[i] + CH - 1) / CH) k -= (r.n[i++] + CH - 1) / CH;
-        const unsigned long long off = k * CH, len = min(CH, r.n[i] - off) & ~15ull;
-        if (len > 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.p[i] + off), "r"((unsigned)len)
-                         : "memory");
-    }
-#endif
-}
-
 // Ring row of logical row t: (slot0 + t) mod cap, or t itself when cap <= 0.
 __device__ __forceinline__ size_t dsp_ring_row(int t, int cap, int slot0) {
     return cap > 0 ? (size_t)((slot0 + t) % cap) : (size_t)t;

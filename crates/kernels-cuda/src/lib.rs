@@ -38,8 +38,8 @@ pub use retile::{
 pub use spec::{
     dsp_attn_chunk_len, dsp_attn_chunks, dsp_attn_kv_smem, dsp_attn_max_chunks,
     dsp_attn_part_floats, gdn_rec_width, DspAttnKernel, DspPar, NormRopeSet, PlaneKind, Ring,
-    DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, L2PRE_MAX_RANGES,
-    Q41_MAX_SEGS, REPLAY_MAX_LAYERS,
+    DSP_ATTN_CHUNK, DSP_ATTN_KV_CHUNK, DSP_ATTN_KV_SPREAD, DSP_ATTN_SPREAD, Q41_MAX_SEGS,
+    REPLAY_MAX_LAYERS,
 };
 
 /// The kernel source, embedded in the crate: one NVRTC translation unit made of the files in
@@ -1656,7 +1656,6 @@ kernels!(
     ],
     plain: [
         spin_ns,
-        l2_prefetch,
         // ---- gemm.cu (prefill) ----
         gemm_q1,
         gemm_q2,
@@ -1738,15 +1737,6 @@ pub struct Gpu {
     ev_join: sys::CUevent,
     /// A forked launch `stream` has not waited for yet.
     join_pending: AtomicBool,
-    /// The stream of [`Gpu::l2_prefetch`]'s kernels, beside `stream` (lowest priority).
-    pre: Arc<CudaStream>,
-    /// Recorded on `stream` where an L2 prefetch forks off; `pre` waits on it.
-    ev_pre: sys::CUevent,
-    /// Recorded on `pre` after the last prefetch; `stream` waits on it before a capture ends and
-    /// before a host synchronization ([`Gpu::l2_prefetch_join`]).
-    ev_pre_join: sys::CUevent,
-    /// A prefetch launched on `pre` that `stream` has not joined yet.
-    pre_pending: AtomicBool,
     /// Open [`Gpu::detached`] scopes: while > 0, `stream`'s operations do not wait for a forked
     /// launch.
     detached: AtomicUsize,
@@ -1812,8 +1802,6 @@ pub struct Gpu {
     b1q_ahead: AtomicBool,
     /// [`Gpu::b1q_tiles`] (`BONSAI_CUDA_B1Q_R=1`).
     b1q_tiles: AtomicUsize,
-    /// [`Gpu::l2pre`] (`BONSAI_CUDA_L2PRE=1` turns it on).
-    l2pre: AtomicBool,
     /// [`Gpu::norm_p16_only`] (`BONSAI_CUDA_NORM_P16_ONLY=0` turns it off).
     norm_p16_only: AtomicBool,
     /// [`Gpu::norm_b1q_only`] (`BONSAI_CUDA_NORM_B1Q_ONLY=0` turns it off).
@@ -2063,15 +2051,12 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             let _ = self.side.synchronize();
-            let _ = self.pre.synchronize();
             // SAFETY: events created in Gpu::new, destroyed once; nothing queued waits on them
-            // any more (the side streams are drained, and the main stream's waits were queued
+            // any more (the side stream is drained, and the main stream's waits were queued
             // before its last operation).
             unsafe {
                 let _ = cu::event::destroy(self.ev_fork);
                 let _ = cu::event::destroy(self.ev_join);
-                let _ = cu::event::destroy(self.ev_pre);
-                let _ = cu::event::destroy(self.ev_pre_join);
             }
         }
     }
@@ -2103,9 +2088,6 @@ impl Gpu {
         let side = ctx
             .new_stream_with_priority(least)
             .map_err(err("cuda side stream"))?;
-        let pre = ctx
-            .new_stream_with_priority(least)
-            .map_err(err("cuda prefetch stream"))?;
         let arch = ctx
             .compute_capability()
             .map_err(err("compute capability"))?;
@@ -2137,12 +2119,6 @@ impl Gpu {
             ev_join: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(err("event"))?,
             join_pending: AtomicBool::new(false),
-            pre,
-            ev_pre: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map_err(err("event"))?,
-            ev_pre_join: cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map_err(err("event"))?,
-            pre_pending: AtomicBool::new(false),
             detached: AtomicUsize::new(0),
             fork: AtomicBool::new(fork),
             f,
@@ -2186,7 +2162,6 @@ impl Gpu {
                 std::env::var("BONSAI_CUDA_B1Q_AHEAD").map_or(true, |v| v != "0"),
             ),
             b1q_tiles: AtomicUsize::new(mvbq_tiles_env()),
-            l2pre: AtomicBool::new(std::env::var("BONSAI_CUDA_L2PRE").is_ok_and(|v| v == "1")),
             norm_p16_only: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_NORM_P16_ONLY").map_or(true, |v| v != "0"),
             ),
@@ -2456,65 +2431,8 @@ impl Gpu {
 
     /// Wait for all queued work (outside a [`Self::detached`] scope, a forked launch's too).
     pub fn sync(&self) -> Result<()> {
-        self.l2_prefetch_join()?;
         self.main_stream();
         self.stream.synchronize().map_err(err("stream sync"))
-    }
-
-    /// [`Self::l2_prefetch`]'s launch: the kernel on the prefetch stream, after the main
-    /// stream's work so far (an event, not a kernel: the main stream's next launch keeps its
-    /// programmatic edge to the kernel before), with nothing on the main stream waiting for it
-    /// until [`Self::l2_prefetch_join`].
-    pub(crate) fn launch_prefetch(&self, grid: u32, blob: &[u64]) -> Result<()> {
-        self.bind()?;
-        let main = self.stream.cu_stream();
-        let pre = self.pre.cu_stream();
-        let mut words = blob.to_vec();
-        let mut params: Vec<*mut c_void> = vec![words.as_mut_ptr() as *mut c_void];
-        // SAFETY: live events and streams of this context; the prefetch stream waits for the
-        // main stream's work so far. l2_prefetch takes one by-value struct of blob.len() u64
-        // words (its only parameter), read by the driver during the launch call.
-        unsafe {
-            cu::event::record(self.ev_pre, main).map_err(err("record prefetch fork"))?;
-            cu::stream::wait_event(
-                pre,
-                self.ev_pre,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(err("wait prefetch fork"))?;
-            cu::launch_kernel(
-                self.f.l2_prefetch,
-                (grid, 1, 1),
-                (32, 1, 1),
-                0,
-                pre,
-                &mut params,
-            )
-            .map_err(err("launch l2_prefetch"))?;
-        }
-        self.pre_pending.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Make the main stream wait for the prefetches launched so far ([`Self::l2_prefetch`]):
-    /// before a capture ends (a capture must join every stream it forked) and before a host
-    /// synchronization. Nothing else needs it: a prefetch writes nothing.
-    pub fn l2_prefetch_join(&self) -> Result<()> {
-        if !self.pre_pending.swap(false, Ordering::Relaxed) {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: live events and streams of this context.
-        unsafe {
-            cu::event::record(self.ev_pre_join, self.pre.cu_stream())
-                .map_err(err("record prefetch join"))?;
-            cu::stream::wait_event(
-                self.stream.cu_stream(),
-                self.ev_pre_join,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(err("wait prefetch join"))
-        }
     }
 
     /// The stream for the next operation. Outside a [`Self::detached`] scope, a forked launch not
@@ -3203,8 +3121,7 @@ impl Gpu {
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
                 | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_tiles() as u64) << 31
-                | (self.l2pre() as u64) << 34,
+                | (self.b1q_tiles() as u64) << 31,
         ]
     }
 
@@ -3790,20 +3707,6 @@ impl Gpu {
         }
         self.b1q_tiles.store(r, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Whether the target's forward asks the L2 for a layer's next weights ahead of their
-    /// mat-vec ([`Self::l2_prefetch`]: the out-projection's beside the in-projection and the GDN
-    /// step or attention, ffn gate‖up's beside the out-projection, ffn_down's beside gate‖up).
-    /// Off by default (`BONSAI_CUDA_L2PRE=1` on; [`Self::set_l2pre`]) until measured. The same
-    /// bits either way.
-    pub fn l2pre(&self) -> bool {
-        self.l2pre.load(Ordering::Relaxed)
-    }
-
-    /// Set [`Self::l2pre`] (capture graphs after setting it).
-    pub fn set_l2pre(&self, on: bool) {
-        self.l2pre.store(on, Ordering::Relaxed);
     }
 
     /// The b1-plane kernel of `planes` code planes for `n` activation rows (1, or 2..=5) and K
@@ -5282,9 +5185,6 @@ impl Gpu {
     /// Start capturing this GPU's stream into a graph.
     pub fn begin_capture(&self) -> Result<()> {
         self.bind()?;
-        // eager prefetches still queued are joined outside the capture: the capture then forks
-        // the prefetch stream afresh
-        self.l2_prefetch_join()?;
         // SAFETY: our own non-default stream; ended by end_capture.
         unsafe {
             cu::stream::begin_capture(
@@ -5298,8 +5198,6 @@ impl Gpu {
     /// End the capture and instantiate the graph.
     pub fn end_capture(&self) -> Result<Graph> {
         self.bind()?;
-        // a capture must join the streams it forked: the prefetch stream's work so far
-        self.l2_prefetch_join()?;
         // SAFETY: the stream is capturing (begin_capture succeeded).
         let graph =
             unsafe { cu::stream::end_capture(self.op_stream()) }.map_err(err("end capture"))?;

@@ -8,12 +8,6 @@ use crate::{cdiv, push_seg_args, Arg, CudaError, Gpu, MvSeg, Result, MAX_ROWS};
 pub const Q41_MAX_SEGS: usize = 3;
 /// Vocab entries per warp of [`Gpu::dsp_markov_scores`] (`DSP_MV` in the source).
 const DSP_MARKOV_PER_WARP: usize = 4;
-/// Most byte ranges one [`Gpu::l2_prefetch`] launch takes (`L2PRE_RANGES` in the source).
-pub const L2PRE_MAX_RANGES: usize = 8;
-/// Bytes per `cp.async.bulk.prefetch.L2` of [`Gpu::l2_prefetch`] (`L2PRE_CHUNK` in the source).
-const L2PRE_CHUNK: usize = 1 << 14;
-/// Most blocks (of 32 threads) of one [`Gpu::l2_prefetch`] launch.
-const L2PRE_MAX_BLOCKS: usize = 128;
 /// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
 pub const REPLAY_MAX_LAYERS: usize = 64;
 /// Most keys per chunk of the per-head block attention ([`DspAttnKernel::PerHead`]; `DSP_CH` in
@@ -498,41 +492,6 @@ impl Gpu {
             crate::q41t_smem_bytes() as u32,
             &args,
         )
-    }
-
-    /// Ask the L2 to fetch up to [`L2PRE_MAX_RANGES`] device byte ranges `(address, bytes)` that
-    /// no kernel writes (weights), for a later launch to find there (`l2_prefetch`: 16 KiB bulk
-    /// prefetches, sm_90+; nothing below, where the kernel is not launched). It writes nothing and
-    /// changes no result. It runs on a stream of its own after the main stream's work so far, and
-    /// nothing on the main stream waits for it until [`Self::l2_prefetch_join`] (a capture's end,
-    /// a host synchronization). Each address must be 16-byte aligned (a
-    /// `cuMemAlloc` base, or an offset into one that is a multiple of 16); each length is rounded
-    /// down to a multiple of 16. Empty ranges are skipped.
-    pub fn l2_prefetch(&self, ranges: &[(u64, usize)]) -> Result<()> {
-        if ranges.len() > L2PRE_MAX_RANGES {
-            return Err(CudaError(format!(
-                "l2_prefetch: {} ranges (at most {L2PRE_MAX_RANGES})",
-                ranges.len()
-            )));
-        }
-        if let Some(&(p, _)) = ranges.iter().find(|&&(p, n)| n > 0 && p % 16 != 0) {
-            return Err(CudaError(format!(
-                "l2_prefetch: address {p:#x} is not 16-byte aligned"
-            )));
-        }
-        let chunks: usize = ranges.iter().map(|&(_, n)| n.div_ceil(L2PRE_CHUNK)).sum();
-        if !self.hopper() || chunks == 0 {
-            return Ok(());
-        }
-        // the kernel's by-value struct: L2PRE_RANGES pointers, then as many lengths
-        let mut blob = [0u64; 2 * L2PRE_MAX_RANGES];
-        for (i, &(p, n)) in ranges.iter().enumerate() {
-            blob[i] = p;
-            blob[L2PRE_MAX_RANGES + i] = n as u64;
-        }
-        // about one chunk per block: the bulk prefetches a block asks for are issued at its SM's
-        // pace (~0.1 TB/s each on an H100), so the blocks spread over the SMs
-        self.launch_prefetch(chunks.min(L2PRE_MAX_BLOCKS) as u32, &blob)
     }
 
     /// Per-head RMSNorm ⊙ `w` (`[hd]`) and NEOX RoPE over all `hd` dims at positions `pos0 + t`:

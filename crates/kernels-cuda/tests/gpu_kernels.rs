@@ -3734,61 +3734,6 @@ fn launch_chain_cost() {
     g.set_pdl(pdl0);
 }
 
-/// `l2_prefetch` between dependent launches (the forward puts one after a mat-vec) leaves their
-/// order alone: it runs on a stream of its own, forked after the main stream's work so far, and a
-/// capture joins it before it ends. A chain of `launch_chain_step` increments with a prefetch
-/// between every two, eager and captured, with and without programmatic launch: a lost increment
-/// would show a launch that overtook the one before it. Bad ranges are errors, and the prefetched
-/// buffer is unchanged.
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh runs it with --include-ignored on the H200"]
-fn l2_prefetch_keeps_launch_order() {
-    let g = need_gpu!("l2_prefetch_keeps_launch_order");
-    const LINKS: usize = 256;
-    let len = (3 << 20) + 40;
-    let host: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
-    let w = g.upload(&host).unwrap();
-    let p = g.upload(&[0i32]).unwrap();
-    assert!(
-        g.l2_prefetch(&[(w.ptr() + 8, 64)]).is_err(),
-        "a misaligned range"
-    );
-    assert!(
-        g.l2_prefetch(&[(w.ptr(), 16); 9]).is_err(),
-        "more ranges than the kernel takes"
-    );
-    let pdl0 = g.pdl();
-    let mut expect = 0i32;
-    for pdl in [true, false] {
-        g.set_pdl(pdl);
-        for graph in [false, true] {
-            if graph {
-                g.begin_capture().unwrap();
-            }
-            for i in 0..LINKS {
-                g.launch_chain_step(p.ptr(), 132).unwrap();
-                // odd lengths and an empty range
-                g.l2_prefetch(&[(w.ptr(), len), (w.ptr() + 16, 24 + i), (w.ptr(), 0)])
-                    .unwrap();
-            }
-            if graph {
-                let gr = g.end_capture().unwrap();
-                g.launch_graph(&gr).unwrap();
-            }
-            g.sync().unwrap();
-            expect += LINKS as i32;
-            let got: Vec<i32> = down(g, &p, 1);
-            assert_eq!(
-                got[0], expect,
-                "a launch after l2_prefetch overtook the one before it (pdl {pdl}, graph {graph})"
-            );
-        }
-    }
-    g.set_pdl(pdl0);
-    let back: Vec<u8> = down(g, &w, len);
-    assert!(back == host, "l2_prefetch changed the buffer it prefetched");
-}
-
 /// One b1-plane test case on the host: logical code words `[n_out, nblk, planes, 4]` (plane q
 /// holds bit q of each code: 1 plane for Q1_0, 2 for Q2_0), f16 scales, int16 activations
 /// `[n, n_in]` with block scales, and the tiled device layouts of `kernels/mvbp.cu`.

@@ -83,24 +83,6 @@ struct B1pLayout {
 }
 
 impl CudaMat {
-    /// The device byte ranges a launch over this matrix reads: the b1-plane layout where it has
-    /// one and `b1p` (the b1-plane kernels are on), else the dp4a (or f32) one. For
-    /// [`kc::Gpu::l2_prefetch`].
-    fn l2_ranges(&self, b1p: bool) -> Vec<(u64, usize)> {
-        match (&self.b1p, &self.codes) {
-            (Some(l), _) if b1p || self.codes.is_none() => vec![
-                (l.codes.ptr(), l.codes.bytes()),
-                (l.scales.ptr(), l.scales.bytes()),
-            ],
-            (_, Some(c)) => {
-                let mut r = vec![(c.ptr(), c.bytes())];
-                r.extend(self.scales.as_ref().map(|s| (s.ptr(), s.bytes())));
-                r
-            }
-            _ => Vec::new(),
-        }
-    }
-
     /// The code planes of the b1-plane layout, if it has one.
     fn b1p_planes(&self) -> Option<usize> {
         self.b1p.as_ref().map(|l| l.planes)
@@ -228,9 +210,6 @@ struct Scratch {
     /// The model dimensions the buffers were sized for ([`scratch_dims`]): another model on the
     /// same backend gets new scratch.
     dims: [usize; 10],
-    /// With [`kc::Gpu::l2pre`]: the weight ranges of the layer's ffn gate‖up, which the mixer
-    /// asks the L2 for together with its out-projection's (set by the layer loops).
-    l2_next: Vec<(u64, usize)>,
 }
 
 /// Every model dimension a [`Scratch`] buffer size depends on.
@@ -375,9 +354,6 @@ struct StepGraph {
 
 /// Rows per mat-vec launch.
 const MV_ROWS: usize = kc::MAX_ROWS;
-/// Most bytes one [`CudaBackend::l2pre_mats`] asks the L2 for (it holds 50 MB on an H100; the
-/// mat-vec running beside the prefetch streams its own weights through it too).
-const L2PRE_BYTES: usize = 32 << 20;
 
 /// A decode step's request for the row's best entries: how many the sampler reads, and the list
 /// to fill (best first).
@@ -890,7 +866,6 @@ impl CudaBackend {
             amax: a(MV_ROWS * 4)?,
             gen: 0,
             dims: scratch_dims(cfg),
-            l2_next: Vec::new(),
         })
     }
 
@@ -1270,40 +1245,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// With [`kc::Gpu::l2pre`] and a launch of at most [`MV_ROWS`] rows (decode, verify): ask the
-    /// L2 for `mats`' weights, beside the launch queued last, for the mat-vec that reads them
-    /// next. Prefill's GEMMs are left alone.
-    fn l2pre_mats(&self, n: usize, mats: &[&CudaMat], more: &[(u64, usize)]) -> Result<()> {
-        if !self.gpu.l2pre() || n > MV_ROWS {
-            return Ok(());
-        }
-        let b1p = self.gpu.b1p();
-        let mut r: Vec<(u64, usize)> = mats.iter().flat_map(|m| m.l2_ranges(b1p)).collect();
-        r.extend_from_slice(more);
-        r.truncate(kc::L2PRE_MAX_RANGES);
-        // at most L2PRE_BYTES in all: each range the same share of its length (its first rows)
-        let total: usize = r.iter().map(|&(_, b)| b).sum();
-        if total > L2PRE_BYTES {
-            for e in &mut r {
-                e.1 = ((e.1 as u128 * L2PRE_BYTES as u128 / total as u128) as usize) & !15;
-            }
-        }
-        self.gpu.l2_prefetch(&r).map_err(be)
-    }
-
-    /// The ranges of a layer's ffn gate‖up for [`Scratch::l2_next`] (empty unless
-    /// [`kc::Gpu::l2pre`]).
-    fn l2_mlp_ranges(&self, w: &MlpWeights<Self>) -> Vec<(u64, usize)> {
-        if !self.gpu.l2pre() {
-            return Vec::new();
-        }
-        let b1p = self.gpu.b1p();
-        [&w.gate, &w.up]
-            .iter()
-            .flat_map(|m| m.l2_ranges(b1p))
-            .collect()
-    }
-
     fn gdn_impl(
         &self,
         sc: &mut Scratch,
@@ -1354,8 +1295,6 @@ impl CudaBackend {
             false,
             p16,
         )?;
-        let next = std::mem::take(&mut sc.l2_next);
-        self.l2pre_mats(n, &[&w.ssm_out], &next)?;
         let g = &self.gpu;
         // prefill (more rows than a mat-vec launch, never a verify step): rows in parallel and a
         // recurrence without per-row block barriers; decode and verify keep the batch-invariant
@@ -1602,8 +1541,6 @@ impl CudaBackend {
         let p16 = self.norm_in(sc, x, &w.attn_norm, eps, n, e, &[&w.q, &w.k, &w.v])?;
         let [qf, kf, vf] = [sc.p[0].ptr(), sc.p[1].ptr(), sc.p[2].ptr()];
         self.proj_multi_p16(sc, &[(&w.q, qf), (&w.k, kf), (&w.v, vf)], n, false, p16)?;
-        let next = std::mem::take(&mut sc.l2_next);
-        self.l2pre_mats(n, &[&w.out], &next)?;
         let g = &self.gpu;
         let k = nh * hd;
         g.attn_prep(
@@ -1689,7 +1626,6 @@ impl CudaBackend {
         x: u64,
         n: usize,
     ) -> Result<()> {
-        self.l2pre_mats(n, &[&w.down], &[])?;
         let p16 = self.norm_in(
             sc,
             x,
@@ -1895,7 +1831,6 @@ impl CudaBackend {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), 1, x)?;
         let (mut ia, mut ig) = (0, 0);
         for layer in &w.layers {
-            sc.l2_next = self.l2_mlp_ranges(&layer.mlp);
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
                     self.gdn_impl(sc, cfg, gw, &mut st.gdn[ig], x, 1)?;
@@ -2083,7 +2018,6 @@ impl CudaBackend {
         self.embed_impl(&w.tok_embd, sc.ids.ptr(), n, x)?;
         let (mut ia, mut ig) = (0, 0);
         for (il, layer) in w.layers.iter().enumerate() {
-            sc.l2_next = self.l2_mlp_ranges(&layer.mlp);
             match &layer.mixer {
                 Mixer::Gdn(gw) => {
                     let snap = snaps.get(ig).map(|p| (p.snap.s, p.snap.conv));

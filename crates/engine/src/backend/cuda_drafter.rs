@@ -108,33 +108,6 @@ impl DMat {
         }
     }
 
-    /// The device byte ranges `(address, bytes)` a launch over this matrix reads: for
-    /// [`Gpu::l2_prefetch`].
-    fn ranges(&self) -> Vec<(u64, usize)> {
-        match self {
-            DMat::Q41 { codes, dm, .. } => {
-                vec![(codes.ptr(), codes.bytes()), (dm.ptr(), dm.bytes())]
-            }
-            DMat::Q41t { rec, .. } => vec![(rec.ptr(), rec.bytes())],
-            DMat::F32 { w, .. } => vec![(w.ptr(), w.bytes())],
-        }
-    }
-
-    /// [`Self::ranges`] cut to about the first `bytes` bytes of rows (each range the same share of
-    /// its length, in 16-byte units).
-    fn ranges_head(&self, bytes: usize) -> Vec<(u64, usize)> {
-        let total = self.bytes().max(1);
-        self.ranges()
-            .into_iter()
-            .map(|(p, n)| {
-                (
-                    p,
-                    ((n as u128 * bytes.min(total) as u128 / total as u128) as usize) & !15,
-                )
-            })
-            .collect()
-    }
-
     fn bytes(&self) -> usize {
         match self {
             DMat::Q41 { codes, dm, .. } => codes.bytes() + dm.bytes(),
@@ -226,17 +199,7 @@ pub struct CudaDrafter {
     /// Stages of up to 8 rows replay a captured graph per row count while [`Self::graph`] is on
     /// (on unless `BONSAI_CUDA_STAGE_GRAPH=0`, read at load; [`CudaDrafter::set_stage_graph`]).
     stage_graph: AtomicBool,
-    /// The draft asks the L2 for each layer matrix's weights one mat-vec ahead, and for the
-    /// head's first [`L2PRE_HEAD_BYTES`] during the last layer (`Gpu::l2_prefetch`, sm_90+; on
-    /// with `BONSAI_CUDA_DRAFT_L2PRE=1`, read at load; [`CudaDrafter::set_l2pre`]). The draft's
-    /// short mat-vecs are a DRAM round trip or two per warp in a one-wave launch (~1.2 TB/s); the
-    /// prefetch runs beside the mat-vec before and the small launches after it. The same drafts.
-    l2pre: AtomicBool,
 }
-
-/// Bytes of the LM head [`CudaDrafter::l2pre`] asks the L2 for ahead of the head's launch (its
-/// first rows; the head is 715 MB on the 27B drafter, more than ten times the L2).
-const L2PRE_HEAD_BYTES: usize = 24 << 20;
 
 /// Where a draft's inputs come from.
 #[derive(Clone, Copy)]
@@ -355,9 +318,6 @@ impl CudaDrafter {
             stage_graph: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_STAGE_GRAPH").map_or(true, |v| v != "0"),
             ),
-            l2pre: AtomicBool::new(
-                std::env::var("BONSAI_CUDA_DRAFT_L2PRE").is_ok_and(|v| v == "1"),
-            ),
             cfg,
             host,
             gpu,
@@ -414,18 +374,6 @@ impl CudaDrafter {
         self.markov_alt.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the draft prefetches its next weights into the L2 (`BONSAI_CUDA_DRAFT_L2PRE=1` at
-    /// load or [`Self::set_l2pre`]). The drafts are the same bits either way.
-    pub fn l2pre(&self) -> bool {
-        self.l2pre.load(Ordering::Relaxed)
-    }
-
-    /// Turn the draft's L2 prefetches on or off (benchmarks compare both; a state's captured
-    /// draft is captured again).
-    pub fn set_l2pre(&self, on: bool) {
-        self.l2pre.store(on, Ordering::Relaxed);
-    }
-
     /// Whether stages of up to 8 rows replay a captured graph (with [`Self::graph`] on; the
     /// default). The staged rows are the same bits either way (`tests/cuda_drafter.rs`
     /// `cuda_drafter_graph_equals_eager`).
@@ -465,8 +413,7 @@ impl CudaDrafter {
                 | (self.fused() as u64) << 3
                 | (self.attn_per_kv_head() as u64) << 4
                 | (self.gpu.mv_rows_first() as u64) << 5
-                | (self.markov_alt() as u64) << 6
-                | (self.l2pre() as u64) << 7,
+                | (self.markov_alt() as u64) << 6,
         ]
     }
 
@@ -1009,20 +956,6 @@ impl CudaDrafter {
         }
         let x = st.x.ptr();
         let scale = 1.0 / (hd as f32).sqrt();
-        // with l2pre: the L2 asked for the next mat-vec's weights, beside the launch queued last
-        let l2pre = self.l2pre();
-        let pre = |ranges: Vec<(u64, usize)>| -> Result<()> {
-            if l2pre {
-                g.l2_prefetch(&ranges).map_err(be)?;
-            }
-            Ok(())
-        };
-        let qkv_ranges = |l: &DevLayer| -> Vec<(u64, usize)> {
-            [&l.q, &l.k, &l.v].iter().flat_map(|m| m.ranges()).collect()
-        };
-        if let Some(l0) = self.layers.first() {
-            pre(qkv_ranges(l0))?;
-        }
         for (il, l) in self.layers.iter().enumerate() {
             self.norm_in(st, x, &l.attn_norm, bs, e)?;
             self.mv(
@@ -1035,7 +968,6 @@ impl CudaDrafter {
                 bs,
                 false,
             )?;
-            pre(l.out.ranges())?;
             // the q and k heads: one launch, or one each
             let qset = kc::NormRopeSet {
                 src: st.qf.ptr(),
@@ -1089,7 +1021,6 @@ impl CudaDrafter {
             )
             .map_err(be)?;
             self.mv(st, &[(&l.out, x)], bs, true)?;
-            pre([&l.gate, &l.up].iter().flat_map(|m| m.ranges()).collect())?;
             self.norm_in(st, x, &l.ffn_norm, bs, e)?;
             self.mv(
                 st,
@@ -1097,7 +1028,6 @@ impl CudaDrafter {
                 bs,
                 false,
             )?;
-            pre(l.down.ranges())?;
             g.swiglu_quant(
                 st.gt.ptr(),
                 st.up.ptr(),
@@ -1110,10 +1040,6 @@ impl CudaDrafter {
             )
             .map_err(be)?;
             self.mv(st, &[(&l.down, x)], bs, true)?;
-            match self.layers.get(il + 1) {
-                Some(next) => pre(qkv_ranges(next))?,
-                None => pre(self.output.ranges_head(L2PRE_HEAD_BYTES))?,
-            }
         }
         self.norm_in(st, x, &self.output_norm, bs, e)?;
         self.mv(st, &[(&self.output, st.logits.ptr())], bs, false)?;
