@@ -1030,18 +1030,26 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 }
 
 // gdn_conv fused into gdn_step for decode and verify (n ≤ 8 rows): the same bits as gdn_conv then
-// gdn_step, one launch instead of two, and q / k never leave the block. grid (hv, dv/32), block 256;
-// dk == dv, dk % 32 == 0, dk ≤ 128, 1 ≤ kconv ≤ 8, hv ≥ hk.
-//   Block (h, y) runs the conv of its k-head kap = h mod hk (threads 0..dk-1: q channel kap·dk + i;
-//   threads 128..128+dk-1: k channel hk·dk + kap·dk + i) and of its 32 value columns (every warp
-//   the same column per lane, as gdn_step reads v per warp), the q / k L2 norms (the warp sums and
-//   their in-order total of gdn_conv's block_sum over dk threads), the gates, then gdn_step's row.
-//   Each thread keeps its channel's conv window in registers (read once, before the rows), so the
+// gdn_step, one launch instead of two, and q / k never leave the block. grid (hv, dv/32), block
+// 128 (GDN_CS_THREADS); dk == dv, dk % 32 == 0, dk ≤ 128, 1 ≤ kconv ≤ 8, hv ≥ hk.
+//   Block (h, y) owns the 32 value columns y·32 .. y·32 + 31 of head h. gdn_step splits a column's
+//   dk state rows into 8 chunks of R = dk/8 rows, sums each chunk in a thread (fmaf over its rows in
+//   order) and adds the 8 chunk sums to 0 in chunk order; here thread (w, lane) holds column
+//   jj = 8w + (lane & 7) and the two chunks 2cp, 2cp + 1 (cp = lane >> 3), so a column's 8 chunk
+//   sums are in 4 lanes of one warp and reach each of them by shuffles, added in the same order:
+//   no block barrier and no shared memory between the recurrence's two sums (gdn_step's order, so
+//   the same bits). Lanes 0..7 of each warp (cp = 0) own their column's single writes.
+//   Thread tid < dk also runs the conv of q channel kap·dk + tid and of k channel hk·dk + kap·dk +
+//   tid of its k-head kap = h mod hk; warp w's q and k sums of squares are then the warp sums of
+//   gdn_conv's warps w and 4 + w, added in their order (block_sum over dk threads). Two block
+//   barriers a row (the q / k norms' warp sums, then the normed q / k), their shared buffers
+//   double-buffered by row parity so that row t + 1's writes never meet row t's readers.
+//   Each thread keeps its channels' conv windows in registers (read once, before the rows), so the
 //   window update at the end is stores only. The value channels belong to one block each; the
 //   q / k channels of head kap are read by the hv/hk·dv/32 blocks sharing kap, so each of them
 //   counts itself on cnt[kap] once its window loads have been consumed (a release / acquire
 //   atomic) and the last one writes them and resets the counter (cnt [≥ hk] u32, zero between
-//   launches).
+//   launches). Row t + 1's inputs are loaded while row t runs.
 //   ko / vo / beta_out / g_out (L2-normed k [n, hk·dk], v [n, hv·dv], gates [n, hv], as gdn_conv
 //   writes them) only when ko != 0: the verify record reads them. With rec_w > 0 they point into
 //   the verify record itself (rows of rec_w floats: mixed ‖ k ‖ v ‖ g ‖ β, spec.cu) and the kernel
@@ -1051,58 +1059,79 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   launch read them, i.e. the speculative round's snapshot, written as a side output instead of
 //   a separate copy of every layer before the verify.
 //   NORM (gdn_conv_step_norm_d128: dv = 128, a cluster of the 4 blocks of a head): gated_norm_quant
-//   fused in too — each block's warp 0 holds 32 outputs of head h, the head's Σ o² is the 4 warp
-//   sums in cluster-rank order (block_sum's order over the 128-thread block of gated_norm_quant),
-//   exchanged through distributed shared memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
-#define GDN_BN_MAXN 8  // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
-template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false>
+//   fused in too — the owners put the row's 32 outputs in shared memory, warp 0 takes them back one
+//   column a lane, the head's Σ o² is the 4 blocks' warp sums in cluster-rank order (block_sum's
+//   order over the 128-thread block of gated_norm_quant), exchanged through distributed shared
+//   memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
+#define GDN_BN_MAXN 8      // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
+#define GDN_CS_THREADS 128  // threads of a gdn_conv_step block (the launcher's block size)
+// KC: the conv width fixed at compile time (the entries take KC = 4, the real models' width, when
+// the launch's kconv is 4), 0 for kconv as given.
+template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, int KC = 0>
 __device__ __forceinline__ void gdn_conv_step_body(
-    float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv_, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
     float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw_, float norm_eps,
     float* yf, i8* yq, float* yd, int* ys, P16Out po = {}) {
     static_assert(!P16 || NORM, "P16: the gated norm's output as b1-plane activations");
     static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
-    __shared__ float ks[128], qs[128], red[8][32], wsum[8], osum[2], amx[2];
-    // BN: warp 0's outputs and gate inputs of every row, and the rows' Σ o² (one cluster exchange)
+    static_assert(KC >= 0 && KC <= 8, "KC: a conv width of 1..8, or 0");
+    const int kconv = KC > 0 ? KC : kconv_;
+    // [row parity][padded k] normed q / k: 4 floats of padding after each chunk pair (2R rows), so
+    // the 4 chunk pairs a warp reads at once fall in different banks (at R = 16 also for 16-byte
+    // loads); [row parity][q warps ‖ k warps] their warp sums
+    __shared__ __align__(16) float ks[2][144], qs[2][144];
+    __shared__ float wsum[2][8], osum[2], amx[2];
+    // a row's 32 outputs (per row parity), for warp 0's norm; BN: every row's, and the rows' Σ o²
+    __shared__ float osr[2][32];
     __shared__ float osh[BN ? GDN_BN_MAXN : 1][32], zsh[BN ? GDN_BN_MAXN : 1][32], osumn[BN ? GDN_BN_MAXN : 1];
     __shared__ int last_s;
     const int dv = dk;
-    int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
-    int j = blockIdx.y * 32 + lane;
-    int R = dk / 8;
-    int kap = h % hk;
-    int conv_dim = 2 * hk * dk + hv * dk;
+    const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, tid = threadIdx.x;
+    const int cp = lane >> 3, jj = 8 * w + (lane & 7);  // chunk pair, column within the block
+    const bool owner = cp == 0;
+    const int j = blockIdx.y * 32 + jj;    // this thread's value column
+    const int jn = blockIdx.y * 32 + lane;  // warp 0's column in the norm (one a lane)
+    const int R = dk / 8;
+    const int kap = h % hk;
+    const int conv_dim = 2 * hk * dk + hv * dk;
     // row strides of the side outputs: their own buffers, or the verify record's rows (rec_w)
     const size_t rs_k = rec_w > 0 ? rec_w : hk * dk, rs_v = rec_w > 0 ? rec_w : hv * dv,
                  rs_g = rec_w > 0 ? rec_w : hv;
     float* Sh = S + (size_t)h * dk * dv;
-    float s[16];
+    // s[c·16 + r]: row (2cp + c)·R + r of column j (c = 0, 1; r < R)
+    float s[32];
     // S before the PDL wait, as in gdn_step (only this kernel and the round's rollback write it)
 #pragma unroll
-    for (int r = 0; r < 16; ++r) s[r] = r < R ? Sh[(size_t)(w * R + r) * dv + j] : 0.f;
-    // this thread's q / k conv channel (qk_ch < 0: none) and its value channel
-    bool is_q = tid < dk, is_k = tid >= 128 && tid < 128 + dk;
-    int qk_ch = is_q ? kap * dk + tid : is_k ? hk * dk + kap * dk + (tid - 128) : -1;
-    int v_ch = 2 * hk * dk + h * dk + j;
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            s[c * 16 + r] = r < R ? Sh[(size_t)((2 * cp + c) * R + r) * dv + j] : 0.f;
+    // this thread's q / k conv channels (if tid < dk) and its value channel
+    const bool has_qk = tid < dk;
+    const int q_ch = kap * dk + tid, k_ch = hk * dk + kap * dk + tid;
+    const int v_ch = 2 * hk * dk + h * dk + j;
+    const bool qk_rec = has_qk && h == kap && blockIdx.y == 0;  // the one block that writes q / k
     const int km1 = kconv - 1;
     // conv weights and windows (oldest first) in registers, also before the wait: the windows are
     // written only by this kernel (at its end, a step earlier), by prefill and by the round's
     // rollback, never by the kernel just before (the same argument as for S)
-    float cw_qk[8], cw_v[8], win_qk[7], win_v[7];
+    float cw_q[8], cw_k[8], cw_v[8], win_q[7], win_k[7], win_v[7];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         cw_v[i] = i < kconv ? convw[v_ch * kconv + i] : 0.f;
-        cw_qk[i] = i < kconv && qk_ch >= 0 ? convw[qk_ch * kconv + i] : 0.f;
+        cw_q[i] = i < kconv && has_qk ? convw[q_ch * kconv + i] : 0.f;
+        cw_k[i] = i < kconv && has_qk ? convw[k_ch * kconv + i] : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < 7; ++i) {
         win_v[i] = i < km1 ? conv_state[(size_t)i * conv_dim + v_ch] : 0.f;
-        win_qk[i] = i < km1 && qk_ch >= 0 ? conv_state[(size_t)i * conv_dim + qk_ch] : 0.f;
+        win_q[i] = i < km1 && has_qk ? conv_state[(size_t)i * conv_dim + q_ch] : 0.f;
+        win_k[i] = i < km1 && has_qk ? conv_state[(size_t)i * conv_dim + k_ch] : 0.f;
     }
-    // the head's gate constants and (NORM) this column's norm weight
-    const float dtb = dt_bias[h], sa = ssm_a[h], nwj = NORM ? nw_[j] : 0.f;
+    // the head's gate constants and (NORM) warp 0's column's norm weight
+    const float dtb = dt_bias[h], sa = ssm_a[h], nwj = NORM && w == 0 ? nw_[jn] : 0.f;
     const unsigned nshare = (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);  // blocks of k-head kap
     unsigned cnt_old = 0u;
     if (EARLY) {
@@ -1116,20 +1145,25 @@ __device__ __forceinline__ void gdn_conv_step_body(
     PDL_ENTRY();
     if (SNAP && snap_s) {
         // the speculative round's snapshot of what this launch reads (after the wait: the round's
-        // rollback reads the snapshot): the block's S rows, its value windows (warp 0) and, from
-        // one block per k-head, the q / k windows
+        // rollback reads the snapshot): the block's S rows, its value windows (the owners) and,
+        // from one block per k-head, the q / k windows
 #pragma unroll
-        for (int r = 0; r < 16; ++r)
-            if (r < R) snap_s[(size_t)h * dk * dv + (size_t)(w * R + r) * dv + j] = s[r];
-        if (w == 0) {
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int r = 0; r < 16; ++r)
+                if (r < R) snap_s[(size_t)h * dk * dv + (size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
+        if (owner) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
                 if (i < km1) snap_conv[(size_t)i * conv_dim + v_ch] = win_v[i];
         }
-        if (qk_ch >= 0 && h == kap && blockIdx.y == 0) {
+        if (qk_rec) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
-                if (i < km1) snap_conv[(size_t)i * conv_dim + qk_ch] = win_qk[i];
+                if (i < km1) {
+                    snap_conv[(size_t)i * conv_dim + q_ch] = win_q[i];
+                    snap_conv[(size_t)i * conv_dim + k_ch] = win_k[i];
+                }
         }
     }
     // acc = w[k-1]·x, then fma over the window oldest first (gdn_conv's order); then slide
@@ -1146,51 +1180,81 @@ __device__ __forceinline__ void gdn_conv_step_body(
             if (i < km1) win[i] = i + 1 < km1 ? win[i + 1] : x;
         return siluf_(acc);
     };
-    float scale = 1.0f / sqrtf((float)dk);
-    int nwq = dk >> 5;
-    int last = 0;
-    for (int t = 0; t < n; ++t) {
-        // conv + SiLU of the q / k channel and of the value column
-        float xqk = qk_ch >= 0 ? mixed[(size_t)t * conv_dim + qk_ch] : 0.f;
-        float xv = mixed[(size_t)t * conv_dim + v_ch];
-        if (rec_w > 0) {
-            // the record's pre-conv row (what gdn_rec_write copied): each value channel from
-            // its block's warp 0, each q / k channel from one block of its k-head
-            float* rm = ko - conv_dim + (size_t)t * rec_w;
-            if (w == 0) rm[v_ch] = xv;
-            if (qk_ch >= 0 && h == kap && blockIdx.y == 0) rm[qk_ch] = xqk;
+    // a column's 8 chunk sums (this lane's two: c0 = chunk 2cp, c1 = 2cp + 1) added to 0 in chunk
+    // order in every lane of the column (gdn_step's `for i < 8: ut += red[i]`)
+    auto chunk_total = [&](float c0, float c1) -> float {
+        float tot = 0.f;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int src = (lane & 7) + 8 * p;
+            const float a = __shfl_sync(0xffffffffu, c0, src), b = __shfl_sync(0xffffffffu, c1, src);
+            tot += a;
+            tot += b;
         }
-        float zt = 0.f;
-        if (NORM && w == 0) zt = z[((size_t)t * hv + h) * dv + j];
-        float y = qk_ch >= 0 ? conv_silu(cw_qk, win_qk, xqk) : 0.f;
-        float yv = conv_silu(cw_v, win_v, xv);
-        float ws = warp_sum(y * y);
-        __syncthreads();  // the previous row's readers of ks / qs / red are done
-        if (lane == 0) wsum[w] = ws;
+        return tot;
+    };
+    const float scale = 1.0f / sqrtf((float)dk);
+    const int nwq = dk >> 5;
+    const int r0 = 2 * cp * R + 4 * cp, r1 = r0 + R;      // this lane's two chunks in ks / qs
+    const int kw = tid + 4 * (tid / (2 * R));              // where channel tid's q / k go (tid < dk)
+    int last = 0;
+    // row t's inputs, loaded a row ahead
+    auto in_q = [&](int t) { return has_qk ? mixed[(size_t)t * conv_dim + q_ch] : 0.f; };
+    auto in_k = [&](int t) { return has_qk ? mixed[(size_t)t * conv_dim + k_ch] : 0.f; };
+    float xq = in_q(0), xk = in_k(0), xv = mixed[v_ch], xa = aa[h], xb = bb[h];
+    float zt = NORM && w == 0 ? z[(size_t)h * dv + jn] : 0.f;
+    for (int t = 0; t < n; ++t) {
+        const int b = t & 1;
+        float nq = 0.f, nk = 0.f, nv = 0.f, na = 0.f, nb = 0.f, nz = 0.f;
+        if (t + 1 < n) {
+            nq = in_q(t + 1);
+            nk = in_k(t + 1);
+            nv = mixed[(size_t)(t + 1) * conv_dim + v_ch];
+            na = aa[(t + 1) * hv + h];
+            nb = bb[(t + 1) * hv + h];
+            if (NORM && w == 0) nz = z[((size_t)(t + 1) * hv + h) * dv + jn];
+        }
+        if (rec_w > 0) {
+            // the record's pre-conv row (what gdn_rec_write copied): each value channel from its
+            // owner, each q / k channel from one block of its k-head
+            float* rm = ko - conv_dim + (size_t)t * rec_w;
+            if (owner) rm[v_ch] = xv;
+            if (qk_rec) {
+                rm[q_ch] = xq;
+                rm[k_ch] = xk;
+            }
+        }
+        // conv + SiLU of the q / k channels and of the value column
+        const float yqv = has_qk ? conv_silu(cw_q, win_q, xq) : 0.f;
+        const float ykv = has_qk ? conv_silu(cw_k, win_k, xk) : 0.f;
+        const float yv = conv_silu(cw_v, win_v, xv);
+        const float wq = warp_sum(yqv * yqv), wk = warp_sum(ykv * ykv);
+        if (lane == 0) {
+            wsum[b][w] = wq;
+            wsum[b][4 + w] = wk;
+        }
         __syncthreads();
         if (!EARLY && t == 0 && tid == 0) {
             // every window load of this block has been consumed (the block barrier above): count
             last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
         }
-        if (qk_ch >= 0) {
-            int base = is_q ? 0 : 4;
-            float ss = 0.f;
-            for (int i = 0; i < nwq; ++i) ss += wsum[base + i];
-            float v = y * (1.0f / fmaxf(sqrtf(ss), eps));
-            if (is_q) {
-                qs[tid] = v;
-            } else {
-                ks[tid - 128] = v;
-                if (ko && h == kap && blockIdx.y == 0) ko[(size_t)t * rs_k + kap * dk + tid - 128] = v;
-            }
+        if (has_qk) {
+            float ssq = 0.f, ssk = 0.f;
+            for (int i = 0; i < nwq; ++i) ssq += wsum[b][i];
+            for (int i = 0; i < nwq; ++i) ssk += wsum[b][4 + i];
+            const float qn = yqv * (1.0f / fmaxf(sqrtf(ssq), eps));
+            const float kn = ykv * (1.0f / fmaxf(sqrtf(ssk), eps));
+            qs[b][kw] = qn;
+            ks[b][kw] = kn;
+            if (ko && qk_rec) ko[(size_t)t * rs_k + kap * dk + tid] = kn;
         }
-        float a = aa[t * hv + h] + dtb;
-        float sp = a > 20.f ? a : log1pf(expf(a));
-        float gt = sa * sp;
-        float bt = sigmoidf_(bb[t * hv + h]);
-        if (ko && w == 0) {
-            vo[(size_t)t * rs_v + h * dv + j] = yv;
-            if (blockIdx.y == 0 && lane == 0) {
+        const float a = xa + dtb;
+        const float sp = a > 20.f ? a : log1pf(expf(a));
+        const float gt = sa * sp;
+        const float bt = sigmoidf_(xb);
+        if (ko) {
+            if (owner) vo[(size_t)t * rs_v + h * dv + j] = yv;
+            if (blockIdx.y == 0 && tid == 0) {
                 beta_out[(size_t)t * rs_g + h] = bt;
                 g_out[(size_t)t * rs_g + h] = gt;
             }
@@ -1198,81 +1262,87 @@ __device__ __forceinline__ void gdn_conv_step_body(
         __syncthreads();
         // gdn_step's row t, restated (keep the two, and spec.cu's gdn_replay, in step: the kernel
         // tests compare them bit for bit)
-        float decay = expf(gt);
-        float u = 0.f;
+        const float decay = expf(gt);
+        float u0 = 0.f, u1 = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
             if (r < R) {
                 s[r] *= decay;
-                u = fmaf(s[r], ks[w * R + r], u);
+                u0 = fmaf(s[r], ks[b][r0 + r], u0);
+                s[16 + r] *= decay;
+                u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
             }
-        red[w][lane] = u;
-        __syncthreads();
-        float ut = 0.f;
-        for (int i = 0; i < 8; ++i) ut += red[i][lane];
-        float delta = bt * (yv - ut);
-        float o = 0.f;
+        const float ut = chunk_total(u0, u1);
+        const float delta = bt * (yv - ut);
+        float o0 = 0.f, o1 = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
             if (r < R) {
-                s[r] = fmaf(ks[w * R + r], delta, s[r]);
-                o = fmaf(s[r], qs[w * R + r], o);
+                s[r] = fmaf(ks[b][r0 + r], delta, s[r]);
+                o0 = fmaf(s[r], qs[b][r0 + r], o0);
+                s[16 + r] = fmaf(ks[b][r1 + r], delta, s[16 + r]);
+                o1 = fmaf(s[16 + r], qs[b][r1 + r], o1);
             }
-        __syncthreads();
-        red[w][lane] = o;
-        __syncthreads();
-        float ov = 0.f;
-        if (w == 0) {
-            float ot = 0.f;
-            for (int i = 0; i < 8; ++i) ot += red[i][lane];
-            ov = ot * scale;
+        const float ov = chunk_total(o0, o1) * scale;
+        if (owner) {
             if (out) out[((size_t)t * hv + h) * dv + j] = ov;
-            if (BN) {
-                osh[t][lane] = ov;
-                zsh[t][lane] = zt;
-            } else if (NORM) {
-                float os = warp_sum(ov * ov);
-                if (lane == 0) osum[t & 1] = os;
-            }
+            if (BN) osh[t][jj] = ov;
+            else if (NORM) osr[b][jj] = ov;
         }
+        if (BN && w == 0) zsh[t][lane] = zt;
         if (NORM && !BN) {
-            // the head's 4 warp sums, in rank order; the slot of row t is rewritten at row t + 2,
-            // after every block has passed row t + 1's barrier, i.e. finished reading it
+            // warp 0 takes the row's outputs one column a lane; the head's 4 warp sums, in rank
+            // order; the slots of row t are rewritten at row t + 2, after every block has passed
+            // row t + 1's barriers, i.e. finished reading them
+            __syncthreads();
+            float on = 0.f;
+            if (w == 0) {
+                on = osr[b][lane];
+                const float os = warp_sum(on * on);
+                if (lane == 0) osum[b] = os;
+            }
             cluster_sync_all();
             float yo = 0.f;
             if (w == 0) {
                 float ss = 0.f;
-                for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[t & 1], rk);
+                for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[b], rk);
                 float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-                yo = ov * inv * nwj * siluf_(zt);
-                size_t idx = ((size_t)t * hv + h) * dv + j;
+                yo = on * inv * nwj * siluf_(zt);
+                size_t idx = ((size_t)t * hv + h) * dv + jn;
                 if (yf) yf[idx] = yo;
                 if (P16) {
                     const float am = warp_max(fabsf(yo));
-                    if (lane == 0) amx[t & 1] = am;
+                    if (lane == 0) amx[b] = am;
                 } else {
-                    size_t b = idx >> 5;
-                    quant32(yo, yq + (b << 5), yd + b, ys + b);
+                    size_t bq = idx >> 5;
+                    quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
                 }
             }
             if (P16) {
-                // the head is one 128-element block of the row (dv = 128), block rank j its
+                // the head is one 128-element block of the row (dv = 128), block rank y its
                 // sub-block: the 4 warp maxima (slot reuse as osum's), then swiglu_quant_p16's
                 // arithmetic on the same amax
                 cluster_sync_all();
                 if (w == 0) {
-                    const float amax = fmaxf(fmaxf(ld_cluster_f32(&amx[t & 1], 0), ld_cluster_f32(&amx[t & 1], 1)),
-                                             fmaxf(ld_cluster_f32(&amx[t & 1], 2), ld_cluster_f32(&amx[t & 1], 3)));
+                    const float amax = fmaxf(fmaxf(ld_cluster_f32(&amx[b], 0), ld_cluster_f32(&amx[b], 1)),
+                                             fmaxf(ld_cluster_f32(&amx[b], 2), ld_cluster_f32(&amx[b], 3)));
                     const size_t k = (size_t)hv * dv;
                     quant_p16_store(yo, amax, h, blockIdx.y, po.xp + t * (k >> 1), po.xu + t * (k >> 7),
                                     po.xs + t * (k >> 5), po.xv ? po.xv + t * k * 2 : nullptr);
                 }
             }
         }
+        xq = nq;
+        xk = nk;
+        xv = nv;
+        xa = na;
+        xb = nb;
+        zt = nz;
     }
     if (BN) {
         // the gated norm of every row: warp 0's Σ o² per row (warp_sum's tree, rows interleaved),
         // one cluster exchange, then each row's y and quant32 as above (the same operations)
+        __syncthreads();  // every owner's outputs are in osh
         if (w == 0) {
             float os[GDN_BN_MAXN];
 #pragma unroll
@@ -1294,19 +1364,21 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
                 float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
                 float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
-                size_t idx = ((size_t)t * hv + h) * dv + j;
+                size_t idx = ((size_t)t * hv + h) * dv + jn;
                 if (yf) yf[idx] = yo;
-                size_t b = idx >> 5;
-                quant32(yo, yq + (b << 5), yd + b, ys + b);
+                size_t bq = idx >> 5;
+                quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
             }
         }
     }
     if (NORM) cluster_sync_all();  // no block leaves while a peer may still read its osum
 #pragma unroll
-    for (int r = 0; r < 16; ++r)
-        if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) Sh[(size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
     // window update: the registers hold the last km1 elements of [window ‖ rows]
-    if (w == 0) {
+    if (owner) {
 #pragma unroll
         for (int i = 0; i < 7; ++i)
             if (i < km1) conv_state[(size_t)i * conv_dim + v_ch] = win_v[i];
@@ -1322,16 +1394,19 @@ __device__ __forceinline__ void gdn_conv_step_body(
     }
     __syncthreads();
     if (last_s) {
-        if (qk_ch >= 0) {
+        if (has_qk) {
 #pragma unroll
             for (int i = 0; i < 7; ++i)
-                if (i < km1) conv_state[(size_t)i * conv_dim + qk_ch] = win_qk[i];
+                if (i < km1) {
+                    conv_state[(size_t)i * conv_dim + q_ch] = win_q[i];
+                    conv_state[(size_t)i * conv_dim + k_ch] = win_k[i];
+                }
         }
         if (tid == 0) cnt[kap] = 0u;
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
+extern "C" __global__ void __launch_bounds__(GDN_CS_THREADS) gdn_conv_step(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
@@ -1354,17 +1429,20 @@ extern "C" __global__ void __launch_bounds__(256) gdn_conv_step(
 //                                 per row; the same bits.
 #define GDN_NORM_ENTRY(NAME, BN, SNAP) GDN_NORM_ENTRY_E(NAME, BN, SNAP, false)
 #define GDN_NORM_ENTRY_E(NAME, BN, SNAP, EARLY)                                                        \
-    extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) NAME(                        \
+    extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_CS_THREADS) NAME(                        \
         float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,  \
         int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,                \
         const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,            \
         float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,  \
         float* yf, i8* yq, float* yd, int* ys) {                                                         \
-        gdn_conv_step_body<true, false, BN, SNAP, EARLY>(S, mixed, conv_state, convw, kconv, hk, hv, 128, \
-                                                         n,                                               \
-                                                  eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,          \
-                                                  beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps,    \
-                                                  yf, yq, yd, ys);                                        \
+        if (kconv == 4)                                                                                  \
+            gdn_conv_step_body<true, false, BN, SNAP, EARLY, 4>(                                         \
+                S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias, ssm_a, cnt, out,   \
+                ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps, yf, yq, yd, ys);      \
+        else                                                                                             \
+            gdn_conv_step_body<true, false, BN, SNAP, EARLY>(                                            \
+                S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias, ssm_a, cnt, out,   \
+                ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps, yf, yq, yd, ys);      \
     }
 GDN_NORM_ENTRY(gdn_conv_step_norm_d128, false, false)
 GDN_NORM_ENTRY(gdn_conv_step_norm_snap_d128, false, true)
@@ -1378,15 +1456,21 @@ GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true)
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of
 // the b1-plane ssm_out. Same values as gated_norm_quant; the codes as swiglu_quant_p16 /
 // rmsnorm_quant would write them for those values (quant_p16_store).
-extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(256) gdn_conv_step_norm_p16_d128(
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_CS_THREADS) gdn_conv_step_norm_p16_d128(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv, int hk, int hv,
     int dk, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
     const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
     float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw, float norm_eps,
     float* yf, u32* xp, float* xu, int* xs, u8* xv) {
-    gdn_conv_step_body<true, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
-                                   ssm_a, cnt, out, ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, z, nw,
-                                   norm_eps, yf, nullptr, nullptr, nullptr, P16Out{xp, xu, xs, xv});
+    if (kconv == 4)
+        gdn_conv_step_body<true, true, false, true, false, 4>(
+            S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias, ssm_a, cnt, out, ko, vo,
+            beta_out, g_out, rec_w, snap_s, snap_conv, z, nw, norm_eps, yf, nullptr, nullptr, nullptr,
+            P16Out{xp, xu, xs, xv});
+    else
+        gdn_conv_step_body<true, true>(S, mixed, conv_state, convw, kconv, hk, hv, 128, n, eps, bb, aa, dt_bias,
+                                       ssm_a, cnt, out, ko, vo, beta_out, g_out, rec_w, snap_s, snap_conv, z, nw,
+                                       norm_eps, yf, nullptr, nullptr, nullptr, P16Out{xp, xu, xs, xv});
 }
 
 // y = rmsnorm(o_h) ⊙ ssm_norm ⊙ SiLU(z_h) per head, written f32 (yf, may be null) and quantized.

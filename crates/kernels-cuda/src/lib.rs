@@ -4343,7 +4343,8 @@ impl Gpu {
             }
             None => self.f.gdn_conv_step,
         };
-        self.launch(f, (hv as u32, (dv / 32) as u32, 1), (256, 1, 1), &args)
+        // GDN_CS_THREADS (bonsai.cu): 4 warps of 8 columns × 4 chunk pairs
+        self.launch(f, (hv as u32, (dv / 32) as u32, 1), (128, 1, 1), &args)
     }
 
     /// Which decode / verify GDN kernels run fused (default [`GDN_FUSED_DEFAULT`];

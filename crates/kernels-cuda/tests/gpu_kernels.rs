@@ -2872,8 +2872,8 @@ fn gdn_rec_write_and_replay_bit_exact() {
 
 /// `gdn_conv_step` (the conv fused into the recurrence) against `gdn_conv` then `gdn_step` on the
 /// same inputs: the state, the outputs, the conv window afterwards and the side outputs (k, v,
-/// gates: the verify record's) bit for bit, for n = 1..=8 rows, conv widths 4 and 2, the 27B,
-/// tiny and small head shapes; and where the head is 128 wide, `gdn_conv_step_norm_d128` (the
+/// gates: the verify record's) bit for bit, for n = 1..=8 rows, conv widths 4, 3 and 2, the 27B,
+/// tiny and small head shapes and two other widths (32, 96); and where the head is 128 wide, `gdn_conv_step_norm_d128` (the
 /// gated norm fused in too, a 4-block cluster) against those two then `gated_norm_quant`. The launches run back to back on one `Gpu`, so a k-head arrival
 /// counter left non-zero would break the next launch's window update.
 #[test]
@@ -2886,6 +2886,7 @@ fn gdn_conv_step_equals_conv_then_step() {
         (4, 8, 128, 4),
         (16, 48, 128, 2),
         (3, 7, 32, 4),
+        (2, 5, 96, 3),
     ] {
         assert!(bonsai_kernels_cuda::gdn_fused_supported(
             hk, hv, dk, dk, kconv
