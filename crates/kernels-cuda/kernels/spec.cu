@@ -38,26 +38,32 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 }
 
 // Replay the first n rows of a verify record into the GDN state, with no outputs.
-// grid (hv + ceil(conv_dim / 256), dv / 32), block 256 (8 warps).
+// grid (hv + ceil(conv_dim / REPLAY_THREADS), dv / 32), block REPLAY_THREADS (4 warps).
 //   S [hv, dk, dv]; conv_state [kconv-1, conv_dim] oldest first; rec [>= n, rec_w] as above.
 // Blocks x < hv: the delta rule of v-head x for value columns [32·y, 32·y + 32), written as a copy of
-// gdn_step's recurrence: the same loads, the same float operations in the same order (warp w owns
-// key rows [w·R, (w+1)·R), R = dk/8; lane = value column; the u reduction over the 8 warps in warp
-// order), so the state equals what gdn_step leaves bit for bit. Only the output o is not computed
-// (it never feeds back into S). KEEP IN SYNC with gdn_step in bonsai.cu: any change to its
+// gdn_step's recurrence: the same loads, the same float operations in the same order (a column's dk
+// key rows in 8 chunks of R = dk/8 rows, each chunk's sum a fmaf chain over its rows, the 8 chunk
+// sums added to 0 in chunk order), so the state equals what gdn_step leaves bit for bit. The threads
+// are laid out as in bonsai.cu's gdn_conv_step_body: thread (w, lane) holds column 8w + (lane & 7)
+// and chunks 2cp, 2cp + 1 (cp = lane >> 3), and a column's chunk sums meet by shuffles; one block
+// barrier a row (k in shared memory, double-buffered by row parity). Only the output o is not
+// computed (it never feeds back into S). KEEP IN SYNC with gdn_step in bonsai.cu: any change to its
 // arithmetic must be mirrored here (the GPU tests compare the two bit for bit).
 // Blocks x >= hv (row y == 0 only): the conv window, one channel per thread: for each row drop the
 // oldest window row and append the row's pre-conv input, exactly as gdn_conv updates it.
 // S_src / conv_src: where the state and window are read (the round's snapshot, so the rollback
 // needs no restore copy first; equal to S / conv_state for an in-place replay).
+#define REPLAY_THREADS 128
 __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, const float* S_src,
                                                 const float* conv_src, const float* rec, int rec_w, int hk,
                                                 int hv, int dk, int dv, int kconv, int n) {
-    __shared__ float ks[128], red[8][32];
-    int conv_dim = 2 * hk * dk + hv * dv;
+    // [row parity][k, 4 floats of padding after each chunk pair] (gdn_conv_step_body's layout)
+    __shared__ __align__(16) float ks[2][144];
+    const int conv_dim = 2 * hk * dk + hv * dv;
+    const int tid = threadIdx.x;
     if ((int)blockIdx.x >= hv) {
         if (blockIdx.y != 0) return;
-        int ch = (blockIdx.x - hv) * blockDim.x + threadIdx.x;
+        int ch = (blockIdx.x - hv) * REPLAY_THREADS + tid;
         const int km1 = kconv - 1;
         if (ch >= conv_dim || km1 < 1 || km1 > 7) return;
         // the window [window ‖ rows 0..n) keeps its last km1 elements
@@ -75,42 +81,59 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
             if (j < km1) conv_state[(size_t)j * conv_dim + ch] = win[j];
         return;
     }
-    int koff = conv_dim, voff = conv_dim + hk * dk, goff = voff + hv * dv, boff = goff + hv;
-    int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int j = blockIdx.y * 32 + lane;
-    int R = dk / 8;
-    int kap = h % hk;
+    const int koff = conv_dim, voff = conv_dim + hk * dk, goff = voff + hv * dv, boff = goff + hv;
+    const int h = blockIdx.x, lane = tid & 31, w = tid >> 5;
+    const int cp = lane >> 3, j = blockIdx.y * 32 + 8 * w + (lane & 7);
+    const int R = dk / 8;
+    const int kap = h % hk;
+    const int r0 = 2 * cp * R + 4 * cp, r1 = r0 + R;  // this lane's two chunks in ks
+    const int kw = tid + 4 * (tid / (2 * R));         // where k element tid goes (tid < dk)
     float* Sh = S + (size_t)h * dk * dv;
     const float* Ss = S_src + (size_t)h * dk * dv;
-    float s[16];
+    float s[32];
 #pragma unroll
-    for (int r = 0; r < 16; ++r) s[r] = r < R ? Ss[(size_t)(w * R + r) * dv + j] : 0.f;
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            s[c * 16 + r] = r < R ? Ss[(size_t)((2 * cp + c) * R + r) * dv + j] : 0.f;
     for (int t = 0; t < n; ++t) {
         const float* row = rec + (size_t)t * rec_w;
+        const int b = t & 1;
+        // (row t − 2's readers of this buffer passed row t − 1's barrier before this write)
+        if (tid < dk) ks[b][kw] = row[koff + kap * dk + tid];
         __syncthreads();
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) ks[i] = row[koff + kap * dk + i];
-        __syncthreads();
-        float decay = expf(row[goff + h]);
-        float u = 0.f;
+        const float decay = expf(row[goff + h]);
+        float u0 = 0.f, u1 = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
             if (r < R) {
                 s[r] *= decay;
-                u = fmaf(s[r], ks[w * R + r], u);
+                u0 = fmaf(s[r], ks[b][r0 + r], u0);
+                s[16 + r] *= decay;
+                u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
             }
-        red[w][lane] = u;
-        __syncthreads();
+        // the column's 8 chunk sums added to 0 in chunk order
         float ut = 0.f;
-        for (int i = 0; i < 8; ++i) ut += red[i][lane];
-        float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int src = (lane & 7) + 8 * p;
+            const float a = __shfl_sync(0xffffffffu, u0, src), c = __shfl_sync(0xffffffffu, u1, src);
+            ut += a;
+            ut += c;
+        }
+        const float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
 #pragma unroll
         for (int r = 0; r < 16; ++r)
-            if (r < R) s[r] = fmaf(ks[w * R + r], delta, s[r]);
-        // (the next row's first __syncthreads orders these red/ks reads before their rewrite)
+            if (r < R) {
+                s[r] = fmaf(ks[b][r0 + r], delta, s[r]);
+                s[16 + r] = fmaf(ks[b][r1 + r], delta, s[16 + r]);
+            }
     }
 #pragma unroll
-    for (int r = 0; r < 16; ++r)
-        if (r < R) Sh[(size_t)(w * R + r) * dv + j] = s[r];
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 16; ++r)
+            if (r < R) Sh[(size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
 }
 
 extern "C" __global__ void gdn_replay(float* S, float* conv_state, const float* S_src, const float* conv_src,

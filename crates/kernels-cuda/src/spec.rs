@@ -10,6 +10,8 @@ pub const Q41_MAX_SEGS: usize = 3;
 const DSP_MARKOV_PER_WARP: usize = 4;
 /// Most GDN layers one `gdn_replay_layers` launch replays (`REPLAY_MAX_LAYERS` in the source).
 pub const REPLAY_MAX_LAYERS: usize = 64;
+/// Threads of a replay block (`REPLAY_THREADS` in the source).
+const REPLAY_THREADS: usize = 128;
 /// Most keys per chunk of the per-head block attention ([`DspAttnKernel::PerHead`]; `DSP_CH` in
 /// the source).
 pub const DSP_ATTN_CHUNK: usize = 256;
@@ -313,7 +315,7 @@ impl Gpu {
         self.launch(
             self.f.gdn_replay,
             replay_grid(hk, hv, dk, dv, 1),
-            (256, 1, 1),
+            (REPLAY_THREADS as u32, 1, 1),
             &args,
         )
     }
@@ -347,7 +349,7 @@ impl Gpu {
             self.launch_blob(
                 self.f.gdn_replay_layers,
                 replay_grid(hk, hv, dk, dv, chunk.len()),
-                (256, 1, 1),
+                (REPLAY_THREADS as u32, 1, 1),
                 &blob,
                 &replay_dims(rec_w, hk, hv, dk, dv, kconv, n),
             )?;
@@ -361,7 +363,7 @@ impl Gpu {
 fn replay_grid(hk: usize, hv: usize, dk: usize, dv: usize, layers: usize) -> (u32, u32, u32) {
     let conv_dim = 2 * hk * dk + hv * dv;
     (
-        (hv as u32) + cdiv(conv_dim, 256),
+        (hv as u32) + cdiv(conv_dim, REPLAY_THREADS),
         (dv / 32) as u32,
         layers as u32,
     )
