@@ -1065,6 +1065,20 @@ extern "C" __global__ void gdn_step(float* S, const float* q, const float* k, co
 //   memory, then y = o·inv·w·SiLU(z) and quant32, the same bits.
 #define GDN_BN_MAXN 8      // rows of a BN launch (verify; the launcher takes BN only for 2..=8 rows)
 #define GDN_CS_THREADS 128  // threads of a gdn_conv_step block (the launcher's block size)
+// A column's 8 chunk sums added to 0 in chunk order (gdn_step's `for i < 8: ut += red[i]`), in
+// every lane of the column, for the layout of gdn_conv_step_body and gdn_replay_body: lane holds
+// column lane & 7 of its warp and chunks 2cp (c0), 2cp + 1 (c1), cp = lane >> 3.
+__device__ __forceinline__ float gdn_chunk_total(float c0, float c1, int lane) {
+    float tot = 0.f;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const int src = (lane & 7) + 8 * p;
+        const float a = __shfl_sync(0xffffffffu, c0, src), b = __shfl_sync(0xffffffffu, c1, src);
+        tot += a;
+        tot += b;
+    }
+    return tot;
+}
 // KC: the conv width fixed at compile time (the entries take KC = 4, the real models' width, when
 // the launch's kconv is 4), 0 for kconv as given.
 template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, int KC = 0>
@@ -1180,19 +1194,6 @@ __device__ __forceinline__ void gdn_conv_step_body(
             if (i < km1) win[i] = i + 1 < km1 ? win[i + 1] : x;
         return siluf_(acc);
     };
-    // a column's 8 chunk sums (this lane's two: c0 = chunk 2cp, c1 = 2cp + 1) added to 0 in chunk
-    // order in every lane of the column (gdn_step's `for i < 8: ut += red[i]`)
-    auto chunk_total = [&](float c0, float c1) -> float {
-        float tot = 0.f;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int src = (lane & 7) + 8 * p;
-            const float a = __shfl_sync(0xffffffffu, c0, src), b = __shfl_sync(0xffffffffu, c1, src);
-            tot += a;
-            tot += b;
-        }
-        return tot;
-    };
     const float scale = 1.0f / sqrtf((float)dk);
     const int nwq = dk >> 5;
     const int r0 = 2 * cp * R + 4 * cp, r1 = r0 + R;      // this lane's two chunks in ks / qs
@@ -1272,7 +1273,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 s[16 + r] *= decay;
                 u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
             }
-        const float ut = chunk_total(u0, u1);
+        const float ut = gdn_chunk_total(u0, u1, lane);
         const float delta = bt * (yv - ut);
         float o0 = 0.f, o1 = 0.f;
 #pragma unroll
@@ -1283,7 +1284,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 s[16 + r] = fmaf(ks[b][r1 + r], delta, s[16 + r]);
                 o1 = fmaf(s[16 + r], qs[b][r1 + r], o1);
             }
-        const float ov = chunk_total(o0, o1) * scale;
+        const float ov = gdn_chunk_total(o0, o1, lane) * scale;
         if (owner) {
             if (out) out[((size_t)t * hv + h) * dv + j] = ov;
             if (BN) osh[t][jj] = ov;

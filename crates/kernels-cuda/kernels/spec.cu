@@ -112,15 +112,7 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
                 s[16 + r] *= decay;
                 u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
             }
-        // the column's 8 chunk sums added to 0 in chunk order
-        float ut = 0.f;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int src = (lane & 7) + 8 * p;
-            const float a = __shfl_sync(0xffffffffu, u0, src), c = __shfl_sync(0xffffffffu, u1, src);
-            ut += a;
-            ut += c;
-        }
+        const float ut = gdn_chunk_total(u0, u1, lane);
         const float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
 #pragma unroll
         for (int r = 0; r < 16; ++r)
