@@ -810,10 +810,10 @@ mod tests {
             .map(|a| a.slot())
             .collect();
         assert_eq!(slots, [18528, 16, 48, 128, 128, 4, 5]);
-        // the 27B shapes: 48 v-heads + 40 conv-window blocks of 256 channels, 4 column blocks,
-        // the layers along z
-        assert_eq!(super::replay_grid(16, 48, 128, 128, 48), (88, 4, 48));
-        assert_eq!(super::replay_grid(2, 6, 64, 64, 1), (6 + 3, 2, 1));
+        // the 27B shapes: 48 v-heads + 80 conv-window blocks of REPLAY_THREADS (128) channels,
+        // 4 column blocks, the layers along z
+        assert_eq!(super::replay_grid(16, 48, 128, 128, 48), (128, 4, 48));
+        assert_eq!(super::replay_grid(2, 6, 64, 64, 1), (6 + 5, 2, 1));
         // a record row of the wrong width is refused before any launch
         assert!(super::replay_shape_ok("t", 18527, 16, 48, 128, 128, 4).is_err());
         assert!(super::replay_shape_ok("t", 18528, 16, 48, 128, 128, 9).is_err());
