@@ -2007,6 +2007,9 @@ pub struct GdnNormOut {
 
 /// K-heads (`hk`) `gdn_conv_step`'s arrival counters cover.
 const GDN_CNT: usize = 256;
+/// Threads of a fused GDN decode / verify block (`GDN_CS_THREADS` in the source): 4 warps of
+/// 8 columns × 4 chunk pairs.
+const GDN_CS_THREADS: u32 = 128;
 
 /// Whether [`Gpu::gdn_conv_step`] takes a GDN layer of these dims: dk == dv, dk a multiple of 32
 /// up to 128, 1 ≤ kconv ≤ 8, hk ≤ 256 and hv ≥ hk (every k-head read by some block).
@@ -4343,8 +4346,12 @@ impl Gpu {
             }
             None => self.f.gdn_conv_step,
         };
-        // GDN_CS_THREADS (bonsai.cu): 4 warps of 8 columns × 4 chunk pairs
-        self.launch(f, (hv as u32, (dv / 32) as u32, 1), (128, 1, 1), &args)
+        self.launch(
+            f,
+            (hv as u32, (dv / 32) as u32, 1),
+            (GDN_CS_THREADS, 1, 1),
+            &args,
+        )
     }
 
     /// Which decode / verify GDN kernels run fused (default [`GDN_FUSED_DEFAULT`];
