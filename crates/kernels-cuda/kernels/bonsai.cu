@@ -1079,6 +1079,18 @@ __device__ __forceinline__ float gdn_chunk_total(float c0, float c1, int lane) {
     }
     return tot;
 }
+// The padded shared-memory slots of a row's normed q / k in the same layout (dk = 8R channels;
+// 4 floats of padding after each chunk pair of 2R channels, so the 4 chunk pairs a warp reads at
+// once fall in different banks, at R = 16 also for 16-byte loads): GDN_QK_SLOTS floats a row for
+// dk <= 128. r0 / r1: where this lane's chunks 2cp / 2cp + 1 start; kw: where channel tid goes.
+#define GDN_QK_SLOTS 144  // 128 + 4 chunk pairs × 4
+struct GdnQkSlots {
+    int r0, r1, kw;
+};
+__device__ __forceinline__ GdnQkSlots gdn_qk_slots(int tid, int cp, int R) {
+    const int r0 = 2 * cp * R + 4 * cp;
+    return {r0, r0 + R, tid + 4 * (tid / (2 * R))};
+}
 // KC: the conv width fixed at compile time (the entries take KC = 4, the real models' width, when
 // the launch's kconv is 4), 0 for kconv as given.
 template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, int KC = 0>
@@ -1092,10 +1104,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
     static_assert(!BN || (NORM && !P16), "BN: the int8 gated norm of all rows after the recurrence");
     static_assert(KC >= 0 && KC <= 8, "KC: a conv width of 1..8, or 0");
     const int kconv = KC > 0 ? KC : kconv_;
-    // [row parity][padded k] normed q / k: 4 floats of padding after each chunk pair (2R rows), so
-    // the 4 chunk pairs a warp reads at once fall in different banks (at R = 16 also for 16-byte
-    // loads); [row parity][q warps ‖ k warps] their warp sums
-    __shared__ __align__(16) float ks[2][144], qs[2][144];
+    // [row parity][gdn_qk_slots] normed q / k; [row parity][q warps ‖ k warps] their warp sums
+    __shared__ __align__(16) float ks[2][GDN_QK_SLOTS], qs[2][GDN_QK_SLOTS];
     __shared__ float wsum[2][8], osum[2], amx[2];
     // a row's 32 outputs (per row parity), for warp 0's norm; BN: every row's, and the rows' Σ o²
     __shared__ float osr[2][32];
@@ -1196,8 +1206,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
     };
     const float scale = 1.0f / sqrtf((float)dk);
     const int nwq = dk >> 5;
-    const int r0 = 2 * cp * R + 4 * cp, r1 = r0 + R;      // this lane's two chunks in ks / qs
-    const int kw = tid + 4 * (tid / (2 * R));              // where channel tid's q / k go (tid < dk)
+    const GdnQkSlots sl = gdn_qk_slots(tid, cp, R);
+    const int r0 = sl.r0, r1 = sl.r1;  // this lane's two chunks in ks / qs
+    const int kw = sl.kw;              // where channel tid's q / k go (tid < dk)
     int last = 0;
     // row t's inputs, loaded a row ahead
     auto in_q = [&](int t) { return has_qk ? mixed[(size_t)t * conv_dim + q_ch] : 0.f; };

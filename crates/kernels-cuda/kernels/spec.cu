@@ -57,8 +57,8 @@ extern "C" __global__ void gdn_rec_write(const float* mixed, const float* k, con
 __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, const float* S_src,
                                                 const float* conv_src, const float* rec, int rec_w, int hk,
                                                 int hv, int dk, int dv, int kconv, int n) {
-    // [row parity][k, 4 floats of padding after each chunk pair] (gdn_conv_step_body's layout)
-    __shared__ __align__(16) float ks[2][144];
+    // [row parity][gdn_qk_slots] k (gdn_conv_step_body's layout)
+    __shared__ __align__(16) float ks[2][GDN_QK_SLOTS];
     const int conv_dim = 2 * hk * dk + hv * dv;
     const int tid = threadIdx.x;
     if ((int)blockIdx.x >= hv) {
@@ -86,8 +86,9 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
     const int cp = lane >> 3, j = blockIdx.y * 32 + 8 * w + (lane & 7);
     const int R = dk / 8;
     const int kap = h % hk;
-    const int r0 = 2 * cp * R + 4 * cp, r1 = r0 + R;  // this lane's two chunks in ks
-    const int kw = tid + 4 * (tid / (2 * R));         // where k element tid goes (tid < dk)
+    const GdnQkSlots sl = gdn_qk_slots(tid, cp, R);
+    const int r0 = sl.r0, r1 = sl.r1;  // this lane's two chunks in ks
+    const int kw = sl.kw;              // where k element tid goes (tid < dk)
     float* Sh = S + (size_t)h * dk * dv;
     const float* Ss = S_src + (size_t)h * dk * dv;
     float s[32];
