@@ -1383,7 +1383,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
     }
-    if (NORM) cluster_sync_all();  // no block leaves while a peer may still read its osum
+    // no block leaves while a peer may still read its osum / amx / osumn: an execution barrier
+    // (the peers' reads have returned, their values are used before they arrive), so relaxed —
+    // with a release its arrive would wait behind a GPU-wide fence for the row's stores
+    if (NORM) cluster_sync_relaxed();
 #pragma unroll
     for (int c = 0; c < 2; ++c)
 #pragma unroll
