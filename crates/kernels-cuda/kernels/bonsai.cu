@@ -1466,6 +1466,11 @@ GDN_NORM_ENTRY(gdn_conv_step_norm_bn_d128, true, true)
 // default for one-row launches without a snapshot): decode graph 2.504 -> 2.492 ms per token on
 // Q1_0, 3.162 -> 3.144 on Q2_0 (bench/results/cuda-gdn-early-ab-27b-*.json).
 GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true)
+// The batched-norm verify kernel with the same early count (`Gpu::gdn_early_count`, the default for
+// 2–8-row launches). Without it, thread 0's acq_rel count after the first barriers of row 0 also
+// waits, behind its GPU-scope fence, for the snapshot stores the thread has just issued, and the
+// block's next barrier waits for thread 0.
+GDN_NORM_ENTRY_E(gdn_conv_step_norm_bn_early_d128, true, true, true)
 
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of

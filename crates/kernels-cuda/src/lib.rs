@@ -1498,6 +1498,7 @@ kernels!(
         gdn_conv_step_norm_snap_d128,
         gdn_conv_step_norm_bn_d128,
         gdn_conv_step_norm_early_d128,
+        gdn_conv_step_norm_bn_early_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
         gated_norm_quant_v4,
@@ -3380,6 +3381,9 @@ impl Gpu {
     /// (default on, `BONSAI_CUDA_GDN_EARLY=0` off). The same bits; the count's fence and round
     /// trip then overlap the PDL wait instead of stalling the block's barrier chain: decode graph
     /// −0.012 ms per token on Q1_0, −0.018 on Q2_0 (`bench/results/cuda-gdn-early-ab-27b-*.json`).
+    /// The batched-norm verify launches (2–8 rows) take the same count with it
+    /// (`gdn_conv_step_norm_bn_early_d128`; there the late count's fence also waited for the
+    /// snapshot stores thread 0 had just issued).
     pub fn gdn_early_count(&self) -> bool {
         self.gdn_early.load(Ordering::Relaxed)
     }
@@ -4333,7 +4337,11 @@ impl Gpu {
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
                         if n >= 2 && self.gdn_norm_batch() {
-                            self.f.gdn_conv_step_norm_bn_d128
+                            if self.gdn_early_count() {
+                                self.f.gdn_conv_step_norm_bn_early_d128
+                            } else {
+                                self.f.gdn_conv_step_norm_bn_d128
+                            }
                         } else if snap.is_some() {
                             self.f.gdn_conv_step_norm_snap_d128
                         } else if self.gdn_early_count() {

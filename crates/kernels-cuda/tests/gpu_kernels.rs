@@ -3007,7 +3007,8 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // a cluster exchange per row (`Gpu::set_gdn_norm_batch(false)`), 4 int8 codes
                 // with the previous window count, after the first barriers
                 // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
-                // wherever the launch takes the early kernel: no snapshot, not the batched norm)
+                // wherever the launch takes an early kernel: no snapshot and not the batched
+                // norm, or the batched norm)
                 for norm_mode in 0..5 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {

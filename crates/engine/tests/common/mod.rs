@@ -432,9 +432,10 @@ pub const GDN_DECODE_KERNELS: [&str; 7] = [
 
 /// The same for verify rows: the snapshot-writing and batched-norm fused kernels, and the record
 /// writer of the unfused record path.
-pub const GDN_VERIFY_KERNELS: [&str; 3] = [
+pub const GDN_VERIFY_KERNELS: [&str; 4] = [
     "gdn_conv_step_norm_snap_d128",
     "gdn_conv_step_norm_bn_d128",
+    "gdn_conv_step_norm_bn_early_d128",
     "gdn_rec_write",
 ];
 
