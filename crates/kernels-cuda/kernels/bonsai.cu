@@ -1215,16 +1215,9 @@ __device__ __forceinline__ void gdn_conv_step_body(
     auto in_k = [&](int t) { return has_qk ? mixed[(size_t)t * conv_dim + k_ch] : 0.f; };
     float xq = in_q(0), xk = in_k(0), xv = mixed[v_ch], xa = aa[h], xb = bb[h];
     float zt = NORM && w == 0 ? z[(size_t)h * dv + jn] : 0.f;
-    float nq = 0.f, nk = 0.f, nv = 0.f, na = 0.f, nb = 0.f, nz = 0.f;
-    // A row is three steps. row_front(t): row t + 1's loads, row t's record, its convs and the
-    // q / k norms' warp sums into wsum[t & 1]; a block barrier; row_norm(t): the normed q / k into
-    // qs / ks[t & 1] and the gates; a block barrier; row_step(t): gdn_step's row t and its outputs.
-    // Only row_step reads S, so the batched-norm kernel (BN) runs row t + 1's row_front beside row
-    // t's row_step (the rows after the loop): the same operations, in an order the warp can overlap.
-    float yqv = 0.f, ykv = 0.f, yv = 0.f, gt = 0.f, bt = 0.f;
-    auto row_front = [&](int t) {
+    for (int t = 0; t < n; ++t) {
         const int b = t & 1;
-        nq = nk = nv = na = nb = nz = 0.f;
+        float nq = 0.f, nk = 0.f, nv = 0.f, na = 0.f, nb = 0.f, nz = 0.f;
         if (t + 1 < n) {
             nq = in_q(t + 1);
             nk = in_k(t + 1);
@@ -1244,19 +1237,17 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
         // conv + SiLU of the q / k channels and of the value column
-        yqv = has_qk ? conv_silu(cw_q, win_q, xq) : 0.f;
-        ykv = has_qk ? conv_silu(cw_k, win_k, xk) : 0.f;
-        yv = conv_silu(cw_v, win_v, xv);
+        const float yqv = has_qk ? conv_silu(cw_q, win_q, xq) : 0.f;
+        const float ykv = has_qk ? conv_silu(cw_k, win_k, xk) : 0.f;
+        const float yv = conv_silu(cw_v, win_v, xv);
         const float wq = warp_sum(yqv * yqv), wk = warp_sum(ykv * ykv);
         if (lane == 0) {
             wsum[b][w] = wq;
             wsum[b][4 + w] = wk;
         }
-    };
-    auto row_norm = [&](int t) {
-        const int b = t & 1;
+        __syncthreads();
         if (!EARLY && t == 0 && tid == 0) {
-            // every window load of this block has been consumed (the block barrier before): count
+            // every window load of this block has been consumed (the block barrier above): count
             last = atom_add_acq_rel_gpu(cnt + kap, 1u) + 1 == nshare;
         }
         if (has_qk) {
@@ -1271,8 +1262,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
         }
         const float a = xa + dtb;
         const float sp = a > 20.f ? a : log1pf(expf(a));
-        gt = sa * sp;
-        bt = sigmoidf_(xb);
+        const float gt = sa * sp;
+        const float bt = sigmoidf_(xb);
         if (ko) {
             if (owner) vo[(size_t)t * rs_v + h * dv + j] = yv;
             if (blockIdx.y == 0 && tid == 0) {
@@ -1280,21 +1271,10 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 g_out[(size_t)t * rs_g + h] = gt;
             }
         }
-    };
-    // the next row's inputs become the current ones
-    auto row_shift = [&]() {
-        xq = nq;
-        xk = nk;
-        xv = nv;
-        xa = na;
-        xb = nb;
-        zt = nz;
-    };
-    auto row_step = [&](int t, float yv_t, float gt_t, float bt_t, float zt_t) {
-        const int b = t & 1;
+        __syncthreads();
         // gdn_step's row t, restated (keep the two, and spec.cu's gdn_replay, in step: the kernel
         // tests compare them bit for bit)
-        const float decay = expf(gt_t);
+        const float decay = expf(gt);
         float u0 = 0.f, u1 = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
@@ -1305,7 +1285,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
             }
         const float ut = gdn_chunk_total(u0, u1, lane);
-        const float delta = bt_t * (yv_t - ut);
+        const float delta = bt * (yv - ut);
         float o0 = 0.f, o1 = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; ++r)
@@ -1321,7 +1301,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
             if (BN) osh[t][jj] = ov;
             else if (NORM) osr[b][jj] = ov;
         }
-        if (BN && w == 0) zsh[t][lane] = zt_t;
+        if (BN && w == 0) zsh[t][lane] = zt;
         if (NORM && !BN) {
             // warp 0 takes the row's outputs one column a lane; the head's 4 warp sums, in rank
             // order; the slots of row t are rewritten at row t + 2, after every block has passed
@@ -1339,7 +1319,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 float ss = 0.f;
                 for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osum[b], rk);
                 float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-                yo = on * inv * nwj * siluf_(zt_t);
+                yo = on * inv * nwj * siluf_(zt);
                 size_t idx = ((size_t)t * hv + h) * dv + jn;
                 if (yf) yf[idx] = yo;
                 if (P16) {
@@ -1364,38 +1344,12 @@ __device__ __forceinline__ void gdn_conv_step_body(
                 }
             }
         }
-    };
-    if (BN) {
-        // row 0's front and norm, then per row: its step beside the next row's front. The
-        // barrier at the top of iteration t publishes row t's qs / ks (and every reader of
-        // wsum[(t + 1) & 1], row t − 1's norm, has passed it); the one after the step publishes
-        // row t + 1's warp sums (and every reader of qs / ks[(t + 1) & 1], row t − 1's step, has
-        // passed the one before).
-        row_front(0);
-        __syncthreads();
-        row_norm(0);
-        float yv_c = yv, gt_c = gt, bt_c = bt, zt_c = zt;
-        row_shift();
-        for (int t = 0; t + 1 < n; ++t) {
-            __syncthreads();
-            row_front(t + 1);
-            row_step(t, yv_c, gt_c, bt_c, zt_c);
-            __syncthreads();
-            row_norm(t + 1);
-            yv_c = yv, gt_c = gt, bt_c = bt, zt_c = zt;
-            row_shift();
-        }
-        __syncthreads();
-        row_step(n - 1, yv_c, gt_c, bt_c, zt_c);
-    } else {
-        for (int t = 0; t < n; ++t) {
-            row_front(t);
-            __syncthreads();
-            row_norm(t);
-            __syncthreads();
-            row_step(t, yv, gt, bt, zt);
-            row_shift();
-        }
+        xq = nq;
+        xk = nk;
+        xv = nv;
+        xa = na;
+        xb = nb;
+        zt = nz;
     }
     if (BN) {
         // the gated norm of every row: warp 0's Σ o² per row (warp_sum's tree, rows interleaved),
