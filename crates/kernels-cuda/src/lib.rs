@@ -3375,15 +3375,15 @@ impl Gpu {
         self.b1p_xs.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a fused GDN launch with the int8 gated norm, no snapshot and not the batched norm
-    /// (the decode step) counts its shared q / k window loads before its PDL wait with a release-only add
-    /// (`gdn_conv_step_norm_early_d128`) instead of after its first barriers with an acq_rel one
+    /// Whether a fused GDN launch with the int8 gated norm counts its shared q / k window loads
+    /// before its PDL wait with a release-only add instead of after its first barriers with an
+    /// acq_rel one: the decode step (no snapshot, `gdn_conv_step_norm_early_d128`) and the
+    /// batched-norm verify launches (below); the one-row snapshot launch keeps the late count
     /// (default on, `BONSAI_CUDA_GDN_EARLY=0` off). The same bits; the count's fence and round
     /// trip then overlap the PDL wait instead of stalling the block's barrier chain: decode graph
     /// −0.012 ms per token on Q1_0, −0.018 on Q2_0 (`bench/results/cuda-gdn-early-ab-27b-*.json`).
-    /// The batched-norm verify launches (2–8 rows) take the same count with it
-    /// (`gdn_conv_step_norm_bn_early_d128`; there the late count's fence also waited for the
-    /// snapshot stores thread 0 had just issued).
+    /// The batched-norm verify launches (2–8 rows) take `gdn_conv_step_norm_bn_early_d128`; there
+    /// the late count's fence also waited for the snapshot stores thread 0 had just issued.
     pub fn gdn_early_count(&self) -> bool {
         self.gdn_early.load(Ordering::Relaxed)
     }
