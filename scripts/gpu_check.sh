@@ -6,7 +6,7 @@
 # Build HERE first (no CUDA needed), then carry .device/:
 #   scripts/gpu_check.sh --stage        # builds test binaries into .device/bin
 # and run THERE (device tool, repo root, carry [".device"]):
-#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--markov-ab] [--head-tc-ab] [--fork-ab] ...
+#   bash scripts/gpu_check.sh [--no-bench] [--variants "q1 q2"] [--drafter-only] [--q41-ab] [--draft-ab] [--what-if] [--python] [--prompt-cache] [--api-ab] [--verify-plans] [--b1q-ab] [--b1p-ab] [--rsplit-ab] [--sampled-ab] [--replay-ab] [--norm-ab] [--rf-ab] [--b1q-ahead-ab] [--gdn-pw-ab] [--markov-ab] [--head-tc-ab] [--fork-ab] ...
 # Logs and bench JSON go to $OUT (or ./bench/out when $OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ fi
 [[ -f .device/pkg.tgz ]] && tar xzf .device/pkg.tgz
 
 ARGS="$*"
-BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; FORKAB=0; DRAFTERONLY=0; PCACHE=0
+BENCH=1; VARIANTS="q1 q2"; PYCHECK=0; APIAB=0; RUST=1; KERNELS=1; SWEEP=0; PROFILE=0; STAGED=0; WHATIF=0; VPLANS=0; B1QAB=0; B1PAB=0; RSPLITAB=0; SAMPLEDAB=0; REPLAYAB=0; NORMAB=0; RFAB=0; B1QAHEADAB=0; GDNPWAB=0; Q41AB=0; DRAFTAB=0; MARKOVAB=0; HEADTCAB=0; FORKAB=0; DRAFTERONLY=0; PCACHE=0
 # stages start only while the call has time left (the device tool stops a command at 600 s, and
 # then the bundling below would not run): past BUDGET seconds the rest is skipped and says so
 BUDGET=${BONSAI_GPU_BUDGET:-500}
 late() { if (( SECONDS > BUDGET )); then echo "SKIPPED $1: ${SECONDS}s used of the ${BUDGET}s budget"; return 0; fi; return 1; }
 while [[ $# -gt 0 ]]; do case "$1" in
   --no-bench) BENCH=0; shift;; --variants) VARIANTS="$2"; shift 2;;
-  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --fork-ab) FORKAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
+  --python) PYCHECK=1; shift;; --prompt-cache) PCACHE=1; shift;; --api-ab) APIAB=1; shift;; --no-kernel-tests) KERNELS=0; shift;; --staged) STAGED=1; shift;; --profile) PROFILE=1; shift;; --no-rust) RUST=0; shift;; --sweep) SWEEP=1; shift;; --what-if) WHATIF=1; shift;; --verify-plans) VPLANS=1; shift;; --b1q-ab) B1QAB=1; shift;; --b1p-ab) B1PAB=1; shift;; --rsplit-ab) RSPLITAB=1; shift;; --sampled-ab) SAMPLEDAB=1; shift;; --replay-ab) REPLAYAB=1; shift;; --norm-ab) NORMAB=1; shift;; --rf-ab) RFAB=1; shift;; --b1q-ahead-ab) B1QAHEADAB=1; shift;; --gdn-pw-ab) GDNPWAB=1; shift;; --q41-ab) Q41AB=1; shift;; --draft-ab) DRAFTAB=1; shift;; --markov-ab) MARKOVAB=1; shift;; --head-tc-ab) HEADTCAB=1; shift;; --fork-ab) FORKAB=1; shift;; --drafter-only) DRAFTERONLY=1; KERNELS=0; shift;;
   *) echo "unknown arg $1"; exit 2;; esac; done
 
 OUT=${OUT:-bench/out}; mkdir -p "$OUT"
@@ -195,6 +195,7 @@ round_ab() {
 [[ $NORMAB == 1 ]] && round_ab norm-ab cuda_norm_p16_round_ab BONSAI_NORM_AB_OUT "NORMAB rep"
 # the int8 tensor-core verify's AHEAD form (the default) against the plain one: round and step
 [[ $B1QAHEADAB == 1 ]] && round_ab b1q-ahead-ab cuda_b1q_ahead_round_ab BONSAI_B1Q_AHEAD_OUT "B1QAHEAD rep"
+[[ $GDNPWAB == 1 ]] && round_ab gdn-pw-ab cuda_gdn_pw_round_ab BONSAI_GDN_PW_OUT "GDNPW rep"
 # the 5-row dp4a verify kernels and the drafter's block mat-vecs rows-first (the default) against
 # their plain forms (BONSAI_CUDA_MV_ROWS_FIRST=0): round and step, alternating in one process; then
 # the graph draft the same way

@@ -905,6 +905,43 @@ fn cuda_b1q_ahead_round_ab() {
     );
 }
 
+/// The producer-warp GDN verify kernel (`Gpu::gdn_producer`, the default:
+/// `gdn_conv_step_norm_bn_pw_d128`) against the 128-thread batched-norm kernel
+/// (`gdn_conv_step_norm_bn_early_d128`): the what-if's rejected round and the greedy step,
+/// alternating in one process (four times). `BONSAI_GDN_PW_OUT` gets the JSON.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]
+fn cuda_gdn_pw_round_ab() {
+    let Some((path, t, first)) = round_target("cuda_gdn_pw_round_ab") else {
+        return;
+    };
+    let gpu = t.cuda.gpu();
+    let saved = gpu.gdn_producer();
+    let mut rows = Vec::new();
+    for rep in 0..4 {
+        for pw in [false, true] {
+            gpu.set_gdn_producer(pw);
+            let (round, step) = round_and_step(&t, first);
+            println!(
+                "GDNPW rep {rep} gdn_producer {pw:<5} round {round:.3} ms, step {step:.3} ms, R {:.3}",
+                round / step
+            );
+            rows.push(format!(
+                "{{\"gdn_producer\": {pw}, \"round_ms\": {round:.4}, \"step_ms\": {step:.4}, \"R\": {:.4}}}",
+                round / step
+            ));
+        }
+    }
+    gpu.set_gdn_producer(saved);
+    emit_rows(
+        &t,
+        &path,
+        ("GDNPW", "BONSAI_GDN_PW_OUT"),
+        "\"round\": \"round graphs, no taps, replay rollback, 4 drafts, first wrong\", \"step\": \"greedy decode graph\"",
+        &rows,
+    );
+}
+
 /// The b1-plane projections (`Gpu::b1p`: the norm-fed projections on the b1-plane kernels, decode
 /// rows on `mvbp_*`, verify rows on `mvbq_*`; for Q2_0 the two-plane layout of `Gpu::b2p`) against
 /// the dp4a kernels: the what-if's round and the greedy step, and both with every other kernel

@@ -1472,6 +1472,273 @@ GDN_NORM_ENTRY_E(gdn_conv_step_norm_early_d128, false, false, true)
 // block's next barrier waits for thread 0.
 GDN_NORM_ENTRY_E(gdn_conv_step_norm_bn_early_d128, true, true, true)
 
+// Named barriers (bar.sync / bar.arrive with a thread count): a producer warp group arrives, the
+// consumers wait; shared-memory writes before the arrive are visible after the wait.
+__device__ __forceinline__ void named_bar_sync(unsigned id, unsigned nthreads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned nthreads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// gdn_conv_step_norm_bn_early_d128 with a producer warp group (`Gpu::gdn_producer`, conv width 4
+// only): grid (hv, 4) in clusters of 4 as before, block 256 (GDN_PW_THREADS). Warps 0–3 are the
+// recurrence warps, with gdn_conv_step_body's thread layout (column jj = 8w + (lane & 7), chunks
+// 2cp and 2cp + 1) and nothing else to do a row; warps 4–7 run every row's S-independent work
+// ahead of them: the q / k conv + SiLU of channel tid − 128 (warp 4 + w's sums of squares are
+// gdn_conv_step_body's warp w's), the norms, the value conv of column y·32 + lane (warp 4, once
+// a column instead of once per chunk pair), the gates (warp 5), z (warp 6) and every record
+// store. A row's normed q / k, value column, decay and β go to shared memory slots of their own
+// (a launch has at most GDN_BN_MAXN rows, so no slot is reused), then the producers arrive on
+// named barrier 2 + t and the recurrence warps wait on it; the producers' own norm exchange is
+// named barrier 1 (128 threads). The same float operations in the same order as the 128-thread
+// kernel, so the same bits (`gdn_conv_step_equals_conv_then_step` compares them). The tail (the
+// gated norm of all rows, the window counts, the window writes) is gdn_conv_step_body's BN tail.
+#define GDN_PW_THREADS 256
+extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREADS, 2) gdn_conv_step_norm_bn_pw_d128(
+    float* S, const float* mixed, float* conv_state, const float* convw, int kconv_, int hk, int hv,
+    int dk_, int n, float eps, const float* bb, const float* aa, const float* dt_bias,
+    const float* ssm_a, unsigned* cnt, float* out, float* ko, float* vo, float* beta_out,
+    float* g_out, int rec_w, float* snap_s, float* snap_conv, const float* z, const float* nw_, float norm_eps,
+    float* yf, i8* yq, float* yd, int* ys) {
+    constexpr int dk = 128, dv = 128, R = 16, kconv = 4, km1 = 3;
+    // [row] normed q / k (gdn_qk_slots); [row parity][q warps ‖ k warps] the producers' warp sums
+    __shared__ __align__(16) float ks[GDN_BN_MAXN][GDN_QK_SLOTS], qs[GDN_BN_MAXN][GDN_QK_SLOTS];
+    __shared__ float wsum[2][8];
+    // [row] the value column's conv output, the decay exp(g) and β
+    __shared__ float vsh[GDN_BN_MAXN][32], dsh[GDN_BN_MAXN], bsh[GDN_BN_MAXN];
+    __shared__ float osh[GDN_BN_MAXN][32], zsh[GDN_BN_MAXN][32], osumn[GDN_BN_MAXN];
+    __shared__ int last_s;
+    const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const bool prod = w >= 4;
+    const int pt = tid & 127, pw = w & 3;  // producers: channel pt, warp pw; recurrence: warp pw
+    const int cp = lane >> 3, jj = 8 * pw + (lane & 7);
+    const bool owner = !prod && cp == 0;
+    const int j = blockIdx.y * 32 + jj;     // a recurrence thread's value column
+    const int jn = blockIdx.y * 32 + lane;  // warp 0's column in the norm, warp 4's value column
+    const int kap = h % hk;
+    const int conv_dim = 2 * hk * dk + hv * dk;
+    const size_t rs_k = rec_w > 0 ? rec_w : hk * dk, rs_v = rec_w > 0 ? rec_w : hv * dv,
+                 rs_g = rec_w > 0 ? rec_w : hv;
+    float* Sh = S + (size_t)h * dk * dv;
+    // recurrence: s[c·16 + r] = row (2cp + c)·R + r of column j, loaded before the PDL wait
+    float s[32];
+    if (!prod) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int r = 0; r < R; ++r) s[c * 16 + r] = Sh[(size_t)((2 * cp + c) * R + r) * dv + j];
+    }
+    // producers: q / k channel pt, warp 4 also value column jn; weights and windows (oldest first)
+    const int q_ch = kap * dk + pt, k_ch = hk * dk + kap * dk + pt;
+    const int v_ch = 2 * hk * dk + h * dk + jn;
+    const bool vown = prod && pw == 0;
+    const bool qk_rec = prod && h == kap && blockIdx.y == 0;  // the one block that writes q / k
+    float cw_q[kconv], cw_k[kconv], cw_v[kconv], win_q[km1], win_k[km1], win_v[km1];
+    if (prod) {
+#pragma unroll
+        for (int i = 0; i < kconv; ++i) {
+            cw_q[i] = convw[q_ch * kconv + i];
+            cw_k[i] = convw[k_ch * kconv + i];
+            cw_v[i] = vown ? convw[v_ch * kconv + i] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < km1; ++i) {
+            win_q[i] = conv_state[(size_t)i * conv_dim + q_ch];
+            win_k[i] = conv_state[(size_t)i * conv_dim + k_ch];
+            win_v[i] = vown ? conv_state[(size_t)i * conv_dim + v_ch] : 0.f;
+        }
+    }
+    const float nwj = w == 0 ? nw_[jn] : 0.f;
+    const unsigned nshare = (unsigned)((hv / hk + (kap < hv % hk)) * gridDim.y);  // blocks of k-head kap
+    // the early count (gdn_conv_step_body's EARLY): every window load of the block is ordered
+    // before thread 0's release-only add by this barrier
+    unsigned cnt_old = 0u;
+    __syncthreads();
+    if (tid == 0) cnt_old = atom_add_release_gpu(cnt + kap, 1u);
+    PDL_ENTRY();
+    if (snap_s) {
+        if (!prod) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    snap_s[(size_t)h * dk * dv + (size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
+        }
+        if (vown) {
+#pragma unroll
+            for (int i = 0; i < km1; ++i) snap_conv[(size_t)i * conv_dim + v_ch] = win_v[i];
+        }
+        if (qk_rec) {
+#pragma unroll
+            for (int i = 0; i < km1; ++i) {
+                snap_conv[(size_t)i * conv_dim + q_ch] = win_q[i];
+                snap_conv[(size_t)i * conv_dim + k_ch] = win_k[i];
+            }
+        }
+    }
+    if (prod) {
+        // acc = w[k-1]·x, then fma over the window oldest first (gdn_conv's order); then slide
+        auto conv_silu = [&](const float* cw, float* win, float x) -> float {
+            float acc = cw[kconv - 1] * x;
+#pragma unroll
+            for (int i = 0; i < km1; ++i) acc = fmaf(cw[i], win[i], acc);
+#pragma unroll
+            for (int i = 0; i < km1; ++i) win[i] = i + 1 < km1 ? win[i + 1] : x;
+            return siluf_(acc);
+        };
+        const int kw = gdn_qk_slots(pt, 0, R).kw;  // where channel pt's q / k go
+        const float dtb = dt_bias[h], sa = ssm_a[h];
+        float xq = mixed[q_ch], xk = mixed[k_ch], xv = vown ? mixed[v_ch] : 0.f;
+        for (int t = 0; t < n; ++t) {
+            const int b = t & 1;
+            float nq = 0.f, nk = 0.f, nv = 0.f;
+            if (t + 1 < n) {
+                nq = mixed[(size_t)(t + 1) * conv_dim + q_ch];
+                nk = mixed[(size_t)(t + 1) * conv_dim + k_ch];
+                if (vown) nv = mixed[(size_t)(t + 1) * conv_dim + v_ch];
+            }
+            if (rec_w > 0) {
+                // the record's pre-conv row (what gdn_rec_write copied)
+                float* rm = ko - conv_dim + (size_t)t * rec_w;
+                if (vown) rm[v_ch] = xv;
+                if (qk_rec) {
+                    rm[q_ch] = xq;
+                    rm[k_ch] = xk;
+                }
+            }
+            const float yqv = conv_silu(cw_q, win_q, xq);
+            const float ykv = conv_silu(cw_k, win_k, xk);
+            if (vown) {
+                const float yv = conv_silu(cw_v, win_v, xv);
+                vsh[t][lane] = yv;
+                if (ko) vo[(size_t)t * rs_v + h * dv + jn] = yv;
+            } else if (pw == 1) {
+                if (lane == 0) {
+                    const float a = aa[t * hv + h] + dtb;
+                    const float sp = a > 20.f ? a : log1pf(expf(a));
+                    const float gt = sa * sp;
+                    const float bt = sigmoidf_(bb[t * hv + h]);
+                    dsh[t] = expf(gt);
+                    bsh[t] = bt;
+                    if (ko && blockIdx.y == 0) {
+                        beta_out[(size_t)t * rs_g + h] = bt;
+                        g_out[(size_t)t * rs_g + h] = gt;
+                    }
+                }
+            } else if (pw == 2) {
+                zsh[t][lane] = z[((size_t)t * hv + h) * dv + jn];
+            }
+            const float wq = warp_sum(yqv * yqv), wk = warp_sum(ykv * ykv);
+            if (lane == 0) {
+                wsum[b][pw] = wq;
+                wsum[b][4 + pw] = wk;
+            }
+            named_bar_sync(1, 128);
+            float ssq = 0.f, ssk = 0.f;
+            for (int i = 0; i < 4; ++i) ssq += wsum[b][i];
+            for (int i = 0; i < 4; ++i) ssk += wsum[b][4 + i];
+            const float qn = yqv * (1.0f / fmaxf(sqrtf(ssq), eps));
+            const float kn = ykv * (1.0f / fmaxf(sqrtf(ssk), eps));
+            qs[t][kw] = qn;
+            ks[t][kw] = kn;
+            if (ko && qk_rec) ko[(size_t)t * rs_k + kap * dk + pt] = kn;
+            named_bar_arrive(2 + t, GDN_PW_THREADS);
+            xq = nq;
+            xk = nk;
+            xv = nv;
+        }
+        // the value window (the q / k windows after the count, below)
+        if (vown) {
+#pragma unroll
+            for (int i = 0; i < km1; ++i) conv_state[(size_t)i * conv_dim + v_ch] = win_v[i];
+        }
+    } else {
+        const float scale = 1.0f / sqrtf((float)dk);
+        const GdnQkSlots sl = gdn_qk_slots(tid, cp, R);
+        const int r0 = sl.r0, r1 = sl.r1;  // this lane's two chunks in ks / qs
+        for (int t = 0; t < n; ++t) {
+            named_bar_sync(2 + t, GDN_PW_THREADS);
+            // gdn_step's row t, restated (as in gdn_conv_step_body)
+            const float decay = dsh[t], bt = bsh[t], yv = vsh[t][jj];
+            float u0 = 0.f, u1 = 0.f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                s[r] *= decay;
+                u0 = fmaf(s[r], ks[t][r0 + r], u0);
+                s[16 + r] *= decay;
+                u1 = fmaf(s[16 + r], ks[t][r1 + r], u1);
+            }
+            const float ut = gdn_chunk_total(u0, u1, lane);
+            const float delta = bt * (yv - ut);
+            float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                s[r] = fmaf(ks[t][r0 + r], delta, s[r]);
+                o0 = fmaf(s[r], qs[t][r0 + r], o0);
+                s[16 + r] = fmaf(ks[t][r1 + r], delta, s[16 + r]);
+                o1 = fmaf(s[16 + r], qs[t][r1 + r], o1);
+            }
+            const float ov = gdn_chunk_total(o0, o1, lane) * scale;
+            if (owner) {
+                if (out) out[((size_t)t * hv + h) * dv + j] = ov;
+                osh[t][jj] = ov;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int r = 0; r < R; ++r) Sh[(size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
+    }
+    // the gated norm of every row (gdn_conv_step_body's BN tail: the same operations)
+    __syncthreads();  // every owner's outputs are in osh, every row's z in zsh
+    if (w == 0) {
+        float os[GDN_BN_MAXN];
+#pragma unroll
+        for (int t = 0; t < GDN_BN_MAXN; ++t) {
+            const float o = t < n ? osh[t][lane] : 0.f;
+            os[t] = o * o;
+        }
+        warp_sum_rows(os, n);
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < GDN_BN_MAXN; ++t)
+                if (t < n) osumn[t] = os[t];
+        }
+    }
+    cluster_sync_all();
+    if (w == 0) {
+        for (int t = 0; t < n; ++t) {
+            float ss = 0.f;
+            for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
+            float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
+            float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
+            size_t idx = ((size_t)t * hv + h) * dv + jn;
+            if (yf) yf[idx] = yo;
+            size_t bq = idx >> 5;
+            quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
+        }
+    }
+    // no block leaves while a peer may still read its osumn (see gdn_conv_step_body)
+    cluster_sync_relaxed();
+    if (tid == 0) {
+        const int last = cnt_old + 1 == nshare;
+        if (last) fence_acq_rel_gpu();
+        last_s = last;
+    }
+    __syncthreads();
+    if (last_s) {
+        if (prod) {
+#pragma unroll
+            for (int i = 0; i < km1; ++i) {
+                conv_state[(size_t)i * conv_dim + q_ch] = win_q[i];
+                conv_state[(size_t)i * conv_dim + k_ch] = win_k[i];
+            }
+        }
+        if (tid == 0) cnt[kap] = 0u;
+    }
+}
+
 // gdn_conv_step_norm_d128 with the gated norm's output written as b1-plane activations (xp, xu, xs
 // and, unless null, xv: P16Out's layout over rows of hv·128) instead of int8 codes: the input of
 // the b1-plane ssm_out. Same values as gated_norm_quant; the codes as swiglu_quant_p16 /

@@ -1499,6 +1499,7 @@ kernels!(
         gdn_conv_step_norm_bn_d128,
         gdn_conv_step_norm_early_d128,
         gdn_conv_step_norm_bn_early_d128,
+        gdn_conv_step_norm_bn_pw_d128,
         gdn_conv_step_norm_p16_d128,
         gated_norm_quant,
         gated_norm_quant_v4,
@@ -1793,6 +1794,8 @@ pub struct Gpu {
     b1p_xs: AtomicBool,
     /// [`Gpu::gdn_early_count`] (`BONSAI_CUDA_GDN_EARLY=0` turns it off).
     gdn_early: AtomicBool,
+    /// [`Gpu::gdn_producer`] (`BONSAI_CUDA_GDN_PW=0` turns it off).
+    gdn_pw: AtomicBool,
     /// [`Gpu::b1q`] (`BONSAI_CUDA_B1Q=0` turns it off).
     b1q: AtomicBool,
     /// [`Gpu::gdn_norm_batch`] (`BONSAI_CUDA_GDN_NORM_BATCH=0` turns it off).
@@ -2011,6 +2014,9 @@ const GDN_CNT: usize = 256;
 /// Threads of a fused GDN decode / verify block (`GDN_CS_THREADS` in the source): 4 warps of
 /// 8 columns × 4 chunk pairs.
 const GDN_CS_THREADS: u32 = 128;
+/// Threads of the producer-warp verify block (`GDN_PW_THREADS`): the 4 recurrence warps of
+/// `GDN_CS_THREADS` and 4 producer warps ([`Gpu::gdn_producer`]).
+const GDN_PW_THREADS: u32 = 256;
 
 /// Whether [`Gpu::gdn_conv_step`] takes a GDN layer of these dims: dk == dv, dk a multiple of 32
 /// up to 128, 1 ≤ kconv ≤ 8, hk ≤ 256 and hv ≥ hk (every k-head read by some block).
@@ -2155,6 +2161,7 @@ impl Gpu {
             gdn_early: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_EARLY").map_or(true, |v| v != "0"),
             ),
+            gdn_pw: AtomicBool::new(std::env::var("BONSAI_CUDA_GDN_PW").map_or(true, |v| v != "0")),
             b1q: AtomicBool::new(std::env::var("BONSAI_CUDA_B1Q").map_or(true, |v| v != "0")),
             gdn_norm_batch: AtomicBool::new(
                 std::env::var("BONSAI_CUDA_GDN_NORM_BATCH").map_or(true, |v| v != "0"),
@@ -3125,7 +3132,8 @@ impl Gpu {
                 | (self.gdn_early_count() as u64) << 27
                 | (self.mv_rows_first() as u64) << 29
                 | (self.b1q_ahead() as u64) << 30
-                | (self.b1q_tiles() as u64) << 31,
+                | (self.b1q_tiles() as u64) << 31
+                | (self.gdn_producer() as u64) << 34,
         ]
     }
 
@@ -3391,6 +3399,21 @@ impl Gpu {
     /// Set [`Self::gdn_early_count`] (capture graphs after setting it).
     pub fn set_gdn_early_count(&self, on: bool) {
         self.gdn_early.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the batched-norm verify launches with the early count and conv width 4 take the
+    /// producer-warp kernel `gdn_conv_step_norm_bn_pw_d128` (256 threads: 4 recurrence warps, and
+    /// 4 warps that run every row's convs, norms, gates and record stores ahead of them and hand
+    /// them over through shared memory and named barriers) instead of
+    /// `gdn_conv_step_norm_bn_early_d128`, whose 4 warps each do both. The same bits
+    /// (default on, `BONSAI_CUDA_GDN_PW=0` off).
+    pub fn gdn_producer(&self) -> bool {
+        self.gdn_pw.load(Ordering::Relaxed)
+    }
+
+    /// Set [`Self::gdn_producer`] (capture graphs after setting it).
+    pub fn set_gdn_producer(&self, on: bool) {
+        self.gdn_pw.store(on, Ordering::Relaxed);
     }
 
     /// The SwiGLU-fused decode gate‖up launch on b1-planes (`mvbp_q1_n1_k1_swi`; `mvbp_q2_*` for
@@ -4325,6 +4348,7 @@ impl Gpu {
             Arg::P(snap.map_or(0, |(ss, _)| ss)),
             Arg::P(snap.map_or(0, |(_, cs)| cs)),
         ];
+        let mut threads = GDN_CS_THREADS;
         let f = match norm {
             Some(m) => {
                 args.extend([Arg::P(m.z), Arg::P(m.w), Arg::F(m.eps), Arg::P(m.out.f)]);
@@ -4337,7 +4361,10 @@ impl Gpu {
                     None => {
                         args.extend([Arg::P(m.out.q), Arg::P(m.out.d), Arg::P(m.out.s)]);
                         if n >= 2 && self.gdn_norm_batch() {
-                            if self.gdn_early_count() {
+                            if self.gdn_early_count() && self.gdn_producer() && kconv == 4 {
+                                threads = GDN_PW_THREADS;
+                                self.f.gdn_conv_step_norm_bn_pw_d128
+                            } else if self.gdn_early_count() {
                                 self.f.gdn_conv_step_norm_bn_early_d128
                             } else {
                                 self.f.gdn_conv_step_norm_bn_d128
@@ -4354,12 +4381,7 @@ impl Gpu {
             }
             None => self.f.gdn_conv_step,
         };
-        self.launch(
-            f,
-            (hv as u32, (dv / 32) as u32, 1),
-            (GDN_CS_THREADS, 1, 1),
-            &args,
-        )
+        self.launch(f, (hv as u32, (dv / 32) as u32, 1), (threads, 1, 1), &args)
     }
 
     /// Which decode / verify GDN kernels run fused (default [`GDN_FUSED_DEFAULT`];
