@@ -195,7 +195,18 @@ round_ab() {
 [[ $NORMAB == 1 ]] && round_ab norm-ab cuda_norm_p16_round_ab BONSAI_NORM_AB_OUT "NORMAB rep"
 # the int8 tensor-core verify's AHEAD form (the default) against the plain one: round and step
 [[ $B1QAHEADAB == 1 ]] && round_ab b1q-ahead-ab cuda_b1q_ahead_round_ab BONSAI_B1Q_AHEAD_OUT "B1QAHEAD rep"
-[[ $GDNPWAB == 1 ]] && round_ab gdn-pw-ab cuda_gdn_pw_round_ab BONSAI_GDN_PW_OUT "GDNPW rep"
+# the producer-warp GDN verify kernel (opt-in, BONSAI_CUDA_GDN_PW=1) against the 128-thread
+# batched-norm one (the default): the engine's speculative tests with it on (spec == plain, graphs
+# == eager; gpu_kernels' gdn_conv_step_equals_conv_then_step compares its bits in the kernel tests),
+# then round and step alternating in one process
+if [[ $GDNPWAB == 1 ]]; then
+  for t in cuda_spec cuda_round_graph; do
+    late "$t with the producer warps" && continue
+    echo "[${SECONDS}s] == $t with BONSAI_CUDA_GDN_PW=1 =="
+    BONSAI_CUDA_GDN_PW=1 BONSAI_CUDA_MODELS=$M .device/bin/$t --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/gdn-pw-$t.log" | grep -E "^test |SKIPPED|result|panicked|differ" ; rc=$((rc|${PIPESTATUS[0]}))
+  done
+  round_ab gdn-pw-ab cuda_gdn_pw_round_ab BONSAI_GDN_PW_OUT "GDNPW rep"
+fi
 # the 5-row dp4a verify kernels and the drafter's block mat-vecs rows-first (the default) against
 # their plain forms (BONSAI_CUDA_MV_ROWS_FIRST=0): round and step, alternating in one process; then
 # the graph draft the same way

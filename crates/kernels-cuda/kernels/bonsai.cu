@@ -1481,19 +1481,20 @@ __device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned nthreads)
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
 
-// gdn_conv_step_norm_bn_early_d128 with a producer warp group (`Gpu::gdn_producer`, conv width 4
-// only): grid (hv, 4) in clusters of 4 as before, block 256 (GDN_PW_THREADS). Warps 0–3 are the
-// recurrence warps, with gdn_conv_step_body's thread layout (column jj = 8w + (lane & 7), chunks
-// 2cp and 2cp + 1) and nothing else to do a row; warps 4–7 run every row's S-independent work
-// ahead of them: the q / k conv + SiLU of channel tid − 128 (warp 4 + w's sums of squares are
-// gdn_conv_step_body's warp w's), the norms, the value conv of column y·32 + lane (warp 4, once
-// a column instead of once per chunk pair), the gates (warp 5), z (warp 6) and every record
-// store. A row's normed q / k, value column, decay and β go to shared memory slots of their own
-// (a launch has at most GDN_BN_MAXN rows, so no slot is reused), then the producers arrive on
-// named barrier 2 + t and the recurrence warps wait on it; the producers' own norm exchange is
-// named barrier 1 (128 threads). The same float operations in the same order as the 128-thread
-// kernel, so the same bits (`gdn_conv_step_equals_conv_then_step` compares them). The tail (the
-// gated norm of all rows, the window counts, the window writes) is gdn_conv_step_body's BN tail.
+// gdn_conv_step_norm_bn_early_d128 with a producer warp group (`Gpu::gdn_producer`; opt-in, not
+// yet run on a GPU; conv width 4 only): grid (hv, 4) in clusters of 4 as before, block 256
+// (GDN_PW_THREADS). Warps 0–3 are the recurrence warps, with gdn_conv_step_body's thread layout
+// (column jj = 8w + (lane & 7), chunks 2cp and 2cp + 1) and nothing else to do a row; warps 4–7
+// run every row's S-independent work ahead of them: the q / k conv + SiLU of channel tid − 128
+// (warp 4 + w's sums of squares are gdn_conv_step_body's warp w's), the norms, the value conv of
+// column y·32 + lane (warp 4, once a column instead of once per chunk pair), the gates (warp 5),
+// z (warp 6) and every record store. A row's normed q / k, value column, decay and β go to shared
+// memory slots of their own (a launch has at most GDN_BN_MAXN rows, so no slot is reused), then
+// the producers arrive on named barrier 2 + t and the recurrence warps wait on it; the producers'
+// own norm exchange is named barrier 1 (128 threads). The same float operations in the same order
+// as the 128-thread kernel, so the same bits (`gdn_conv_step_equals_conv_then_step` compares
+// them). The tail (the gated norm of all rows, the window counts, the window writes) is
+// gdn_conv_step_body's BN tail.
 #define GDN_PW_THREADS 256
 extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREADS, 2) gdn_conv_step_norm_bn_pw_d128(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv_, int hk, int hv,
