@@ -1487,14 +1487,14 @@ __device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned nthreads)
 // (column jj = 8w + (lane & 7), chunks 2cp and 2cp + 1) and nothing else to do a row; warps 4–7
 // run every row's S-independent work ahead of them: the q / k conv + SiLU of channel tid − 128
 // (warp 4 + w's sums of squares are gdn_conv_step_body's warp w's), the norms, the value conv of
-// column y·32 + lane (warp 4, once a column instead of once per chunk pair), the gates (warp 5),
-// z (warp 6) and every record store. A row's normed q / k, value column, decay and β go to shared
-// memory slots of their own (a launch has at most GDN_BN_MAXN rows, so no slot is reused), then
-// the producers arrive on named barrier 2 + t and the recurrence warps wait on it; the producers'
-// own norm exchange is named barrier 1 (128 threads). The same float operations in the same order
-// as the 128-thread kernel, so the same bits (`gdn_conv_step_equals_conv_then_step` compares
-// them). The tail (the gated norm of all rows, the window counts, the window writes) is
-// gdn_conv_step_body's BN tail.
+// column y·32 + lane (warp 4, once a column instead of once per chunk pair), every row's gates
+// (warp 5, lane t row t, before the rows), every row's z (warp 6) and every record store. A row's
+// normed q / k, value column, decay and β go to shared memory slots of their own (a launch has at
+// most GDN_BN_MAXN rows, so no slot is reused), then the producers arrive on named barrier 2 + t
+// and the recurrence warps wait on it; the producers' own norm exchange is named barrier 1 (128
+// threads). The same float operations in the same order as the 128-thread kernel, so the same
+// bits (`gdn_conv_step_equals_conv_then_step` compares them). The tail (the gated norm of all
+// rows, the window counts, the window writes) is gdn_conv_step_body's BN tail.
 #define GDN_PW_THREADS 256
 extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREADS, 2) gdn_conv_step_norm_bn_pw_d128(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv_, int hk, int hv,
@@ -1589,7 +1589,24 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREAD
             return siluf_(acc);
         };
         const int kw = gdn_qk_slots(pt, 0, R).kw;  // where channel pt's q / k go
-        const float dtb = dt_bias[h], sa = ssm_a[h];
+        if (pw == 1 && lane < n) {
+            // every row's gates at once, lane t row t (off the rows' critical path), before the
+            // warp's first arrive
+            const int t = lane;
+            const float a = aa[t * hv + h] + dt_bias[h];
+            const float sp = a > 20.f ? a : log1pf(expf(a));
+            const float gt = ssm_a[h] * sp;
+            const float bt = sigmoidf_(bb[t * hv + h]);
+            dsh[t] = expf(gt);
+            bsh[t] = bt;
+            if (ko && blockIdx.y == 0) {
+                beta_out[(size_t)t * rs_g + h] = bt;
+                g_out[(size_t)t * rs_g + h] = gt;
+            }
+        } else if (pw == 2) {
+            // every row's z (the gated norm's gate), read in the tail
+            for (int t = 0; t < n; ++t) zsh[t][lane] = z[((size_t)t * hv + h) * dv + jn];
+        }
         float xq = mixed[q_ch], xk = mixed[k_ch], xv = vown ? mixed[v_ch] : 0.f;
         for (int t = 0; t < n; ++t) {
             const int b = t & 1;
@@ -1614,21 +1631,6 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREAD
                 const float yv = conv_silu(cw_v, win_v, xv);
                 vsh[t][lane] = yv;
                 if (ko) vo[(size_t)t * rs_v + h * dv + jn] = yv;
-            } else if (pw == 1) {
-                if (lane == 0) {
-                    const float a = aa[t * hv + h] + dtb;
-                    const float sp = a > 20.f ? a : log1pf(expf(a));
-                    const float gt = sa * sp;
-                    const float bt = sigmoidf_(bb[t * hv + h]);
-                    dsh[t] = expf(gt);
-                    bsh[t] = bt;
-                    if (ko && blockIdx.y == 0) {
-                        beta_out[(size_t)t * rs_g + h] = bt;
-                        g_out[(size_t)t * rs_g + h] = gt;
-                    }
-                }
-            } else if (pw == 2) {
-                zsh[t][lane] = z[((size_t)t * hv + h) * dv + jn];
             }
             const float wq = warp_sum(yqv * yqv), wk = warp_sum(ykv * ykv);
             if (lane == 0) {
