@@ -1084,24 +1084,58 @@ fn dequant_block_q32(qt: QuantType, blk: &[u8]) -> [__m256; 4] {
     })
 }
 
-/// `quant::dequantize_row` for Q4_0, Q4_1 and Q8_0 (32-element blocks), 8 lanes at a time: the
-/// same f32 operations per element, so the same bits. Returns false, writing nothing, for any
-/// other type.
+/// Bytes of one 32-element step of `qt` for [`dequant_step32`]: a block of Q4_0 / Q4_1 / Q8_0, 64
+/// bytes of F16 / BF16; `None` for any other type.
+#[inline]
+fn step32_bytes(qt: QuantType) -> Option<usize> {
+    match qt {
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => Some(qt.block_bytes()),
+        QuantType::F16 | QuantType::BF16 => Some(64),
+        _ => None,
+    }
+}
+
+/// 32 consecutive elements of a row of `qt` (`b`: their [`step32_bytes`] bytes) as 4 vectors of 8
+/// (elements 8v..8v+8), with `quant::dequantize_row`'s f32 values: [`dequant_block_q32`] for the
+/// block types; F16 by `vcvtph2ps` and BF16 by a 16-bit shift, both exact.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dequant_step32(qt: QuantType, b: &[u8]) -> [__m256; 4] {
+    match qt {
+        QuantType::F16 | QuantType::BF16 => {
+            assert!(b.len() >= 64);
+            core::array::from_fn(|v| {
+                // SAFETY: b has at least 64 bytes; the load reads b[16v .. 16v + 16].
+                let h = unsafe { _mm_loadu_si128(b.as_ptr().add(16 * v) as *const __m128i) };
+                if qt == QuantType::F16 {
+                    _mm256_cvtph_ps(h)
+                } else {
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                }
+            })
+        }
+        _ => dequant_block_q32(qt, b),
+    }
+}
+
+/// `quant::dequantize_row` for Q4_0, Q4_1 and Q8_0 (32-element blocks) and for F16 / BF16 rows of
+/// whole 32-element steps, 8 lanes at a time: the same f32 values, so the same bits. Returns
+/// false, writing nothing, for any other type or row length.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C. (`src` being exactly `qt.row_bytes(out.len())` bytes is
 /// asserted here, before any read.)
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f32]) -> bool {
-    if !matches!(qt, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+    let Some(sb) = step32_bytes(qt) else {
+        return false;
+    };
+    if out.len() % 32 != 0 {
         return false;
     }
     assert_eq!(Some(src.len()), qt.row_bytes(out.len()));
-    for (blk, o) in src
-        .chunks_exact(qt.block_bytes())
-        .zip(out.chunks_exact_mut(32))
-    {
-        for (v, y) in dequant_block_q32(qt, blk).iter().enumerate() {
+    for (blk, o) in src.chunks_exact(sb).zip(out.chunks_exact_mut(32)) {
+        for (v, y) in dequant_step32(qt, blk).iter().enumerate() {
             // SAFETY: o has 32 elements; the store writes o[8v..8v+8].
             unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * v), *y) };
         }
@@ -1109,29 +1143,47 @@ pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f3
     true
 }
 
-/// `dot(dequantize_row(wrow), x)` for Q4_0, Q4_1 and Q8_0 without the f32 row in memory: each
-/// block's 4 vectors go straight into the 4 accumulators of [`dot`]'s 32-element steps (a block is
-/// one step and rows are whole blocks), so the result has `dot`'s bits. `None` for other types.
+/// `dot(dequantize_row(wrow), xs[t])` for N activation rows at once without the f32 row in
+/// memory, for Q4_0, Q4_1, Q8_0 and, for rows of whole 32-element steps, F16 / BF16: each step of
+/// the weight row is dequantized once (into registers) and goes into the 4 accumulators of [`dot`]
+/// of every activation row (a step is one of `dot`'s 32-element steps), so each result has
+/// `dot(dequantize_row(wrow), xs[t])`'s bits. `None` for other types or lengths.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C. `wrow` must be exactly `qt.row_bytes(x.len())` bytes.
+/// The CPU must support AVX2, FMA and F16C. `wrow` must be exactly `qt.row_bytes(xs[t].len())`
+/// bytes for every t (asserted here, before any read).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q32_row(qt: QuantType, wrow: &[u8], x: &[f32]) -> Option<f32> {
-    if !matches!(qt, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0) {
+pub(crate) unsafe fn dot_q32_rows<const N: usize>(
+    qt: QuantType,
+    wrow: &[u8],
+    xs: [&[f32]; N],
+) -> Option<[f32; N]> {
+    let sb = step32_bytes(qt)?;
+    let n_in = xs[0].len();
+    if n_in % 32 != 0 {
         return None;
     }
-    assert_eq!(Some(wrow.len()), qt.row_bytes(x.len()));
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (blk, xb) in wrow.chunks_exact(qt.block_bytes()).zip(x.chunks_exact(32)) {
-        let w = dequant_block_q32(qt, blk);
-        for k in 0..4 {
-            // SAFETY: xb has 32 elements; the load reads xb[8k..8k+8].
-            let xv = unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * k)) };
-            acc[k] = _mm256_fmadd_ps(w[k], xv, acc[k]);
+    for x in &xs {
+        assert_eq!(x.len(), n_in);
+    }
+    assert_eq!(Some(wrow.len()), qt.row_bytes(n_in));
+    let mut acc = [[_mm256_setzero_ps(); 4]; N];
+    for (s, blk) in wrow.chunks_exact(sb).enumerate() {
+        let w = dequant_step32(qt, blk);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            for k in 0..4 {
+                // SAFETY: 32s + 32 <= n_in = x.len(); the load reads x[32s + 8k .. 32s + 8k + 8].
+                let xv = unsafe { _mm256_loadu_ps(x.as_ptr().add(32 * s + 8 * k)) };
+                a[k] = _mm256_fmadd_ps(w[k], xv, a[k]);
+            }
         }
     }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    Some(hsum_ps(v))
+    Some(acc.map(|a| {
+        hsum_ps(_mm256_add_ps(
+            _mm256_add_ps(a[0], a[1]),
+            _mm256_add_ps(a[2], a[3]),
+        ))
+    }))
 }
 
 /// One Q2 row (`src`, file layout, `n_in` elements of `qt`: g128, PQ2_0 or g64) into the mask

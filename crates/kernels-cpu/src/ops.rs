@@ -969,15 +969,8 @@ fn matmul_f32acts(
         for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
             let o = o0 + r;
             #[cfg(target_arch = "x86_64")]
-            if n == 1 && isa.avx2() {
-                // SAFETY: AVX2+FMA+F16C verified by `check_isa` above; the row is `rb` bytes of
-                // `n_in` elements.
-                if let Some(v) =
-                    unsafe { crate::avx2::dot_q32_row(qt, &w[o * rb..(o + 1) * rb], x) }
-                {
-                    yo[0] = v;
-                    continue;
-                }
+            if isa.avx2() && fused_rows(qt, &w[o * rb..(o + 1) * rb], x, n_in, yo) {
+                continue;
             }
             dequantize_row_isa(isa, qt, &w[o * rb..(o + 1) * rb], buf);
             for (t, v) in yo.iter_mut().enumerate() {
@@ -994,6 +987,33 @@ fn matmul_f32acts(
         par::for_each_chunk_mut(&mut yt, ROWS_PER_TASK * n, 0, run);
         transpose_into(&yt, n_out, n, y);
     }
+}
+
+/// One weight row of `qt` (`wrow`) against every activation row of `x` ([n, n_in]) into `yo` ([n])
+/// without the dequantized row in memory: two activation rows a pass (`avx2::dot_q32_rows`), each
+/// result `dot_f32(dequantize_row(wrow), x[t])` bit for bit. False (nothing written) for a type
+/// or row length those kernels do not take. The caller has checked AVX2 + FMA + F16C.
+#[cfg(target_arch = "x86_64")]
+fn fused_rows(qt: QuantType, wrow: &[u8], x: &[f32], n_in: usize, yo: &mut [f32]) -> bool {
+    let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
+    let mut t = 0;
+    while t + 2 <= yo.len() {
+        // SAFETY: the caller checked the CPU features; `wrow` is one row of `n_in` elements of `qt`
+        // (the kernel asserts it) and rows t, t + 1 exist.
+        match unsafe { crate::avx2::dot_q32_rows::<2>(qt, wrow, [row(t), row(t + 1)]) } {
+            Some([a, b]) => (yo[t], yo[t + 1]) = (a, b),
+            None => return false,
+        }
+        t += 2;
+    }
+    if t < yo.len() {
+        // SAFETY: as above, for row t.
+        match unsafe { crate::avx2::dot_q32_rows::<1>(qt, wrow, [row(t)]) } {
+            Some([a]) => yo[t] = a,
+            None => return false,
+        }
+    }
+    true
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -476,6 +476,38 @@ fn dequantize_row_isa_equals_scalar_bits() {
             }
         }
     }
+    // F16 / BF16 rows: every 16-bit pattern (infinities, NaNs, subnormals included), rows of whole
+    // 32-element steps (the SIMD path) and not (the scalar fallback)
+    for qt in [QuantType::F16, QuantType::BF16] {
+        for n in [32usize, 96, 100, 65536] {
+            let w: Vec<u8> = (0..n as u32)
+                .flat_map(|i| {
+                    let h = if n == 65536 {
+                        i as u16
+                    } else {
+                        rng.u64() as u16
+                    };
+                    h.to_le_bytes()
+                })
+                .collect();
+            let mut want = vec![0f32; n];
+            dequantize_row(qt, &w, &mut want);
+            for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+                let mut got = vec![0f32; n];
+                ops::dequantize_row_isa(isa, qt, &w, &mut got);
+                for i in 0..n {
+                    assert!(
+                        got[i].to_bits() == want[i].to_bits()
+                            || (got[i].is_nan() && want[i].is_nan()),
+                        "{} {isa:?} n={n} i={i}: {} vs {}",
+                        qt.name(),
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Every ISA's quantizer gives the same codes, scales and sums, and the codes are the scheme's
