@@ -1158,6 +1158,33 @@ pub(crate) unsafe fn dot_q32_rows<const N: usize>(
     wrow: &[u8],
     xs: [&[f32]; N],
 ) -> Option<[f32; N]> {
+    dot_q32_rows_body(qt, wrow, xs)
+}
+
+/// [`dot_q32_rows`] compiled with AVX-512 VL as well, so its vectors may use all 32 registers
+/// (4 activation rows' 16 accumulators and a step's 4 vectors fit without spills): the same
+/// instructions on 256-bit vectors, so the same bits.
+///
+/// # Safety
+/// As [`dot_q32_rows`], and the CPU must support AVX-512 F and VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub(crate) unsafe fn dot_q32_rows_vl<const N: usize>(
+    qt: QuantType,
+    wrow: &[u8],
+    xs: [&[f32]; N],
+) -> Option<[f32; N]> {
+    dot_q32_rows_body(qt, wrow, xs)
+}
+
+/// The body of [`dot_q32_rows`] and [`dot_q32_rows_vl`] (inlined into each, so compiled with its
+/// features). Asserts the row lengths before any read.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q32_rows_body<const N: usize>(
+    qt: QuantType,
+    wrow: &[u8],
+    xs: [&[f32]; N],
+) -> Option<[f32; N]> {
     let sb = step32_bytes(qt)?;
     let n_in = xs[0].len();
     if n_in % 32 != 0 {

@@ -969,7 +969,7 @@ fn matmul_f32acts(
         for (r, yo) in yt.chunks_exact_mut(n).enumerate() {
             let o = o0 + r;
             #[cfg(target_arch = "x86_64")]
-            if isa.avx2() && fused_rows(qt, &w[o * rb..(o + 1) * rb], x, n_in, yo) {
+            if isa.avx2() && fused_rows(isa, qt, &w[o * rb..(o + 1) * rb], x, n_in, yo) {
                 continue;
             }
             dequantize_row_isa(isa, qt, &w[o * rb..(o + 1) * rb], buf);
@@ -990,28 +990,59 @@ fn matmul_f32acts(
 }
 
 /// One weight row of `qt` (`wrow`) against every activation row of `x` ([n, n_in]) into `yo` ([n])
-/// without the dequantized row in memory: two activation rows a pass (`avx2::dot_q32_rows`), each
-/// result `dot_f32(dequantize_row(wrow), x[t])` bit for bit. False (nothing written) for a type
-/// or row length those kernels do not take. The caller has checked AVX2 + FMA + F16C.
+/// without the dequantized row in memory: each 32-element step of the row is dequantized once into
+/// registers for 4 activation rows (AVX-512: `avx2::dot_q32_rows_vl`, the AVX2 code with 32
+/// registers) or 2 (AVX2: `avx2::dot_q32_rows`), each result `dot_f32(dequantize_row(wrow), x[t])`
+/// bit for bit. False (nothing written) for a type or row length those kernels do not take. The
+/// caller has checked AVX2 + FMA + F16C (and AVX-512 for `Isa::Avx512`).
 #[cfg(target_arch = "x86_64")]
-fn fused_rows(qt: QuantType, wrow: &[u8], x: &[f32], n_in: usize, yo: &mut [f32]) -> bool {
+fn fused_rows(
+    isa: Isa,
+    qt: QuantType,
+    wrow: &[u8],
+    x: &[f32],
+    n_in: usize,
+    yo: &mut [f32],
+) -> bool {
+    use crate::avx2::{dot_q32_rows, dot_q32_rows_vl};
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
+    let vl = isa == Isa::Avx512;
     let mut t = 0;
+    // SAFETY (every call below): the caller checked the CPU features (AVX-512 F/VL with `vl`);
+    // `wrow` is one row of `n_in` elements of `qt` (the kernels assert it) and the rows exist.
+    while vl && t + 4 <= yo.len() {
+        let Some(v) = (unsafe {
+            dot_q32_rows_vl::<4>(qt, wrow, [row(t), row(t + 1), row(t + 2), row(t + 3)])
+        }) else {
+            return false;
+        };
+        yo[t..t + 4].copy_from_slice(&v);
+        t += 4;
+    }
     while t + 2 <= yo.len() {
-        // SAFETY: the caller checked the CPU features; `wrow` is one row of `n_in` elements of `qt`
-        // (the kernel asserts it) and rows t, t + 1 exist.
-        match unsafe { crate::avx2::dot_q32_rows::<2>(qt, wrow, [row(t), row(t + 1)]) } {
-            Some([a, b]) => (yo[t], yo[t + 1]) = (a, b),
-            None => return false,
-        }
+        let r = [row(t), row(t + 1)];
+        let v = if vl {
+            unsafe { dot_q32_rows_vl::<2>(qt, wrow, r) }
+        } else {
+            unsafe { dot_q32_rows::<2>(qt, wrow, r) }
+        };
+        let Some(v) = v else {
+            return false;
+        };
+        yo[t..t + 2].copy_from_slice(&v);
         t += 2;
     }
     if t < yo.len() {
-        // SAFETY: as above, for row t.
-        match unsafe { crate::avx2::dot_q32_rows::<1>(qt, wrow, [row(t)]) } {
-            Some([a]) => yo[t] = a,
-            None => return false,
-        }
+        let r = [row(t)];
+        let v = if vl {
+            unsafe { dot_q32_rows_vl::<1>(qt, wrow, r) }
+        } else {
+            unsafe { dot_q32_rows::<1>(qt, wrow, r) }
+        };
+        let Some([v]) = v else {
+            return false;
+        };
+        yo[t] = v;
     }
     true
 }
