@@ -1026,7 +1026,7 @@ pub(crate) unsafe fn log_sum_exp(x: &[f32]) -> f64 {
 /// f16 bits at `b[i..i + 2]` → f32, by `vcvtph2ps` (exact, like `half`'s conversion).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_f32(b: &[u8], i: usize) -> f32 {
+pub(crate) fn f16_f32(b: &[u8], i: usize) -> f32 {
     let h = u16::from_le_bytes([b[i], b[i + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -1087,7 +1087,7 @@ fn dequant_block_q32(qt: QuantType, blk: &[u8]) -> [__m256; 4] {
 /// Bytes of one 32-element step of `qt` for [`dequant_step32`]: a block of Q4_0 / Q4_1 / Q8_0, 64
 /// bytes of F16 / BF16; `None` for any other type.
 #[inline]
-fn step32_bytes(qt: QuantType) -> Option<usize> {
+pub(crate) fn step32_bytes(qt: QuantType) -> Option<usize> {
     match qt {
         QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => Some(qt.block_bytes()),
         QuantType::F16 | QuantType::BF16 => Some(64),
@@ -1154,33 +1154,6 @@ pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f3
 /// bytes for every t (asserted here, before any read).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q32_rows<const N: usize>(
-    qt: QuantType,
-    wrow: &[u8],
-    xs: [&[f32]; N],
-) -> Option<[f32; N]> {
-    dot_q32_rows_body(qt, wrow, xs)
-}
-
-/// [`dot_q32_rows`] compiled with AVX-512 VL as well, so its vectors may use all 32 registers
-/// (4 activation rows' 16 accumulators and a step's 4 vectors fit without spills): the same
-/// instructions on 256-bit vectors, so the same bits.
-///
-/// # Safety
-/// As [`dot_q32_rows`], and the CPU must support AVX-512 F and VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-pub(crate) unsafe fn dot_q32_rows_vl<const N: usize>(
-    qt: QuantType,
-    wrow: &[u8],
-    xs: [&[f32]; N],
-) -> Option<[f32; N]> {
-    dot_q32_rows_body(qt, wrow, xs)
-}
-
-/// The body of [`dot_q32_rows`] and [`dot_q32_rows_vl`] (inlined into each, so compiled with its
-/// features). Asserts the row lengths before any read.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q32_rows_body<const N: usize>(
     qt: QuantType,
     wrow: &[u8],
     xs: [&[f32]; N],

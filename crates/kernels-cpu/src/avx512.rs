@@ -725,3 +725,89 @@ pub(crate) unsafe fn q1m_pack_row(src: &[u8], n_in: usize, dst: &mut [u8]) {
         }
     }
 }
+
+/// `avx2::dot_q32_rows` on 512-bit vectors: a 32-element step of the weight row is dequantized
+/// into 2 vectors of 16 (elements 0..16 and 16..32, each element by `quant::dequantize_row`'s
+/// operations), and activation row t keeps `dot`'s 4 accumulators of 8 lanes as 2 of 16
+/// (accumulators 0 ‖ 1 and 2 ‖ 3): the same fused multiply-add per element and lane, then the same
+/// `(acc0 + acc1) + (acc2 + acc3)` and 8-lane sum, so the same bits with half the instructions.
+/// `None` for a type or row length it does not take.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F / BW / VL. `wrow` must be exactly
+/// `qt.row_bytes(xs[t].len())` bytes for every t (asserted here, before any read).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn dot_q32_rows_512<const N: usize>(
+    qt: QuantType,
+    wrow: &[u8],
+    xs: [&[f32]; N],
+) -> Option<[f32; N]> {
+    use crate::avx2::{f16_f32, step32_bytes};
+    let sb = step32_bytes(qt)?;
+    let n_in = xs[0].len();
+    if n_in % 32 != 0 {
+        return None;
+    }
+    for x in &xs {
+        assert_eq!(x.len(), n_in);
+    }
+    assert_eq!(Some(wrow.len()), qt.row_bytes(n_in));
+    let mut acc = [[_mm512_setzero_ps(); 2]; N];
+    for (s, b) in wrow.chunks_exact(sb).enumerate() {
+        // e[h]: elements 16h .. 16h + 16 of the step
+        let e: [__m512; 2] = match qt {
+            QuantType::F16 | QuantType::BF16 => core::array::from_fn(|h| {
+                // SAFETY: a step has 64 bytes; the load reads b[32h .. 32h + 32].
+                let v = unsafe { _mm256_loadu_si256(b.as_ptr().add(32 * h) as *const __m256i) };
+                if qt == QuantType::F16 {
+                    _mm512_cvtph_ps(v)
+                } else {
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+                }
+            }),
+            _ => {
+                let d = _mm512_set1_ps(f16_f32(b, 0));
+                let q: [__m512i; 2] = if qt == QuantType::Q8_0 {
+                    // SAFETY: a Q8_0 block has 34 bytes; the loads read b[2 + 16h .. 18 + 16h].
+                    core::array::from_fn(|h| unsafe {
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            b.as_ptr().add(2 + 16 * h) as *const __m128i
+                        ))
+                    })
+                } else {
+                    let off = if qt == QuantType::Q4_1 { 4 } else { 2 };
+                    // SAFETY: a Q4_0 / Q4_1 block has off + 16 bytes; the load reads its nibbles.
+                    let qs = unsafe { _mm_loadu_si128(b.as_ptr().add(off) as *const __m128i) };
+                    let lo = _mm_and_si128(qs, _mm_set1_epi8(0x0F)); // elements 0..16
+                    let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F)); // 16..32
+                    let mut q = [_mm512_cvtepu8_epi32(lo), _mm512_cvtepu8_epi32(hi)];
+                    if qt == QuantType::Q4_0 {
+                        for v in &mut q {
+                            *v = _mm512_sub_epi32(*v, _mm512_set1_epi32(8));
+                        }
+                    }
+                    q
+                };
+                let y = q.map(|v| _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
+                if qt == QuantType::Q4_1 {
+                    let m = _mm512_set1_ps(f16_f32(b, 2));
+                    y.map(|v| _mm512_add_ps(v, m))
+                } else {
+                    y
+                }
+            }
+        };
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            for h in 0..2 {
+                // SAFETY: 32s + 32 <= n_in = x.len(); the load reads x[32s + 16h .. 32s + 16h + 16].
+                let xv = unsafe { _mm512_loadu_ps(x.as_ptr().add(32 * s + 16 * h)) };
+                a[h] = _mm512_fmadd_ps(e[h], xv, a[h]);
+            }
+        }
+    }
+    Some(acc.map(|[a01, a23]| {
+        let (a0, a1) = (_mm512_castps512_ps256(a01), hi256_ps(a01));
+        let (a2, a3) = (_mm512_castps512_ps256(a23), hi256_ps(a23));
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)))
+    }))
+}

@@ -991,10 +991,10 @@ fn matmul_f32acts(
 
 /// One weight row of `qt` (`wrow`) against every activation row of `x` ([n, n_in]) into `yo` ([n])
 /// without the dequantized row in memory: each 32-element step of the row is dequantized once into
-/// registers for 4 activation rows (AVX-512: `avx2::dot_q32_rows_vl`, the AVX2 code with 32
-/// registers) or 2 (AVX2: `avx2::dot_q32_rows`), each result `dot_f32(dequantize_row(wrow), x[t])`
+/// registers for 4 activation rows on 512-bit vectors (AVX-512: `avx512::dot_q32_rows_512`) or 2
+/// on 256-bit ones (AVX2: `avx2::dot_q32_rows`), each result `dot_f32(dequantize_row(wrow), x[t])`
 /// bit for bit. False (nothing written) for a type or row length those kernels do not take. The
-/// caller has checked AVX2 + FMA + F16C (and AVX-512 for `Isa::Avx512`).
+/// caller has checked the ISA's CPU features (`check_isa`).
 #[cfg(target_arch = "x86_64")]
 fn fused_rows(
     isa: Isa,
@@ -1004,16 +1004,17 @@ fn fused_rows(
     n_in: usize,
     yo: &mut [f32],
 ) -> bool {
-    use crate::avx2::{dot_q32_rows, dot_q32_rows_vl};
+    use crate::avx2::dot_q32_rows;
+    use crate::avx512::dot_q32_rows_512;
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
-    let vl = isa == Isa::Avx512;
+    let wide = isa == Isa::Avx512;
     let mut t = 0;
-    // SAFETY (every call below): the caller checked the CPU features (AVX-512 F/VL with `vl`);
-    // `wrow` is one row of `n_in` elements of `qt` (the kernels assert it) and the rows exist.
-    while vl && t + 4 <= yo.len() {
-        let Some(v) = (unsafe {
-            dot_q32_rows_vl::<4>(qt, wrow, [row(t), row(t + 1), row(t + 2), row(t + 3)])
-        }) else {
+    // SAFETY (every call below): the caller checked the CPU features (AVX-512 F/BW/VL with
+    // `wide`); `wrow` is one row of `n_in` elements of `qt` (the kernels assert it) and the rows
+    // exist.
+    while wide && t + 4 <= yo.len() {
+        let r = [row(t), row(t + 1), row(t + 2), row(t + 3)];
+        let Some(v) = (unsafe { dot_q32_rows_512::<4>(qt, wrow, r) }) else {
             return false;
         };
         yo[t..t + 4].copy_from_slice(&v);
@@ -1021,8 +1022,8 @@ fn fused_rows(
     }
     while t + 2 <= yo.len() {
         let r = [row(t), row(t + 1)];
-        let v = if vl {
-            unsafe { dot_q32_rows_vl::<2>(qt, wrow, r) }
+        let v = if wide {
+            unsafe { dot_q32_rows_512::<2>(qt, wrow, r) }
         } else {
             unsafe { dot_q32_rows::<2>(qt, wrow, r) }
         };
@@ -1034,8 +1035,8 @@ fn fused_rows(
     }
     if t < yo.len() {
         let r = [row(t)];
-        let v = if vl {
-            unsafe { dot_q32_rows_vl::<1>(qt, wrow, r) }
+        let v = if wide {
+            unsafe { dot_q32_rows_512::<1>(qt, wrow, r) }
         } else {
             unsafe { dot_q32_rows::<1>(qt, wrow, r) }
         };
