@@ -1143,6 +1143,23 @@ pub(crate) unsafe fn dequantize_row_q32(qt: QuantType, src: &[u8], out: &mut [f3
     true
 }
 
+/// The step bytes ([`step32_bytes`]) with which [`dot_q32_rows`] and
+/// `avx512::dot_q32_rows_512` walk `wrow` against the rows `xs`: `None` for a type they do not take
+/// or rows that are not whole 32-element steps. Asserts that every row has the same length and
+/// `wrow` is one weight row of it.
+pub(crate) fn rows_step_bytes(qt: QuantType, wrow: &[u8], xs: &[&[f32]]) -> Option<usize> {
+    let sb = step32_bytes(qt)?;
+    let n_in = xs[0].len();
+    if n_in % 32 != 0 {
+        return None;
+    }
+    for x in xs {
+        assert_eq!(x.len(), n_in);
+    }
+    assert_eq!(Some(wrow.len()), qt.row_bytes(n_in));
+    Some(sb)
+}
+
 /// `dot(dequantize_row(wrow), xs[t])` for N activation rows at once without the f32 row in
 /// memory, for Q4_0, Q4_1, Q8_0 and, for rows of whole 32-element steps, F16 / BF16: each step of
 /// the weight row is dequantized once (into registers) and goes into the 4 accumulators of [`dot`]
@@ -1158,15 +1175,7 @@ pub(crate) unsafe fn dot_q32_rows<const N: usize>(
     wrow: &[u8],
     xs: [&[f32]; N],
 ) -> Option<[f32; N]> {
-    let sb = step32_bytes(qt)?;
-    let n_in = xs[0].len();
-    if n_in % 32 != 0 {
-        return None;
-    }
-    for x in &xs {
-        assert_eq!(x.len(), n_in);
-    }
-    assert_eq!(Some(wrow.len()), qt.row_bytes(n_in));
+    let sb = rows_step_bytes(qt, wrow, &xs)?;
     let mut acc = [[_mm256_setzero_ps(); 4]; N];
     for (s, blk) in wrow.chunks_exact(sb).enumerate() {
         let w = dequant_step32(qt, blk);

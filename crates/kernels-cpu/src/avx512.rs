@@ -742,16 +742,8 @@ pub(crate) unsafe fn dot_q32_rows_512<const N: usize>(
     wrow: &[u8],
     xs: [&[f32]; N],
 ) -> Option<[f32; N]> {
-    use crate::avx2::{f16_f32, step32_bytes};
-    let sb = step32_bytes(qt)?;
-    let n_in = xs[0].len();
-    if n_in % 32 != 0 {
-        return None;
-    }
-    for x in &xs {
-        assert_eq!(x.len(), n_in);
-    }
-    assert_eq!(Some(wrow.len()), qt.row_bytes(n_in));
+    use crate::avx2::{f16_f32, rows_step_bytes};
+    let sb = rows_step_bytes(qt, wrow, &xs)?;
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     for (s, b) in wrow.chunks_exact(sb).enumerate() {
         // e[h]: elements 16h .. 16h + 16 of the step

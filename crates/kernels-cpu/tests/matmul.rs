@@ -436,9 +436,28 @@ fn round_to_i8_equals_round_then_clamp() {
 
 /// The SIMD dequantization of the 32-element block types equals `quant::dequantize_row` bit for bit
 /// (random codes; scales random, subnormal, ±0 and ±inf), on every ISA this CPU runs.
+/// `ops::dequantize_row_isa` on every ISA this CPU runs equals `dequantize_row` on the row `w` of
+/// `n` elements of `qt`, bit for bit (any NaN for a NaN).
+fn assert_isa_dequant_equals_scalar(qt: QuantType, w: &[u8], n: usize) {
+    let mut want = vec![0f32; n];
+    dequantize_row(qt, w, &mut want);
+    for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
+        let mut got = vec![0f32; n];
+        ops::dequantize_row_isa(isa, qt, w, &mut got);
+        for i in 0..n {
+            assert!(
+                got[i].to_bits() == want[i].to_bits() || (got[i].is_nan() && want[i].is_nan()),
+                "{} {isa:?} n={n} i={i}: {} vs {}",
+                qt.name(),
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn dequantize_row_isa_equals_scalar_bits() {
-    use bonsai_kernels_cpu::quant::dequantize_row;
     let mut rng = Rng::new(11);
     let specials = [
         0x0000u16, 0x8000, 0x0001, 0x83ff, 0x7c00, 0xfc00, 0x3c00, 0x7bff,
@@ -458,22 +477,7 @@ fn dequantize_row_isa_equals_scalar_bits() {
                     blk[2 * k..2 * k + 2].copy_from_slice(&h.to_le_bytes());
                 }
             }
-            let mut want = vec![0f32; n];
-            dequantize_row(qt, &w, &mut want);
-            for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
-                let mut got = vec![0f32; n];
-                ops::dequantize_row_isa(isa, qt, &w, &mut got);
-                for i in 0..n {
-                    assert!(
-                        got[i].to_bits() == want[i].to_bits()
-                            || (got[i].is_nan() && want[i].is_nan()),
-                        "{} {isa:?} n={n} i={i}: {} vs {}",
-                        qt.name(),
-                        got[i],
-                        want[i]
-                    );
-                }
-            }
+            assert_isa_dequant_equals_scalar(qt, &w, n);
         }
     }
     // F16 / BF16 rows: every 16-bit pattern (infinities, NaNs, subnormals included), rows of whole
@@ -490,22 +494,7 @@ fn dequantize_row_isa_equals_scalar_bits() {
                     h.to_le_bytes()
                 })
                 .collect();
-            let mut want = vec![0f32; n];
-            dequantize_row(qt, &w, &mut want);
-            for isa in Isa::ALL.into_iter().filter(|&i| isa_supported(i)) {
-                let mut got = vec![0f32; n];
-                ops::dequantize_row_isa(isa, qt, &w, &mut got);
-                for i in 0..n {
-                    assert!(
-                        got[i].to_bits() == want[i].to_bits()
-                            || (got[i].is_nan() && want[i].is_nan()),
-                        "{} {isa:?} n={n} i={i}: {} vs {}",
-                        qt.name(),
-                        got[i],
-                        want[i]
-                    );
-                }
-            }
+            assert_isa_dequant_equals_scalar(qt, &w, n);
         }
     }
 }

@@ -1091,6 +1091,42 @@ __device__ __forceinline__ GdnQkSlots gdn_qk_slots(int tid, int cp, int R) {
     const int r0 = 2 * cp * R + 4 * cp;
     return {r0, r0 + R, tid + 4 * (tid / (2 * R))};
 }
+// The gated norm of every row of a batched-norm (BN) launch, after a block barrier that put every
+// row's outputs in osh and gates in zsh ([row][column of the block]): warp 0's Σ o² per row
+// (warp_sum's tree, rows interleaved) to osumn, one cluster exchange (the head's 4 blocks, in rank
+// order), then each row's y = o·inv·w·SiLU(z) and quant32 (gated_norm_quant's operations). Every
+// thread of the block calls it (the cluster barrier); warp 0 does the work.
+__device__ __forceinline__ void gdn_bn_norm_rows(const float (*osh)[32], const float (*zsh)[32], float* osumn,
+                                                 int n, int w, int lane, float nwj, float norm_eps, int hv, int h,
+                                                 int dv, int jn, float* yf, i8* yq, float* yd, int* ys) {
+    if (w == 0) {
+        float os[GDN_BN_MAXN];
+#pragma unroll
+        for (int t = 0; t < GDN_BN_MAXN; ++t) {
+            const float o = t < n ? osh[t][lane] : 0.f;
+            os[t] = o * o;
+        }
+        warp_sum_rows(os, n);
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < GDN_BN_MAXN; ++t)
+                if (t < n) osumn[t] = os[t];
+        }
+    }
+    cluster_sync_all();
+    if (w == 0) {
+        for (int t = 0; t < n; ++t) {
+            float ss = 0.f;
+            for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
+            float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
+            float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
+            size_t idx = ((size_t)t * hv + h) * dv + jn;
+            if (yf) yf[idx] = yo;
+            size_t bq = idx >> 5;
+            quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
+        }
+    }
+}
 // KC: the conv width fixed at compile time (the entries take KC = 4, the real models' width, when
 // the launch's kconv is 4), 0 for kconv as given.
 template <bool NORM, bool P16 = false, bool BN = false, bool SNAP = true, bool EARLY = false, int KC = 0>
@@ -1355,33 +1391,7 @@ __device__ __forceinline__ void gdn_conv_step_body(
         // the gated norm of every row: warp 0's Σ o² per row (warp_sum's tree, rows interleaved),
         // one cluster exchange, then each row's y and quant32 as above (the same operations)
         __syncthreads();  // every owner's outputs are in osh
-        if (w == 0) {
-            float os[GDN_BN_MAXN];
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t) {
-                const float o = t < n ? osh[t][lane] : 0.f;
-                os[t] = o * o;
-            }
-            warp_sum_rows(os, n);
-            if (lane == 0) {
-#pragma unroll
-                for (int t = 0; t < GDN_BN_MAXN; ++t)
-                    if (t < n) osumn[t] = os[t];
-            }
-        }
-        cluster_sync_all();
-        if (w == 0) {
-            for (int t = 0; t < n; ++t) {
-                float ss = 0.f;
-                for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
-                float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-                float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
-                size_t idx = ((size_t)t * hv + h) * dv + jn;
-                if (yf) yf[idx] = yo;
-                size_t bq = idx >> 5;
-                quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
-            }
-        }
+        gdn_bn_norm_rows(osh, zsh, osumn, n, w, lane, nwj, norm_eps, hv, h, dv, jn, yf, yq, yd, ys);
     }
     // no block leaves while a peer may still read its osum / amx / osumn: an execution barrier
     // (the peers' reads have returned, their values are used before they arrive), so relaxed —
@@ -1695,33 +1705,7 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREAD
     }
     // the gated norm of every row (gdn_conv_step_body's BN tail: the same operations)
     __syncthreads();  // every owner's outputs are in osh, every row's z in zsh
-    if (w == 0) {
-        float os[GDN_BN_MAXN];
-#pragma unroll
-        for (int t = 0; t < GDN_BN_MAXN; ++t) {
-            const float o = t < n ? osh[t][lane] : 0.f;
-            os[t] = o * o;
-        }
-        warp_sum_rows(os, n);
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < GDN_BN_MAXN; ++t)
-                if (t < n) osumn[t] = os[t];
-        }
-    }
-    cluster_sync_all();
-    if (w == 0) {
-        for (int t = 0; t < n; ++t) {
-            float ss = 0.f;
-            for (unsigned rk = 0; rk < 4; ++rk) ss += ld_cluster_f32(&osumn[t], rk);
-            float inv = 1.0f / sqrtf(ss / (float)dv + norm_eps);
-            float yo = osh[t][lane] * inv * nwj * siluf_(zsh[t][lane]);
-            size_t idx = ((size_t)t * hv + h) * dv + jn;
-            if (yf) yf[idx] = yo;
-            size_t bq = idx >> 5;
-            quant32(yo, yq + (bq << 5), yd + bq, ys + bq);
-        }
-    }
+    gdn_bn_norm_rows(osh, zsh, osumn, n, w, lane, nwj, norm_eps, hv, h, dv, jn, yf, yq, yd, ys);
     // no block leaves while a peer may still read its osumn (see gdn_conv_step_body)
     cluster_sync_relaxed();
     if (tid == 0) {
