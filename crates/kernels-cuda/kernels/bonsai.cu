@@ -1504,7 +1504,7 @@ __device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned nthreads)
 // and the recurrence warps wait on it; the producers' own norm exchange is named barrier 1 (128
 // threads). The same float operations in the same order as the 128-thread kernel, so the same
 // bits (`gdn_conv_step_equals_conv_then_step` compares them). The tail (the gated norm of all
-// rows, the window counts, the window writes) is gdn_conv_step_body's BN tail.
+// rows in gdn_bn_norm_rows, the window counts, the window writes) is gdn_conv_step_body's.
 #define GDN_PW_THREADS 256
 extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREADS, 2) gdn_conv_step_norm_bn_pw_d128(
     float* S, const float* mixed, float* conv_state, const float* convw, int kconv_, int hk, int hv,
@@ -1703,7 +1703,7 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREAD
 #pragma unroll
             for (int r = 0; r < R; ++r) Sh[(size_t)((2 * cp + c) * R + r) * dv + j] = s[c * 16 + r];
     }
-    // the gated norm of every row (gdn_conv_step_body's BN tail: the same operations)
+    // the gated norm of every row (gdn_bn_norm_rows, as gdn_conv_step_body's BN tail)
     __syncthreads();  // every owner's outputs are in osh, every row's z in zsh
     gdn_bn_norm_rows(osh, zsh, osumn, n, w, lane, nwj, norm_eps, hv, h, dv, jn, yf, yq, yd, ys);
     // no block leaves while a peer may still read its osumn (see gdn_conv_step_body)
