@@ -1079,6 +1079,37 @@ __device__ __forceinline__ float gdn_chunk_total(float c0, float c1, int lane) {
     }
     return tot;
 }
+// One row of gdn_step's recurrence on a lane's two chunks of its value column (the layout above):
+// s[r] holds chunk 2cp's rows and s[16 + r] chunk 2cp + 1's (r < R). s ·= decay, u = Σ s·k over
+// the column (gdn_chunk_total), δ = β·(v − u), s += k·δ and, with OUT, the column's o = Σ s·q
+// (unscaled; 0 without OUT). kr / qr: the row's normed k / q in gdn_qk_slots' layout, r0 / r1 this
+// lane's chunks there. The one statement of the update for gdn_conv_step_body, the producer-warp
+// kernel and gdn_replay_body: the kernel tests compare all three with gdn_step bit for bit.
+template <bool OUT>
+__device__ __forceinline__ float gdn_state_row(float (&s)[32], const float* kr, const float* qr, int r0, int r1,
+                                               int R, float decay, float bt, float yv, int lane) {
+    float u0 = 0.f, u1 = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+        if (r < R) {
+            s[r] *= decay;
+            u0 = fmaf(s[r], kr[r0 + r], u0);
+            s[16 + r] *= decay;
+            u1 = fmaf(s[16 + r], kr[r1 + r], u1);
+        }
+    const float ut = gdn_chunk_total(u0, u1, lane);
+    const float delta = bt * (yv - ut);
+    float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+        if (r < R) {
+            s[r] = fmaf(kr[r0 + r], delta, s[r]);
+            if (OUT) o0 = fmaf(s[r], qr[r0 + r], o0);
+            s[16 + r] = fmaf(kr[r1 + r], delta, s[16 + r]);
+            if (OUT) o1 = fmaf(s[16 + r], qr[r1 + r], o1);
+        }
+    return OUT ? gdn_chunk_total(o0, o1, lane) : 0.f;
+}
 // The padded shared-memory slots of a row's normed q / k in the same layout (dk = 8R channels;
 // 4 floats of padding after each chunk pair of 2R channels, so the 4 chunk pairs a warp reads at
 // once fall in different banks, at R = 16 also for 16-byte loads): GDN_QK_SLOTS floats a row for
@@ -1308,30 +1339,8 @@ __device__ __forceinline__ void gdn_conv_step_body(
             }
         }
         __syncthreads();
-        // gdn_step's row t, restated (keep the two, and spec.cu's gdn_replay, in step: the kernel
-        // tests compare them bit for bit)
-        const float decay = expf(gt);
-        float u0 = 0.f, u1 = 0.f;
-#pragma unroll
-        for (int r = 0; r < 16; ++r)
-            if (r < R) {
-                s[r] *= decay;
-                u0 = fmaf(s[r], ks[b][r0 + r], u0);
-                s[16 + r] *= decay;
-                u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
-            }
-        const float ut = gdn_chunk_total(u0, u1, lane);
-        const float delta = bt * (yv - ut);
-        float o0 = 0.f, o1 = 0.f;
-#pragma unroll
-        for (int r = 0; r < 16; ++r)
-            if (r < R) {
-                s[r] = fmaf(ks[b][r0 + r], delta, s[r]);
-                o0 = fmaf(s[r], qs[b][r0 + r], o0);
-                s[16 + r] = fmaf(ks[b][r1 + r], delta, s[16 + r]);
-                o1 = fmaf(s[16 + r], qs[b][r1 + r], o1);
-            }
-        const float ov = gdn_chunk_total(o0, o1, lane) * scale;
+        // gdn_step's row t
+        const float ov = gdn_state_row<true>(s, ks[b], qs[b], r0, r1, R, expf(gt), bt, yv, lane) * scale;
         if (owner) {
             if (out) out[((size_t)t * hv + h) * dv + j] = ov;
             if (BN) osh[t][jj] = ov;
@@ -1672,27 +1681,9 @@ extern "C" __global__ void CLUSTER_DIMS(1, 4, 1) __launch_bounds__(GDN_PW_THREAD
         const int r0 = sl.r0, r1 = sl.r1;  // this lane's two chunks in ks / qs
         for (int t = 0; t < n; ++t) {
             named_bar_sync(2 + t, GDN_PW_THREADS);
-            // gdn_step's row t, restated (as in gdn_conv_step_body)
-            const float decay = dsh[t], bt = bsh[t], yv = vsh[t][jj];
-            float u0 = 0.f, u1 = 0.f;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                s[r] *= decay;
-                u0 = fmaf(s[r], ks[t][r0 + r], u0);
-                s[16 + r] *= decay;
-                u1 = fmaf(s[16 + r], ks[t][r1 + r], u1);
-            }
-            const float ut = gdn_chunk_total(u0, u1, lane);
-            const float delta = bt * (yv - ut);
-            float o0 = 0.f, o1 = 0.f;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                s[r] = fmaf(ks[t][r0 + r], delta, s[r]);
-                o0 = fmaf(s[r], qs[t][r0 + r], o0);
-                s[16 + r] = fmaf(ks[t][r1 + r], delta, s[16 + r]);
-                o1 = fmaf(s[16 + r], qs[t][r1 + r], o1);
-            }
-            const float ov = gdn_chunk_total(o0, o1, lane) * scale;
+            // gdn_step's row t
+            const float ov =
+                gdn_state_row<true>(s, ks[t], qs[t], r0, r1, R, dsh[t], bsh[t], vsh[t][jj], lane) * scale;
             if (owner) {
                 if (out) out[((size_t)t * hv + h) * dv + j] = ov;
                 osh[t][jj] = ov;

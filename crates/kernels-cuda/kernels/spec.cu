@@ -103,24 +103,9 @@ __device__ __forceinline__ void gdn_replay_body(float* S, float* conv_state, con
         // (row t − 2's readers of this buffer passed row t − 1's barrier before this write)
         if (tid < dk) ks[b][kw] = row[koff + kap * dk + tid];
         __syncthreads();
-        const float decay = expf(row[goff + h]);
-        float u0 = 0.f, u1 = 0.f;
-#pragma unroll
-        for (int r = 0; r < 16; ++r)
-            if (r < R) {
-                s[r] *= decay;
-                u0 = fmaf(s[r], ks[b][r0 + r], u0);
-                s[16 + r] *= decay;
-                u1 = fmaf(s[16 + r], ks[b][r1 + r], u1);
-            }
-        const float ut = gdn_chunk_total(u0, u1, lane);
-        const float delta = row[boff + h] * (row[voff + h * dv + j] - ut);
-#pragma unroll
-        for (int r = 0; r < 16; ++r)
-            if (r < R) {
-                s[r] = fmaf(ks[b][r0 + r], delta, s[r]);
-                s[16 + r] = fmaf(ks[b][r1 + r], delta, s[16 + r]);
-            }
+        // gdn_step's row t without its output
+        gdn_state_row<false>(s, ks[b], nullptr, r0, r1, R, expf(row[goff + h]), row[boff + h],
+                             row[voff + h * dv + j], lane);
     }
 #pragma unroll
     for (int c = 0; c < 2; ++c)
