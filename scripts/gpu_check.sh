@@ -195,8 +195,8 @@ round_ab() {
 [[ $NORMAB == 1 ]] && round_ab norm-ab cuda_norm_p16_round_ab BONSAI_NORM_AB_OUT "NORMAB rep"
 # the int8 tensor-core verify's AHEAD form (the default) against the plain one: round and step
 [[ $B1QAHEADAB == 1 ]] && round_ab b1q-ahead-ab cuda_b1q_ahead_round_ab BONSAI_B1Q_AHEAD_OUT "B1QAHEAD rep"
-# the producer-warp GDN verify kernel (opt-in, BONSAI_CUDA_GDN_PW=1) against the 128-thread
-# batched-norm one (the default): the engine's speculative tests with it on (spec == plain, graphs
+# the producer-warp GDN verify kernel (the default since 2026-12-08; BONSAI_CUDA_GDN_PW=0 off) against
+# the 128-thread batched-norm one: the engine's speculative tests with it on (spec == plain, graphs
 # == eager; gpu_kernels' gdn_conv_step_equals_conv_then_step compares its bits in the kernel tests),
 # then round and step alternating in one process
 if [[ $GDNPWAB == 1 ]]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A short device call for the producer-warp GDN verify kernel (BONSAI_CUDA_GDN_PW=1) when device
-# time is scarce: the GDN kernel tests (gdn_conv_step_equals_conv_then_step's norm mode 5 compares
+# A short device call for the producer-warp GDN verify kernel (`Gpu::gdn_producer`, the default since
+# 2026-12-08; BONSAI_CUDA_GDN_PW=1 below keeps it on whatever the default) when device time is scarce: the GDN kernel tests (gdn_conv_step_equals_conv_then_step's norm mode 5 compares
 # its bits), the speculative and round-graph tests with it on (spec == plain, graph == eager), then
 # the round / step A/B on the 27B files. `gpu_check.sh --gdn-pw-ab` is the full form (every test).
 # Run on the device from the repo root with .device carried (scripts/gpu_check.sh --stage here).

@@ -905,9 +905,9 @@ fn cuda_b1q_ahead_round_ab() {
     );
 }
 
-/// The producer-warp GDN verify kernel (`Gpu::gdn_producer`, opt-in:
+/// The producer-warp GDN verify kernel (`Gpu::gdn_producer`, the default since 2026-12-08:
 /// `gdn_conv_step_norm_bn_pw_d128`) against the 128-thread batched-norm kernel
-/// (`gdn_conv_step_norm_bn_early_d128`, the default): the what-if's rejected round and the greedy step,
+/// (`gdn_conv_step_norm_bn_early_d128`): the what-if's rejected round and the greedy step,
 /// alternating in one process (four times). `BONSAI_GDN_PW_OUT` gets the JSON.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the H200 with BONSAI_SPEC_BENCH_MODEL"]

@@ -3008,9 +3008,9 @@ fn gdn_conv_step_equals_conv_then_step() {
                 // with the previous window count, after the first barriers
                 // (`Gpu::set_gdn_early_count(false)`; modes 1 and 3 count before the PDL wait
                 // wherever the launch takes an early kernel: no snapshot and not the batched
-                // norm, or the batched norm), 5 as 1 with the producer warps
-                // (`Gpu::set_gdn_producer(true)`: `gdn_conv_step_norm_bn_pw_d128` for n ≥ 2 at
-                // conv width 4)
+                // norm, or the batched norm), 5 as 1 with the producer warps (the default since
+                // 2026-12-08; `Gpu::set_gdn_producer(true)`: `gdn_conv_step_norm_bn_pw_d128` for
+                // n ≥ 2 at conv width 4; the other modes take the 128-thread kernels)
                 for norm_mode in 0..6 {
                     let norm = norm_mode > 0;
                     if norm && dv != 128 {
@@ -3126,7 +3126,7 @@ fn gdn_conv_step_equals_conv_then_step() {
         }
         g.set_gdn_norm_batch(true);
         g.set_gdn_early_count(true);
-        g.set_gdn_producer(false);
+        g.set_gdn_producer(true);
         eprintln!("gdn_conv_step hk {hk} hv {hv} dk {dk} conv {kconv}: bit-equal for n = 1..=8");
     }
     // shapes it cannot take are refused, not launched: (hk, hv, dk, dv), rows
