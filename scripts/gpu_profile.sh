@@ -7,7 +7,8 @@
 #      light, memory workload, warp stall reasons, scheduler statistics, occupancy),
 #   4. compute-sanitizer memcheck and racecheck on the mat-vec, prefill attention and norm kernel tests.
 # (3b, with BONSAI_PROFILE_PREFILL=1: the same sections on the prefill hot kernels inside the pp512
-# forward.)
+# forward; 3c, with BONSAI_PROFILE_GDN=1: the 5-row GDN verify launch against the one-row decode one
+# inside the 27B verify round, and racecheck on the fused GDN kernel test.)
 # Build HERE first: scripts/gpu_check.sh --stage (it packs the cubin too). Run THERE (device tool,
 # repo root, carry [".device"]): bash scripts/gpu_profile.sh [--no-sanitize] (or BONSAI_PROFILE_SANITIZE=0)
 # Reports go to $OUT (or ./bench/out).
@@ -86,6 +87,30 @@ if [[ "${BONSAI_PROFILE_PREFILL:-0}" == 1 ]] && command -v ncu >/dev/null; then
         "$OUT/ncu-pp-$v-$k.txt" | head -40 | tee -a "$rep"
     done
   done
+fi
+
+# 3c. (BONSAI_PROFILE_GDN=1) the GDN kernels inside the 27B Q1_0 verify round: the 5-row verify
+# launch (the producer-warp kernel, the default) against the one-row decode launch, what bounds each
+# (cuda_spec_bench's round what-if runs rejected rounds and greedy steps); then racecheck on the
+# fused GDN kernel test (the producer kernel's named barriers and shared-memory slots)
+if [[ "${BONSAI_PROFILE_GDN:-0}" == 1 ]] && command -v ncu >/dev/null; then
+  f=/tmp/27b-q1.gguf
+  [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant q1 --out $f >/dev/null 2>&1
+  for k in gdn_conv_step_norm_bn_pw_d128 gdn_conv_step_norm_early_d128; do
+    echo "== ncu $k (27B q1, round what-if)" | tee -a "$rep"
+    BONSAI_SPEC_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
+      --launch-skip 30 --launch-count 1 --kill yes \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
+      .device/bin/cuda_spec_bench --include-ignored --exact cuda_round_what_if --nocapture > "$OUT/ncu-gdn-$k.txt" 2>&1
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Waves" \
+      "$OUT/ncu-gdn-$k.txt" | head -40 | tee -a "$rep"
+  done
+  if command -v compute-sanitizer >/dev/null; then
+    timeout ${BONSAI_SANITIZE_TIMEOUT:-240} compute-sanitizer --tool racecheck --error-exitcode 9 .device/bin/gpu_kernels --include-ignored \
+      --test-threads 1 --exact gdn_conv_step_equals_conv_then_step > "$OUT/sanitize-racecheck-gdn.txt" 2>&1
+    echo "racecheck gdn_conv_step_equals_conv_then_step rc=$? $(grep -E "ERROR SUMMARY|test result" "$OUT/sanitize-racecheck-gdn.txt" | tr '\n' ' ')" | tee -a "$rep"
+  fi
 fi
 
 # 4. memory errors and races in the mat-vec kernels (kernel tests only: the sanitizer is slow)
