@@ -50,6 +50,17 @@ for k in want:
 PY
 fi
 
+# Nsight Compute on COUNT launches of kernel K after SKIP, with the sections every profile here takes
+# and any more --section arguments before the command: ncu_launch OUTFILE K SKIP COUNT [--section S]...
+# BINARY ARGS... (environment assignments before the call reach the binary)
+ncu_launch() {
+  local out=$1 k=$2 skip=$3 count=$4; shift 4
+  timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
+    --launch-skip "$skip" --launch-count "$count" --kill yes \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section Occupancy --section InstructionStats "$@" > "$out" 2>&1
+}
+
 # 3. Nsight Compute on the decode mat-vec at the 27B shapes (the sweep binary runs them back to back)
 if command -v ncu >/dev/null; then
   for v in q1 q2; do
@@ -57,11 +68,8 @@ if command -v ncu >/dev/null; then
     [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant $v --out $f >/dev/null 2>&1
     k=$([[ $v == q1 ]] && echo "mv_q1_n1_r4_k1" || echo "mv_q2_n1_r2_k1")
     echo "== ncu $k (27B $v)" | tee -a "$rep"
-    BONSAI_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
-      --launch-skip 40 --launch-count 3 --kill yes \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
-      .device/bin/cuda_mv_sweep --include-ignored --nocapture > "$OUT/ncu-$v.txt" 2>&1
+    BONSAI_BENCH_MODEL=$f ncu_launch "$OUT/ncu-$v.txt" "$k" 40 3 --section LaunchStats \
+      .device/bin/cuda_mv_sweep --include-ignored --nocapture
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" \
       "$OUT/ncu-$v.txt" | head -60 | tee -a "$rep"
   done
@@ -78,11 +86,8 @@ if [[ "${BONSAI_PROFILE_PREFILL:-0}" == 1 ]] && command -v ncu >/dev/null; then
     if [[ $v == q1 ]]; then ks="gemmh_q1_o4 gdn_step_seq_d128 attn_prefill_tc_hd256"; else ks="gemmh_q2"; fi
     for k in $ks; do
       echo "== ncu $k (27B $v, pp512 forward)" | tee -a "$rep"
-      BONSAI_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
-        --launch-skip 2 --launch-count 1 --kill yes \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section SchedulerStats --section Occupancy --section InstructionStats --section ComputeWorkloadAnalysis \
-        .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture > "$OUT/ncu-pp-$v-$k.txt" 2>&1
+      BONSAI_BENCH_MODEL=$f ncu_launch "$OUT/ncu-pp-$v-$k.txt" "$k" 2 1 --section ComputeWorkloadAnalysis \
+        .device/bin/cuda_bench --include-ignored --exact cuda_decode_bench --nocapture
       grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Shared|Executed Ipc|Pipe" \
         "$OUT/ncu-pp-$v-$k.txt" | head -40 | tee -a "$rep"
     done
@@ -98,11 +103,8 @@ if [[ "${BONSAI_PROFILE_GDN:-0}" == 1 ]] && command -v ncu >/dev/null; then
   [[ -f $f ]] || python3 -m bonsai.synth --preset 27b --variant q1 --out $f >/dev/null 2>&1
   for k in gdn_conv_step_norm_bn_pw_d128 gdn_conv_step_norm_early_d128; do
     echo "== ncu $k (27B q1, round what-if)" | tee -a "$rep"
-    BONSAI_SPEC_BENCH_MODEL=$f timeout ${BONSAI_NCU_TIMEOUT:-240} ncu --clock-control none --kernel-name "regex:^$k\$" \
-      --launch-skip 30 --launch-count 1 --kill yes \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
-      .device/bin/cuda_spec_bench --include-ignored --exact cuda_round_what_if --nocapture > "$OUT/ncu-gdn-$k.txt" 2>&1
+    BONSAI_SPEC_BENCH_MODEL=$f ncu_launch "$OUT/ncu-gdn-$k.txt" "$k" 30 1 --section LaunchStats \
+      .device/bin/cuda_spec_bench --include-ignored --exact cuda_round_what_if --nocapture
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Issued Ipc|No Eligible|Stall|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Waves" \
       "$OUT/ncu-gdn-$k.txt" | head -40 | tee -a "$rep"
   done

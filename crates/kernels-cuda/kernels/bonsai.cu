@@ -1501,9 +1501,10 @@ __device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned nthreads)
 }
 
 // gdn_conv_step_norm_bn_early_d128 with a producer warp group (`Gpu::gdn_producer`; the default for
-// the verify launches since 2026-12-08, BONSAI_CUDA_GDN_PW=0 off; conv width 4 only): grid (hv, 4) in clusters of 4 as before, block 256
-// (GDN_PW_THREADS). Warps 0–3 are the recurrence warps, with gdn_conv_step_body's thread layout
-// (column jj = 8w + (lane & 7), chunks 2cp and 2cp + 1) and nothing else to do a row; warps 4–7
+// the verify launches since 2026-12-08, BONSAI_CUDA_GDN_PW=0 off; conv width 4 only): grid (hv, 4)
+// in clusters of 4 as before, block 256 (GDN_PW_THREADS). Warps 0–3 are the recurrence warps, with
+// gdn_conv_step_body's thread layout (column jj = 8w + (lane & 7), chunks 2cp and 2cp + 1) and
+// nothing else to do a row; warps 4–7
 // run every row's S-independent work ahead of them: the q / k conv + SiLU of channel tid − 128
 // (warp 4 + w's sums of squares are gdn_conv_step_body's warp w's), the norms, the value conv of
 // column y·32 + lane (warp 4, once a column instead of once per chunk pair), every row's gates
